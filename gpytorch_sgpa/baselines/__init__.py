@@ -1,0 +1,13 @@
+"""Calibration baselines of thesis ch. 3: MC dropout, temperature scaling, deep / SGPA ensembles."""
+from .ensemble import EnsembleClassifier
+from .mc_dropout import mc_dropout_predict_proba, dropout_enabled
+from .prediction import predict_proba
+from .temperature import TemperatureScaling
+
+__all__ = [
+    "predict_proba",
+    "mc_dropout_predict_proba",
+    "dropout_enabled",
+    "TemperatureScaling",
+    "EnsembleClassifier",
+]

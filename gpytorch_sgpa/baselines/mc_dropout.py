@@ -1,0 +1,44 @@
+"""Monte-Carlo dropout (Gal & Ghahramani 2016), the MCD baseline of thesis ch. 3."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .prediction import _check_num_samples, logits_of
+
+_DROPOUT_TYPES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
+                  torch.nn.AlphaDropout)
+
+
+@contextlib.contextmanager
+def dropout_enabled(model: torch.nn.Module):
+    """Evaluation mode everywhere except dropout modules, which sample masks; modes restored on exit.
+
+    Raises ``ValueError`` if ``model`` has no dropout module with ``p > 0`` (MC dropout would then
+    silently return the deterministic prediction).
+    """
+    dropouts = [m for m in model.modules() if isinstance(m, _DROPOUT_TYPES) and m.p > 0]
+    if not dropouts:
+        raise ValueError("model has no dropout module with p > 0; MC dropout needs one (build it with dropout > 0)")
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    for module in dropouts:
+        module.train()
+    try:
+        yield model
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+
+
+@torch.no_grad()
+def mc_dropout_predict_proba(model: torch.nn.Module, *inputs, num_samples: int = 10, **forward_kwargs) -> torch.Tensor:
+    """Class probabilities averaged over ``num_samples`` dropout masks (thesis ch. 3 uses 10 samples)."""
+    _check_num_samples(num_samples)
+    with dropout_enabled(model):
+        total = None
+        for _ in range(num_samples):
+            probs = logits_of(model(*inputs, **forward_kwargs)).softmax(-1)
+            total = probs if total is None else total + probs
+    return total / num_samples

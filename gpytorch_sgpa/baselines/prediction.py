@@ -1,0 +1,37 @@
+"""Class probabilities from any classifier in this package."""
+from __future__ import annotations
+
+import torch
+
+
+def logits_of(output) -> torch.Tensor:
+    """The logits of a model output: models here return ``(logits, kl)``; plain modules return logits."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _check_num_samples(num_samples) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+
+
+@torch.no_grad()
+def predict_proba(model: torch.nn.Module, *inputs, num_samples: int = 1, **forward_kwargs) -> torch.Tensor:
+    """Predictive class probabilities in eval mode, averaged over ``num_samples`` forward passes.
+
+    A model with its own ``predict_proba`` (SGPA Transformers, ensembles) is asked for it; otherwise
+    the softmax of its logits is averaged (one pass suffices for a deterministic MLE model).
+    The model's train/eval mode is restored afterwards.
+    """
+    _check_num_samples(num_samples)
+    was_training = model.training
+    model.eval()
+    try:
+        if hasattr(model, "predict_proba"):
+            return model.predict_proba(*inputs, num_samples=num_samples, **forward_kwargs)
+        total = None
+        for _ in range(num_samples):
+            probs = logits_of(model(*inputs, **forward_kwargs)).softmax(-1)
+            total = probs if total is None else total + probs
+        return total / num_samples
+    finally:
+        model.train(was_training)
