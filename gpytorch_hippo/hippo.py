@@ -1,0 +1,526 @@
+"""HiPPO recurrent memory (thesis §2.1.2 and Appendix A).
+
+A memory state ``c(t) in R^M`` holds the coefficients of the optimal projection of a signal's
+history onto time-varying bases ``g_m^{(t)}`` orthonormal under a measure ``omega^{(t)}``
+(eqs. ``hippo_orthonormal``, ``hippo_coef``).  It evolves by the linear ODE
+``dc/dt = A(t) c + B(t) f(t)`` (eq. ``hippo_ode``), which is discretised here into the
+recurrence ``c_k = Abar_k c_{k-1} + P_k f_{k-1} + Q_k f_k``.
+
+Measures (``transition`` returns the matrices of the ODE exactly as written below):
+
+* ``"legs"``  uniform on ``[0, t]``, scaled Legendre; ``A(t) = A/t``, ``B(t) = B/t``
+  (eqs. ``hippo_matrix_a``, ``hippo_matrix_b``).  Keeps the whole history.
+* ``"legt"``  uniform on the window ``[t - theta, t]``, Legendre; ``A = -A_legt/theta``,
+  ``B = sqrt(2m+1)/theta`` (App. A).  The ODE replaces the value leaving the window,
+  ``f(t - theta)``, by its reconstruction from the memory, so it only approximates the exact
+  window projection.
+* ``"lagt"``  exponential decay ``exp(-(t-x)/theta)/theta`` on ``(-inf, t]``, Laguerre basis
+  ``L_m((t-x)/theta)``; ``A = -[m >= k]/theta``, ``B = 1/theta`` (App. A, which is the case
+  ``theta = 1``).  Exact: no approximation in the ODE.
+* ``"fout"``  uniform on the window, Fourier basis.  The thesis writes it with complex
+  ``exp(2 pi i m (t-x)/theta)``.  We use the equivalent real orthonormal basis
+  ``[1, sqrt2 cos(2 pi s/theta), sqrt2 sin(2 pi s/theta), sqrt2 cos(4 pi s/theta), ...]`` with
+  ``s = t - x``.  The thesis's complex coefficient ``z_m`` is ``(c_{2m-1} + i c_{2m}) / sqrt2``
+  (``z_0 = c_0``, ``z_{-m} = conj(z_m)`` for a real signal), and the real ODE is exactly the
+  thesis's ``A``, ``B`` on the frequencies ``m = -K..K``; ``M = 2K + 1`` must therefore be odd.
+  (Truncating to ``m = 0..M-1`` instead, as written in App. A, would reconstruct the value leaving
+  the window by a complex number.)  Like LegT, the ODE approximates ``f(t - theta)``.
+
+The signal is taken to be zero before the stream starts, except for LegS, whose measure starts
+at ``x = 0``: there the state at the first sample ``t_0`` is ``f_0 e_0`` (the ``t -> 0`` limit of
+the projection; for ``t_0 > 0`` it means ``f`` is held at ``f_0`` on ``[0, t_0]``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+MEASURES = ("legs", "legt", "lagt", "fout")
+DISCRETIZATIONS = ("forward_euler", "backward_euler", "bilinear", "zoh")
+
+__all__ = ["MEASURES", "DISCRETIZATIONS", "transition", "HiPPO", "project", "quadrature_rule"]
+
+
+def _check_measure(measure: str) -> str:
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+    return measure
+
+
+def _check_order(M, measure: str) -> int:
+    if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
+        raise ValueError(f"M must be a positive integer, got {M!r}")
+    if measure == "fout" and M % 2 == 0:
+        raise ValueError(
+            f"M must be odd for measure 'fout' (a constant plus cosine/sine pairs), got {M}"
+        )
+    return int(M)
+
+
+def _check_theta(theta) -> float:
+    if not (isinstance(theta, (int, float)) and math.isfinite(theta) and theta > 0):
+        raise ValueError(f"theta must be a positive finite number, got {theta!r}")
+    return float(theta)
+
+
+def transition(
+    measure: str, M: int, theta: float = 1.0, dtype: torch.dtype = torch.float64
+) -> Tuple[Tensor, Tensor]:
+    """Continuous-time HiPPO matrices ``(A, B)`` of ``dc/dt = A(t) c + B(t) f`` (eq. ``hippo_ode``).
+
+    For ``"legs"`` the returned ``A`` (M x M) and ``B`` (M,) are the time-invariant parts of
+    ``A(t) = A/t`` and ``B(t) = B/t`` (eqs. ``hippo_matrix_a``, ``hippo_matrix_b``).  For the other
+    measures they are ``A(t)`` and ``B(t)`` themselves (App. A; ``theta`` is the window length of
+    LegT/FouT and the time scale of LagT).  FouT is in the real cos/sin form described in the
+    module docstring.
+    """
+    measure = _check_measure(measure)
+    M = _check_order(M, measure)
+    theta = _check_theta(theta)
+    m = torch.arange(M, dtype=torch.float64)
+    root = torch.sqrt(2 * m + 1)
+    row, col = m[:, None], m[None, :]
+    if measure == "legs":
+        A = torch.where(row > col, -root[:, None] * root[None, :], torch.zeros(M, M, dtype=torch.float64))
+        A = A - torch.diag(m + 1)
+        B = root
+    elif measure == "legt":
+        sign = torch.where(row >= col, 1.0, (-1.0) ** (row - col))
+        A = -(sign * root[:, None] * root[None, :]) / theta
+        B = root / theta
+    elif measure == "lagt":
+        A = -(row >= col).to(torch.float64) / theta
+        B = torch.ones(M, dtype=torch.float64) / theta
+    else:  # fout, real form
+        e = _fout_edge_values(M)
+        freq = 2 * math.pi * torch.arange(1, (M - 1) // 2 + 1, dtype=torch.float64)
+        omega = torch.zeros(M, M, dtype=torch.float64)
+        cos_idx = torch.arange(1, M, 2)
+        omega[cos_idx, cos_idx + 1] = -freq
+        omega[cos_idx + 1, cos_idx] = freq
+        A = (omega - torch.outer(e, e)) / theta
+        B = e / theta
+    return A.to(dtype), B.to(dtype)
+
+
+def _fout_edge_values(M: int) -> Tensor:
+    """Real Fourier basis evaluated at both window edges (``s = 0`` and ``s = theta``)."""
+    e = torch.zeros(M, dtype=torch.float64)
+    e[0] = 1.0
+    e[1::2] = math.sqrt(2.0)
+    return e
+
+
+def _legendre(z: Tensor, M: int) -> Tensor:
+    """``P_0..P_{M-1}`` at ``z`` by the three-term recurrence; shape ``(*z.shape, M)``."""
+    out = [torch.ones_like(z), z]
+    for n in range(1, M - 1):
+        out.append(((2 * n + 1) * z * out[n] - n * out[n - 1]) / (n + 1))
+    return torch.stack(out[:M], dim=-1)
+
+
+def _laguerre(s: Tensor, M: int) -> Tensor:
+    """``L_0..L_{M-1}`` at ``s`` by the three-term recurrence; shape ``(*s.shape, M)``."""
+    out = [torch.ones_like(s), 1 - s]
+    for n in range(1, M - 1):
+        out.append(((2 * n + 1 - s) * out[n] - n * out[n - 1]) / (n + 1))
+    return torch.stack(out[:M], dim=-1)
+
+
+def _basis(measure: str, M: int, theta: float, x: Tensor, t: Tensor) -> Tensor:
+    """``g_m^{(t)}(x)``; ``x``: (N,), ``t``: (...) -> (..., N, M)."""
+    x = x.reshape(*([1] * t.dim()), -1)
+    t = t[..., None]
+    if measure == "legs":
+        root = torch.sqrt(2 * torch.arange(M, dtype=x.dtype, device=x.device) + 1)
+        return root * _legendre(2 * x / t - 1, M)
+    if measure == "legt":
+        root = torch.sqrt(2 * torch.arange(M, dtype=x.dtype, device=x.device) + 1)
+        return root * _legendre(2 * (x - t) / theta + 1, M)
+    if measure == "lagt":
+        return _laguerre((t - x) / theta, M)
+    phase = 2 * math.pi * (t - x) / theta
+    k = torch.arange(1, (M - 1) // 2 + 1, dtype=x.dtype, device=x.device)
+    cos = math.sqrt(2.0) * torch.cos(phase[..., None] * k)
+    sin = math.sqrt(2.0) * torch.sin(phase[..., None] * k)
+    pairs = torch.stack([cos, sin], dim=-1).flatten(-2)
+    return torch.cat([torch.ones_like(phase)[..., None], pairs], dim=-1)
+
+
+def _measure_density(measure: str, theta: float, x: Tensor, t: Tensor) -> Tensor:
+    """``omega^{(t)}(x)``; ``x``: (N,), ``t``: (...) -> (..., N)."""
+    x = x.reshape(*([1] * t.dim()), -1)
+    t = t[..., None]
+    if measure == "legs":
+        inside = (x >= 0) & (x <= t)
+        return torch.where(inside, 1.0 / t, torch.zeros_like(x * t))
+    if measure in ("legt", "fout"):
+        inside = (x >= t - theta) & (x <= t)
+        return torch.where(inside, torch.full_like(x * t, 1.0 / theta), torch.zeros_like(x * t))
+    return torch.where(x <= t, torch.exp(-(t - x) / theta) / theta, torch.zeros_like(x * t))
+
+
+def quadrature_rule(
+    measure: str,
+    t: float,
+    theta: float = 1.0,
+    num_nodes: int = 200,
+    start: float = 0.0,
+    dtype: torch.dtype = torch.float64,
+) -> Tuple[Tensor, Tensor]:
+    """Nodes ``x_q`` and weights ``w_q`` with ``sum_q w_q h(x_q) ~= int_start^t h(x) omega^{(t)}(x) dx``.
+
+    The signal is taken to be zero before ``start`` (``start=-inf`` integrates the whole measure).
+    Gauss-Legendre on the support (clipped at ``start``); Gauss-Laguerre in ``s = (t-x)/theta``
+    for LagT with ``start=-inf``.  Exact for polynomials of degree ``< 2*num_nodes`` (times the
+    exponential weight for LagT), so the HiPPO projections of polynomials are exact to round-off.
+    """
+    measure = _check_measure(measure)
+    theta = _check_theta(theta)
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    t = float(t)
+    if measure == "legs":
+        if not t > 0:
+            raise ValueError(f"t must be positive for measure 'legs', got {t}")
+        lower = max(0.0, start)
+    elif measure in ("legt", "fout"):
+        lower = max(t - theta, start)
+    else:
+        lower = start
+    if measure == "lagt" and math.isinf(lower):
+        s, w = np.polynomial.laguerre.laggauss(num_nodes)
+        nodes = t - theta * torch.as_tensor(s)
+        weights = torch.as_tensor(w)  # omega dx = exp(-s) ds
+        return nodes.to(dtype), weights.to(dtype)
+    if not lower < t:
+        raise ValueError(f"the integration range [{lower}, {t}] is empty: check t and start")
+    z, w = np.polynomial.legendre.leggauss(num_nodes)
+    half = (t - lower) / 2
+    nodes = torch.as_tensor(lower + half * (z + 1))
+    density = _measure_density(measure, theta, nodes, torch.tensor(t, dtype=torch.float64))
+    weights = half * torch.as_tensor(w) * density
+    return nodes.to(dtype), weights.to(dtype)
+
+
+def project(
+    fn: Callable[[Tensor], Tensor],
+    t: float,
+    M: int,
+    measure: str,
+    theta: float = 1.0,
+    num_nodes: int = 200,
+    start: float = 0.0,
+) -> Tensor:
+    """Exact HiPPO coefficients ``c_m(t) = int fn(x) g_m^{(t)}(x) omega^{(t)}(x) dx`` (eq. ``hippo_coef``).
+
+    Computed by Gauss quadrature (see :func:`quadrature_rule`); ``fn`` maps a float64 tensor of
+    times ``(Q,)`` to values ``(..., Q)``.  Returns ``(..., M)`` in float64.  This is the reference
+    every recurrence is tested against.
+    """
+    measure = _check_measure(measure)
+    M = _check_order(M, measure)
+    nodes, weights = quadrature_rule(measure, t, theta, num_nodes, start)
+    values = torch.as_tensor(fn(nodes), dtype=torch.float64)
+    basis = _basis(measure, M, float(theta), nodes, torch.tensor(float(t), dtype=torch.float64))
+    return (values * weights) @ basis
+
+
+def _augmented_exponential(A: Tensor, B: Tensor, step: Tensor) -> Tuple[Tensor, Tensor]:
+    """``exp(step A)`` and ``int_0^step exp(s A) ds B`` from one exponential (Van Loan), batched over ``step``."""
+    M = A.shape[-1]
+    block = torch.zeros(M + 1, M + 1, dtype=A.dtype, device=A.device)
+    block[:M, :M] = A
+    block[:M, M] = B
+    expo = torch.linalg.matrix_exp(step[:, None, None] * block)
+    return expo[:, :M, :M], expo[:, :M, M]
+
+
+class HiPPO(nn.Module):
+    """HiPPO memory: discretised ODE ``dc/dt = A(t) c + B(t) f`` (eq. ``hippo_ode``).
+
+    Each step from ``t_{k-1}`` to ``t_k`` (``h = t_k - t_{k-1}``, non-uniform allowed) is
+    ``c_k = Abar_k c_{k-1} + P_k f_{k-1} + Q_k f_k``:
+
+    * ``forward_euler``: ``Abar = I + h A(t_{k-1})``, ``P = h B(t_{k-1})``, ``Q = 0`` (first order);
+    * ``backward_euler``: ``Abar = (I - h A(t_k))^{-1}``, ``P = 0``, ``Q = Abar h B(t_k)`` (first order);
+    * ``bilinear``: the trapezoidal rule on the ODE, both samples used (second order);
+    * ``zoh``: the exact flow of the homogeneous ODE (for LegS ``(t_k/t_{k-1})^A``, exact because
+      ``A(t) = A/t`` is time-invariant in ``log t``) with the input held at the mean of the two
+      samples bounding the step (second order for samples of a smooth signal).
+
+    LegS's ``A/t`` is singular at ``t = 0``.  A step leaving ``t = 0`` forgets the state, as the
+    exact flow does (``(t/0)^A = 0``), and sets the exact projection of the linear interpolant of
+    ``f_0, f_1`` on ``[0, t_1]``; no division by zero occurs.  Forward Euler on LegS is unstable for
+    steps ``h > 2 t/M`` (the HiPPO paper's observation), so use it only with small ``M``.
+    """
+
+    def __init__(self, measure: str, M: int, theta: float = 1.0, discretization: str = "bilinear"):
+        super().__init__()
+        self.measure = _check_measure(measure)
+        self.M = _check_order(M, measure)
+        self.theta = _check_theta(theta)
+        if discretization not in DISCRETIZATIONS:
+            raise ValueError(
+                f"discretization must be one of {DISCRETIZATIONS}, got {discretization!r}"
+            )
+        self.discretization = discretization
+        A, B = transition(measure, self.M, self.theta)
+        self.register_buffer("A", A, persistent=False)
+        self.register_buffer("B", B, persistent=False)
+        self._cache_times: Optional[Tensor] = None
+        self._cache_steps: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+        self._cache_kernel: Optional[Tensor] = None
+
+    def extra_repr(self) -> str:
+        return (
+            f"measure={self.measure!r}, M={self.M}, theta={self.theta}, "
+            f"discretization={self.discretization!r}"
+        )
+
+    # ----------------------------------------------------------------- discretisation
+    def _initial_vector(self) -> Tensor:
+        """``E`` with ``c_0 = E f_0``: ``e_0`` for LegS, zero for the others (module docstring)."""
+        E = torch.zeros(self.M, dtype=torch.float64, device=self.A.device)
+        if self.measure == "legs":
+            E[0] = 1.0
+        return E
+
+    def step_matrices(self, t_prev: Tensor, t: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """Batched ``(Abar, P, Q)`` in float64 for steps ``t_prev -> t`` (1-D tensors of equal length)."""
+        A, B = self.A.double(), self.B.double()
+        t_prev, t = t_prev.double(), t.double()
+        eye = torch.eye(self.M, dtype=torch.float64, device=A.device)
+        if self.measure == "legs":
+            return self._legs_step_matrices(A, B, eye, t_prev, t)
+        # Time-invariant A: compute once per distinct step length (steps equal to 1e-10 relative
+        # share one set of matrices, far below any discretisation error).
+        h = t - t_prev
+        key = torch.round(h / h.max() * 1e10)
+        _, first, inverse = _unique_first(key)
+        Abar, P, Q = self._invariant_step_matrices(A, B, eye, h[first])
+        return Abar[inverse], P[inverse], Q[inverse]
+
+    def _invariant_step_matrices(self, A, B, eye, h):
+        hA = h[:, None, None] * A
+        hB = h[:, None] * B
+        scheme = self.discretization
+        if scheme == "forward_euler":
+            return eye + hA, hB, torch.zeros_like(hB)
+        if scheme == "backward_euler":
+            inv = torch.linalg.inv(eye - hA)
+            return inv, torch.zeros_like(hB), (inv @ hB[..., None])[..., 0]
+        if scheme == "bilinear":
+            lhs = eye - hA / 2
+            Abar = torch.linalg.solve(lhs, eye + hA / 2)
+            half = torch.linalg.solve(lhs, hB[..., None] / 2)[..., 0]
+            return Abar, half, half
+        Abar, gamma = _augmented_exponential(A, B, h)
+        return Abar, gamma / 2, gamma / 2
+
+    def _legs_step_matrices(self, A, B, eye, t_prev, t):
+        from_zero = t_prev == 0
+        tp = torch.where(from_zero, t, t_prev)  # placeholder value where t_prev = 0; overwritten below
+        h = t - tp
+        scheme = self.discretization
+        if scheme == "forward_euler":
+            Abar = eye + (h / tp)[:, None, None] * A
+            P = (h / tp)[:, None] * B
+            Q = torch.zeros_like(P)
+        elif scheme == "backward_euler":
+            lhs = eye - (h / t)[:, None, None] * A
+            Abar = torch.linalg.solve_triangular(lhs, eye.expand_as(lhs), upper=False)
+            Q = (Abar @ ((h / t)[:, None] * B)[..., None])[..., 0]
+            P = torch.zeros_like(Q)
+        elif scheme == "bilinear":
+            lhs = eye - (h / (2 * t))[:, None, None] * A
+            rhs = eye + (h / (2 * tp))[:, None, None] * A
+            Abar = torch.linalg.solve_triangular(lhs, rhs, upper=False)
+            inputs = torch.stack([(h / (2 * tp))[:, None] * B, (h / (2 * t))[:, None] * B], dim=-1)
+            P, Q = torch.linalg.solve_triangular(lhs, inputs, upper=False).unbind(-1)
+        else:
+            Abar, gamma = _augmented_exponential(A, B, torch.log(t / tp))
+            P, Q = gamma / 2, gamma / 2
+        # Leaving t = 0: exact projection of the linear interpolant on [0, t_1].
+        first = torch.zeros(self.M, dtype=torch.float64, device=A.device)
+        legendre_one = torch.zeros_like(first)
+        first[0] = 0.5
+        if self.M > 1:
+            legendre_one[1] = 1 / (2 * math.sqrt(3.0))
+        mask = from_zero[:, None]
+        Abar = torch.where(from_zero[:, None, None], torch.zeros_like(Abar), Abar)
+        P = torch.where(mask, first - legendre_one, P)
+        Q = torch.where(mask, first + legendre_one, Q)
+        return Abar, P, Q
+
+    def _grid_steps(self, times: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """Per-step matrices for a time grid, cached while the grid is unchanged (fast path)."""
+        if self._cache_times is None or not (
+            self._cache_times.shape == times.shape
+            and self._cache_times.device == times.device
+            and torch.equal(self._cache_times, times)
+        ):
+            self._cache_times = times.detach().clone()
+            self._cache_steps = self.step_matrices(times[:-1], times[1:])
+            self._cache_kernel = None
+        return self._cache_steps
+
+    # ----------------------------------------------------------------- validation
+    def _check_times(self, times) -> Tensor:
+        times = torch.as_tensor(times, device=self.A.device)
+        if times.dim() != 1 or times.numel() < 1:
+            raise ValueError(f"times must be a non-empty 1-D tensor, got shape {tuple(times.shape)}")
+        times = times.double()
+        if not torch.isfinite(times).all():
+            raise ValueError("times must be finite")
+        if times.numel() > 1 and not (times[1:] > times[:-1]).all():
+            raise ValueError("times must be strictly increasing")
+        if self.measure == "legs" and times[0] < 0:
+            raise ValueError(f"times must be >= 0 for measure 'legs' (its measure starts at 0), got {times[0].item()}")
+        return times
+
+    def _check_signal(self, signal, times: Tensor) -> Tensor:
+        signal = torch.as_tensor(signal, device=self.A.device)
+        if not signal.is_floating_point():
+            signal = signal.double()
+        if signal.dim() < 1 or signal.shape[-1] != times.shape[0]:
+            raise ValueError(
+                f"signal must have shape (..., T) with T = len(times) = {times.shape[0]}, "
+                f"got {tuple(signal.shape)}"
+            )
+        return signal
+
+    # ----------------------------------------------------------------- recurrence
+    def initial_state(self, f0, t0: float = 0.0) -> Tensor:
+        """State at the first sample ``t0`` of a stream: ``f_0 e_0`` for LegS, zero otherwise."""
+        f0 = torch.as_tensor(f0, device=self.A.device)
+        if not f0.is_floating_point():
+            f0 = f0.double()
+        if self.measure == "legs" and t0 < 0:
+            raise ValueError(f"t0 must be >= 0 for measure 'legs', got {t0}")
+        return f0[..., None] * self._initial_vector().to(f0.dtype)
+
+    def step(self, c: Tensor, f, t_prev: float, t: float, f_prev=None) -> Tensor:
+        """One online update ``c(t_prev) -> c(t)`` given the new sample ``f = f(t)``.
+
+        ``f_prev`` (the sample at ``t_prev``) is required by the schemes that use it
+        (forward Euler, bilinear, zoh, and LegS leaving ``t = 0``).  Streaming a signal with
+        ``initial_state`` followed by ``step`` equals one :meth:`scan` to round-off.
+        """
+        if c.shape[-1] != self.M:
+            raise ValueError(f"c must have last dimension M = {self.M}, got {tuple(c.shape)}")
+        if not t > t_prev:
+            raise ValueError(f"t must be greater than t_prev, got t_prev={t_prev}, t={t}")
+        if self.measure == "legs" and t_prev < 0:
+            raise ValueError(f"t_prev must be >= 0 for measure 'legs', got {t_prev}")
+        grid = torch.tensor([float(t_prev), float(t)], dtype=torch.float64, device=c.device)
+        Abar, P, Q = (m[0].to(c.dtype) for m in self.step_matrices(grid[:1], grid[1:]))
+        f = torch.as_tensor(f, dtype=c.dtype, device=c.device)
+        out = c @ Abar.T + f[..., None] * Q
+        if bool((P != 0).any()):
+            if f_prev is None:
+                raise ValueError(
+                    f"f_prev (the sample at t_prev) is required by the {self.discretization!r} "
+                    f"discretization of measure {self.measure!r}"
+                )
+            f_prev = torch.as_tensor(f_prev, dtype=c.dtype, device=c.device)
+            out = out + f_prev[..., None] * P
+        return out
+
+    def scan(self, signal, times) -> Tensor:
+        """Memory states ``c(t_k)`` for all samples: ``signal`` (..., T) at ``times`` (T,) -> (..., T, M).
+
+        Fast path: the per-step matrices are computed once per time grid (batched, cached) and
+        applied to all leading dimensions at once; only the ``T``-long loop of small matrix
+        products remains in Python.
+        """
+        times = self._check_times(times)
+        signal = self._check_signal(signal, times)
+        batch_shape, T = signal.shape[:-1], signal.shape[-1]
+        flat = signal.reshape(-1, T)
+        out = torch.empty(flat.shape[0], T, self.M, dtype=flat.dtype, device=flat.device)
+        out[:, 0] = flat[:, :1] * self._initial_vector().to(flat.dtype)
+        if T > 1:
+            Abar, P, Q = (m.to(flat.dtype) for m in self._grid_steps(times))
+            inputs = flat[:, :-1, None] * P + flat[:, 1:, None] * Q  # (batch, T-1, M)
+            AbarT = Abar.transpose(-1, -2)
+            for k in range(1, T):
+                torch.addmm(inputs[:, k - 1], out[:, k - 1], AbarT[k - 1], out=out[:, k])
+        return out.reshape(*batch_shape, T, self.M)
+
+    def kernel(self, times) -> Tensor:
+        """The ``T x M`` "HiPPO kernel" ``K`` with ``c(t_T) = sum_k f_k K_k`` (float64, cached).
+
+        Unrolling the linear recurrence gives ``K_j = W_j Q_j + W_{j+1} P_{j+1} (+ W_0 E for j=0)``
+        with ``W_k = Abar_{T-1} ... Abar_{k+1}`` — the convolution view of S4, here also for the
+        time-varying LegS.  Built by one backward pass over the steps (``O(T M^3)``, once per grid).
+        """
+        times = self._check_times(times)
+        steps = self._grid_steps(times)
+        if self._cache_kernel is None:
+            Abar, P, Q = steps
+            T = times.shape[0]
+            K = torch.zeros(T, self.M, dtype=torch.float64, device=times.device)
+            W = torch.eye(self.M, dtype=torch.float64, device=times.device)
+            for k in range(T - 1, 0, -1):  # W = W_k
+                K[k] += W @ Q[k - 1]
+                K[k - 1] += W @ P[k - 1]
+                W = W @ Abar[k - 1]
+            K[0] += W @ self._initial_vector()
+            self._cache_kernel = K
+        return self._cache_kernel
+
+    def final_state(self, signal, times) -> Tensor:
+        """Only the last state ``c(t_T)``: one product of the signal with :meth:`kernel`.
+
+        ``O(batch T M)`` work instead of the scan's ``O(batch T M^2)``; equals
+        ``scan(signal, times)[..., -1, :]`` to round-off.
+        """
+        times = self._check_times(times)
+        signal = self._check_signal(signal, times)
+        return signal @ self.kernel(times).to(signal.dtype)
+
+    # ----------------------------------------------------------------- bases
+    def basis(self, x, t) -> Tensor:
+        """``g_m^{(t)}(x)`` for ``x`` (N,) and ``t`` scalar or (...) -> (..., N, M).
+
+        Polynomials (LegS/LegT/LagT) and Fourier functions are defined for all ``x``; only
+        :meth:`measure_density` restricts to the support.
+        """
+        x, t = self._check_points(x, t)
+        return _basis(self.measure, self.M, self.theta, x, t)
+
+    def measure_density(self, x, t) -> Tensor:
+        """``omega^{(t)}(x)`` for ``x`` (N,) and ``t`` scalar or (...) -> (..., N)."""
+        x, t = self._check_points(x, t)
+        return _measure_density(self.measure, self.theta, x, t)
+
+    def reconstruct(self, c: Tensor, x, t) -> Tensor:
+        """``sum_m c_m g_m^{(t)}(x)``: ``c`` (..., M), ``x`` (N,) -> (..., N)."""
+        if c.shape[-1] != self.M:
+            raise ValueError(f"c must have last dimension M = {self.M}, got {tuple(c.shape)}")
+        basis = self.basis(x, t).to(c.dtype)
+        return (basis @ c[..., None])[..., 0]
+
+    def _check_points(self, x, t) -> Tuple[Tensor, Tensor]:
+        x = torch.as_tensor(x, device=self.A.device)
+        if not x.is_floating_point():
+            x = x.double()
+        if x.dim() != 1:
+            raise ValueError(f"x must be a 1-D tensor of times, got shape {tuple(x.shape)}")
+        t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+        if self.measure == "legs" and not (t > 0).all():
+            raise ValueError("t must be positive for measure 'legs'")
+        return x, t
+
+
+def _unique_first(key: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """Unique values of ``key``, the index of one occurrence of each, and the inverse map."""
+    unique, inverse = torch.unique(key, return_inverse=True)
+    first = torch.zeros(unique.shape[0], dtype=torch.long, device=key.device)
+    first.scatter_(0, inverse, torch.arange(key.shape[0], device=key.device))
+    return unique, first, inverse
