@@ -1,0 +1,1 @@
+"""Experiment runners for chapter 3 (``python -m gpytorch_sgpa.experiments.calibration``)."""

