@@ -1,0 +1,115 @@
+"""The inducing-variable interface shared by every sparse GP in :mod:`gpytorch_hippo`.
+
+An inducing variable is a linear functional of the GP, ``u_m = L_m f`` (thesis §4.2.1,
+"Interdomain Gaussian Processes"): a point evaluation ``f(z_m)`` or a projection
+``∫ f(x) φ_m(x) dx``. The object knows its own covariances, so the variational strategy and the
+online objectives never need to know which kind they are working with.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import gpytorch
+import torch
+from linear_operator import to_linear_operator
+from linear_operator.operators import LinearOperator
+from torch import Tensor
+
+
+class InducingVariables(gpytorch.Module):
+    r"""Abstract set of ``M`` inducing variables ``u = (u_1, ..., u_M)`` of a GP ``f ~ GP(m, k)``.
+
+    Subclasses implement
+
+    * :attr:`num_inducing` -- ``M``;
+    * :meth:`Kuu` -- ``cov(u, u)`` as a ``(*batch, M, M)`` PSD ``LinearOperator`` (jitter included);
+    * :meth:`Kuf` -- ``cov(u, f(x))`` as a ``(*batch, M, N)`` tensor for inputs ``x`` of shape
+      ``(*batch, N, D)`` (batch dimensions broadcast like GPyTorch's);
+
+    and may override :meth:`Kuu_cross` (covariance with another set, needed by the online
+    updates of thesis eq. ``online_elbo`` when old and new inducing variables differ) and
+    :meth:`prior_mean`.
+
+    **Jitter policy.** :meth:`Kuu` returns ``K_uu + jitter * I`` with
+    ``jitter = self.jitter`` when set, otherwise
+    ``gpytorch.settings.variational_cholesky_jitter.value(dtype)`` (1e-4 for float32, 1e-6 for
+    float64) -- the same value GPyTorch's ``VariationalStrategy`` adds, so that results coincide
+    with GPyTorch for point inducing variables. Subclasses build the jittered matrix with
+    :meth:`add_jitter`. Read the jitter as white noise added to ``f`` for the inducing variables
+    only: :meth:`Kuf` carries none, and :meth:`Kuu_cross` carries it exactly where the two sets
+    share a variable (for point sets: coinciding points), so that ``Kuu_cross(copy_of_self)``
+    equals ``Kuu()`` and online updates with unchanged inducing variables stay exact.
+
+    **Prior mean.** ``E[u]`` is returned by :meth:`prior_mean`; the default ``None`` means zero:
+    interdomain inducing variables are projections of the centred process ``f - m`` (so a mean
+    function shifts ``f`` but not ``u``). :class:`~gpytorch_hippo.inducing.InducingPoints`
+    overrides this with ``m(Z)`` so that ``u = f(Z)`` exactly as in GPyTorch.
+    """
+
+    jitter: Optional[float] = None
+
+    def __init__(self, jitter: Optional[float] = None):
+        super().__init__()
+        if jitter is not None and not (float(jitter) >= 0.0):
+            raise ValueError(f"jitter must be a non-negative float or None, got {jitter!r}")
+        self.jitter = None if jitter is None else float(jitter)
+
+    @property
+    def num_inducing(self) -> int:
+        """Number ``M`` of inducing variables."""
+        raise NotImplementedError
+
+    def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
+        """Prior covariance ``cov(u, u) + jitter I``: a ``(*batch, M, M)`` PSD ``LinearOperator``."""
+        raise NotImplementedError
+
+    def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
+        """Prior cross-covariance ``cov(u, f(x))``: ``(*batch, M, N)`` for ``x`` of shape ``(*batch, N, D)``."""
+        raise NotImplementedError
+
+    def jitter_value(self, dtype: torch.dtype) -> float:
+        """The diagonal jitter added by :meth:`Kuu` for matrices of ``dtype`` (see the class docstring)."""
+        if self.jitter is not None:
+            return self.jitter
+        return gpytorch.settings.variational_cholesky_jitter.value(dtype=dtype)
+
+    def add_jitter(self, covariance: LinearOperator | Tensor) -> LinearOperator:
+        """Return ``covariance + jitter * I`` following the jitter policy of this set."""
+        covariance = to_linear_operator(covariance)
+        return covariance.add_jitter(self.jitter_value(covariance.dtype))
+
+    def prior_mean(self, mean_module: Optional[gpytorch.means.Mean]) -> Optional[Tensor]:
+        """Prior mean ``E[u]`` of shape ``(*batch, M)``, or ``None`` when it is zero (the default)."""
+        return None
+
+    def Kuu_cross(self, other: "InducingVariables", kernel: gpytorch.kernels.Kernel) -> Tensor:
+        """Prior cross-covariance ``cov(u, u')`` between this set (``M``) and ``other`` (``M'``).
+
+        Resolved by double dispatch: ``self._cross_covariance(other, kernel)`` is tried first, then
+        ``other._cross_covariance(self, kernel)`` transposed. The default ``_cross_covariance``
+        knows that point inducing variables are evaluations, ``cov(u, f(Z')) = Kuf(kernel, Z')``,
+        so every implementation of :meth:`Kuf` pairs with :class:`InducingPoints` for free. A new
+        pair of interdomain types overrides ``_cross_covariance`` in one of them (adding the jitter
+        on the variables the two sets share, see the class docstring). Returns a dense ``(*batch, M, M')`` tensor.
+        """
+        if not isinstance(other, InducingVariables):
+            raise TypeError(f"other must be an InducingVariables instance, got {type(other).__name__}")
+        result = self._cross_covariance(other, kernel)
+        if result is NotImplemented:
+            result = other._cross_covariance(self, kernel)
+            if result is NotImplemented:
+                raise TypeError(
+                    f"no cross-covariance is defined between {type(self).__name__} and {type(other).__name__}; "
+                    f"implement _cross_covariance in one of them"
+                )
+            result = result.mT
+        return result
+
+    def _cross_covariance(self, other: "InducingVariables", kernel: gpytorch.kernels.Kernel):
+        """``cov(u_self, u_other)`` or ``NotImplemented`` (hook of :meth:`Kuu_cross`)."""
+        from .points import InducingPoints
+
+        if isinstance(other, InducingPoints):
+            return self.Kuf(kernel, other.points)
+        return NotImplemented

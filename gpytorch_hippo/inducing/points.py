@@ -1,0 +1,93 @@
+"""Ordinary inducing points ``u = f(Z)`` (the SVGP/SGPR inducing variables, thesis §2 ``svgp_back``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import gpytorch
+import torch
+from linear_operator.operators import LinearOperator
+from torch import Tensor
+
+from .base import InducingVariables
+
+
+class InducingPoints(InducingVariables):
+    r"""Point inducing variables ``u_m = f(z_m)``.
+
+    ``Kuu = k(Z, Z) + jitter I`` and ``Kuf = k(Z, X)``; with these,
+    :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy` is GPyTorch's
+    ``VariationalStrategy`` (thesis eq. ``q_predictive_svgp``) and
+    :class:`~gpytorch_hippo.online.OnlineSGPR` is OSGPR of Bui et al. (2017).
+
+    :param points: inducing inputs ``Z`` of shape ``(*batch, M, D)`` (or ``(M,)`` for 1-D inputs).
+    :param learn: register ``Z`` as a trainable parameter (``True``) or a fixed buffer.
+    :param jitter: diagonal jitter of :meth:`Kuu` (``None``: GPyTorch's variational jitter).
+
+    The jitter is treated as white noise of variance ``jitter`` added to ``f`` at the inducing
+    inputs only: ``Kuu = k(Z, Z) + jitter I``, ``Kuf = k(Z, X)``, and between two point sets with
+    the same jitter ``Kuu_cross = k(Z, Z') + jitter [z_i == z'_j]``. This is a valid joint
+    covariance, so an online update whose old and new points (partly) coincide loses nothing to
+    the jitter: OSGPR with fixed points reproduces batch SGPR (with the same jittered ``K_ZZ``)
+    to round-off.
+    """
+
+    def __init__(self, points: Tensor, learn: bool = True, jitter: Optional[float] = None):
+        super().__init__(jitter=jitter)
+        if not isinstance(points, Tensor):
+            raise TypeError(f"points must be a torch.Tensor, got {type(points).__name__}")
+        if points.dim() == 1:
+            points = points.unsqueeze(-1)
+        if points.dim() < 2 or points.shape[-2] < 1 or points.shape[-1] < 1:
+            raise ValueError(f"points must have shape (*batch, M, D) with M >= 1, got {tuple(points.shape)}")
+        if not torch.isfinite(points).all():
+            raise ValueError("points contains NaN or infinite values")
+        points = points.detach().clone()
+        if learn:
+            self.register_parameter("points", torch.nn.Parameter(points))
+        else:
+            self.register_buffer("points", points)
+
+    @property
+    def num_inducing(self) -> int:
+        return self.points.shape[-2]
+
+    def _check_inputs(self, x: Tensor, name: str) -> None:
+        if x.dim() < 2 or x.shape[-1] != self.points.shape[-1]:
+            raise ValueError(
+                f"{name} must have shape (*batch, N, {self.points.shape[-1]}) to match the inducing points, "
+                f"got {tuple(x.shape)}"
+            )
+
+    def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
+        """``k(Z, Z) + jitter I`` (see :class:`InducingVariables` for the jitter policy)."""
+        return self.add_jitter(kernel(self.points))
+
+    def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
+        """``k(Z, x)`` of shape ``(*batch, M, N)``."""
+        self._check_inputs(x, "x")
+        points = self.points
+        batch_shape = torch.broadcast_shapes(points.shape[:-2], x.shape[:-2])
+        points = points.expand(*batch_shape, *points.shape[-2:])
+        x = x.expand(*batch_shape, *x.shape[-2:])
+        return kernel(points, x).to_dense()
+
+    def prior_mean(self, mean_module: Optional[gpytorch.means.Mean]) -> Optional[Tensor]:
+        """``m(Z)``, so that ``u = f(Z)`` including the mean (GPyTorch's convention); ``None`` without a mean."""
+        if mean_module is None or isinstance(mean_module, gpytorch.means.ZeroMean):
+            return None
+        return mean_module(self.points)
+
+    def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):
+        if isinstance(other, InducingPoints):
+            covariance = self.Kuf(kernel, other.points)
+            jitter = self.jitter_value(covariance.dtype)
+            if jitter > 0 and other.jitter_value(covariance.dtype) == jitter:
+                # The jitter is white noise added to f for the inducing variables, so two sets share
+                # it exactly where their points coincide: Kuu_cross(self, self) == Kuu(self), which
+                # keeps online updates with unchanged points exact (see the class docstring).
+                coincide = (self.points.unsqueeze(-2) == other.points.unsqueeze(-3)).all(-1)
+                covariance = covariance + jitter * coincide.to(covariance.dtype)
+            return covariance
+        # cov(f(Z), u') = cov(u', f(Z))^T: let ``other`` compute it from its Kuf.
+        return other.Kuf(kernel, self.points).mT
