@@ -1,0 +1,316 @@
+"""One variational strategy for every kind of inducing variable (thesis §4.2.1 and §2 ``svgp_back``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import gpytorch
+import torch
+from gpytorch.distributions import Delta, MultivariateNormal
+from gpytorch.utils.memoize import cached, clear_cache_hook
+from gpytorch.variational._variational_strategy import _VariationalStrategy
+from linear_operator import to_dense
+from linear_operator.operators import (
+    CholLinearOperator,
+    DiagLinearOperator,
+    LinearOperator,
+    MatmulLinearOperator,
+    TriangularLinearOperator,
+)
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from .inducing.base import InducingVariables
+
+__all__ = ["InterdomainVariationalStrategy"]
+
+
+def _solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
+    """``chol^{-1} rhs`` for a lower-triangular ``chol``, computed in ``chol``'s dtype and cast back."""
+    return torch.linalg.solve_triangular(chol, rhs.to(chol.dtype), upper=False).to(rhs.dtype)
+
+
+class InterdomainVariationalStrategy(_VariationalStrategy):
+    r"""Sparse variational GP with arbitrary (interdomain) inducing variables.
+
+    For inducing variables ``u`` with ``q(u) = N(m_u, S_u)`` the approximate posterior at inputs
+    ``X`` is (thesis eq. ``q_predictive_svgp``, with ``K_ZZ, K_XZ`` replaced by the interdomain
+    ``K_uu, K_fu`` of §4.2.1)
+
+    .. math::
+        q(f_X) = N\big(m(X) + K_{Xu} K_{uu}^{-1} (m_u - \mu_u),\;
+                 K_{XX} + K_{Xu} K_{uu}^{-1} (S_u - K_{uu}) K_{uu}^{-1} K_{uX}\big),
+
+    computed as ``W = L^{-1} K_{uX}`` with ``L = chol(K_{uu})``. With ``whitened=True`` the
+    variational distribution is over ``v = L^{-1}(u - \mu_u)`` and the prior is ``N(0, I)``;
+    with ``whitened=False`` it is over ``u`` itself and the prior is ``N(\mu_u, K_{uu})``. The
+    ELBO's KL term is ``KL(q || prior)`` (thesis eq. ``elbo_svgp``).
+
+    With :class:`~gpytorch_hippo.inducing.InducingPoints` this is exactly GPyTorch's
+    ``VariationalStrategy`` (``whitened=True``) or ``UnwhitenedVariationalStrategy``
+    (``whitened=False``): same mean, covariance, KL and jitter (``Kuu`` jitter from the inducing
+    variables' policy; the whitened form also adds it to the data covariance, as GPyTorch does).
+
+    :param model: the ``ApproximateGP`` that owns this strategy. It is not registered as a
+        submodule. ``model.forward(x)`` gives the prior ``p(f(x))`` (mean and covariance at data).
+    :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
+    :param variational_distribution: a GPyTorch variational distribution of size ``M``
+        (Cholesky, mean-field, natural, delta, with batch shapes).
+    :param whitened: whiten ``q(u)`` with ``chol(K_uu)`` (default) or not.
+    :param kernel: kernel used for ``K_uu`` and ``K_uX``. Default: ``model.covar_module``
+        (read at every call, so it always matches the model's prior). If given explicitly it is
+        registered as a submodule; it must be the kernel ``model.forward`` uses.
+
+    The eval-mode caches (``chol(K_uu)``, ``q(u)``, the prior) are dropped whenever the strategy
+    enters train mode, and also in eval mode whenever any parameter or buffer of the kernel, the
+    mean, the inducing variables or the variational distribution changed value since they were
+    filled (e.g. after ``load_state_dict`` or setting a lengthscale).
+    """
+
+    def __init__(
+        self,
+        model: gpytorch.models.ApproximateGP,
+        inducing_variables: InducingVariables,
+        variational_distribution: gpytorch.variational._VariationalDistribution,
+        whitened: bool = True,
+        kernel: Optional[gpytorch.kernels.Kernel] = None,
+    ):
+        if not isinstance(inducing_variables, InducingVariables):
+            raise TypeError(
+                "inducing_variables must be an InducingVariables instance (e.g. InducingPoints), "
+                f"got {type(inducing_variables).__name__}"
+            )
+        if not isinstance(variational_distribution, gpytorch.variational._VariationalDistribution):
+            raise TypeError(
+                "variational_distribution must be a gpytorch variational distribution, "
+                f"got {type(variational_distribution).__name__}"
+            )
+        if kernel is not None and not isinstance(kernel, gpytorch.kernels.Kernel):
+            raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(kernel).__name__}")
+        num_q = variational_distribution.shape()[-1]
+        if num_q != inducing_variables.num_inducing:
+            raise ValueError(
+                f"variational_distribution has size {num_q} but inducing_variables has "
+                f"num_inducing={inducing_variables.num_inducing}"
+            )
+        # Deliberately skip _VariationalStrategy.__init__: it would register an `inducing_points`
+        # parameter, which has no meaning for interdomain inducing variables.
+        gpytorch.Module.__init__(self)
+        self._jitter_val = None
+        object.__setattr__(self, "model", model)
+        self.inducing_variables = inducing_variables
+        self._variational_distribution = variational_distribution
+        self.register_buffer("variational_params_initialized", torch.tensor(0))
+        self.whitened = bool(whitened)
+        self._explicit_kernel = kernel
+        self._cache_fingerprint = None
+
+    # ------------------------------------------------------------------ components
+    @property
+    def kernel(self) -> gpytorch.kernels.Kernel:
+        """The kernel ``k`` of the prior: the explicit ``kernel`` argument or ``model.covar_module``."""
+        if self._explicit_kernel is not None:
+            return self._explicit_kernel
+        kernel = getattr(self.model, "covar_module", None)
+        if not isinstance(kernel, gpytorch.kernels.Kernel):
+            # (not AttributeError: nn.Module.__getattr__ would swallow it and hide this message)
+            raise TypeError(
+                "InterdomainVariationalStrategy needs the prior kernel: give the model a `covar_module` "
+                "attribute or pass kernel= to the strategy"
+            )
+        return kernel
+
+    @property
+    def mean_module(self) -> Optional[gpytorch.means.Mean]:
+        """``model.mean_module`` if it exists (used for the unwhitened prior mean of ``u``)."""
+        mean = getattr(self.model, "mean_module", None)
+        return mean if isinstance(mean, gpytorch.means.Mean) else None
+
+    @property
+    def jitter_val(self) -> float:
+        dtype = self._variational_distribution.dtype
+        return self.inducing_variables.jitter_value(dtype)
+
+    @jitter_val.setter
+    def jitter_val(self, value: float) -> None:
+        raise AttributeError("set the jitter on the inducing variables (inducing_variables.jitter)")
+
+    # ------------------------------------------------------------------ caching
+    def _watched_tensors(self) -> list[Tensor]:
+        modules = [self, self.kernel]
+        if self.mean_module is not None:
+            modules.append(self.mean_module)
+        tensors = []
+        for module in modules:
+            tensors.extend(module.parameters())
+            tensors.extend(module.buffers())
+        return tensors
+
+    def _clear_cache(self) -> None:
+        clear_cache_hook(self)
+        self._cache_fingerprint = None
+
+    def _clear_cache_if_stale(self) -> None:
+        tensors = self._watched_tensors()
+        old = self._cache_fingerprint
+        fresh = (
+            old is not None
+            and len(old) == len(tensors)
+            and all(a.shape == b.shape and torch.equal(a, b.detach()) for a, b in zip(old, tensors))
+        )
+        if not fresh:
+            clear_cache_hook(self)
+            self._cache_fingerprint = [t.detach().clone() for t in tensors]
+
+    @cached(name="cholesky_factor", ignore_args=True)
+    def _cholesky_factor(self) -> Tensor:
+        """Lower Cholesky factor of ``K_uu`` (jittered), in ``settings._linalg_dtype_cholesky``."""
+        Kuu = to_dense(self.inducing_variables.Kuu(self.kernel))
+        return psd_safe_cholesky(Kuu.type(gpytorch.settings._linalg_dtype_cholesky.value()))
+
+    def _prior_mean_u(self) -> Optional[Tensor]:
+        return self.inducing_variables.prior_mean(self.mean_module)
+
+    # ------------------------------------------------------------------ distributions over u
+    @property
+    @cached(name="prior_distribution_memo")
+    def prior_distribution(self) -> MultivariateNormal:
+        """``p(v) = N(0, I)`` (whitened) or ``p(u) = N(\\mu_u, K_uu)`` (unwhitened)."""
+        q_shape = self._variational_distribution.shape()
+        dtype = self._variational_distribution.dtype
+        device = self._variational_distribution.device
+        zeros = torch.zeros(q_shape, dtype=dtype, device=device)
+        if self.whitened:
+            return MultivariateNormal(zeros, DiagLinearOperator(torch.ones_like(zeros)))
+        chol = self._cholesky_factor().to(dtype)
+        batch_shape = torch.broadcast_shapes(q_shape[:-1], chol.shape[:-2])
+        chol = chol.expand(*batch_shape, *chol.shape[-2:])
+        mean_u = self._prior_mean_u()
+        mean = zeros.expand(*batch_shape, q_shape[-1]) if mean_u is None else (zeros + mean_u).expand(*batch_shape, -1)
+        return MultivariateNormal(mean, CholLinearOperator(TriangularLinearOperator(chol)))
+
+    def inducing_posterior(self) -> MultivariateNormal:
+        """``q(u)`` in the unwhitened coordinates of the inducing variables (dense covariance)."""
+        q = self.variational_distribution
+        if not self.whitened:
+            return MultivariateNormal(q.mean, to_dense(q.lazy_covariance_matrix))
+        chol = self._cholesky_factor()
+        mean = (chol.to(q.mean.dtype) @ q.mean.unsqueeze(-1)).squeeze(-1)
+        mean_u = self._prior_mean_u()
+        if mean_u is not None:
+            mean = mean + mean_u
+        root = to_dense(q.lazy_covariance_matrix.root_decomposition().root)
+        root = chol.to(root.dtype) @ root
+        return MultivariateNormal(mean, root @ root.mT)
+
+    def inducing_marginal(self, other: InducingVariables) -> MultivariateNormal:
+        """``\\tilde q(u') = \\int p(u' | u) q(u) du`` for another set ``u'`` (thesis eq. ``online_elbo``).
+
+        Uses ``cov(u, u') = inducing_variables.Kuu_cross(other, kernel)`` and the prior
+        ``N(other.prior_mean, other.Kuu(kernel))``; returns a full covariance.
+        """
+        q = self.variational_distribution
+        kernel = self.kernel
+        Kuu_other = other.Kuu(kernel)
+        mean_other = other.prior_mean(self.mean_module)
+        if mean_other is None:
+            mean_other = torch.zeros(Kuu_other.shape[:-1], dtype=Kuu_other.dtype, device=Kuu_other.device)
+        cross = self.inducing_variables.Kuu_cross(other, kernel)
+        covar_q = None if isinstance(q, Delta) else q.lazy_covariance_matrix
+        return self._conditional(
+            mean_other, Kuu_other, cross, q.mean, covar_q, diag=False, data_jitter=False
+        )
+
+    # ------------------------------------------------------------------ q(f)
+    def _conditional(
+        self,
+        prior_mean: Tensor,
+        prior_covar: LinearOperator,
+        Kuf: Tensor,
+        inducing_values: Tensor,
+        variational_inducing_covar: Optional[LinearOperator],
+        diag: bool,
+        data_jitter: bool,
+    ) -> MultivariateNormal:
+        """``\\int p(f | u) q(u) du`` for targets with prior ``N(prior_mean, prior_covar)`` and ``cov(u, f) = Kuf``."""
+        chol = self._cholesky_factor()
+        W = _solve_lower(chol, Kuf)  # L^{-1} K_uf
+        if self.whitened:
+            mean_v = inducing_values
+            root_v = None
+            if variational_inducing_covar is not None:
+                root_v = to_dense(variational_inducing_covar.root_decomposition().root)
+        else:
+            diff = inducing_values
+            mean_u = self._prior_mean_u()
+            if mean_u is not None:
+                diff = diff - mean_u
+            mean_v = _solve_lower(chol, diff.unsqueeze(-1)).squeeze(-1)
+            root_v = None
+            if variational_inducing_covar is not None:
+                root = to_dense(variational_inducing_covar.root_decomposition().root)
+                root_v = _solve_lower(chol, root)
+        mean = prior_mean + (W.mT @ mean_v.unsqueeze(-1)).squeeze(-1)
+        jitter = self.inducing_variables.jitter_value(W.dtype) if data_jitter else 0.0
+
+        num_inducing, num_data = W.shape[-2], W.shape[-1]
+        if diag and self.training and num_inducing < num_data:
+            variance = (prior_covar.diagonal(dim1=-2, dim2=-1) - W.square().sum(-2)).clamp_min(0.0) + jitter
+            if root_v is not None:
+                variance = variance + (root_v.mT @ W).square().sum(-2)
+            return MultivariateNormal(mean, DiagLinearOperator(variance))
+
+        if root_v is None:
+            middle = -torch.eye(num_inducing, dtype=W.dtype, device=W.device)
+        else:
+            middle = root_v @ root_v.mT - torch.eye(num_inducing, dtype=W.dtype, device=W.device)
+        covar = prior_covar.add_jitter(jitter) if jitter > 0 else prior_covar
+        covar = covar + MatmulLinearOperator(W.mT, middle @ W)
+        if gpytorch.settings.trace_mode.on():
+            covar = covar.to_dense()
+        return MultivariateNormal(mean, covar)
+
+    def forward(
+        self,
+        x: Tensor,
+        inducing_values: Tensor,
+        variational_inducing_covar: Optional[LinearOperator] = None,
+        diag: bool = True,
+        **kwargs,
+    ) -> MultivariateNormal:
+        prior = self.model.forward(x, **kwargs)
+        Kuf = self.inducing_variables.Kuf(self.kernel, x)
+        return self._conditional(
+            prior.mean,
+            prior.lazy_covariance_matrix,
+            Kuf,
+            inducing_values,
+            variational_inducing_covar,
+            diag=diag,
+            data_jitter=self.whitened,
+        )
+
+    def __call__(self, x: Tensor, prior: bool = False, diag: bool = True, **kwargs) -> MultivariateNormal:
+        if prior:
+            return self.model.forward(x, **kwargs)
+        if self.training:
+            self._clear_cache()
+        else:
+            self._clear_cache_if_stale()
+        if not self.variational_params_initialized.item():
+            self._variational_distribution.initialize_variational_distribution(self.prior_distribution)
+            self.variational_params_initialized.fill_(1)
+            if not self.training:
+                self._clear_cache_if_stale()
+        q = self.variational_distribution
+        if isinstance(q, MultivariateNormal):
+            covar = q.lazy_covariance_matrix
+        elif isinstance(q, Delta):
+            covar = None
+        else:
+            raise RuntimeError(
+                f"Invalid variational distribution ({type(q).__name__}); expected a MultivariateNormal or a Delta"
+            )
+        return gpytorch.Module.__call__(
+            self, x, inducing_values=q.mean, variational_inducing_covar=covar, diag=diag, **kwargs
+        )

@@ -1,0 +1,230 @@
+"""InterdomainVariationalStrategy against GPyTorch's own VariationalStrategy / UnwhitenedVariationalStrategy."""
+
+import copy
+
+import gpytorch
+import pytest
+import torch
+
+from gpytorch_hippo.inducing import InducingPoints
+from gpytorch_hippo.variational import InterdomainVariationalStrategy
+
+DT = torch.float64
+M, N = 8, 40
+
+
+def data(dtype=DT, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(N, 2, generator=g, dtype=DT) * 4
+    y = torch.sin(X.sum(-1)) + 0.1 * torch.randn(N, generator=g, dtype=DT)
+    Z = torch.rand(M, 2, generator=g, dtype=DT) * 4
+    return X.to(dtype), y.to(dtype), Z.to(dtype)
+
+
+def make_distribution(kind, batch_shape=torch.Size()):
+    if kind == "cholesky":
+        return gpytorch.variational.CholeskyVariationalDistribution(M, batch_shape=batch_shape)
+    return gpytorch.variational.MeanFieldVariationalDistribution(M, batch_shape=batch_shape)
+
+
+class Base(gpytorch.models.ApproximateGP):
+    def _init_prior(self, batch_shape=torch.Size()):
+        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch_shape)
+        self.covar_module = gpytorch.kernels.ScaleKernel(
+            gpytorch.kernels.RBFKernel(ard_num_dims=2, batch_shape=batch_shape), batch_shape=batch_shape
+        )
+        self.mean_module.constant.data.fill_(0.3)
+        self.covar_module.base_kernel.lengthscale = torch.tensor([0.7, 1.1])
+        self.covar_module.outputscale = 1.3
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+class Ours(Base):
+    def __init__(self, Z, whitened=True, kind="cholesky"):
+        strategy = InterdomainVariationalStrategy(self, InducingPoints(Z), make_distribution(kind), whitened=whitened)
+        super().__init__(strategy)
+        self._init_prior()
+
+
+class Reference(Base):
+    def __init__(self, Z, whitened=True, kind="cholesky"):
+        cls = gpytorch.variational.VariationalStrategy if whitened else gpytorch.variational.UnwhitenedVariationalStrategy
+        super().__init__(cls(self, Z, make_distribution(kind)))
+        self._init_prior()
+
+
+def set_variational(model, seed=3):
+    """Put the same random (non-prior) variational parameters into any of the two models."""
+    g = torch.Generator().manual_seed(seed)
+    q = model.variational_strategy._variational_distribution
+    q.variational_mean.data.copy_(torch.randn(M, generator=g, dtype=DT))
+    if hasattr(q, "chol_variational_covar"):
+        L = torch.tril(torch.randn(M, M, generator=g, dtype=DT)) * 0.3 + 0.5 * torch.eye(M, dtype=DT)
+        q.chol_variational_covar.data.copy_(L)
+    else:
+        q._variational_stddev.data.copy_(0.2 + torch.rand(M, generator=g, dtype=DT))
+    model.variational_strategy.variational_params_initialized.fill_(1)
+
+
+def pair(whitened, kind, dtype=DT):
+    X, y, Z = data(dtype)
+    ours, ref = Ours(Z, whitened, kind).to(dtype), Reference(Z, whitened, kind).to(dtype)
+    set_variational(ours)
+    set_variational(ref)
+    return ours, ref, X, y
+
+
+@pytest.mark.parametrize("whitened", [True, False])
+@pytest.mark.parametrize("kind", ["cholesky", "meanfield"])
+def test_equals_gpytorch_strategy(whitened, kind):
+    ours, ref, X, y = pair(whitened, kind)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    likelihood.noise = 0.2
+    for mll_cls in (gpytorch.mlls.VariationalELBO, gpytorch.mlls.PredictiveLogLikelihood):
+        values = []
+        for model in (ours, ref):
+            model.train()
+            values.append(mll_cls(likelihood, model, num_data=100)(model(X), y))
+        assert abs(values[0].item() - values[1].item()) < 1e-8, mll_cls.__name__
+    assert abs(ours.variational_strategy.kl_divergence().item() - ref.variational_strategy.kl_divergence().item()) < 1e-8
+    ours.eval(), ref.eval()
+    Xs = data(seed=5)[0][:15]
+    with torch.no_grad():
+        p, r = ours(Xs), ref(Xs)
+    assert (p.mean - r.mean).abs().max() < 1e-8
+    assert (p.covariance_matrix - r.covariance_matrix).abs().max() < 1e-8
+
+
+def test_minibatch_training_tracks_gpytorch_step_by_step():
+    ours, ref, X, y = pair(True, "cholesky")
+    likelihoods = [gpytorch.likelihoods.GaussianLikelihood().to(DT) for _ in range(2)]
+    optimizers, mlls = [], []
+    for model, likelihood in zip((ours, ref), likelihoods):
+        model.train(), likelihood.train()
+        params = list(model.parameters()) + list(likelihood.parameters())
+        optimizers.append(torch.optim.Adam(params, lr=0.05))
+        mlls.append(gpytorch.mlls.VariationalELBO(likelihood, model, num_data=N))
+    for step in range(6):
+        idx = torch.arange(step * 10, step * 10 + 10) % N
+        for model, opt, mll in zip((ours, ref), optimizers, mlls):
+            opt.zero_grad()
+            (-mll(model(X[idx]), y[idx])).backward()
+            opt.step()
+    assert torch.allclose(ours.variational_strategy.inducing_variables.points, ref.variational_strategy.inducing_points, atol=1e-8)
+    assert torch.allclose(ours.covar_module.base_kernel.lengthscale, ref.covar_module.base_kernel.lengthscale, atol=1e-8)
+    q_ours = ours.variational_strategy._variational_distribution
+    q_ref = ref.variational_strategy._variational_distribution
+    assert torch.allclose(q_ours.chol_variational_covar, q_ref.chol_variational_covar, atol=1e-8)
+    names = [n for n, _ in ours.named_parameters()]
+    assert not any("inducing_points" in n for n in names)
+    assert "variational_strategy.inducing_variables.points" in names
+
+
+def test_eval_cache_refreshes_when_hyperparameters_change():
+    ours, ref, X, _ = pair(True, "cholesky")
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        ours(X[:5])  # fill the caches
+        for model in (ours, ref):
+            model.covar_module.base_kernel.lengthscale = torch.tensor([0.4, 2.0])
+            model.variational_strategy._variational_distribution.variational_mean.data.mul_(2.0)
+        p, r = ours(X[:5]), ref.train()(X[:5], diag=False)  # train mode: GPyTorch recomputes everything
+    assert (p.mean - r.mean).abs().max() < 1e-8
+    assert (p.covariance_matrix - r.covariance_matrix).abs().max() < 1e-8
+
+
+def test_state_dict_round_trip_and_deepcopy():
+    ours, _, X, y = pair(False, "cholesky")
+    ours.eval()
+    with torch.no_grad():
+        before = ours(X[:6])
+    fresh = Ours(data()[2] + 1.0, whitened=False).to(DT).eval()
+    with torch.no_grad():
+        fresh(X[:6])  # initialise and cache with other values
+    fresh.load_state_dict(ours.state_dict())
+    clone = copy.deepcopy(ours)
+    assert clone.variational_strategy.model is clone
+    with torch.no_grad():
+        for model in (fresh, clone):
+            after = model(X[:6])
+            assert torch.allclose(after.mean, before.mean, atol=1e-12)
+            assert torch.allclose(after.covariance_matrix, before.covariance_matrix, atol=1e-12)
+        clone.covar_module.outputscale = 5.0
+        assert torch.allclose(ours(X[:6]).mean, before.mean, atol=1e-12)
+
+
+def test_float32_close_to_float64():
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        ours, _, X, y = pair(True, "cholesky", dtype)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood().to(dtype)
+        ours.train()
+        elbo = gpytorch.mlls.VariationalELBO(likelihood, ours, num_data=N)(ours(X), y)
+        ours.eval()
+        with torch.no_grad():
+            pred = ours(X[:5])
+        assert pred.mean.dtype == dtype and elbo.dtype == dtype
+        results.append((elbo.item(), pred.mean.double(), pred.variance.double()))
+    assert abs(results[0][0] - results[1][0]) < 1e-3
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-3)
+    assert torch.allclose(results[0][2], results[1][2], atol=1e-3)
+
+
+def test_independent_multitask_matches_gpytorch():
+    T = 3
+    X, _, Z = data()
+    Y = torch.stack([torch.sin(X.sum(-1) + t) for t in range(T)], -1)
+    Zb = Z.expand(T, M, 2)
+
+    class MT(Base):
+        def __init__(self, ours):
+            q = make_distribution("cholesky", torch.Size([T]))
+            if ours:
+                base = InterdomainVariationalStrategy(self, InducingPoints(Zb), q)
+            else:
+                base = gpytorch.variational.VariationalStrategy(self, Zb, q)
+            super().__init__(gpytorch.variational.IndependentMultitaskVariationalStrategy(base, num_tasks=T))
+            self._init_prior(torch.Size([T]))
+
+    models = [MT(True).to(DT), MT(False).to(DT)]
+    values, preds = [], []
+    for model in models:
+        torch.manual_seed(7)
+        q = model.variational_strategy.base_variational_strategy._variational_distribution
+        q.variational_mean.data.copy_(torch.randn(T, M, dtype=DT))
+        model.variational_strategy.base_variational_strategy.variational_params_initialized.fill_(1)
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=T).to(DT)
+        model.train()
+        values.append(gpytorch.mlls.VariationalELBO(likelihood, model, num_data=N)(model(X), Y).item())
+        model.eval()
+        with torch.no_grad():
+            preds.append(model(X[:4]))
+    assert abs(values[0] - values[1]) < 1e-8
+    assert (preds[0].mean - preds[1].mean).abs().max() < 1e-8
+    assert (preds[0].covariance_matrix - preds[1].covariance_matrix).abs().max() < 1e-8
+
+
+def test_explicit_kernel_and_bad_arguments():
+    X, y, Z = data()
+
+    class NoKernel(gpytorch.models.ApproximateGP):
+        def __init__(self, kernel=None):
+            strategy = InterdomainVariationalStrategy(self, InducingPoints(Z), make_distribution("cholesky"), kernel=kernel)
+            super().__init__(strategy)
+            self.k = kernel if kernel is not None else gpytorch.kernels.RBFKernel()
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(torch.zeros(x.shape[:-1], dtype=x.dtype), self.k(x))
+
+    with pytest.raises(TypeError, match="covar_module"):
+        NoKernel().to(DT)(X)
+    kernel = gpytorch.kernels.RBFKernel()
+    model = NoKernel(kernel).to(DT)
+    assert model(X).mean.shape == (N,)
+    assert any(n.startswith("variational_strategy._explicit_kernel") for n, _ in model.named_parameters())
+    with pytest.raises(ValueError, match="num_inducing"):
+        InterdomainVariationalStrategy(None, InducingPoints(Z), gpytorch.variational.CholeskyVariationalDistribution(M + 1))
+    with pytest.raises(TypeError, match="inducing_variables"):
+        InterdomainVariationalStrategy(None, Z, make_distribution("cholesky"))
