@@ -1,0 +1,36 @@
+"""Sparse Gaussian process attention (thesis ch. 3 and App. B).
+
+Layers (:mod:`gpytorch_sgpa.attention`), attention kernels (:mod:`gpytorch_sgpa.kernels`),
+Transformers (:mod:`gpytorch_sgpa.transformer`) and the training objective
+(:mod:`gpytorch_sgpa.elbo`).
+"""
+
+from .attention import (
+    KernelAttention,
+    ScaledDotProductAttention,
+    SGPANoise,
+    SGPAPosterior,
+    SGPAStepState,
+    SGPAttention,
+)
+from .elbo import SGPAELBO
+from .kernels import ExponentialKernel, evaluate_kernel, make_attention_kernel
+from .transformer import ATTENTION_TYPES, SGPABlock, SGPATransformer, SGPAViT, build_attention
+
+__all__ = [
+    "ATTENTION_TYPES",
+    "ExponentialKernel",
+    "KernelAttention",
+    "SGPABlock",
+    "SGPAELBO",
+    "SGPANoise",
+    "SGPAPosterior",
+    "SGPAStepState",
+    "SGPATransformer",
+    "SGPAViT",
+    "SGPAttention",
+    "ScaledDotProductAttention",
+    "build_attention",
+    "evaluate_kernel",
+    "make_attention_kernel",
+]

@@ -1,0 +1,125 @@
+r"""Training objective for SGPA Transformers, eq. ``elbo`` (derivation in App. B.1.2).
+
+Per data point the objective is the Monte-Carlo expected log-likelihood minus the weighted KL:
+
+``ELBO = (1/B) Σ_b (1/S) Σ_s log p(y_b | F_b^{L,(s)}) - w_t · KL / num_data``
+
+where ``F^{L,(s)}`` are the outputs of ``S`` reparameterised forward passes (eq.
+``reparam_dgp``), ``KL`` is the model's ``kl_total`` (sum over layers and heads of the
+per-sequence KL, averaged over the batch) and ``w_t = β · min(1, t / anneal_steps)`` after ``t``
+training updates (``w_t = β`` when ``anneal_steps = 0``).  With ``num_data = 1`` and ``β = 1`` this
+is eq. ``elbo`` per sequence; ``num_data = N`` follows GPyTorch's per-data-point scaling
+(``VariationalELBO``).  :class:`SGPAELBO` returns the **loss** ``-ELBO`` (minimise it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import gpytorch
+import torch
+import torch.nn.functional as F
+from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood, Likelihood
+from torch import Tensor, nn
+
+__all__ = ["SGPAELBO", "LIKELIHOODS"]
+
+LIKELIHOODS = ("categorical", "gaussian", "laplace")
+
+
+class SGPAELBO(gpytorch.Module):
+    """Negative ELBO of an SGPA model (eq. ``elbo``) with linear KL annealing.
+
+    ``loss = elbo(outputs, kl, targets)``: ``outputs`` are logits ``(..., B, C)`` or regression
+    outputs ``(..., B, D)`` where leading dimensions index Monte-Carlo samples; ``kl`` is the
+    model's ``kl_total``; ``targets`` are class indices ``(B,)`` or values ``(B, D)`` / ``(B,)``.
+
+    ``likelihood``: ``"categorical"`` (default for classification models), ``"laplace"`` (default
+    for regression, scale ``b`` learnt, thesis App. B.2 ZINC), ``"gaussian"`` (noise learnt), or a
+    GPyTorch likelihood whose ``forward(f)`` returns a distribution with ``log_prob``.  The model
+    and the likelihood are submodules, so ``elbo.parameters()`` holds everything to optimise.
+
+    The annealing counter advances by one at each call made with the model in training mode and
+    gradients enabled.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_data: int,
+        beta: float = 1.0,
+        anneal_steps: int = 0,
+        likelihood: str | Likelihood | None = None,
+    ):
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
+            raise ValueError(f"num_data must be a positive int, got {num_data!r}")
+        if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+            raise ValueError(f"beta must be a finite float >= 0, got {beta!r}")
+        if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 0:
+            raise ValueError(f"anneal_steps must be an int >= 0, got {anneal_steps!r}")
+        task = getattr(model, "task", "classification")
+        if likelihood is None:
+            likelihood = "categorical" if task == "classification" else "laplace"
+        if isinstance(likelihood, str):
+            if likelihood not in LIKELIHOODS:
+                raise ValueError(f"likelihood must be one of {LIKELIHOODS} or a GPyTorch likelihood, got {likelihood!r}")
+            self.likelihood_name = likelihood
+            self.likelihood = {"categorical": None, "gaussian": GaussianLikelihood, "laplace": LaplaceLikelihood}[
+                likelihood
+            ]
+            if self.likelihood is not None:
+                self.likelihood = self.likelihood()
+        elif isinstance(likelihood, Likelihood):
+            self.likelihood_name = type(likelihood).__name__
+            self.likelihood = likelihood
+        else:
+            raise TypeError(f"likelihood must be a string or a gpytorch Likelihood, got {type(likelihood).__name__}")
+        self.model = model
+        self.num_data = num_data
+        self.beta = float(beta)
+        self.anneal_steps = anneal_steps
+        self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
+
+    @property
+    def kl_weight(self) -> float:
+        """Current ``w_t = β · min(1, t / anneal_steps)``."""
+        if self.anneal_steps == 0:
+            return self.beta
+        return self.beta * min(1.0, int(self.num_updates) / self.anneal_steps)
+
+    def expected_log_likelihood(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """Monte-Carlo ``E_q[log p(y_b | F_b)]`` per data point, ``(B,)`` (mean over sample dims)."""
+        if not isinstance(outputs, Tensor) or not isinstance(targets, Tensor):
+            raise TypeError("outputs and targets must be tensors")
+        if self.likelihood is None:
+            if targets.dim() != 1 or targets.dtype not in (torch.int64, torch.int32):
+                raise ValueError(f"targets must be class indices (B,), got {targets.dtype} {tuple(targets.shape)}")
+            if outputs.dim() < 2 or outputs.shape[-2] != targets.shape[0]:
+                raise ValueError(f"outputs must be (..., B={targets.shape[0]}, C), got {tuple(outputs.shape)}")
+            log_probs = F.log_softmax(outputs, dim=-1)
+            index = targets.long().expand(*outputs.shape[:-1]).unsqueeze(-1)
+            ell = log_probs.gather(-1, index).squeeze(-1)
+        else:
+            if targets.dim() == 1:
+                targets = targets.unsqueeze(-1)
+            if targets.dim() != 2 or outputs.dim() < 2 or outputs.shape[-2:] != targets.shape:
+                raise ValueError(
+                    f"outputs (..., B, D) must match targets (B, D) or (B,), got {tuple(outputs.shape)} "
+                    f"and {tuple(targets.shape)}"
+                )
+            if torch.isnan(targets).any():
+                raise ValueError("targets contain NaN")
+            ell = self.likelihood.forward(outputs).log_prob(targets.to(outputs.dtype)).sum(-1)
+        return ell.reshape(-1, ell.shape[-1]).mean(0)
+
+    def forward(self, outputs: Tensor, kl: Tensor, targets: Tensor) -> Tensor:
+        """Loss ``-ELBO`` per data point: ``-mean_b ELL_b + w_t · kl / num_data``."""
+        if not isinstance(kl, Tensor) or kl.dim() != 0:
+            raise ValueError("kl must be a scalar tensor (the model's kl_total)")
+        weight = self.kl_weight
+        if self.model.training and torch.is_grad_enabled():
+            self.num_updates += 1
+        return -self.expected_log_likelihood(outputs, targets).mean() + weight * kl / self.num_data

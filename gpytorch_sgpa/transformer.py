@@ -1,0 +1,284 @@
+r"""Transformers built from (sparse Gaussian process) attention layers (thesis §3.4).
+
+Layer ``l`` maps ``F^{l-1}`` to ``F^l``:
+
+* ``s = G_φ(F^{l-1}) = LayerNorm(F + MLP(F))`` with a 2-layer MLP (the deep-kernel feature map of
+  eq. ``fhl``); for decoupled SGPA the same ``G_φ`` (without dropout) maps the layer's global
+  inducing inputs ``Z_g`` and the result is passed to the attention as ``global_inputs``;
+* ``F^l = s + attention(s)`` where the attention returns a posterior sample (eq. ``reparam_dgp``)
+  and its KL.
+
+Outputs are mean-pooled over the non-padded positions, layer-normalised and mapped by a linear
+head.  ``forward`` returns ``(outputs, kl_total)`` with ``kl_total`` the sum of the layers' KL
+terms (each averaged over the batch), ready for :class:`gpytorch_sgpa.elbo.SGPAELBO`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .attention import KernelAttention, ScaledDotProductAttention, SGPAttention
+
+__all__ = ["ATTENTION_TYPES", "TASKS", "build_attention", "SGPABlock", "SGPATransformer", "SGPAViT"]
+
+ATTENTION_TYPES = ("sgpa", "sgpa-dsvgp", "sgpa-standard", "kernel", "sdp")
+TASKS = ("classification", "regression")
+
+
+def build_attention(
+    attention: str | Callable[..., nn.Module],
+    d_model: int,
+    num_heads: int,
+    max_len: int | None = None,
+    dropout: float = 0.0,
+    attention_kwargs: dict | None = None,
+) -> nn.Module:
+    """One attention layer from a name in :data:`ATTENTION_TYPES` or a factory.
+
+    Names: ``"sgpa"`` (decoupled, orthogonal), ``"sgpa-dsvgp"`` (decoupled, dsvgp),
+    ``"sgpa-standard"`` (standard, uses ``max_len``), ``"kernel"`` (:class:`KernelAttention`),
+    ``"sdp"`` (:class:`ScaledDotProductAttention`).  A factory is called as
+    ``factory(d_model, num_heads, **attention_kwargs)`` and must return a module with the
+    attention call signature ``forward(x, key_padding_mask=None, global_inputs=None) -> (out, kl)``.
+    ``dropout`` is passed unless ``attention_kwargs`` sets it.
+    """
+    kwargs = dict(attention_kwargs or {})
+    if callable(attention) and not isinstance(attention, str):
+        return attention(d_model, num_heads, **kwargs)
+    if not isinstance(attention, str):
+        raise TypeError(f"attention must be a name in {ATTENTION_TYPES} or a callable, got {type(attention).__name__}")
+    if attention not in ATTENTION_TYPES:
+        raise ValueError(f"attention must be one of {ATTENTION_TYPES} or a callable, got {attention!r}")
+    kwargs.setdefault("dropout", dropout)
+    if attention == "sdp":
+        return ScaledDotProductAttention(d_model, num_heads, **kwargs)
+    if attention == "kernel":
+        return KernelAttention(d_model, num_heads, **kwargs)
+    if attention == "sgpa-standard":
+        kwargs.setdefault("max_len", max_len)
+        return SGPAttention(d_model, num_heads, mode="standard", **kwargs)
+    variant = "dsvgp" if attention == "sgpa-dsvgp" else "orthogonal"
+    return SGPAttention(d_model, num_heads, mode="decoupled", variant=variant, **kwargs)
+
+
+class SGPABlock(nn.Module):
+    """One Transformer layer: feature map ``G_φ`` (residual 2-layer MLP + LayerNorm) then attention.
+
+    ``forward(f, key_padding_mask=None) -> (f_next, kl)`` with ``f`` ``(B, L, d_model)``.
+    """
+
+    def __init__(self, d_model: int, attention: nn.Module, hidden_dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, hidden_dim)
+        self.linear2 = nn.Linear(hidden_dim, d_model)
+        self.activation = nn.GELU()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.attention = attention
+
+    def feature_map(self, f: Tensor, apply_dropout: bool = True) -> Tensor:
+        """``G_φ(f) = LayerNorm(f + W₂ σ(W₁ f))`` (eq. ``fhl``)."""
+        hidden = self.activation(self.linear1(f))
+        if apply_dropout:
+            hidden = self.dropout(hidden)
+        update = self.linear2(hidden)
+        if apply_dropout:
+            update = self.dropout(update)
+        return self.norm(f + update)
+
+    def global_inputs(self) -> Tensor | None:
+        """``G_φ(Z_g)`` for a decoupled SGPA attention (no dropout), else ``None``."""
+        inducing = getattr(self.attention, "global_inducing_inputs", None)
+        if inducing is None:
+            return None
+        return self.feature_map(inducing, apply_dropout=False)
+
+    def forward(self, f: Tensor, key_padding_mask: Tensor | None = None):
+        s = self.feature_map(f)
+        out, kl = self.attention(s, key_padding_mask=key_padding_mask, global_inputs=self.global_inputs())
+        return s + self.dropout(out), kl
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+class _SGPAModel(nn.Module):
+    """Layers, pooling, head and Monte-Carlo prediction shared by the two models."""
+
+    def __init__(
+        self,
+        num_classes,
+        d_model,
+        num_heads,
+        num_layers,
+        max_len,
+        attention,
+        attention_kwargs,
+        task,
+        dropout,
+        hidden_dim,
+    ):
+        super().__init__()
+        for name, value in (("num_classes", num_classes), ("d_model", d_model), ("num_heads", num_heads)):
+            _positive_int(name, value)
+        _positive_int("num_layers", num_layers)
+        _positive_int("max_len", max_len)
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        hidden_dim = 2 * d_model if hidden_dim is None else _positive_int("hidden_dim", hidden_dim)
+        self.task = task
+        self.num_classes = num_classes
+        self.d_model = d_model
+        self.max_len = max_len
+        self.positional = nn.Parameter(0.02 * torch.randn(1, max_len, d_model))
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            SGPABlock(
+                d_model,
+                build_attention(attention, d_model, num_heads, max_len, dropout, attention_kwargs),
+                hidden_dim,
+                dropout,
+            )
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def _encode(self, h: Tensor, key_padding_mask: Tensor | None):
+        length = h.shape[1]
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len={self.max_len}")
+        h = self.embedding_dropout(h + self.positional[:, :length])
+        kl_total = h.new_zeros(())
+        for layer in self.layers:
+            h, kl = layer(h, key_padding_mask)
+            kl_total = kl_total + kl
+        if key_padding_mask is None:
+            pooled = h.mean(1)
+        else:
+            weights = (~key_padding_mask).to(h.dtype).unsqueeze(-1)
+            pooled = (h * weights).sum(1) / weights.sum(1)
+        return self.head(self.final_norm(pooled)), kl_total
+
+    @torch.no_grad()
+    def sample_outputs(self, *inputs, num_samples: int = 10, **kwargs) -> Tensor:
+        """``num_samples`` forward passes stacked: ``(num_samples, B, num_classes)``.
+
+        Uses the current mode (call ``eval()`` first to switch dropout off and reuse cached
+        global factors).
+        """
+        _positive_int("num_samples", num_samples)
+        return torch.stack([self(*inputs, **kwargs)[0] for _ in range(num_samples)])
+
+    def predict_proba(self, *inputs, num_samples: int = 10, **kwargs) -> Tensor:
+        """Class probabilities averaged over ``num_samples`` posterior samples, ``(B, num_classes)``."""
+        if self.task != "classification":
+            raise ValueError("predict_proba needs task='classification'; use sample_outputs for regression")
+        return torch.softmax(self.sample_outputs(*inputs, num_samples=num_samples, **kwargs), dim=-1).mean(0)
+
+
+class SGPATransformer(_SGPAModel):
+    """Transformer encoder for token sequences (or feature sequences) with pluggable attention.
+
+    ``forward(tokens, key_padding_mask=None) -> (outputs, kl_total)``: ``tokens`` is a long
+    tensor ``(B, L)`` of ids in ``[0, vocab_size)``, or, when ``vocab_size is None``, a float
+    tensor ``(B, L, input_dim)``; ``key_padding_mask`` bool ``(B, L)``, ``True`` = padded.
+    ``outputs`` are class logits ``(B, num_classes)`` (``task="classification"``) or regression
+    outputs ``(B, num_classes)`` (``task="regression"``, ``num_classes`` = number of outputs).
+    ``attention`` is one of :data:`ATTENTION_TYPES` or a layer factory (:func:`build_attention`);
+    ``attention_kwargs`` go to every attention layer (e.g. ``kernel="exponential"``,
+    ``num_global=16``).  ``hidden_dim`` of the ``G_φ`` MLP defaults to ``2 * d_model``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int | None,
+        num_classes: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        max_len: int,
+        attention: str | Callable[..., nn.Module] = "sgpa",
+        attention_kwargs: dict | None = None,
+        task: str = "classification",
+        dropout: float = 0.0,
+        hidden_dim: int | None = None,
+        input_dim: int | None = None,
+    ):
+        super().__init__(
+            num_classes, d_model, num_heads, num_layers, max_len, attention, attention_kwargs, task, dropout, hidden_dim
+        )
+        if vocab_size is None:
+            self.embedding = nn.Linear(_positive_int("input_dim", input_dim), d_model)
+        else:
+            self.embedding = nn.Embedding(_positive_int("vocab_size", vocab_size), d_model)
+        self.vocab_size = vocab_size
+        self.input_dim = input_dim
+
+    def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None):
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens must be a tensor, got {type(tokens).__name__}")
+        if self.vocab_size is not None:
+            if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
+                raise ValueError(f"tokens must be an integer tensor (batch, L), got {tokens.dtype} {tuple(tokens.shape)}")
+            if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+                raise ValueError(f"tokens must lie in [0, vocab_size={self.vocab_size})")
+        elif tokens.dim() != 3 or tokens.shape[-1] != self.input_dim or not tokens.is_floating_point():
+            raise ValueError(f"inputs must be a float tensor (batch, L, input_dim={self.input_dim}), got {tuple(tokens.shape)}")
+        return self._encode(self.embedding(tokens), key_padding_mask)
+
+
+class SGPAViT(_SGPAModel):
+    """Vision Transformer: non-overlapping ``patch_size`` patches → linear embedding → layers → head.
+
+    ``forward(images) -> (outputs, kl_total)`` with ``images`` ``(B, in_channels, image_size,
+    image_size)``.  Same layers, pooling and head as :class:`SGPATransformer`.
+    """
+
+    def __init__(
+        self,
+        image_size: int,
+        patch_size: int,
+        in_channels: int,
+        num_classes: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        attention: str | Callable[..., nn.Module] = "sgpa",
+        attention_kwargs: dict | None = None,
+        task: str = "classification",
+        dropout: float = 0.0,
+        hidden_dim: int | None = None,
+    ):
+        _positive_int("image_size", image_size)
+        _positive_int("patch_size", patch_size)
+        _positive_int("in_channels", in_channels)
+        if image_size % patch_size != 0:
+            raise ValueError(f"image_size={image_size} must be divisible by patch_size={patch_size}")
+        num_patches = (image_size // patch_size) ** 2
+        super().__init__(
+            num_classes, d_model, num_heads, num_layers, num_patches, attention, attention_kwargs, task, dropout,
+            hidden_dim,
+        )
+        self.image_size = image_size
+        self.in_channels = in_channels
+        self.patch_embedding = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, images: Tensor):
+        if not isinstance(images, Tensor) or not images.is_floating_point():
+            raise TypeError("images must be a floating-point tensor")
+        expected = (self.in_channels, self.image_size, self.image_size)
+        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+            raise ValueError(f"images must have shape (batch, {', '.join(map(str, expected))}), got {tuple(images.shape)}")
+        patches = self.patch_embedding(images).flatten(2).transpose(1, 2)
+        return self._encode(patches, None)
