@@ -1,0 +1,444 @@
+"""Online sparse GPs (Bui, Nguyen & Turner 2017), thesis §4.2.2 ``sec:online_gp``.
+
+Two objectives, both working with any :class:`~gpytorch_hippo.inducing.InducingVariables`:
+
+* :class:`OnlineSGPR` -- Gaussian likelihood, collapsed online bound with the closed-form optimal
+  ``q(u)``. With HiPPO inducing variables this is OHSGPR, with inducing points OSGPR.
+* :class:`OnlineELBO` -- any likelihood, uncollapsed online ELBO (thesis eq. ``online_elbo``)
+  for a GPyTorch ``ApproximateGP`` with
+  :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`: OHSVGP / OSVGP.
+
+Notation: ``a`` are the old inducing variables (end of the previous task, old hyperparameters
+``θ'``), ``b`` the current ones, ``q_old(a) = N(m_a, S_a)``, ``p_old(a) = N(μ'_a, K'_aa)``.
+Old data are never revisited: a task only touches its own data and the stored summary
+``(q_old(a), K'_aa, a)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Optional
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.mlls._approximate_mll import _ApproximateMarginalLogLikelihood
+from linear_operator import to_dense
+from linear_operator.operators import DenseLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .inducing.base import InducingVariables
+from .variational import InterdomainVariationalStrategy
+
+__all__ = ["OnlineSGPR", "OnlineELBO"]
+
+
+def _solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
+    return torch.linalg.solve_triangular(chol, rhs, upper=False)
+
+
+def _frozen_copy(inducing_variables: InducingVariables) -> InducingVariables:
+    """A detached deep copy of ``inducing_variables`` whose tensors receive no gradients."""
+    snapshot = copy.deepcopy(inducing_variables)
+    for parameter in snapshot.parameters():
+        parameter.requires_grad_(False)
+    return snapshot
+
+
+def _check_inputs(train_x, train_y, x_name: str = "train_x", y_name: str = "train_y") -> tuple[Tensor, Tensor]:
+    if not isinstance(train_x, Tensor):
+        raise TypeError(f"{x_name} must be a torch.Tensor, got {type(train_x).__name__}")
+    if not isinstance(train_y, Tensor):
+        raise TypeError(f"{y_name} must be a torch.Tensor, got {type(train_y).__name__}")
+    if train_x.dim() == 1:
+        train_x = train_x.unsqueeze(-1)
+    if train_x.dim() < 2 or train_x.shape[-2] < 1:
+        raise ValueError(f"{x_name} must have shape (N, D) or (N,) with N >= 1, got {tuple(train_x.shape)}")
+    if train_y.shape != train_x.shape[:-1]:
+        raise ValueError(
+            f"{y_name} must have shape {tuple(train_x.shape[:-1])} to match {x_name} of shape "
+            f"{tuple(train_x.shape)}, got {tuple(train_y.shape)}"
+        )
+    if not torch.isfinite(train_x).all():
+        raise ValueError(f"{x_name} contains NaN or infinite values")
+    if torch.isnan(train_y).any():
+        raise ValueError(f"{y_name} contains NaN values")
+    if not torch.isfinite(train_y).all():
+        raise ValueError(f"{y_name} contains infinite values")
+    return train_x, train_y
+
+
+class OnlineSGPR(gpytorch.Module):
+    r"""Collapsed online sparse GP regression (OSGPR / OHSGPR), Bui et al. (2017), thesis §4.2.2.
+
+    Each call of :meth:`update` absorbs one task ``(X, y)``. For a Gaussian likelihood the online
+    ELBO (thesis eq. ``online_elbo``) is maximised in closed form over ``q(b)``. Writing
+    ``L = chol(K_bb)``, ``v = L^{-1}(b - μ_b)``, ``W = L^{-1} K_bX`` and, for the old inducing
+    variables, ``L' = chol(K'_aa)`` (old hyperparameters), the ratio ``q_old(a) / p_old(a)`` is a
+    Gaussian factor ``exp(-½ w^T Λ' w + w^T η' + c')`` in ``w = L'^{-1}(a - μ'_a)``. Under the new
+    prior ``w = δ + T^T v + ε`` with ``T = L^{-1} K_ba L'^{-T}``, ``δ = L'^{-1}(μ_a - μ'_a)`` and
+    ``cov(ε) = C = L'^{-1}(K_aa - Q_aa) L'^{-T}``; so the optimal ``q(v) = N(B^{-1}η, B^{-1})`` with
+
+    .. math::
+        B = I + W W^T / σ^2 + T Λ' T^T,\qquad
+        η = W (y - m(X)) / σ^2 + T (η' - Λ' δ),
+
+    and the collapsed bound (the monitoring value :meth:`log_bound`) is
+
+    .. math::
+        \mathcal L = -\tfrac12 \log|B| + \tfrac12 η^T B^{-1} η
+        - \tfrac{N}{2}\log 2πσ^2 - \tfrac{\|y - m(X)\|^2}{2σ^2}
+        - \tfrac{\operatorname{tr}(K_{XX} - Q_{XX})}{2σ^2}
+        - \tfrac12 \operatorname{tr}(Λ' C) - \tfrac12 δ^TΛ'δ + δ^Tη'
+        + \tfrac12\log|B'| - \tfrac12 η'^T B'^{-1} η',
+
+    which is Bui et al.'s collapsed bound (their ``D_a^{-1} = S_a^{-1} - K'^{-1}_{aa}`` is
+    ``L'^{-T} Λ' L'^{-1}`` here; nothing is inverted but triangular factors and ``B``, whose
+    eigenvalues are ``>= 1``). For the first task the old terms vanish and this is Titsias'
+    SGPR bound (thesis eq. after ``optimal_qu_svgp``). With the same inducing inputs and
+    hyperparameters throughout, the posterior after any sequence of tasks equals batch SGPR on all
+    data (up to the ``K_uu`` jitter, whose inconsistency is ``O(jitter / λ_min(K_uu))``), and the
+    per-task bounds sum to the batch bound.
+
+    After each task the summary ``(Λ', η', L', μ'_a)`` is stored in buffers and a frozen deep copy
+    of the inducing variables in :attr:`posterior_inducing_variables`. Between tasks the inducing
+    variables may be replaced (``model.inducing_variables = InducingPoints(new_Z)``) or moved in
+    place (e.g. ``model.inducing_variables.advance(t_new)`` for HiPPO); the old copy provides
+    ``Kuu_cross``.
+
+    :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
+    :param covar_module: the GPyTorch kernel ``k``.
+    :param likelihood: a homoskedastic ``gpytorch.likelihoods.GaussianLikelihood``.
+    :param mean_module: prior mean (default ``ZeroMean``).
+
+    In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
+    ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
+    """
+
+    def __init__(
+        self,
+        inducing_variables: InducingVariables,
+        covar_module: gpytorch.kernels.Kernel,
+        likelihood: gpytorch.likelihoods.GaussianLikelihood,
+        mean_module: Optional[gpytorch.means.Mean] = None,
+    ):
+        super().__init__()
+        if not isinstance(inducing_variables, InducingVariables):
+            raise TypeError(
+                f"inducing_variables must be an InducingVariables instance, got {type(inducing_variables).__name__}"
+            )
+        if not isinstance(covar_module, gpytorch.kernels.Kernel):
+            raise TypeError(f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}")
+        if not isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood) or isinstance(
+            likelihood, gpytorch.likelihoods.FixedNoiseGaussianLikelihood
+        ):
+            raise TypeError(
+                "likelihood must be a homoskedastic gpytorch.likelihoods.GaussianLikelihood "
+                f"(the collapsed bound needs one noise variance), got {type(likelihood).__name__}"
+            )
+        if mean_module is None:
+            mean_module = gpytorch.means.ZeroMean()
+        if not isinstance(mean_module, gpytorch.means.Mean):
+            raise TypeError(f"mean_module must be a gpytorch Mean or None, got {type(mean_module).__name__}")
+        self.inducing_variables = inducing_variables
+        self.covar_module = covar_module
+        self.likelihood = likelihood
+        self.mean_module = mean_module
+        self.posterior_inducing_variables = None
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
+            self.register_buffer(name, None)
+        self.register_buffer("num_tasks", torch.tensor(0))
+        self.last_bound: Optional[Tensor] = None
+
+    # ------------------------------------------------------------------ state handling
+    @property
+    def has_posterior(self) -> bool:
+        """Whether at least one task has been absorbed."""
+        return self.posterior_chol is not None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # The summary buffers and the frozen inducing copy exist only after a task: allocate them so
+        # that a fresh model can load the state of a trained one.
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
+            key = prefix + name
+            if key in state_dict and getattr(self, name) is None:
+                setattr(self, name, torch.empty_like(state_dict[key]))
+        if self.posterior_inducing_variables is None and any(
+            k.startswith(prefix + "posterior_inducing_variables.") for k in state_dict
+        ):
+            self.posterior_inducing_variables = _frozen_copy(self.inducing_variables)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def _noise(self) -> Tensor:
+        return self.likelihood.noise.squeeze(-1)
+
+    # ------------------------------------------------------------------ the bound
+    def _bound_and_posterior(self, x: Tensor, y: Tensor):
+        """Online collapsed bound of absorbing ``(x, y)`` and the optimal ``q(v)`` in natural form."""
+        kernel, ivs = self.covar_module, self.inducing_variables
+        chol = psd_safe_cholesky(to_dense(ivs.Kuu(kernel)))
+        W = _solve_lower(chol, ivs.Kuf(kernel, x))
+        noise = self._noise()
+        resid = y - self.mean_module(x)
+        num_data = y.shape[-1]
+        precision = (W @ W.mT) / noise[..., None, None]
+        shift = (W @ resid.unsqueeze(-1)).squeeze(-1) / noise[..., None]
+        kxx_diag = kernel(x, diag=True)
+        bound = (
+            -0.5 * num_data * torch.log(2 * math.pi * noise)
+            - 0.5 * resid.square().sum(-1) / noise
+            - 0.5 * (kxx_diag.sum(-1) - W.square().sum((-2, -1))) / noise
+        )
+        if self.has_posterior:
+            old = self.posterior_inducing_variables
+            old_chol, old_precision, old_shift = self.posterior_chol, self.posterior_precision, self.posterior_shift
+            R = _solve_lower(chol, ivs.Kuu_cross(old, kernel))  # L^{-1} K_ba
+            T = _solve_lower(old_chol, R.mT).mT  # L^{-1} K_ba L'^{-T}
+            old_mean_now = old.prior_mean(self.mean_module)
+            delta = -self.posterior_prior_mean if old_mean_now is None else old_mean_now - self.posterior_prior_mean
+            delta = _solve_lower(old_chol, delta.unsqueeze(-1)).squeeze(-1)
+            precision = precision + T @ old_precision @ T.mT
+            old_precision_delta = (old_precision @ delta.unsqueeze(-1)).squeeze(-1)
+            shift = shift + (T @ (old_shift - old_precision_delta).unsqueeze(-1)).squeeze(-1)
+            # residual covariance of the old inducing variables given the new ones, whitened by L'
+            cond = to_dense(old.Kuu(kernel)) - R.mT @ R
+            cond_w = _solve_lower(old_chol, _solve_lower(old_chol, cond).mT)
+            old_b_chol = psd_safe_cholesky(old_precision + torch.eye(old_precision.shape[-1], dtype=W.dtype, device=W.device))
+            old_c = _solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
+            bound = (
+                bound
+                - 0.5 * (old_precision * cond_w).sum((-2, -1))
+                - 0.5 * (delta * old_precision_delta).sum(-1)
+                + (delta * old_shift).sum(-1)
+                + old_b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+                - 0.5 * old_c.square().sum(-1)
+            )
+        eye = torch.eye(precision.shape[-1], dtype=W.dtype, device=W.device)
+        b_chol = psd_safe_cholesky(precision + eye)
+        c = _solve_lower(b_chol, shift.unsqueeze(-1)).squeeze(-1)
+        bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
+        return bound, precision, shift, chol
+
+    def log_bound(self, train_x: Tensor, train_y: Tensor) -> Tensor:
+        """Collapsed online bound (thesis eq. ``online_elbo`` at the optimal ``q(u)``) of absorbing
+        ``(train_x, train_y)`` into the current summary, with the current hyperparameters. The state
+        is not changed; differentiable with respect to the hyperparameters."""
+        train_x, train_y = _check_inputs(train_x, train_y)
+        return self._bound_and_posterior(train_x, train_y)[0]
+
+    def update(
+        self,
+        train_x: Tensor,
+        train_y: Tensor,
+        num_iter: int = 0,
+        lr: float = 0.01,
+        progress: bool = False,
+    ) -> Tensor:
+        """Absorb one task.
+
+        :param train_x: inputs ``(N, D)`` (or ``(N,)``) of the new task only.
+        :param train_y: targets ``(N,)``.
+        :param num_iter: Adam steps on ``-bound / N`` over the hyperparameters of the kernel,
+            likelihood, mean and (learnable) inducing variables. ``0``: nothing is optimised, the
+            update is a closed-form computation.
+        :param lr: Adam learning rate.
+        :param progress: show a ``tqdm`` bar during optimisation.
+        :return: the collapsed online bound of this task at the final hyperparameters.
+        """
+        train_x, train_y = _check_inputs(train_x, train_y)
+        if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
+            raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
+        if not (isinstance(lr, (int, float)) and lr > 0):
+            raise ValueError(f"lr must be a positive float, got {lr!r}")
+        if num_iter > 0:
+            parameters = [p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("posterior_")]
+            optimizer = torch.optim.Adam(parameters, lr=lr)
+            num_data = train_y.shape[-1]
+            for _ in tqdm(range(num_iter), disable=not progress, desc="OnlineSGPR task"):
+                optimizer.zero_grad()
+                loss = -self._bound_and_posterior(train_x, train_y)[0].sum() / num_data
+                loss.backward()
+                optimizer.step()
+        with torch.no_grad():
+            bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y)
+            prior_mean = self.inducing_variables.prior_mean(self.mean_module)
+            if prior_mean is None:
+                prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)
+            self.posterior_chol = chol.detach().clone()
+            self.posterior_precision = precision.detach().clone()
+            self.posterior_shift = shift.detach().clone()
+            self.posterior_prior_mean = prior_mean.detach().expand(shift.shape).clone()
+            self.posterior_inducing_variables = _frozen_copy(self.inducing_variables)
+            self.num_tasks += 1
+        self.last_bound = bound.detach()
+        return self.last_bound
+
+    # ------------------------------------------------------------------ posterior
+    def _whitened_posterior(self) -> tuple[Tensor, Tensor]:
+        """``(mean, chol(B))`` of the stored ``q(v) = N(B^{-1} η', B^{-1})``."""
+        eye = torch.eye(self.posterior_precision.shape[-1], dtype=self.posterior_precision.dtype, device=self.posterior_precision.device)
+        b_chol = psd_safe_cholesky(self.posterior_precision + eye)
+        mean = torch.cholesky_solve(self.posterior_shift.unsqueeze(-1), b_chol).squeeze(-1)
+        return mean, b_chol
+
+    def inducing_posterior(self) -> MultivariateNormal:
+        """The stored ``q(u) = N(μ_u + L' m_v, L' B^{-1} L'^T)`` over :attr:`posterior_inducing_variables`."""
+        if not self.has_posterior:
+            raise RuntimeError("no task has been absorbed yet: call update(train_x, train_y) first")
+        mean_v, b_chol = self._whitened_posterior()
+        factor = self.posterior_chol @ _solve_lower(b_chol, torch.eye(b_chol.shape[-1], dtype=b_chol.dtype, device=b_chol.device)).mT
+        mean = self.posterior_prior_mean + (self.posterior_chol @ mean_v.unsqueeze(-1)).squeeze(-1)
+        return MultivariateNormal(mean, factor @ factor.mT)
+
+    def forward(self, x: Tensor) -> MultivariateNormal:
+        """Latent ``q(f(x))`` (thesis eq. ``q_predictive_svgp`` with the optimal ``q(u)``)."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() == 1:
+            x = x.unsqueeze(-1)
+        if x.dim() < 2:
+            raise ValueError(f"x must have shape (N, D) or (N,), got {tuple(x.shape)}")
+        kernel = self.covar_module
+        prior_mean = self.mean_module(x)
+        prior_covar = kernel(x)
+        if not self.has_posterior:
+            return MultivariateNormal(prior_mean, prior_covar)
+        ivs = self.posterior_inducing_variables
+        chol_now = psd_safe_cholesky(to_dense(ivs.Kuu(kernel)))
+        W = _solve_lower(chol_now, ivs.Kuf(kernel, x))
+        # q(b) was stored whitened by the Cholesky factor L' of the hyperparameters of its task;
+        # G = L_now^{-1} L' maps it to the current whitening (identity if nothing changed).
+        G = _solve_lower(chol_now, self.posterior_chol)
+        mean_v, b_chol = self._whitened_posterior()
+        mean_now = ivs.prior_mean(self.mean_module)
+        offset = self.posterior_prior_mean if mean_now is None else self.posterior_prior_mean - mean_now
+        mean_w = _solve_lower(chol_now, offset.unsqueeze(-1)).squeeze(-1) + (G @ mean_v.unsqueeze(-1)).squeeze(-1)
+        mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1)
+        V = _solve_lower(b_chol, G.mT @ W)
+        covar = prior_covar + DenseLinearOperator(V.mT @ V - W.mT @ W)
+        return MultivariateNormal(mean, covar)
+
+
+class OnlineELBO(_ApproximateMarginalLogLikelihood):
+    r"""Online ELBO of Bui et al. (2017) for any likelihood, thesis eq. ``online_elbo``:
+
+    .. math::
+        \mathcal L^o = \sum_i E_{q(f_i)}[\log p(y_i | f_i)]
+            + KL(\tilde q(a) \| p_{old}(a)) - KL(\tilde q(a) \| q_{old}(a)) - KL(q(b) \| p(b)),
+
+    with ``\tilde q(a) = \int p(a | b) q(b) db``. The two ``a`` terms are evaluated together as
+    ``E_{\tilde q}[\log q_{old}(a) - \log p_{old}(a)]`` (the entropy of ``\tilde q`` cancels, so
+    a singular ``\tilde q`` -- e.g. ``a = b`` -- is harmless). Like GPyTorch's ``VariationalELBO``
+    the value is divided by ``num_data`` (the size of the *current* task), and ``beta`` scales
+    the KL-type terms.
+
+    The model must use :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`
+    (directly or inside ``IndependentMultitaskVariationalStrategy``). Call :meth:`end_task` after
+    training on each task: it stores ``q_old(a)`` (mean and Cholesky factor of ``S_a``), the
+    Cholesky factor of ``K'_aa`` (with the jitter of the inducing variables), ``μ'_a`` and a frozen
+    copy of the inducing variables. Before the first :meth:`end_task` this is the plain SVGP ELBO
+    (thesis eq. ``elbo_svgp``). With HiPPO inducing variables this trains OHSVGP, with inducing
+    points OSVGP.
+    """
+
+    def __init__(self, likelihood, model, num_data: int, beta: float = 1.0, combine_terms: bool = True):
+        if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data < 1:
+            raise ValueError(f"num_data must be a positive int (size of the current task), got {num_data!r}")
+        if not (isinstance(beta, (int, float)) and beta >= 0):
+            raise ValueError(f"beta must be a non-negative float, got {beta!r}")
+        super().__init__(likelihood, model, num_data, beta, combine_terms)
+        self._interdomain_strategy()  # fail early on an unsupported model
+        object.__setattr__(self, "old_inducing_variables", None)
+        for name in ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_mean"):
+            self.register_buffer(name, None)
+
+    def _interdomain_strategy(self) -> InterdomainVariationalStrategy:
+        strategy = getattr(self.model, "variational_strategy", None)
+        while strategy is not None and not isinstance(strategy, InterdomainVariationalStrategy):
+            strategy = getattr(strategy, "base_variational_strategy", None)
+        if strategy is None:
+            raise TypeError(
+                "OnlineELBO needs a model whose variational_strategy is an InterdomainVariationalStrategy "
+                "(possibly wrapped by IndependentMultitaskVariationalStrategy)"
+            )
+        return strategy
+
+    @property
+    def has_old_task(self) -> bool:
+        return self.old_inducing_variables is not None
+
+    @torch.no_grad()
+    def end_task(self) -> None:
+        """Store ``q_old(a)``, ``chol(K'_aa)``, ``μ'_a`` and the inducing variables at the end of a task."""
+        strategy = self._interdomain_strategy()
+        posterior = strategy.inducing_posterior()
+        ivs = strategy.inducing_variables
+        kernel = strategy.kernel
+        prior_chol = psd_safe_cholesky(to_dense(ivs.Kuu(kernel)))
+        prior_mean = ivs.prior_mean(strategy.mean_module)
+        if prior_mean is None:
+            prior_mean = torch.zeros(prior_chol.shape[:-1], dtype=prior_chol.dtype, device=prior_chol.device)
+        self.old_mean = posterior.mean.detach().clone()
+        self.old_covar_chol = psd_safe_cholesky(posterior.covariance_matrix.detach())
+        self.old_prior_chol = prior_chol.detach().clone()
+        self.old_prior_mean = prior_mean.detach().clone()
+        object.__setattr__(self, "old_inducing_variables", _frozen_copy(ivs))
+
+    @staticmethod
+    def _expected_gaussian_log_density(mean: Tensor, covar: Tensor, target_mean: Tensor, target_chol: Tensor) -> Tensor:
+        """``E_{N(mean, covar)}[log N(a; target_mean, target_chol target_chol^T)]``."""
+        diff = _solve_lower(target_chol, (mean - target_mean).unsqueeze(-1)).squeeze(-1)
+        half = _solve_lower(target_chol, covar)
+        trace = _solve_lower(target_chol, half.mT).diagonal(dim1=-2, dim2=-1).sum(-1)
+        logdet = 2 * target_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        size = mean.shape[-1]
+        return -0.5 * (diff.square().sum(-1) + trace + logdet + size * math.log(2 * math.pi))
+
+    def online_kl_divergence(self) -> Tensor:
+        """``KL(q(b)||p(b)) - E_{\\tilde q(a)}[\\log q_{old}(a) - \\log p_{old}(a)]`` (the negated
+        non-likelihood terms of eq. ``online_elbo``), shaped like the strategy's KL."""
+        kl = self.model.variational_strategy.kl_divergence()
+        if not self.has_old_task:
+            return kl
+        strategy = self._interdomain_strategy()
+        marginal = strategy.inducing_marginal(self.old_inducing_variables)
+        mean, covar = marginal.mean, to_dense(marginal.lazy_covariance_matrix)
+        gain = self._expected_gaussian_log_density(mean, covar, self.old_mean, self.old_covar_chol)
+        gain = gain - self._expected_gaussian_log_density(mean, covar, self.old_prior_mean, self.old_prior_chol)
+        while gain.dim() > kl.dim():
+            gain = gain.sum(-1)
+        return kl - gain
+
+    def _log_likelihood_term(self, approximate_dist_f, target, **kwargs):
+        return self.likelihood.expected_log_prob(target, approximate_dist_f, **kwargs).sum(-1)
+
+    def forward(self, approximate_dist_f, target, **kwargs):
+        """``\\mathcal L^o / N`` for a minibatch of the current task (``N = num_data``)."""
+        if not isinstance(target, Tensor):
+            raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+        if torch.isnan(target).any():
+            raise ValueError("target contains NaN values")
+        if target.shape[-1] != approximate_dist_f.event_shape[0] and target.shape != approximate_dist_f.event_shape:
+            raise ValueError(
+                f"target of shape {tuple(target.shape)} does not match the model output with event shape "
+                f"{tuple(approximate_dist_f.event_shape)}"
+            )
+        num_batch = approximate_dist_f.event_shape[0]
+        log_likelihood = self._log_likelihood_term(approximate_dist_f, target, **kwargs).div(num_batch)
+        kl_divergence = self.online_kl_divergence().div(self.num_data / self.beta)
+        added_loss = torch.zeros_like(log_likelihood)
+        had_added_losses = False
+        for added_loss_term in self.model.added_loss_terms():
+            added_loss = added_loss + added_loss_term.loss()
+            had_added_losses = True
+        log_prior = torch.zeros_like(log_likelihood)
+        for _, module, prior, closure, _ in self.named_priors():
+            log_prior = log_prior + prior.log_prob(closure(module)).sum().div(self.num_data)
+        if self.combine_terms:
+            return log_likelihood - kl_divergence + log_prior - added_loss
+        if had_added_losses:
+            return log_likelihood, kl_divergence, log_prior, added_loss
+        return log_likelihood, kl_divergence, log_prior
