@@ -54,7 +54,7 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam((elbo if elbo is not None else model).parameters(), lr=lr)
     steps_per_epoch = -(-len(data) // batch_size)
     total_steps = epochs * steps_per_epoch
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * step / max(total_steps - 1, 1))

@@ -1,0 +1,71 @@
+"""End-to-end calibration runner on scikit-learn digits (no Debian dataset needed)."""
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
+
+from gpytorch_sgpa.experiments.calibration import QUICK_CONFIG, CSV_COLUMNS, _Runner, load_task, main
+
+
+@pytest.fixture(scope="module")
+def runner():
+    torch.manual_seed(0)
+    return _Runner(load_task("digits", QUICK_CONFIG, seed=0), QUICK_CONFIG, progress=False)
+
+
+def test_mle_row_matches_sklearn_on_recomputed_probabilities(runner):
+    row = runner.evaluate("mle-kernel", 0)
+    model, seconds = runner.networks[("mle-kernel", 0)]
+    task = runner.task
+    with torch.no_grad():
+        probs = model.eval()(task.test.features)[0].softmax(-1).double().numpy()
+        ood = model(task.ood.features)[0].softmax(-1).double().numpy()
+    probs, ood = probs / probs.sum(-1, keepdims=True), ood / ood.sum(-1, keepdims=True)
+    labels = task.test.labels.numpy()
+    assert row["accuracy"] == pytest.approx(accuracy_score(labels, probs.argmax(-1)))
+    assert row["nll"] == pytest.approx(log_loss(labels, probs, labels=list(range(10))), rel=1e-5)
+    entropy = np.r_[-(probs * np.log(probs)).sum(-1), -(ood * np.log(ood)).sum(-1)]
+    is_ood = np.r_[np.zeros(len(probs)), np.ones(len(ood))]
+    assert row["auroc"] == pytest.approx(roc_auc_score(is_ood, entropy), abs=1e-4)
+    assert row["aupr"] == pytest.approx(average_precision_score(is_ood, entropy), abs=1e-4)
+    assert row["train_s_per_epoch"] == seconds > 0
+
+
+def test_ts_mcd_de_reuse_the_mle_network(runner):
+    mle = runner.evaluate("mle-kernel", 0)
+    ts = runner.evaluate("ts", 0)
+    mcd = runner.evaluate("mcd", 0)
+    de = runner.evaluate("de", 0)
+    # A temperature rescales logits: the argmax and hence the accuracy are unchanged.
+    assert ts["accuracy"] == mle["accuracy"]
+    assert ts["train_s_per_epoch"] == mcd["train_s_per_epoch"] == mle["train_s_per_epoch"]
+    member_seconds = [runner.networks[("mle-kernel", k)][1] for k in range(QUICK_CONFIG.ensemble_size)]
+    assert de["train_s_per_epoch"] == pytest.approx(sum(member_seconds))
+    # Temperature scaling minimises validation NLL, so it cannot be worse there than T = 1.
+    model = runner.networks[("mle-kernel", 0)][0]
+    with torch.no_grad():
+        val_logits = model.eval()(runner.task.val.features)[0].double()
+    from gpytorch_sgpa.baselines import TemperatureScaling
+
+    scaler = TemperatureScaling().fit(val_logits, runner.task.val.labels)
+    val_labels = runner.task.val.labels
+    assert float(torch.nn.functional.cross_entropy(scaler(val_logits).detach(), val_labels)) <= float(
+        torch.nn.functional.cross_entropy(val_logits, val_labels)) + 1e-9
+
+
+def test_cli_writes_contract_csv_and_table(tmp_path, capsys):
+    rows = main(["--dataset", "digits", "--methods", "mle-sdp,sgpa", "--seeds", "2", "--quick",
+                 "--train-size", "128", "--test-size", "64", "--out", str(tmp_path), "--no-progress"])
+    with open(tmp_path / "results.csv") as handle:
+        reader = csv.DictReader(handle)
+        assert tuple(reader.fieldnames) == CSV_COLUMNS
+        written = list(reader)
+    assert [(r["method"], r["seed"]) for r in written] == [("mle-sdp", "0"), ("sgpa", "0"), ("mle-sdp", "1"),
+                                                           ("sgpa", "1")]
+    assert all(0 <= float(r["accuracy"]) <= 1 and math.isfinite(float(r["nll"])) for r in written)
+    assert len(rows) == 4 and (tmp_path / "results.png").is_file()
+    table = capsys.readouterr().out
+    assert "| digits | sgpa | 2 |" in table and "±" in table
