@@ -273,7 +273,7 @@ class HiPPO(nn.Module):
         self.register_buffer("A", A, persistent=False)
         self.register_buffer("B", B, persistent=False)
         self._cache_times: Optional[Tensor] = None
-        self._cache_steps: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+        self._cache_steps: Optional[dict] = None
         self._cache_kernel: Optional[Tensor] = None
 
     def extra_repr(self) -> str:
@@ -357,17 +357,19 @@ class HiPPO(nn.Module):
         Q = torch.where(mask, first + legendre_one, Q)
         return Abar, P, Q
 
-    def _grid_steps(self, times: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """Per-step matrices for a time grid, cached while the grid is unchanged (fast path)."""
+    def _grid_steps(self, times: Tensor, dtype: torch.dtype = torch.float64) -> Tuple[Tensor, Tensor, Tensor]:
+        """Per-step matrices for a time grid in ``dtype``, cached while the grid is unchanged (fast path)."""
         if self._cache_times is None or not (
             self._cache_times.shape == times.shape
             and self._cache_times.device == times.device
             and torch.equal(self._cache_times, times)
         ):
             self._cache_times = times.detach().clone()
-            self._cache_steps = self.step_matrices(times[:-1], times[1:])
+            self._cache_steps = {torch.float64: self.step_matrices(times[:-1], times[1:])}
             self._cache_kernel = None
-        return self._cache_steps
+        if dtype not in self._cache_steps:
+            self._cache_steps[dtype] = tuple(m.to(dtype) for m in self._cache_steps[torch.float64])
+        return self._cache_steps[dtype]
 
     # ----------------------------------------------------------------- validation
     def _check_times(self, times) -> Tensor:
@@ -441,25 +443,25 @@ class HiPPO(nn.Module):
         times = self._check_times(times)
         signal = self._check_signal(signal, times)
         batch_shape, T = signal.shape[:-1], signal.shape[-1]
-        flat = signal.reshape(-1, T)
-        out = torch.empty(flat.shape[0], T, self.M, dtype=flat.dtype, device=flat.device)
-        out[:, 0] = flat[:, :1] * self._initial_vector().to(flat.dtype)
+        flat = signal.reshape(-1, T).T  # (T, batch): time-major so each step writes a contiguous block
+        out = torch.empty(T, flat.shape[1], self.M, dtype=flat.dtype, device=flat.device)
+        out[0] = flat[0, :, None] * self._initial_vector().to(flat.dtype)
         if T > 1:
-            Abar, P, Q = (m.to(flat.dtype) for m in self._grid_steps(times))
-            inputs = flat[:, :-1, None] * P + flat[:, 1:, None] * Q  # (batch, T-1, M)
+            Abar, P, Q = self._grid_steps(times, flat.dtype)
+            # input terms of every step at once, accumulated in the output buffer (no temporaries)
+            torch.mul(flat[:-1, :, None], P[:, None], out=out[1:])
+            out[1:].addcmul_(flat[1:, :, None], Q[:, None])
             AbarT = Abar.transpose(-1, -2)
             for k in range(1, T):
-                torch.addmm(inputs[:, k - 1], out[:, k - 1], AbarT[k - 1], out=out[:, k])
-        return out.reshape(*batch_shape, T, self.M)
+                out[k].addmm_(out[k - 1], AbarT[k - 1])
+        return out.permute(1, 0, 2).reshape(*batch_shape, T, self.M)
 
-    def kernel(self, times) -> Tensor:
-        """The ``T x M`` "HiPPO kernel" ``K`` with ``c(t_T) = sum_k f_k K_k`` (float64, cached).
+    def _unrolled(self, times: Tensor) -> Tuple[Tensor, Tensor]:
+        """Input kernel ``K`` (T x M) and flow ``W_0`` (M x M): ``c_T = W_0 c_0 + sum_k f_k K_k`` (cached).
 
-        Unrolling the linear recurrence gives ``K_j = W_j Q_j + W_{j+1} P_{j+1} (+ W_0 E for j=0)``
-        with ``W_k = Abar_{T-1} ... Abar_{k+1}`` — the convolution view of S4, here also for the
-        time-varying LegS.  Built by one backward pass over the steps (``O(T M^3)``, once per grid).
+        Unrolling the linear recurrence gives ``K_j = W_j Q_j + W_{j+1} P_{j+1}`` with
+        ``W_k = Abar_{T-1} ... Abar_{k+1}``; one backward pass over the steps, ``O(T M^3)``.
         """
-        times = self._check_times(times)
         steps = self._grid_steps(times)
         if self._cache_kernel is None:
             Abar, P, Q = steps
@@ -470,19 +472,37 @@ class HiPPO(nn.Module):
                 K[k] += W @ Q[k - 1]
                 K[k - 1] += W @ P[k - 1]
                 W = W @ Abar[k - 1]
-            K[0] += W @ self._initial_vector()
-            self._cache_kernel = K
+            self._cache_kernel = (K, W)
         return self._cache_kernel
 
-    def final_state(self, signal, times) -> Tensor:
+    def kernel(self, times) -> Tensor:
+        """The ``T x M`` "HiPPO kernel" ``K`` with ``c(t_T) = sum_k f_k K_k`` (float64, cached).
+
+        The convolution view of S4, here also for the time-varying LegS: the stream's initial
+        state ``E f_0`` (module docstring) is folded into ``K_0``.
+        """
+        times = self._check_times(times)
+        K, W = self._unrolled(times)
+        K = K.clone()
+        K[0] += W @ self._initial_vector()
+        return K
+
+    def final_state(self, signal, times, initial_state: Optional[Tensor] = None) -> Tensor:
         """Only the last state ``c(t_T)``: one product of the signal with :meth:`kernel`.
 
         ``O(batch T M)`` work instead of the scan's ``O(batch T M^2)``; equals
-        ``scan(signal, times)[..., -1, :]`` to round-off.
+        ``scan(signal, times)[..., -1, :]`` to round-off.  With ``initial_state`` (..., M) the
+        stream continues from that state at ``times[0]`` instead of starting afresh, so a long
+        stream can be absorbed piece by piece (each piece's grid starting at the previous end).
         """
         times = self._check_times(times)
         signal = self._check_signal(signal, times)
-        return signal @ self.kernel(times).to(signal.dtype)
+        K, W = self._unrolled(times)
+        if initial_state is None:
+            initial_state = signal[..., :1] * self._initial_vector().to(signal.dtype)
+        elif initial_state.shape[-1] != self.M:
+            raise ValueError(f"initial_state must have last dimension M = {self.M}, got {tuple(initial_state.shape)}")
+        return signal @ K.to(signal.dtype) + initial_state @ W.T.to(signal.dtype)
 
     # ----------------------------------------------------------------- bases
     def basis(self, x, t) -> Tensor:

@@ -199,6 +199,17 @@ def test_step_stream_equals_scan_and_final_state(measure, discretization):
     torch.testing.assert_close(hippo.final_state(values, times), states[:, -1], rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("measure", MEASURES)
+def test_final_state_continues_from_a_carried_state(measure):
+    times = torch.linspace(0.0, 3.0, 301, dtype=torch.float64)
+    hippo = HiPPO(measure, 5, theta=0.7)
+    whole = hippo.final_state(signal(times), times)
+    first = HiPPO(measure, 5, theta=0.7).final_state(signal(times[:120]), times[:120])
+    rest = times[119:]
+    resumed = HiPPO(measure, 5, theta=0.7).final_state(signal(rest), rest, initial_state=first)
+    torch.testing.assert_close(resumed, whole, rtol=1e-10, atol=1e-12)
+
+
 def test_scan_float32_batched_matches_float64():
     times = torch.linspace(0, 5, 500, dtype=torch.float64)
     values = torch.stack([signal(times), torch.cos(times)]).reshape(2, 1, -1)

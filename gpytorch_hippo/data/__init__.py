@@ -1,0 +1,4 @@
+"""Real series shipped inside registry packages (no run-time downloads; see DESIGN.md)."""
+from .solar import load_solar_ghi
+
+__all__ = ["load_solar_ghi"]

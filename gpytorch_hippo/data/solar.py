@@ -1,0 +1,31 @@
+"""Solar irradiance: global horizontal irradiance from the TMY3 file bundled with ``pvlib``."""
+from __future__ import annotations
+
+import os
+from typing import Tuple
+
+import torch
+
+TMY3_FILE = "723170TYA.CSV"  # Greensboro, NC: hourly typical meteorological year, 8760 hours
+
+
+def load_solar_ghi(resolution: str = "daily", dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Global horizontal irradiance (W/m^2) as ``(times, values)``.
+
+    ``resolution="daily"`` gives 365 daily means at ``times = 0, 1, ..., 364`` (days);
+    ``"hourly"`` gives the 8760 raw hourly values at ``times = 0, ..., 8759`` (hours).
+    """
+    if resolution not in ("daily", "hourly"):
+        raise ValueError(f"resolution must be 'daily' or 'hourly', got {resolution!r}")
+    try:
+        import pvlib
+    except ImportError as error:  # pragma: no cover - pvlib is a runtime dependency
+        raise ImportError("the solar series needs the 'pvlib' package (pip install pvlib)") from error
+    path = os.path.join(os.path.dirname(pvlib.__file__), "data", TMY3_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: reinstall the 'pvlib' package")
+    frame, _ = pvlib.iotools.read_tmy3(path, map_variables=True)
+    ghi = torch.tensor(frame["ghi"].to_numpy(dtype=float), dtype=dtype)
+    if resolution == "daily":
+        ghi = ghi.reshape(365, 24).mean(dim=1)
+    return torch.arange(ghi.shape[0], dtype=dtype), ghi
