@@ -264,7 +264,11 @@ class SGPAttention(_MultiHeadAttention):
     ``psd_safe_cholesky`` if needed).
 
     ``diag_sample=True`` samples each position independently from its marginal (App. B.4);
-    ``False`` draws from the full covariance.  ``causal=True`` lets position ``i`` use the
+    ``False`` draws from the full covariance as ``m + chol(K_qq - K_qg K_gg⁻¹ K_gq) ε + K_qg K_gg⁻¹
+    C_d ε_g`` (one ``L × L`` Cholesky per sequence and head, shared by the output dimensions).
+    Per layer the marginal variances cost ``O(B H L e M²)`` with one ``S_g`` per output dimension
+    and ``O(B H L M²)`` with ``share_covariance=True``; the full-covariance sampler costs
+    ``O(B H (L³ + L² e + L M e + e M²))``, so for short sequences it is the cheaper of the two.  ``causal=True`` lets position ``i`` use the
     amortised keys ``j <= i`` only (a decoder layer); :meth:`forward_step` then predicts one token
     at a time with a key/value cache and reproduces :meth:`forward` given the same noise.
     """
@@ -452,8 +456,10 @@ class SGPAttention(_MultiHeadAttention):
         factors = self._global_factors(global_inputs)
         cross = evaluate_kernel(self.kernel, queries, factors.keys)  # K_qg, (B, H, L, M)
         whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # A, (B,H,M,L)
-        low_rank = whitened.transpose(-2, -1).matmul(whitened)  # K_qg K_gg⁻¹ K_gq
-        conditional = gram - low_rank  # K_qq - K_qg K_gg⁻¹ K_gq
+        need_conditional = causal is not None or full_covariance or (with_sampler and not self.diag_sample)
+        conditional = None
+        if need_conditional:  # K_qq - K_qg K_gg⁻¹ K_gq
+            conditional = gram - whitened.transpose(-2, -1).matmul(whitened)
         if self.variant == "orthogonal":
             whitened_values = whitened.matmul(values)  # A v_a, (B, H, M, e)
             if causal is not None:
@@ -467,15 +473,16 @@ class SGPAttention(_MultiHeadAttention):
             amortised_kl = (values * gram_values).sum((-3, -2, -1))
         kl = 0.5 * amortised_kl + factors.kl.sum()
         # Σ_d = (K_qq - AᵀA) + (W_dᵀ A)ᵀ (W_dᵀ A),  W_d = L⁻¹ C_d
-        projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)
-        variance = (gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)).unsqueeze(-2)
-        variance = (variance + projected.square().sum(-2)).transpose(-2, -1).expand_as(mean)
-        covariance = None
+        variance = covariance = None
+        if with_sampler and not self.diag_sample:  # the full-covariance sampler needs neither
+            sampler["conditional_chol"] = self._conditional_chol(conditional, valid)
+        else:
+            projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)
+            variance = (gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)).unsqueeze(-2)
+            variance = (variance + projected.square().sum(-2)).transpose(-2, -1).expand_as(mean)
         if full_covariance:
             covariance = conditional.unsqueeze(2) + projected.transpose(-2, -1).matmul(projected)
             covariance = covariance.expand(-1, -1, self.head_dim, -1, -1)
-        if with_sampler and not self.diag_sample:
-            sampler["conditional_chol"] = self._conditional_chol(conditional, valid)
         sampler["whitened"] = whitened
         sampler["factors"] = factors
         return mean, variance, covariance, kl, sampler
