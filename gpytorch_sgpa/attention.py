@@ -269,7 +269,8 @@ class SGPAttention(_MultiHeadAttention):
     Per layer the marginal variances cost ``O(B H L e M²)`` with one ``S_g`` per output dimension
     and ``O(B H L M²)`` with ``share_covariance=True``; the full-covariance sampler costs
     ``O(B H (L³ + L² e + L M e + e M²))``, so for short sequences it is the cheaper of the two.  ``causal=True`` lets position ``i`` use the
-    amortised keys ``j <= i`` only (a decoder layer); :meth:`forward_step` then predicts one token
+    amortised keys ``j <= i`` only (a decoder layer; the KL is that of the whole sequence's
+    inducing set, i.e. of the last position); :meth:`forward_step` then predicts one token
     at a time with a key/value cache and reproduces :meth:`forward` given the same noise.
     """
 

@@ -228,19 +228,23 @@ def test_decoupled_orthogonal_equals_eq_dsgp_predictive_by_hand(kernel):
             torch.testing.assert_close(post.variance[b, h, :, d], cov.diagonal(), **TIGHT)
 
 
-@pytest.mark.parametrize("variant", ["orthogonal", "dsvgp"])
-def test_decoupled_equals_gpytorch_svgp_over_global_and_amortised_keys(variant):
+@pytest.mark.parametrize(
+    "variant,kernel,share_covariance",
+    [("orthogonal", "rbf", False), ("dsvgp", "rbf", False), ("orthogonal", "exponential", True)],
+)
+def test_decoupled_equals_gpytorch_svgp_over_global_and_amortised_keys(variant, kernel, share_covariance):
     """Eq. odsvgp / naivedsvgp are the SVGP posterior with Z = (k_g, k_a) and the structured q(u)
     of eq. odsvgp (orthogonal: m_u = (K_gg v_g, K_ag v_g + B v_a)) or m_u = K_Za v_a (dsvgp), with
     S_u = [[S_g, S_g C^T], [C S_g, B + C S_g C^T]], C = K_ag K_gg^-1, B = K_aa - C K_ga.  The layer's
     KL must equal KL(q(u) || N(0, K_ZZ)) (App. B.1.2)."""
-    layer = _layer(variant=variant)
+    layer = _layer(variant=variant, kernel=kernel, share_covariance=share_covariance)
     x = _inputs()
     post = layer.posterior(x, full_covariance=True)
     for b in range(BATCH):
         expected_kl = 0.0
         for h in range(HEADS):
             q, v, kg, chol_s = _decoupled_pieces(layer, x, b, h)
+            chol_s = chol_s.expand(E, NUM_GLOBAL, NUM_GLOBAL)  # one S_g per output dim, or shared
             k = lambda a, c: _hand_kernel(layer, h, a, c).detach()  # noqa: E731
             kgg, kga, kaa = k(kg, kg), k(kg, q), k(q, q)
             c_mat = kga.T @ torch.linalg.inv(kgg)
