@@ -171,12 +171,15 @@ def quadrature_rule(
     num_nodes: int = 200,
     start: float = 0.0,
     dtype: torch.dtype = torch.float64,
+    num_panels: int = 1,
 ) -> Tuple[Tensor, Tensor]:
     """Nodes ``x_q`` and weights ``w_q`` with ``sum_q w_q h(x_q) ~= int_start^t h(x) omega^{(t)}(x) dx``.
 
     The signal is taken to be zero before ``start`` (``start=-inf`` integrates the whole measure).
-    Gauss-Legendre on the support (clipped at ``start``); Gauss-Laguerre in ``s = (t-x)/theta``
-    for LagT with ``start=-inf``.  Exact for polynomials of degree ``< 2*num_nodes`` (times the
+    Gauss-Legendre on the support (clipped at ``start``), split into ``num_panels`` equal panels
+    of ``num_nodes`` nodes each (composite rule, for integrands varying faster than the basis,
+    such as kernels with short length scales); Gauss-Laguerre in ``s = (t-x)/theta`` for LagT
+    with ``start=-inf``.  Exact for polynomials of degree ``< 2*num_nodes`` (times the
     exponential weight for LagT), so the HiPPO projections of polynomials are exact to round-off.
     """
     measure = _check_measure(measure)
@@ -199,11 +202,14 @@ def quadrature_rule(
         return nodes.to(dtype), weights.to(dtype)
     if not lower < t:
         raise ValueError(f"the integration range [{lower}, {t}] is empty: check t and start")
+    if isinstance(num_panels, bool) or not isinstance(num_panels, (int, np.integer)) or num_panels < 1:
+        raise ValueError(f"num_panels must be a positive integer, got {num_panels!r}")
     z, w = np.polynomial.legendre.leggauss(num_nodes)
-    half = (t - lower) / 2
-    nodes = torch.as_tensor(lower + half * (z + 1))
+    half = (t - lower) / (2 * num_panels)
+    left = lower + 2 * half * np.arange(num_panels)
+    nodes = torch.as_tensor((left[:, None] + half * (z + 1)).ravel())
     density = _measure_density(measure, theta, nodes, torch.tensor(t, dtype=torch.float64))
-    weights = half * torch.as_tensor(w) * density
+    weights = half * torch.as_tensor(np.tile(w, num_panels)) * density
     return nodes.to(dtype), weights.to(dtype)
 
 

@@ -1,6 +1,7 @@
 """Inducing variables: objects that know their own covariances (see DESIGN.md, "Architecture")."""
 
 from .base import InducingVariables
+from .hippo_variables import HiPPOInducingVariables
 from .points import InducingPoints
 
-__all__ = ["InducingVariables", "InducingPoints"]
+__all__ = ["InducingVariables", "InducingPoints", "HiPPOInducingVariables"]
