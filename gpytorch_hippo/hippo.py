@@ -280,7 +280,8 @@ class HiPPO(nn.Module):
         self.register_buffer("B", B, persistent=False)
         self._cache_times: Optional[Tensor] = None
         self._cache_steps: Optional[dict] = None
-        self._cache_kernel: Optional[Tensor] = None
+        self._cache_kernel: Optional[Tuple[Tensor, Tensor]] = None
+        self._cache_prefix: Optional[Tuple[int, Tuple[Tensor, Tensor]]] = None
 
     def extra_repr(self) -> str:
         return (
@@ -365,13 +366,24 @@ class HiPPO(nn.Module):
 
     def _grid_steps(self, times: Tensor, dtype: torch.dtype = torch.float64) -> Tuple[Tensor, Tensor, Tensor]:
         """Per-step matrices for a time grid in ``dtype``, cached while the grid is unchanged (fast path)."""
-        if self._cache_times is None or not (
-            self._cache_times.shape == times.shape
-            and self._cache_times.device == times.device
-            and torch.equal(self._cache_times, times)
+        cached = self._cache_times
+        if cached is None or not (
+            cached.shape == times.shape and cached.device == times.device and torch.equal(cached, times)
         ):
+            n_old = 0 if cached is None else cached.shape[0]
+            extends = (
+                1 < n_old < times.shape[0] and cached.device == times.device and torch.equal(times[:n_old], cached)
+            )
+            if extends:  # a stream that grew: only the new steps are discretised
+                old = self._cache_steps[torch.float64]
+                new = self.step_matrices(times[n_old - 1 : -1], times[n_old:])
+                steps = tuple(torch.cat([a, b]) for a, b in zip(old, new))
+                self._cache_prefix = (n_old, self._cache_kernel) if self._cache_kernel is not None else None
+            else:
+                steps = self.step_matrices(times[:-1], times[1:])
+                self._cache_prefix = None
             self._cache_times = times.detach().clone()
-            self._cache_steps = {torch.float64: self.step_matrices(times[:-1], times[1:])}
+            self._cache_steps = {torch.float64: steps}
             self._cache_kernel = None
         if dtype not in self._cache_steps:
             self._cache_steps[dtype] = tuple(m.to(dtype) for m in self._cache_steps[torch.float64])
@@ -472,13 +484,19 @@ class HiPPO(nn.Module):
         if self._cache_kernel is None:
             Abar, P, Q = steps
             T = times.shape[0]
+            # a grown grid reuses the kernel of its prefix: K_old only needs the flow of the new steps
+            n_old, old = self._cache_prefix if self._cache_prefix is not None else (1, None)
             K = torch.zeros(T, self.M, dtype=torch.float64, device=times.device)
             W = torch.eye(self.M, dtype=torch.float64, device=times.device)
-            for k in range(T - 1, 0, -1):  # W = W_k
+            for k in range(T - 1, n_old - 1, -1):  # W = W_k
                 K[k] += W @ Q[k - 1]
                 K[k - 1] += W @ P[k - 1]
                 W = W @ Abar[k - 1]
+            if old is not None:
+                K[:n_old] += old[0] @ W.T
+                W = W @ old[1]
             self._cache_kernel = (K, W)
+            self._cache_prefix = None
         return self._cache_kernel
 
     def kernel(self, times) -> Tensor:

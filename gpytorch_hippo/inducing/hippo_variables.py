@@ -292,7 +292,7 @@ class HiPPOInducingVariables(InducingVariables):
                 resume = int(torch.nonzero(grid == done[-1])[0])  # carried state: only the new segment
                 segment = grid[resume:]
                 features = self._rff_features(kernel, segment[:, None].to(Z.dtype)).mT
-                Z = self.memory.final_state(features, segment, initial_state=Z)
+                Z = self._segment_memory().final_state(features, segment, initial_state=Z)
                 self._rff_cache = (self.breakpoints.clone(), cache[1], Z)
                 return Z
         grid = self._grid()
@@ -354,10 +354,15 @@ class HiPPOInducingVariables(InducingVariables):
             inputs = torch.cat([self.path_last, self.path_pending]).to(dtype)
             times = t_begin + spacing * torch.arange(n + 1, dtype=torch.float64, device=self.breakpoints.device)
             features = self._rff_features(kernel, inputs).mT
-            return self.memory.final_state(features, times, initial_state=self.path_memory.to(dtype))
+            return self._segment_memory().final_state(features, times, initial_state=self.path_memory.to(dtype))
         times = t_begin + spacing * torch.arange(1, n + 1, dtype=torch.float64, device=self.breakpoints.device)
         features = self._rff_features(kernel, self.path_pending.to(dtype)).mT
-        return self.memory.final_state(features, times)
+        return self._segment_memory().final_state(features, times)
+
+    def _segment_memory(self) -> HiPPO:
+        """A fresh memory for one-off segment grids, so that :attr:`memory` keeps the cache of the full grid."""
+        memory = self.memory
+        return HiPPO(memory.measure, memory.M, memory.theta, memory.discretization).to(self.breakpoints.device)
 
     # ------------------------------------------------------------------ validation
     def _check_inputs(self, x: Tensor) -> Tensor:

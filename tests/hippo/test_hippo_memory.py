@@ -279,3 +279,16 @@ def test_bad_input_names_the_argument():
         hippo.scan(torch.zeros(2), torch.tensor([-1.0, 0.0]))
     with pytest.raises(ValueError, match="c must have"):
         hippo.reconstruct(torch.zeros(3), torch.zeros(2), 1.0)
+
+
+@pytest.mark.parametrize("measure", ["legs", "legt"])
+def test_growing_grid_reuses_cached_prefix(measure):
+    # a stream that grows: the cached kernel of the prefix is extended, not recomputed
+    times = torch.linspace(0.0, 3.0, 301, dtype=torch.float64)
+    grown = HiPPO(measure, 6, theta=0.8)
+    grown.final_state(signal(times[:100]), times[:100])
+    grown.final_state(signal(times[:220]), times[:220])
+    c = grown.final_state(signal(times), times)
+    fresh = HiPPO(measure, 6, theta=0.8).final_state(signal(times), times)
+    torch.testing.assert_close(c, fresh, rtol=1e-11, atol=1e-13)
+    torch.testing.assert_close(grown.scan(signal(times), times)[-1], fresh, rtol=1e-10, atol=1e-12)
