@@ -191,3 +191,24 @@ def test_bad_input_and_unsupported_kernels():
     multi = HiPPOInducingVariables(4, input_dim=2)
     with pytest.raises(RuntimeError, match="append_path"):
         multi.Kuu(gpytorch.kernels.RBFKernel())
+
+
+@pytest.mark.parametrize("nu, panels, tolerance", [(0.5, None, 3e-4), (0.5, 160, 1e-6), (2.5, None, 1e-8)])
+def test_quadrature_with_matern_kernels(nu, panels, tolerance):
+    # Matern kernels have a kink (nu = 1/2) or a jump in a higher derivative at x_n, so the
+    # composite rule converges algebraically in the number of panels (second order for nu = 1/2);
+    # the reference is adaptive quadrature told where the kink is.
+    t, ell = 2.0, 0.4
+    kernel = gpytorch.kernels.MaternKernel(nu=nu)
+    kernel.lengthscale = ell
+    x = torch.tensor([[0.3], [1.37]])
+    Kuf = HiPPOInducingVariables(4, "legs", t=t, num_panels=panels).Kuf(kernel, x)
+    for m in range(4):
+        for n in range(2):
+            xn = x[n, 0].item()
+
+            def integrand(s):
+                return kernel(torch.tensor([[xn]]), torch.tensor([[s]])).to_dense().item() * legs_phi(m, s, t)
+
+            ref, _ = scipy.integrate.quad(integrand, 0, t, points=[xn], epsabs=1e-13, limit=200)
+            assert abs(Kuf[m, n].item() - ref) < tolerance
