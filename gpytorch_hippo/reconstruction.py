@@ -1,0 +1,167 @@
+r"""Finite-basis reconstruction of the posterior OHSGPR / OHSVGP (thesis App. C ``appendix:recon``).
+
+If ``f ~ q_t(f)`` is the posterior of a sparse GP with HiPPO inducing variables
+``u_m^{(t)} = ∫ f(x) φ_m^{(t)}(x) dx``, ``φ_m^{(t)} = g_m^{(t)} ω^{(t)}``, then the HiPPO
+coefficients of ``f`` are distributed exactly as ``q(u^{(t)}) = N(m_u, S_u)`` (App. C). Truncating
+the expansion of ``f`` in the orthonormal bases gives the finite-basis approximation of the
+posterior (thesis §4.3, Fig. ``figure1`` (e)):
+
+.. math::
+    f(x) \approx \sum_{m=1}^M u_m^{(t)} g_m^{(t)}(x), \qquad u^{(t)} \sim q(u^{(t)}),
+
+i.e. with ``G = [g_m^{(t)}(x_n)]_{nm}`` the reconstruction at inputs ``x`` is Gaussian with mean
+``G m_u`` and covariance ``G S_u G^T``. The approximation is meaningful on the support of the
+measure ``ω^{(t)}`` (``[0, t]`` for LegS).
+
+Inducing variables project the centred process ``f - m`` (see
+:class:`~gpytorch_hippo.inducing.InducingVariables`, "Prior mean"): when their ``prior_mean`` is
+``None`` (zero) the model's mean function ``m(x)`` is added back to the reconstruction; otherwise
+``u`` already includes it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+from linear_operator import to_dense
+from linear_operator.operators import RootLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from .inducing.base import InducingVariables
+from .online import OnlineSGPR
+from .variational import InterdomainVariationalStrategy
+
+__all__ = ["sample_coefficients", "sample_reconstruction", "reconstruction_moments"]
+
+
+class _Posterior(NamedTuple):
+    q_u: MultivariateNormal
+    inducing_variables: InducingVariables
+    mean_module: Optional[gpytorch.means.Mean]
+
+
+def _posterior(model) -> _Posterior:
+    """``q(u)``, the inducing variables it is defined over, and the prior mean function of ``model``."""
+    if isinstance(model, OnlineSGPR):
+        # q(u) is over the frozen copy taken at the end of the last task: later `advance` calls on
+        # model.inducing_variables must not change the bases of the stored posterior.
+        q_u = model.inducing_posterior()
+        return _Posterior(q_u, model.posterior_inducing_variables, model.mean_module)
+    if isinstance(model, gpytorch.models.ApproximateGP):
+        strategy = getattr(model, "variational_strategy", None)
+        while strategy is not None and not isinstance(strategy, InterdomainVariationalStrategy):
+            strategy = getattr(strategy, "base_variational_strategy", None)
+        if strategy is not None:
+            return _Posterior(strategy.inducing_posterior(), strategy.inducing_variables, strategy.mean_module)
+    raise TypeError(
+        "model must be an OnlineSGPR or a gpytorch ApproximateGP whose variational_strategy is an "
+        f"InterdomainVariationalStrategy (possibly wrapped by IndependentMultitaskVariationalStrategy), got {type(model).__name__}"
+    )
+
+
+def _check_x(x) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 2 and x.shape[-1] == 1:
+        x = x.squeeze(-1)
+    if x.dim() != 1:
+        raise ValueError(f"x must be 1-D inputs of shape (N,) or (N, 1), got {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError("x contains NaN or infinite values")
+    return x
+
+
+def _basis_and_offset(posterior: _Posterior, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    """``G = [g_m^{(t)}(x_n)]`` (``N x M``) and the mean function to add back (or ``None``)."""
+    ivs = posterior.inducing_variables
+    if not callable(getattr(ivs, "basis", None)):
+        raise TypeError(
+            f"the model's inducing variables ({type(ivs).__name__}) have no basis(x) method: a finite-basis "
+            "reconstruction needs projection inducing variables such as HiPPOInducingVariables"
+        )
+    basis = ivs.basis(x)
+    num_inducing = posterior.q_u.mean.shape[-1]
+    if basis.shape[-2:] != (x.shape[0], num_inducing):
+        raise ValueError(
+            f"inducing_variables.basis(x) must have shape ({x.shape[0]}, {num_inducing}), got {tuple(basis.shape)}"
+        )
+    offset = None
+    mean_module = posterior.mean_module
+    if mean_module is not None and ivs.prior_mean(mean_module) is None and not isinstance(mean_module, gpytorch.means.ZeroMean):
+        offset = mean_module(x.unsqueeze(-1))
+    return basis.to(posterior.q_u.mean.dtype), offset
+
+
+def _check_num_samples(num_samples) -> int:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    return num_samples
+
+
+def _sample(q_u: MultivariateNormal, num_samples: int, generator: Optional[torch.Generator]) -> Tensor:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    mean = q_u.mean
+    chol = psd_safe_cholesky(to_dense(q_u.lazy_covariance_matrix))
+    device = generator.device if generator is not None else mean.device
+    noise = torch.randn(num_samples, *mean.shape, generator=generator, dtype=mean.dtype, device=device).to(mean.device)
+    return mean + (chol @ noise.unsqueeze(-1)).squeeze(-1)
+
+
+def sample_coefficients(model, num_samples: int, generator: Optional[torch.Generator] = None) -> Tensor:
+    """Draws ``u ~ q(u) = N(m_u, S_u)`` of the model's inducing variables: ``(num_samples, *batch, M)``.
+
+    Drawn as ``m_u + chol(S_u) ε`` with ``ε ~ N(0, I)`` from ``generator`` (so a seeded generator gives
+    reproducible draws). By thesis App. C these are draws of the HiPPO coefficients of ``f ~ q_t(f)``.
+
+    :param model: an :class:`~gpytorch_hippo.online.OnlineSGPR` with at least one task absorbed, or a
+        GPyTorch ``ApproximateGP`` using :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`.
+    """
+    num_samples = _check_num_samples(num_samples)
+    return _sample(_posterior(model).q_u, num_samples, generator)
+
+
+def sample_reconstruction(model, x: Tensor, num_samples: int, generator: Optional[torch.Generator] = None) -> Tensor:
+    r"""Samples of the finite-basis posterior ``f(x) = m(x) + Σ_m u_m g_m^{(t)}(x)``, ``u ~ q(u)``
+    (thesis App. C ``appendix:recon``): ``(num_samples, *batch, N)``.
+
+    :param model: an :class:`~gpytorch_hippo.online.OnlineSGPR` or an ``ApproximateGP`` with
+        :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`, whose inducing variables
+        have a ``basis(x)`` method (HiPPO inducing variables with 1-D time inputs). For
+        ``OnlineSGPR`` the bases are those of the last absorbed task
+        (``model.posterior_inducing_variables``), over which ``q(u)`` is defined.
+    :param x: 1-D inputs ``(N,)`` or ``(N, 1)``.
+    :param num_samples: number of draws.
+    :param generator: random generator (reproducible draws; the coefficients are those of
+        :func:`sample_coefficients` with the same generator state).
+    """
+    num_samples = _check_num_samples(num_samples)
+    x = _check_x(x)
+    posterior = _posterior(model)
+    basis, offset = _basis_and_offset(posterior, x)
+    coefficients = _sample(posterior.q_u, num_samples, generator)
+    samples = (coefficients.unsqueeze(-2) @ basis.mT).squeeze(-2)
+    return samples if offset is None else samples + offset.to(samples.dtype)
+
+
+def reconstruction_moments(model, x: Tensor) -> MultivariateNormal:
+    r"""The exact distribution of the finite-basis reconstruction at ``x`` (thesis App. C):
+    ``N(m(x) + G m_u, G S_u G^T)`` with ``G = [g_m^{(t)}(x_n)]`` (``N x M``).
+
+    The covariance has rank ``<= M`` and is returned as a ``RootLinearOperator`` with root
+    ``G chol(S_u)`` (sampling and marginal variances work; ``log_prob`` needs ``N <= M``).
+    Arguments as in :func:`sample_reconstruction`.
+    """
+    x = _check_x(x)
+    posterior = _posterior(model)
+    basis, offset = _basis_and_offset(posterior, x)
+    q_u = posterior.q_u
+    mean = (basis @ q_u.mean.unsqueeze(-1)).squeeze(-1)
+    if offset is not None:
+        mean = mean + offset.to(mean.dtype)
+    root = basis @ psd_safe_cholesky(to_dense(q_u.lazy_covariance_matrix))
+    return MultivariateNormal(mean, RootLinearOperator(root))
