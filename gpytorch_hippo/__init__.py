@@ -3,6 +3,8 @@ from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, t
 from .inducing import HiPPOInducingVariables, InducingPoints, InducingVariables
 from .likelihoods import NegativeBinomialLikelihood
 from .online import OnlineELBO, OnlineSGPR
+from .ordering import ORDERING_CRITERIA, order_inputs
+from .reconstruction import reconstruction_moments, sample_coefficients, sample_reconstruction
 from .variational import InterdomainVariationalStrategy
 
 __all__ = [
@@ -19,4 +21,9 @@ __all__ = [
     "OnlineSGPR",
     "OnlineELBO",
     "NegativeBinomialLikelihood",
+    "ORDERING_CRITERIA",
+    "order_inputs",
+    "sample_coefficients",
+    "sample_reconstruction",
+    "reconstruction_moments",
 ]

@@ -353,6 +353,21 @@ class HiPPOInducingVariables(InducingVariables):
                 "the kernel length scale changed after earlier tasks were folded into the path memory "
                 f"({self.path_lengthscale.tolist()} -> {lengthscale.detach().tolist()}); keep it fixed after the first task"
             )
+        differentiable = torch.is_grad_enabled() and lengthscale.requires_grad
+        cache = self.__dict__.get("_path_cache")
+        if (
+            not differentiable
+            and cache is not None
+            and torch.equal(cache[0], self.breakpoints)
+            and torch.equal(cache[1], lengthscale.detach())
+        ):
+            return cache[2]
+        Z = self._path_memory_uncached(kernel, lengthscale, committed)
+        if not differentiable:
+            self.__dict__["_path_cache"] = (self.breakpoints.clone(), lengthscale.detach().clone(), Z)
+        return Z
+
+    def _path_memory_uncached(self, kernel, lengthscale: Tensor, committed: bool) -> Tensor:
         dtype = lengthscale.dtype
         spacing = self.path_step * self.dt
         n = self.path_pending.shape[0]

@@ -1,0 +1,1 @@
+"""Experiment runners that write CSV + PNG and print a table."""
