@@ -1,9 +1,12 @@
 """Main demo: stream a real series through HiPPO memories (``python -m gpytorch_hippo``).
 
-Streams a year of daily solar irradiance (pvlib's TMY3 file) through LegS, LegT, LagT and FouT
-memories, prints the reconstruction error at ``t = T/2`` and ``t = T`` over the whole history and
-over the last ``window`` days, and saves a figure like the thesis's HiPPO figure
-(fig. ``hippo_deterministic``): basis functions, memory state over time, reconstructions.
+1. Streams a year of daily solar irradiance (pvlib's TMY3 file) through LegS, LegT, LagT and FouT
+   memories, prints the reconstruction error at ``t = T/2`` and ``t = T`` over the whole history
+   and over the last ``window`` days, and saves a figure like the thesis's HiPPO figure
+   (fig. ``hippo_deterministic``): basis functions, memory state over time, reconstructions.
+2. Learns the same series online in 10 tasks with OHSGPR (HiPPO inducing variables, quadrature and
+   recurrence backends) and OSGPR (inducing points), printing test RMSE/NLPD over all learned
+   tasks (thesis fig. ``time_series_regression``; :mod:`gpytorch_hippo.experiments.online_time_series`).
 """
 from __future__ import annotations
 
@@ -87,6 +90,7 @@ def main(argv=None):
     parser.add_argument("--out", default="out/demo", help="folder for the PNG")
     parser.add_argument("--M", type=int, default=32, help="memory size (FouT uses M+1 if M is even)")
     parser.add_argument("--window", type=float, default=60.0, help="LegT/FouT window and LagT time scale, days")
+    parser.add_argument("--no-online", action="store_true", help="skip part 2 (online sparse GPs)")
     args = parser.parse_args(argv)
 
     times, ghi = load_solar_ghi("daily")
@@ -104,6 +108,14 @@ def main(argv=None):
     path = os.path.join(args.out, "hippo_memory.png")
     plot(memories, rows, times, values, path)
     print(f"figure: {path}")
+    if not args.no_online:
+        from .experiments import online_time_series
+
+        print("\nOnline regression of the same series, 10 tasks seen once, 50 inducing variables, seed 0")
+        rows = online_time_series.run(seeds=[0], progress=False)
+        online_time_series.write_outputs(rows, args.out)
+        online_time_series.print_table(rows)
+        print(f"figure: {os.path.join(args.out, 'online_regression.png')}")
 
 
 if __name__ == "__main__":

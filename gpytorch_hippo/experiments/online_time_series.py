@@ -148,8 +148,10 @@ def print_table(rows: List[dict]) -> None:
         cells = []
         for metric in ("rmse", "nlpd"):
             values = torch.tensor([r[metric] for r in final], dtype=torch.float64)
-            se = values.std() / math.sqrt(len(values)) if len(values) > 1 else torch.tensor(0.0)
-            cells.append(f"{values.mean():.3f} ± {2 * se:.3f}")
+            if len(values) > 1:
+                cells.append(f"{values.mean():.3f} ± {2 * values.std() / math.sqrt(len(values)):.3f}")
+            else:
+                cells.append(f"{values.item():.3f}")
         per_task = sum(r["seconds"] for r in rows if r["method"] == method) / sum(1 for r in rows if r["method"] == method)
         print(f"  {method:12s}                          {cells[0]:>15s}  {cells[1]:>15s}  {per_task:8.3f}")
 

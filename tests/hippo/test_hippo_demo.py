@@ -23,7 +23,7 @@ def test_daily_ghi_equals_pvlib_daily_means():
 
 
 def test_demo_writes_figure_and_legs_state_matches_projection(tmp_path, capsys):
-    main(["--out", str(tmp_path), "--M", "8"])
+    main(["--out", str(tmp_path), "--M", "8", "--no-online"])  # part 2 is tested in test_online_experiment.py
     assert (tmp_path / "hippo_memory.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert all(measure in out for measure in ("legs", "legt", "lagt", "fout"))
