@@ -45,11 +45,12 @@ def _batches(num_items: int, batch_size: int, generator: torch.Generator | None)
 
 def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_size: int, lr: float,
                      elbo: torch.nn.Module | None = None, seed: int = 0, progress: bool = True,
-                     description: str = "train") -> float:
+                     description: str = "train", on_epoch_end=None) -> float:
     """Adam with a learning rate decaying linearly to ``lr / 10`` (thesis App. B.4); returns s/epoch.
 
     Without ``elbo`` the loss is the cross-entropy of the logits (MLE, with the model's dropout);
     with it, the loss is ``elbo(logits, kl, labels)`` (thesis eq. ``elbo``, one sample per input).
+    ``on_epoch_end(epoch, model)`` (epochs counted from 1) is called untimed after each epoch.
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
@@ -61,7 +62,7 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     model.train()
     elapsed = 0.0
     bar = tqdm(total=total_steps, desc=description, disable=not progress, leave=False)
-    for _ in range(epochs):
+    for epoch in range(1, epochs + 1):
         start = time.perf_counter()
         for index in _batches(len(data), batch_size, generator):
             inputs, kwargs, labels = data.batch(index)
@@ -77,6 +78,8 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
             bar.update()
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
         elapsed += time.perf_counter() - start
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, model)
     bar.close()
     model.eval()
     return elapsed / epochs

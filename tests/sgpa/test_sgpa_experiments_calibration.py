@@ -69,3 +69,24 @@ def test_cli_writes_contract_csv_and_table(tmp_path, capsys):
     assert len(rows) == 4 and (tmp_path / "results.png").is_file()
     table = capsys.readouterr().out
     assert "| digits | sgpa | 2 |" in table and "±" in table
+
+
+def test_sgpa_starts_from_the_mle_snapshot():
+    # Thesis App. B.4: SGPA's deep-kernel parameters start from an MLE network part-way through
+    # training. With a vanishing learning rate the SGPA network keeps the snapshot it was given.
+    from dataclasses import replace
+
+    config = replace(QUICK_CONFIG, epochs=2, mle_init_epochs=1, lr=1e-30, train_size=64)
+    torch.manual_seed(0)
+    init_runner = _Runner(load_task("digits", config, seed=0), config, progress=False)
+    sgpa, _ = init_runner.network("sgpa", 0, 0)
+    snapshot = init_runner.mle_snapshots[0]
+    state = sgpa.state_dict()
+    shared = [k for k in snapshot if k in state]
+    assert "layers.0.attention.qk_proj.weight" in shared and "head.weight" in shared
+    assert all(torch.allclose(state[k], snapshot[k]) for k in shared)
+    assert "layers.0.attention.global_inducing_inputs" in state
+    with pytest.raises(ValueError, match="mle_init_epochs"):
+        from gpytorch_sgpa.experiments.calibration import run
+
+        run("digits", ["sgpa"], [0], replace(config, mle_init_epochs=2))
