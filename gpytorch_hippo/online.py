@@ -371,8 +371,15 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         return self.old_inducing_variables is not None
 
     @torch.no_grad()
-    def end_task(self) -> None:
-        """Store ``q_old(a)``, ``chol(K'_aa)``, ``μ'_a`` and the inducing variables at the end of a task."""
+    def end_task(self, num_data: Optional[int] = None) -> None:
+        """Store ``q_old(a)``, ``chol(K'_aa)``, ``μ'_a`` and the inducing variables at the end of a task.
+
+        ``num_data``: size of the *next* task (the ELBO's normaliser), if it differs from this one's.
+        """
+        if num_data is not None:
+            if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data < 1:
+                raise ValueError(f"num_data must be a positive int (size of the next task), got {num_data!r}")
+            self.num_data = num_data
         strategy = self._interdomain_strategy()
         posterior = strategy.inducing_posterior()
         ivs = strategy.inducing_variables

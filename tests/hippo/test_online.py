@@ -285,6 +285,11 @@ def test_online_elbo_multitask_and_bad_inputs():
         OnlineELBO(likelihood, model, num_data=0)
     with pytest.raises(ValueError, match="beta"):
         OnlineELBO(likelihood, model, num_data=3, beta=-1.0)
+    # end_task can set the next task's size (the KL normaliser of the online ELBO)
+    elbo.end_task(num_data=4)
+    assert elbo.num_data == 4
+    with pytest.raises(ValueError, match="num_data"):
+        elbo.end_task(num_data=0)
 
     class Plain(gpytorch.models.ApproximateGP):
         def __init__(self):
