@@ -152,7 +152,7 @@ class HiPPOInducingVariables(InducingVariables):
             self.register_buffer("path_last", torch.zeros(0, input_dim, dtype=torch.float64))
             self.register_buffer("path_memory", torch.zeros(0, num_inducing, dtype=torch.float64))
             self.register_buffer("path_lengthscale", torch.zeros(0, dtype=torch.float64))
-            self.path_step = 1.0
+            self.register_buffer("path_step", torch.tensor(1.0, dtype=torch.float64))
         generator = torch.Generator().manual_seed(seed)
         # standard normal directions and chi-square(2 nu) draws: frequencies W = z sqrt(2nu/chi2)/ell
         self.register_buffer("rff_normal", torch.randn(num_rff, input_dim, generator=generator, dtype=torch.float64))
@@ -330,7 +330,7 @@ class HiPPOInducingVariables(InducingVariables):
                 raise ValueError("kernel is required to fold the previous task into the path memory")
             self._commit_pending(kernel)
         self.path_pending = x_ordered[::step].detach().to(torch.float64).clone()
-        self.path_step = float(step)
+        self.path_step = torch.tensor(float(step), dtype=torch.float64)
         self.breakpoints = torch.cat(
             [self.breakpoints, self.breakpoints.new_tensor([self.t + self.path_pending.shape[0] * step * self.dt])]
         )
@@ -369,7 +369,7 @@ class HiPPOInducingVariables(InducingVariables):
 
     def _path_memory_uncached(self, kernel, lengthscale: Tensor, committed: bool) -> Tensor:
         dtype = lengthscale.dtype
-        spacing = self.path_step * self.dt
+        spacing = float(self.path_step) * self.dt
         n = self.path_pending.shape[0]
         t_begin = float(self.breakpoints[-2])
         if committed:
@@ -397,6 +397,16 @@ class HiPPOInducingVariables(InducingVariables):
         if not torch.isfinite(x).all():
             raise ValueError("x contains NaN or infinite values")
         return x
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Accept the grown stream state of a saved model (breakpoints and path buffers change size)."""
+        for name in ("breakpoints", "path_pending", "path_last", "path_memory", "path_lengthscale"):
+            key = prefix + name
+            if key in state_dict and hasattr(self, name):
+                setattr(self, name, torch.empty_like(state_dict[key]))
+        self._rff_cache = None
+        self.__dict__.pop("_path_cache", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def __getstate__(self):
         state = self.__dict__.copy()

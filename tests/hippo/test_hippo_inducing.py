@@ -212,3 +212,23 @@ def test_quadrature_with_matern_kernels(nu, panels, tolerance):
 
             ref, _ = scipy.integrate.quad(integrand, 0, t, points=[xn], epsabs=1e-13, limit=200)
             assert abs(Kuf[m, n].item() - ref) < tolerance
+
+
+def test_state_dict_round_trip_after_the_stream_has_grown():
+    kernel = rbf()
+    for method in ("quadrature", "recurrence"):
+        trained = HiPPOInducingVariables(5, "legs", t=1.0, method=method, num_rff=200)
+        trained.advance(2.0)
+        trained.advance(3.5)
+        fresh = HiPPOInducingVariables(5, "legs", t=1.0, method=method, num_rff=200)
+        fresh.load_state_dict(trained.state_dict())
+        assert fresh.t == 3.5
+        torch.testing.assert_close(fresh.Kuu(kernel).to_dense(), trained.Kuu(kernel).to_dense())
+    kernel2 = gpytorch.kernels.RBFKernel(ard_num_dims=2)
+    path = HiPPOInducingVariables(4, input_dim=2, num_rff=200)
+    path.append_path(torch.randn(10, 2))
+    path.append_path(torch.randn(6, 2), kernel=kernel2)
+    restored = HiPPOInducingVariables(4, input_dim=2, num_rff=200)
+    restored.load_state_dict(path.state_dict())
+    torch.testing.assert_close(restored.Kuf(kernel2, torch.randn(3, 2, generator=torch.Generator().manual_seed(0))),
+                               path.Kuf(kernel2, torch.randn(3, 2, generator=torch.Generator().manual_seed(0))))
