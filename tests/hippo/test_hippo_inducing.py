@@ -14,7 +14,15 @@ import torch
 from gpytorch_hippo.hippo import HiPPO
 from gpytorch_hippo.inducing import HiPPOInducingVariables, InducingPoints
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def float64_by_default():
+    """float64 for this module only (a module-level switch would leak into other test files)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def rbf(lengthscale=0.4, outputscale=1.3):
