@@ -99,6 +99,7 @@ class ExperimentConfig:
     num_samples: int = 10
     kl_anneal_epochs: int = 0
     mle_init_epochs: int = 2
+    beta: float = 1.0
     patch_size: int | None = None
     max_len: int = 64
 
@@ -228,7 +229,7 @@ class _Runner:
                     raise ValueError(f"mle-kernel state has keys SGPA lacks: {incompatible.unexpected_keys}")
                 epochs -= config.mle_init_epochs
             steps_per_epoch = -(-len(self.task.train) // config.batch_size)
-            elbo = SGPAELBO(model, num_data=len(self.task.train),
+            elbo = SGPAELBO(model, num_data=len(self.task.train), beta=config.beta,
                             anneal_steps=config.kl_anneal_epochs * steps_per_epoch)
         elif family == "mle-kernel" and config.mle_init_epochs > 0:
             def snapshot_hook(epoch, trained):
@@ -392,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"default {getattr(defaults, name)} ({getattr(QUICK_CONFIG, name)} with --quick)")
     parser.add_argument("--lr", type=float, default=None, help=f"default {defaults.lr}")
     parser.add_argument("--dropout", type=float, default=None, help=f"default {defaults.dropout}")
+    parser.add_argument("--beta", type=float, default=None,
+                        help=f"KL weight of the ELBO (default {defaults.beta}, the thesis's eq. elbo; < 1 is a diagnostic)")
     return parser
 
 
