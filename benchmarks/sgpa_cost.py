@@ -47,6 +47,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--share-covariance", action="store_true",
+                        help="one S_g per head instead of one per output dimension (SGPAttention option)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -58,8 +60,8 @@ def main(argv=None):
     models = {
         "sdp (MLE)": SGPAViT(attention="sdp", **common),
         "kernel (MLE)": SGPAViT(attention="kernel", attention_kwargs={"kernel": "rbf"}, **common),
-        "sgpa": SGPAViT(attention="sgpa", attention_kwargs={"kernel": "rbf", "num_global": args.num_global},
-                        **common),
+        "sgpa": SGPAViT(attention="sgpa", attention_kwargs={"kernel": "rbf", "num_global": args.num_global,
+                                                            "share_covariance": args.share_covariance}, **common),
     }
     elbo = SGPAELBO(models["sgpa"], num_data=50000)
     optimizers = {name: torch.optim.Adam(model.parameters(), lr=1e-4) for name, model in models.items()}
@@ -98,7 +100,8 @@ def main(argv=None):
 
     tokens = (args.image_size // args.patch_size) ** 2
     print(f"SGPAViT: {tokens} tokens, d_model={args.d_model}, {args.num_heads} heads, {args.num_layers} layers, "
-          f"batch {args.batch_size}, {args.num_global} global keys, torch threads {torch.get_num_threads()}; "
+          f"batch {args.batch_size}, {args.num_global} global keys, share_covariance={args.share_covariance}, "
+          f"torch threads {torch.get_num_threads()}; "
           f"medians of {args.repeats} interleaved repeats")
     print("\n| training step | median s | ratio to kernel (MLE) |\n|---|---|---|")
     train_median = {name: statistics.median(t) for name, t in train_times.items()}
