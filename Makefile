@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup clean data
 
 setup: $(STAMP)
 
@@ -24,3 +24,8 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) out *.egg-info
+
+# Optional data for the SGPA experiments (not needed by the demo or the tests).
+data: $(STAMP)
+	test -d /usr/share/datasets/fashion-mnist || apt-get install -y dataset-fashion-mnist || sudo apt-get install -y dataset-fashion-mnist
+	test -f $(HOME)/.cache/probseq/vaderSentiment-3.3.2.tar.gz || $(PY) -m pip download -q --no-binary :all: --no-deps vaderSentiment==3.3.2 -d $(HOME)/.cache/probseq

@@ -37,3 +37,9 @@ def test_readme_examples_run_and_are_accurate(capsys):
     exact_rmse = (exact - y).pow(2).mean().sqrt()
     assert rmse < exact_rmse + 0.06, (rmse, exact_rmse)
     assert "RMSE over the year" in capsys.readouterr().out
+    # SGPA example: Monte-Carlo class probabilities are distributions, and the ELBO reached every
+    # variational parameter of the attention layers
+    sgpa = namespaces[2]
+    probabilities = sgpa["probabilities"]
+    torch.testing.assert_close(probabilities.sum(-1), torch.ones(8), rtol=0, atol=1e-5)
+    assert all(p.grad is not None for name, p in sgpa["vit"].named_parameters() if "global" in name)
