@@ -8,10 +8,14 @@ Times, side by side in one run and interleaved step by step (so machine load hit
 * inference on a batch: one deterministic pass (MLE), ``--num-samples`` dropout passes (MCD-style
   MLE), and SGPA's Monte-Carlo prediction with ``--num-samples`` samples (``K_gg^{-1}`` cached).
 
+``--sampler`` picks ``SGPAttention``'s sampler; several names time one SGPA model per sampler in
+the same run (same initial weights), e.g. ``--sampler diagonal decomposed``.
+
 Prints medians and the ratios SGPA / MLE. The thesis reports 4.5x training overhead with 32 global
 keys on a GPU (CIFAR10, App. B Table "training time"); the issue's target on CPU is <= 1.5x.
 
     python benchmarks/sgpa_cost.py --threads 1 [--batch-size 100 --patch-size 4 --num-global 32 --repeats 15]
+    python benchmarks/sgpa_cost.py --threads 1 --sampler diagonal decomposed
 
 (on a shared CPU pass ``--threads 1``; oversubscribed OpenMP threads make timings erratic)
 """
@@ -23,6 +27,7 @@ import time
 
 import torch
 
+from gpytorch_sgpa.attention import SGPA_SAMPLERS
 from gpytorch_sgpa.baselines import mc_dropout_predict_proba, predict_proba
 from gpytorch_sgpa.elbo import SGPAELBO
 from gpytorch_sgpa.transformer import SGPAViT
@@ -49,7 +54,10 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--share-covariance", action="store_true",
                         help="one S_g per head instead of one per output dimension (SGPAttention option)")
+    parser.add_argument("--sampler", nargs="+", choices=SGPA_SAMPLERS, default=["diagonal"],
+                        help="SGPAttention sampler(s); several -> one SGPA model each, timed in the same run")
     args = parser.parse_args(argv)
+    samplers = list(dict.fromkeys(args.sampler))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -60,18 +68,23 @@ def main(argv=None):
     models = {
         "sdp (MLE)": SGPAViT(attention="sdp", **common),
         "kernel (MLE)": SGPAViT(attention="kernel", attention_kwargs={"kernel": "rbf"}, **common),
-        "sgpa": SGPAViT(attention="sgpa", attention_kwargs={"kernel": "rbf", "num_global": args.num_global,
-                                                            "share_covariance": args.share_covariance}, **common),
     }
-    elbo = SGPAELBO(models["sgpa"], num_data=50000)
+    sgpa_names = [f"sgpa ({sampler})" for sampler in samplers]
+    for name, sampler in zip(sgpa_names, samplers):
+        models[name] = SGPAViT(attention="sgpa", attention_kwargs={"kernel": "rbf", "num_global": args.num_global,
+                                                                   "share_covariance": args.share_covariance,
+                                                                   "sampler": sampler}, **common)
+        if name != sgpa_names[0]:
+            models[name].load_state_dict(models[sgpa_names[0]].state_dict())
+    elbos = {name: SGPAELBO(models[name], num_data=50000) for name in sgpa_names}
     optimizers = {name: torch.optim.Adam(model.parameters(), lr=1e-4) for name, model in models.items()}
 
     def train_step(name):
         model = models[name]
         model.train()
         logits, kl = model(images)
-        if name == "sgpa":
-            loss = elbo(logits, kl, labels)
+        if name in elbos:
+            loss = elbos[name](logits, kl, labels)
         else:
             loss = torch.nn.functional.cross_entropy(logits, labels)
         optimizers[name].zero_grad(set_to_none=True)
@@ -82,10 +95,11 @@ def main(argv=None):
         "kernel (MLE), 1 pass": lambda: predict_proba(models["kernel (MLE)"], images),
         f"kernel (MCD), {args.num_samples} passes":
             lambda: mc_dropout_predict_proba(models["kernel (MLE)"], images, num_samples=args.num_samples),
-        f"sgpa, {args.num_samples} samples":
-            lambda: predict_proba(models["sgpa"], images, num_samples=args.num_samples),
-        "sgpa, 1 sample": lambda: predict_proba(models["sgpa"], images, num_samples=1),
     }
+    for name in sgpa_names:
+        inference[f"{name}, {args.num_samples} samples"] = (
+            lambda model=models[name]: predict_proba(model, images, num_samples=args.num_samples))
+        inference[f"{name}, 1 sample"] = lambda model=models[name]: predict_proba(model, images, num_samples=1)
     train_times = {name: [] for name in models}
     infer_times = {name: [] for name in inference}
     for repeat in range(args.warmup + args.repeats):
@@ -101,6 +115,7 @@ def main(argv=None):
     tokens = (args.image_size // args.patch_size) ** 2
     print(f"SGPAViT: {tokens} tokens, d_model={args.d_model}, {args.num_heads} heads, {args.num_layers} layers, "
           f"batch {args.batch_size}, {args.num_global} global keys, share_covariance={args.share_covariance}, "
+          f"samplers {samplers}, "
           f"torch threads {torch.get_num_threads()}; "
           f"medians of {args.repeats} interleaved repeats")
     print("\n| training step | median s | ratio to kernel (MLE) |\n|---|---|---|")
@@ -112,14 +127,18 @@ def main(argv=None):
     base = infer_median["kernel (MLE), 1 pass"]
     for name, value in infer_median.items():
         print(f"| {name} | {value:.4f} | {value / base:.2f} |")
-    train_ratio = train_median["sgpa"] / train_median["kernel (MLE)"]
-    sample_key = f"sgpa, {args.num_samples} samples"
     mcd_key = f"kernel (MCD), {args.num_samples} passes"
-    print(f"\nSGPA / MLE training-step ratio: {train_ratio:.2f} (target <= 1.5: "
-          f"{'met' if train_ratio <= 1.5 else 'NOT met'}; thesis GPU figure 4.5)")
-    print(f"SGPA ({args.num_samples} samples) / MCD ({args.num_samples} passes) inference ratio: "
-          f"{infer_median[sample_key] / infer_median[mcd_key]:.2f} (thesis GPU figure 0.986 / 0.234 = 4.2)")
-    print(f"SGPA (1 sample) / MLE (1 pass) inference ratio: {infer_median['sgpa, 1 sample'] / base:.2f}")
+    print()
+    for name in sgpa_names:
+        train_ratio = train_median[name] / train_median["kernel (MLE)"]
+        sample_key = f"{name}, {args.num_samples} samples"
+        print(f"SGPA [sampler={name[6:-1]}] / MLE training-step ratio: {train_ratio:.2f} (target <= 1.5: "
+              f"{'met' if train_ratio <= 1.5 else 'NOT met'}; thesis GPU figure 4.5)")
+        print(f"SGPA [sampler={name[6:-1]}] ({args.num_samples} samples) / MCD ({args.num_samples} passes) "
+              f"inference ratio: {infer_median[sample_key] / infer_median[mcd_key]:.2f} "
+              f"(thesis GPU figure 0.986 / 0.234 = 4.2)")
+        print(f"SGPA [sampler={name[6:-1]}] (1 sample) / MLE (1 pass) inference ratio: "
+              f"{infer_median[f'{name}, 1 sample'] / base:.2f}")
     return train_median, infer_median
 
 

@@ -39,10 +39,12 @@ __all__ = [
     "SGPAStepState",
     "SGPA_MODES",
     "SGPA_VARIANTS",
+    "SGPA_SAMPLERS",
 ]
 
 SGPA_MODES = ("standard", "decoupled")
 SGPA_VARIANTS = ("orthogonal", "dsvgp")
+SGPA_SAMPLERS = ("diagonal", "full", "decomposed")
 
 
 def _check_sizes(d_model, num_heads, dropout) -> int:
@@ -171,9 +173,11 @@ class SGPANoise(NamedTuple):
     """Standard-normal draws behind one SGPA sample (eq. ``reparam_dgp``).
 
     ``local``: ``(B, H, L, e)``, one per position and output dimension.  ``global_``:
-    ``(B, H, e, M)`` or ``None``; only used by the decoupled mode with ``diag_sample=False``, where
-    the sample is ``m + chol(K_qq - K_qg K_gg⁻¹ K_gq) ε_local + K_qg K_gg⁻¹ C_d ε_global`` and
-    ``S_g = C Cᵀ`` (exact draw from ``N(m_d, Σ_d)`` of eq. ``odsvgp``).
+    ``(B, H, e, M)`` or ``None``; only used by the decoupled mode with ``sampler="full"``
+    (``diag_sample=False``), where the sample is
+    ``m + chol(K_qq - K_qg K_gg⁻¹ K_gq) ε_local + K_qg K_gg⁻¹ C_d ε_global`` and ``S_g = C Cᵀ``
+    (exact draw from ``N(m_d, Σ_d)`` of eq. ``odsvgp``), and with ``sampler="decomposed"``, where
+    it is ``m + sqrt(diag(K_qq - K_qg K_gg⁻¹ K_gq)) ⊙ ε_local + K_qg K_gg⁻¹ C_d ε_global``.
     """
 
     local: Tensor
@@ -263,12 +267,31 @@ class SGPAttention(_MultiHeadAttention):
     ``gpytorch.settings.cholesky_jitter`` is added to ``K_gg`` (escalated by linear_operator's
     ``psd_safe_cholesky`` if needed).
 
-    ``diag_sample=True`` samples each position independently from its marginal (App. B.4);
-    ``False`` draws from the full covariance as ``m + chol(K_qq - K_qg K_gg⁻¹ K_gq) ε + K_qg K_gg⁻¹
-    C_d ε_g`` (one ``L × L`` Cholesky per sequence and head, shared by the output dimensions).
-    Per layer the marginal variances cost ``O(B H L e M²)`` with one ``S_g`` per output dimension
-    and ``O(B H L M²)`` with ``share_covariance=True``; the full-covariance sampler costs
-    ``O(B H (L³ + L² e + L M e + e M²))``, so for short sequences it is the cheaper of the two.  ``causal=True`` lets position ``i`` use the
+    Samplers (``sampler``; when ``None`` it is ``"diagonal"`` if ``diag_sample`` else ``"full"``,
+    so ``diag_sample`` keeps its meaning; ``layer.diag_sample`` reads/sets the same choice):
+
+    * ``"diagonal"`` (``diag_sample=True``, the default): each position independently from its
+      marginal ``N(m_d(q), Σ_d(q, q))`` of eq. ``odsvgp`` (App. B.4, the diagonalised covariance of
+      the thesis' sampler);
+    * ``"full"`` (``diag_sample=False``): the full covariance, as ``m + chol(K_qq - K_qg K_gg⁻¹
+      K_gq) ε + K_qg K_gg⁻¹ C_d ε_g`` (one ``L × L`` Cholesky per sequence and head, shared by the
+      output dimensions);
+    * ``"decomposed"`` (decoupled mode only): eq. ``odsvgp`` written as
+      ``Σ_d = (K_qq - Q_qq) + A S_g,d Aᵀ`` with ``A = K_qg K_gg⁻¹``, ``Q_qq = A K_gg Aᵀ``; the
+      global part is drawn exactly and only the residual ``K_qq - Q_qq`` is diagonalised:
+      ``f_d(q) = m_d(q) + A_q C_d ε_d + sqrt(k(q, q) - A_q K_gg A_qᵀ) ξ_{q,d}`` with
+      ``ε_d ~ N(0, I_M)`` drawn once per sequence (shared by its queries) and ``ξ`` iid.  The
+      marginals are exact: ``ε`` and ``ξ`` are independent, so ``Var f_d(q) = A_q S_g,d A_qᵀ +
+      k(q, q) - Q_qq(q, q) = Σ_d(q, q)``; the cross-position covariance is ``A S_g,d Aᵀ`` (the
+      residual's off-diagonal is dropped).  It never forms ``diag(A S_g,d Aᵀ)``: ``C_d ε_d`` costs
+      ``O(B H e M²)`` and ``A (C_d ε_d)`` ``O(B H L M e)``.  The residual variance is clamped below
+      at the Cholesky jitter before its square root.
+
+    Per layer the marginal variances of ``"diagonal"`` cost ``O(B H L e M²)`` with one ``S_g`` per
+    output dimension and ``O(B H L M²)`` with ``share_covariance=True``; the full-covariance
+    sampler costs ``O(B H (L³ + L² e + L M e + e M²))``, so for short sequences it is the cheaper
+    of the two; ``"decomposed"`` costs ``O(B H (e M² + L M e))`` on top of the mean's
+    ``O(B H L M²)`` solve.  :meth:`posterior` is the same for every sampler.  ``causal=True`` lets position ``i`` use the
     amortised keys ``j <= i`` only (a decoder layer; the KL is that of the whole sequence's
     inducing set, i.e. of the last position); :meth:`forward_step` then predicts one token
     at a time with a key/value cache and reproduces :meth:`forward` given the same noise.
@@ -288,6 +311,7 @@ class SGPAttention(_MultiHeadAttention):
         max_len: int | None = None,
         share_covariance: bool = False,
         variational_init_std: float = 1.0,
+        sampler: str | None = None,
     ):
         super().__init__(d_model, num_heads, dropout, causal)
         if not isinstance(mode, str) or mode not in SGPA_MODES:
@@ -300,10 +324,21 @@ class SGPAttention(_MultiHeadAttention):
             raise TypeError(f"diag_sample must be a bool, got {type(diag_sample).__name__}")
         if not variational_init_std > 0:
             raise ValueError(f"variational_init_std must be > 0, got {variational_init_std!r}")
+        if sampler is None:
+            sampler = "diagonal" if diag_sample else "full"
+        elif not isinstance(sampler, str) or sampler not in SGPA_SAMPLERS:
+            raise ValueError(f"sampler must be one of {SGPA_SAMPLERS} or None, got {sampler!r}")
+        elif sampler == "diagonal" and not diag_sample:
+            raise ValueError("sampler='diagonal' contradicts diag_sample=False; pass only one of them")
+        if sampler == "decomposed" and mode != "decoupled":
+            raise ValueError(
+                "sampler='decomposed' needs mode='decoupled' (it splits Σ_d of eq. odsvgp into its "
+                "global-inducing part and the residual K_qq - Q_qq; standard SGPA has no such split)"
+            )
         self.mode = mode
         self.variant = variant
         self.kernel_name = kernel
-        self.diag_sample = diag_sample
+        self.sampler = sampler
         self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads)
         self.qk_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
@@ -332,6 +367,20 @@ class SGPAttention(_MultiHeadAttention):
             self.global_chol_log_diag = nn.Parameter(std * torch.randn(heads, cov_dims, num_global))
         self.share_covariance = share_covariance
         self._cache = None
+
+    @property
+    def diag_sample(self) -> bool:
+        """``True`` iff ``sampler == "diagonal"``; setting it selects ``"diagonal"`` / ``"full"``."""
+        return self.sampler == "diagonal"
+
+    @diag_sample.setter
+    def diag_sample(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"diag_sample must be a bool, got {type(value).__name__}")
+        self.sampler = "diagonal" if value else "full"
+
+    def _uses_global_noise(self) -> bool:
+        return self.mode == "decoupled" and self.sampler in ("full", "decomposed")
 
     # ------------------------------------------------------------------ caching
     def train(self, mode: bool = True):
@@ -433,8 +482,15 @@ class SGPAttention(_MultiHeadAttention):
         return factor
 
     # ------------------------------------------------------------------ posterior
-    def _posterior_terms(self, x, key_padding_mask, global_inputs, full_covariance: bool, with_sampler: bool):
-        """Mean, variance, optional covariance, per-sequence KL and what sampling needs."""
+    def _posterior_terms(
+        self, x, key_padding_mask, global_inputs, full_covariance: bool, with_sampler: bool, global_noise=None
+    ):
+        """Mean, variance, optional covariance, per-sequence KL and what sampling needs.
+
+        With ``global_noise`` ``ε`` (decoupled mode, ``(B, H, e, M)``) the returned mean already holds
+        the correlated global part of the sample, ``m_d + K_qg K_gg⁻¹ C_d ε_d = m_d + Aᵀ W_d ε_d``:
+        it shares the one product with ``Aᵀ`` that the orthogonal mean needs.
+        """
         queries, values = self._project(x, key_padding_mask)
         gram = evaluate_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
         length = x.shape[1]
@@ -457,26 +513,36 @@ class SGPAttention(_MultiHeadAttention):
         factors = self._global_factors(global_inputs)
         cross = evaluate_kernel(self.kernel, queries, factors.keys)  # K_qg, (B, H, L, M)
         whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # A, (B,H,M,L)
-        need_conditional = causal is not None or full_covariance or (with_sampler and not self.diag_sample)
+        need_conditional = causal is not None or full_covariance or (with_sampler and self.sampler == "full")
         conditional = None
         if need_conditional:  # K_qq - K_qg K_gg⁻¹ K_gq
             conditional = gram - whitened.transpose(-2, -1).matmul(whitened)
+        # everything multiplied by Aᵀ is gathered in one (B, H, M, e) coefficient: one product
+        coefficient = None
+        if global_noise is not None:  # W_d ε_d, (B, H, M, e)
+            coefficient = torch.einsum("hdmn,bhdn->bhmd", factors.whitened_cov_factor, global_noise)
         if self.variant == "orthogonal":
             whitened_values = whitened.matmul(values)  # A v_a, (B, H, M, e)
             if causal is not None:
                 mean = conditional.masked_fill(~causal, 0.0).matmul(values)
+                own = factors.whitened_values
             else:
-                mean = gram_values - whitened.transpose(-2, -1).matmul(whitened_values)
-            mean = mean + whitened.transpose(-2, -1).matmul(factors.whitened_values)
+                mean = gram_values
+                own = factors.whitened_values - whitened_values  # Lᵀ v_g - A v_a
+            coefficient = own if coefficient is None else coefficient + own
             amortised_kl = (values * gram_values).sum((-3, -2, -1)) - whitened_values.square().sum((-3, -2, -1))
         else:
             mean = amortised_mean
             amortised_kl = (values * gram_values).sum((-3, -2, -1))
+        if coefficient is not None:
+            mean = mean + whitened.transpose(-2, -1).matmul(coefficient)
         kl = 0.5 * amortised_kl + factors.kl.sum()
         # Σ_d = (K_qq - AᵀA) + (W_dᵀ A)ᵀ (W_dᵀ A),  W_d = L⁻¹ C_d
         variance = covariance = None
-        if with_sampler and not self.diag_sample:  # the full-covariance sampler needs neither
+        if with_sampler and self.sampler == "full":  # the full-covariance sampler needs neither
             sampler["conditional_chol"] = self._conditional_chol(conditional, valid)
+        elif with_sampler and self.sampler == "decomposed":  # only diag(K_qq - AᵀA), O(B H L M)
+            sampler["residual_variance"] = gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)
         else:
             projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)
             variance = (gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)).unsqueeze(-2)
@@ -540,7 +606,7 @@ class SGPAttention(_MultiHeadAttention):
         shape = (batch_size, self.num_heads, length, self.head_dim)
         local = torch.randn(shape, dtype=dtype, device=device)
         global_ = None
-        if self.mode == "decoupled" and not self.diag_sample:
+        if self._uses_global_noise():
             global_ = torch.randn(batch_size, self.num_heads, self.head_dim, self.num_global, dtype=dtype, device=device)
         return SGPANoise(local, global_)
 
@@ -550,10 +616,10 @@ class SGPAttention(_MultiHeadAttention):
         expected = (batch, self.num_heads, length, self.head_dim)
         if tuple(noise.local.shape) != expected:
             raise ValueError(f"noise.local must have shape {expected}, got {tuple(noise.local.shape)}")
-        if self.mode == "decoupled" and not self.diag_sample:
+        if self._uses_global_noise():
             expected_global = (batch, self.num_heads, self.head_dim, self.num_global)
             if noise.global_ is None or tuple(noise.global_.shape) != expected_global:
-                raise ValueError(f"noise.global_ must have shape {expected_global} when diag_sample=False")
+                raise ValueError(f"noise.global_ must have shape {expected_global} when sampler={self.sampler!r}")
         return noise
 
     def forward(
@@ -569,21 +635,20 @@ class SGPAttention(_MultiHeadAttention):
         if noise is None:
             noise = self.sample_noise(batch, length, x.dtype, x.device)
         noise = self._check_noise(noise, batch, length)
+        # full / decomposed (decoupled): ``mean`` comes back as m_d + K_qg K_gg⁻¹ C_d ε_d = m_d + Aᵀ W_d ε_d
         mean, variance, _, kl, sampler = self._posterior_terms(
-            x, key_padding_mask, global_inputs, full_covariance=False, with_sampler=True
+            x, key_padding_mask, global_inputs, full_covariance=False, with_sampler=True,
+            global_noise=noise.global_ if self._uses_global_noise() else None,
         )
-        if self.diag_sample:
+        if self.sampler == "diagonal":
             sample = mean + variance.clamp_min(_jitter(variance.dtype)).sqrt() * noise.local
         elif self.mode == "standard":
             sample = mean + sampler["cov_factor"].matmul(noise.local)
-        else:
-            factors, whitened = sampler["factors"], sampler["whitened"]
-            global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, noise.global_)
-            sample = (
-                mean
-                + sampler["conditional_chol"].matmul(noise.local)
-                + torch.einsum("bhml,bhdm->bhld", whitened, global_term)
-            )
+        elif self.sampler == "full":
+            sample = mean + sampler["conditional_chol"].matmul(noise.local)
+        else:  # decomposed: the residual K_qq - Q_qq diagonalised
+            residual = sampler["residual_variance"]
+            sample = mean + residual.clamp_min(_jitter(residual.dtype)).sqrt().unsqueeze(-1) * noise.local
         return self.out_proj(self.dropout(self._merge(sample))), kl.mean()
 
     # ------------------------------------------------------------------ incremental decoding
@@ -640,7 +705,7 @@ class SGPAttention(_MultiHeadAttention):
             raise ValueError(f"sequence length {position + 1} exceeds max_len={self.max_len} of mode='standard'")
         raw = self.cov_proj(x_t).view(x_t.shape[0], self.num_heads, self.max_len)[..., : position + 1]
         row = torch.cat([raw[..., :position], raw[..., position:].exp()], dim=-1).unsqueeze(-2)  # (B,H,1,t+1)
-        if self.diag_sample:
+        if self.sampler == "diagonal":
             return mean + row.square().sum(-1, keepdim=True).sqrt() * state.local_noise[..., -1:, :]
         return mean + row.matmul(state.local_noise)
 
@@ -652,10 +717,18 @@ class SGPAttention(_MultiHeadAttention):
             state.projected_values = state.projected_values + whitened.matmul(value)
             mean = mean - whitened.transpose(-2, -1).matmul(state.projected_values)
             mean = mean + whitened.transpose(-2, -1).matmul(factors.whitened_values)
-        projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,1)
         self_cov = gram_row[..., -1:]  # k(q_t, q_t), (B, H, 1, 1)
         conditional_tt = self_cov - whitened.square().sum(-2, keepdim=True)
-        if self.diag_sample:
+        if self.sampler == "decomposed":
+            global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, state.global_noise)
+            residual = conditional_tt.clamp_min(_jitter(conditional_tt.dtype)).sqrt()
+            return (
+                mean
+                + torch.einsum("bhml,bhdm->bhld", whitened, global_term)
+                + residual * state.local_noise[..., -1:, :]
+            )
+        projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,1)
+        if self.sampler == "diagonal":
             variance = conditional_tt + projected.square().sum(-2).transpose(-2, -1)  # (B,H,1,e|1)
             state.whitened_keys = torch.cat([state.whitened_keys, whitened], dim=-1)
             return mean + variance.clamp_min(_jitter(variance.dtype)).sqrt() * state.local_noise[..., -1:, :]
