@@ -3,8 +3,8 @@
 Times, side by side in one run and interleaved step by step (so machine load hits all models alike):
 
 * one training step (forward, loss, backward, Adam update) on a batch: MLE kernel attention with
-  cross-entropy; SGPA (decoupled, orthogonal, ``--num-global`` global keys) with the ELBO; scaled
-  dot-product attention as the cheap reference;
+  cross-entropy; SGPA (decoupled, ``--variant`` orthogonal or dsvgp, ``--num-global`` global keys)
+  with the ELBO; scaled dot-product attention as the cheap reference;
 * inference on a batch: one deterministic pass (MLE), ``--num-samples`` dropout passes (MCD-style
   MLE), and SGPA's Monte-Carlo prediction with ``--num-samples`` samples (``K_gg^{-1}`` cached).
 
@@ -56,6 +56,8 @@ def main(argv=None):
                         help="one S_g per head instead of one per output dimension (SGPAttention option)")
     parser.add_argument("--sampler", nargs="+", choices=SGPA_SAMPLERS, default=["diagonal"],
                         help="SGPAttention sampler(s); several -> one SGPA model each, timed in the same run")
+    parser.add_argument("--variant", choices=("orthogonal", "dsvgp"), default="orthogonal",
+                        help="decoupled SGPA variant (attention 'sgpa' or 'sgpa-dsvgp')")
     args = parser.parse_args(argv)
     samplers = list(dict.fromkeys(args.sampler))
     if args.threads is not None:
@@ -71,7 +73,8 @@ def main(argv=None):
     }
     sgpa_names = [f"sgpa ({sampler})" for sampler in samplers]
     for name, sampler in zip(sgpa_names, samplers):
-        models[name] = SGPAViT(attention="sgpa", attention_kwargs={"kernel": "rbf", "num_global": args.num_global,
+        attention = "sgpa" if args.variant == "orthogonal" else "sgpa-dsvgp"
+        models[name] = SGPAViT(attention=attention, attention_kwargs={"kernel": "rbf", "num_global": args.num_global,
                                                                    "share_covariance": args.share_covariance,
                                                                    "sampler": sampler}, **common)
         if name != sgpa_names[0]:
@@ -115,7 +118,7 @@ def main(argv=None):
     tokens = (args.image_size // args.patch_size) ** 2
     print(f"SGPAViT: {tokens} tokens, d_model={args.d_model}, {args.num_heads} heads, {args.num_layers} layers, "
           f"batch {args.batch_size}, {args.num_global} global keys, share_covariance={args.share_covariance}, "
-          f"samplers {samplers}, "
+          f"variant {args.variant}, samplers {samplers}, "
           f"torch threads {torch.get_num_threads()}; "
           f"medians of {args.repeats} interleaved repeats")
     print("\n| training step | median s | ratio to kernel (MLE) |\n|---|---|---|")

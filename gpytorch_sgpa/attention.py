@@ -542,7 +542,8 @@ class SGPAttention(_MultiHeadAttention):
         if with_sampler and self.sampler == "full":  # the full-covariance sampler needs neither
             sampler["conditional_chol"] = self._conditional_chol(conditional, valid)
         elif with_sampler and self.sampler == "decomposed":  # only diag(K_qq - AᵀA), O(B H L M)
-            sampler["residual_variance"] = gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)
+            self_cov = evaluate_kernel(self.kernel, queries, diag=True)  # k(q, q), (B, H, L); backward cheaper
+            sampler["residual_variance"] = self_cov - whitened.square().sum(-2)
         else:
             projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)
             variance = (gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)).unsqueeze(-2)

@@ -69,9 +69,11 @@ def _reference_terms(layer, x):
 # ---------------------------------------------------------------------------------------- exactness
 @pytest.mark.parametrize("variant", ["orthogonal", "dsvgp"])
 @pytest.mark.parametrize("share_covariance", [False, True])
-def test_decomposed_sample_equals_the_formula_by_hand(variant, share_covariance):
+@pytest.mark.parametrize("kernel", ["rbf", "exponential"])
+def test_decomposed_sample_equals_the_formula_by_hand(variant, share_covariance, kernel):
     """Given the noise, the sample is m + A C_d ε_d + sqrt(k(q,q) - A K_gg Aᵀ) ξ exactly."""
-    layer = _identity_output(_layer(variant=variant, share_covariance=share_covariance, sampler="decomposed"))
+    layer = _layer(variant=variant, share_covariance=share_covariance, sampler="decomposed", kernel=kernel)
+    layer = _identity_output(layer)
     x = _inputs()
     noise = layer.sample_noise(BATCH, LENGTH)
     assert noise.global_ is not None and noise.global_.shape == (BATCH, HEADS, E, NUM_GLOBAL)
