@@ -100,6 +100,7 @@ class ExperimentConfig:
     kl_anneal_epochs: int = 0
     mle_init_epochs: int = 2
     beta: float = 1.0
+    sampler: str = "diagonal"
     patch_size: int | None = None
     max_len: int = 64
 
@@ -185,6 +186,7 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
         attention_kwargs["kernel"] = task.kernel
     if attention in ("sgpa", "sgpa-dsvgp"):
         attention_kwargs["num_global"] = config.num_global
+        attention_kwargs["sampler"] = config.sampler
     common = dict(num_classes=task.num_classes, d_model=config.d_model, num_heads=config.num_heads,
                   num_layers=config.num_layers, attention=attention, attention_kwargs=attention_kwargs,
                   dropout=config.dropout)
@@ -395,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dropout", type=float, default=None, help=f"default {defaults.dropout}")
     parser.add_argument("--beta", type=float, default=None,
                         help=f"KL weight of the ELBO (default {defaults.beta}, the thesis's eq. elbo; < 1 is a diagnostic)")
+    parser.add_argument("--sampler", default=None, choices=("diagonal", "full", "decomposed"),
+                        help=f"sampler of the decoupled SGPA layers (default {defaults.sampler}, the thesis's)")
     return parser
 
 
