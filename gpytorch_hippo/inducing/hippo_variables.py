@@ -96,6 +96,12 @@ class HiPPOInducingVariables(InducingVariables):
     :param start: start of the stream; the integrals run over ``[start, t]``.
     :param seed: seed of the spectral samples (fixed at construction, so that ``Kuu`` of the
         same variables is deterministic and two snapshots share their features).
+    :param kuf: recurrence only.  ``"ode"`` (the thesis): ``Kfu`` rows solve the ODE driven by the
+        exact kernel.  ``"rff"``: ``Kfu`` from the same random features as ``Kuu``,
+        ``sigma^2/R Z^T [cos(W x), sin(W x)]``.  Because ``k_rff(x, x) = sigma^2`` exactly and
+        ``Kfu Kuu^{-1} Kuf`` is then a projection of the RFF kernel, predictive variances cannot go
+        negative, whereas with ``"ode"`` and few features the Monte-Carlo error of ``Kuu`` alone can
+        make ``Kfu Kuu^{-1} Kuf > k(x, x)`` (measured in ``docs/results.md``).
 
     **Conditioning.** The eigenvalues of ``Kuu`` decay like the kernel's spectral density at
     frequencies ``~ m / t`` (fast for smooth kernels and long streams), so ``Kuu`` is returned with
@@ -121,10 +127,16 @@ class HiPPOInducingVariables(InducingVariables):
         start: float = 0.0,
         jitter: Optional[float] = None,
         seed: int = 0,
+        kuf: str = "ode",
     ):
         super().__init__(jitter=jitter)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if kuf not in ("ode", "rff"):
+            raise ValueError(f"kuf must be 'ode' or 'rff', got {kuf!r}")
+        if kuf == "rff" and method != "recurrence":
+            raise ValueError("kuf='rff' needs method='recurrence' (the random features live there)")
+        self.kuf = kuf
         for name, value in (("num_rff", num_rff), ("input_dim", input_dim), ("num_nodes", num_nodes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -197,10 +209,10 @@ class HiPPOInducingVariables(InducingVariables):
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
         """``[Kuf]_{mn} = int k(x_n, s) phi_m^{(t)}(s) ds`` (thesis eq. ``kfu_ode``); ``(*batch, M, N)``."""
         x = self._check_inputs(x)
-        if self.input_dim > 1:
+        if self.input_dim > 1 or self.kuf == "rff":
             outputscale, _, _ = spectral_parts(kernel)
             features = self._rff_features(kernel, x)  # (*batch, N, 2R)
-            Z = self._path_memory(kernel).to(x.dtype)  # (2R, M)
+            Z = self._feature_memory(kernel).to(x.dtype)  # (2R, M)
             return (outputscale.to(x.dtype) / self.num_rff) * (features @ Z).mT
         if self.method == "quadrature":
             nodes, weighted_basis = self._quadrature(kernel)

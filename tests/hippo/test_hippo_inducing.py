@@ -240,3 +240,22 @@ def test_state_dict_round_trip_after_the_stream_has_grown():
     restored.load_state_dict(path.state_dict())
     torch.testing.assert_close(restored.Kuf(kernel2, torch.randn(3, 2, generator=torch.Generator().manual_seed(0))),
                                path.Kuf(kernel2, torch.randn(3, 2, generator=torch.Generator().manual_seed(0))))
+
+
+def test_rff_kuf_keeps_the_nystrom_residual_nonnegative():
+    # k(x,x) - diag(Kfu Kuu^{-1} Kuf) must be >= 0.  With few features the thesis's ODE Kfu and the
+    # RFF Kuu disagree enough to break it; Kfu from the same features keeps it (up to the jitter).
+    kernel = rbf(lengthscale=0.2, outputscale=1.0)
+    x = torch.linspace(0, 6, 200)[:, None]
+
+    def residual(kuf):
+        ivars = HiPPOInducingVariables(40, "legs", t=6.0, method="recurrence", dt=0.01, num_rff=100, kuf=kuf, jitter=1e-8)
+        Kuf = ivars.Kuf(kernel, x)
+        chol = torch.linalg.cholesky(ivars.Kuu(kernel).to_dense())
+        v = torch.linalg.solve_triangular(chol, Kuf, upper=False)
+        return (kernel(x, diag=True) - v.pow(2).sum(0)).detach()
+
+    assert residual("ode").min() < -1e-3
+    assert residual("rff").min() > -1e-6
+    with pytest.raises(ValueError, match="kuf"):
+        HiPPOInducingVariables(4, kuf="rff")
