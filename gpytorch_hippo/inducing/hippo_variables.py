@@ -43,7 +43,7 @@ from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-from ..hippo import DISCRETIZATIONS, HiPPO, MEASURES, quadrature_rule
+from ..hippo import HiPPO, quadrature_rule
 from .base import InducingVariables
 
 SUPPORTED_KERNELS = "RBFKernel or MaternKernel (nu = 0.5, 1.5, 2.5), optionally wrapped in ScaleKernel"

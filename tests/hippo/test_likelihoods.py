@@ -47,7 +47,6 @@ def test_dispersion_is_positive_learnable_and_validated():
     with pytest.raises(ValueError, match="dispersion must be positive"):
         likelihood.dispersion = -1.0
     # maximum likelihood on over-dispersed counts recovers the dispersion
-    g = torch.Generator().manual_seed(1)
     true = torch.distributions.NegativeBinomial(total_count=torch.tensor(3.0, dtype=DT), logits=torch.tensor(np.log(5.0 / 3.0), dtype=DT))
     torch.manual_seed(1)
     y = true.sample((1500,))

@@ -1,7 +1,6 @@
 """OnlineSGPR and OnlineELBO against closed-form batch SGPR (Titsias) and Bui et al.'s pseudo-data form."""
 
 import copy
-import math
 
 import gpytorch
 import pytest

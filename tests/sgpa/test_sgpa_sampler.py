@@ -16,9 +16,7 @@ from gpytorch_sgpa import SGPAELBO, SGPATransformer, SGPAViT, SGPAttention
 from gpytorch_sgpa.attention import SGPA_SAMPLERS, SGPANoise
 from gpytorch_sgpa.kernels import evaluate_kernel
 
-D_MODEL, HEADS, LENGTH, NUM_GLOBAL, BATCH = 6, 2, 5, 3, 2
-E = D_MODEL // HEADS
-TIGHT = dict(rtol=1e-6, atol=1e-8)
+from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer
 NUM_SAMPLES = 20000
 
 
@@ -28,31 +26,11 @@ def _tiny_jitter():
         yield
 
 
-def _layer(seed=0, **kwargs):
-    torch.manual_seed(seed)
-    kwargs.setdefault("num_global", NUM_GLOBAL)
-    layer = SGPAttention(D_MODEL, HEADS, **kwargs).double()
-    with torch.no_grad():  # moderate variational parameters keep every matrix well conditioned
-        for name, p in layer.named_parameters():
-            if name.startswith("global_chol") or name == "global_values":
-                p.mul_(0.3)
-    return layer
-
-
 def _identity_output(layer):
     with torch.no_grad():
         layer.out_proj.weight.copy_(torch.eye(D_MODEL))
         layer.out_proj.bias.zero_()
     return layer
-
-
-def _inputs(seed=1, batch=BATCH, length=LENGTH):
-    torch.manual_seed(seed)
-    return 0.7 * torch.randn(batch, length, D_MODEL, dtype=torch.double)
-
-
-def _heads(t):
-    return t.view(t.shape[0], t.shape[1], HEADS, E).transpose(1, 2)
 
 
 def _reference_terms(layer, x):
