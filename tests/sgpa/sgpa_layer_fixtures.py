@@ -26,3 +26,14 @@ def _inputs(seed=1, batch=BATCH, length=LENGTH):
 
 def _heads(t):
     return t.view(t.shape[0], t.shape[1], HEADS, E).transpose(1, 2)
+
+
+def _step_through(layer, x, noise):
+    """Feed ``x`` one position at a time through ``forward_step`` with the matching noise slices."""
+    from gpytorch_sgpa.attention import SGPANoise
+
+    state, steps = None, []
+    for t in range(x.shape[1]):
+        out, state = layer.forward_step(x[:, t : t + 1], state, noise=SGPANoise(noise.local[:, :, t : t + 1], noise.global_))
+        steps.append(out)
+    return torch.cat(steps, 1), state

@@ -27,7 +27,7 @@ from gpytorch_sgpa.attention import (
 )
 from gpytorch_sgpa.kernels import ExponentialKernel, evaluate_kernel, make_attention_kernel
 
-from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer
+from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer, _step_through
 
 
 @pytest.fixture(autouse=True)
@@ -300,12 +300,9 @@ def test_causal_posterior_uses_the_prefix_and_steps_equal_full_recomputation(mod
         torch.testing.assert_close(post.variance[:, :, t], prefix.variance[:, :, t], **TIGHT)
     noise = layer.sample_noise(BATCH, LENGTH)
     full, _ = layer(x, noise=noise)
-    state, steps = None, []
-    for t in range(LENGTH):
-        out, state = layer.forward_step(x[:, t : t + 1], state, noise=SGPANoise(noise.local[:, :, t : t + 1], noise.global_))
-        steps.append(out)
+    stepped, state = _step_through(layer, x, noise)
     assert state.length == LENGTH
-    torch.testing.assert_close(torch.cat(steps, 1), full, **TIGHT)
+    torch.testing.assert_close(stepped, full, **TIGHT)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from gpytorch_sgpa import SGPAELBO, SGPATransformer, SGPAViT, SGPAttention
 from gpytorch_sgpa.attention import SGPA_SAMPLERS, SGPANoise
 from gpytorch_sgpa.kernels import evaluate_kernel
 
-from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer
+from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer, _step_through
 NUM_SAMPLES = 20000
 
 
@@ -148,11 +148,8 @@ def test_decomposed_causal_steps_equal_full_recomputation(variant):
     x = _inputs()
     noise = layer.sample_noise(BATCH, LENGTH)
     full, _ = layer(x, noise=noise)
-    state, steps = None, []
-    for t in range(LENGTH):
-        out, state = layer.forward_step(x[:, t : t + 1], state, noise=SGPANoise(noise.local[:, :, t : t + 1], noise.global_))
-        steps.append(out)
-    torch.testing.assert_close(torch.cat(steps, 1), full, **TIGHT)
+    stepped, _ = _step_through(layer, x, noise)
+    torch.testing.assert_close(stepped, full, **TIGHT)
 
 
 def test_decomposed_padded_positions_are_irrelevant():
