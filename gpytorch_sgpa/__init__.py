@@ -14,7 +14,7 @@ from .attention import (
     SGPAttention,
 )
 from .elbo import SGPAELBO
-from .kernels import ExponentialKernel, evaluate_kernel, make_attention_kernel
+from .kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_attention_kernel
 from .transformer import ATTENTION_TYPES, SGPABlock, SGPATransformer, SGPAViT, build_attention
 
 __all__ = [
@@ -32,5 +32,6 @@ __all__ = [
     "ScaledDotProductAttention",
     "build_attention",
     "evaluate_kernel",
+    "kernel_blocks",
     "make_attention_kernel",
 ]

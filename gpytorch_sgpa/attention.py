@@ -28,7 +28,7 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
 
-from .kernels import KERNEL_NAMES, evaluate_kernel, make_attention_kernel
+from .kernels import KERNEL_NAMES, evaluate_kernel, kernel_blocks, make_attention_kernel
 
 __all__ = [
     "ScaledDotProductAttention",
@@ -492,7 +492,12 @@ class SGPAttention(_MultiHeadAttention):
         it shares the one product with ``Aᵀ`` that the orthogonal mean needs.
         """
         queries, values = self._project(x, key_padding_mask)
-        gram = evaluate_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
+        if self.mode == "decoupled":
+            factors = self._global_factors(global_inputs)
+            # K_qq = K_qa = K_aa (B, H, L, L) and K_qg (B, H, L, M) in one kernel pass
+            gram, cross = kernel_blocks(self.kernel, queries, factors.keys)
+        else:
+            gram = evaluate_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
         length = x.shape[1]
         causal = _causal_mask(length, x.device) if self.causal else None
         gram_values = gram.matmul(values)
@@ -510,8 +515,6 @@ class SGPAttention(_MultiHeadAttention):
             sampler["cov_factor"] = factor
             return mean, variance, covariance, kl, sampler
 
-        factors = self._global_factors(global_inputs)
-        cross = evaluate_kernel(self.kernel, queries, factors.keys)  # K_qg, (B, H, L, M)
         whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # A, (B,H,M,L)
         need_conditional = causal is not None or full_covariance or (with_sampler and self.sampler == "full")
         conditional = None

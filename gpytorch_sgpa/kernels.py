@@ -19,7 +19,7 @@ import torch
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
-__all__ = ["ExponentialKernel", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel"]
+__all__ = ["ExponentialKernel", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
 
 KERNEL_NAMES = ("rbf", "exponential")
 
@@ -72,17 +72,85 @@ def make_attention_kernel(kernel: str, head_dim: int, num_heads: int) -> ScaleKe
     return scaled
 
 
+def _attention_form(kernel: Kernel) -> str | None:
+    """``"rbf"`` / ``"exponential"`` for a kernel built by :func:`make_attention_kernel`, else ``None``."""
+    if not isinstance(kernel, ScaleKernel) or kernel.active_dims is not None:
+        return None
+    base = kernel.base_kernel
+    if base.active_dims is not None:
+        return None
+    if type(base) is RBFKernel:
+        return "rbf"
+    if type(base) is ExponentialKernel:
+        return "exponential"
+    return None
+
+
+def _check_features(x1: Tensor, others) -> None:
+    for x2 in others:
+        if x1.shape[-1] != x2.shape[-1]:
+            raise ValueError(f"x1 and x2 must have the same feature dimension, got {x1.shape[-1]} and {x2.shape[-1]}")
+
+
+def kernel_blocks(kernel: Kernel, x1: Tensor, *others: Tensor) -> list[Tensor]:
+    """``[k(x1, x1), k(x1, o) for o in others]`` sharing the work that depends on ``x1`` only.
+
+    Same shapes and broadcasting as :func:`evaluate_kernel`.  For the kernels of
+    :func:`make_attention_kernel` every block is ``exp`` of one matrix product of augmented,
+    lengthscale-scaled inputs ``a = x / ℓ``:
+
+    * RBF: ``σ_f² exp(-½‖a - b‖²) = exp(ãᵀ b̃)`` with ``ã = (a, log σ_f² - ½‖a‖², 1)`` and
+      ``b̃ = (b, 1, -½‖b‖²)``, inputs centred at the mean of ``x1`` first (as GPyTorch does);
+    * exponential: ``σ_f² exp(aᵀb) = exp(ãᵀ b̃)`` with ``ã = (a, log σ_f²)``, ``b̃ = (b, 1)``.
+
+    So ``K_qq`` and ``K_qg`` of SGPA cost one product against ``[x1; others]`` and one ``exp``; the
+    backward pass is one multiplication and two products (no elementwise chain over the ``N × M``
+    entries).  Equal to GPyTorch's ``kernel.forward`` up to rounding (tested); any other kernel
+    falls back to ``kernel.forward`` block by block.
+    """
+    return _blocks(kernel, x1, others, include_self=True)
+
+
+def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tensor]:
+    _check_features(x1, others)
+    form = _attention_form(kernel)
+    if form is None:
+        return ([kernel.forward(x1, x1)] if include_self else []) + [kernel.forward(x1, x2) for x2 in others]
+    lengthscale = kernel.base_kernel.lengthscale  # (heads, 1, d)
+    a = x1.div(lengthscale)
+    scaled = [x2.div(lengthscale) for x2 in others]
+    if form == "rbf":
+        centre = a.mean(-2, keepdim=True).detach()  # distances do not depend on it
+        a = a - centre
+        scaled = [b - centre for b in scaled]
+    blocks = ([a] if include_self else []) + scaled
+    log_scale = kernel.outputscale.log().unsqueeze(-1).unsqueeze(-1).expand(*a.shape[:-1], 1)  # (..., heads, N, 1)
+    if form == "rbf":
+        query = torch.cat([a, log_scale - 0.5 * a.square().sum(-1, keepdim=True), torch.ones_like(log_scale)], -1)
+        blocks = [torch.cat([b, torch.ones_like(b[..., :1]), -0.5 * b.square().sum(-1, keepdim=True)], -1)
+                  for b in blocks]
+    else:
+        query = torch.cat([a, log_scale], -1)
+        blocks = [torch.cat([b, torch.ones_like(b[..., :1])], -1) for b in blocks]
+    shape = torch.broadcast_shapes(query.shape[:-2], *(b.shape[:-2] for b in blocks))
+    keys = blocks[0] if len(blocks) == 1 else torch.cat([b.expand(*shape, *b.shape[-2:]) for b in blocks], dim=-2)
+    matrix = query.matmul(keys.transpose(-2, -1)).exp()  # (..., heads, N, Σ sizes)
+    return list(matrix.split([b.shape[-2] for b in blocks], dim=-1))
+
+
 def evaluate_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: bool = False) -> Tensor:
     """Dense kernel matrix ``k(x1, x2)`` for head-batched inputs.
 
     ``x1``: ``(..., heads, N, d)``, ``x2``: ``(..., heads, M, d)`` (defaults to ``x1``); the
     kernel's batch shape ``(heads,)`` aligns with the head dimension and leading dimensions
-    broadcast.  Returns ``(..., heads, N, M)``, or ``(..., heads, N)`` when ``diag=True`` (then
-    ``x2`` must equal ``x1``).  Evaluation is eager (``kernel.forward``), which is what attention
-    needs: every entry is used.
+    broadcast.  Returns ``(..., heads, N, M)``, or ``(..., heads, N)`` when ``diag=True`` (the
+    pairs ``k(x1_i, x2_i)``).  Evaluation is eager, which is what attention needs: every entry is
+    used; the kernels of :func:`make_attention_kernel` take the lean path of :func:`kernel_blocks`.
     """
-    if x2 is None:
-        x2 = x1
-    if x1.shape[-1] != x2.shape[-1]:
-        raise ValueError(f"x1 and x2 must have the same feature dimension, got {x1.shape[-1]} and {x2.shape[-1]}")
-    return kernel.forward(x1, x2, diag=diag)
+    if diag:
+        if (x2 is None or x2 is x1) and _attention_form(kernel) == "rbf":  # k(x, x) = σ_f²
+            return kernel.outputscale.unsqueeze(-1).expand(*x1.shape[:-1])
+        return kernel.forward(x1, x1 if x2 is None else x2, diag=True)
+    if x2 is None or x2 is x1:
+        return _blocks(kernel, x1, (), include_self=True)[0]
+    return _blocks(kernel, x1, (x2,), include_self=False)[0]

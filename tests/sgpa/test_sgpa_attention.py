@@ -25,7 +25,7 @@ from gpytorch_sgpa.attention import (
     SGPANoise,
     SGPAttention,
 )
-from gpytorch_sgpa.kernels import ExponentialKernel, evaluate_kernel, make_attention_kernel
+from gpytorch_sgpa.kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_attention_kernel
 
 from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer, _step_through
 
@@ -107,6 +107,49 @@ def test_kernels_match_closed_forms():
     torch.testing.assert_close(evaluate_kernel(kernel, xb)[1], evaluate_kernel(kernel, xb[1]), **TIGHT)
     # the exponential kernel is positive semi-definite
     assert torch.linalg.eigvalsh(evaluate_kernel(kernel, x1)).min() > -1e-10
+
+
+def _gpytorch_reference(kernel, x1, x2):
+    """GPyTorch's own evaluation (``ScaleKernel.forward``), the independent reference of the lean path."""
+    return kernel.outputscale[..., None, None] * kernel.base_kernel.forward(x1, x2)
+
+
+@pytest.mark.parametrize("name", ["rbf", "exponential"])
+def test_kernel_blocks_equal_gpytorch_values_and_gradients(name):
+    """One fused pass for [k(q, q), k(q, g)] equals GPyTorch's evaluation, values and gradients."""
+    torch.manual_seed(1)
+    kernel = make_attention_kernel(name, head_dim=3, num_heads=2).double()
+    kernel.base_kernel.lengthscale = torch.tensor([[[0.7, 1.3, 2.0]], [[1.1, 0.5, 0.8]]])
+    kernel.outputscale = torch.tensor([0.5, 1.5])
+    queries = torch.randn(4, 2, 5, 3, dtype=torch.double, requires_grad=True)  # (B, H, L, e)
+    keys = torch.randn(2, 6, 3, dtype=torch.double, requires_grad=True)  # (H, M, e), broadcast over B
+    gram, cross = kernel_blocks(kernel, queries, keys)
+    ref_gram, ref_cross = _gpytorch_reference(kernel, queries, queries), _gpytorch_reference(kernel, queries, keys)
+    torch.testing.assert_close(gram, ref_gram, **TIGHT)
+    torch.testing.assert_close(cross, ref_cross, **TIGHT)
+    torch.testing.assert_close(evaluate_kernel(kernel, queries, keys), ref_cross, **TIGHT)
+    weights = torch.randn(2, 4, 2, 5, 11, dtype=torch.double)
+    inputs = [queries, keys, kernel.base_kernel.raw_lengthscale, kernel.raw_outputscale]
+    ours = torch.autograd.grad((torch.cat([gram, cross], -1) * weights[0]).sum(), inputs)
+    theirs = torch.autograd.grad((torch.cat([ref_gram, ref_cross], -1) * weights[0]).sum(), inputs)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, **TIGHT)
+    # single precision: the centred |a|² + |b|² - 2 aᵀb form keeps float32 rounding at GPyTorch's level
+    gram32, cross32 = kernel_blocks(kernel.float(), queries.float(), keys.float())
+    torch.testing.assert_close(gram32.double(), ref_gram, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cross32.double(), ref_cross, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_blocks_fall_back_to_forward_for_other_kernels():
+    torch.manual_seed(2)
+    kernel = ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=torch.Size([2])), batch_shape=torch.Size([2]))
+    x1, x2 = torch.randn(2, 4, 3, dtype=torch.double), torch.randn(2, 5, 3, dtype=torch.double)
+    kernel = kernel.double()
+    gram, cross = kernel_blocks(kernel, x1, x2)
+    torch.testing.assert_close(gram, kernel.forward(x1, x1), **TIGHT)
+    torch.testing.assert_close(cross, kernel.forward(x1, x2), **TIGHT)
+    with pytest.raises(ValueError, match="feature dimension"):
+        kernel_blocks(kernel, x1, torch.randn(2, 5, 4, dtype=torch.double))
 
 
 # ---------------------------------------------------------------------------------------- MLE layers
