@@ -15,13 +15,14 @@ from .attention import (
 )
 from .elbo import SGPAELBO
 from .kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_attention_kernel
-from .transformer import ATTENTION_TYPES, SGPABlock, SGPATransformer, SGPAViT, build_attention
+from .transformer import ATTENTION_TYPES, SGPABlock, SGPADecoder, SGPATransformer, SGPAViT, build_attention
 
 __all__ = [
     "ATTENTION_TYPES",
     "ExponentialKernel",
     "KernelAttention",
     "SGPABlock",
+    "SGPADecoder",
     "SGPAELBO",
     "SGPANoise",
     "SGPAPosterior",

@@ -98,6 +98,15 @@ class _MultiHeadAttention(gpytorch.Module):
             if key_padding_mask.all(-1).any():
                 raise ValueError("key_padding_mask pads every position of some sequence; each needs >= 1 token")
 
+    def _check_step(self, x_t: Tensor, state) -> None:
+        if not self.causal:
+            raise ValueError("forward_step needs a causal layer (causal=True)")
+        self._check_input(x_t, None)
+        if x_t.shape[1] != 1:
+            raise ValueError(f"x_t must hold exactly one token, shape (batch, 1, d_model), got {tuple(x_t.shape)}")
+        if state is not None and state.keys.shape[0] != x_t.shape[0]:
+            raise ValueError(f"x_t has batch size {x_t.shape[0]} but the state holds {state.keys.shape[0]}")
+
     def _split(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
@@ -141,6 +150,15 @@ class ScaledDotProductAttention(_MultiHeadAttention):
         weights = self.dropout(torch.softmax(scores, dim=-1))
         return self.out_proj(self._merge(weights.matmul(v))), x.new_zeros(())
 
+    def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
+        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
+        self._check_step(x_t, state)
+        q, k, v = self._split(self.q_proj(x_t)), self._split(self.k_proj(x_t)), self._split(self.v_proj(x_t))
+        state = _append_to_cache(state, k, v)
+        scores = q.matmul(state.keys.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        weights = self.dropout(torch.softmax(scores, dim=-1))
+        return self.out_proj(self._merge(weights.matmul(state.values))), state
+
 
 class KernelAttention(_MultiHeadAttention):
     r"""Multi-head kernel attention, eq. ``kattn``: ``F = K_{qk} v`` (MLE baseline).
@@ -167,6 +185,14 @@ class KernelAttention(_MultiHeadAttention):
             gram = gram.masked_fill(~allowed, 0.0)
         heads = self.dropout(gram).matmul(v)
         return self.out_proj(self._merge(heads)), x.new_zeros(())
+
+    def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
+        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
+        self._check_step(x_t, state)
+        q, v = self._split(self.qk_proj(x_t)), self._split(self.v_proj(x_t))
+        state = _append_to_cache(state, q, v)
+        gram_row = evaluate_kernel(self.kernel, q, state.keys)  # (B, H, 1, t+1)
+        return self.out_proj(self._merge(self.dropout(gram_row).matmul(state.values))), state
 
 
 class SGPANoise(NamedTuple):
@@ -208,10 +234,12 @@ class _GlobalFactors(NamedTuple):
 
 @dataclass
 class SGPAStepState:
-    """Key/value cache of a causal :class:`SGPAttention` for autoregressive prediction.
+    """Key/value cache of a causal attention layer for autoregressive prediction.
 
-    Created by the first :meth:`SGPAttention.forward_step` call and updated in place by the
-    following ones.  ``length`` tokens have been processed.
+    Created by the first ``forward_step`` call of a causal :class:`SGPAttention`,
+    :class:`KernelAttention` or :class:`ScaledDotProductAttention` and updated in place by the
+    following ones (the maximum-likelihood layers use ``keys`` and ``values`` only).  ``length``
+    tokens have been processed.
     """
 
     keys: Tensor  # (B, H, t, e)
@@ -226,6 +254,14 @@ class SGPAStepState:
     @property
     def length(self) -> int:
         return self.keys.shape[-2]
+
+
+def _append_to_cache(state: SGPAStepState | None, keys: Tensor, values: Tensor) -> SGPAStepState:
+    if state is None:
+        return SGPAStepState(keys=keys, values=values)
+    state.keys = torch.cat([state.keys, keys], dim=-2)
+    state.values = torch.cat([state.values, values], dim=-2)
+    return state
 
 
 class SGPAttention(_MultiHeadAttention):
@@ -670,14 +706,8 @@ class SGPAttention(_MultiHeadAttention):
         the outputs equal those of :meth:`forward` on the whole prefix.  The global factors are
         computed at the first step and kept in the state.  Padding is not supported here.
         """
-        if not self.causal:
-            raise ValueError("forward_step needs a causal layer (causal=True)")
-        self._check_input(x_t, None)
+        self._check_step(x_t, state)
         batch = x_t.shape[0]
-        if x_t.shape[1] != 1:
-            raise ValueError(f"x_t must hold exactly one token, shape (batch, 1, d_model), got {tuple(x_t.shape)}")
-        if state is not None and state.keys.shape[0] != batch:
-            raise ValueError(f"x_t has batch size {batch} but the state holds {state.keys.shape[0]}")
         if noise is None:
             noise = self.sample_noise(batch, 1, x_t.dtype, x_t.device)
         noise = self._check_noise(noise, batch, 1)

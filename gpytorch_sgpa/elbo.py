@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood, Likelihood
 from torch import Tensor, nn
 
-__all__ = ["SGPAELBO", "LIKELIHOODS"]
+__all__ = ["SGPAELBO", "LIKELIHOODS", "IGNORE_INDEX"]
 
 LIKELIHOODS = ("categorical", "gaussian", "laplace")
+IGNORE_INDEX = -100  # token targets to skip (padding), as in torch.nn.functional.cross_entropy
 
 
 class SGPAELBO(gpytorch.Module):
@@ -33,6 +34,9 @@ class SGPAELBO(gpytorch.Module):
     ``loss = elbo(outputs, kl, targets)``: ``outputs`` are logits ``(..., B, C)`` or regression
     outputs ``(..., B, D)`` where leading dimensions index Monte-Carlo samples; ``kl`` is the
     model's ``kl_total``; ``targets`` are class indices ``(B,)`` or values ``(B, D)`` / ``(B,)``.
+    For sequence models (:class:`~gpytorch_sgpa.transformer.SGPADecoder`) ``targets`` may be token
+    sequences ``(B, L)`` with logits ``(..., B, L, C)``: a data point is a sequence, its
+    log-likelihood the sum over positions whose target is not ``IGNORE_INDEX`` (-100).
 
     ``likelihood``: ``"categorical"`` (default for classification models), ``"laplace"`` (default
     for regression, scale ``b`` learnt, thesis App. B.2 ZINC), ``"gaussian"`` (noise learnt), or a
@@ -62,7 +66,7 @@ class SGPAELBO(gpytorch.Module):
             raise ValueError(f"anneal_steps must be an int >= 0, got {anneal_steps!r}")
         task = getattr(model, "task", "classification")
         if likelihood is None:
-            likelihood = "categorical" if task == "classification" else "laplace"
+            likelihood = "categorical" if task in ("classification", "language_model") else "laplace"
         if isinstance(likelihood, str):
             if likelihood not in LIKELIHOODS:
                 raise ValueError(f"likelihood must be one of {LIKELIHOODS} or a GPyTorch likelihood, got {likelihood!r}")
@@ -95,13 +99,23 @@ class SGPAELBO(gpytorch.Module):
         if not isinstance(outputs, Tensor) or not isinstance(targets, Tensor):
             raise TypeError("outputs and targets must be tensors")
         if self.likelihood is None:
-            if targets.dim() != 1 or targets.dtype not in (torch.int64, torch.int32):
-                raise ValueError(f"targets must be class indices (B,), got {targets.dtype} {tuple(targets.shape)}")
-            if outputs.dim() < 2 or outputs.shape[-2] != targets.shape[0]:
-                raise ValueError(f"outputs must be (..., B={targets.shape[0]}, C), got {tuple(outputs.shape)}")
+            if targets.dim() not in (1, 2) or targets.dtype not in (torch.int64, torch.int32):
+                raise ValueError(
+                    f"targets must be class indices (B,) or token sequences (B, L), got {targets.dtype} "
+                    f"{tuple(targets.shape)}"
+                )
+            if outputs.dim() < targets.dim() + 1 or outputs.shape[-targets.dim() - 1 : -1] != targets.shape:
+                raise ValueError(f"outputs must be (..., {', '.join(map(str, targets.shape))}, C), got {tuple(outputs.shape)}")
             log_probs = F.log_softmax(outputs, dim=-1)
-            index = targets.long().expand(*outputs.shape[:-1]).unsqueeze(-1)
+            keep = targets != IGNORE_INDEX if targets.dim() == 2 else torch.ones_like(targets, dtype=torch.bool)
+            if ((targets[keep] < 0) | (targets[keep] >= outputs.shape[-1])).any():
+                raise ValueError(f"targets must be class indices in [0, {outputs.shape[-1]}) (or {IGNORE_INDEX} in sequences)")
+            if targets.dim() == 2 and not keep.any(-1).all():
+                raise ValueError(f"every target sequence needs at least one position that is not {IGNORE_INDEX}")
+            index = targets.long().clamp_min(0).expand(*outputs.shape[:-1]).unsqueeze(-1)
             ell = log_probs.gather(-1, index).squeeze(-1)
+            if targets.dim() == 2:  # a sequence's log-likelihood is the sum over its kept positions
+                ell = ell.masked_fill(~keep, 0.0).sum(-1)
         else:
             if targets.dim() == 1:
                 targets = targets.unsqueeze(-1)

@@ -20,9 +20,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from .attention import KernelAttention, ScaledDotProductAttention, SGPAttention
+from .attention import KernelAttention, ScaledDotProductAttention, SGPANoise, SGPAttention
 
-__all__ = ["ATTENTION_TYPES", "TASKS", "build_attention", "SGPABlock", "SGPATransformer", "SGPAViT"]
+__all__ = ["ATTENTION_TYPES", "TASKS", "build_attention", "SGPABlock", "SGPADecoder", "SGPATransformer", "SGPAViT"]
 
 ATTENTION_TYPES = ("sgpa", "sgpa-dsvgp", "sgpa-standard", "kernel", "sdp")
 TASKS = ("classification", "regression")
@@ -96,10 +96,22 @@ class SGPABlock(nn.Module):
             return None
         return self.feature_map(inducing, apply_dropout=False)
 
-    def forward(self, f: Tensor, key_padding_mask: Tensor | None = None):
+    def forward(self, f: Tensor, key_padding_mask: Tensor | None = None, noise: SGPANoise | None = None):
         s = self.feature_map(f)
-        out, kl = self.attention(s, key_padding_mask=key_padding_mask, global_inputs=self.global_inputs())
+        extra = {} if noise is None else {"noise": noise}
+        out, kl = self.attention(s, key_padding_mask=key_padding_mask, global_inputs=self.global_inputs(), **extra)
         return s + self.dropout(out), kl
+
+    def forward_step(self, f_t: Tensor, state=None, noise: SGPANoise | None = None):
+        """One new position ``(B, 1, d_model)`` through a causal block: ``(f_next_t, state)``.
+
+        ``G_φ`` acts position-wise, so only the attention keeps a cache (its ``forward_step``);
+        ``G_φ(Z_g)`` is computed at the first step and kept by the attention's state.
+        """
+        s = self.feature_map(f_t)
+        global_inputs = self.global_inputs() if state is None else None
+        out, state = self.attention.forward_step(s, state, global_inputs=global_inputs, noise=noise)
+        return s + self.dropout(out), state
 
 
 def _positive_int(name: str, value) -> int:
@@ -282,3 +294,141 @@ class SGPAViT(_SGPAModel):
             raise ValueError(f"images must have shape (batch, {', '.join(map(str, expected))}), got {tuple(images.shape)}")
         patches = self.patch_embedding(images).flatten(2).transpose(1, 2)
         return self._encode(patches, None)
+
+
+class SGPADecoder(nn.Module):
+    r"""Causal (decoder-only) Transformer for next-token prediction with pluggable attention.
+
+    The thesis lists decoder-based SGPA as future work (§3.6).  Every layer is an
+    :class:`SGPABlock` whose attention is built with ``causal=True``: position ``i`` attends to the
+    amortised keys ``j <= i`` only (for SGPA: the SVGP posterior given the prefix's keys and the
+    global keys).  ``G_φ``, the final LayerNorm and the linear head act position-wise, so
+    :meth:`forward_step` (one token at a time, each layer with its key/value cache) reproduces
+    :meth:`forward` given the same noise.
+
+    * ``forward(tokens, key_padding_mask=None, noise=None) -> (logits, kl_total)``: ``tokens``
+      ``(B, L)`` ids in ``[0, vocab_size)``; ``logits`` ``(B, L, vocab_size)`` predict the token
+      *after* each position; ``noise`` is a list with one :class:`SGPANoise` (or ``None``) per
+      layer, e.g. from :meth:`sample_noise` (common random numbers);
+    * train with :class:`~gpytorch_sgpa.elbo.SGPAELBO` on ``(logits[:, :-1], kl, tokens[:, 1:])``
+      (sequence targets, ``-100`` marks positions to ignore, ``num_data`` = number of sequences);
+    * :meth:`generate` samples continuations autoregressively with the caches.
+    """
+
+    task = "language_model"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        max_len: int,
+        attention: str | Callable[..., nn.Module] = "sgpa",
+        attention_kwargs: dict | None = None,
+        dropout: float = 0.0,
+        hidden_dim: int | None = None,
+    ):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_layers", num_layers),
+                            ("max_len", max_len)):
+            _positive_int(name, value)
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        kwargs = dict(attention_kwargs or {})
+        if kwargs.get("causal", True) is not True:
+            raise ValueError("SGPADecoder builds causal attention; attention_kwargs must not set causal=False")
+        kwargs["causal"] = True
+        hidden_dim = 2 * d_model if hidden_dim is None else _positive_int("hidden_dim", hidden_dim)
+        self.vocab_size = vocab_size
+        self.max_len = max_len
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.positional = nn.Parameter(0.02 * torch.randn(1, max_len, d_model))
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            SGPABlock(d_model, build_attention(attention, d_model, num_heads, max_len, dropout, kwargs), hidden_dim,
+                      dropout)
+            for _ in range(num_layers)
+        )
+        for layer in self.layers:
+            if not callable(getattr(layer.attention, "forward_step", None)):
+                raise TypeError(f"{type(layer.attention).__name__} has no forward_step; the decoder needs one")
+        self.final_norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def _check_tokens(self, tokens: Tensor, start: int = 0) -> None:
+        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2:
+            raise ValueError(f"tokens must be an integer tensor (batch, L), got {getattr(tokens, 'shape', tokens)!r}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ValueError(f"tokens must lie in [0, vocab_size={self.vocab_size})")
+        if start + tokens.shape[1] > self.max_len:
+            raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds max_len={self.max_len}")
+
+    def _check_noise(self, noise) -> list:
+        if noise is None:
+            return [None] * len(self.layers)
+        if not isinstance(noise, (list, tuple)) or len(noise) != len(self.layers):
+            raise ValueError(f"noise must be a list with one SGPANoise (or None) per layer ({len(self.layers)})")
+        return list(noise)
+
+    def sample_noise(self, batch_size: int, length: int) -> list:
+        """Per-layer standard-normal draws of one forward pass (``None`` for non-SGPA layers)."""
+        return [layer.attention.sample_noise(batch_size, length) if isinstance(layer.attention, SGPAttention)
+                else None for layer in self.layers]
+
+    def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None, noise: list | None = None):
+        self._check_tokens(tokens)
+        noise = self._check_noise(noise)
+        h = self.embedding_dropout(self.embedding(tokens) + self.positional[:, : tokens.shape[1]])
+        kl_total = h.new_zeros(())
+        for layer, layer_noise in zip(self.layers, noise):
+            h, kl = layer(h, key_padding_mask, noise=layer_noise)
+            kl_total = kl_total + kl
+        return self.head(self.final_norm(h)), kl_total
+
+    def forward_step(self, token: Tensor, states: list | None = None, noise: list | None = None):
+        """Logits ``(B, vocab_size)`` after one more token ``(B,)`` and the updated per-layer caches.
+
+        ``noise``: per layer an :class:`SGPANoise` of one position (``local`` ``(B, H, 1, e)``;
+        ``global_`` is read at the first step), or ``None`` to draw it.
+        """
+        if not isinstance(token, Tensor) or token.dim() != 1:
+            raise ValueError(f"token must be a 1-D integer tensor (batch,), got {getattr(token, 'shape', token)!r}")
+        position = 0 if states is None else states[0].length
+        self._check_tokens(token.unsqueeze(1), start=position)
+        states = [None] * len(self.layers) if states is None else states
+        noise = self._check_noise(noise)
+        h = self.embedding_dropout(self.embedding(token.unsqueeze(1)) + self.positional[:, position : position + 1])
+        for index, (layer, layer_noise) in enumerate(zip(self.layers, noise)):
+            h, states[index] = layer.forward_step(h, states[index], noise=layer_noise)
+        return self.head(self.final_norm(h)).squeeze(1), states
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, num_tokens: int, temperature: float = 1.0, greedy: bool = False,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Continue ``prompt`` ``(B, T0)`` by ``num_tokens`` tokens: ``(B, T0 + num_tokens)``.
+
+        One posterior sample path per sequence (the SGPA layers draw their global noise once, at the
+        first step, and fresh local noise per position); the next token is drawn from
+        ``softmax(logits / temperature)`` or taken as the arg max (``greedy=True``).
+        """
+        _positive_int("num_tokens", num_tokens)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        self._check_tokens(prompt)
+        if prompt.shape[1] < 1:
+            raise ValueError("prompt must hold at least one token")
+        if prompt.shape[1] + num_tokens > self.max_len:
+            raise ValueError(f"prompt length + num_tokens = {prompt.shape[1] + num_tokens} exceeds max_len={self.max_len}")
+        states, tokens = None, [prompt]
+        for t in range(prompt.shape[1]):
+            logits, states = self.forward_step(prompt[:, t], states)
+        for _ in range(num_tokens):
+            if greedy:
+                nxt = logits.argmax(-1)
+            else:
+                nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator).squeeze(1)
+            tokens.append(nxt.unsqueeze(1))
+            if len(tokens) - 1 < num_tokens:
+                logits, states = self.forward_step(nxt, states)
+        return torch.cat(tokens, dim=1)
