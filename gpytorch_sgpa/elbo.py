@@ -105,7 +105,10 @@ class SGPAELBO(gpytorch.Module):
                     f"{tuple(targets.shape)}"
                 )
             if outputs.dim() < targets.dim() + 1 or outputs.shape[-targets.dim() - 1 : -1] != targets.shape:
-                raise ValueError(f"outputs must be (..., {', '.join(map(str, targets.shape))}, C), got {tuple(outputs.shape)}")
+                raise ValueError(
+                    f"outputs must be (..., {', '.join(map(str, targets.shape))}, C) to match targets "
+                    f"{tuple(targets.shape)}, got {tuple(outputs.shape)}"
+                )
             log_probs = F.log_softmax(outputs, dim=-1)
             keep = targets != IGNORE_INDEX if targets.dim() == 2 else torch.ones_like(targets, dtype=torch.bool)
             if ((targets[keep] < 0) | (targets[keep] >= outputs.shape[-1])).any():
