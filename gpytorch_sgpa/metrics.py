@@ -21,6 +21,7 @@ __all__ = [
     "accuracy",
     "negative_log_likelihood",
     "calibration_errors",
+    "calibration_errors_from_confidence",
     "expected_calibration_error",
     "maximum_calibration_error",
     "matthews_correlation",
@@ -105,19 +106,35 @@ def calibration_errors(probs, labels, num_bins: int = 15) -> tuple[float, float]
     ``((b - 1) / B, b / B]``. ECE is ``sum_b (n_b / N) |acc_b - conf_b|``; MCE is the largest
     ``|acc_b - conf_b|`` over non-empty bins.
     """
-    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-        raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
     probs = _check_probs(probs)
     labels = _check_labels(labels, probs.shape[0], probs.shape[1])
     confidence, predicted = probs.max(-1)
-    correct = (predicted == labels).double()
+    return calibration_errors_from_confidence(confidence, predicted == labels, num_bins)
+
+
+def calibration_errors_from_confidence(confidence, correct, num_bins: int = 15) -> tuple[float, float]:
+    """ECE and MCE (as :func:`calibration_errors`) from each prediction's confidence and correctness.
+
+    For predictions too many to hold as probability rows, e.g. every next-token prediction of a
+    language model: ``confidence`` ``(N,)`` in ``[0, 1]``, ``correct`` bool or 0/1 ``(N,)``.
+    """
+    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
+        raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
+    confidence = _as_tensor(confidence, "confidence", torch.float64)
+    correct = _as_tensor(correct, "correct").double()
+    if confidence.dim() != 1 or correct.shape != confidence.shape or confidence.numel() == 0:
+        raise ValueError(f"confidence and correct must be non-empty 1-D tensors of one length, got "
+                         f"{tuple(confidence.shape)} and {tuple(correct.shape)}")
+    if ((confidence < -_PROB_ATOL) | (confidence > 1 + _PROB_ATOL)).any() or ((correct != 0) & (correct != 1)).any():
+        raise ValueError("confidence must lie in [0, 1] and correct must be 0/1")
+    confidence = confidence.clamp(0.0, 1.0)
     bin_index = (torch.ceil(confidence * num_bins).long() - 1).clamp(0, num_bins - 1)
     counts = torch.bincount(bin_index, minlength=num_bins).double()
     conf_sum = torch.bincount(bin_index, weights=confidence, minlength=num_bins)
     correct_sum = torch.bincount(bin_index, weights=correct, minlength=num_bins)
     occupied = counts > 0
     gaps = (correct_sum[occupied] - conf_sum[occupied]).abs() / counts[occupied]
-    ece = float((gaps * counts[occupied]).sum() / probs.shape[0])
+    ece = float((gaps * counts[occupied]).sum() / confidence.shape[0])
     mce = float(gaps.max())
     return ece, mce
 

@@ -301,7 +301,7 @@ def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool =
     return rows
 
 
-def summarize(rows) -> list[dict]:
+def summarize(rows, columns=METRIC_COLUMNS) -> list[dict]:
     """Per (dataset, method): mean and two standard errors (``2 * std(ddof=1) / sqrt(n)``) of each metric."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
@@ -309,7 +309,7 @@ def summarize(rows) -> list[dict]:
     summary = []
     for (dataset, method), group in groups.items():
         entry = {"dataset": dataset, "method": method, "n": len(group)}
-        for column in METRIC_COLUMNS:
+        for column in columns:
             values = np.array([float(r[column]) for r in group])
             entry[column] = (float(values.mean()),
                              float(2 * values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan)
@@ -317,13 +317,13 @@ def summarize(rows) -> list[dict]:
     return summary
 
 
-def format_table(summary) -> str:
+def format_table(summary, columns=METRIC_COLUMNS) -> str:
     """Markdown table of ``mean ± 2 s.e.`` per method."""
-    header = "| dataset | method | n | " + " | ".join(METRIC_COLUMNS) + " |"
-    lines = [header, "|" + "---|" * (3 + len(METRIC_COLUMNS))]
+    header = "| dataset | method | n | " + " | ".join(columns) + " |"
+    lines = [header, "|" + "---|" * (3 + len(columns))]
     for entry in summary:
         cells = []
-        for column in METRIC_COLUMNS:
+        for column in columns:
             mean, two_se = entry[column]
             digits = 3 if column.endswith(("epoch", "batch")) else 4
             cells.append(f"{mean:.{digits}f}" + ("" if math.isnan(two_se) else f" ± {two_se:.{digits}f}"))
@@ -331,12 +331,12 @@ def format_table(summary) -> str:
     return "\n".join(lines)
 
 
-def write_csv(rows, path: Path) -> None:
+def write_csv(rows, path: Path, columns=CSV_COLUMNS) -> None:
     with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (f"{row[k]:.6g}" if isinstance(row[k], float) else row[k]) for k in CSV_COLUMNS})
+            writer.writerow({k: (f"{row[k]:.6g}" if isinstance(row[k], float) else row[k]) for k in columns})
 
 
 def plot_summary(summary, path: Path) -> None:

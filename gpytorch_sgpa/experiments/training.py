@@ -43,12 +43,21 @@ def _batches(num_items: int, batch_size: int, generator: torch.Generator | None)
     return [order[start:start + batch_size] for start in range(0, num_items, batch_size)]
 
 
+def mle_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy: mean over inputs for class labels ``(B,)``; for token sequences ``(B, L)``
+    (logits ``(B, L, C)``, ``-100`` = ignore) the summed per-sequence NLL averaged over sequences,
+    the scale of :class:`~gpytorch_sgpa.elbo.SGPAELBO`'s expected log-likelihood."""
+    if labels.dim() == 1:
+        return torch.nn.functional.cross_entropy(logits, labels)
+    return torch.nn.functional.cross_entropy(logits.transpose(1, -1), labels, reduction="sum") / labels.shape[0]
+
+
 def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_size: int, lr: float,
                      elbo: torch.nn.Module | None = None, seed: int = 0, progress: bool = True,
                      description: str = "train", on_epoch_end=None) -> float:
     """Adam with a learning rate decaying linearly to ``lr / 10`` (thesis App. B.4); returns s/epoch.
 
-    Without ``elbo`` the loss is the cross-entropy of the logits (MLE, with the model's dropout);
+    Without ``elbo`` the loss is :func:`mle_loss` of the logits (MLE, with the model's dropout);
     with it, the loss is ``elbo(logits, kl, labels)`` (thesis eq. ``elbo``, one sample per input).
     ``on_epoch_end(epoch, model)`` (epochs counted from 1) is called untimed after each epoch.
     """
@@ -68,7 +77,7 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
             inputs, kwargs, labels = data.batch(index)
             output = model(inputs, **kwargs)
             if elbo is None:
-                loss = torch.nn.functional.cross_entropy(logits_of(output), labels)
+                loss = mle_loss(logits_of(output), labels)
             else:
                 loss = elbo(output[0], output[1], labels)
             optimizer.zero_grad(set_to_none=True)
