@@ -137,14 +137,15 @@ class _SGPAModel(nn.Module):
         task,
         dropout,
         hidden_dim,
+        tasks=TASKS,
     ):
         super().__init__()
         for name, value in (("num_classes", num_classes), ("d_model", d_model), ("num_heads", num_heads)):
             _positive_int(name, value)
         _positive_int("num_layers", num_layers)
         _positive_int("max_len", max_len)
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        if task not in tasks:
+            raise ValueError(f"task must be one of {tasks}, got {task!r}")
         if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
         hidden_dim = 2 * d_model if hidden_dim is None else _positive_int("hidden_dim", hidden_dim)
@@ -166,15 +167,20 @@ class _SGPAModel(nn.Module):
         self.final_norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
 
-    def _encode(self, h: Tensor, key_padding_mask: Tensor | None):
+    def _run_layers(self, h: Tensor, key_padding_mask: Tensor | None, noise: list | None = None):
+        """Positional embedding, then every block; ``noise``: one ``SGPANoise`` or ``None`` per layer."""
         length = h.shape[1]
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len={self.max_len}")
         h = self.embedding_dropout(h + self.positional[:, :length])
         kl_total = h.new_zeros(())
-        for layer in self.layers:
-            h, kl = layer(h, key_padding_mask)
+        for layer, layer_noise in zip(self.layers, noise or [None] * len(self.layers)):
+            h, kl = layer(h, key_padding_mask, noise=layer_noise)
             kl_total = kl_total + kl
+        return h, kl_total
+
+    def _encode(self, h: Tensor, key_padding_mask: Tensor | None):
+        h, kl_total = self._run_layers(h, key_padding_mask)
         if key_padding_mask is None:
             pooled = h.mean(1)
         else:
@@ -296,7 +302,7 @@ class SGPAViT(_SGPAModel):
         return self._encode(patches, None)
 
 
-class SGPADecoder(nn.Module):
+class SGPADecoder(_SGPAModel):
     r"""Causal (decoder-only) Transformer for next-token prediction with pluggable attention.
 
     The thesis lists decoder-based SGPA as future work (§3.6).  Every layer is an
@@ -312,10 +318,9 @@ class SGPADecoder(nn.Module):
       layer, e.g. from :meth:`sample_noise` (common random numbers);
     * train with :class:`~gpytorch_sgpa.elbo.SGPAELBO` on ``(logits[:, :-1], kl, tokens[:, 1:])``
       (sequence targets, ``-100`` marks positions to ignore, ``num_data`` = number of sequences);
-    * :meth:`generate` samples continuations autoregressively with the caches.
+    * :meth:`generate` samples continuations autoregressively with the caches;
+      :meth:`sample_outputs` stacks the logits of several posterior samples.
     """
-
-    task = "language_model"
 
     def __init__(
         self,
@@ -329,32 +334,18 @@ class SGPADecoder(nn.Module):
         dropout: float = 0.0,
         hidden_dim: int | None = None,
     ):
-        super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_layers", num_layers),
-                            ("max_len", max_len)):
-            _positive_int(name, value)
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        _positive_int("vocab_size", vocab_size)
         kwargs = dict(attention_kwargs or {})
         if kwargs.get("causal", True) is not True:
             raise ValueError("SGPADecoder builds causal attention; attention_kwargs must not set causal=False")
         kwargs["causal"] = True
-        hidden_dim = 2 * d_model if hidden_dim is None else _positive_int("hidden_dim", hidden_dim)
+        super().__init__(vocab_size, d_model, num_heads, num_layers, max_len, attention, kwargs, "language_model",
+                         dropout, hidden_dim, tasks=("language_model",))
         self.vocab_size = vocab_size
-        self.max_len = max_len
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.positional = nn.Parameter(0.02 * torch.randn(1, max_len, d_model))
-        self.embedding_dropout = nn.Dropout(dropout)
-        self.layers = nn.ModuleList(
-            SGPABlock(d_model, build_attention(attention, d_model, num_heads, max_len, dropout, kwargs), hidden_dim,
-                      dropout)
-            for _ in range(num_layers)
-        )
         for layer in self.layers:
             if not callable(getattr(layer.attention, "forward_step", None)):
                 raise TypeError(f"{type(layer.attention).__name__} has no forward_step; the decoder needs one")
-        self.final_norm = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab_size)
 
     def _check_tokens(self, tokens: Tensor, start: int = 0) -> None:
         if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2:
@@ -378,12 +369,7 @@ class SGPADecoder(nn.Module):
 
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None, noise: list | None = None):
         self._check_tokens(tokens)
-        noise = self._check_noise(noise)
-        h = self.embedding_dropout(self.embedding(tokens) + self.positional[:, : tokens.shape[1]])
-        kl_total = h.new_zeros(())
-        for layer, layer_noise in zip(self.layers, noise):
-            h, kl = layer(h, key_padding_mask, noise=layer_noise)
-            kl_total = kl_total + kl
+        h, kl_total = self._run_layers(self.embedding(tokens), key_padding_mask, self._check_noise(noise))
         return self.head(self.final_norm(h)), kl_total
 
     def forward_step(self, token: Tensor, states: list | None = None, noise: list | None = None):

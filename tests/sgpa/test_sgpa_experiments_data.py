@@ -1,7 +1,5 @@
 """Offline data loaders: IDX parsing, missing-package errors, the vaderSentiment archive, tokenization."""
 import gzip
-import io
-import tarfile
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from gpytorch_sgpa.data import (
     tokenize,
 )
 from gpytorch_sgpa.data.text import binary_sentiment
+from vader_fixtures import fake_vader_sdist
 
 
 def _write_idx(path, array):
@@ -50,23 +49,9 @@ def test_digits_images_are_scaled():
     assert set(y.tolist()) == set(range(10))
 
 
-def _fake_vader_sdist(path, rows):
-    inner_buffer = io.BytesIO()
-    with tarfile.open(fileobj=inner_buffer, mode="w:gz") as inner:
-        content = "\r\n".join(f"{i + 1}\t{r}\t{s}" for i, (r, s) in enumerate(rows)).encode()
-        info = tarfile.TarInfo("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt")
-        info.size = len(content)
-        inner.addfile(info, io.BytesIO(content))
-    data = inner_buffer.getvalue()
-    with tarfile.open(path, "w:gz") as outer:
-        info = tarfile.TarInfo("vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
-        info.size = len(data)
-        outer.addfile(info, io.BytesIO(data))
-
-
 def test_vader_loader_reads_nested_archive(tmp_path):
     archive = tmp_path / "vaderSentiment-3.3.2.tar.gz"
-    _fake_vader_sdist(archive, [(2.5, "A great film!"), (-1.2, "Dull, dull, dull."), (0.0, "It exists.")])
+    fake_vader_sdist(archive, {"movie": [(2.5, "A great film!"), (-1.2, "Dull, dull, dull."), (0.0, "It exists.")]})
     sentences, ratings = load_vader_snippets("movie", archive=archive)
     assert sentences == ["A great film!", "Dull, dull, dull.", "It exists."]
     assert ratings.tolist() == [2.5, -1.2, 0.0]

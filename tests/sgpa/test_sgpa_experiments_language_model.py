@@ -1,8 +1,6 @@
 """Language-model experiment: encoding, per-word scores against hand computations, the CLI's CSV."""
 import csv
-import io
 import math
-import tarfile
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ from gpytorch_sgpa.data import Vocabulary
 from gpytorch_sgpa.elbo import IGNORE_INDEX
 from gpytorch_sgpa.experiments import language_model as lm
 from gpytorch_sgpa.experiments.training import mle_loss
+from vader_fixtures import fake_vader_sdist
 
 
 def _vocabulary():
@@ -75,26 +74,15 @@ def test_evaluate_lm_scores_every_kept_word():
 
 
 def _fake_archive(path):
-    """A vaderSentiment sdist holding small movie and NYT corpora (tab-separated id, rating, text)."""
+    """Small movie and NYT corpora of random sentences over a ten-word vocabulary."""
     words = ["good", "bad", "film", "plot", "actors", "boring", "great", "the", "a", "is"]
     generator = torch.Generator().manual_seed(0)
-    inner_buffer = io.BytesIO()
-    with tarfile.open(fileobj=inner_buffer, mode="w:gz") as inner:
-        for corpus, count in (("movieReviewSnippets", 120), ("nytEditorialSnippets", 40)):
-            lines = []
-            for i in range(count):
-                length = int(torch.randint(3, 9, (1,), generator=generator))
-                picks = torch.randint(0, len(words), (length,), generator=generator).tolist()
-                lines.append(f"{i + 1}\t0.5\t{' '.join(words[p] for p in picks)}")
-            content = "\r\n".join(lines).encode()
-            info = tarfile.TarInfo(f"hutto_ICWSM_2014/{corpus}_GroundTruth.txt")
-            info.size = len(content)
-            inner.addfile(info, io.BytesIO(content))
-    data = inner_buffer.getvalue()
-    with tarfile.open(path, "w:gz") as outer:
-        info = tarfile.TarInfo("vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
-        info.size = len(data)
-        outer.addfile(info, io.BytesIO(data))
+    corpora = {}
+    for corpus, count in (("movie", 120), ("nyt", 40)):
+        lengths = torch.randint(3, 9, (count,), generator=generator).tolist()
+        corpora[corpus] = [(0.5, " ".join(words[p] for p in torch.randint(0, len(words), (n,), generator=generator).tolist()))
+                           for n in lengths]
+    fake_vader_sdist(path, corpora)
 
 
 def test_cli_writes_contract_csv(tmp_path, monkeypatch, capsys):
