@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from .. import metrics
+from ..attention import SGPA_SAMPLERS
 from ..data import Vocabulary, load_vader_snippets, split_indices, tokenize
 from ..elbo import IGNORE_INDEX, SGPAELBO
 from ..transformer import SGPADecoder
@@ -64,6 +65,7 @@ class LMConfig:
     num_samples: int = 10
     dropout: float = 0.1
     kl_anneal_epochs: int = 0
+    sampler: str = "diagonal"  # SGPAttention sampler: diagonal (thesis), full or decomposed
 
 
 QUICK_CONFIG = LMConfig(train_size=200, test_size=64, shift_size=64, vocab_size=100, max_len=12, epochs=1,
@@ -127,7 +129,8 @@ def _scores(log_true, confidence, correct) -> dict:
 
 def _decoder(method: str, vocab_size: int, config: LMConfig) -> SGPADecoder:
     attention, kwargs = {"mle-sdp": ("sdp", {}), "mle-kernel": ("kernel", {"kernel": "exponential"}),
-                         "sgpa": ("sgpa", {"kernel": "exponential", "num_global": config.num_global})}[method]
+                         "sgpa": ("sgpa", {"kernel": "exponential", "num_global": config.num_global,
+                                           "sampler": config.sampler})}[method]
     return SGPADecoder(vocab_size, config.d_model, config.num_heads, config.num_layers, config.max_len,
                        attention=attention, attention_kwargs=kwargs, dropout=config.dropout)
 
@@ -190,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = LMConfig()
     for name, value in defaults.__dict__.items():
         parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=None,
+                            choices=SGPA_SAMPLERS if name == "sampler" else None,
                             help=f"default {value} ({getattr(QUICK_CONFIG, name)} with --quick)")
     return parser
 
