@@ -308,10 +308,9 @@ class SGPADecoder(_SGPAModel):
     The thesis lists decoder-based SGPA as future work (§3.6; its concluding chapter, "Extending
     SGPA to decoder-based Transformers", sketches an online ELBO with HiPPO-based adaptive inducing
     keys, which is *not* what this class does).  This is the direct extension with the static prior
-    and ELBO of the encoder: every layer is an
-    :class:`SGPABlock` whose attention is built with ``causal=True``: position ``i`` attends to the
-    amortised keys ``j <= i`` only (for SGPA: the SVGP posterior given the prefix's keys and the
-    global keys).  ``G_φ``, the final LayerNorm and the linear head act position-wise, so
+    and ELBO of the encoder: every layer is an :class:`SGPABlock` whose attention is built with
+    ``causal=True``, so position ``i`` attends to the amortised keys ``j <= i`` only (for SGPA: the
+    SVGP posterior given the prefix's keys and the global keys).  ``G_φ``, the final LayerNorm and the linear head act position-wise, so
     :meth:`forward_step` (one token at a time, each layer with its key/value cache) reproduces
     :meth:`forward` given the same noise.
 
