@@ -349,11 +349,12 @@ def test_causal_posterior_uses_the_prefix_and_steps_equal_full_recomputation(mod
 
 
 @pytest.mark.parametrize(
-    "mode,diag_sample",
-    [("decoupled", True), ("decoupled", False), ("standard", True), ("standard", False)],
+    "mode,sampler",
+    [("decoupled", "diagonal"), ("decoupled", "full"), ("decoupled", "decomposed"), ("standard", "diagonal"),
+     ("standard", "full")],
 )
-def test_padded_positions_are_irrelevant(mode, diag_sample):
-    layer = _layer(mode=mode, diag_sample=diag_sample, max_len=LENGTH)
+def test_padded_positions_are_irrelevant(mode, sampler):
+    layer = _layer(mode=mode, sampler=sampler, max_len=LENGTH)
     x = _inputs()
     mask = torch.tensor([[False, True, False, False, True], [True, False, False, False, False]])
     noise = layer.sample_noise(BATCH, LENGTH)

@@ -152,25 +152,6 @@ def test_decomposed_causal_steps_equal_full_recomputation(variant):
     torch.testing.assert_close(stepped, full, **TIGHT)
 
 
-def test_decomposed_padded_positions_are_irrelevant():
-    layer = _layer(sampler="decomposed")
-    x = _inputs()
-    mask = torch.tensor([[False, True, False, False, True], [True, False, False, False, False]])
-    noise = layer.sample_noise(BATCH, LENGTH)
-    out, kl = layer(x, key_padding_mask=mask, noise=noise)
-    changed = x.clone()
-    changed[mask] = 10 * torch.randn(int(mask.sum()), D_MODEL, dtype=torch.double)
-    local = noise.local.clone()
-    local[mask[:, None, :, None].expand_as(local)] = 7.0
-    out2, kl2 = layer(changed, key_padding_mask=mask, noise=SGPANoise(local, noise.global_))
-    torch.testing.assert_close(out[~mask], out2[~mask], **TIGHT)
-    torch.testing.assert_close(kl, kl2, **TIGHT)
-    for b in range(BATCH):
-        keep = ~mask[b]
-        alone, _ = layer(x[b : b + 1, keep], noise=SGPANoise(noise.local[b : b + 1][:, :, keep], noise.global_[b : b + 1]))
-        torch.testing.assert_close(alone[0], out[b, keep], **TIGHT)
-
-
 # ---------------------------------------------------------------------------------------- options
 def test_diag_sample_keeps_its_meaning_and_sampler_names_map_onto_it():
     assert SGPA_SAMPLERS == ("diagonal", "full", "decomposed")
