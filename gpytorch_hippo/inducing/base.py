@@ -34,9 +34,10 @@ class InducingVariables(gpytorch.Module):
     **Jitter policy.** :meth:`Kuu` returns ``K_uu + jitter * I`` with
     ``jitter = self.jitter`` when set, otherwise
     ``gpytorch.settings.variational_cholesky_jitter.value(dtype)`` (1e-4 for float32, 1e-6 for
-    float64) -- the same value GPyTorch's ``VariationalStrategy`` adds, so that results coincide
-    with GPyTorch for point inducing variables. Subclasses build the jittered matrix with
-    :meth:`add_jitter`. Read the jitter as white noise added to ``f`` for the inducing variables
+    float64) times :meth:`_jitter_scale` -- ``1`` for point inducing variables (the value GPyTorch's
+    ``VariationalStrategy`` adds, so that results coincide with GPyTorch), the mean of
+    ``diag(K_uu)`` for interdomain variables whose scale shrinks with the stream (HiPPO).
+    Subclasses build the jittered matrix with :meth:`add_jitter`. Read the jitter as white noise added to ``f`` for the inducing variables
     only: :meth:`Kuf` carries none, and :meth:`Kuu_cross` carries it exactly where the two sets
     share a variable (for point sets: coinciding points), so that ``Kuu_cross(copy_of_self)``
     equals ``Kuu()`` and online updates with unchanged inducing variables stay exact.
@@ -74,10 +75,14 @@ class InducingVariables(gpytorch.Module):
             return self.jitter
         return gpytorch.settings.variational_cholesky_jitter.value(dtype=dtype)
 
+    def _jitter_scale(self, covariance: LinearOperator) -> float:
+        """Scale the jitter is relative to (class docstring); ``1``: absolute, as in GPyTorch."""
+        return 1.0
+
     def add_jitter(self, covariance: LinearOperator | Tensor) -> LinearOperator:
         """Return ``covariance + jitter * I`` following the jitter policy of this set."""
         covariance = to_linear_operator(covariance)
-        return covariance.add_jitter(self.jitter_value(covariance.dtype))
+        return covariance.add_jitter(self.jitter_value(covariance.dtype) * self._jitter_scale(covariance))
 
     def prior_mean(self, mean_module: Optional[gpytorch.means.Mean]) -> Optional[Tensor]:
         """Prior mean ``E[u]`` of shape ``(*batch, M)``, or ``None`` when it is zero (the default)."""

@@ -1,0 +1,336 @@
+"""Covariance backends of :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables`.
+
+Each backend is a small object with two methods, the (feature, kernel) covariances of GPflow's
+design: ``cross(a, b, kernel)`` -> ``cov(u_a, u_b)`` without jitter (``M x M'``) and
+``Kuf(a, kernel, x)`` -> ``(*batch, M, N)``.  The inducing-variable object holds the state (measure,
+breakpoints, spectral samples); a backend holds only caches.
+
+* :class:`SpectralBackend` (beyond the thesis; exact, RBF kernels): ``Kuu`` and ``Kuf`` as
+  integrals over frequency of the closed-form HiPPO transforms (:mod:`.spectral`).  A
+  Gauss-Legendre rule on ``[0, 9.5/ℓ]`` with ``Ω B / 4 + M + 40`` nodes (``B`` the phase
+  bandwidth: the supports' width plus their distance) integrates to round-off; the cost is
+  ``O((t/ℓ + M) M^2)`` for ``Kuu``, linear in the stream length.
+* :class:`QuadratureBackend` (exact, any kernel): composite Gauss-Legendre in time,
+  ``O((t/ℓ)^2)`` kernel evaluations.
+* :class:`RecurrenceBackend` (the thesis, 1-D): ``Kuu = Zᵀ Z`` with ``Z`` the HiPPO memory of
+  Fourier features (random, or deterministic quadrature nodes), carried across ``advance``;
+  ``Kuf`` from the same features (default) or from the ODE driven by the exact kernel.
+* :class:`PathBackend` (thesis §4.4, multidimensional inputs): the random-feature memory along the
+  ordered input path.
+"""
+from __future__ import annotations
+
+import math
+import torch
+from torch import Tensor
+
+from ..hippo import HiPPO, quadrature_rule
+from .spectral import (
+    RBF_CUTOFF,
+    gauss_legendre,
+    hippo_transform,
+    kernel_signature,
+    rbf_spectral_density,
+    spectral_parts,
+)
+
+
+def _kernel_dtype(kernel) -> torch.dtype:
+    for parameter in kernel.parameters():
+        return parameter.dtype
+    return torch.get_default_dtype()
+
+
+def _shortest_lengthscale(kernel) -> float:
+    for module in kernel.modules():
+        lengthscale = getattr(module, "lengthscale", None)
+        if isinstance(lengthscale, Tensor):
+            return float(lengthscale.detach().min())
+    return float("inf")
+
+
+def _span(ivars) -> tuple[float, float]:
+    """``[lower, t]``: the support of the measure clipped at the stream start."""
+    t, theta = ivars.t, ivars.memory.theta
+    lower = ivars.start
+    if ivars.measure == "legs":
+        lower = max(0.0, ivars.start)
+    elif ivars.measure in ("legt", "fout"):
+        lower = max(t - theta, ivars.start)
+    return lower, t
+
+
+class QuadratureBackend:
+    """Composite Gauss-Legendre quadrature in time of ``Kuf`` and the double integral ``Kuu`` (eq. ``double_integral_kuu``)."""
+
+    name = "quadrature"
+
+    def supports(self, ivars, kernel) -> bool:
+        return ivars.input_dim == 1
+
+    def rule(self, ivars, kernel) -> tuple[Tensor, Tensor]:
+        """Nodes on ``[lower, t]`` and ``weights * g_m^{(t)}(nodes)`` (Q x M), two panels per length scale."""
+        panels = ivars.num_panels
+        if panels is None:
+            lower, t = _span(ivars)
+            panels = max(1, math.ceil(2 * (t - lower) / _shortest_lengthscale(kernel)), math.ceil(2 * ivars.num_inducing / ivars.num_nodes))
+        nodes, weights = quadrature_rule(ivars.measure, ivars.t, ivars.memory.theta, ivars.num_nodes, ivars.start, num_panels=panels)
+        device = ivars.breakpoints.device
+        nodes, weights = nodes.to(device), weights.to(device)
+        return nodes, weights[:, None] * ivars.memory.basis(nodes, ivars.t)
+
+    def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        nodes, weighted_basis = self.rule(ivars, kernel)
+        K = kernel(x, nodes[:, None].to(x.dtype)).to_dense()  # (*batch, N, Q)
+        return (K @ weighted_basis.to(x.dtype)).mT
+
+    def cross(self, a, b, kernel) -> Tensor:
+        nodes, weighted = self.rule(a, kernel)
+        other_nodes, other_weighted = (nodes, weighted) if b is a else self.rule(b, kernel)
+        dtype = _kernel_dtype(kernel)
+        K = kernel(nodes[:, None].to(dtype), other_nodes[:, None].to(dtype)).to_dense()
+        cov = weighted.to(dtype).mT @ K @ other_weighted.to(dtype)
+        return (cov + cov.mT) / 2 if b is a else cov
+
+
+class SpectralBackend:
+    """Exact ``Kuu``/``Kuf`` by quadrature over frequency (module :mod:`.spectral`), RBF kernels.
+
+    ``Kuf`` at inputs inside the support uses the nodes of ``Kuu``, so that ``Kuf = Fᵀψ(x)`` and
+    ``Kuu = FᵀF`` come from one feature map and the Nyström residual ``k(x,x) - Kfu Kuu⁻¹ Kuf`` is
+    non-negative up to round-off; inputs further away get a rule with a (power-of-two) wider band.
+    """
+
+    name = "spectral"
+
+    def __init__(self):
+        self._transforms: dict = {}
+
+    def supports(self, ivars, kernel) -> bool:
+        if ivars.input_dim != 1:
+            return False
+        try:
+            _, lengthscale, nu = spectral_parts(kernel)
+        except TypeError:
+            return False
+        return nu is None and lengthscale.numel() == 1 and self._transform(ivars, torch.zeros(1, dtype=torch.float64)) is not None
+
+    def _transform(self, ivars, omega: Tensor):
+        return hippo_transform(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega)
+
+    def _rule(self, kernel, bandwidth: float, num_inducing: int, device) -> tuple[Tensor, Tensor]:
+        """Nodes ``ω_q`` on ``[0, Ω]`` and the differentiable scales ``sqrt(2 w_q S(ω_q))``."""
+        _, lengthscale, _ = spectral_parts(kernel)
+        cutoff = RBF_CUTOFF / float(lengthscale.detach())
+        num_nodes = math.ceil(cutoff * bandwidth / 4) + num_inducing + 40
+        z, w = gauss_legendre(num_nodes, device=device)
+        omega = cutoff * (z + 1) / 2
+        density = rbf_spectral_density(kernel, omega)
+        return omega, torch.sqrt(cutoff * w * density)  # 2 * (Ω/2) w * S
+
+    def _features(self, ivars, omega: Tensor, scale: Tensor) -> tuple[Tensor, float, float]:
+        """``F = sqrt(2wS) [Re ĉ; Im ĉ]``: ``(2Q, M)`` float64, and the support's centre and half-width."""
+        key = (ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega.shape[0], float(omega[-1]), omega.device)
+        if key not in self._transforms:
+            centre, half_width, D = self._transform(ivars, omega)
+            chat = torch.polar(torch.ones_like(omega), omega * centre)[:, None] * D
+            self._transforms = {key: (torch.cat([chat.real, chat.imag]), centre, half_width)}
+        basis, centre, half_width = self._transforms[key]
+        return torch.cat([scale, scale])[:, None] * basis, centre, half_width
+
+    def _bucket(self, half_width: float, needed: float) -> float:
+        """The band ``2h 2^k >= needed``: inputs inside the support share the nodes of ``Kuu``."""
+        base = 2 * half_width
+        return base * 2 ** max(0, math.ceil(math.log2(max(needed, base) / base) - 1e-12))
+
+    def cross(self, a, b, kernel) -> Tensor:
+        centre_a, half_a, _ = self._transform(a, torch.zeros(1, dtype=torch.float64))
+        centre_b, half_b, _ = self._transform(b, torch.zeros(1, dtype=torch.float64))
+        band = self._bucket(half_a, abs(centre_a - centre_b) + half_a + half_b)
+        omega, scale = self._rule(kernel, band, max(a.num_inducing, b.num_inducing), a.breakpoints.device)
+        F_a = self._features(a, omega, scale)[0]
+        F_b = F_a if b is a else self._features(b, omega, scale)[0]
+        return (F_a.mT @ F_b).to(_kernel_dtype(kernel))
+
+    def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        centre, half_width, _ = self._transform(ivars, torch.zeros(1, dtype=torch.float64))
+        times = x[..., 0].double()
+        reach = float((times.detach() - centre).abs().max()) if times.numel() else 0.0
+        band = self._bucket(half_width, half_width + reach)
+        omega, scale = self._rule(kernel, band, ivars.num_inducing, ivars.breakpoints.device)
+        F = self._features(ivars, omega, scale)[0]
+        phase = omega[:, None] * times[..., None, :]  # (*batch, Q, N)
+        psi = torch.cat([scale, scale])[:, None] * torch.cat([torch.cos(phase), torch.sin(phase)], dim=-2)
+        return (F.mT @ psi).to(x.dtype)
+
+
+class FourierFeatures:
+    """Fourier features ``ψ(x) = sqrt(a_q) [cos(W x), sin(W x)]`` with ``k(x, x') ≈ ψ(x)ᵀψ(x')``.
+
+    ``"random"`` (the thesis): ``R`` spectral samples ``W`` of the kernel and ``a = σ²/R``.
+    ``"quadrature"`` (1-D): ``R`` Gauss-Legendre nodes on ``[0, 9.5/ℓ]`` (RBF) or on ``ω = λ tan(φ)``,
+    ``φ ∈ [0, π/2)`` (Matérn, ``λ = √(2ν)/ℓ``) and ``a = 2 w S(ω)``: deterministic, exact in the limit.
+    """
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def frequencies_and_weights(self, ivars, kernel) -> tuple[Tensor, Tensor]:
+        outputscale, lengthscale, nu = spectral_parts(kernel)
+        if lengthscale.numel() not in (1, ivars.input_dim):
+            raise ValueError(f"kernel has {lengthscale.numel()} length scales but input_dim = {ivars.input_dim}")
+        if self.kind == "random":
+            directions = ivars.rff_normal.to(lengthscale.dtype)
+            if nu is not None:
+                chi2 = ivars.rff_chi2[(0.5, 1.5, 2.5).index(nu)].to(lengthscale.dtype)
+                directions = directions * torch.sqrt(2 * nu / chi2)[:, None]
+            weights = (outputscale / ivars.num_rff).expand(ivars.num_rff)
+            return directions / lengthscale, weights
+        z, w = gauss_legendre(ivars.num_rff, device=ivars.breakpoints.device)
+        ell = lengthscale.reshape(()).double()
+        if nu is None:
+            cutoff = RBF_CUTOFF / float(ell.detach())
+            omega = cutoff * (z + 1) / 2
+            weights = cutoff * w * rbf_spectral_density(kernel, omega)
+        else:
+            rate = math.sqrt(2 * nu) / ell
+            angle = math.pi / 4 * (z + 1)
+            omega = rate * torch.tan(angle)
+            constant = math.gamma(nu + 0.5) / (math.gamma(nu) * math.sqrt(math.pi))
+            # S(ω) dω = σ² c cos^{2ν-1}(φ) dφ under ω = λ tan φ
+            weights = 2 * (math.pi / 4) * w * outputscale.double() * constant * torch.cos(angle) ** (2 * nu - 1)
+        dtype = lengthscale.dtype
+        return omega[:, None].to(dtype), weights.to(dtype)
+
+    def __call__(self, ivars, kernel, x: Tensor) -> Tensor:
+        """``ψ(x)``: ``(*batch, N, 2R)``."""
+        frequencies, weights = self.frequencies_and_weights(ivars, kernel)
+        projection = x @ frequencies.to(x.dtype).mT
+        root = weights.to(x.dtype).sqrt()
+        return torch.cat([root * torch.cos(projection), root * torch.sin(projection)], dim=-1)
+
+
+class RecurrenceBackend:
+    """The thesis's recurrence (eqs. ``kfu_ode``, ``kuu_ode_rff``) for time inputs, features carried across ``advance``."""
+
+    name = "recurrence"
+
+    def __init__(self, features: str, kuf: str):
+        self.features = FourierFeatures(features)
+        self.kuf = kuf
+        self._cache = None  # (signature, breakpoints, Z)
+
+    def supports(self, ivars, kernel) -> bool:
+        return ivars.input_dim == 1
+
+    def grid(self, ivars) -> Tensor:
+        """Uniform steps of at most ``dt`` between consecutive breakpoints."""
+        pieces = [ivars.breakpoints[:1]]
+        for left, right in zip(ivars.breakpoints[:-1].tolist(), ivars.breakpoints[1:].tolist()):
+            steps = max(1, math.ceil((right - left) / ivars.dt - 1e-9))
+            pieces.append(torch.linspace(left, right, steps + 1, dtype=torch.float64, device=ivars.breakpoints.device)[1:])
+        return torch.cat(pieces)
+
+    def memory(self, ivars, kernel) -> Tensor:
+        """``Z`` (2R x M): HiPPO projections of the features along the time grid, resumed from the cache."""
+        _, lengthscale, _ = spectral_parts(kernel)
+        differentiable = torch.is_grad_enabled() and any(p.requires_grad for p in kernel.parameters())
+        signature = kernel_signature(kernel) + (self.features.kind,)
+        cache = self._cache
+        if cache is not None and not differentiable and cache[0] == signature:
+            done, Z = cache[1], cache[2]
+            if torch.equal(done, ivars.breakpoints):
+                return Z
+            if done.shape[0] <= ivars.breakpoints.shape[0] and torch.equal(done, ivars.breakpoints[: done.shape[0]]):
+                grid = self.grid(ivars)
+                resume = int(torch.nonzero(grid == done[-1])[0])  # carried state: only the new segment
+                segment = grid[resume:]
+                features = self.features(ivars, kernel, segment[:, None].to(Z.dtype)).mT
+                Z = _fresh_memory(ivars).final_state(features, segment, initial_state=Z)
+                self._cache = (signature, ivars.breakpoints.clone(), Z)
+                return Z
+        grid = self.grid(ivars)
+        features = self.features(ivars, kernel, grid[:, None].to(lengthscale.dtype)).mT  # (2R, T)
+        Z = ivars.memory.final_state(features, grid)
+        if not differentiable:
+            self._cache = (signature, ivars.breakpoints.clone(), Z.detach())
+        return Z
+
+    def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        if self.kuf == "rff":
+            return (self.features(ivars, kernel, x) @ self.memory(ivars, kernel).to(x.dtype)).mT
+        grid = self.grid(ivars)
+        K = kernel(x, grid[:, None].to(x.dtype)).to_dense()  # (*batch, N, T): the ODE's input k(x_n, s)
+        return ivars.memory.final_state(K, grid).mT
+
+    def cross(self, a, b, kernel) -> Tensor:
+        if a.features != b.features or not torch.equal(a.rff_normal, b.rff_normal):
+            raise ValueError("cross-covariance by Fourier features needs both sets to share their features (same seed and features)")
+        Z = self.memory(a, kernel)
+        Z_b = Z if b is a else b._backend_for(kernel).memory(b, kernel)
+        return (Z.mT @ Z_b).to(_kernel_dtype(kernel))
+
+
+class PathBackend:
+    """Random-feature memory along the ordered path of multidimensional inputs (thesis §4.4)."""
+
+    name = "path"
+
+    def __init__(self):
+        self.features = FourierFeatures("random")
+        self._cache = None  # (signature, breakpoints, Z)
+
+    def supports(self, ivars, kernel) -> bool:
+        return ivars.input_dim > 1
+
+    def memory(self, ivars, kernel) -> Tensor:
+        if ivars.path_pending.shape[0] == 0:
+            raise RuntimeError("the path is empty: call append_path(x_ordered) before using the inducing variables")
+        ivars.__dict__["_last_kernel"] = kernel  # a plain reference, not a submodule
+        _, lengthscale, _ = spectral_parts(kernel)
+        committed = ivars.path_memory.shape[0] > 0
+        if committed and not torch.allclose(lengthscale.detach().double(), ivars.path_lengthscale, rtol=1e-12, atol=0):
+            raise RuntimeError(
+                "the kernel length scale changed after earlier tasks were folded into the path memory "
+                f"({ivars.path_lengthscale.tolist()} -> {lengthscale.detach().tolist()}); keep it fixed after the first task"
+            )
+        differentiable = torch.is_grad_enabled() and any(p.requires_grad for p in kernel.parameters())
+        signature = kernel_signature(kernel)
+        cache = self._cache
+        if not differentiable and cache is not None and cache[0] == signature and torch.equal(cache[1], ivars.breakpoints):
+            return cache[2]
+        Z = self._memory_uncached(ivars, kernel, lengthscale.dtype, committed)
+        if not differentiable:
+            self._cache = (signature, ivars.breakpoints.clone(), Z)
+        return Z
+
+    def _memory_uncached(self, ivars, kernel, dtype, committed: bool) -> Tensor:
+        spacing = float(ivars.path_step) * ivars.dt
+        n = ivars.path_pending.shape[0]
+        t_begin = float(ivars.breakpoints[-2])
+        device = ivars.breakpoints.device
+        if committed:
+            inputs = torch.cat([ivars.path_last, ivars.path_pending]).to(dtype)
+            times = t_begin + spacing * torch.arange(n + 1, dtype=torch.float64, device=device)
+            features = self.features(ivars, kernel, inputs).mT
+            return _fresh_memory(ivars).final_state(features, times, initial_state=ivars.path_memory.to(dtype))
+        times = t_begin + spacing * torch.arange(1, n + 1, dtype=torch.float64, device=device)
+        features = self.features(ivars, kernel, ivars.path_pending.to(dtype)).mT
+        return _fresh_memory(ivars).final_state(features, times)
+
+    def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        return (self.features(ivars, kernel, x) @ self.memory(ivars, kernel).to(x.dtype)).mT
+
+    def cross(self, a, b, kernel) -> Tensor:
+        if not torch.equal(a.rff_normal, b.rff_normal):
+            raise ValueError("cross-covariance by random features needs both sets to share their spectral samples (same seed)")
+        Z = self.memory(a, kernel)
+        Z_b = Z if b is a else b._backend_for(kernel).memory(b, kernel)
+        return (Z.mT @ Z_b).to(_kernel_dtype(kernel))
+
+
+def _fresh_memory(ivars) -> HiPPO:
+    """A new memory for one-off segment grids, so that ``ivars.memory`` keeps the cache of the full grid."""
+    memory = ivars.memory
+    return HiPPO(memory.measure, memory.M, memory.theta, memory.discretization).to(ivars.breakpoints.device)
+

@@ -1,0 +1,184 @@
+"""Frequency-domain pieces of the HiPPO covariances: spectral densities, Gauss-Legendre rules,
+spherical Bessel functions and the closed-form HiPPO transforms of ``e^{iωs}``.
+
+For a stationary kernel ``k(r) = ∫ S(ω) e^{iωr} dω`` and inducing variables
+``u_m = ∫ f(s) φ_m(s) ds`` (thesis §4.3), write ``ĉ_m(ω) = ∫ e^{iωs} φ_m(s) ds`` -- the HiPPO
+projection of a complex exponential.  Then
+
+    Kuu[m, n] = ∫ S(ω) ĉ_m(ω) conj(ĉ'_n(ω)) dω,      Kuf[m](x) = Re ∫ S(ω) ĉ_m(ω) e^{-iωx} dω.
+
+Both integrands are even in ``ω`` up to conjugation, so a rule ``(ω_q, w_q)`` on ``[0, Ω]`` with
+weights ``2 w_q S(ω_q)`` gives real features ``F = sqrt(2 w S) [Re ĉ; Im ĉ]`` (``2Q x M``) and
+``ψ(x) = sqrt(2 w S) [cos ωx; sin ωx]`` with ``Kuu = Fᵀ F'`` and ``Kuf = Fᵀ ψ(x)`` -- the
+structure of random Fourier features (thesis eq. ``kuu_ode_rff``) with deterministic nodes.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Tuple
+
+import gpytorch
+import numpy as np
+import torch
+from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from torch import Tensor
+
+SUPPORTED_KERNELS = "RBFKernel or MaternKernel (nu = 0.5, 1.5, 2.5), optionally wrapped in ScaleKernel"
+
+# exp(-(Ω ℓ)^2 / 2) at Ω ℓ = 9.5 is 2e-20: the RBF spectral density is zero in float64 beyond it.
+RBF_CUTOFF = 9.5
+
+
+def spectral_parts(kernel: gpytorch.kernels.Kernel) -> Tuple[Tensor, Tensor, Optional[float]]:
+    """``(outputscale, lengthscale (D,), nu)`` of a supported stationary kernel (``nu=None``: RBF)."""
+    outputscale = None
+    base = kernel
+    if isinstance(kernel, ScaleKernel):
+        outputscale, base = kernel.outputscale, kernel.base_kernel
+    if isinstance(base, RBFKernel):
+        nu = None
+    elif isinstance(base, MaternKernel) and base.nu in (0.5, 1.5, 2.5):
+        nu = float(base.nu)
+    else:
+        raise TypeError(
+            f"HiPPO inducing variables with Fourier features need a spectral density: "
+            f"kernel must be {SUPPORTED_KERNELS}, got {type(base).__name__}"
+        )
+    lengthscale = base.lengthscale
+    if lengthscale.shape[:-2].numel() != 1:
+        raise ValueError("batched kernels are not supported by HiPPOInducingVariables (lengthscale has batch dims)")
+    lengthscale = lengthscale.reshape(-1)
+    if outputscale is None:
+        outputscale = torch.ones((), dtype=lengthscale.dtype, device=lengthscale.device)
+    elif outputscale.numel() != 1:
+        raise ValueError("batched kernels are not supported by HiPPOInducingVariables (outputscale has batch dims)")
+    return outputscale.reshape(()), lengthscale, nu
+
+
+def kernel_signature(kernel: gpytorch.kernels.Kernel) -> tuple:
+    """What a cached quantity built from ``kernel`` depends on: type, ``nu``, hyperparameter values, dtype, device."""
+    values = tuple(
+        (name, p.dtype, p.device, tuple(p.detach().reshape(-1).tolist())) for name, p in kernel.named_parameters()
+    )
+    types = tuple((type(m).__name__, getattr(m, "nu", None)) for m in kernel.modules())
+    return types + values
+
+
+def rbf_spectral_density(kernel: gpytorch.kernels.Kernel, omega: Tensor) -> Tensor:
+    """``S(ω) = σ² ℓ/√(2π) exp(-ω²ℓ²/2)`` of a 1-D RBF kernel, differentiable in ``σ²`` and ``ℓ`` (float64)."""
+    outputscale, lengthscale, nu = spectral_parts(kernel)
+    if nu is not None:
+        raise TypeError("rbf_spectral_density needs an RBF kernel")
+    ell = lengthscale.reshape(()).double()
+    return outputscale.double() * ell / math.sqrt(2 * math.pi) * torch.exp(-0.5 * (omega * ell) ** 2)
+
+
+@functools.lru_cache(maxsize=32)
+def _gauss_legendre_numpy(n: int) -> Tuple[np.ndarray, np.ndarray]:
+    k = np.arange(1, n + 1)
+    x = np.cos(np.pi * (k - 0.25) / (n + 0.5))  # Tricomi's initial guesses, then Newton on P_n
+    for _ in range(100):
+        p_prev, p = _legendre_pair(n, x)
+        derivative = n * (x * p - p_prev) / (x * x - 1)
+        step = p / derivative
+        x = x - step
+        if np.abs(step).max() < 1e-16:
+            break
+    p_prev, p = _legendre_pair(n, x)
+    derivative = n * (x * p - p_prev) / (x * x - 1)
+    weights = 2 / ((1 - x * x) * derivative * derivative)
+    return x[::-1].copy(), weights[::-1].copy()
+
+
+def _legendre_pair(n: int, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``(P_{n-1}(x), P_n(x))`` by the three-term recurrence."""
+    p_prev, p = np.ones_like(x), x.copy()
+    for j in range(2, n + 1):
+        p_prev, p = p, ((2 * j - 1) * x * p - (j - 1) * p_prev) / j
+    return (p_prev, p) if n >= 1 else (p, p_prev)
+
+
+def gauss_legendre(n: int, device=None) -> Tuple[Tensor, Tensor]:
+    """``n``-point Gauss-Legendre nodes and weights on ``[-1, 1]`` (float64), O(n^2) by Newton's method, cached."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n must be an integer >= 2, got {n!r}")
+    nodes, weights = _gauss_legendre_numpy(n)
+    return torch.as_tensor(nodes, device=device), torch.as_tensor(weights, device=device)
+
+
+def spherical_jn(M: int, x: Tensor) -> Tensor:
+    """Spherical Bessel functions ``j_0..j_{M-1}`` at ``x >= 0``: ``(*x.shape, M)``.
+
+    Upward recurrence ``j_{n+1} = (2n+1)/x j_n - j_{n-1}`` is stable for ``n <= x``; above it the
+    ratios ``r_n = j_n / j_{n-1} = 1 / ((2n+1)/x - r_{n+1})`` are run downward from ``r = 0`` well above
+    ``M`` (Miller's algorithm in ratio form, so nothing overflows) and chained up from the last stable
+    value.  Values below 1e-250 are set to zero (they would be subnormal, and slow).
+    """
+    if (x < 0).any():
+        raise ValueError("spherical_jn needs x >= 0")
+    safe = torch.where(x > 0, x, torch.ones_like(x))
+    j0 = torch.where(x > 0, torch.sin(safe) / safe, torch.ones_like(x))
+    j1 = torch.where(x > 0, torch.sin(safe) / safe**2 - torch.cos(safe) / safe, torch.zeros_like(x))
+    upward = [j0, j1]
+    for n in range(1, M - 1):
+        upward.append((2 * n + 1) / safe * upward[n] - upward[n - 1])
+    ratios = [None] * M
+    ratio = torch.zeros_like(x)
+    for n in range(M + 20 + math.ceil(2 * M ** (1 / 3)), 0, -1):
+        ratio = 1 / ((2 * n + 1) / safe - ratio)
+        if n < M:
+            ratios[n] = ratio
+    values = [j0]
+    for n in range(1, M):
+        chained = values[-1] * torch.where(x > 0, ratios[n], torch.zeros_like(x))
+        chained = torch.where(chained.abs() < 1e-250, torch.zeros_like(chained), chained)
+        values.append(torch.where(x >= n, upward[n], chained))
+    return torch.stack(values, dim=-1)
+
+
+def hippo_transform(measure: str, M: int, theta: float, t: float, start: float, omega: Tensor):
+    """``(c, h, D)`` with ``ĉ_m(ω) = e^{iωc} D_m(ω)``, or ``None`` where no closed form applies.
+
+    ``c`` is the centre and ``h`` the half-width of the basis functions' support, ``D`` a complex
+    ``(Q, M)`` tensor.  Closed forms (``φ_m = g_m ω^{(t)}`` as in :mod:`gpytorch_hippo.hippo`):
+
+    * LegS on ``[0, t]`` and LegT on ``[t-θ, t]``: ``D_m = √(2m+1) i^m j_m(ωh)`` (``∫ e^{iaz} P_m(z) dz
+      = 2 i^m j_m(a)`` on ``[-1, 1]``);
+    * LagT: ``D_m = (iωθ)^m / (1 + iωθ)^{m+1}`` with ``c = t`` (the Laplace transform of
+      ``L_m(r) e^{-r}``), exact when the stream start cuts off less than ``2 e^{-(t-start)/(2θ)}``
+      of it (``|L_m(r)| <= e^{r/2}``): ``(t - start)/θ >= 80``; ``h = (4M + 10) θ`` bounds its support;
+    * FouT: ``D_0 = sinc(ωh)``, cos/sin pair ``k``: ``(-1)^k/√2 [sinc((ω-a)h) ± sinc((ω+a)h)]`` (times
+      ``i`` for the sine), ``a = 2πk/θ``.
+
+    Supports clipped by the stream start (LegS with ``start > 0``, LegT/FouT with ``t - θ < start``)
+    have no closed form here: ``None``.
+    """
+    omega = omega.double()
+    m = torch.arange(M, dtype=torch.float64, device=omega.device)
+    if measure in ("legs", "legt"):
+        lower = 0.0 if measure == "legs" else t - theta
+        if start > lower:
+            return None
+        h = (t - lower) / 2
+        values = spherical_jn(M, omega * h) * torch.sqrt(2 * m + 1)
+        phase = torch.polar(torch.ones_like(m), m * math.pi / 2)  # i^m
+        return t - h, h, values * phase
+    if measure == "lagt":
+        if (t - start) / theta < 80:
+            return None
+        z = (1j * omega * theta)[:, None]
+        return t, (4 * M + 10) * theta, z**m / (1 + z) ** (m + 1)
+    if t - theta < start:
+        return None
+    h = theta / 2
+    k = torch.arange(1, (M - 1) // 2 + 1, dtype=torch.float64, device=omega.device)
+    a = 2 * math.pi * k / theta
+    minus = torch.sinc((omega[:, None] - a) * h / math.pi)  # torch.sinc(x) = sin(πx)/(πx)
+    plus = torch.sinc((omega[:, None] + a) * h / math.pi)
+    sign = (-1.0) ** k / math.sqrt(2.0)
+    cos_part = (sign * (minus + plus)).to(torch.complex128)
+    sin_part = 1j * sign * (plus - minus)
+    pairs = torch.stack([cos_part, sin_part], dim=-1).flatten(-2)
+    constant = torch.sinc(omega * h / math.pi)[:, None].to(torch.complex128)
+    return t - h, h, torch.cat([constant, pairs], dim=-1)
