@@ -25,12 +25,13 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.mlls._approximate_mll import _ApproximateMarginalLogLikelihood
 from linear_operator import to_dense
-from linear_operator.operators import DenseLinearOperator
+from linear_operator.operators import MatmulLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from .inducing.base import InducingVariables
+from .nystrom import nystrom_residual
 from .variational import InterdomainVariationalStrategy
 
 __all__ = ["OnlineSGPR", "OnlineELBO"]
@@ -186,11 +187,10 @@ class OnlineSGPR(gpytorch.Module):
         num_data = y.shape[-1]
         precision = (W @ W.mT) / noise[..., None, None]
         shift = (W @ resid.unsqueeze(-1)).squeeze(-1) / noise[..., None]
-        kxx_diag = kernel(x, diag=True)
         bound = (
             -0.5 * num_data * torch.log(2 * math.pi * noise)
             - 0.5 * resid.square().sum(-1) / noise
-            - 0.5 * (kxx_diag.sum(-1) - W.square().sum((-2, -1))) / noise
+            - 0.5 * nystrom_residual(kernel(x, diag=True), W).sum(-1) / noise
         )
         if self.has_posterior:
             old = self.posterior_inducing_variables
@@ -317,9 +317,11 @@ class OnlineSGPR(gpytorch.Module):
         offset = self.posterior_prior_mean if mean_now is None else self.posterior_prior_mean - mean_now
         mean_w = _solve_lower(chol_now, offset.unsqueeze(-1)).squeeze(-1) + (G @ mean_v.unsqueeze(-1)).squeeze(-1)
         mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1)
-        V = _solve_lower(b_chol, G.mT @ W)
-        covar = prior_covar + DenseLinearOperator(V.mT @ V - W.mT @ W)
-        return MultivariateNormal(mean, covar)
+        nystrom_residual(kernel(x, diag=True), W)  # warns if Kuu and Kuf are inconsistent
+        # V^T V - W^T W = W^T (G B^{-1} G^T - I) W: kept as a product, so variances at N points cost O(N M)
+        V = _solve_lower(b_chol, G.mT)
+        middle = V.mT @ V - torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
+        return MultivariateNormal(mean, prior_covar + MatmulLinearOperator(W.mT, middle @ W))
 
 
 class OnlineELBO(_ApproximateMarginalLogLikelihood):

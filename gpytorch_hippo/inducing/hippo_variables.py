@@ -318,6 +318,13 @@ class HiPPOInducingVariables(InducingVariables):
         self._make_backends()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def get_extra_state(self) -> dict:
+        """The recurrence step is state: its default depends on the ``t`` the set was built with."""
+        return {"dt": self.dt}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.dt = float(state["dt"])
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_last_kernel", None)

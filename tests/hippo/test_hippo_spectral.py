@@ -1,0 +1,275 @@
+"""The spectral backend, the backend choice, relative jitter, caches and Nyström checks (HiPPO inducing variables).
+
+References: SciPy's spherical Bessel functions and NumPy's Gauss-Legendre rule; the quadrature
+backend (exact in time, tested against adaptive quadrature in test_hippo_inducing.py); dense
+closed-form SGPR posteriors written here.
+"""
+import copy
+import math
+import warnings
+
+import gpytorch
+import numpy as np
+import pytest
+import scipy.special
+import torch
+
+from gpytorch_hippo import HiPPOInducingVariables, OnlineSGPR
+from gpytorch_hippo.inducing.spectral import gauss_legendre, spherical_jn
+
+DT = torch.float64
+
+
+def scaled_rbf(lengthscale=0.5, outputscale=1.7, dtype=DT):
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).to(dtype)
+    kernel.base_kernel.lengthscale = lengthscale
+    kernel.outputscale = outputscale
+    return kernel
+
+
+def pair(measure, t, theta=3.0, M=None, **kwargs):
+    M = M or (15 if measure == "fout" else 16)
+    make = lambda method: HiPPOInducingVariables(M, measure, t=t, theta=theta, method=method, jitter=0.0, **kwargs)  # noqa: E731
+    return make("spectral"), make("quadrature")
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def test_spherical_bessel_matches_scipy_far_above_and_below_the_argument():
+    x = torch.cat([torch.tensor([0.0, 1e-8, 1e-3]), torch.linspace(0.01, 400, 997, dtype=DT)])
+    M = 160  # orders well above (downward ratios) and below (upward recurrence) the argument
+    ours = spherical_jn(M, x)
+    ref = np.stack([scipy.special.spherical_jn(n, x.numpy()) for n in range(M)], -1)
+    # absolute error relative to the largest value of each order (|j_n| <= 1)
+    assert np.abs(ours.numpy() - ref).max() < 1e-13
+    tiny = (np.abs(ref) < 1e-250) & (ref != 0)
+    assert (ours.numpy()[tiny] == 0).all()  # flushed, not subnormal
+
+
+def test_gauss_legendre_matches_numpy():
+    for n in (2, 7, 64, 300):
+        z, w = gauss_legendre(n)
+        z_ref, w_ref = np.polynomial.legendre.leggauss(n)
+        assert np.abs(z.numpy() - z_ref).max() < 1e-14
+        assert np.abs(w.numpy() - w_ref).max() < 1e-13
+    with pytest.raises(ValueError, match="n must be"):
+        gauss_legendre(1)
+
+
+@pytest.mark.parametrize("measure, t, theta", [("legs", 8.0, 3.0), ("legt", 8.0, 3.0), ("fout", 8.0, 3.0), ("lagt", 100.0, 1.0)])
+def test_spectral_equals_quadrature_for_every_measure(measure, t, theta):
+    kernel = scaled_rbf(lengthscale=1.0 if measure == "lagt" else 0.5)  # LagT needs t >= 80 theta: fewer quadrature panels
+    spectral, quadrature = pair(measure, t, theta)
+    assert spectral._backend_for(kernel).name == "spectral"
+    assert rel(spectral.Kuu(kernel).to_dense(), quadrature.Kuu(kernel).to_dense()) < 1e-12
+    x = torch.linspace(-2.0, t + 3.0, 41, dtype=DT)  # inside and outside the support (wider frequency band)
+    assert rel(spectral.Kuf(kernel, x), quadrature.Kuf(kernel, x)) < 1e-12
+    # across an advance: different supports, the cross-covariance of the online update
+    later_s, later_q = pair(measure, t, theta)
+    later_s.advance(t + 0.7)
+    later_q.advance(t + 0.7)
+    scale = quadrature.Kuu(kernel).to_dense().abs().max()
+    assert ((spectral.Kuu_cross(later_s, kernel) - quadrature.Kuu_cross(later_q, kernel)).abs().max() / scale) < 1e-12
+
+
+def test_spectral_is_exact_on_long_streams_and_large_m():
+    # t / lengthscale = 128, M = 150: the regime where quadrature costs O((t/l)^2)
+    kernel = scaled_rbf(lengthscale=1.0)
+    spectral, quadrature = pair("legs", 128.0, M=150)
+    K_s, K_q = spectral.Kuu(kernel).to_dense(), quadrature.Kuu(kernel).to_dense()
+    assert rel(K_s, K_q) < 1e-10
+    x = torch.linspace(0, 128, 50, dtype=DT)
+    assert rel(spectral.Kuf(kernel, x), quadrature.Kuf(kernel, x)) < 1e-10
+
+
+def test_spectral_gradients_equal_quadrature_gradients():
+    grads = []
+    for method in ("spectral", "quadrature"):
+        kernel = scaled_rbf()
+        ivars = HiPPOInducingVariables(10, "legs", t=6.0, method=method, jitter=0.0)
+        x = torch.linspace(0.3, 5.5, 7, dtype=DT, requires_grad=True)
+        loss = ivars.Kuu(kernel).to_dense().square().sum() + ivars.Kuf(kernel, x).sin().sum()
+        grads.append(torch.autograd.grad(loss, [kernel.raw_outputscale, kernel.base_kernel.raw_lengthscale, x]))
+    for spectral_grad, quadrature_grad in zip(*grads):
+        assert rel(spectral_grad, quadrature_grad) < 1e-10
+
+
+def test_backend_choice_and_fallbacks():
+    rbf = scaled_rbf()
+    matern = gpytorch.kernels.MaternKernel(nu=1.5).to(DT)
+    auto = HiPPOInducingVariables(8, "legs", t=4.0)
+    assert auto._backend_for(rbf).name == "spectral"
+    assert auto._backend_for(matern).name == "quadrature"
+    assert auto._backend_for(gpytorch.kernels.PeriodicKernel().to(DT)).name == "quadrature"
+    with pytest.raises(TypeError, match="RBF"):
+        HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(matern)
+    # LegT window clipped by the stream start: no closed form, exact quadrature instead
+    clipped, quadrature = pair("legt", 2.0, theta=3.0)
+    assert clipped._backend_for(rbf).name == "quadrature"
+    torch.testing.assert_close(clipped.Kuu(rbf).to_dense(), quadrature.Kuu(rbf).to_dense())
+    # the online update crosses a clipped (quadrature) and an unclipped (spectral) window
+    unclipped_s, unclipped_q = pair("legt", 2.0, theta=3.0)
+    unclipped_s.advance(4.0)
+    unclipped_q.advance(4.0)
+    torch.testing.assert_close(clipped.Kuu_cross(unclipped_s, rbf), quadrature.Kuu_cross(unclipped_q, rbf))
+    with pytest.raises(ValueError, match="needs method='recurrence'"):
+        HiPPOInducingVariables(4, kuf="ode")
+    with pytest.raises(ValueError, match="features"):
+        HiPPOInducingVariables(4, method="recurrence", features="sobol")
+
+
+def test_jitter_is_relative_to_the_scale_of_kuu():
+    # LegS Var(u_0) ~ sigma^2 sqrt(2 pi) l / t shrinks with t: an absolute jitter would dominate it
+    kernel = scaled_rbf(lengthscale=1.0, outputscale=1.0)
+    for t in (20.0, 200.0):
+        ivars = HiPPOInducingVariables(30, "legs", t=t)
+        exact = HiPPOInducingVariables(30, "legs", t=t, jitter=0.0).Kuu(kernel).to_dense()
+        added = (ivars.Kuu(kernel).to_dense() - exact).diagonal()
+        expected = 1e-6 * exact.diagonal().mean()
+        torch.testing.assert_close(added, expected.expand(30), rtol=1e-9, atol=0)
+        assert exact[0, 0].item() == pytest.approx(math.sqrt(2 * math.pi) / t, rel=0.05)
+    absolute = HiPPOInducingVariables(30, "legs", t=200.0, jitter=1e-3)  # an explicit jitter is absolute
+    added = (absolute.Kuu(kernel).to_dense() - exact).diagonal()
+    torch.testing.assert_close(added, torch.full((30,), 1e-3, dtype=DT), rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("ratio", [20, 200])
+def test_float32_bound_agrees_with_float64_on_long_streams(ratio):
+    # with an absolute 1e-4 jitter float32 and float64 bounds differed by ~20% at t/l = 50
+    t = float(ratio)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(300, generator=gen, dtype=DT) * t
+    y = torch.sin(x) + 0.3 * torch.randn(300, generator=gen, dtype=DT)
+    bounds = []
+    for dtype in (torch.float64, torch.float32):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood().to(dtype)
+        likelihood.noise = 0.09
+        model = OnlineSGPR(HiPPOInducingVariables(40, "legs", t=t), scaled_rbf(1.0, 1.0, dtype), likelihood).to(dtype)
+        bounds.append(model.update(x.to(dtype), y.to(dtype)).double())
+    assert abs(bounds[0] - bounds[1]) / abs(bounds[0]) < 2e-3
+
+
+def test_feature_cache_is_keyed_on_the_kernel_not_only_its_lengthscale():
+    rbf = gpytorch.kernels.RBFKernel().to(DT)
+    matern = gpytorch.kernels.MaternKernel(nu=0.5).to(DT)
+    rbf.lengthscale = matern.lengthscale = 0.4
+    ivars = HiPPOInducingVariables(6, "legs", t=2.0, method="recurrence", num_rff=300, dt=0.01)
+    with torch.no_grad():
+        K_rbf = ivars.Kuu(rbf).to_dense()
+        K_matern = ivars.Kuu(matern).to_dense()
+        fresh = HiPPOInducingVariables(6, "legs", t=2.0, method="recurrence", num_rff=300, dt=0.01).Kuu(matern).to_dense()
+    torch.testing.assert_close(K_matern, fresh)
+    assert (K_rbf - K_matern).abs().max() > 1e-2
+    # a dtype change drops the cache too: the float32 matrix is computed in float32, not cast
+    ivars.float()
+    with torch.no_grad():
+        K32 = ivars.Kuu(matern.float()).to_dense()
+    assert K32.dtype == torch.float32
+    torch.testing.assert_close(K32.double(), fresh, rtol=1e-4, atol=1e-5)
+
+
+def test_quadrature_features_make_the_recurrence_deterministic_and_convergent():
+    # the thesis's random frequencies replaced by Gauss-Legendre nodes over frequency
+    kernel = scaled_rbf(lengthscale=0.5, outputscale=1.0)
+    exact = HiPPOInducingVariables(8, "legs", t=4.0, jitter=0.0).Kuu(kernel).to_dense()
+    errors = {}
+    for features in ("random", "quadrature"):
+        ivars = HiPPOInducingVariables(8, "legs", t=4.0, method="recurrence", features=features, num_rff=200, dt=0.001, jitter=0.0)
+        errors[features] = rel(ivars.Kuu(kernel).to_dense().detach(), exact)
+    assert errors["quadrature"] < 1e-5  # only the recurrence's O(dt^2) error is left
+    assert errors["random"] > 10 * errors["quadrature"]  # Monte-Carlo error O(1/sqrt(R))
+
+
+@pytest.mark.parametrize("nu", [0.5, 2.5])
+def test_matern_quadrature_features_reproduce_the_kernel(nu):
+    kernel = gpytorch.kernels.MaternKernel(nu=nu).to(DT)
+    kernel.lengthscale = 0.7
+    ivars = HiPPOInducingVariables(3, "legs", t=1.0, method="recurrence", features="quadrature", num_rff=4000)
+    r = torch.tensor([[0.0], [0.3], [1.0], [2.5]], dtype=DT)
+    psi = ivars._backends["recurrence"].features(ivars, kernel, r)
+    # the tan map leaves an algebraic tail error: about 1e-4 for nu = 1/2, far less for 5/2
+    tolerance = 2e-3 if nu == 0.5 else 1e-6
+    assert (psi @ psi[:1].mT - kernel(r, r[:1]).to_dense()).abs().max() < tolerance
+
+
+def test_negative_nystrom_residual_warns_and_consistent_defaults_do_not():
+    kernel = scaled_rbf(lengthscale=0.2, outputscale=1.0)
+    x = torch.linspace(0, 6, 100, dtype=DT)
+    y = torch.sin(3 * x)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    inconsistent = HiPPOInducingVariables(40, "legs", t=6.0, method="recurrence", dt=0.02, num_rff=100, kuf="ode", jitter=1e-8)
+    with pytest.warns(RuntimeWarning, match="Nyström residual"):
+        OnlineSGPR(inconsistent, kernel, likelihood).update(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for ivars in (HiPPOInducingVariables(40, "legs", t=6.0, method="recurrence", dt=0.02, num_rff=100),
+                      HiPPOInducingVariables(40, "legs", t=6.0)):
+            model = OnlineSGPR(ivars, kernel, likelihood)
+            model.update(x, y)
+            model(x).variance
+
+
+def dense_sgpr(Kuu, Kux, Kut, Ktt, y, noise):
+    """Titsias' optimal q(u) given data (Kux, y), pushed to test points (Kut, Ktt): the closed form, dense."""
+    Sigma = Kuu + Kux @ Kux.mT / noise
+    mean = Kut.mT @ torch.linalg.solve(Sigma, Kux @ y) / noise
+    covar = Ktt - Kut.mT @ torch.linalg.solve(Kuu, Kut) + Kut.mT @ torch.linalg.solve(Sigma, Kut)
+    return mean, covar
+
+
+@pytest.mark.parametrize("method", ["spectral", "recurrence"])
+def test_online_sgpr_with_each_backend_equals_the_dense_closed_form(method):
+    # fixed hyperparameters and variables: after two tasks the online posterior is batch SGPR on all data
+    kernel = scaled_rbf(lengthscale=0.6, outputscale=1.3)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    likelihood.noise = 0.05
+    gen = torch.Generator().manual_seed(1)
+    x = torch.sort(torch.rand(120, generator=gen, dtype=DT) * 5).values
+    y = torch.cos(2 * x) + 0.2 * torch.randn(120, generator=gen, dtype=DT)
+    kwargs = dict(method="recurrence", features="quadrature", num_rff=200, dt=0.01) if method == "recurrence" else {}
+    ivars = HiPPOInducingVariables(20, "legs", t=5.0, **kwargs)
+    model = OnlineSGPR(ivars, kernel, likelihood)
+    model.update(x[:60], y[:60])
+    model.update(x[60:], y[60:])
+    x_test = torch.linspace(0, 5, 30, dtype=DT)
+    with torch.no_grad():
+        predictive = model(x_test)
+        Kuu = ivars.Kuu(kernel).to_dense()
+        Kuf = ivars.Kuf(kernel, torch.cat([x, x_test]))
+        mean, covar = dense_sgpr(Kuu, Kuf[:, :120], Kuf[:, 120:], kernel(x_test).to_dense(), y, 0.05)
+    torch.testing.assert_close(predictive.mean, mean, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(predictive.covariance_matrix, covar, rtol=1e-5, atol=1e-7)
+
+
+def test_online_sgpr_predictive_covariance_is_low_rank():
+    # variances at many points must not build an N x N matrix
+    kernel = scaled_rbf()
+    model = OnlineSGPR(HiPPOInducingVariables(16, "legs", t=4.0), kernel, gpytorch.likelihoods.GaussianLikelihood().to(DT))
+    x = torch.linspace(0, 4, 50, dtype=DT)
+    model.update(x, torch.sin(x))
+    x_many = torch.linspace(0, 4, 100_000, dtype=DT)
+    with torch.no_grad():
+        predictive = model(x_many)
+        variance = predictive.variance  # O(N M) memory; a dense covariance would be 80 GB
+        small = model(x_many[::5000])
+    assert variance.shape == (100_000,)
+    torch.testing.assert_close(variance[::5000], small.covariance_matrix.diagonal(), rtol=1e-10, atol=1e-12)
+    assert (variance > 0).all()
+
+
+def test_to_dtype_deepcopy_and_state_dict_round_trip_for_every_backend():
+    kernel = scaled_rbf()
+    for method in ("spectral", "quadrature", "recurrence"):
+        ivars = HiPPOInducingVariables(6, "legs", t=3.0, method=method, num_rff=64)
+        ivars.advance(4.0)
+        with torch.no_grad():
+            reference = ivars.Kuu(kernel).to_dense()
+        torch.testing.assert_close(copy.deepcopy(ivars).Kuu(kernel).to_dense().detach(), reference)
+        fresh = HiPPOInducingVariables(6, "legs", t=1.0, method=method, num_rff=64)
+        fresh.load_state_dict(ivars.state_dict())
+        torch.testing.assert_close(fresh.Kuu(kernel).to_dense().detach(), reference)
+        K32 = copy.deepcopy(ivars).float().Kuu(scaled_rbf(dtype=torch.float32)).to_dense().detach()
+        assert K32.dtype == torch.float32
+        torch.testing.assert_close(K32.double(), reference, rtol=2e-4, atol=1e-5)
