@@ -1,13 +1,24 @@
-"""HiPPO inducing variables: "quadrature" vs "recurrence" backends, cost and accuracy per task (issue 3).
+"""HiPPO inducing-variable backends: cost of one online task and error, as the stream grows.
 
-A stream of unit-length tasks (100 points each) is absorbed with fixed hyperparameters; after each
-advance we time what an online update needs, ``Kuu`` and ``Kuf`` of the new task's inputs, and
-measure the recurrence's error against quadrature (exact to round-off for the RBF kernel).
+For each stream length t/ℓ and number of inducing variables M (LegS, RBF kernel, ℓ = 1), the bases
+are advanced from 0.9 t to t (one task of ten) and we time what the online update needs: ``Kuu``
+and ``Kuf`` at 100 inputs of the new task.  Backends, timed interleaved in one run (median of
+``--repeats``):
 
-    python benchmarks/hippo_inducing.py            # tasks up to t = 64
-    python benchmarks/hippo_inducing.py --quick    # up to t = 8
+* ``spectral``   exact, frequency-domain quadrature (the default for RBF kernels);
+* ``quadrature`` exact, Gauss-Legendre in time (the reference where it fits in memory);
+* ``rec-random`` the thesis's recurrence with R random Fourier features (state carried across tasks);
+* ``rec-quad``   the same recurrence with R deterministic quadrature features.
+
+Errors are relative Frobenius errors of ``Kuu`` and ``Kuf`` against the quadrature, or, where the
+quadrature's O((t/ℓ)^2) matrix does not fit (``--max-quadrature-nodes``), against the spectral
+backend with a twice wider frequency band (marked ``*``).
+
+    python benchmarks/hippo_inducing.py              # t/ℓ in 8 32 128 512 2048, M in 50 150
+    python benchmarks/hippo_inducing.py --quick      # t/ℓ in 8 32, M = 50
 """
 import argparse
+import statistics
 import time
 
 import gpytorch
@@ -16,46 +27,94 @@ import torch
 from gpytorch_hippo import HiPPOInducingVariables
 
 
+def make(method, M, t, args, **kwargs):
+    return HiPPOInducingVariables(M, "legs", t=0.9 * t, method=method, **kwargs)
+
+
+def timed_task(ivars, kernel, t, x_new):
+    """Advance the (warmed) variables to t, then time Kuu + Kuf of the new task's inputs."""
+    ivars.advance(t)
+    start = time.perf_counter()
+    Kuu = ivars.Kuu(kernel).to_dense()
+    Kuf = ivars.Kuf(kernel, x_new)
+    return time.perf_counter() - start, Kuu, Kuf
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--M", type=int, default=32)
-    parser.add_argument("--lengthscale", type=float, default=0.5)
-    parser.add_argument("--num-rff", type=int, default=1000)
-    parser.add_argument("--dt", type=float, default=0.01)
-    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--ratios", type=float, nargs="+", default=[8, 32, 128, 512, 2048], help="t / lengthscale")
+    parser.add_argument("--M", type=int, nargs="+", default=[50, 150])
+    parser.add_argument("--num-rff", type=int, default=1000, help="R features of the recurrence")
+    parser.add_argument("--steps-per-lengthscale", type=float, default=10.0, help="recurrence grid: dt = l / this")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-quadrature-nodes", type=int, default=13000)
+    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.tasks = 8
+        args.ratios, args.M, args.repeats = [8, 32], [50], 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.set_default_dtype(torch.float64)
-    torch.ones(2**28).sum()  # touch memory once (first-touch page cost on a fresh VM)
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
-    kernel.base_kernel.lengthscale = args.lengthscale
+    kernel.base_kernel.lengthscale = 1.0
     kernel.requires_grad_(False)
-    backends = {
-        "quadrature": HiPPOInducingVariables(args.M, "legs", t=1.0),
-        "recurrence": HiPPOInducingVariables(args.M, "legs", t=1.0, method="recurrence", dt=args.dt, num_rff=args.num_rff),
-    }
-    report_at = {1, 2, 4, 8, 16, 32, 64, 128}
-    print(f"LegS, M={args.M}, RBF lengthscale {args.lengthscale}, recurrence dt={args.dt}, R={args.num_rff} RFF; "
-          f"seconds for Kuu + Kuf(100 new inputs) after advancing to t")
-    print(f"{'t':>5} {'quadrature s':>13} {'recurrence s':>13} {'ratio q/r':>10} {'rel. err Kuu':>13} {'rel. err Kuf':>13}")
+    dt = 1.0 / args.steps_per_lengthscale
+    print(f"LegS, RBF l = 1, recurrence dt = {dt:g}, R = {args.num_rff}; seconds for Kuu + Kuf(100 inputs) of the task ending at t")
+    header = f"{'t/l':>6} {'M':>4} | {'spectral':>9} {'quadrature':>10} {'rec-random':>10} {'rec-quad':>9} | {'q/spec':>7} | " \
+             f"{'err spec':>9} {'err rec-rand':>12} {'err rec-quad':>12}"
+    print(header)
     with torch.no_grad():
-        for task in range(1, args.tasks + 1):
-            x_new = torch.linspace(task - 1, task, 100)[:, None]
-            results = {}
-            for name, ivars in backends.items():
-                if task > 1:
-                    ivars.advance(float(task))
-                start = time.perf_counter()
-                Kuu = ivars.Kuu(kernel).to_dense()
-                Kuf = ivars.Kuf(kernel, x_new)
-                results[name] = (time.perf_counter() - start, Kuu, Kuf)
-            if task in report_at:
-                (tq, Kq, Fq), (tr, Kr, Fr) = results["quadrature"], results["recurrence"]
-                err_kuu = ((Kr - Kq).norm() / Kq.norm()).item()
-                err_kuf = ((Fr - Fq).norm() / Fq.norm()).item()
-                print(f"{task:5d} {tq:13.4f} {tr:13.4f} {tq / tr:10.2f} {err_kuu:13.2e} {err_kuf:13.2e}")
+        for M in args.M:
+            for ratio in args.ratios:
+                t = float(ratio)
+                x_new = torch.linspace(0.9 * t, t, 100)[:, None]
+                run_quadrature = 24 * ratio <= args.max_quadrature_nodes  # 2 panels of 12 nodes per lengthscale
+                methods = {"spectral": {}, "rec-random": dict(features="random"), "rec-quad": dict(features="quadrature")}
+                if run_quadrature:
+                    methods["quadrature"] = {}
+                times = {name: [] for name in methods}
+                results = {}
+                for _ in range(args.repeats):
+                    for name, kwargs in methods.items():
+                        method = name if name in ("spectral", "quadrature") else "recurrence"
+                        extra = dict(kwargs, num_rff=args.num_rff, dt=dt) if method == "recurrence" else {}
+                        ivars = make(method, M, t, args, **extra)
+                        ivars.Kuu(kernel)  # the previous task: warms the carried recurrence state
+                        elapsed, Kuu, Kuf = timed_task(ivars, kernel, t, x_new)
+                        times[name].append(elapsed)
+                        results[name] = (Kuu, Kuf)
+                if run_quadrature:
+                    reference, mark = results["quadrature"], " "
+                else:
+                    wide = make("spectral", M, t, args)
+                    wide.advance(t)
+                    backend = wide._backends["spectral"]
+                    reference = (backend.cross(wide, wide, kernel) + 0 * torch.eye(M), None)
+                    reference = (wide.Kuu(kernel).to_dense(), _wide_kuf(backend, wide, kernel, x_new))
+                    mark = "*"
+
+                def error(name):
+                    Kuu, Kuf = results[name]
+                    return max(((Kuu - reference[0]).norm() / reference[0].norm()).item(),
+                               ((Kuf - reference[1]).norm() / reference[1].norm()).item())
+
+                median = {name: statistics.median(values) for name, values in times.items()}
+                quad = f"{median['quadrature']:10.4f}" if run_quadrature else f"{'(skip)':>10}"
+                ratio_q = f"{median['quadrature'] / median['spectral']:7.1f}" if run_quadrature else f"{'-':>7}"
+                print(f"{ratio:6g} {M:4d} | {median['spectral']:9.4f} {quad} {median['rec-random']:10.4f} {median['rec-quad']:9.4f} | "
+                      f"{ratio_q} | {error('spectral'):8.1e}{mark} {error('rec-random'):11.1e}{mark} {error('rec-quad'):11.1e}{mark}",
+                      flush=True)
+
+
+def _wide_kuf(backend, ivars, kernel, x):
+    """Kuf with a frequency band twice the one the backend picks (a self-consistency reference)."""
+    original = backend._bucket
+    backend._bucket = lambda half_width, needed: 2 * original(half_width, needed)
+    try:
+        return ivars.Kuf(kernel, x)
+    finally:
+        backend._bucket = original
 
 
 if __name__ == "__main__":
