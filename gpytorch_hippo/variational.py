@@ -94,7 +94,8 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
                 f"num_inducing={inducing_variables.num_inducing}"
             )
         # Deliberately skip _VariationalStrategy.__init__: it would register an `inducing_points`
-        # parameter, which has no meaning for interdomain inducing variables.
+        # parameter, which has no meaning for interdomain inducing variables (and would go stale for
+        # point ones); the `inducing_points` property below gives GPyTorch's wrappers what they read.
         gpytorch.Module.__init__(self)
         self._jitter_val = None
         object.__setattr__(self, "model", model)
@@ -125,6 +126,20 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         """``model.mean_module`` if it exists (used for the unwhitened prior mean of ``u``)."""
         mean = getattr(self.model, "mean_module", None)
         return mean if isinstance(mean, gpytorch.means.Mean) else None
+
+    @property
+    def inducing_points(self) -> Tensor:
+        """GPyTorch's attribute, read by its wrappers (``LMCVariationalStrategy`` takes its dtype).
+
+        The inputs ``Z`` of :class:`~gpytorch_hippo.inducing.InducingPoints` (the live tensor, never a
+        stale copy); interdomain inducing variables have no input locations, so for them an empty
+        ``(*batch, M, 0)`` tensor of the variational distribution's dtype and device.
+        """
+        points = getattr(self.inducing_variables, "points", None)
+        if isinstance(points, Tensor):
+            return points
+        q = self._variational_distribution
+        return torch.empty(*q.batch_shape, self.inducing_variables.num_inducing, 0, dtype=q.dtype, device=q.device)
 
     @property
     def jitter_val(self) -> float:
@@ -218,7 +233,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         cross = self.inducing_variables.Kuu_cross(other, kernel)
         covar_q = None if isinstance(q, Delta) else q.lazy_covariance_matrix
         return self._conditional(
-            mean_other, Kuu_other, cross, q.mean, covar_q, diag=False, data_jitter=False
+            mean_other, Kuu_other, cross, q.mean, covar_q, data_jitter=False
         )
 
     # ------------------------------------------------------------------ q(f)
@@ -229,7 +244,6 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         Kuf: Tensor,
         inducing_values: Tensor,
         variational_inducing_covar: Optional[LinearOperator],
-        diag: bool,
         data_jitter: bool,
     ) -> MultivariateNormal:
         """``\\int p(f | u) q(u) du`` for targets with prior ``N(prior_mean, prior_covar)`` and ``cov(u, f) = Kuf``."""
@@ -253,13 +267,9 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         mean = prior_mean + (W.mT @ mean_v.unsqueeze(-1)).squeeze(-1)
         jitter = self.inducing_variables.jitter_value(W.dtype) if data_jitter else 0.0
 
-        num_inducing, num_data = W.shape[-2], W.shape[-1]
-        if diag and self.training and num_inducing < num_data:
-            variance = (prior_covar.diagonal(dim1=-2, dim2=-1) - W.square().sum(-2)).clamp_min(0.0) + jitter
-            if root_v is not None:
-                variance = variance + (root_v.mT @ W).square().sum(-2)
-            return MultivariateNormal(mean, DiagLinearOperator(variance))
-
+        # The full covariance in every mode, kept lazy (prior + low rank): the ELBO reads only its
+        # diagonal, at O(N M^2), while samples and GPyTorch's multitask wrappers see the correlations.
+        num_inducing = W.shape[-2]
         if root_v is None:
             middle = -torch.eye(num_inducing, dtype=W.dtype, device=W.device)
         else:
@@ -278,6 +288,8 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         diag: bool = True,
         **kwargs,
     ) -> MultivariateNormal:
+        """``q(f(x))`` with its full covariance, lazily (``diag`` is accepted for GPyTorch's seam and
+        not needed: reading only the variances of the result costs ``O(N M^2)`` anyway)."""
         prior = self.model.forward(x, **kwargs)
         Kuf = self.inducing_variables.Kuf(self.kernel, x)
         return self._conditional(
@@ -286,7 +298,6 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             Kuf,
             inducing_values,
             variational_inducing_covar,
-            diag=diag,
             data_jitter=self.whitened,
         )
 
