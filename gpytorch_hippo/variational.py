@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import gpytorch
@@ -102,9 +103,14 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         self.inducing_variables = inducing_variables
         self._variational_distribution = variational_distribution
         self.register_buffer("variational_params_initialized", torch.tensor(0))
+        # set by OnlineELBO.end_task, cleared by advance: an attached OnlineELBO must store the
+        # finished task before the inducing variables move (see advance)
+        self.register_buffer("online_task_ended", torch.tensor(False))
+        self._online_objective = False
         self.whitened = bool(whitened)
         self._explicit_kernel = kernel
         self._cache_fingerprint = None
+        inducing_variables._variational_owner = type(self).__name__
 
     # ------------------------------------------------------------------ components
     @property
@@ -177,6 +183,14 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             clear_cache_hook(self)
             self._cache_fingerprint = [t.detach().clone() for t in tensors]
 
+    def __getstate__(self):
+        """Copies and pickles drop the caches: they are recomputed on demand, and train-mode ones
+        hold tensors in the autograd graph, which ``copy.deepcopy`` refuses."""
+        state = super().__getstate__()
+        state["_memoize_cache"] = {}
+        state["_cache_fingerprint"] = None
+        return state
+
     @cached(name="cholesky_factor", ignore_args=True)
     def _cholesky_factor(self) -> Tensor:
         """Lower Cholesky factor of ``K_uu`` (jittered), in ``settings._linalg_dtype_cholesky``."""
@@ -235,6 +249,58 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         return self._conditional(
             mean_other, Kuu_other, cross, q.mean, covar_q, data_jitter=False
         )
+
+    # ------------------------------------------------------------------ moving the inducing variables
+    def advance(self, t_new: float) -> None:
+        """Move the (HiPPO) inducing variables to ``t_new`` and carry ``q(u)`` forward.
+
+        The new ``q(u')`` is ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis eq. ``online_elbo``), so
+        the posterior is the one of the finished task seen through the moved variables (exactly, in
+        the Gaussian family of the variational distribution: a mean-field ``q`` keeps the marginals).
+        The inducing variables refuse ``advance`` themselves while this strategy owns them. With an
+        :class:`~gpytorch_hippo.online.OnlineELBO` attached, call its ``end_task()`` first: it stores
+        ``q_old(a)`` of the finished task, which moving the variables would otherwise overwrite.
+        """
+        if self._online_objective and not self.online_task_ended.item():
+            raise RuntimeError(
+                "call OnlineELBO.end_task() before advance(t_new): it stores q(u) of the finished task "
+                "(advancing first would silently lose it)"
+            )
+        self._clear_cache()
+        inducing_variables = self.inducing_variables
+        moved = copy.deepcopy(inducing_variables)
+        moved._variational_owner = None
+        moved.advance(t_new)
+        with torch.no_grad():
+            carried = self.inducing_marginal(moved)
+            inducing_variables._variational_owner = None
+            try:
+                inducing_variables.advance(t_new)
+            finally:
+                inducing_variables._variational_owner = type(self).__name__
+            self._clear_cache()
+            self._set_variational_distribution(carried)
+        self.online_task_ended.fill_(False)
+
+    def _set_variational_distribution(self, q_u: MultivariateNormal) -> None:
+        """Set the variational parameters to ``q(u) = q_u`` (whitened by ``chol(K_uu)`` if need be),
+        exactly: without the random jitter GPyTorch's initialisation adds to the mean."""
+        mean, covar = q_u.mean, to_dense(q_u.lazy_covariance_matrix)
+        if self.whitened:
+            chol = self._cholesky_factor().to(mean.dtype)
+            mean_u = self._prior_mean_u()
+            mean = mean if mean_u is None else mean - mean_u
+            mean = _solve_lower(chol, mean.unsqueeze(-1)).squeeze(-1)
+            covar = _solve_lower(chol, _solve_lower(chol, covar).mT)
+        distribution = self._variational_distribution
+        mean_init_std = distribution.mean_init_std
+        distribution.mean_init_std = 0.0
+        try:
+            distribution.initialize_variational_distribution(MultivariateNormal(mean, (covar + covar.mT) / 2))
+        finally:
+            distribution.mean_init_std = mean_init_std
+        self.variational_params_initialized.fill_(1)
+        self._clear_cache()
 
     # ------------------------------------------------------------------ q(f)
     def _conditional(
@@ -302,6 +368,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         )
 
     def __call__(self, x: Tensor, prior: bool = False, diag: bool = True, **kwargs) -> MultivariateNormal:
+        self.inducing_variables._variational_owner = type(self).__name__  # also after a replacement
         if prior:
             return self.model.forward(x, **kwargs)
         if self.training:

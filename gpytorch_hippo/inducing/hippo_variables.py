@@ -192,6 +192,7 @@ class HiPPOInducingVariables(InducingVariables):
         """Move the bases forward to ``t_new`` (1-D inputs); the recurrence state is carried."""
         if self.input_dim != 1:
             raise RuntimeError("multidimensional HiPPO inducing variables advance with append_path(x_ordered)")
+        self._check_movable("advance(t_new)")
         if not float(t_new) > self.t:
             raise ValueError(f"t_new must be greater than the current t = {self.t}, got {t_new}")
         self.breakpoints = torch.cat([self.breakpoints, self.breakpoints.new_tensor([float(t_new)])])
