@@ -137,11 +137,14 @@ class OnlineSGPR(gpytorch.Module):
     data (up to the ``K_uu`` jitter, whose inconsistency is ``O(jitter / λ_min(K_uu))``), and the
     per-task bounds sum to the batch bound.
 
-    After each task the summary ``(Λ', η', L', μ'_a)`` is stored in buffers and a frozen deep copy
-    of the inducing variables in :attr:`posterior_inducing_variables`. Between tasks the inducing
-    variables may be replaced (``model.inducing_variables = InducingPoints(new_Z)``) or moved in
-    place (e.g. ``model.inducing_variables.advance(t_new)`` for HiPPO); the old copy provides
-    ``Kuu_cross``.
+    After each task the summary ``(Λ', η', L', μ'_a)`` is stored in buffers and frozen deep copies
+    of the inducing variables and the mean in :attr:`posterior_inducing_variables` and
+    :attr:`posterior_mean_module` (in the module tree: ``state_dict``, ``deepcopy`` and ``.to``
+    carry them). Between tasks the inducing variables may be replaced
+    (``model.inducing_variables = InducingPoints(new_Z)``) or moved in place (e.g.
+    ``model.inducing_variables.advance(t_new)`` for HiPPO); the old copy provides ``Kuu_cross``.
+    The mean function may change between tasks with point inducing variables (``μ_a = m(Z_a)``
+    under the new mean, ``μ'_a`` stored); interdomain ones project ``f - m``, so a change raises.
 
     :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
     :param covar_module: the GPyTorch kernel ``k``.

@@ -261,6 +261,11 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         :class:`~gpytorch_hippo.online.OnlineELBO` attached, call its ``end_task()`` first: it stores
         ``q_old(a)`` of the finished task, which moving the variables would otherwise overwrite.
         """
+        if not callable(getattr(self.inducing_variables, "advance", None)):
+            raise TypeError(
+                f"{type(self.inducing_variables).__name__} do not move in time (advance is for HiPPO inducing "
+                "variables); assign new ones to variational_strategy.inducing_variables instead"
+            )
         if self._online_objective and not self.online_task_ended.item():
             raise RuntimeError(
                 "call OnlineELBO.end_task() before advance(t_new): it stores q(u) of the finished task "

@@ -141,6 +141,8 @@ def test_advance_is_refused_on_owned_variables_and_before_end_task():
     fresh = OnlineELBO(gpytorch.likelihoods.GaussianLikelihood().to(DT), fresh_model, num_data=10)
     fresh.load_state_dict(saved)
     fresh_model.variational_strategy.advance(4.0)
+    with pytest.raises(TypeError, match="do not move in time"):
+        SVGP(make_inducing("points")).variational_strategy.advance(3.0)
     # frozen copies are owned by nobody: the stored old variables can still be moved (they never are)
     assert elbo.old_inducing_variables._variational_owner is None
 
