@@ -395,9 +395,10 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
     Cholesky factor of ``K'_aa`` (with the jitter of the inducing variables), ``μ'_a`` and frozen
     copies of the inducing variables and of the mean function, all in the module tree (saved by
     ``state_dict``, moved by ``.to``). Then move HiPPO inducing variables with
-    ``model.variational_strategy.advance(t_new)`` (which refuses to run before :meth:`end_task`)
-    or replace point ones. Before the first :meth:`end_task` this is the plain SVGP ELBO (thesis
-    eq. ``elbo_svgp``). With HiPPO inducing variables this trains OHSVGP, with inducing points OSVGP.
+    ``model.variational_strategy.advance(t_new)`` or ``.append_path(x_ordered)`` (both refused
+    before :meth:`end_task`) or replace point ones. Before the first :meth:`end_task` this is the
+    plain SVGP ELBO (thesis eq. ``elbo_svgp``). With HiPPO inducing variables this trains OHSVGP,
+    with inducing points OSVGP.
 
     A mean function may change between tasks with point inducing variables (``μ'_a`` is stored
     and ``μ_a = m_new(Z_a)``); interdomain ones project ``f - m``, so there a change raises.
@@ -427,6 +428,12 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         return strategy
 
     @property
+    def _mean_module(self) -> gpytorch.means.Mean:
+        """The model's prior mean function (``ZeroMean`` if it has none)."""
+        mean_module = self._interdomain_strategy().mean_module
+        return gpytorch.means.ZeroMean() if mean_module is None else mean_module
+
+    @property
     def has_old_task(self) -> bool:
         return self.old_inducing_variables is not None
 
@@ -437,8 +444,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
             if key in state_dict and getattr(self, name) is None:
                 setattr(self, name, torch.empty_like(state_dict[key]))
         strategy = self._interdomain_strategy()
-        mean_module = strategy.mean_module or gpytorch.means.ZeroMean()
-        for name, template in (("old_inducing_variables", strategy.inducing_variables), ("old_mean_module", mean_module)):
+        for name, template in (("old_inducing_variables", strategy.inducing_variables), ("old_mean_module", self._mean_module)):
             if getattr(self, name) is None and prefix + "old_mean" in state_dict:
                 setattr(self, name, _frozen_copy_to_load(template, state_dict, f"{prefix}{name}."))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
@@ -466,7 +472,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         self.old_prior_chol = prior_chol.detach().clone()
         self.old_prior_mean = prior_mean.detach().clone()
         self.old_inducing_variables = _frozen_copy(ivs)
-        self.old_mean_module = _frozen_copy(strategy.mean_module or gpytorch.means.ZeroMean())
+        self.old_mean_module = _frozen_copy(self._mean_module)
         strategy.online_task_ended.fill_(True)
 
     @staticmethod
@@ -486,7 +492,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         if not self.has_old_task:
             return kl
         strategy = self._interdomain_strategy()
-        _check_mean_unchanged(self.old_inducing_variables, self.old_mean_module, strategy.mean_module or gpytorch.means.ZeroMean())
+        _check_mean_unchanged(self.old_inducing_variables, self.old_mean_module, self._mean_module)
         marginal = strategy.inducing_marginal(self.old_inducing_variables)
         mean, covar = marginal.mean, to_dense(marginal.lazy_covariance_matrix)
         gain = self._expected_gaussian_log_density(mean, covar, self.old_mean, self.old_covar_chol)

@@ -252,7 +252,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     # ------------------------------------------------------------------ moving the inducing variables
     def advance(self, t_new: float) -> None:
-        """Move the (HiPPO) inducing variables to ``t_new`` and carry ``q(u)`` forward.
+        """Move HiPPO inducing variables (time inputs) to ``t_new`` and carry ``q(u)`` forward.
 
         The new ``q(u')`` is ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis eq. ``online_elbo``), so
         the posterior is the one of the finished task seen through the moved variables (exactly, in
@@ -261,30 +261,45 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         :class:`~gpytorch_hippo.online.OnlineELBO` attached, call its ``end_task()`` first: it stores
         ``q_old(a)`` of the finished task, which moving the variables would otherwise overwrite.
         """
-        if not callable(getattr(self.inducing_variables, "advance", None)):
+        self._move_inducing_variables("advance", lambda variables: variables.advance(t_new))
+
+    def append_path(self, x_ordered: Tensor, step: int = 1) -> None:
+        """Extend the path of multidimensional HiPPO inducing variables with a task's ordered inputs
+        (thesis §4.4), carrying ``q(u)`` forward as :meth:`advance` does (nothing to carry before
+        ``q(u)`` is first used)."""
+        kernel = self.kernel
+        self._move_inducing_variables(
+            "append_path", lambda variables: variables.append_path(x_ordered, step=step, kernel=kernel)
+        )
+
+    def _move_inducing_variables(self, method: str, move) -> None:
+        if not callable(getattr(self.inducing_variables, method, None)):
             raise TypeError(
-                f"{type(self.inducing_variables).__name__} do not move in time (advance is for HiPPO inducing "
-                "variables); assign new ones to variational_strategy.inducing_variables instead"
+                f"{type(self.inducing_variables).__name__} have no {method} (it is for HiPPO inducing variables); "
+                "assign new ones to variational_strategy.inducing_variables instead"
             )
-        if self._online_objective and not self.online_task_ended.item():
+        carry = bool(self.variational_params_initialized.item())  # (an unused q(u) holds nothing to carry)
+        if carry and self._online_objective and not self.online_task_ended.item():
             raise RuntimeError(
-                "call OnlineELBO.end_task() before advance(t_new): it stores q(u) of the finished task "
-                "(advancing first would silently lose it)"
+                f"call OnlineELBO.end_task() before {method}: it stores q(u) of the finished task "
+                f"({method} first would silently lose it)"
             )
         self._clear_cache()
         inducing_variables = self.inducing_variables
-        moved = copy.deepcopy(inducing_variables)
-        moved._variational_owner = None
-        moved.advance(t_new)
         with torch.no_grad():
-            carried = self.inducing_marginal(moved)
+            if carry:
+                moved = copy.deepcopy(inducing_variables)
+                moved._variational_owner = None
+                move(moved)
+                carried = self.inducing_marginal(moved)
             inducing_variables._variational_owner = None
             try:
-                inducing_variables.advance(t_new)
+                move(inducing_variables)
             finally:
                 inducing_variables._variational_owner = type(self).__name__
             self._clear_cache()
-            self._set_variational_distribution(carried)
+            if carry:
+                self._set_variational_distribution(carried)
         self.online_task_ended.fill_(False)
 
     def _set_variational_distribution(self, q_u: MultivariateNormal) -> None:

@@ -332,6 +332,7 @@ class HiPPOInducingVariables(InducingVariables):
         """
         if self.input_dim == 1:
             raise RuntimeError("append_path is for multidimensional inputs; use advance(t_new) for time inputs")
+        self._check_movable("append_path(x_ordered)")
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise ValueError(f"step must be a positive integer, got {step!r}")
         x_ordered = self._check_inputs(x_ordered)

@@ -141,7 +141,7 @@ def test_advance_is_refused_on_owned_variables_and_before_end_task():
     fresh = OnlineELBO(gpytorch.likelihoods.GaussianLikelihood().to(DT), fresh_model, num_data=10)
     fresh.load_state_dict(saved)
     fresh_model.variational_strategy.advance(4.0)
-    with pytest.raises(TypeError, match="do not move in time"):
+    with pytest.raises(TypeError, match="have no advance"):
         SVGP(make_inducing("points")).variational_strategy.advance(3.0)
     # frozen copies are owned by nobody: the stored old variables can still be moved (they never are)
     assert elbo.old_inducing_variables._variational_owner is None
@@ -171,6 +171,27 @@ def test_advance_carries_q_forward_as_the_gaussian_conditional(whitened):
     assert ivs.t == 3.5
     assert (q_b.mean - mean).abs().max() < 1e-8
     assert (q_b.covariance_matrix - covar).abs().max() < 1e-8
+
+
+def test_append_path_carries_q_forward_for_multidimensional_inputs():
+    """The path route of §4.4: the same conditional as advance, with the RFF path covariances."""
+    g = torch.Generator().manual_seed(9)
+    ivs = HiPPOInducingVariables(M, "legs", input_dim=2, num_rff=200)
+    model = SVGP(ivs).to(DT)
+    strategy, kernel = model.variational_strategy, model.covar_module
+    strategy.append_path(torch.randn(12, 2, generator=g, dtype=DT))  # first task: nothing to carry yet
+    with pytest.raises(RuntimeError, match=r"variational_strategy.append_path"):
+        ivs.append_path(torch.randn(5, 2, generator=g, dtype=DT))
+    random_q(model, 10)
+    with torch.no_grad():
+        q_a = strategy.inducing_posterior()
+        old = copy.deepcopy(ivs)
+        strategy.append_path(torch.randn(10, 2, generator=g, dtype=DT))
+        Kaa, Kbb = old.Kuu(kernel).to_dense(), ivs.Kuu(kernel).to_dense()
+        gain = ivs.Kuu_cross(old, kernel) @ torch.linalg.inv(Kaa)
+        q_b = strategy.inducing_posterior()
+    assert (q_b.mean - gain @ q_a.mean).abs().max() < 1e-8
+    assert (q_b.covariance_matrix - (Kbb - gain @ (Kaa - q_a.covariance_matrix) @ gain.T)).abs().max() < 1e-8
 
 
 def test_a_changed_mean_is_rejected_for_hippo_variables():
