@@ -17,6 +17,7 @@ Old data are never revisited: a task only touches its own data and the stored su
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from typing import Optional
 
@@ -36,17 +37,50 @@ from .variational import InterdomainVariationalStrategy
 
 __all__ = ["OnlineSGPR", "OnlineELBO"]
 
+_OLD_TASK_BUFFERS = ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_mean")
+
 
 def _solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(chol, rhs, upper=False)
 
 
-def _frozen_copy(inducing_variables: InducingVariables) -> InducingVariables:
-    """A detached deep copy of ``inducing_variables`` whose tensors receive no gradients."""
-    snapshot = copy.deepcopy(inducing_variables)
+def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A detached deep copy of ``module`` (inducing variables, mean function) whose tensors receive
+    no gradients; a copy of inducing variables is owned by no variational strategy."""
+    snapshot = copy.deepcopy(module)
     for parameter in snapshot.parameters():
         parameter.requires_grad_(False)
+    if isinstance(snapshot, InducingVariables):
+        snapshot._variational_owner = None
     return snapshot
+
+
+def _frozen_copy_to_load(template: torch.nn.Module, state_dict: dict, prefix: str) -> torch.nn.Module:
+    """A frozen copy of ``template`` whose tensors take the shapes saved under ``prefix``, so that a
+    fresh model can load a stored task whose variables differed from today's (e.g. another ``M``)."""
+    snapshot = _frozen_copy(template)
+    for name, tensor in itertools.chain(snapshot.named_parameters(), snapshot.named_buffers()):
+        saved = state_dict.get(prefix + name)
+        if saved is not None and saved.shape != tensor.shape:
+            tensor.data = torch.empty(saved.shape, dtype=tensor.dtype, device=tensor.device)
+    return snapshot
+
+
+def _check_mean_unchanged(old_inducing_variables: InducingVariables, old_mean: torch.nn.Module, mean_module) -> None:
+    """Raise if the mean function changed since a task whose inducing variables project the centred
+    process ``f - m`` (interdomain variables; ``prior_mean`` is ``None``). Their prior mean under the
+    new mean would be ``\\int (m_new - m_old) φ``, which the interface does not provide. Point
+    inducing variables need no check: their old prior mean is stored and the new one is ``m_new(Z_a)``."""
+    if old_inducing_variables.prior_mean(mean_module) is not None:
+        return
+    old_state, state = old_mean.state_dict(), mean_module.state_dict()
+    if old_state.keys() == state.keys() and all(torch.equal(old_state[k], state[k].detach()) for k in state):
+        return
+    raise RuntimeError(
+        f"the mean function changed since the previous task, but {type(old_inducing_variables).__name__} project "
+        "the centred process f - m, so the stored task cannot be re-expressed under the new mean: keep the mean "
+        "fixed after the first task (mean_module.requires_grad_(False)), use a ZeroMean, or use InducingPoints"
+    )
 
 
 def _check_inputs(train_x, train_y, x_name: str = "train_x", y_name: str = "train_y") -> tuple[Tensor, Tensor]:
@@ -104,11 +138,14 @@ class OnlineSGPR(gpytorch.Module):
     data (up to the ``K_uu`` jitter, whose inconsistency is ``O(jitter / λ_min(K_uu))``), and the
     per-task bounds sum to the batch bound.
 
-    After each task the summary ``(Λ', η', L', μ'_a)`` is stored in buffers and a frozen deep copy
-    of the inducing variables in :attr:`posterior_inducing_variables`. Between tasks the inducing
-    variables may be replaced (``model.inducing_variables = InducingPoints(new_Z)``) or moved in
-    place (e.g. ``model.inducing_variables.advance(t_new)`` for HiPPO); the old copy provides
-    ``Kuu_cross``.
+    After each task the summary ``(Λ', η', L', μ'_a)`` is stored in buffers and frozen deep copies
+    of the inducing variables and the mean in :attr:`posterior_inducing_variables` and
+    :attr:`posterior_mean_module` (in the module tree: ``state_dict``, ``deepcopy`` and ``.to``
+    carry them). Between tasks the inducing variables may be replaced
+    (``model.inducing_variables = InducingPoints(new_Z)``) or moved in place (e.g.
+    ``model.inducing_variables.advance(t_new)`` for HiPPO); the old copy provides ``Kuu_cross``.
+    The mean function may change between tasks with point inducing variables (``μ_a = m(Z_a)``
+    under the new mean, ``μ'_a`` stored); interdomain ones project ``f - m``, so a change raises.
 
     :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
     :param covar_module: the GPyTorch kernel ``k``.
@@ -149,10 +186,11 @@ class OnlineSGPR(gpytorch.Module):
         self.likelihood = likelihood
         self.mean_module = mean_module
         self.posterior_inducing_variables = None
+        self.posterior_mean_module = None
         for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
             self.register_buffer(name, None)
         self.register_buffer("num_tasks", torch.tensor(0))
-        self.last_bound: Optional[Tensor] = None
+        self.register_buffer("last_bound", None, persistent=False)
 
     # ------------------------------------------------------------------ state handling
     @property
@@ -167,10 +205,12 @@ class OnlineSGPR(gpytorch.Module):
             key = prefix + name
             if key in state_dict and getattr(self, name) is None:
                 setattr(self, name, torch.empty_like(state_dict[key]))
-        if self.posterior_inducing_variables is None and any(
-            k.startswith(prefix + "posterior_inducing_variables.") for k in state_dict
+        for name, template in (
+            ("posterior_inducing_variables", self.inducing_variables),
+            ("posterior_mean_module", self.mean_module),
         ):
-            self.posterior_inducing_variables = _frozen_copy(self.inducing_variables)
+            if getattr(self, name) is None and prefix + "posterior_chol" in state_dict:
+                setattr(self, name, _frozen_copy_to_load(template, state_dict, f"{prefix}{name}."))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def _noise(self) -> Tensor:
@@ -194,6 +234,7 @@ class OnlineSGPR(gpytorch.Module):
         )
         if self.has_posterior:
             old = self.posterior_inducing_variables
+            _check_mean_unchanged(old, self.posterior_mean_module, self.mean_module)
             old_chol, old_precision, old_shift = self.posterior_chol, self.posterior_precision, self.posterior_shift
             R = _solve_lower(chol, ivs.Kuu_cross(old, kernel))  # L^{-1} K_ba
             T = _solve_lower(old_chol, R.mT).mT  # L^{-1} K_ba L'^{-T}
@@ -253,6 +294,17 @@ class OnlineSGPR(gpytorch.Module):
             raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
         if not (isinstance(lr, (int, float)) and lr > 0):
             raise ValueError(f"lr must be a positive float, got {lr!r}")
+        if (
+            num_iter > 0
+            and self.has_posterior
+            and any(p.requires_grad for p in self.mean_module.parameters())
+            and self.posterior_inducing_variables.prior_mean(self.mean_module) is None
+        ):  # fail before optimising rather than at the first step that moves the mean
+            raise ValueError(
+                "num_iter > 0 would train the mean function after the first task, which the stored task's "
+                f"{type(self.posterior_inducing_variables).__name__} (projections of f - m) cannot follow: "
+                "call mean_module.requires_grad_(False) first, or use InducingPoints"
+            )
         if num_iter > 0:
             parameters = [p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("posterior_")]
             optimizer = torch.optim.Adam(parameters, lr=lr)
@@ -272,6 +324,7 @@ class OnlineSGPR(gpytorch.Module):
             self.posterior_shift = shift.detach().clone()
             self.posterior_prior_mean = prior_mean.detach().expand(shift.shape).clone()
             self.posterior_inducing_variables = _frozen_copy(self.inducing_variables)
+            self.posterior_mean_module = _frozen_copy(self.mean_module)
             self.num_tasks += 1
         self.last_bound = bound.detach()
         return self.last_bound
@@ -307,6 +360,7 @@ class OnlineSGPR(gpytorch.Module):
         if not self.has_posterior:
             return MultivariateNormal(prior_mean, prior_covar)
         ivs = self.posterior_inducing_variables
+        _check_mean_unchanged(ivs, self.posterior_mean_module, self.mean_module)
         chol_now = psd_safe_cholesky(to_dense(ivs.Kuu(kernel)))
         W = _solve_lower(chol_now, ivs.Kuf(kernel, x))
         # q(b) was stored whitened by the Cholesky factor L' of the hyperparameters of its task;
@@ -340,10 +394,16 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
     The model must use :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`
     (directly or inside ``IndependentMultitaskVariationalStrategy``). Call :meth:`end_task` after
     training on each task: it stores ``q_old(a)`` (mean and Cholesky factor of ``S_a``), the
-    Cholesky factor of ``K'_aa`` (with the jitter of the inducing variables), ``μ'_a`` and a frozen
-    copy of the inducing variables. Before the first :meth:`end_task` this is the plain SVGP ELBO
-    (thesis eq. ``elbo_svgp``). With HiPPO inducing variables this trains OHSVGP, with inducing
-    points OSVGP.
+    Cholesky factor of ``K'_aa`` (with the jitter of the inducing variables), ``μ'_a`` and frozen
+    copies of the inducing variables and of the mean function, all in the module tree (saved by
+    ``state_dict``, moved by ``.to``). Then move HiPPO inducing variables with
+    ``model.variational_strategy.advance(t_new)`` or ``.append_path(x_ordered)`` (both refused
+    before :meth:`end_task`) or replace point ones. Before the first :meth:`end_task` this is the
+    plain SVGP ELBO (thesis eq. ``elbo_svgp``). With HiPPO inducing variables this trains OHSVGP,
+    with inducing points OSVGP.
+
+    A mean function may change between tasks with point inducing variables (``μ'_a`` is stored
+    and ``μ_a = m_new(Z_a)``); interdomain ones project ``f - m``, so there a change raises.
     """
 
     def __init__(self, likelihood, model, num_data: int, beta: float = 1.0, combine_terms: bool = True):
@@ -352,9 +412,10 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         if not (isinstance(beta, (int, float)) and beta >= 0):
             raise ValueError(f"beta must be a non-negative float, got {beta!r}")
         super().__init__(likelihood, model, num_data, beta, combine_terms)
-        self._interdomain_strategy()  # fail early on an unsupported model
-        object.__setattr__(self, "old_inducing_variables", None)
-        for name in ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_mean"):
+        self._interdomain_strategy()._online_objective = True  # (also fails early on an unsupported model)
+        self.old_inducing_variables = None
+        self.old_mean_module = None
+        for name in _OLD_TASK_BUFFERS:
             self.register_buffer(name, None)
 
     def _interdomain_strategy(self) -> InterdomainVariationalStrategy:
@@ -369,8 +430,26 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         return strategy
 
     @property
+    def _mean_module(self) -> gpytorch.means.Mean:
+        """The model's prior mean function (``ZeroMean`` if it has none)."""
+        mean_module = self._interdomain_strategy().mean_module
+        return gpytorch.means.ZeroMean() if mean_module is None else mean_module
+
+    @property
     def has_old_task(self) -> bool:
         return self.old_inducing_variables is not None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # The old task exists only after end_task: allocate it so that a fresh ELBO loads a saved one.
+        for name in _OLD_TASK_BUFFERS:
+            key = prefix + name
+            if key in state_dict and getattr(self, name) is None:
+                setattr(self, name, torch.empty_like(state_dict[key]))
+        strategy = self._interdomain_strategy()
+        for name, template in (("old_inducing_variables", strategy.inducing_variables), ("old_mean_module", self._mean_module)):
+            if getattr(self, name) is None and prefix + "old_mean" in state_dict:
+                setattr(self, name, _frozen_copy_to_load(template, state_dict, f"{prefix}{name}."))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     @torch.no_grad()
     def end_task(self, num_data: Optional[int] = None) -> None:
@@ -394,7 +473,9 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         self.old_covar_chol = psd_safe_cholesky(posterior.covariance_matrix.detach())
         self.old_prior_chol = prior_chol.detach().clone()
         self.old_prior_mean = prior_mean.detach().clone()
-        object.__setattr__(self, "old_inducing_variables", _frozen_copy(ivs))
+        self.old_inducing_variables = _frozen_copy(ivs)
+        self.old_mean_module = _frozen_copy(self._mean_module)
+        strategy.online_task_ended.fill_(True)
 
     @staticmethod
     def _expected_gaussian_log_density(mean: Tensor, covar: Tensor, target_mean: Tensor, target_chol: Tensor) -> Tensor:
@@ -413,6 +494,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         if not self.has_old_task:
             return kl
         strategy = self._interdomain_strategy()
+        _check_mean_unchanged(self.old_inducing_variables, self.old_mean_module, self._mean_module)
         marginal = strategy.inducing_marginal(self.old_inducing_variables)
         mean, covar = marginal.mean, to_dense(marginal.lazy_covariance_matrix)
         gain = self._expected_gaussian_log_density(mean, covar, self.old_mean, self.old_covar_chol)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import gpytorch
@@ -94,16 +95,22 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
                 f"num_inducing={inducing_variables.num_inducing}"
             )
         # Deliberately skip _VariationalStrategy.__init__: it would register an `inducing_points`
-        # parameter, which has no meaning for interdomain inducing variables.
+        # parameter, which has no meaning for interdomain inducing variables (and would go stale for
+        # point ones); the `inducing_points` property below gives GPyTorch's wrappers what they read.
         gpytorch.Module.__init__(self)
         self._jitter_val = None
         object.__setattr__(self, "model", model)
         self.inducing_variables = inducing_variables
         self._variational_distribution = variational_distribution
         self.register_buffer("variational_params_initialized", torch.tensor(0))
+        # set by OnlineELBO.end_task, cleared by advance: an attached OnlineELBO must store the
+        # finished task before the inducing variables move (see advance)
+        self.register_buffer("online_task_ended", torch.tensor(False))
+        self._online_objective = False
         self.whitened = bool(whitened)
         self._explicit_kernel = kernel
         self._cache_fingerprint = None
+        inducing_variables._variational_owner = type(self).__name__
 
     # ------------------------------------------------------------------ components
     @property
@@ -125,6 +132,20 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         """``model.mean_module`` if it exists (used for the unwhitened prior mean of ``u``)."""
         mean = getattr(self.model, "mean_module", None)
         return mean if isinstance(mean, gpytorch.means.Mean) else None
+
+    @property
+    def inducing_points(self) -> Tensor:
+        """GPyTorch's attribute, read by its wrappers (``LMCVariationalStrategy`` takes its dtype).
+
+        The inputs ``Z`` of :class:`~gpytorch_hippo.inducing.InducingPoints` (the live tensor, never a
+        stale copy); interdomain inducing variables have no input locations, so for them an empty
+        ``(*batch, M, 0)`` tensor of the variational distribution's dtype and device.
+        """
+        points = getattr(self.inducing_variables, "points", None)
+        if isinstance(points, Tensor):
+            return points
+        q = self._variational_distribution
+        return torch.empty(*q.batch_shape, self.inducing_variables.num_inducing, 0, dtype=q.dtype, device=q.device)
 
     @property
     def jitter_val(self) -> float:
@@ -161,6 +182,14 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         if not fresh:
             clear_cache_hook(self)
             self._cache_fingerprint = [t.detach().clone() for t in tensors]
+
+    def __getstate__(self):
+        """Copies and pickles drop the caches: they are recomputed on demand, and train-mode ones
+        hold tensors in the autograd graph, which ``copy.deepcopy`` refuses."""
+        state = super().__getstate__()
+        state["_memoize_cache"] = {}
+        state["_cache_fingerprint"] = None
+        return state
 
     @cached(name="cholesky_factor", ignore_args=True)
     def _cholesky_factor(self) -> Tensor:
@@ -218,8 +247,80 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         cross = self.inducing_variables.Kuu_cross(other, kernel)
         covar_q = None if isinstance(q, Delta) else q.lazy_covariance_matrix
         return self._conditional(
-            mean_other, Kuu_other, cross, q.mean, covar_q, diag=False, data_jitter=False
+            mean_other, Kuu_other, cross, q.mean, covar_q, data_jitter=False
         )
+
+    # ------------------------------------------------------------------ moving the inducing variables
+    def advance(self, t_new: float) -> None:
+        """Move HiPPO inducing variables (time inputs) to ``t_new`` and carry ``q(u)`` forward.
+
+        The new ``q(u')`` is ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis eq. ``online_elbo``), so
+        the posterior is the one of the finished task seen through the moved variables (exactly, in
+        the Gaussian family of the variational distribution: a mean-field ``q`` keeps the marginals).
+        The inducing variables refuse ``advance`` themselves while this strategy owns them. With an
+        :class:`~gpytorch_hippo.online.OnlineELBO` attached, call its ``end_task()`` first: it stores
+        ``q_old(a)`` of the finished task, which moving the variables would otherwise overwrite.
+        """
+        self._move_inducing_variables("advance", lambda variables: variables.advance(t_new))
+
+    def append_path(self, x_ordered: Tensor, step: int = 1) -> None:
+        """Extend the path of multidimensional HiPPO inducing variables with a task's ordered inputs
+        (thesis §4.4), carrying ``q(u)`` forward as :meth:`advance` does (nothing to carry before
+        ``q(u)`` is first used)."""
+        kernel = self.kernel
+        self._move_inducing_variables(
+            "append_path", lambda variables: variables.append_path(x_ordered, step=step, kernel=kernel)
+        )
+
+    def _move_inducing_variables(self, method: str, move) -> None:
+        if not callable(getattr(self.inducing_variables, method, None)):
+            raise TypeError(
+                f"{type(self.inducing_variables).__name__} have no {method} (it is for HiPPO inducing variables); "
+                "assign new ones to variational_strategy.inducing_variables instead"
+            )
+        carry = bool(self.variational_params_initialized.item())  # (an unused q(u) holds nothing to carry)
+        if carry and self._online_objective and not self.online_task_ended.item():
+            raise RuntimeError(
+                f"call OnlineELBO.end_task() before {method}: it stores q(u) of the finished task "
+                f"({method} first would silently lose it)"
+            )
+        self._clear_cache()
+        inducing_variables = self.inducing_variables
+        with torch.no_grad():
+            if carry:
+                moved = copy.deepcopy(inducing_variables)
+                moved._variational_owner = None
+                move(moved)
+                carried = self.inducing_marginal(moved)
+            inducing_variables._variational_owner = None
+            try:
+                move(inducing_variables)
+            finally:
+                inducing_variables._variational_owner = type(self).__name__
+            self._clear_cache()
+            if carry:
+                self._set_variational_distribution(carried)
+        self.online_task_ended.fill_(False)
+
+    def _set_variational_distribution(self, q_u: MultivariateNormal) -> None:
+        """Set the variational parameters to ``q(u) = q_u`` (whitened by ``chol(K_uu)`` if need be),
+        exactly: without the random jitter GPyTorch's initialisation adds to the mean."""
+        mean, covar = q_u.mean, to_dense(q_u.lazy_covariance_matrix)
+        if self.whitened:
+            chol = self._cholesky_factor().to(mean.dtype)
+            mean_u = self._prior_mean_u()
+            mean = mean if mean_u is None else mean - mean_u
+            mean = _solve_lower(chol, mean.unsqueeze(-1)).squeeze(-1)
+            covar = _solve_lower(chol, _solve_lower(chol, covar).mT)
+        distribution = self._variational_distribution
+        mean_init_std = distribution.mean_init_std
+        distribution.mean_init_std = 0.0
+        try:
+            distribution.initialize_variational_distribution(MultivariateNormal(mean, (covar + covar.mT) / 2))
+        finally:
+            distribution.mean_init_std = mean_init_std
+        self.variational_params_initialized.fill_(1)
+        self._clear_cache()
 
     # ------------------------------------------------------------------ q(f)
     def _conditional(
@@ -229,7 +330,6 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         Kuf: Tensor,
         inducing_values: Tensor,
         variational_inducing_covar: Optional[LinearOperator],
-        diag: bool,
         data_jitter: bool,
     ) -> MultivariateNormal:
         """``\\int p(f | u) q(u) du`` for targets with prior ``N(prior_mean, prior_covar)`` and ``cov(u, f) = Kuf``."""
@@ -253,13 +353,9 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         mean = prior_mean + (W.mT @ mean_v.unsqueeze(-1)).squeeze(-1)
         jitter = self.inducing_variables.jitter_value(W.dtype) if data_jitter else 0.0
 
-        num_inducing, num_data = W.shape[-2], W.shape[-1]
-        if diag and self.training and num_inducing < num_data:
-            variance = (prior_covar.diagonal(dim1=-2, dim2=-1) - W.square().sum(-2)).clamp_min(0.0) + jitter
-            if root_v is not None:
-                variance = variance + (root_v.mT @ W).square().sum(-2)
-            return MultivariateNormal(mean, DiagLinearOperator(variance))
-
+        # The full covariance in every mode, kept lazy (prior + low rank): the ELBO reads only its
+        # diagonal, at O(N M^2), while samples and GPyTorch's multitask wrappers see the correlations.
+        num_inducing = W.shape[-2]
         if root_v is None:
             middle = -torch.eye(num_inducing, dtype=W.dtype, device=W.device)
         else:
@@ -278,6 +374,8 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         diag: bool = True,
         **kwargs,
     ) -> MultivariateNormal:
+        """``q(f(x))`` with its full covariance, lazily (``diag`` is accepted for GPyTorch's seam and
+        not needed: reading only the variances of the result costs ``O(N M^2)`` anyway)."""
         prior = self.model.forward(x, **kwargs)
         Kuf = self.inducing_variables.Kuf(self.kernel, x)
         return self._conditional(
@@ -286,11 +384,11 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             Kuf,
             inducing_values,
             variational_inducing_covar,
-            diag=diag,
             data_jitter=self.whitened,
         )
 
     def __call__(self, x: Tensor, prior: bool = False, diag: bool = True, **kwargs) -> MultivariateNormal:
+        self.inducing_variables._variational_owner = type(self).__name__  # also after a replacement
         if prior:
             return self.model.forward(x, **kwargs)
         if self.training:

@@ -49,6 +49,8 @@ class InducingVariables(gpytorch.Module):
     """
 
     jitter: Optional[float] = None
+    #: set by a variational strategy whose ``q(u)`` lives on these variables (see :meth:`_check_movable`)
+    _variational_owner: Optional[str] = None
 
     def __init__(self, jitter: Optional[float] = None):
         super().__init__()
@@ -83,6 +85,17 @@ class InducingVariables(gpytorch.Module):
         """Return ``covariance + jitter * I`` following the jitter policy of this set."""
         covariance = to_linear_operator(covariance)
         return covariance.add_jitter(self.jitter_value(covariance.dtype) * self._jitter_scale(covariance))
+
+    def _check_movable(self, step: str) -> None:
+        """Refuse to move these variables in place (``step``, e.g. ``"advance(t_new)"``) while a
+        variational ``q(u)`` lives on them: it would silently become a distribution over the moved
+        variables. The owning strategy moves them itself and carries ``q(u)`` forward."""
+        if self._variational_owner is not None:
+            raise RuntimeError(
+                f"{step} would silently re-interpret the q(u) of the {self._variational_owner} that uses these "
+                f"inducing variables as a distribution over the moved ones; call model.variational_strategy.{step} "
+                "instead, which carries q(u) forward"
+            )
 
     def prior_mean(self, mean_module: Optional[gpytorch.means.Mean]) -> Optional[Tensor]:
         """Prior mean ``E[u]`` of shape ``(*batch, M)``, or ``None`` when it is zero (the default)."""

@@ -210,6 +210,7 @@ class HiPPOInducingVariables(InducingVariables):
         """Move the bases forward to ``t_new`` (1-D inputs); the recurrence state is carried."""
         if self.input_dim != 1:
             raise RuntimeError("multidimensional HiPPO inducing variables advance with append_path(x_ordered)")
+        self._check_movable("advance(t_new)")
         if not float(t_new) > self.t:
             raise ValueError(f"t_new must be greater than the current t = {self.t}, got {t_new}")
         self.breakpoints = torch.cat([self.breakpoints, self.breakpoints.new_tensor([float(t_new)])])
@@ -268,6 +269,7 @@ class HiPPOInducingVariables(InducingVariables):
         """
         if self.input_dim == 1:
             raise RuntimeError("append_path is for multidimensional inputs; use advance(t_new) for time inputs")
+        self._check_movable("append_path(x_ordered)")
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise ValueError(f"step must be a positive integer, got {step!r}")
         x_ordered = self._check_inputs(x_ordered)

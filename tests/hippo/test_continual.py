@@ -128,13 +128,12 @@ def run_ohsvgp(criterion, train, test):
     model = HiPPOClassifier().to(DT)
     likelihood = gpytorch.likelihoods.BernoulliLikelihood()
     mll = OnlineELBO(likelihood, model, num_data=train[0][1].shape[0])
-    inducing_variables = model.variational_strategy.inducing_variables
     last_input, history = None, []
     for index, (x, y) in enumerate(train):
         order = order_inputs(x, criterion, kernel=model.covar_module, start=last_input)
         x, y = x[order], y[order]
         last_input = x[-1]
-        inducing_variables.append_path(x, kernel=model.covar_module)
+        model.variational_strategy.append_path(x)  # carries q(u) forward (after end_task)
         mll.num_data = y.shape[0]
         if index == 0:
             parameters = list(model.parameters())

@@ -51,7 +51,7 @@ def test_ohsvgp_reaches_the_ohsgpr_posterior_over_two_tasks():
     for index, (xs, ys) in enumerate(tasks):
         if index == 1:
             elbo.end_task(num_data=xs.shape[0])
-            model.variational_strategy.inducing_variables.advance(4.0)
+            model.variational_strategy.advance(4.0)  # carries q(u) forward; refused before end_task
         optimizer = gpytorch.optim.NGD(model.variational_parameters(), num_data=xs.shape[0], lr=1.0)
         for _ in range(2):
             optimizer.zero_grad()
