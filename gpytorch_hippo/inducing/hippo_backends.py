@@ -28,6 +28,7 @@ from ..hippo import HiPPO, quadrature_rule
 from .spectral import (
     RBF_CUTOFF,
     gauss_legendre,
+    hippo_support,
     hippo_transform,
     kernel_signature,
     rbf_spectral_density,
@@ -113,30 +114,32 @@ class SpectralBackend:
             _, lengthscale, nu = spectral_parts(kernel)
         except TypeError:
             return False
-        return nu is None and lengthscale.numel() == 1 and self._transform(ivars, torch.zeros(1, dtype=torch.float64)) is not None
+        return nu is None and lengthscale.numel() == 1 and self._support(ivars) is not None
 
-    def _transform(self, ivars, omega: Tensor):
-        return hippo_transform(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega)
+    def _support(self, ivars):
+        return hippo_support(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start)
 
     def _rule(self, kernel, bandwidth: float, num_inducing: int, device) -> tuple[Tensor, Tensor]:
         """Nodes ``ω_q`` on ``[0, Ω]`` and the differentiable scales ``sqrt(2 w_q S(ω_q))``."""
         _, lengthscale, _ = spectral_parts(kernel)
         cutoff = RBF_CUTOFF / float(lengthscale.detach())
         num_nodes = math.ceil(cutoff * bandwidth / 4) + num_inducing + 40
+        step = 2 ** max(0, num_nodes.bit_length() - 4)  # round up (< 1/8 more): cached rules serve many tasks
+        num_nodes = -(-num_nodes // step) * step
         z, w = gauss_legendre(num_nodes, device=device)
         omega = cutoff * (z + 1) / 2
         density = rbf_spectral_density(kernel, omega)
         return omega, torch.sqrt(cutoff * w * density)  # 2 * (Ω/2) w * S
 
-    def _features(self, ivars, omega: Tensor, scale: Tensor) -> tuple[Tensor, float, float]:
-        """``F = sqrt(2wS) [Re ĉ; Im ĉ]``: ``(2Q, M)`` float64, and the support's centre and half-width."""
+    def _features(self, ivars, omega: Tensor, scale: Tensor) -> Tensor:
+        """``F = sqrt(2wS) [Re ĉ; Im ĉ]``: ``(2Q, M)`` float64 (the transform at the nodes is cached)."""
         key = (ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega.shape[0], float(omega[-1]), omega.device)
         if key not in self._transforms:
-            centre, half_width, D = self._transform(ivars, omega)
+            centre, _ = self._support(ivars)
+            D = hippo_transform(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega)
             chat = torch.polar(torch.ones_like(omega), omega * centre)[:, None] * D
-            self._transforms = {key: (torch.cat([chat.real, chat.imag]), centre, half_width)}
-        basis, centre, half_width = self._transforms[key]
-        return torch.cat([scale, scale])[:, None] * basis, centre, half_width
+            self._transforms = {key: torch.cat([chat.real, chat.imag])}
+        return torch.cat([scale, scale])[:, None] * self._transforms[key]
 
     def _bucket(self, half_width: float, needed: float) -> float:
         """The band ``2h 2^k >= needed``: inputs inside the support share the nodes of ``Kuu``."""
@@ -144,21 +147,20 @@ class SpectralBackend:
         return base * 2 ** max(0, math.ceil(math.log2(max(needed, base) / base) - 1e-12))
 
     def cross(self, a, b, kernel) -> Tensor:
-        centre_a, half_a, _ = self._transform(a, torch.zeros(1, dtype=torch.float64))
-        centre_b, half_b, _ = self._transform(b, torch.zeros(1, dtype=torch.float64))
+        (centre_a, half_a), (centre_b, half_b) = self._support(a), self._support(b)
         band = self._bucket(half_a, abs(centre_a - centre_b) + half_a + half_b)
         omega, scale = self._rule(kernel, band, max(a.num_inducing, b.num_inducing), a.breakpoints.device)
-        F_a = self._features(a, omega, scale)[0]
-        F_b = F_a if b is a else self._features(b, omega, scale)[0]
+        F_a = self._features(a, omega, scale)
+        F_b = F_a if b is a else self._features(b, omega, scale)
         return (F_a.mT @ F_b).to(_kernel_dtype(kernel))
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
-        centre, half_width, _ = self._transform(ivars, torch.zeros(1, dtype=torch.float64))
+        centre, half_width = self._support(ivars)
         times = x[..., 0].double()
         reach = float((times.detach() - centre).abs().max()) if times.numel() else 0.0
         band = self._bucket(half_width, half_width + reach)
         omega, scale = self._rule(kernel, band, ivars.num_inducing, ivars.breakpoints.device)
-        F = self._features(ivars, omega, scale)[0]
+        F = self._features(ivars, omega, scale)
         phase = omega[:, None] * times[..., None, :]  # (*batch, Q, N)
         psi = torch.cat([scale, scale])[:, None] * torch.cat([torch.cos(phase), torch.sin(phase)], dim=-2)
         return (F.mT @ psi).to(x.dtype)

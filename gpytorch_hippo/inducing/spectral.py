@@ -137,11 +137,21 @@ def spherical_jn(M: int, x: Tensor) -> Tensor:
     return torch.stack(values, dim=-1)
 
 
-def hippo_transform(measure: str, M: int, theta: float, t: float, start: float, omega: Tensor):
-    """``(c, h, D)`` with ``ĉ_m(ω) = e^{iωc} D_m(ω)``, or ``None`` where no closed form applies.
+def hippo_support(measure: str, M: int, theta: float, t: float, start: float) -> Optional[Tuple[float, float]]:
+    """``(c, h)``, centre and half-width of the basis functions' support, or ``None`` where
+    :func:`hippo_transform` has no closed form (a support clipped by the stream start)."""
+    if measure in ("legs", "legt"):
+        lower = 0.0 if measure == "legs" else t - theta
+        return None if start > lower else (t - (t - lower) / 2, (t - lower) / 2)
+    if measure == "lagt":
+        return None if (t - start) / theta < 80 else (t, (4 * M + 10) * theta)
+    return None if t - theta < start else (t - theta / 2, theta / 2)
 
-    ``c`` is the centre and ``h`` the half-width of the basis functions' support, ``D`` a complex
-    ``(Q, M)`` tensor.  Closed forms (``φ_m = g_m ω^{(t)}`` as in :mod:`gpytorch_hippo.hippo`):
+
+def hippo_transform(measure: str, M: int, theta: float, t: float, start: float, omega: Tensor) -> Tensor:
+    """``D`` (complex, ``(Q, M)``) with ``ĉ_m(ω) = e^{iωc} D_m(ω)``, ``(c, h)`` from :func:`hippo_support`.
+
+    Closed forms (``φ_m = g_m ω^{(t)}`` as in :mod:`gpytorch_hippo.hippo`):
 
     * LegS on ``[0, t]`` and LegT on ``[t-θ, t]``: ``D_m = √(2m+1) i^m j_m(ωh)`` (``∫ e^{iaz} P_m(z) dz
       = 2 i^m j_m(a)`` on ``[-1, 1]``);
@@ -150,28 +160,19 @@ def hippo_transform(measure: str, M: int, theta: float, t: float, start: float, 
       of it (``|L_m(r)| <= e^{r/2}``): ``(t - start)/θ >= 80``; ``h = (4M + 10) θ`` bounds its support;
     * FouT: ``D_0 = sinc(ωh)``, cos/sin pair ``k``: ``(-1)^k/√2 [sinc((ω-a)h) ± sinc((ω+a)h)]`` (times
       ``i`` for the sine), ``a = 2πk/θ``.
-
-    Supports clipped by the stream start (LegS with ``start > 0``, LegT/FouT with ``t - θ < start``)
-    have no closed form here: ``None``.
     """
+    support = hippo_support(measure, M, theta, t, start)
+    if support is None:
+        raise ValueError(f"no closed-form HiPPO transform for measure {measure!r} with a support clipped at start = {start}")
+    _, h = support
     omega = omega.double()
     m = torch.arange(M, dtype=torch.float64, device=omega.device)
     if measure in ("legs", "legt"):
-        lower = 0.0 if measure == "legs" else t - theta
-        if start > lower:
-            return None
-        h = (t - lower) / 2
         values = spherical_jn(M, omega * h) * torch.sqrt(2 * m + 1)
-        phase = torch.polar(torch.ones_like(m), m * math.pi / 2)  # i^m
-        return t - h, h, values * phase
+        return values * torch.polar(torch.ones_like(m), m * math.pi / 2)  # i^m
     if measure == "lagt":
-        if (t - start) / theta < 80:
-            return None
         z = (1j * omega * theta)[:, None]
-        return t, (4 * M + 10) * theta, z**m / (1 + z) ** (m + 1)
-    if t - theta < start:
-        return None
-    h = theta / 2
+        return z**m / (1 + z) ** (m + 1)
     k = torch.arange(1, (M - 1) // 2 + 1, dtype=torch.float64, device=omega.device)
     a = 2 * math.pi * k / theta
     minus = torch.sinc((omega[:, None] - a) * h / math.pi)  # torch.sinc(x) = sin(πx)/(πx)
@@ -181,4 +182,4 @@ def hippo_transform(measure: str, M: int, theta: float, t: float, start: float, 
     sin_part = 1j * sign * (plus - minus)
     pairs = torch.stack([cos_part, sin_part], dim=-1).flatten(-2)
     constant = torch.sinc(omega * h / math.pi)[:, None].to(torch.complex128)
-    return t - h, h, torch.cat([constant, pairs], dim=-1)
+    return torch.cat([constant, pairs], dim=-1)
