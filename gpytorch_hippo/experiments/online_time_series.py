@@ -57,7 +57,8 @@ def make_model(method: str, num_inducing: int, t_end: float, x_first: torch.Tens
     if method == "ohsgpr":
         inducing = HiPPOInducingVariables(num_inducing, "legs", t=t_end)
     elif method == "ohsgpr-rec":
-        inducing = HiPPOInducingVariables(num_inducing, "legs", t=t_end, method="recurrence", dt=0.25, num_rff=num_rff)
+        inducing = HiPPOInducingVariables(num_inducing, "legs", t=t_end, method="recurrence", dt=0.25, num_rff=num_rff,
+                                          kuf="ode")  # the thesis: ODE Kuf, random-feature Kuu
     elif method == "ohsgpr-rff":
         inducing = HiPPOInducingVariables(num_inducing, "legs", t=t_end, method="recurrence", dt=0.25, num_rff=1000,
                                           kuf="rff")

@@ -64,8 +64,8 @@ class HiPPOInducingVariables(InducingVariables):
         between consecutive ordered inputs (multidimensional; default 1).
     :param input_dim: ``D``; ``1`` means time inputs, ``> 1`` the path construction of §4.4.
     :param discretization: HiPPO discretisation of the recurrence (default bilinear).
-    :param num_nodes: quadrature nodes per panel (default 12); the number of panels follows the
-        kernel's length scale (two per length scale) unless ``num_panels`` is given.
+    :param num_nodes: quadrature nodes per panel (at least; default 12); by default one panel per
+        length scale with at least ``ceil(M / panels) + 24`` nodes each, unless ``num_panels`` is given.
     :param start: start of the stream; the integrals run over ``[start, t]``.
     :param jitter: ``None`` (default): ``Kuu`` gets ``ε · mean(diag Kuu)`` with GPyTorch's
         ``ε = variational_cholesky_jitter`` (1e-6 float64, 1e-4 float32), relative because LegS

@@ -103,6 +103,10 @@ def test_backend_choice_and_fallbacks():
     assert auto._backend_for(rbf).name == "spectral"
     assert auto._backend_for(matern).name == "quadrature"
     assert auto._backend_for(gpytorch.kernels.PeriodicKernel().to(DT)).name == "quadrature"
+    batched = gpytorch.kernels.RBFKernel(batch_shape=torch.Size([3])).to(DT)  # e.g. inside LMC: exact quadrature
+    assert auto._backend_for(batched).name == "quadrature"
+    with pytest.raises(ValueError, match="batched"):
+        HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(batched)
     with pytest.raises(TypeError, match="RBF"):
         HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(matern)
     # LegT window clipped by the stream start: no closed form, exact quadrature instead
@@ -273,3 +277,12 @@ def test_to_dtype_deepcopy_and_state_dict_round_trip_for_every_backend():
         K32 = copy.deepcopy(ivars).float().Kuu(scaled_rbf(dtype=torch.float32)).to_dense().detach()
         assert K32.dtype == torch.float32
         torch.testing.assert_close(K32.double(), reference, rtol=2e-4, atol=1e-5)
+
+
+def test_default_quadrature_resolves_high_order_bases_on_short_streams():
+    # M = 150 basis functions over only 8 length scales: the old rule (2 panels per length scale,
+    # 12 nodes each) missed Kuu by 27%; a 200-panel, 20-node rule is the reference here
+    kernel = scaled_rbf(lengthscale=1.0, outputscale=1.0)
+    default = HiPPOInducingVariables(150, "legs", t=8.0, method="quadrature", jitter=0.0).Kuu(kernel).to_dense()
+    fine = HiPPOInducingVariables(150, "legs", t=8.0, method="quadrature", jitter=0.0, num_panels=200, num_nodes=20)
+    assert rel(default, fine.Kuu(kernel).to_dense()) < 1e-11
