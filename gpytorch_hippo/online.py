@@ -33,15 +33,13 @@ from tqdm.auto import tqdm
 
 from .inducing.base import InducingVariables
 from .nystrom import nystrom_residual
-from .variational import InterdomainVariationalStrategy
+from .variational import InterdomainVariationalStrategy, _solve_lower
 
 __all__ = ["OnlineSGPR", "OnlineELBO"]
 
 _OLD_TASK_BUFFERS = ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_mean")
 
 
-def _solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
-    return torch.linalg.solve_triangular(chol, rhs, upper=False)
 
 
 def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:

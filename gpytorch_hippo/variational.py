@@ -22,6 +22,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from .inducing.base import InducingVariables
+from .nystrom import nystrom_residual
 
 __all__ = ["InterdomainVariationalStrategy"]
 
@@ -355,6 +356,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
         # The full covariance in every mode, kept lazy (prior + low rank): the ELBO reads only its
         # diagonal, at O(N M^2), while samples and GPyTorch's multitask wrappers see the correlations.
+        nystrom_residual(prior_covar.diagonal(dim1=-2, dim2=-1), W)  # warns if Kuu and Kuf are inconsistent
         num_inducing = W.shape[-2]
         if root_v is None:
             middle = -torch.eye(num_inducing, dtype=W.dtype, device=W.device)
