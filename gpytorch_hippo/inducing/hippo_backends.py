@@ -129,7 +129,9 @@ class SpectralBackend:
     def _rule(self, kernel, bandwidth: float, num_inducing: int, device) -> tuple[Tensor, Tensor]:
         """Nodes ``ω_q`` on ``[0, Ω]`` and the differentiable scales ``sqrt(2 w_q S(ω_q))``."""
         _, lengthscale, _ = spectral_parts(kernel)
-        cutoff = RBF_CUTOFF / float(lengthscale.detach())
+        # Ω rounded up to a grid of 2^(1/8) steps: while a length scale is trained the nodes, and the
+        # cached transforms at them, stay put (a wider Ω only adds negligible spectral tail)
+        cutoff = 2 ** (math.ceil(8 * math.log2(RBF_CUTOFF / float(lengthscale.detach()))) / 8)
         num_nodes = math.ceil(cutoff * bandwidth / 4) + num_inducing + 40
         step = 2 ** max(0, num_nodes.bit_length() - 4)  # round up (< 1/8 more): cached rules serve many tasks
         num_nodes = -(-num_nodes // step) * step
