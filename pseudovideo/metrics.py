@@ -103,12 +103,17 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3
     return classifier.eval()
 
 
-def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None) -> ImageClassifier:
-    """The cached classifier for ``dataset`` (see ``pseudovideo.data``), trained on first use (~1 min)."""
+def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None, downsample: int = 1) -> ImageClassifier:
+    """The cached classifier for ``dataset`` (see ``pseudovideo.data``), trained on first use (~1 min).
+
+    ``downsample`` > 1 trains it on images average-pooled by that factor (the CPU-sized experiments).
+    """
     from .data import load_images
 
-    cache = Path(cache_dir or Path.home() / ".cache" / "probseq" / "pseudovideo") / f"{dataset}_classifier.pt"
+    name = f"{dataset}_classifier.pt" if downsample == 1 else f"{dataset}_x{downsample}_classifier.pt"
+    cache = Path(cache_dir or Path.home() / ".cache" / "probseq" / "pseudovideo") / name
     images, labels = load_images(dataset, limit=20_000)
+    images = nn.functional.avg_pool2d(images, downsample) if downsample > 1 else images
     if cache.is_file():
         classifier = ImageClassifier(in_channels=images.shape[1], num_classes=int(labels.max()) + 1)
         classifier.load_state_dict(torch.load(cache, weights_only=True))

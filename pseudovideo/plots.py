@@ -18,7 +18,7 @@ def save_video_rows(videos: dict[str, torch.Tensor], path: str | Path) -> None:
         for t, axis in enumerate(row):
             axis.axis("off")
             if t < video.shape[0]:
-                axis.imshow(video[t].permute(1, 2, 0).squeeze(-1).clamp(0, 1).cpu(), cmap="gray", vmin=0, vmax=1)
+                axis.imshow(video[t].permute(1, 2, 0).squeeze(-1).clamp(0, 1).cpu().numpy(), cmap="gray", vmin=0, vmax=1)
         row[0].set_title(title, fontsize=8, loc="left")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -32,7 +32,7 @@ def save_image_grid(images: torch.Tensor, path: str | Path, columns: int = 8) ->
     for index, axis in enumerate(axes.flat):
         axis.axis("off")
         if index < len(images):
-            axis.imshow(images[index].permute(1, 2, 0).squeeze(-1).clamp(0, 1).cpu(), cmap="gray", vmin=0, vmax=1)
+            axis.imshow(images[index].permute(1, 2, 0).squeeze(-1).clamp(0, 1).cpu().numpy(), cmap="gray", vmin=0, vmax=1)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
