@@ -33,7 +33,7 @@ from ..models.diffusion import AutoregressiveVideoDiffusion
 from ..plots import save_image_grid, save_video_rows
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "train_s"]
-QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "batch_size": 8}
+QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "batch_size": 8, "channels": "8,16"}
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
@@ -46,18 +46,20 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tiny everything)")
     parser.add_argument("--train-images", type=int, default=5000)
-    parser.add_argument("--steps", type=int, default=800, help="training steps per model")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--samples", type=int, default=500, help="generated (and held-out) images per model")
-    parser.add_argument("--sampling-steps", type=int, default=25, help="DDIM steps per generated frame")
+    parser.add_argument("--samples", type=int, default=300, help="generated (and held-out) images per model")
+    parser.add_argument("--sampling-steps", type=int, default=20, help="DDIM steps per generated frame")
     parser.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 28x28 -> 14x14)")
+    parser.add_argument("--channels", default="16,32,32", help="UNet block widths (one per resolution)")
     parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
     args = parser.parse_args(argv)
     if args.quick:
         for name, value in QUICK.items():
             setattr(args, name, value)
     args.frames = [int(f) for f in args.frames.split(",")]
+    args.channels = tuple(int(c) for c in args.channels.split(","))
     args.augmentation = args.augmentation.split(",")
     if any(f < 1 for f in args.frames):
         parser.error(f"--frames must be positive integers, got {args.frames}")
@@ -90,7 +92,8 @@ def build_videos(images, frames, augmentation, generator):
 def run_model(args, train, held_out, size, frames, augmentation, seed, classifier, out):
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    model = AutoregressiveVideoDiffusion(frames, frames // 2, channels=train.shape[1], image_size=train.shape[-1])
+    model = AutoregressiveVideoDiffusion(frames, frames // 2, channels=train.shape[1], image_size=train.shape[-1],
+                                         block_out_channels=args.channels)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     start = time.perf_counter()
     model.train()
