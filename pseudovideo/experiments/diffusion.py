@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 import torch.nn.functional as F
 
 from ..augment import METHODS, make_pseudo_video
@@ -53,6 +54,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--sampling-steps", type=int, default=20, help="DDIM steps per generated frame")
     parser.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 28x28 -> 14x14)")
     parser.add_argument("--channels", default="16,32,32", help="UNet block widths (one per resolution)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
     args = parser.parse_args(argv)
     if args.quick:
@@ -97,7 +99,7 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     start = time.perf_counter()
     model.train()
-    for _ in range(args.steps):
+    for _ in tqdm(range(args.steps), desc=f"{frames}-frame {augmentation}", disable=args.quiet, leave=False):
         batch = train[torch.randint(0, len(train), (args.batch_size,), generator=generator)]
         loss = model.training_loss(build_videos(batch, frames, augmentation, generator), generator)
         optimizer.zero_grad()

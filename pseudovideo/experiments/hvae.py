@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 import torch.nn.functional as F
 
 from ..data import DATASETS, load_images
@@ -40,6 +41,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--samples", type=int, default=500)
     parser.add_argument("--downsample", type=int, default=2, help="average-pool factor before binarising")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None)
     args = parser.parse_args(argv)
     if args.quick:
@@ -73,7 +75,7 @@ def main(argv=None) -> list[dict]:
                                  max_std=binary.shape[-1] / 1.4)  # Rissanen et al.: 20 px at 28x28, scaled
                 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
                 start = time.perf_counter()
-                for _ in range(args.steps):
+                for _ in tqdm(range(args.steps), desc=f"HVAE {encoder}", disable=args.quiet, leave=False):
                     batch = binary[torch.randint(0, len(binary), (args.batch_size,), generator=generator)]
                     loss = model.negative_elbo(batch, generator)
                     optimizer.zero_grad()

@@ -85,7 +85,7 @@ def test_bad_calls_are_named():
 
 def test_quick_run_writes_the_csv_contract(tmp_path):
     rows = main(["--dataset", "digits", "--downsample", "1", "--frames", "1,2", "--augmentation", "markov_high",
-                 "--seeds", "1", "--quick", "--out", str(tmp_path), "--classifier-cache", str(tmp_path / "cache")])
+                 "--seeds", "1", "--quick", "--quiet", "--out", str(tmp_path), "--classifier-cache", str(tmp_path / "cache")])
     with open(tmp_path / "results.csv") as handle:
         reader = csv.DictReader(handle)
         assert reader.fieldnames == COLUMNS

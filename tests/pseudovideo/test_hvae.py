@@ -67,7 +67,7 @@ def test_bad_input_is_named():
 
 
 def test_quick_run_writes_the_csv(tmp_path):
-    rows = main(["--dataset", "digits", "--downsample", "1", "--quick", "--out", str(tmp_path),
+    rows = main(["--dataset", "digits", "--downsample", "1", "--quick", "--quiet", "--out", str(tmp_path),
                  "--classifier-cache", str(tmp_path / "cache")])
     with open(tmp_path / "hvae_results.csv") as handle:
         reader = csv.DictReader(handle)
