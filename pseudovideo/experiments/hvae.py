@@ -24,7 +24,7 @@ from ..models.hvae import ENCODERS, HeatHVAE
 from ..plots import save_image_grid
 
 COLUMNS = ["dataset", "encoder", "latents", "seed", "is", "train_s"]
-QUICK = {"train_images": 64, "steps": 2, "samples": 16, "batch_size": 8, "latents": 3}
+QUICK = {"train_images": 64, "steps": 2, "samples": 16, "batch_size": 8, "latents": 3, "width": 8}
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
@@ -36,10 +36,11 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--train-images", type=int, default=4000)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--width", type=int, default=16, help="channels of the conv nets")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--downsample", type=int, default=2, help="average-pool factor before binarising")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None)
@@ -72,7 +73,7 @@ def main(argv=None) -> list[dict]:
                 torch.manual_seed(seed)
                 generator = torch.Generator().manual_seed(seed)
                 model = HeatHVAE(encoder, args.latents, channels=binary.shape[1], image_size=binary.shape[-1],
-                                 max_std=binary.shape[-1] / 1.4)  # Rissanen et al.: 20 px at 28x28, scaled
+                                 width=args.width, max_std=binary.shape[-1] / 1.4)  # Rissanen et al.: 20 px at 28x28, scaled
                 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
                 start = time.perf_counter()
                 for _ in tqdm(range(args.steps), desc=f"HVAE {encoder}", disable=args.quiet, leave=False):
