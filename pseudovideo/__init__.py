@@ -1,0 +1,10 @@
+"""Pseudo videos (thesis ch. 5): an image as the last frame of a video of its own corruptions.
+
+``augment`` builds pseudo videos, ``theory`` gives Theorem 5.1's minimum MSE in closed form for
+Gaussian images, ``metrics`` wraps torchmetrics' PSNR/FID/IS with a pluggable feature network, and
+``models`` holds the image/video diffusion models and the HVAE of §5.2.1.
+"""
+from .augment import METHODS, make_pseudo_video
+from .theory import context_gain_table, min_mse, optimal_predictor
+
+__all__ = ["METHODS", "make_pseudo_video", "min_mse", "optimal_predictor", "context_gain_table"]

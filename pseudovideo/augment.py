@@ -1,0 +1,130 @@
+"""Pseudo-video builders (thesis ch. 5): an image becomes the last frame of a corrupted sequence.
+
+``make_pseudo_video(images, T, method)`` maps ``(B, C, H, W)`` to ``(B, T, C, H, W)``. Frame
+``T`` (index ``-1``) is the original image exactly; frame 1 (index ``0``) is the most corrupted.
+Writing ``z_T = x`` and building backwards, ``t = 1, ..., T-1``:
+
+* ``"blur"`` (§5.3, Bansal et al. cold diffusion, "Exponential" routine):
+  ``z_{T-t} = G_{s_t} * z_{T-t+1}``, an ``kernel_size x kernel_size`` Gaussian kernel of standard
+  deviation ``s_t = exp(rate (t-1))`` pixels, reflect padding (``rate`` 0.05 for 8 frames, 0.01 for 18).
+* ``"heat"`` (§5.2.1, Rissanen et al.): ``z_{T-t} = F_h(tau_t) z_T + sigma_h eps``, where
+  ``F_h(tau) = D^T exp(-Lambda tau) D`` is heat dissipation with Neumann boundaries (``D`` the
+  orthonormal 2-D DCT-II, ``Lambda_kl = pi^2 (k^2/H^2 + l^2/W^2)``) and ``tau_t = s_t^2 / 2`` with
+  blur widths ``s_t`` log-spaced from ``min_std`` to ``max_std`` pixels.
+* ``"markov_first"`` (§5.4): ``z_{T-t} = sqrt(1-beta_t) z_{T-t+1} + sqrt(beta_t) eps``.
+* ``"markov_high"`` (§5.4): ``z_{T-t} = sqrt(1-beta_t) mean(z_{T-t+1}, ..., z_T) + sqrt(beta_t) eps``.
+
+For both Markov methods ``beta_t`` is linear from ``beta_start`` (1e-4) to ``beta_end`` (0.05) over
+``t = 1, ..., T-1``; the images should be on the scale the noise is meant for (``[-1, 1]`` in the thesis).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_PARAMS = {
+    "blur": {"rate": 0.05, "kernel_size": 11},
+    "heat": {"min_std": 0.5, "max_std": 20.0, "noise_std": 0.01},
+    "markov_first": {"beta_start": 1e-4, "beta_end": 0.05},
+    "markov_high": {"beta_start": 1e-4, "beta_end": 0.05},
+}
+METHODS = tuple(DEFAULT_PARAMS)
+
+
+def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, generator: torch.Generator | None = None,
+                      **params) -> torch.Tensor:
+    """Pseudo videos ``(B, T, C, H, W)`` whose last frame is ``images`` (``(B, C, H, W)``) exactly.
+
+    ``generator`` makes the noisy methods deterministic; ``params`` override ``DEFAULT_PARAMS[method]``.
+    """
+    settings = _check_arguments(images, num_frames, method, params)
+    frames = [images]
+    if method == "blur":
+        for t in range(1, num_frames):
+            frames.append(gaussian_blur(frames[-1], math.exp(settings["rate"] * (t - 1)), settings["kernel_size"]))
+    elif method == "heat":
+        stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1)
+        for std in stds.tolist():
+            noise = torch.randn(images.shape, generator=generator, dtype=images.dtype, device=images.device)
+            frames.append(heat_dissipation(images, std**2 / 2) + settings["noise_std"] * noise)
+    else:
+        betas = markov_betas(num_frames, settings["beta_start"], settings["beta_end"])
+        for beta in betas.tolist():
+            previous = frames[-1] if method == "markov_first" else torch.stack(frames).mean(0)
+            noise = torch.randn(images.shape, generator=generator, dtype=images.dtype, device=images.device)
+            frames.append(math.sqrt(1 - beta) * previous + math.sqrt(beta) * noise)
+    return torch.stack(frames[::-1], dim=1)
+
+
+def markov_betas(num_frames: int, beta_start: float, beta_end: float) -> torch.Tensor:
+    """``beta_t`` for ``t = 1, ..., T-1``: linear from ``beta_start`` to ``beta_end`` (§5.4, float64)."""
+    return torch.linspace(beta_start, beta_end, num_frames - 1, dtype=torch.float64)
+
+
+def gaussian_kernel1d(std: float, kernel_size: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Normalised samples of a centred Gaussian density at ``kernel_size`` integer offsets."""
+    offsets = torch.arange(kernel_size, dtype=dtype, device=device) - (kernel_size - 1) / 2
+    weights = torch.exp(-0.5 * (offsets / std) ** 2)
+    return weights / weights.sum()
+
+
+def gaussian_blur(images: torch.Tensor, std: float, kernel_size: int) -> torch.Tensor:
+    """Separable Gaussian blur of ``(B, C, H, W)`` with reflect padding (same size out)."""
+    kernel = gaussian_kernel1d(std, kernel_size, images.dtype, images.device)
+    channels, pad = images.shape[1], kernel_size // 2
+    padded = F.pad(images, (pad, pad, pad, pad), mode="reflect")
+    rows = F.conv2d(padded, kernel.view(1, 1, 1, -1).expand(channels, 1, 1, -1), groups=channels)
+    return F.conv2d(rows, kernel.view(1, 1, -1, 1).expand(channels, 1, -1, 1), groups=channels)
+
+
+def dct_matrix(size: int, dtype=torch.float64, device=None) -> torch.Tensor:
+    """Orthonormal DCT-II matrix ``D`` (``D @ x`` transforms, ``D.T @ y`` inverts)."""
+    n = torch.arange(size, dtype=dtype, device=device)
+    matrix = torch.cos(math.pi * (2 * n[None, :] + 1) * n[:, None] / (2 * size)) * math.sqrt(2 / size)
+    matrix[0] /= math.sqrt(2)
+    return matrix
+
+
+def heat_dissipation(images: torch.Tensor, time: float) -> torch.Tensor:
+    """``F_h(time) x``: the heat equation run for ``time`` on ``(..., H, W)`` (Neumann boundaries)."""
+    height, width = images.shape[-2:]
+    d_h, d_w = dct_matrix(height, images.dtype, images.device), dct_matrix(width, images.dtype, images.device)
+    freq_h = math.pi * torch.arange(height, dtype=images.dtype, device=images.device) / height
+    freq_w = math.pi * torch.arange(width, dtype=images.dtype, device=images.device) / width
+    decay = torch.exp(-(freq_h[:, None] ** 2 + freq_w[None, :] ** 2) * time)
+    return d_h.T @ (decay * (d_h @ images @ d_w.T)) @ d_w
+
+
+def _check_arguments(images, num_frames, method, params) -> dict:
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
+    if images.dim() != 4:
+        raise ValueError(f"images must have shape (B, C, H, W), got shape {tuple(images.shape)}")
+    if not images.is_floating_point():
+        raise TypeError(f"images must be floating point (float32/float64), got {images.dtype}")
+    if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 2:
+        raise ValueError(f"num_frames must be an integer >= 2, got {num_frames!r}")
+    if method not in DEFAULT_PARAMS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    unknown = set(params) - set(DEFAULT_PARAMS[method])
+    if unknown:
+        raise ValueError(f"unknown parameters {sorted(unknown)} for method {method!r}; "
+                         f"accepted: {sorted(DEFAULT_PARAMS[method])}")
+    settings = {**DEFAULT_PARAMS[method], **params}
+    if method == "blur":
+        if not isinstance(settings["kernel_size"], int) or settings["kernel_size"] < 1 or settings["kernel_size"] % 2 == 0:
+            raise ValueError(f"kernel_size must be an odd positive integer, got {settings['kernel_size']!r}")
+        if settings["kernel_size"] // 2 >= min(images.shape[-2:]):
+            raise ValueError(f"kernel_size {settings['kernel_size']} is too large for images of size "
+                             f"{tuple(images.shape[-2:])} (reflect padding needs kernel_size // 2 < H, W)")
+    elif method == "heat":
+        if not 0 < settings["min_std"] <= settings["max_std"] or settings["noise_std"] < 0:
+            raise ValueError("heat needs 0 < min_std <= max_std and noise_std >= 0, got "
+                             f"min_std={settings['min_std']}, max_std={settings['max_std']}, noise_std={settings['noise_std']}")
+    else:
+        if not 0 < settings["beta_start"] <= settings["beta_end"] < 1:
+            raise ValueError(f"{method} needs 0 < beta_start <= beta_end < 1, got beta_start="
+                             f"{settings['beta_start']}, beta_end={settings['beta_end']}")
+    return settings

@@ -1,0 +1,165 @@
+"""Image DDPM vs autoregressive video diffusion on pseudo videos (thesis Table 5.2), CPU-sized.
+
+``python -m pseudovideo.experiments.diffusion --dataset fashion_mnist --frames 1,4,8
+--augmentation markov_first,markov_high,blur --seeds S --out DIR [--quick]``
+
+Every model shares one UNet architecture, optimiser and number of training steps; the 1-frame model
+is the image DDPM (augmentation ``none``). Context windows: ``C = T // 2`` (2 for 4 frames, 4 for 8).
+Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,fid,is,psnr,train_s``), sample
+grids and generated videos (``DIR/samples_*.png``) and the training pseudo videos
+(``DIR/pseudo_videos_*.png``), and prints the table. Metrics use the last frame of each sample, in
+``[0, 1]`` after clipping the sampler's output (as DDPM samplers do), against held-out images:
+
+* ``fid``/``is``: FID and Inception Score with the cached dataset classifier's features/logits
+  (``pseudovideo.metrics.default_classifier``), not InceptionV3;
+* ``psnr``: PSNR of ``z_T`` sampled given the true ``C`` previous frames of held-out pseudo videos
+  (the prediction of Theorem 5.1); empty for the 1-frame model, which has no context.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+import torch.nn.functional as F
+
+from ..augment import METHODS, make_pseudo_video
+from ..data import DATASETS, load_images
+from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
+from ..models.diffusion import AutoregressiveVideoDiffusion
+from ..plots import save_image_grid, save_video_rows
+
+COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "train_s"]
+QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "batch_size": 8, "channels": "8,16"}
+
+
+def parse_arguments(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="image DDPM vs video diffusion on pseudo videos (thesis §5.4)")
+    parser.add_argument("--dataset", choices=DATASETS, default="fashion_mnist")
+    parser.add_argument("--frames", default="1,4,8", help="comma-separated frame counts; 1 = image DDPM")
+    parser.add_argument("--augmentation", default="markov_first,markov_high,blur",
+                        help=f"comma-separated builders for the video models, from {METHODS}")
+    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (0..S-1)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tiny everything)")
+    parser.add_argument("--train-images", type=int, default=5000)
+    parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--samples", type=int, default=300, help="generated (and held-out) images per model")
+    parser.add_argument("--sampling-steps", type=int, default=20, help="DDIM steps per generated frame")
+    parser.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 28x28 -> 14x14)")
+    parser.add_argument("--channels", default="16,32,32", help="UNet block widths (one per resolution)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    args.frames = [int(f) for f in args.frames.split(",")]
+    args.channels = tuple(int(c) for c in args.channels.split(","))
+    args.augmentation = args.augmentation.split(",")
+    if any(f < 1 for f in args.frames):
+        parser.error(f"--frames must be positive integers, got {args.frames}")
+    unknown = set(args.augmentation) - set(METHODS)
+    if unknown:
+        parser.error(f"--augmentation must name builders from {METHODS}, got {sorted(unknown)}")
+    if args.seeds < 1 or args.downsample < 1:
+        parser.error("--seeds and --downsample must be >= 1")
+    return args
+
+
+def to_model_space(images: torch.Tensor, downsample: int) -> torch.Tensor:
+    """``[0, 1]`` images -> average-pooled, ``[-1, 1]``, padded with ``-1`` to a multiple of 4 pixels."""
+    pooled = F.avg_pool2d(images, downsample) if downsample > 1 else images
+    size = pooled.shape[-1]
+    pad = (-size) % 4
+    return F.pad(2 * pooled - 1, (pad // 2, pad - pad // 2, pad // 2, pad - pad // 2), value=-1.0)
+
+
+def to_image_space(frames: torch.Tensor, size: int) -> torch.Tensor:
+    """Model-space frames -> the central ``size x size`` crop in ``[0, 1]`` (clipped, as DDPM samplers do)."""
+    start = (frames.shape[-1] - size) // 2
+    return ((frames[..., start:start + size, start:start + size] + 1) / 2).clamp(0, 1)
+
+
+def build_videos(images, frames, augmentation, generator):
+    return images[:, None] if frames == 1 else make_pseudo_video(images, frames, augmentation, generator=generator)
+
+
+def run_model(args, train, held_out, size, frames, augmentation, seed, classifier, out):
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model = AutoregressiveVideoDiffusion(frames, frames // 2, channels=train.shape[1], image_size=train.shape[-1],
+                                         block_out_channels=args.channels)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    start = time.perf_counter()
+    model.train()
+    for _ in tqdm(range(args.steps), desc=f"{frames}-frame {augmentation}", disable=args.quiet, leave=False):
+        batch = train[torch.randint(0, len(train), (args.batch_size,), generator=generator)]
+        loss = model.training_loss(build_videos(batch, frames, augmentation, generator), generator)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    train_s = time.perf_counter() - start
+    model.eval()
+    videos = model.sample(args.samples, args.sampling_steps, generator)
+    last = to_image_space(videos[:, -1], size)
+    real = to_image_space(held_out[: args.samples], size)
+    row = {"fid": frechet_distance(real, last, PenultimateFeatures(classifier)),
+           "is": inception_score(last, classifier), "psnr": ""}
+    if frames > 1:
+        truth = build_videos(held_out[: args.samples], frames, augmentation, generator)
+        predicted = model.predict_next_frame(truth[:, -1 - model.context:-1], args.sampling_steps, generator)
+        row["psnr"] = float(psnr(to_image_space(predicted, size), to_image_space(truth[:, -1], size)))
+    name = f"{frames}frame_{augmentation}_seed{seed}"
+    save_image_grid(last[:32], out / f"samples_{name}.png")
+    if frames > 1:
+        save_video_rows({f"sample {i}": to_image_space(videos[i], size) for i in range(4)},
+                        out / f"samples_{name}_videos.png")
+    model_name = "image_ddpm" if frames == 1 else "video_diffusion"
+    return {"model": model_name, "frames": frames, "augmentation": augmentation, "seed": seed,
+            "train_s": round(train_s, 1), **row}
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_arguments(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    images, _ = load_images(args.dataset, limit=args.train_images + args.samples)
+    size = images.shape[-1] // args.downsample
+    model_images = to_model_space(images, args.downsample)
+    train, held_out = model_images[: args.train_images], model_images[args.train_images:]
+    classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
+    generator = torch.Generator().manual_seed(0)
+    for frames in (f for f in args.frames if f > 1):
+        save_video_rows({method: to_image_space(build_videos(train[:1], frames, method, generator)[0], size)
+                         for method in args.augmentation}, out / f"pseudo_videos_{frames}frames.png")
+    rows = []
+    with open(out / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        for seed in range(args.seeds):
+            for frames in args.frames:
+                for augmentation in (["none"] if frames == 1 else args.augmentation):
+                    row = {"dataset": args.dataset, **run_model(args, train, held_out, size, frames, augmentation,
+                                                                seed, classifier, out)}
+                    writer.writerow(row)
+                    handle.flush()
+                    rows.append(row)
+                    print(format_row(row), flush=True)
+    return rows
+
+
+def format_row(row: dict) -> str:
+    psnr_text = f"{row['psnr']:.2f}" if row["psnr"] != "" and not math.isnan(row["psnr"]) else "-"
+    return (f"{row['model']:<16}{row['frames']:>3} {row['augmentation']:<13} seed {row['seed']}  FID {row['fid']:8.3f}  "
+            f"IS {row['is']:6.3f}  PSNR {psnr_text:>6}  train {row['train_s']:7.1f}s")
+
+
+if __name__ == "__main__":
+    main()

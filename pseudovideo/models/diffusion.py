@@ -1,0 +1,146 @@
+"""Image DDPM and autoregressive video diffusion on pseudo videos (thesis §5.4.2, Harvey et al. "Autoreg").
+
+One class covers both. A diffusers ``UNet2DModel`` sees a window of ``context + 1`` frame slots
+stacked as channels, plus one indicator channel per slot: ``1`` observed (a clean conditioning
+frame), ``0`` latent (being denoised), ``-1`` absent (zeros). It is trained on two tasks,
+
+* initial: frames ``1..C`` latent (generated jointly), the last slot absent;
+* step ``t`` (``t = C+1..T``): frames ``t-C..t-1`` observed, frame ``t`` latent,
+
+with the epsilon-prediction loss of DDPM (thesis eq. ``diffusion_loss``) on latent slots only; tasks
+are drawn in proportion to their use at sampling time (1 initial chain, ``T - C`` step chains).
+With ``num_frames = 1`` (``context = 0``) this is exactly an image DDPM of the same UNet, the
+thesis's 1-frame baseline. Sampling runs the reverse chain once for the initial block and once per
+later frame, each frame conditioned on the ``C`` most recent generated frames.
+"""
+from __future__ import annotations
+
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler, UNet2DModel
+from torch import nn
+
+OBSERVED, LATENT, ABSENT = 1.0, 0.0, -1.0
+
+
+class AutoregressiveVideoDiffusion(nn.Module):
+    """p(z_1..z_T) = p(z_1..z_C) prod_t p(z_t | z_{t-C..t-1}), every factor a DDPM of one shared UNet."""
+
+    def __init__(self, num_frames: int, context: int, channels: int = 1, image_size: int = 32,
+                 block_out_channels: tuple[int, ...] = (32, 64, 64), layers_per_block: int = 1,
+                 num_train_timesteps: int = 1000):
+        super().__init__()
+        if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
+            raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
+        if num_frames == 1 and context != 0:
+            raise ValueError(f"an image model (num_frames=1) has context 0, got context={context!r}")
+        if num_frames > 1 and not (isinstance(context, int) and 1 <= context < num_frames):
+            raise ValueError(f"context must be an integer in 1..num_frames-1={num_frames - 1}, got {context!r}")
+        if image_size % 2 ** (len(block_out_channels) - 1):
+            raise ValueError(f"image_size {image_size} must be divisible by 2^(levels-1) = "
+                             f"{2 ** (len(block_out_channels) - 1)}; pad the images")
+        self.num_frames, self.context, self.channels, self.image_size = num_frames, context, channels, image_size
+        self.slots = context + 1
+        self.unet = UNet2DModel(
+            sample_size=image_size, in_channels=self.slots * (channels + 1), out_channels=self.slots * channels,
+            block_out_channels=block_out_channels, layers_per_block=layers_per_block,
+            down_block_types=("DownBlock2D",) * len(block_out_channels),
+            up_block_types=("UpBlock2D",) * len(block_out_channels), norm_num_groups=8,
+        )
+        self.scheduler = DDPMScheduler(num_train_timesteps=num_train_timesteps, beta_schedule="squaredcos_cap_v2")
+
+    @property
+    def num_tasks(self) -> int:
+        return 1 if self.num_frames == 1 else self.num_frames - self.context + 1
+
+    def task_windows(self, tasks: torch.Tensor):
+        """Frame indices ``(B, slots)`` (``-1`` where absent) and slot states ``(B, slots)`` per task."""
+        slot = torch.arange(self.slots, device=tasks.device)
+        if self.num_frames == 1:
+            return torch.zeros_like(tasks)[:, None], torch.full((len(tasks), 1), LATENT, device=tasks.device)
+        initial = tasks[:, None] == 0
+        frame = torch.where(initial, slot.expand(len(tasks), -1), tasks[:, None] - 1 + slot)
+        state = torch.where(slot == self.context, LATENT, OBSERVED).expand(len(tasks), -1)
+        state = torch.where(initial, torch.where(slot < self.context, LATENT, ABSENT), state)
+        frame = torch.where(state == ABSENT, -1, frame)
+        return frame, state
+
+    def training_loss(self, videos: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Mean squared epsilon error on latent slots, ``videos`` ``(B, T, C, H, W)`` in ``[-1, 1]``."""
+        self._check_videos(videos)
+        batch, device = videos.shape[0], videos.device
+        tasks = self._draw_tasks(batch, generator).to(device)
+        frame, state = self.task_windows(tasks)
+        clean = videos[torch.arange(batch, device=device)[:, None], frame.clamp_min(0)]
+        noise = torch.randn(clean.shape, generator=generator, dtype=clean.dtype, device="cpu").to(device)
+        timesteps = torch.randint(0, self.scheduler.config.num_train_timesteps, (batch,), generator=generator).to(device)
+        noisy = self.scheduler.add_noise(clean, noise, timesteps)
+        prediction = self._predict_noise(noisy, clean, state, timesteps)
+        latent = (state == LATENT)[:, :, None, None, None].to(clean.dtype)
+        per_slot = (prediction - noise).pow(2).mean(dim=(2, 3, 4), keepdim=True)
+        return (per_slot * latent).sum() / latent.sum()
+
+    @torch.no_grad()
+    def sample(self, num_samples: int, num_inference_steps: int = 50, generator: torch.Generator | None = None,
+               batch_size: int = 256) -> torch.Tensor:
+        """Videos ``(N, T, C, H, W)`` (unclipped model space), frames generated autoregressively with DDIM."""
+        chunks = [self._sample_batch(min(batch_size, num_samples - start), num_inference_steps, generator)
+                  for start in range(0, num_samples, batch_size)]
+        return torch.cat(chunks)
+
+    @torch.no_grad()
+    def predict_next_frame(self, context_frames: torch.Tensor, num_inference_steps: int = 50,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
+        """A sample of ``z_t`` given the ``C`` previous frames ``(B, C, channels, H, W)``."""
+        if self.num_frames == 1:
+            raise ValueError("an image model (num_frames=1) has no context frames to condition on")
+        if context_frames.dim() != 5 or context_frames.shape[1] != self.context:
+            raise ValueError(f"context_frames must have shape (B, {self.context}, C, H, W), "
+                             f"got {tuple(context_frames.shape)}")
+        batch = len(context_frames)
+        state = torch.tensor([OBSERVED] * self.context + [LATENT], device=context_frames.device).expand(batch, -1)
+        window = torch.cat([context_frames, torch.zeros_like(context_frames[:, :1])], dim=1)
+        return self._reverse_chain(window, state, num_inference_steps, generator)[:, -1]
+
+    def _sample_batch(self, batch, steps, generator):
+        device = next(self.parameters()).device
+        shape = (batch, self.slots, self.channels, self.image_size, self.image_size)
+        window = torch.zeros(shape, device=device)
+        tasks = torch.zeros(batch, dtype=torch.long, device=device)
+        _, state = self.task_windows(tasks)
+        initial = self._reverse_chain(window, state, steps, generator)
+        frames = list(initial.unbind(1)) if self.num_frames == 1 else list(initial[:, :self.context].unbind(1))
+        while len(frames) < self.num_frames:
+            frames.append(self.predict_next_frame(torch.stack(frames[-self.context:], 1), steps, generator))
+        return torch.stack(frames, 1)
+
+    def _reverse_chain(self, window, state, steps, generator):
+        """DDIM (eta = 0) from pure noise in the latent slots; observed slots stay clean."""
+        scheduler = DDIMScheduler.from_config(self.scheduler.config)
+        scheduler.set_timesteps(steps)
+        latent = (state == LATENT)[:, :, None, None, None]
+        noise = torch.randn(window.shape, generator=generator, dtype=window.dtype, device="cpu").to(window.device)
+        sample = torch.where(latent, noise, window)
+        for timestep in scheduler.timesteps:
+            timesteps = torch.full((len(window),), int(timestep), device=window.device)
+            prediction = self._predict_noise(sample, window, state, timesteps)
+            stepped = scheduler.step(prediction, timestep, sample).prev_sample
+            sample = torch.where(latent, stepped, window)
+        return sample
+
+    def _predict_noise(self, noisy, clean, state, timesteps):
+        """UNet input: noisy latent slots, clean observed slots, zero absent slots, and the state channels."""
+        batch, slots, channels, height, width = clean.shape
+        expanded = state[:, :, None, None, None]
+        inputs = torch.where(expanded == LATENT, noisy, torch.where(expanded == OBSERVED, clean, torch.zeros_like(clean)))
+        indicator = state[:, :, None, None].to(clean.dtype).expand(-1, -1, height, width)
+        stacked = torch.cat([inputs.reshape(batch, slots * channels, height, width), indicator], dim=1)
+        return self.unet(stacked, timesteps).sample.view(batch, slots, channels, height, width)
+
+    def _draw_tasks(self, batch, generator):
+        """Task 0 (initial block) once per ``T - C`` step tasks, as at sampling time."""
+        return torch.randint(0, self.num_tasks, (batch,), generator=generator)
+
+    def _check_videos(self, videos):
+        expected = (self.num_frames, self.channels, self.image_size, self.image_size)
+        if videos.dim() != 5 or tuple(videos.shape[1:]) != expected:
+            raise ValueError(f"videos must have shape (B, {', '.join(map(str, expected))}), got {tuple(videos.shape)}")

@@ -1,0 +1,115 @@
+"""The HVAE of §5.2.1: a fixed heat-equation encoder (pseudo-video supervision) vs a learnable one.
+
+Latents ``z_1..z_T`` have the image's shape. The generative model is shared by both variants,
+
+    p(z_T) = N(m, diag s^2),  p(z_{t-1} | z_t) = N(z_t + f_theta(z_t, t), sigma_t^2 I),  p(x | z_1) = Bernoulli(g_theta(z_1)),
+
+(the residual mean of Rissanen et al.'s decoder), and the negative ELBO (thesis eq. ``have_loss``) is
+``-E_q[log p(x|z_1) + sum_t log p(z_{t-1}|z_t) + log p(z_T) - log q(z_{1:T}|x)]``. Encoders:
+
+* ``"heat"``: ``q(z_t | x) = N(F_h(tau_t) x, sigma_h^2 I)`` independently over ``t`` (the frames of
+  ``make_pseudo_video(x, T + 1, "heat")``, ``z_T`` the most dissipated), no parameters;
+* ``"learned"``: ``q(z_1 | x) q(z_2 | z_1) ... q(z_T | z_{T-1})``, each ``N(. + m_phi(., t), diag s_phi(., t)^2)``
+  from one network of the decoder's architecture (the standard bottom-up HVAE).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..augment import make_pseudo_video
+
+ENCODERS = ("heat", "learned")
+
+
+class TimeConditionedConvNet(nn.Module):
+    """Small residual conv net ``f(z, t)``: ``out_channels`` maps from ``in_channels`` and a level embedding."""
+
+    def __init__(self, in_channels: int, out_channels: int, num_levels: int, width: int = 32):
+        super().__init__()
+        self.level_embedding = nn.Embedding(num_levels + 1, width)
+        self.inputs = nn.Conv2d(in_channels, width, 3, padding=1)
+        self.body = nn.ModuleList(nn.Conv2d(width, width, 3, padding=1) for _ in range(3))
+        self.outputs = nn.Conv2d(width, out_channels, 3, padding=1)
+        nn.init.zeros_(self.outputs.weight)  # start as the identity residual (decoder) / zero logits
+        nn.init.zeros_(self.outputs.bias)
+
+    def forward(self, z: torch.Tensor, level: int) -> torch.Tensor:
+        hidden = self.inputs(z) + self.level_embedding.weight[level][None, :, None, None]
+        for layer in self.body:
+            hidden = hidden + layer(nn.functional.silu(hidden))
+        return self.outputs(nn.functional.silu(hidden))
+
+
+class HeatHVAE(nn.Module):
+    """HVAE with ``num_latents`` image-shaped latents and a ``"heat"`` or ``"learned"`` encoder."""
+
+    def __init__(self, encoder: str, num_latents: int = 18, channels: int = 1, width: int = 32,
+                 image_size: int = 28, max_std: float = 20.0, noise_std: float = 0.01):
+        super().__init__()
+        if encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+        if not isinstance(num_latents, int) or num_latents < 1:
+            raise ValueError(f"num_latents must be a positive integer, got {num_latents!r}")
+        self.encoder, self.num_latents, self.noise_std, self.max_std = encoder, num_latents, noise_std, max_std
+        self.decoder_mean = TimeConditionedConvNet(channels, channels, num_latents, width)
+        self.decoder_log_std = nn.Parameter(torch.full((num_latents + 1,), math.log(max(noise_std, 1e-3) * 1.25)))
+        self.likelihood = TimeConditionedConvNet(channels, channels, num_latents, width)
+        self.prior_mean = nn.Parameter(torch.zeros(channels, image_size, image_size))
+        self.prior_log_std = nn.Parameter(torch.zeros(channels, image_size, image_size))
+        if encoder == "learned":
+            self.encoder_net = TimeConditionedConvNet(channels, 2 * channels, num_latents, width)
+
+    def encode(self, x: torch.Tensor, generator: torch.Generator | None = None):
+        """Samples ``[z_1, ..., z_T]`` and ``sum_t log q`` per example."""
+        if self.encoder == "heat":
+            means = make_pseudo_video(x, self.num_latents + 1, "heat", max_std=self.max_std, noise_std=0.0)
+            latents, log_q = [], 0.0
+            for t in range(1, self.num_latents + 1):
+                mean = means[:, self.num_latents - t]
+                noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+                latents.append(mean + self.noise_std * noise)
+                log_q = log_q + _normal_log_prob(latents[-1], mean, torch.tensor(self.noise_std))
+            return latents, log_q
+        latents, log_q, previous = [], 0.0, x
+        for t in range(1, self.num_latents + 1):
+            shift, log_std = self.encoder_net(previous, t).chunk(2, dim=1)
+            mean = previous + shift
+            std = (log_std + math.log(self.noise_std)).clamp(-7, 2).exp()  # starts at the heat encoder's sigma_h
+            noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+            z = mean + std * noise
+            log_q = log_q + _normal_log_prob(z, mean, std)
+            latents.append(z)
+            previous = z
+        return latents, log_q
+
+    def negative_elbo(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Mean over the batch of ``-ELBO(x)`` in nats, one reparameterised sample of ``q``; ``x`` in ``{0, 1}``."""
+        if x.dim() != 4 or not x.is_floating_point():
+            raise ValueError(f"x must be a floating (B, C, H, W) tensor of binary pixels, got {tuple(x.shape)}")
+        latents, log_q = self.encode(x, generator)
+        logits = self.likelihood(latents[0], 0)
+        log_p = -nn.functional.binary_cross_entropy_with_logits(logits, x, reduction="none").flatten(1).sum(1)
+        for t in range(2, self.num_latents + 1):
+            mean = latents[t - 1] + self.decoder_mean(latents[t - 1], t)
+            log_p = log_p + _normal_log_prob(latents[t - 2], mean, self.decoder_log_std[t].exp())
+        log_p = log_p + _normal_log_prob(latents[-1], self.prior_mean, self.prior_log_std.exp())
+        return (log_q - log_p).mean()
+
+    @torch.no_grad()
+    def sample(self, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Ancestral samples; returns the Bernoulli means ``sigmoid(g(z_1))`` in ``[0, 1]``."""
+        shape = (num_samples, *self.prior_mean.shape)
+        z = self.prior_mean + self.prior_log_std.exp() * torch.randn(shape, generator=generator)
+        for t in range(self.num_latents, 1, -1):
+            z = z + self.decoder_mean(z, t) + self.decoder_log_std[t].exp() * torch.randn(shape, generator=generator)
+        return torch.sigmoid(self.likelihood(z, 0))
+
+
+def _normal_log_prob(value: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """``sum log N(value; mean, std^2)`` over all but the batch dimension."""
+    std = std.expand(value.shape)
+    log_density = -0.5 * ((value - mean) / std) ** 2 - std.log() - 0.5 * math.log(2 * math.pi)
+    return log_density.flatten(1).sum(1)

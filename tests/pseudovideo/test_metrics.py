@@ -1,0 +1,121 @@
+"""Metrics against closed forms: the Frechet distance of two moment-matched distributions (scipy
+sqrtm), its invariances, the Inception Score formula on known class probabilities, and PSNR."""
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from torch import nn
+
+from pseudovideo.metrics import (ImageClassifier, PenultimateFeatures, default_classifier, frechet_distance,
+                                 inception_score, psnr)
+
+
+class LinearFeatures(nn.Module):
+    """Features ``A vec(image) + b``: FID of such features depends only on the pixels' two moments."""
+
+    def __init__(self, matrix, shift):
+        super().__init__()
+        self.matrix, self.shift = matrix, shift
+        self.num_features = matrix.shape[0]
+
+    def forward(self, images):
+        return images.flatten(1).double() @ self.matrix.T + self.shift
+
+
+def closed_form_frechet(mean_1, cov_1, mean_2, cov_2):
+    root = scipy.linalg.sqrtm(cov_1 @ cov_2).real
+    return float(((mean_1 - mean_2) ** 2).sum() + np.trace(cov_1 + cov_2 - 2 * root))
+
+
+def test_fid_matches_the_closed_form_of_the_feature_moments():
+    # real pixels ~ U[0,1]^4, fake pixels ~ U[0.2, 0.7]^4: feature means A m + b, covariances A (w^2/12) A^T
+    generator = torch.Generator().manual_seed(0)
+    matrix = torch.randn(3, 4, generator=generator, dtype=torch.float64)
+    feature = LinearFeatures(matrix, torch.zeros(3, dtype=torch.float64))
+    real = torch.rand(200_000, 1, 2, 2, generator=generator, dtype=torch.float64)
+    fake = 0.2 + 0.5 * torch.rand(200_000, 1, 2, 2, generator=generator, dtype=torch.float64)
+    a = matrix.numpy()
+    expected = closed_form_frechet(a @ np.full(4, 0.5), a @ a.T / 12, a @ np.full(4, 0.45), a @ a.T * 0.25 / 12)
+    assert abs(frechet_distance(real, fake, feature) / expected - 1) < 0.02  # sampling error ~0.5%
+    # and exactly the closed form on the samples' own moments
+    f_real, f_fake = feature(real).numpy(), feature(fake).numpy()
+    empirical = closed_form_frechet(f_real.mean(0), np.cov(f_real.T), f_fake.mean(0), np.cov(f_fake.T))
+    assert abs(frechet_distance(real, fake, feature) - empirical) < 1e-8 * max(1.0, empirical)
+
+
+def test_fid_invariances():
+    generator = torch.Generator().manual_seed(1)
+    matrix = torch.randn(5, 16, generator=generator, dtype=torch.float64)
+    real = torch.rand(500, 1, 4, 4, generator=generator, dtype=torch.float64)
+    fake = torch.rand(500, 1, 4, 4, generator=generator, dtype=torch.float64) ** 2
+    base = LinearFeatures(matrix, torch.zeros(5, dtype=torch.float64))
+    rotation, _ = torch.linalg.qr(torch.randn(5, 5, generator=generator, dtype=torch.float64))
+    rotated = LinearFeatures(rotation @ matrix, torch.full((5,), 3.0, dtype=torch.float64))
+    value = frechet_distance(real, fake, base)
+    assert value > 0.1
+    assert abs(frechet_distance(real, real, base)) < 1e-8
+    assert abs(frechet_distance(fake, real, base) - value) < 1e-8 * value  # symmetric
+    assert abs(frechet_distance(real, fake, rotated) - value) < 1e-8 * value  # rotation and shift of features
+
+
+class FixedProbabilities(nn.Module):
+    """Returns the log of a stored probability table, row ``i`` for image ``i`` (pixel value = i / N)."""
+
+    def __init__(self, probabilities):
+        super().__init__()
+        self.log_probabilities = probabilities.log()
+
+    def forward(self, images):
+        index = torch.round(images.flatten(1)[:, 0] * (len(self.log_probabilities) - 1)).long()
+        return self.log_probabilities[index]
+
+
+def test_inception_score_matches_its_formula_and_extremes():
+    torch.manual_seed(0)
+    probabilities = torch.distributions.Dirichlet(torch.full((10,), 0.3, dtype=torch.float64)).sample((200,))
+    images = (torch.arange(200, dtype=torch.float64) / 199).view(200, 1, 1, 1)
+    marginal = probabilities.mean(0)
+    expected = torch.exp((probabilities * (probabilities.log() - marginal.log())).sum(1).mean())
+    assert abs(inception_score(images, FixedProbabilities(probabilities), splits=1) - expected) < 1e-7  # softmax renormalises
+    confident = torch.eye(10, dtype=torch.float64).repeat(20, 1) * (1 - 1e-9) + 1e-10
+    assert abs(inception_score(images, FixedProbabilities(confident), splits=1) - 10) < 1e-6
+    uniform = torch.full((200, 10), 0.1, dtype=torch.float64)
+    assert abs(inception_score(images, FixedProbabilities(uniform), splits=1) - 1) < 1e-12
+
+
+def test_psnr_is_the_mean_of_per_image_psnr():
+    generator = torch.Generator().manual_seed(2)
+    target = torch.rand(4, 1, 8, 8, generator=generator, dtype=torch.float64)
+    noise_std = torch.tensor([0.01, 0.05, 0.1, 0.2], dtype=torch.float64).view(4, 1, 1, 1)
+    preds = target + noise_std * torch.randn(4, 1, 8, 8, generator=generator, dtype=torch.float64)
+    per_image = 10 * torch.log10(1 / (preds - target).pow(2).mean(dim=(1, 2, 3)))
+    torch.testing.assert_close(psnr(preds, target), per_image.mean())
+    torch.testing.assert_close(psnr(2 * preds, 2 * target, data_range=2.0), per_image.mean())
+
+
+def test_default_classifier_is_trained_once_then_loaded_from_cache(tmp_path):
+    classifier = default_classifier("digits", cache_dir=tmp_path)
+    from pseudovideo.data import load_images
+
+    images, labels = load_images("digits")
+    accuracy = (classifier(images).argmax(1) == labels).double().mean()
+    assert accuracy > 0.6  # three epochs of a small CNN on 8x8 digits (chance: 0.1)
+    cached = default_classifier("digits", cache_dir=tmp_path)
+    torch.testing.assert_close(cached(images[:50]), classifier(images[:50]))
+    # the metric's features separate digits from their pixel-shuffled copies far more than two halves of digits
+    feature = PenultimateFeatures(classifier)
+    shuffled = images[:, :, torch.randperm(8)][:, :, :, torch.randperm(8)]
+    assert frechet_distance(images[:800], shuffled[800:1600], feature) > 3 * frechet_distance(
+        images[:800], images[800:1600], feature)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: psnr(torch.rand(2, 1, 4, 4), torch.rand(2, 1, 4, 5)), ValueError, "shape"),
+    (lambda: frechet_distance(torch.rand(4, 16), torch.rand(4, 1, 4, 4), ImageClassifier()), TypeError, "real"),
+    (lambda: frechet_distance(torch.rand(4, 1, 4, 4), 2 * torch.rand(4, 1, 4, 4), ImageClassifier()),
+     ValueError, r"fake must lie in \[0, 1\]"),
+    (lambda: inception_score(torch.rand(1, 1, 4, 4), ImageClassifier()), ValueError, "at least 2"),
+])
+def test_bad_input_is_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -1,0 +1,22 @@
+"""README's pseudo-video example runs, and its printed minimum MSE matches a hand derivation."""
+import pathlib
+import re
+
+import torch
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_pseudovideo_example():
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "pseudovideo" in b]
+    assert len(blocks) == 1
+    namespace = {}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    x, video = namespace["x"], namespace["video"]
+    assert torch.equal(video[:, -1], x[:4])
+    # from z_{T-1} = sqrt(1 - b) x + sqrt(b) eps alone (b = beta_1 = 1e-4), along each eigenvector of
+    # Sigma the error left is lambda b / ((1 - b) lambda + b): the scalar Gaussian regression formula
+    eigenvalues = torch.linalg.eigvalsh(namespace["covariance"]).clamp_min(0)
+    b = 1e-4
+    torch.testing.assert_close(namespace["previous_only"], (eigenvalues * b / ((1 - b) * eigenvalues + b)).sum())
+    assert namespace["all_earlier"] < namespace["previous_only"]
