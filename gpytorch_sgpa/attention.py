@@ -60,8 +60,24 @@ def _check_sizes(d_model, num_heads, dropout) -> int:
     return d_model // num_heads
 
 
-def _jitter(dtype: torch.dtype) -> float:
-    return gpytorch.settings.cholesky_jitter.value(dtype)
+def _gp_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The GP algebra (Gram matrices, Cholesky, solves, KL) runs in float32 at least."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _relative_jitter(kernel, dtype: torch.dtype) -> Tensor:
+    """``gpytorch.settings.cholesky_jitter`` times each head's ``σ_f²``, shaped ``(H, 1, 1)``.
+
+    An absolute jitter is swamped (or swamps) when ``σ_f²`` is far from 1; relative to ``σ_f²``
+    it is the same fraction of every Gram matrix's scale (``k(x, x) >= σ_f²`` for both kernels).
+    """
+    scale = kernel.outputscale.detach().to(dtype)
+    return gpytorch.settings.cholesky_jitter.value(dtype) * scale.reshape(-1, 1, 1)
+
+
+def _no_autocast(x: Tensor):
+    """Context in which the GP algebra runs in its own dtype, not autocast's."""
+    return torch.autocast(device_type=x.device.type, enabled=False)
 
 
 def _causal_mask(length: int, device) -> Tensor:
@@ -69,7 +85,13 @@ def _causal_mask(length: int, device) -> Tensor:
 
 
 class _MultiHeadAttention(gpytorch.Module):
-    """Shared input checks and head splitting."""
+    """Shared input checks and head splitting.
+
+    ``gpytorch.Module.__call__`` skips ``nn.Module``'s hooks; the layers use ``nn.Module``'s so
+    that forward (pre-)hooks fire (profilers, activation capture, offloading).
+    """
+
+    __call__ = nn.Module.__call__
 
     def __init__(self, d_model: int, num_heads: int, dropout: float, causal: bool):
         super().__init__()
@@ -146,9 +168,14 @@ class ScaledDotProductAttention(_MultiHeadAttention):
         scores = q.matmul(k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         allowed = self._key_mask(key_padding_mask, x.shape[1], x.device)
         if allowed is not None:
+            # a padded query of a causal layer with left padding has no allowed key: it gets
+            # zero weights (not softmax(-inf, ..., -inf) = NaN, which would reach valid positions)
             scores = scores.masked_fill(~allowed, float("-inf"))
-        weights = self.dropout(torch.softmax(scores, dim=-1))
-        return self.out_proj(self._merge(weights.matmul(v))), x.new_zeros(())
+            weights = torch.softmax(scores.masked_fill(~allowed.any(-1, keepdim=True), 0.0), dim=-1)
+            weights = weights.masked_fill(~allowed, 0.0)
+        else:
+            weights = torch.softmax(scores, dim=-1)
+        return self.out_proj(self._merge(self.dropout(weights).matmul(v))), x.new_zeros(())
 
     def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
         """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
@@ -427,18 +454,27 @@ class SGPAttention(_MultiHeadAttention):
         """Drop the eval-mode cache of the global factors (automatic on parameter changes)."""
         self._cache = None
 
-    def _parameter_key(self):
-        return tuple((p.data_ptr(), p._version, p.dtype) for p in self.parameters())
+    def _global_parameters(self) -> list[Tensor]:
+        """The parameters the global factors depend on."""
+        tensors = [self.qk_proj.weight, self.global_inducing_inputs, self.global_chol_lower, self.global_chol_log_diag]
+        if self.global_values is not None:
+            tensors.append(self.global_values)
+        return tensors + list(self.kernel.parameters())
 
     # ------------------------------------------------------------------ pieces
-    def global_cov_factor(self) -> Tensor:
+    def global_cov_factor(self, dtype: torch.dtype | None = None) -> Tensor:
         """``C`` with ``S_g = C Cᵀ``: strictly lower part plus ``exp`` diagonal, ``(H, e or 1, M, M)``."""
-        return self.global_chol_lower.tril(-1) + torch.diag_embed(self.global_chol_log_diag.exp())
+        lower, log_diag = self.global_chol_lower, self.global_chol_log_diag
+        if dtype is not None:
+            lower, log_diag = lower.to(dtype), log_diag.to(dtype)
+        return lower.tril(-1) + torch.diag_embed(log_diag.exp())
 
-    def global_keys(self, global_inputs: Tensor | None = None) -> Tensor:
+    def global_keys(self, global_inputs: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
         """``k_g = G_φ(Z_g) W_qk`` per head (eq. ``fhl``), ``(H, M, e)``."""
         inputs = self._global_inputs(global_inputs)
         weight = self.qk_proj.weight.view(self.num_heads, self.head_dim, self.d_model)
+        if dtype is not None:
+            inputs, weight = inputs.to(dtype), weight.to(dtype)
         return torch.einsum("hmd,hed->hme", inputs, weight)
 
     def _global_inputs(self, global_inputs: Tensor | None) -> Tensor:
@@ -453,42 +489,37 @@ class SGPAttention(_MultiHeadAttention):
             raise ValueError(f"global_inputs must have shape {expected}, got {tuple(global_inputs.shape)}")
         return global_inputs
 
-    def _global_factors(self, global_inputs: Tensor | None) -> _GlobalFactors:
-        use_cache = not self.training and not torch.is_grad_enabled()
-        if use_cache and self._cache is not None:
-            key, cached_inputs, factors = self._cache
-            if key == self._parameter_key() and (
-                (global_inputs is None and cached_inputs is None)
-                or (
-                    global_inputs is not None
-                    and cached_inputs is not None
-                    and global_inputs.shape == cached_inputs.shape
-                    and global_inputs.dtype == cached_inputs.dtype
-                    and torch.equal(global_inputs, cached_inputs)
-                )
+    def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype) -> _GlobalFactors:
+        """The global factors; in eval mode without gradients cached, keyed on the values they
+        depend on (GPyTorch's setters and ``.data`` writes do not bump a tensor's ``_version``)."""
+        if self.training or torch.is_grad_enabled():
+            return self._compute_global_factors(global_inputs, dtype)
+        key = [t.detach() for t in self._global_parameters()] + ([] if global_inputs is None else [global_inputs])
+        if self._cache is not None:
+            cached_key, cached_dtype, factors = self._cache
+            if cached_dtype == dtype and len(cached_key) == len(key) and all(
+                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(cached_key, key)
             ):
                 return factors
-        factors = self._compute_global_factors(global_inputs)
-        if use_cache:
-            cached_inputs = None if global_inputs is None else global_inputs.detach().clone()
-            self._cache = (self._parameter_key(), cached_inputs, factors)
+        factors = self._compute_global_factors(global_inputs, dtype)
+        self._cache = ([t.detach().clone() for t in key], dtype, factors)
         return factors
 
-    def _compute_global_factors(self, global_inputs: Tensor | None) -> _GlobalFactors:
-        keys = self.global_keys(global_inputs)
+    def _compute_global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype) -> _GlobalFactors:
+        keys = self.global_keys(global_inputs, dtype)
         gram = evaluate_kernel(self.kernel, keys)
         num_global = gram.shape[-1]
         eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
-        chol = psd_safe_cholesky(gram + _jitter(gram.dtype) * eye)
-        cov_factor = self.global_cov_factor()
+        chol = psd_safe_cholesky(gram + _relative_jitter(self.kernel, dtype) * eye)
+        cov_factor = self.global_cov_factor(dtype)
         whitened_cov_factor = torch.linalg.solve_triangular(chol.unsqueeze(1), cov_factor, upper=False)
         whitened_values = None
         if self.global_values is not None:
-            whitened_values = chol.transpose(-2, -1).matmul(self.global_values)
+            whitened_values = chol.transpose(-2, -1).matmul(self.global_values.to(dtype))
         e = self.head_dim
         per_dim = (
             whitened_cov_factor.square().sum((-2, -1))
-            - 2.0 * self.global_chol_log_diag.sum(-1)
+            - 2.0 * self.global_chol_log_diag.to(dtype).sum(-1)
             + 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1, keepdim=True)
             - num_global
         )  # (H, e or 1)
@@ -498,8 +529,10 @@ class SGPAttention(_MultiHeadAttention):
         return _GlobalFactors(keys, chol, whitened_cov_factor, whitened_values, kl)
 
     def _project(self, x: Tensor, key_padding_mask: Tensor | None):
-        queries = self._split(self.qk_proj(x))
-        values = self._split(self.v_proj(x))
+        """Queries and values (under any autocast), returned in the GP algebra's dtype."""
+        dtype = _gp_dtype(x.dtype)
+        queries = self._split(self.qk_proj(x)).to(dtype)
+        values = self._split(self.v_proj(x)).to(dtype)
         if key_padding_mask is not None:
             values = values.masked_fill(key_padding_mask[:, None, :, None], 0.0)
         return queries, values
@@ -509,7 +542,8 @@ class SGPAttention(_MultiHeadAttention):
         batch, length, _ = x.shape
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len={self.max_len} of mode='standard'")
-        raw = self.cov_proj(x).view(batch, length, self.num_heads, self.max_len).transpose(1, 2)[..., :length]
+        raw = self.cov_proj(x).to(_gp_dtype(x.dtype))
+        raw = raw.view(batch, length, self.num_heads, self.max_len).transpose(1, 2)[..., :length]
         factor = raw.tril(-1) + torch.diag_embed(raw.diagonal(dim1=-2, dim2=-1).exp())
         if key_padding_mask is not None:
             valid = (~key_padding_mask)[:, None, :].to(factor.dtype)
@@ -529,7 +563,7 @@ class SGPAttention(_MultiHeadAttention):
         """
         queries, values = self._project(x, key_padding_mask)
         if self.mode == "decoupled":
-            factors = self._global_factors(global_inputs)
+            factors = self._global_factors(global_inputs, queries.dtype)
             # K_qq = K_qa = K_aa (B, H, L, L) and K_qg (B, H, L, M) in one kernel pass
             gram, cross = kernel_blocks(self.kernel, queries, factors.keys)
         else:
@@ -600,9 +634,9 @@ class SGPAttention(_MultiHeadAttention):
         if valid is not None:
             pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
             conditional = conditional.masked_fill(~pair, 0.0) + torch.diag_embed((~valid).to(conditional.dtype))
-            jitter = _jitter(conditional.dtype) * torch.diag_embed(valid.to(conditional.dtype))
+            jitter = _relative_jitter(self.kernel, conditional.dtype) * torch.diag_embed(valid.to(conditional.dtype))
         else:
-            jitter = _jitter(conditional.dtype) * eye
+            jitter = _relative_jitter(self.kernel, conditional.dtype) * eye
         return psd_safe_cholesky(conditional + jitter)
 
     def _standard_kl(self, gram, gram_values, values, factor, key_padding_mask) -> Tensor:
@@ -612,9 +646,9 @@ class SGPAttention(_MultiHeadAttention):
             valid = (~key_padding_mask)[:, None, :]
             pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
             gram = gram.masked_fill(~pair, 0.0) + torch.diag_embed((~valid).to(gram.dtype))
-            jitter = _jitter(gram.dtype) * torch.diag_embed(valid.to(gram.dtype))
+            jitter = _relative_jitter(self.kernel, gram.dtype) * torch.diag_embed(valid.to(gram.dtype))
         else:
-            jitter = _jitter(gram.dtype) * torch.eye(length, dtype=gram.dtype, device=gram.device)
+            jitter = _relative_jitter(self.kernel, gram.dtype) * torch.eye(length, dtype=gram.dtype, device=gram.device)
         chol = psd_safe_cholesky(gram + jitter)
         whitened = torch.linalg.solve_triangular(chol, factor, upper=False)
         per_dim = (
@@ -634,9 +668,10 @@ class SGPAttention(_MultiHeadAttention):
     ) -> SGPAPosterior:
         """Posterior of each head's output at the queries (eq. ``fpost`` / ``odsvgp`` / ``naivedsvgp``)."""
         self._check_input(x, key_padding_mask)
-        mean, variance, covariance, kl, _ = self._posterior_terms(
-            x, key_padding_mask, global_inputs, full_covariance, with_sampler=False
-        )
+        with _no_autocast(x):
+            mean, variance, covariance, kl, _ = self._posterior_terms(
+                x, key_padding_mask, global_inputs, full_covariance, with_sampler=False
+            )
         return SGPAPosterior(mean, variance, covariance, kl)
 
     def sample_noise(self, batch_size: int, length: int, dtype=None, device=None) -> SGPANoise:
@@ -675,21 +710,25 @@ class SGPAttention(_MultiHeadAttention):
         if noise is None:
             noise = self.sample_noise(batch, length, x.dtype, x.device)
         noise = self._check_noise(noise, batch, length)
-        # full / decomposed (decoupled): ``mean`` comes back as m_d + K_qg K_gg⁻¹ C_d ε_d = m_d + Aᵀ W_d ε_d
-        mean, variance, _, kl, sampler = self._posterior_terms(
-            x, key_padding_mask, global_inputs, full_covariance=False, with_sampler=True,
-            global_noise=noise.global_ if self._uses_global_noise() else None,
-        )
-        if self.sampler == "diagonal":
-            sample = mean + variance.clamp_min(_jitter(variance.dtype)).sqrt() * noise.local
-        elif self.mode == "standard":
-            sample = mean + sampler["cov_factor"].matmul(noise.local)
-        elif self.sampler == "full":
-            sample = mean + sampler["conditional_chol"].matmul(noise.local)
-        else:  # decomposed: the residual K_qq - Q_qq diagonalised
-            residual = sampler["residual_variance"]
-            sample = mean + residual.clamp_min(_jitter(residual.dtype)).sqrt().unsqueeze(-1) * noise.local
-        return self.out_proj(self.dropout(self._merge(sample))), kl.mean()
+        dtype = _gp_dtype(x.dtype)
+        local = noise.local.to(dtype)
+        global_noise = noise.global_.to(dtype) if self._uses_global_noise() else None
+        with _no_autocast(x):
+            # full / decomposed (decoupled): ``mean`` comes back as m_d + K_qg K_gg⁻¹ C_d ε_d = m_d + Aᵀ W_d ε_d
+            mean, variance, _, kl, sampler = self._posterior_terms(
+                x, key_padding_mask, global_inputs, full_covariance=False, with_sampler=True, global_noise=global_noise
+            )
+            jitter = _relative_jitter(self.kernel, dtype)
+            if self.sampler == "diagonal":
+                sample = mean + variance.clamp_min(jitter).sqrt() * local
+            elif self.mode == "standard":
+                sample = mean + sampler["cov_factor"].matmul(local)
+            elif self.sampler == "full":
+                sample = mean + sampler["conditional_chol"].matmul(local)
+            else:  # decomposed: the residual K_qq - Q_qq diagonalised
+                residual = sampler["residual_variance"]
+                sample = mean + residual.unsqueeze(-1).clamp_min(jitter).sqrt() * local
+        return self.out_proj(self.dropout(self._merge(sample.to(x.dtype)))), kl.mean()
 
     # ------------------------------------------------------------------ incremental decoding
     def forward_step(
@@ -712,32 +751,33 @@ class SGPAttention(_MultiHeadAttention):
             noise = self.sample_noise(batch, 1, x_t.dtype, x_t.device)
         noise = self._check_noise(noise, batch, 1)
         query, value = self._project(x_t, None)  # (B, H, 1, e)
-        if state is None:
-            state = SGPAStepState(keys=query[..., :0, :], values=value[..., :0, :])
-            if self.mode == "decoupled":
-                state.global_factors = self._global_factors(global_inputs)
-                m = self.num_global
-                state.projected_values = query.new_zeros(batch, self.num_heads, m, self.head_dim)
-                state.whitened_keys = query.new_zeros(batch, self.num_heads, m, 0)
-                state.global_noise = noise.global_
-                state.conditional_chol = query.new_zeros(batch, self.num_heads, 0, 0)
-            state.local_noise = query.new_zeros(batch, self.num_heads, 0, self.head_dim)
-        position = state.length
-        state.keys = torch.cat([state.keys, query], dim=-2)
-        state.values = torch.cat([state.values, value], dim=-2)
-        state.local_noise = torch.cat([state.local_noise, noise.local], dim=-2)
-        gram_row = evaluate_kernel(self.kernel, query, state.keys)  # (B, H, 1, t+1)
-        mean = gram_row.matmul(state.values)
-        if self.mode == "standard":
-            sample = self._standard_step_sample(x_t, position, mean, state)
-        else:
-            sample = self._decoupled_step_sample(query, value, gram_row, mean, state)
-        return self.out_proj(self.dropout(self._merge(sample))), state
+        with _no_autocast(x_t):
+            if state is None:
+                state = SGPAStepState(keys=query[..., :0, :], values=value[..., :0, :])
+                if self.mode == "decoupled":
+                    state.global_factors = self._global_factors(global_inputs, query.dtype)
+                    m = self.num_global
+                    state.projected_values = query.new_zeros(batch, self.num_heads, m, self.head_dim)
+                    state.whitened_keys = query.new_zeros(batch, self.num_heads, m, 0)
+                    state.global_noise = None if noise.global_ is None else noise.global_.to(query.dtype)
+                    state.conditional_chol = query.new_zeros(batch, self.num_heads, 0, 0)
+                state.local_noise = query.new_zeros(batch, self.num_heads, 0, self.head_dim)
+            position = state.length
+            state.keys = torch.cat([state.keys, query], dim=-2)
+            state.values = torch.cat([state.values, value], dim=-2)
+            state.local_noise = torch.cat([state.local_noise, noise.local.to(query.dtype)], dim=-2)
+            gram_row = evaluate_kernel(self.kernel, query, state.keys)  # (B, H, 1, t+1)
+            mean = gram_row.matmul(state.values)
+            if self.mode == "standard":
+                sample = self._standard_step_sample(x_t, position, mean, state)
+            else:
+                sample = self._decoupled_step_sample(query, value, gram_row, mean, state)
+        return self.out_proj(self.dropout(self._merge(sample.to(x_t.dtype)))), state
 
     def _standard_step_sample(self, x_t, position, mean, state) -> Tensor:
         if position >= self.max_len:
             raise ValueError(f"sequence length {position + 1} exceeds max_len={self.max_len} of mode='standard'")
-        raw = self.cov_proj(x_t).view(x_t.shape[0], self.num_heads, self.max_len)[..., : position + 1]
+        raw = self.cov_proj(x_t).to(mean.dtype).view(x_t.shape[0], self.num_heads, self.max_len)[..., : position + 1]
         row = torch.cat([raw[..., :position], raw[..., position:].exp()], dim=-1).unsqueeze(-2)  # (B,H,1,t+1)
         if self.sampler == "diagonal":
             return mean + row.square().sum(-1, keepdim=True).sqrt() * state.local_noise[..., -1:, :]
@@ -753,9 +793,10 @@ class SGPAttention(_MultiHeadAttention):
             mean = mean + whitened.transpose(-2, -1).matmul(factors.whitened_values)
         self_cov = gram_row[..., -1:]  # k(q_t, q_t), (B, H, 1, 1)
         conditional_tt = self_cov - whitened.square().sum(-2, keepdim=True)
+        jitter = _relative_jitter(self.kernel, conditional_tt.dtype)
         if self.sampler == "decomposed":
             global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, state.global_noise)
-            residual = conditional_tt.clamp_min(_jitter(conditional_tt.dtype)).sqrt()
+            residual = conditional_tt.clamp_min(jitter).sqrt()
             return (
                 mean
                 + torch.einsum("bhml,bhdm->bhld", whitened, global_term)
@@ -765,12 +806,13 @@ class SGPAttention(_MultiHeadAttention):
         if self.sampler == "diagonal":
             variance = conditional_tt + projected.square().sum(-2).transpose(-2, -1)  # (B,H,1,e|1)
             state.whitened_keys = torch.cat([state.whitened_keys, whitened], dim=-1)
-            return mean + variance.clamp_min(_jitter(variance.dtype)).sqrt() * state.local_noise[..., -1:, :]
+            return mean + variance.clamp_min(jitter).sqrt() * state.local_noise[..., -1:, :]
         conditional_row = gram_row[..., :-1] - whitened.transpose(-2, -1).matmul(state.whitened_keys)  # (B,H,1,t)
         previous_chol = state.conditional_chol
         row = torch.linalg.solve_triangular(previous_chol, conditional_row.transpose(-2, -1), upper=False)
         row = row.transpose(-2, -1)  # (B, H, 1, t)
-        diag = (conditional_tt + _jitter(conditional_tt.dtype) - row.square().sum(-1, keepdim=True)).sqrt()
+        # the new Cholesky diagonal of (K_qq - Q_qq + jitter I), clamped as a PSD-safe Cholesky would
+        diag = (conditional_tt + jitter - row.square().sum(-1, keepdim=True)).clamp_min(jitter).sqrt()
         top = torch.cat([previous_chol, previous_chol.new_zeros(*previous_chol.shape[:-1], 1)], dim=-1)
         state.conditional_chol = torch.cat([top, torch.cat([row, diag], dim=-1)], dim=-2)
         state.whitened_keys = torch.cat([state.whitened_keys, whitened], dim=-1)

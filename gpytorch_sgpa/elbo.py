@@ -47,6 +47,8 @@ class SGPAELBO(gpytorch.Module):
     gradients enabled.
     """
 
+    __call__ = nn.Module.__call__  # gpytorch.Module's __call__ would skip forward hooks
+
     def __init__(
         self,
         model: nn.Module,

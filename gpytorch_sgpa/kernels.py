@@ -116,7 +116,7 @@ def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tens
     form = _attention_form(kernel)
     if form is None:
         return ([kernel.forward(x1, x1)] if include_self else []) + [kernel.forward(x1, x2) for x2 in others]
-    lengthscale = kernel.base_kernel.lengthscale  # (heads, 1, d)
+    lengthscale = kernel.base_kernel.lengthscale.to(x1.dtype)  # (heads, 1, d)
     a = x1.div(lengthscale)
     scaled = [x2.div(lengthscale) for x2 in others]
     if form == "rbf":
@@ -124,7 +124,7 @@ def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tens
         a = a - centre
         scaled = [b - centre for b in scaled]
     blocks = ([a] if include_self else []) + scaled
-    log_scale = kernel.outputscale.log().unsqueeze(-1).unsqueeze(-1).expand(*a.shape[:-1], 1)  # (..., heads, N, 1)
+    log_scale = kernel.outputscale.to(x1.dtype).log().unsqueeze(-1).unsqueeze(-1).expand(*a.shape[:-1], 1)  # (..., heads, N, 1)
     if form == "rbf":
         query = torch.cat([a, log_scale - 0.5 * a.square().sum(-1, keepdim=True), torch.ones_like(log_scale)], -1)
         blocks = [torch.cat([b, torch.ones_like(b[..., :1]), -0.5 * b.square().sum(-1, keepdim=True)], -1)
@@ -149,7 +149,7 @@ def evaluate_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: 
     """
     if diag:
         if (x2 is None or x2 is x1) and _attention_form(kernel) == "rbf":  # k(x, x) = σ_f²
-            return kernel.outputscale.unsqueeze(-1).expand(*x1.shape[:-1])
+            return kernel.outputscale.to(x1.dtype).unsqueeze(-1).expand(*x1.shape[:-1])
         return kernel.forward(x1, x1 if x2 is None else x2, diag=True)
     if x2 is None or x2 is x1:
         return _blocks(kernel, x1, (), include_self=True)[0]
