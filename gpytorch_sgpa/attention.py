@@ -192,13 +192,15 @@ class KernelAttention(_MultiHeadAttention):
 
     Queries and keys share one projection ``W_qk`` (Tsai et al., 2019) so that ``K_{qk}`` is a
     symmetric kernel's Gram matrix; ``kernel`` is ``"rbf"`` (ARD-RBF) or ``"exponential"``, one
-    set of hyperparameters per head.  ``dropout`` acts on the Gram matrix entries.  Returns
+    set of hyperparameters per head, initialised by ``kernel_init`` (see
+    :func:`~gpytorch_sgpa.kernels.make_attention_kernel`).  ``dropout`` acts on the Gram matrix entries.  Returns
     ``(output, kl)`` with ``kl = 0``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, kernel: str = "rbf", dropout: float = 0.0, causal: bool = False):
+    def __init__(self, d_model: int, num_heads: int, kernel: str = "rbf", dropout: float = 0.0, causal: bool = False,
+                 kernel_init: str = "sdp"):
         super().__init__(d_model, num_heads, dropout, causal)
-        self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads)
+        self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads, init=kernel_init)
         self.kernel_name = kernel
         self.qk_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
@@ -308,9 +310,12 @@ class SGPAttention(_MultiHeadAttention):
     ``mode="decoupled"``: ``M = num_global`` global inducing inputs ``Z_g`` per head, a parameter
     in the layer's input space (``global_inducing_inputs``, ``(H, M, d_model)``); the keys are
     ``k_g = G_φ(Z_g) W_qk`` where ``G_φ(Z_g)`` is passed as ``global_inputs`` by the model
-    (eq. ``fhl``).  Variational parameters ``v_g`` (``(H, M, e)``) and ``S_g = C Cᵀ`` with ``C``
-    lower triangular, exp-diagonal, one per output dimension (``(H, e, M, M)``; one per head with
-    ``share_covariance=True``).
+    (eq. ``fhl``).  Variational parameters ``v_g`` (``(H, M, e)``) and ``C`` lower triangular,
+    exp-diagonal, one per output dimension (``(H, e, M, M)``; one per head with
+    ``share_covariance=True``).  ``whitened=True`` (GPyTorch's term; the authors'
+    parameterisation) sets ``S_g = L C Cᵀ Lᵀ`` with ``L L ᵀ = K_gg``, so ``C`` parameterises
+    ``q`` of the whitened variables ``L⁻¹ u_g`` and stays well scaled whatever ``K_gg``;
+    ``whitened=False`` sets ``S_g = C Cᵀ``.
 
     * ``variant="orthogonal"`` (ODSVGP, eq. ``odsvgp`` / ``dsgp_predictive``):
       ``m_d = K_qa v_a - K_qg K_gg⁻¹ K_ga v_a + K_qg v_g``;
@@ -318,10 +323,15 @@ class SGPAttention(_MultiHeadAttention):
     * both: ``Σ_d = K_qq + K_qg K_gg⁻¹ (S_g,d - K_gg) K_gg⁻¹ K_gq``.
 
     KL (App. B.1.2, including the constant ``-M/2`` per dimension so it is the exact KL):
-    ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + tr(K_gg⁻¹ S_g,d) - log|S_g,d| + log|K_gg| - M]``
+    ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + tr(K_gg⁻¹ S_g,d) - log|S_g,d| + log|K_gg| - M]``,
+    which whitened is ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + ‖C_d‖²_F - log|C_d C_dᵀ| - M]``
     with ``B = K_aa - K_ag K_gg⁻¹ K_ga`` (orthogonal) or ``B = K_aa`` (dsvgp: the RKHS norm of the
     decoupled mean, which is the exact KL of ``q(u) = N(K_{Z a} v_a, S_u)`` over ``Z = (k_g, k_a)``;
     there ``v_g`` is unused).
+
+    ``kernel_init`` chooses the kernel hyperparameters' initialisation (``"sdp"`` or the authors',
+    ``"authors"``; :func:`~gpytorch_sgpa.kernels.make_attention_kernel`); ``v_g``, ``C``'s strictly
+    lower part and log-diagonal start ``N(0, variational_init_std²)`` (thesis App. B.4).
 
     Cost per forward: one Cholesky of ``K_gg`` per head shared by the batch, triangular solves,
     no inverses.  In eval mode with gradients disabled the global factors (``k_g``, the Cholesky of
@@ -375,6 +385,8 @@ class SGPAttention(_MultiHeadAttention):
         share_covariance: bool = False,
         variational_init_std: float = 1.0,
         sampler: str | None = None,
+        whitened: bool = False,
+        kernel_init: str = "sdp",
     ):
         super().__init__(d_model, num_heads, dropout, causal)
         if not isinstance(mode, str) or mode not in SGPA_MODES:
@@ -385,6 +397,8 @@ class SGPAttention(_MultiHeadAttention):
             raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {kernel!r}")
         if not isinstance(diag_sample, bool):
             raise TypeError(f"diag_sample must be a bool, got {type(diag_sample).__name__}")
+        if not isinstance(whitened, bool):
+            raise TypeError(f"whitened must be a bool, got {type(whitened).__name__}")
         if not variational_init_std > 0:
             raise ValueError(f"variational_init_std must be > 0, got {variational_init_std!r}")
         if sampler is None:
@@ -402,7 +416,8 @@ class SGPAttention(_MultiHeadAttention):
         self.variant = variant
         self.kernel_name = kernel
         self.sampler = sampler
-        self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads)
+        self.whitened = whitened
+        self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads, init=kernel_init)
         self.qk_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
         heads, e = num_heads, self.head_dim
@@ -463,7 +478,8 @@ class SGPAttention(_MultiHeadAttention):
 
     # ------------------------------------------------------------------ pieces
     def global_cov_factor(self, dtype: torch.dtype | None = None) -> Tensor:
-        """``C`` with ``S_g = C Cᵀ``: strictly lower part plus ``exp`` diagonal, ``(H, e or 1, M, M)``."""
+        """``C`` (``S_g = C Cᵀ``, whitened ``S_g = L C Cᵀ Lᵀ``): strictly lower part plus ``exp``
+        diagonal, ``(H, e or 1, M, M)``."""
         lower, log_diag = self.global_chol_lower, self.global_chol_log_diag
         if dtype is not None:
             lower, log_diag = lower.to(dtype), log_diag.to(dtype)
@@ -512,7 +528,11 @@ class SGPAttention(_MultiHeadAttention):
         eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
         chol = psd_safe_cholesky(gram + _relative_jitter(self.kernel, dtype) * eye)
         cov_factor = self.global_cov_factor(dtype)
-        whitened_cov_factor = torch.linalg.solve_triangular(chol.unsqueeze(1), cov_factor, upper=False)
+        if self.whitened:  # W_d = L⁻¹ (L C_d) = C_d; log|S_g,d| - log|K_gg| = log|C_d C_dᵀ|
+            whitened_cov_factor, log_det_prior = cov_factor, 0.0
+        else:
+            whitened_cov_factor = torch.linalg.solve_triangular(chol.unsqueeze(1), cov_factor, upper=False)
+            log_det_prior = 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1, keepdim=True)
         whitened_values = None
         if self.global_values is not None:
             whitened_values = chol.transpose(-2, -1).matmul(self.global_values.to(dtype))
@@ -520,7 +540,7 @@ class SGPAttention(_MultiHeadAttention):
         per_dim = (
             whitened_cov_factor.square().sum((-2, -1))
             - 2.0 * self.global_chol_log_diag.to(dtype).sum(-1)
-            + 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1, keepdim=True)
+            + log_det_prior
             - num_global
         )  # (H, e or 1)
         cov_kl = per_dim.sum(-1) * (e if self.share_covariance else 1)

@@ -19,9 +19,10 @@ import torch
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
-__all__ = ["ExponentialKernel", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
+__all__ = ["ExponentialKernel", "KERNEL_INITS", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
 
 KERNEL_NAMES = ("rbf", "exponential")
+KERNEL_INITS = ("sdp", "authors")
 
 
 class ExponentialKernel(Kernel):
@@ -46,14 +47,18 @@ class ExponentialKernel(Kernel):
         return torch.exp(x1_.matmul(x2_.transpose(-2, -1)))
 
 
-def make_attention_kernel(kernel: str, head_dim: int, num_heads: int) -> ScaleKernel:
+def make_attention_kernel(kernel: str, head_dim: int, num_heads: int, init: str = "sdp") -> ScaleKernel:
     """Per-head attention kernel ``ScaleKernel(base(ard_num_dims=head_dim))`` with batch shape ``(num_heads,)``.
 
     ``kernel`` is ``"rbf"`` (GPyTorch's ARD :class:`~gpytorch.kernels.RBFKernel`) or
-    ``"exponential"`` (:class:`ExponentialKernel`).  Lengthscales start at ``head_dim ** 0.5``
-    (RBF) and ``head_dim ** 0.25`` (exponential, so that ``q·k/σ² = q·k/√d`` as in scaled
-    dot-product attention, eq. ``sdp``); output scales start at 1.
+    ``"exponential"`` (:class:`ExponentialKernel`).  ``init="sdp"``: lengthscales start at
+    ``head_dim ** 0.5`` (RBF) and ``head_dim ** 0.25`` (exponential, so that ``q·k/σ² = q·k/√d``
+    as in scaled dot-product attention, eq. ``sdp``), output scales at 1.  ``init="authors"``:
+    the SGPA authors' public code, ``log ℓ_j ~ N(0, 1)`` and ``σ_f² = 1`` (RBF),
+    ``log ℓ_j ~ N(4, 1)`` and ``σ_f² = e⁻⁴`` (exponential), drawn from torch's global generator.
     """
+    if init not in KERNEL_INITS:
+        raise ValueError(f"init (kernel_init) must be one of {KERNEL_INITS}, got {init!r}")
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a string in {KERNEL_NAMES}, got {type(kernel).__name__}")
     if kernel not in KERNEL_NAMES:
@@ -61,14 +66,16 @@ def make_attention_kernel(kernel: str, head_dim: int, num_heads: int) -> ScaleKe
     if head_dim < 1 or num_heads < 1:
         raise ValueError(f"head_dim and num_heads must be >= 1, got head_dim={head_dim}, num_heads={num_heads}")
     batch_shape = torch.Size([num_heads])
-    if kernel == "rbf":
-        base = RBFKernel(ard_num_dims=head_dim, batch_shape=batch_shape)
-        base.lengthscale = math.sqrt(head_dim)
-    else:
-        base = ExponentialKernel(ard_num_dims=head_dim, batch_shape=batch_shape)
-        base.lengthscale = head_dim**0.25
+    base_class = RBFKernel if kernel == "rbf" else ExponentialKernel
+    base = base_class(ard_num_dims=head_dim, batch_shape=batch_shape)
     scaled = ScaleKernel(base, batch_shape=batch_shape)
-    scaled.outputscale = 1.0
+    if init == "sdp":
+        base.lengthscale = math.sqrt(head_dim) if kernel == "rbf" else head_dim**0.25
+        scaled.outputscale = 1.0
+    else:
+        log_mean = 0.0 if kernel == "rbf" else 4.0
+        base.lengthscale = (log_mean + torch.randn(num_heads, 1, head_dim)).exp()
+        scaled.outputscale = 1.0 if kernel == "rbf" else math.exp(-4.0)
     return scaled
 
 
