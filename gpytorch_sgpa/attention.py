@@ -548,6 +548,13 @@ class SGPAttention(_MultiHeadAttention):
         kl = 0.5 * (cov_kl + mean_kl)
         return _GlobalFactors(keys, chol, whitened_cov_factor, whitened_values, kl)
 
+    def global_kl(self, global_inputs: Tensor | None = None) -> Tensor:
+        """KL of the global inducing variables (App. B.1.2), summed over heads and output
+        dimensions: the part of every sequence's KL that all sequences share (``0`` for standard)."""
+        if self.mode != "decoupled":
+            return self.qk_proj.weight.new_zeros((), dtype=_gp_dtype(self.qk_proj.weight.dtype))
+        return self._global_factors(global_inputs, _gp_dtype(self.qk_proj.weight.dtype)).kl.sum()
+
     def _project(self, x: Tensor, key_padding_mask: Tensor | None):
         """Queries and values (under any autocast), returned in the GP algebra's dtype."""
         dtype = _gp_dtype(x.dtype)
