@@ -229,7 +229,7 @@ class _Runner:
             return self.networks[key]
         config = self.config
         member_seed = seed + 1000 * member
-        epochs, elbo, snapshot_hook = config.epochs, None, None
+        epochs, elbo = config.epochs, None
         if family.startswith("sgpa") and config.mle_init_epochs > 0:
             self.network("mle-kernel", seed, member)
         torch.manual_seed(member_seed)
