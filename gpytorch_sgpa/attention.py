@@ -22,10 +22,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
 from .decoupled import GlobalFactors, decoupled_step_sample, decoupled_terms, global_factors
-from .kernels import KERNEL_NAMES, evaluate_kernel, kernel_blocks, make_attention_kernel
+from .kernels import evaluate_kernel, kernel_blocks, make_attention_kernel
 from .mle_attention import KernelAttention, ScaledDotProductAttention
 from .multihead import SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
 from .samplers import SAMPLERS, SGPA_SAMPLERS, PosteriorTerms
@@ -112,7 +113,9 @@ class SGPAttention(_MultiHeadAttention):
     decoupled mean, which is the exact KL of ``q(u) = N(K_{Z a} v_a, S_u)`` over ``Z = (k_g, k_a)``;
     there ``v_g`` is unused).
 
-    ``kernel_init`` chooses the kernel hyperparameters' initialisation (``"sdp"`` or the authors',
+    ``kernel``: ``"rbf"``, ``"exponential"``, ``"matern12"``/``"matern32"``/``"matern52"`` or a
+    GPyTorch ``ScaleKernel`` with ``batch_shape (num_heads,)`` (used as is, so one object passed
+    to several layers is shared by them); ``kernel_init`` chooses the kernel hyperparameters' initialisation (``"sdp"`` or the authors',
     ``"authors"``; :func:`~gpytorch_sgpa.kernels.make_attention_kernel`); ``v_g``, ``C``'s strictly
     lower part and log-diagonal start ``N(0, variational_init_std²)`` (thesis App. B.4).
 
@@ -157,7 +160,7 @@ class SGPAttention(_MultiHeadAttention):
         self,
         d_model: int,
         num_heads: int,
-        kernel: str = "rbf",
+        kernel: str | Kernel = "rbf",
         mode: str = "decoupled",
         variant: str = "orthogonal",
         num_global: int = 32,
@@ -176,8 +179,6 @@ class SGPAttention(_MultiHeadAttention):
             raise ValueError(f"mode must be one of {SGPA_MODES}, got {mode!r}")
         if not isinstance(variant, str) or variant not in SGPA_VARIANTS:
             raise ValueError(f"variant must be one of {SGPA_VARIANTS}, got {variant!r}")
-        if not isinstance(kernel, str) or kernel not in KERNEL_NAMES:
-            raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {kernel!r}")
         if not isinstance(diag_sample, bool):
             raise TypeError(f"diag_sample must be a bool, got {type(diag_sample).__name__}")
         if not isinstance(whitened, bool):
@@ -197,10 +198,10 @@ class SGPAttention(_MultiHeadAttention):
             )
         self.mode = mode
         self.variant = variant
-        self.kernel_name = kernel
         self.sampler = sampler
         self.whitened = whitened
         self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads, init=kernel_init)
+        self.kernel_name = kernel if isinstance(kernel, str) else type(kernel.base_kernel).__name__
         self.qk_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
         heads, e = num_heads, self.head_dim

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
 from .kernels import evaluate_kernel, make_attention_kernel
@@ -63,11 +64,11 @@ class KernelAttention(_MultiHeadAttention):
     ``(output, kl)`` with ``kl = 0``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, kernel: str = "rbf", dropout: float = 0.0, causal: bool = False,
+    def __init__(self, d_model: int, num_heads: int, kernel: str | Kernel = "rbf", dropout: float = 0.0, causal: bool = False,
                  kernel_init: str = "sdp"):
         super().__init__(d_model, num_heads, dropout, causal)
         self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads, init=kernel_init)
-        self.kernel_name = kernel
+        self.kernel_name = kernel if isinstance(kernel, str) else type(kernel.base_kernel).__name__
         self.qk_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
 

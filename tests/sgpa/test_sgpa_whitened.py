@@ -31,9 +31,13 @@ def _tiny_jitter():
 def _port_kernel(kind, x1, x2, log_ls, log_sf):
     """The authors' ``kernel_ard`` / ``kernel_exp`` for one head: ``x`` (N, e), ``log_ls`` (e,)."""
     a, b = x1 * torch.exp(-log_ls), x2 * torch.exp(-log_ls)
+    if kind == "exponential":
+        return torch.exp(log_sf) * torch.exp(a @ b.T)
+    squared = ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
     if kind == "rbf":
-        return torch.exp(log_sf) * torch.exp(-0.5 * ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
-    return torch.exp(log_sf) * torch.exp(a @ b.T)
+        return torch.exp(log_sf) * torch.exp(-0.5 * squared)
+    r = math.sqrt(5) * squared.clamp_min(1e-30).sqrt()  # Matérn 5/2 (Rasmussen & Williams eq. 4.17)
+    return torch.exp(log_sf) * (1 + r + r**2 / 3) * torch.exp(-r)
 
 
 def _port_layer(kind, q, v_a, k_g, v_g, s_lower, s_log_diag, log_ls, log_sf):
@@ -59,11 +63,20 @@ def _port_layer(kind, q, v_a, k_g, v_g, s_lower, s_log_diag, log_ls, log_sf):
     return torch.stack(means, 1), torch.stack(covs, 1), kl
 
 
-@pytest.mark.parametrize("kernel", ["rbf", "exponential"])
+@pytest.mark.parametrize("kernel", ["rbf", "exponential", "matern52", "object"])
 def test_whitened_layer_matches_the_port_of_the_authors_equations(kernel):
+    """``"matern52"`` and a user's GPyTorch ``ScaleKernel(MaternKernel)`` go through the generic
+    kernel path; the port writes Matérn 5/2 in closed form."""
     torch.manual_seed(0)
-    layer = SGPAttention(D_MODEL, HEADS, kernel=kernel, num_global=NUM_GLOBAL, whitened=True,
+    if kernel == "object":
+        base = gpytorch.kernels.MaternKernel(nu=2.5, ard_num_dims=E, batch_shape=torch.Size([HEADS]))
+        base.lengthscale = torch.rand(HEADS, 1, E) + 0.5
+        chosen = gpytorch.kernels.ScaleKernel(base, batch_shape=torch.Size([HEADS]))
+    else:
+        chosen = kernel
+    layer = SGPAttention(D_MODEL, HEADS, kernel=chosen, num_global=NUM_GLOBAL, whitened=True,
                          kernel_init="authors").double()
+    kernel = "matern52" if kernel == "object" else kernel
     if kernel == "exponential":  # the authors' e⁻⁴ output scale: raise it so every term is sizeable
         layer.kernel.outputscale = 0.5
     x = 0.5 * torch.randn(BATCH, LENGTH, D_MODEL, dtype=torch.double)
@@ -127,3 +140,12 @@ def test_authors_kernel_initialisation(kernel, log_ls, outputscale):
     torch.testing.assert_close(k.outputscale, torch.full((8,), outputscale))
     with pytest.raises(ValueError, match="init"):
         make_attention_kernel(kernel, head_dim=4, num_heads=2, init="xavier")
+
+
+def test_kernel_objects_must_be_per_head_scale_kernels():
+    with pytest.raises(ValueError, match="ScaleKernel"):
+        SGPAttention(D_MODEL, HEADS, kernel=gpytorch.kernels.MaternKernel(batch_shape=torch.Size([HEADS])))
+    with pytest.raises(ValueError, match="batch_shape"):
+        SGPAttention(D_MODEL, HEADS, kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()))
+    with pytest.raises(ValueError, match="kernel"):
+        SGPAttention(D_MODEL, HEADS, kernel="matern72")
