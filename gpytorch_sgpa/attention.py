@@ -121,37 +121,21 @@ class SGPAttention(_MultiHeadAttention):
 
     Cost per forward: one Cholesky of ``K_gg`` per head shared by the batch, triangular solves,
     no inverses.  In eval mode with gradients disabled the global factors (``k_g``, the Cholesky of
-    ``K_gg``, ``L⁻¹ C``, ``Lᵀ v_g``, global KL) are cached; the cache is dropped by ``train()``
-    and whenever a parameter or ``global_inputs`` changes.  Jitter
-    ``gpytorch.settings.cholesky_jitter`` is added to ``K_gg`` (escalated by linear_operator's
-    ``psd_safe_cholesky`` if needed).
+    ``K_gg``, ``W_d``, ``Lᵀ v_g``, global KL) are cached, keyed on the values of the parameters they
+    depend on and of ``global_inputs`` (so GPyTorch's setters invalidate it too); ``train()`` drops
+    it.  Jitter ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
+    scale) is added before every Cholesky (escalated by linear_operator's ``psd_safe_cholesky``
+    if needed).  Under ``torch.autocast`` or in half precision the projections run in the low
+    precision and the GP algebra in float32; the output has the input's dtype.
 
-    Samplers (``sampler``; when ``None`` it is ``"diagonal"`` if ``diag_sample`` else ``"full"``,
-    so ``diag_sample`` keeps its meaning; ``layer.diag_sample`` reads/sets the same choice):
+    ``sampler`` is the one sampling knob (:mod:`~gpytorch_sgpa.samplers`): ``"diagonal"`` (the
+    default, the thesis's: independent marginals, App. B.4), ``"full"`` (the full covariance) or
+    ``"decomposed"`` (decoupled only: the global part exact, the residual ``K_qq - Q_qq``
+    diagonalised).  ``diag_sample`` is an alias kept for compatibility: ``sampler=None`` means
+    ``"diagonal"`` if ``diag_sample`` else ``"full"``, and ``layer.diag_sample`` reads/sets the
+    same choice.  :meth:`posterior` is the same for every sampler.
 
-    * ``"diagonal"`` (``diag_sample=True``, the default): each position independently from its
-      marginal ``N(m_d(q), Σ_d(q, q))`` of eq. ``odsvgp`` (App. B.4, the diagonalised covariance of
-      the thesis' sampler);
-    * ``"full"`` (``diag_sample=False``): the full covariance, as ``m + chol(K_qq - K_qg K_gg⁻¹
-      K_gq) ε + K_qg K_gg⁻¹ C_d ε_g`` (one ``L × L`` Cholesky per sequence and head, shared by the
-      output dimensions);
-    * ``"decomposed"`` (decoupled mode only): eq. ``odsvgp`` written as
-      ``Σ_d = (K_qq - Q_qq) + A S_g,d Aᵀ`` with ``A = K_qg K_gg⁻¹``, ``Q_qq = A K_gg Aᵀ``; the
-      global part is drawn exactly and only the residual ``K_qq - Q_qq`` is diagonalised:
-      ``f_d(q) = m_d(q) + A_q C_d ε_d + sqrt(k(q, q) - A_q K_gg A_qᵀ) ξ_{q,d}`` with
-      ``ε_d ~ N(0, I_M)`` drawn once per sequence (shared by its queries) and ``ξ`` iid.  The
-      marginals are exact: ``ε`` and ``ξ`` are independent, so ``Var f_d(q) = A_q S_g,d A_qᵀ +
-      k(q, q) - Q_qq(q, q) = Σ_d(q, q)``; the cross-position covariance is ``A S_g,d Aᵀ`` (the
-      residual's off-diagonal is dropped).  It never forms ``diag(A S_g,d Aᵀ)``: ``C_d ε_d`` costs
-      ``O(B H e M²)`` and ``A (C_d ε_d)`` ``O(B H L M e)``.  The residual variance is clamped below
-      at the Cholesky jitter before its square root.
-
-    Per layer the marginal variances of ``"diagonal"`` cost ``O(B H L e M²)`` with one ``S_g`` per
-    output dimension and ``O(B H L M²)`` with ``share_covariance=True``; the full-covariance
-    sampler costs ``O(B H (L³ + L² e + L M e + e M²))``, so for short sequences it is the cheaper
-    of the two; ``"decomposed"`` costs ``O(B H (e M² + L M e))`` on top of the mean's
-    ``O(B H L M²)`` solve.  :meth:`posterior` is the same for every sampler.  ``causal=True`` lets position ``i`` use the
-    amortised keys ``j <= i`` only (a decoder layer; the KL is that of the whole sequence's
+    ``causal=True`` lets position ``i`` use the amortised keys ``j <= i`` only (a decoder layer; the KL is that of the whole sequence's
     inducing set, i.e. of the last position); :meth:`forward_step` then predicts one token
     at a time with a key/value cache and reproduces :meth:`forward` given the same noise.
     """

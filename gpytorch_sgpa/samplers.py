@@ -1,7 +1,20 @@
 """Samplers of an SGPA layer's head outputs: one reparameterised draw (eq. ``reparam_dgp``) from the
 posterior terms of the standard (eq. ``fpost``) or decoupled (eq. ``odsvgp``) posterior.
 
-Each sampler is a function ``(terms, local_noise, jitter) -> sample`` of a :class:`PosteriorTerms`;
+* ``"diagonal"``: each position independently from its marginal ``N(m_d(q), Σ_d(q, q))`` (the
+  diagonalised covariance of the thesis's sampler, App. B.4); ``O(B H L e M²)`` for the marginal
+  variances with one ``S_g`` per output dimension, ``O(B H L M²)`` with ``share_covariance``;
+* ``"full"``: ``m + chol(Σ) ε``; standard: ``chol = L_S``; decoupled:
+  ``m + chol(K_qq - Q_qq) ε + A C_d ε_g`` with ``A = K_qg K_gg⁻¹``, ``Q_qq = A K_gg Aᵀ`` (one
+  ``L × L`` Cholesky per sequence and head, shared by the output dimensions),
+  ``O(B H (L³ + L² e + L M e + e M²))``;
+* ``"decomposed"`` (decoupled only): eq. ``odsvgp`` written as ``Σ_d = (K_qq - Q_qq) + A S_g,d Aᵀ``;
+  ``f_d(q) = m_d(q) + A_q C_d ε_d + sqrt(k(q, q) - Q_qq(q, q)) ξ_{q,d}`` with ``ε_d ~ N(0, I_M)``
+  drawn once per sequence and ``ξ`` iid.  The marginals are exact (``ε`` and ``ξ`` independent);
+  the residual's off-diagonal is dropped.  ``O(B H (e M² + L M e))`` on top of the mean's solve.
+
+Variances are clamped below at the (relative) Cholesky jitter before square roots.  Each sampler
+is a function ``(terms, local_noise, jitter) -> sample`` of a :class:`PosteriorTerms`;
 the posterior computes only the terms its sampler reads.
 """
 
