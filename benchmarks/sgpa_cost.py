@@ -87,7 +87,7 @@ def main(argv=None):
         model.train()
         logits, kl = model(images)
         if name in elbos:
-            loss = elbos[name](logits, kl, labels)
+            loss = -elbos[name](logits, kl, labels)
         else:
             loss = torch.nn.functional.cross_entropy(logits, labels)
         optimizers[name].zero_grad(set_to_none=True)

@@ -19,16 +19,18 @@ Shapes inside: ``B`` batch, ``H`` heads, ``L`` length, ``e = d_model / H`` head 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
-import gpytorch
 import torch
-from linear_operator.utils.cholesky import psd_safe_cholesky
+from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
-from .kernels import KERNEL_NAMES, evaluate_kernel, kernel_blocks, make_attention_kernel
+from .decoupled import GlobalFactors, decoupled_step_sample, decoupled_terms, global_factors
+from .kernels import evaluate_kernel, kernel_blocks, make_attention_kernel
+from .mle_attention import KernelAttention, ScaledDotProductAttention
+from .multihead import SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
+from .samplers import SAMPLERS, SGPA_SAMPLERS, PosteriorTerms
+from .standard import standard_step_sample, standard_terms
 
 __all__ = [
     "ScaledDotProductAttention",
@@ -44,155 +46,6 @@ __all__ = [
 
 SGPA_MODES = ("standard", "decoupled")
 SGPA_VARIANTS = ("orthogonal", "dsvgp")
-SGPA_SAMPLERS = ("diagonal", "full", "decomposed")
-
-
-def _check_sizes(d_model, num_heads, dropout) -> int:
-    for name, value in (("d_model", d_model), ("num_heads", num_heads)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if d_model % num_heads != 0:
-        raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
-    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
-    return d_model // num_heads
-
-
-def _jitter(dtype: torch.dtype) -> float:
-    return gpytorch.settings.cholesky_jitter.value(dtype)
-
-
-def _causal_mask(length: int, device) -> Tensor:
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
-
-
-class _MultiHeadAttention(gpytorch.Module):
-    """Shared input checks and head splitting."""
-
-    def __init__(self, d_model: int, num_heads: int, dropout: float, causal: bool):
-        super().__init__()
-        self.head_dim = _check_sizes(d_model, num_heads, dropout)
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.causal = causal
-        self.dropout = nn.Dropout(dropout)
-        self.out_proj = nn.Linear(d_model, d_model)
-
-    def _check_input(self, x: Tensor, key_padding_mask: Tensor | None) -> None:
-        if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise TypeError(f"x must be a floating-point tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (batch, L, d_model={self.d_model}), got {tuple(x.shape)}")
-        if key_padding_mask is not None:
-            if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
-                raise TypeError("key_padding_mask must be a bool tensor (True = padded)")
-            if key_padding_mask.shape != x.shape[:2]:
-                raise ValueError(
-                    f"key_padding_mask must have shape (batch, L)={tuple(x.shape[:2])}, "
-                    f"got {tuple(key_padding_mask.shape)}"
-                )
-            if key_padding_mask.all(-1).any():
-                raise ValueError("key_padding_mask pads every position of some sequence; each needs >= 1 token")
-
-    def _check_step(self, x_t: Tensor, state) -> None:
-        if not self.causal:
-            raise ValueError("forward_step needs a causal layer (causal=True)")
-        self._check_input(x_t, None)
-        if x_t.shape[1] != 1:
-            raise ValueError(f"x_t must hold exactly one token, shape (batch, 1, d_model), got {tuple(x_t.shape)}")
-        if state is not None and state.keys.shape[0] != x_t.shape[0]:
-            raise ValueError(f"x_t has batch size {x_t.shape[0]} but the state holds {state.keys.shape[0]}")
-
-    def _split(self, x: Tensor) -> Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-
-    def _merge(self, x: Tensor) -> Tensor:
-        batch, _, length, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, length, self.d_model)
-
-    def _key_mask(self, key_padding_mask: Tensor | None, length: int, device) -> Tensor | None:
-        """Bool ``(B or 1, 1, L, L)`` mask of allowed (query, key) pairs, or ``None`` for all."""
-        allowed = None
-        if key_padding_mask is not None:
-            allowed = (~key_padding_mask)[:, None, None, :]
-        if self.causal:
-            causal = _causal_mask(length, device)
-            allowed = causal if allowed is None else allowed & causal
-        return allowed
-
-
-class ScaledDotProductAttention(_MultiHeadAttention):
-    r"""Multi-head scaled dot-product attention, eq. ``sdp``: ``softmax(q kᵀ/√d_k) v`` (MLE baseline).
-
-    Separate query/key/value projections, head outputs combined by eq. ``combine_heads``;
-    ``dropout`` acts on the attention weights (MC dropout keeps it active at test time).
-    Returns ``(output, kl)`` with ``kl = 0``.
-    """
-
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, causal: bool = False):
-        super().__init__(d_model, num_heads, dropout, causal)
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, global_inputs: Tensor | None = None):
-        self._check_input(x, key_padding_mask)
-        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
-        scores = q.matmul(k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        allowed = self._key_mask(key_padding_mask, x.shape[1], x.device)
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        weights = self.dropout(torch.softmax(scores, dim=-1))
-        return self.out_proj(self._merge(weights.matmul(v))), x.new_zeros(())
-
-    def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
-        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
-        self._check_step(x_t, state)
-        q, k, v = self._split(self.q_proj(x_t)), self._split(self.k_proj(x_t)), self._split(self.v_proj(x_t))
-        state = _append_to_cache(state, k, v)
-        scores = q.matmul(state.keys.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        weights = self.dropout(torch.softmax(scores, dim=-1))
-        return self.out_proj(self._merge(weights.matmul(state.values))), state
-
-
-class KernelAttention(_MultiHeadAttention):
-    r"""Multi-head kernel attention, eq. ``kattn``: ``F = K_{qk} v`` (MLE baseline).
-
-    Queries and keys share one projection ``W_qk`` (Tsai et al., 2019) so that ``K_{qk}`` is a
-    symmetric kernel's Gram matrix; ``kernel`` is ``"rbf"`` (ARD-RBF) or ``"exponential"``, one
-    set of hyperparameters per head.  ``dropout`` acts on the Gram matrix entries.  Returns
-    ``(output, kl)`` with ``kl = 0``.
-    """
-
-    def __init__(self, d_model: int, num_heads: int, kernel: str = "rbf", dropout: float = 0.0, causal: bool = False):
-        super().__init__(d_model, num_heads, dropout, causal)
-        self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads)
-        self.kernel_name = kernel
-        self.qk_proj = nn.Linear(d_model, d_model, bias=False)
-        self.v_proj = nn.Linear(d_model, d_model, bias=False)
-
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, global_inputs: Tensor | None = None):
-        self._check_input(x, key_padding_mask)
-        q, v = self._split(self.qk_proj(x)), self._split(self.v_proj(x))
-        gram = evaluate_kernel(self.kernel, q)
-        allowed = self._key_mask(key_padding_mask, x.shape[1], x.device)
-        if allowed is not None:
-            gram = gram.masked_fill(~allowed, 0.0)
-        heads = self.dropout(gram).matmul(v)
-        return self.out_proj(self._merge(heads)), x.new_zeros(())
-
-    def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
-        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
-        self._check_step(x_t, state)
-        q, v = self._split(self.qk_proj(x_t)), self._split(self.v_proj(x_t))
-        state = _append_to_cache(state, q, v)
-        gram_row = evaluate_kernel(self.kernel, q, state.keys)  # (B, H, 1, t+1)
-        return self.out_proj(self._merge(self.dropout(gram_row).matmul(state.values))), state
 
 
 class SGPANoise(NamedTuple):
@@ -224,46 +77,6 @@ class SGPAPosterior(NamedTuple):
     kl: Tensor
 
 
-class _GlobalFactors(NamedTuple):
-    keys: Tensor  # k_g, (H, M, e)
-    chol: Tensor  # L with L Lᵀ = K_gg + jitter I, (H, M, M)
-    whitened_cov_factor: Tensor  # W_d = L⁻¹ C_d, (H, e or 1, M, M)
-    whitened_values: Tensor | None  # Lᵀ v_g, (H, M, e) (orthogonal variant)
-    kl: Tensor  # (H,) global part of the KL, summed over output dimensions
-
-
-@dataclass
-class SGPAStepState:
-    """Key/value cache of a causal attention layer for autoregressive prediction.
-
-    Created by the first ``forward_step`` call of a causal :class:`SGPAttention`,
-    :class:`KernelAttention` or :class:`ScaledDotProductAttention` and updated in place by the
-    following ones (the maximum-likelihood layers use ``keys`` and ``values`` only).  ``length``
-    tokens have been processed.
-    """
-
-    keys: Tensor  # (B, H, t, e)
-    values: Tensor  # (B, H, t, e)
-    global_factors: _GlobalFactors | None = None
-    projected_values: Tensor | None = None  # Σ_j a_j v_jᵀ, (B, H, M, e) (orthogonal variant)
-    whitened_keys: Tensor | None = None  # a_j = L⁻¹ K_g,k_j, (B, H, M, t) (full covariance)
-    conditional_chol: Tensor | None = None  # chol of K_qq - AᵀA over the prefix, (B, H, t, t)
-    local_noise: Tensor | None = None  # (B, H, t, e) (full covariance)
-    global_noise: Tensor | None = None  # (B, H, e, M) (full covariance, decoupled)
-
-    @property
-    def length(self) -> int:
-        return self.keys.shape[-2]
-
-
-def _append_to_cache(state: SGPAStepState | None, keys: Tensor, values: Tensor) -> SGPAStepState:
-    if state is None:
-        return SGPAStepState(keys=keys, values=values)
-    state.keys = torch.cat([state.keys, keys], dim=-2)
-    state.values = torch.cat([state.values, values], dim=-2)
-    return state
-
-
 class SGPAttention(_MultiHeadAttention):
     r"""Sparse Gaussian process attention (thesis ch. 3): each head's output is an SVGP posterior.
 
@@ -281,9 +94,12 @@ class SGPAttention(_MultiHeadAttention):
     ``mode="decoupled"``: ``M = num_global`` global inducing inputs ``Z_g`` per head, a parameter
     in the layer's input space (``global_inducing_inputs``, ``(H, M, d_model)``); the keys are
     ``k_g = G_φ(Z_g) W_qk`` where ``G_φ(Z_g)`` is passed as ``global_inputs`` by the model
-    (eq. ``fhl``).  Variational parameters ``v_g`` (``(H, M, e)``) and ``S_g = C Cᵀ`` with ``C``
-    lower triangular, exp-diagonal, one per output dimension (``(H, e, M, M)``; one per head with
-    ``share_covariance=True``).
+    (eq. ``fhl``).  Variational parameters ``v_g`` (``(H, M, e)``) and ``C`` lower triangular,
+    exp-diagonal, one per output dimension (``(H, e, M, M)``; one per head with
+    ``share_covariance=True``).  ``whitened=True`` (GPyTorch's term; the authors'
+    parameterisation) sets ``S_g = L C Cᵀ Lᵀ`` with ``L L ᵀ = K_gg``, so ``C`` parameterises
+    ``q`` of the whitened variables ``L⁻¹ u_g`` and stays well scaled whatever ``K_gg``;
+    ``whitened=False`` sets ``S_g = C Cᵀ``.
 
     * ``variant="orthogonal"`` (ODSVGP, eq. ``odsvgp`` / ``dsgp_predictive``):
       ``m_d = K_qa v_a - K_qg K_gg⁻¹ K_ga v_a + K_qg v_g``;
@@ -291,44 +107,35 @@ class SGPAttention(_MultiHeadAttention):
     * both: ``Σ_d = K_qq + K_qg K_gg⁻¹ (S_g,d - K_gg) K_gg⁻¹ K_gq``.
 
     KL (App. B.1.2, including the constant ``-M/2`` per dimension so it is the exact KL):
-    ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + tr(K_gg⁻¹ S_g,d) - log|S_g,d| + log|K_gg| - M]``
+    ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + tr(K_gg⁻¹ S_g,d) - log|S_g,d| + log|K_gg| - M]``,
+    which whitened is ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + ‖C_d‖²_F - log|C_d C_dᵀ| - M]``
     with ``B = K_aa - K_ag K_gg⁻¹ K_ga`` (orthogonal) or ``B = K_aa`` (dsvgp: the RKHS norm of the
     decoupled mean, which is the exact KL of ``q(u) = N(K_{Z a} v_a, S_u)`` over ``Z = (k_g, k_a)``;
     there ``v_g`` is unused).
 
+    ``kernel``: ``"rbf"``, ``"exponential"``, ``"matern12"``/``"matern32"``/``"matern52"`` or a
+    GPyTorch ``ScaleKernel`` with ``batch_shape (num_heads,)`` (used as is, so one object passed
+    to several layers is shared by them); ``kernel_init`` chooses the kernel hyperparameters' initialisation (``"sdp"`` or the authors',
+    ``"authors"``; :func:`~gpytorch_sgpa.kernels.make_attention_kernel`); ``v_g``, ``C``'s strictly
+    lower part and log-diagonal start ``N(0, variational_init_std²)`` (thesis App. B.4).
+
     Cost per forward: one Cholesky of ``K_gg`` per head shared by the batch, triangular solves,
     no inverses.  In eval mode with gradients disabled the global factors (``k_g``, the Cholesky of
-    ``K_gg``, ``L⁻¹ C``, ``Lᵀ v_g``, global KL) are cached; the cache is dropped by ``train()``
-    and whenever a parameter or ``global_inputs`` changes.  Jitter
-    ``gpytorch.settings.cholesky_jitter`` is added to ``K_gg`` (escalated by linear_operator's
-    ``psd_safe_cholesky`` if needed).
+    ``K_gg``, ``W_d``, ``Lᵀ v_g``, global KL) are cached, keyed on the values of the parameters they
+    depend on and of ``global_inputs`` (so GPyTorch's setters invalidate it too); ``train()`` drops
+    it.  Jitter ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
+    scale) is added before every Cholesky (escalated by linear_operator's ``psd_safe_cholesky``
+    if needed).  Under ``torch.autocast`` or in half precision the projections run in the low
+    precision and the GP algebra in float32; the output has the input's dtype.
 
-    Samplers (``sampler``; when ``None`` it is ``"diagonal"`` if ``diag_sample`` else ``"full"``,
-    so ``diag_sample`` keeps its meaning; ``layer.diag_sample`` reads/sets the same choice):
+    ``sampler`` is the one sampling knob (:mod:`~gpytorch_sgpa.samplers`): ``"diagonal"`` (the
+    default, the thesis's: independent marginals, App. B.4), ``"full"`` (the full covariance) or
+    ``"decomposed"`` (decoupled only: the global part exact, the residual ``K_qq - Q_qq``
+    diagonalised).  ``diag_sample`` is an alias kept for compatibility: ``sampler=None`` means
+    ``"diagonal"`` if ``diag_sample`` else ``"full"``, and ``layer.diag_sample`` reads/sets the
+    same choice.  :meth:`posterior` is the same for every sampler.
 
-    * ``"diagonal"`` (``diag_sample=True``, the default): each position independently from its
-      marginal ``N(m_d(q), Σ_d(q, q))`` of eq. ``odsvgp`` (App. B.4, the diagonalised covariance of
-      the thesis' sampler);
-    * ``"full"`` (``diag_sample=False``): the full covariance, as ``m + chol(K_qq - K_qg K_gg⁻¹
-      K_gq) ε + K_qg K_gg⁻¹ C_d ε_g`` (one ``L × L`` Cholesky per sequence and head, shared by the
-      output dimensions);
-    * ``"decomposed"`` (decoupled mode only): eq. ``odsvgp`` written as
-      ``Σ_d = (K_qq - Q_qq) + A S_g,d Aᵀ`` with ``A = K_qg K_gg⁻¹``, ``Q_qq = A K_gg Aᵀ``; the
-      global part is drawn exactly and only the residual ``K_qq - Q_qq`` is diagonalised:
-      ``f_d(q) = m_d(q) + A_q C_d ε_d + sqrt(k(q, q) - A_q K_gg A_qᵀ) ξ_{q,d}`` with
-      ``ε_d ~ N(0, I_M)`` drawn once per sequence (shared by its queries) and ``ξ`` iid.  The
-      marginals are exact: ``ε`` and ``ξ`` are independent, so ``Var f_d(q) = A_q S_g,d A_qᵀ +
-      k(q, q) - Q_qq(q, q) = Σ_d(q, q)``; the cross-position covariance is ``A S_g,d Aᵀ`` (the
-      residual's off-diagonal is dropped).  It never forms ``diag(A S_g,d Aᵀ)``: ``C_d ε_d`` costs
-      ``O(B H e M²)`` and ``A (C_d ε_d)`` ``O(B H L M e)``.  The residual variance is clamped below
-      at the Cholesky jitter before its square root.
-
-    Per layer the marginal variances of ``"diagonal"`` cost ``O(B H L e M²)`` with one ``S_g`` per
-    output dimension and ``O(B H L M²)`` with ``share_covariance=True``; the full-covariance
-    sampler costs ``O(B H (L³ + L² e + L M e + e M²))``, so for short sequences it is the cheaper
-    of the two; ``"decomposed"`` costs ``O(B H (e M² + L M e))`` on top of the mean's
-    ``O(B H L M²)`` solve.  :meth:`posterior` is the same for every sampler.  ``causal=True`` lets position ``i`` use the
-    amortised keys ``j <= i`` only (a decoder layer; the KL is that of the whole sequence's
+    ``causal=True`` lets position ``i`` use the amortised keys ``j <= i`` only (a decoder layer; the KL is that of the whole sequence's
     inducing set, i.e. of the last position); :meth:`forward_step` then predicts one token
     at a time with a key/value cache and reproduces :meth:`forward` given the same noise.
     """
@@ -337,7 +144,7 @@ class SGPAttention(_MultiHeadAttention):
         self,
         d_model: int,
         num_heads: int,
-        kernel: str = "rbf",
+        kernel: str | Kernel = "rbf",
         mode: str = "decoupled",
         variant: str = "orthogonal",
         num_global: int = 32,
@@ -348,16 +155,18 @@ class SGPAttention(_MultiHeadAttention):
         share_covariance: bool = False,
         variational_init_std: float = 1.0,
         sampler: str | None = None,
+        whitened: bool = False,
+        kernel_init: str = "sdp",
     ):
         super().__init__(d_model, num_heads, dropout, causal)
         if not isinstance(mode, str) or mode not in SGPA_MODES:
             raise ValueError(f"mode must be one of {SGPA_MODES}, got {mode!r}")
         if not isinstance(variant, str) or variant not in SGPA_VARIANTS:
             raise ValueError(f"variant must be one of {SGPA_VARIANTS}, got {variant!r}")
-        if not isinstance(kernel, str) or kernel not in KERNEL_NAMES:
-            raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {kernel!r}")
         if not isinstance(diag_sample, bool):
             raise TypeError(f"diag_sample must be a bool, got {type(diag_sample).__name__}")
+        if not isinstance(whitened, bool):
+            raise TypeError(f"whitened must be a bool, got {type(whitened).__name__}")
         if not variational_init_std > 0:
             raise ValueError(f"variational_init_std must be > 0, got {variational_init_std!r}")
         if sampler is None:
@@ -373,9 +182,10 @@ class SGPAttention(_MultiHeadAttention):
             )
         self.mode = mode
         self.variant = variant
-        self.kernel_name = kernel
         self.sampler = sampler
-        self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads)
+        self.whitened = whitened
+        self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads, init=kernel_init)
+        self.kernel_name = kernel if isinstance(kernel, str) else type(kernel.base_kernel).__name__
         self.qk_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
         heads, e = num_heads, self.head_dim
@@ -427,18 +237,28 @@ class SGPAttention(_MultiHeadAttention):
         """Drop the eval-mode cache of the global factors (automatic on parameter changes)."""
         self._cache = None
 
-    def _parameter_key(self):
-        return tuple((p.data_ptr(), p._version, p.dtype) for p in self.parameters())
+    def _global_parameters(self) -> list[Tensor]:
+        """The parameters the global factors depend on."""
+        tensors = [self.qk_proj.weight, self.global_inducing_inputs, self.global_chol_lower, self.global_chol_log_diag]
+        if self.global_values is not None:
+            tensors.append(self.global_values)
+        return tensors + list(self.kernel.parameters())
 
     # ------------------------------------------------------------------ pieces
-    def global_cov_factor(self) -> Tensor:
-        """``C`` with ``S_g = C Cᵀ``: strictly lower part plus ``exp`` diagonal, ``(H, e or 1, M, M)``."""
-        return self.global_chol_lower.tril(-1) + torch.diag_embed(self.global_chol_log_diag.exp())
+    def global_cov_factor(self, dtype: torch.dtype | None = None) -> Tensor:
+        """``C`` (``S_g = C Cᵀ``, whitened ``S_g = L C Cᵀ Lᵀ``): strictly lower part plus ``exp``
+        diagonal, ``(H, e or 1, M, M)``."""
+        lower, log_diag = self.global_chol_lower, self.global_chol_log_diag
+        if dtype is not None:
+            lower, log_diag = lower.to(dtype), log_diag.to(dtype)
+        return lower.tril(-1) + torch.diag_embed(log_diag.exp())
 
-    def global_keys(self, global_inputs: Tensor | None = None) -> Tensor:
+    def global_keys(self, global_inputs: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
         """``k_g = G_φ(Z_g) W_qk`` per head (eq. ``fhl``), ``(H, M, e)``."""
         inputs = self._global_inputs(global_inputs)
         weight = self.qk_proj.weight.view(self.num_heads, self.head_dim, self.d_model)
+        if dtype is not None:
+            inputs, weight = inputs.to(dtype), weight.to(dtype)
         return torch.einsum("hmd,hed->hme", inputs, weight)
 
     def _global_inputs(self, global_inputs: Tensor | None) -> Tensor:
@@ -453,177 +273,55 @@ class SGPAttention(_MultiHeadAttention):
             raise ValueError(f"global_inputs must have shape {expected}, got {tuple(global_inputs.shape)}")
         return global_inputs
 
-    def _global_factors(self, global_inputs: Tensor | None) -> _GlobalFactors:
-        use_cache = not self.training and not torch.is_grad_enabled()
-        if use_cache and self._cache is not None:
-            key, cached_inputs, factors = self._cache
-            if key == self._parameter_key() and (
-                (global_inputs is None and cached_inputs is None)
-                or (
-                    global_inputs is not None
-                    and cached_inputs is not None
-                    and global_inputs.shape == cached_inputs.shape
-                    and global_inputs.dtype == cached_inputs.dtype
-                    and torch.equal(global_inputs, cached_inputs)
-                )
+    def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype) -> GlobalFactors:
+        """The global factors; in eval mode without gradients cached, keyed on the values they
+        depend on (GPyTorch's setters and ``.data`` writes do not bump a tensor's ``_version``)."""
+        if self.training or torch.is_grad_enabled():
+            return global_factors(self, global_inputs, dtype)
+        key = [t.detach() for t in self._global_parameters()] + ([] if global_inputs is None else [global_inputs])
+        if self._cache is not None:
+            cached_key, cached_dtype, factors = self._cache
+            if cached_dtype == dtype and len(cached_key) == len(key) and all(
+                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(cached_key, key)
             ):
                 return factors
-        factors = self._compute_global_factors(global_inputs)
-        if use_cache:
-            cached_inputs = None if global_inputs is None else global_inputs.detach().clone()
-            self._cache = (self._parameter_key(), cached_inputs, factors)
+        factors = global_factors(self, global_inputs, dtype)
+        self._cache = ([t.detach().clone() for t in key], dtype, factors)
         return factors
 
-    def _compute_global_factors(self, global_inputs: Tensor | None) -> _GlobalFactors:
-        keys = self.global_keys(global_inputs)
-        gram = evaluate_kernel(self.kernel, keys)
-        num_global = gram.shape[-1]
-        eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
-        chol = psd_safe_cholesky(gram + _jitter(gram.dtype) * eye)
-        cov_factor = self.global_cov_factor()
-        whitened_cov_factor = torch.linalg.solve_triangular(chol.unsqueeze(1), cov_factor, upper=False)
-        whitened_values = None
-        if self.global_values is not None:
-            whitened_values = chol.transpose(-2, -1).matmul(self.global_values)
-        e = self.head_dim
-        per_dim = (
-            whitened_cov_factor.square().sum((-2, -1))
-            - 2.0 * self.global_chol_log_diag.sum(-1)
-            + 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1, keepdim=True)
-            - num_global
-        )  # (H, e or 1)
-        cov_kl = per_dim.sum(-1) * (e if self.share_covariance else 1)
-        mean_kl = whitened_values.square().sum((-2, -1)) if self.variant == "orthogonal" else 0.0
-        kl = 0.5 * (cov_kl + mean_kl)
-        return _GlobalFactors(keys, chol, whitened_cov_factor, whitened_values, kl)
+    def global_kl(self, global_inputs: Tensor | None = None) -> Tensor:
+        """KL of the global inducing variables (App. B.1.2), summed over heads and output
+        dimensions: the part of every sequence's KL that all sequences share (``0`` for standard)."""
+        if self.mode != "decoupled":
+            return self.qk_proj.weight.new_zeros((), dtype=_gp_dtype(self.qk_proj.weight.dtype))
+        return self._global_factors(global_inputs, _gp_dtype(self.qk_proj.weight.dtype)).kl.sum()
 
     def _project(self, x: Tensor, key_padding_mask: Tensor | None):
-        queries = self._split(self.qk_proj(x))
-        values = self._split(self.v_proj(x))
+        """Queries and values (under any autocast), returned in the GP algebra's dtype."""
+        dtype = _gp_dtype(x.dtype)
+        queries = self._split(self.qk_proj(x)).to(dtype)
+        values = self._split(self.v_proj(x)).to(dtype)
         if key_padding_mask is not None:
             values = values.masked_fill(key_padding_mask[:, None, :, None], 0.0)
         return queries, values
 
-    def _standard_cov_factor(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        """``L_S`` of eq. ``fpost`` (input-dependent Cholesky factor), ``(B, H, L, L)``."""
-        batch, length, _ = x.shape
-        if length > self.max_len:
-            raise ValueError(f"sequence length {length} exceeds max_len={self.max_len} of mode='standard'")
-        raw = self.cov_proj(x).view(batch, length, self.num_heads, self.max_len).transpose(1, 2)[..., :length]
-        factor = raw.tril(-1) + torch.diag_embed(raw.diagonal(dim1=-2, dim2=-1).exp())
-        if key_padding_mask is not None:
-            valid = (~key_padding_mask)[:, None, :].to(factor.dtype)
-            factor = factor * valid.unsqueeze(-1) * valid.unsqueeze(-2)
-            factor = factor + torch.diag_embed(key_padding_mask[:, None, :].to(factor.dtype)).expand_as(factor)
-        return factor
-
-    # ------------------------------------------------------------------ posterior
-    def _posterior_terms(
-        self, x, key_padding_mask, global_inputs, full_covariance: bool, with_sampler: bool, global_noise=None
-    ):
-        """Mean, variance, optional covariance, per-sequence KL and what sampling needs.
-
-        With ``global_noise`` ``ε`` (decoupled mode, ``(B, H, e, M)``) the returned mean already holds
-        the correlated global part of the sample, ``m_d + K_qg K_gg⁻¹ C_d ε_d = m_d + Aᵀ W_d ε_d``:
-        it shares the one product with ``Aᵀ`` that the orthogonal mean needs.
-        """
+    def _terms(self, x, key_padding_mask, global_inputs, full_covariance: bool, sampler: str | None,
+               global_noise: Tensor | None = None) -> PosteriorTerms:
+        """The posterior terms of :mod:`~gpytorch_sgpa.standard` or :mod:`~gpytorch_sgpa.decoupled`."""
         queries, values = self._project(x, key_padding_mask)
         if self.mode == "decoupled":
-            factors = self._global_factors(global_inputs)
+            factors = self._global_factors(global_inputs, queries.dtype)
             # K_qq = K_qa = K_aa (B, H, L, L) and K_qg (B, H, L, M) in one kernel pass
             gram, cross = kernel_blocks(self.kernel, queries, factors.keys)
         else:
             gram = evaluate_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
-        length = x.shape[1]
-        causal = _causal_mask(length, x.device) if self.causal else None
+        causal = _causal_mask(x.shape[1], x.device) if self.causal else None
         gram_values = gram.matmul(values)
         amortised_mean = gram.masked_fill(~causal, 0.0).matmul(values) if causal is not None else gram_values
-        valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]
-        sampler = {}
         if self.mode == "standard":
-            factor = self._standard_cov_factor(x, key_padding_mask)
-            mean = amortised_mean
-            variance = factor.square().sum(-1).unsqueeze(-1).expand_as(mean)
-            covariance = None
-            if full_covariance:
-                covariance = factor.matmul(factor.transpose(-2, -1)).unsqueeze(2).expand(-1, -1, self.head_dim, -1, -1)
-            kl = self._standard_kl(gram, gram_values, values, factor, key_padding_mask)
-            sampler["cov_factor"] = factor
-            return mean, variance, covariance, kl, sampler
-
-        whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # A, (B,H,M,L)
-        need_conditional = causal is not None or full_covariance or (with_sampler and self.sampler == "full")
-        conditional = None
-        if need_conditional:  # K_qq - K_qg K_gg⁻¹ K_gq
-            conditional = gram - whitened.transpose(-2, -1).matmul(whitened)
-        # everything multiplied by Aᵀ is gathered in one (B, H, M, e) coefficient: one product
-        coefficient = None
-        if global_noise is not None:  # W_d ε_d, (B, H, M, e)
-            coefficient = torch.einsum("hdmn,bhdn->bhmd", factors.whitened_cov_factor, global_noise)
-        if self.variant == "orthogonal":
-            whitened_values = whitened.matmul(values)  # A v_a, (B, H, M, e)
-            if causal is not None:
-                mean = conditional.masked_fill(~causal, 0.0).matmul(values)
-                own = factors.whitened_values
-            else:
-                mean = gram_values
-                own = factors.whitened_values - whitened_values  # Lᵀ v_g - A v_a
-            coefficient = own if coefficient is None else coefficient + own
-            amortised_kl = (values * gram_values).sum((-3, -2, -1)) - whitened_values.square().sum((-3, -2, -1))
-        else:
-            mean = amortised_mean
-            amortised_kl = (values * gram_values).sum((-3, -2, -1))
-        if coefficient is not None:
-            mean = mean + whitened.transpose(-2, -1).matmul(coefficient)
-        kl = 0.5 * amortised_kl + factors.kl.sum()
-        # Σ_d = (K_qq - AᵀA) + (W_dᵀ A)ᵀ (W_dᵀ A),  W_d = L⁻¹ C_d
-        variance = covariance = None
-        if with_sampler and self.sampler == "full":  # the full-covariance sampler needs neither
-            sampler["conditional_chol"] = self._conditional_chol(conditional, valid)
-        elif with_sampler and self.sampler == "decomposed":  # only diag(K_qq - AᵀA), O(B H L M)
-            self_cov = evaluate_kernel(self.kernel, queries, diag=True)  # k(q, q), (B, H, L); backward cheaper
-            sampler["residual_variance"] = self_cov - whitened.square().sum(-2)
-        else:
-            projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)
-            variance = (gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)).unsqueeze(-2)
-            variance = (variance + projected.square().sum(-2)).transpose(-2, -1).expand_as(mean)
-        if full_covariance:
-            covariance = conditional.unsqueeze(2) + projected.transpose(-2, -1).matmul(projected)
-            covariance = covariance.expand(-1, -1, self.head_dim, -1, -1)
-        sampler["whitened"] = whitened
-        sampler["factors"] = factors
-        return mean, variance, covariance, kl, sampler
-
-    def _conditional_chol(self, conditional: Tensor, valid: Tensor | None) -> Tensor:
-        length = conditional.shape[-1]
-        eye = torch.eye(length, dtype=conditional.dtype, device=conditional.device)
-        if valid is not None:
-            pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-            conditional = conditional.masked_fill(~pair, 0.0) + torch.diag_embed((~valid).to(conditional.dtype))
-            jitter = _jitter(conditional.dtype) * torch.diag_embed(valid.to(conditional.dtype))
-        else:
-            jitter = _jitter(conditional.dtype) * eye
-        return psd_safe_cholesky(conditional + jitter)
-
-    def _standard_kl(self, gram, gram_values, values, factor, key_padding_mask) -> Tensor:
-        """Per-sequence KL of standard SGPA (App. B.1.1 with ``v = K⁻¹ m_u``), ``(B,)``."""
-        length = gram.shape[-1]
-        if key_padding_mask is not None:
-            valid = (~key_padding_mask)[:, None, :]
-            pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-            gram = gram.masked_fill(~pair, 0.0) + torch.diag_embed((~valid).to(gram.dtype))
-            jitter = _jitter(gram.dtype) * torch.diag_embed(valid.to(gram.dtype))
-        else:
-            jitter = _jitter(gram.dtype) * torch.eye(length, dtype=gram.dtype, device=gram.device)
-        chol = psd_safe_cholesky(gram + jitter)
-        whitened = torch.linalg.solve_triangular(chol, factor, upper=False)
-        per_dim = (
-            whitened.square().sum((-2, -1))
-            - length
-            + 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-            - 2.0 * factor.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-        )  # (B, H); padded positions contribute exactly 0
-        return 0.5 * (self.head_dim * per_dim.sum(-1) + (values * gram_values).sum((-3, -2, -1)))
+            return standard_terms(self, x, values, gram, gram_values, amortised_mean, key_padding_mask, full_covariance)
+        return decoupled_terms(self, queries, values, gram, cross, gram_values, amortised_mean, causal,
+                               key_padding_mask, factors, full_covariance, sampler, global_noise)
 
     def posterior(
         self,
@@ -634,10 +332,9 @@ class SGPAttention(_MultiHeadAttention):
     ) -> SGPAPosterior:
         """Posterior of each head's output at the queries (eq. ``fpost`` / ``odsvgp`` / ``naivedsvgp``)."""
         self._check_input(x, key_padding_mask)
-        mean, variance, covariance, kl, _ = self._posterior_terms(
-            x, key_padding_mask, global_inputs, full_covariance, with_sampler=False
-        )
-        return SGPAPosterior(mean, variance, covariance, kl)
+        with _no_autocast(x):
+            terms = self._terms(x, key_padding_mask, global_inputs, full_covariance, sampler=None)
+        return SGPAPosterior(terms.mean, terms.variance, terms.covariance, terms.kl)
 
     def sample_noise(self, batch_size: int, length: int, dtype=None, device=None) -> SGPANoise:
         """Draw the standard-normal noise one forward pass of ``batch_size × length`` uses."""
@@ -675,21 +372,13 @@ class SGPAttention(_MultiHeadAttention):
         if noise is None:
             noise = self.sample_noise(batch, length, x.dtype, x.device)
         noise = self._check_noise(noise, batch, length)
-        # full / decomposed (decoupled): ``mean`` comes back as m_d + K_qg K_gg⁻¹ C_d ε_d = m_d + Aᵀ W_d ε_d
-        mean, variance, _, kl, sampler = self._posterior_terms(
-            x, key_padding_mask, global_inputs, full_covariance=False, with_sampler=True,
-            global_noise=noise.global_ if self._uses_global_noise() else None,
-        )
-        if self.sampler == "diagonal":
-            sample = mean + variance.clamp_min(_jitter(variance.dtype)).sqrt() * noise.local
-        elif self.mode == "standard":
-            sample = mean + sampler["cov_factor"].matmul(noise.local)
-        elif self.sampler == "full":
-            sample = mean + sampler["conditional_chol"].matmul(noise.local)
-        else:  # decomposed: the residual K_qq - Q_qq diagonalised
-            residual = sampler["residual_variance"]
-            sample = mean + residual.clamp_min(_jitter(residual.dtype)).sqrt().unsqueeze(-1) * noise.local
-        return self.out_proj(self.dropout(self._merge(sample))), kl.mean()
+        dtype = _gp_dtype(x.dtype)
+        local = noise.local.to(dtype)
+        global_noise = noise.global_.to(dtype) if self._uses_global_noise() else None
+        with _no_autocast(x):
+            terms = self._terms(x, key_padding_mask, global_inputs, False, self.sampler, global_noise)
+            sample = SAMPLERS[self.sampler](terms, local, _relative_jitter(self.kernel, dtype))
+        return self.out_proj(self.dropout(self._merge(sample.to(x.dtype)))), terms.kl.mean()
 
     # ------------------------------------------------------------------ incremental decoding
     def forward_step(
@@ -712,71 +401,25 @@ class SGPAttention(_MultiHeadAttention):
             noise = self.sample_noise(batch, 1, x_t.dtype, x_t.device)
         noise = self._check_noise(noise, batch, 1)
         query, value = self._project(x_t, None)  # (B, H, 1, e)
-        if state is None:
-            state = SGPAStepState(keys=query[..., :0, :], values=value[..., :0, :])
-            if self.mode == "decoupled":
-                state.global_factors = self._global_factors(global_inputs)
-                m = self.num_global
-                state.projected_values = query.new_zeros(batch, self.num_heads, m, self.head_dim)
-                state.whitened_keys = query.new_zeros(batch, self.num_heads, m, 0)
-                state.global_noise = noise.global_
-                state.conditional_chol = query.new_zeros(batch, self.num_heads, 0, 0)
-            state.local_noise = query.new_zeros(batch, self.num_heads, 0, self.head_dim)
-        position = state.length
-        state.keys = torch.cat([state.keys, query], dim=-2)
-        state.values = torch.cat([state.values, value], dim=-2)
-        state.local_noise = torch.cat([state.local_noise, noise.local], dim=-2)
-        gram_row = evaluate_kernel(self.kernel, query, state.keys)  # (B, H, 1, t+1)
-        mean = gram_row.matmul(state.values)
-        if self.mode == "standard":
-            sample = self._standard_step_sample(x_t, position, mean, state)
-        else:
-            sample = self._decoupled_step_sample(query, value, gram_row, mean, state)
-        return self.out_proj(self.dropout(self._merge(sample))), state
-
-    def _standard_step_sample(self, x_t, position, mean, state) -> Tensor:
-        if position >= self.max_len:
-            raise ValueError(f"sequence length {position + 1} exceeds max_len={self.max_len} of mode='standard'")
-        raw = self.cov_proj(x_t).view(x_t.shape[0], self.num_heads, self.max_len)[..., : position + 1]
-        row = torch.cat([raw[..., :position], raw[..., position:].exp()], dim=-1).unsqueeze(-2)  # (B,H,1,t+1)
-        if self.sampler == "diagonal":
-            return mean + row.square().sum(-1, keepdim=True).sqrt() * state.local_noise[..., -1:, :]
-        return mean + row.matmul(state.local_noise)
-
-    def _decoupled_step_sample(self, query, value, gram_row, mean, state) -> Tensor:
-        factors = state.global_factors
-        cross = evaluate_kernel(self.kernel, query, factors.keys)  # (B, H, 1, M)
-        whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # (B,H,M,1)
-        if self.variant == "orthogonal":
-            state.projected_values = state.projected_values + whitened.matmul(value)
-            mean = mean - whitened.transpose(-2, -1).matmul(state.projected_values)
-            mean = mean + whitened.transpose(-2, -1).matmul(factors.whitened_values)
-        self_cov = gram_row[..., -1:]  # k(q_t, q_t), (B, H, 1, 1)
-        conditional_tt = self_cov - whitened.square().sum(-2, keepdim=True)
-        if self.sampler == "decomposed":
-            global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, state.global_noise)
-            residual = conditional_tt.clamp_min(_jitter(conditional_tt.dtype)).sqrt()
-            return (
-                mean
-                + torch.einsum("bhml,bhdm->bhld", whitened, global_term)
-                + residual * state.local_noise[..., -1:, :]
-            )
-        projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,1)
-        if self.sampler == "diagonal":
-            variance = conditional_tt + projected.square().sum(-2).transpose(-2, -1)  # (B,H,1,e|1)
-            state.whitened_keys = torch.cat([state.whitened_keys, whitened], dim=-1)
-            return mean + variance.clamp_min(_jitter(variance.dtype)).sqrt() * state.local_noise[..., -1:, :]
-        conditional_row = gram_row[..., :-1] - whitened.transpose(-2, -1).matmul(state.whitened_keys)  # (B,H,1,t)
-        previous_chol = state.conditional_chol
-        row = torch.linalg.solve_triangular(previous_chol, conditional_row.transpose(-2, -1), upper=False)
-        row = row.transpose(-2, -1)  # (B, H, 1, t)
-        diag = (conditional_tt + _jitter(conditional_tt.dtype) - row.square().sum(-1, keepdim=True)).sqrt()
-        top = torch.cat([previous_chol, previous_chol.new_zeros(*previous_chol.shape[:-1], 1)], dim=-1)
-        state.conditional_chol = torch.cat([top, torch.cat([row, diag], dim=-1)], dim=-2)
-        state.whitened_keys = torch.cat([state.whitened_keys, whitened], dim=-1)
-        global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, state.global_noise)
-        return (
-            mean
-            + state.conditional_chol[..., -1:, :].matmul(state.local_noise)
-            + torch.einsum("bhml,bhdm->bhld", whitened, global_term)
-        )
+        with _no_autocast(x_t):
+            if state is None:
+                state = SGPAStepState(keys=query[..., :0, :], values=value[..., :0, :])
+                if self.mode == "decoupled":
+                    state.global_factors = self._global_factors(global_inputs, query.dtype)
+                    m = self.num_global
+                    state.projected_values = query.new_zeros(batch, self.num_heads, m, self.head_dim)
+                    state.whitened_keys = query.new_zeros(batch, self.num_heads, m, 0)
+                    state.global_noise = None if noise.global_ is None else noise.global_.to(query.dtype)
+                    state.conditional_chol = query.new_zeros(batch, self.num_heads, 0, 0)
+                state.local_noise = query.new_zeros(batch, self.num_heads, 0, self.head_dim)
+            position = state.length
+            state.keys = torch.cat([state.keys, query], dim=-2)
+            state.values = torch.cat([state.values, value], dim=-2)
+            state.local_noise = torch.cat([state.local_noise, noise.local.to(query.dtype)], dim=-2)
+            gram_row = evaluate_kernel(self.kernel, query, state.keys)  # (B, H, 1, t+1)
+            mean = gram_row.matmul(state.values)
+            if self.mode == "standard":
+                sample = standard_step_sample(self, x_t, position, mean, state)
+            else:
+                sample = decoupled_step_sample(self, query, value, gram_row, mean, state)
+        return self.out_proj(self.dropout(self._merge(sample.to(x_t.dtype)))), state

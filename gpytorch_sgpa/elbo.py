@@ -1,15 +1,25 @@
 r"""Training objective for SGPA Transformers, eq. ``elbo`` (derivation in App. B.1.2).
 
-Per data point the objective is the Monte-Carlo expected log-likelihood minus the weighted KL:
+Per data point (sequence) the objective is the Monte-Carlo expected log-likelihood minus the
+weighted KL, ``ELBO = ELL - w_t · KL_weighted`` with
 
-``ELBO = (1/B) Σ_b (1/S) Σ_s log p(y_b | F_b^{L,(s)}) - w_t · KL / num_data``
+``ELL = (1/B) Σ_b (1/S) Σ_s log p(y_b | F_b^{L,(s)})``
 
 where ``F^{L,(s)}`` are the outputs of ``S`` reparameterised forward passes (eq.
-``reparam_dgp``), ``KL`` is the model's ``kl_total`` (sum over layers and heads of the
-per-sequence KL, averaged over the batch) and ``w_t = β · min(1, t / anneal_steps)`` after ``t``
-training updates (``w_t = β`` when ``anneal_steps = 0``).  With ``num_data = 1`` and ``β = 1`` this
-is eq. ``elbo`` per sequence; ``num_data = N`` follows GPyTorch's per-data-point scaling
-(``VariationalELBO``).  :class:`SGPAELBO` returns the **loss** ``-ELBO`` (minimise it).
+``reparam_dgp``) and ``w_t = β · min(1, t / anneal_steps)`` after ``t`` training updates
+(``w_t = β`` when ``anneal_steps = 0``).  The model's ``kl_total`` is the sum over layers and
+heads of the per-sequence KL averaged over the batch, ``KL_a + KL_g``: the amortised inducing
+variables are per sequence (``KL_a``, batch mean), the global ones are shared by all ``N``
+sequences (``KL_g``, the model's ``global_kl()``).  ``kl_weighting`` chooses ``KL_weighted``:
+
+* ``"decomposed"`` (default): ``KL_a + KL_g / N``, the exact ELBO of the data set divided by
+  ``N`` (eq. ``elbo`` summed over sequences, the global KL counted once);
+* ``"all-over-n"``: ``(KL_a + KL_g) / N``, GPyTorch's ``VariationalELBO`` scaling applied to all
+  of it (this package's objective before the decomposition);
+* ``"authors"``: ``KL_a + KL_g`` per sequence, as the authors' public code (used with annealing).
+
+:class:`SGPAELBO` returns the **ELBO**, as ``gpytorch.mlls`` objects do: train by minimising its
+negative.
 """
 
 from __future__ import annotations
@@ -22,16 +32,17 @@ import torch.nn.functional as F
 from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood, Likelihood
 from torch import Tensor, nn
 
-__all__ = ["SGPAELBO", "LIKELIHOODS", "IGNORE_INDEX"]
+__all__ = ["SGPAELBO", "LIKELIHOODS", "IGNORE_INDEX", "KL_WEIGHTINGS"]
 
 LIKELIHOODS = ("categorical", "gaussian", "laplace")
+KL_WEIGHTINGS = ("decomposed", "all-over-n", "authors")
 IGNORE_INDEX = -100  # token targets to skip (padding), as in torch.nn.functional.cross_entropy
 
 
 class SGPAELBO(gpytorch.Module):
-    """Negative ELBO of an SGPA model (eq. ``elbo``) with linear KL annealing.
+    """ELBO per sequence of an SGPA model (eq. ``elbo``) with linear KL annealing.
 
-    ``loss = elbo(outputs, kl, targets)``: ``outputs`` are logits ``(..., B, C)`` or regression
+    ``value = elbo(outputs, kl, targets)`` (train with ``(-value).backward()``): ``outputs`` are logits ``(..., B, C)`` or regression
     outputs ``(..., B, D)`` where leading dimensions index Monte-Carlo samples; ``kl`` is the
     model's ``kl_total``; ``targets`` are class indices ``(B,)`` or values ``(B, D)`` / ``(B,)``.
     For sequence models (:class:`~gpytorch_sgpa.transformer.SGPADecoder`) ``targets`` may be token
@@ -42,10 +53,14 @@ class SGPAELBO(gpytorch.Module):
     for regression, scale ``b`` learnt, thesis App. B.2 ZINC), ``"gaussian"`` (noise learnt), or a
     GPyTorch likelihood whose ``forward(f)`` returns a distribution with ``log_prob``.  The model
     and the likelihood are submodules, so ``elbo.parameters()`` holds everything to optimise.
+    ``kl_weighting`` is one of :data:`KL_WEIGHTINGS` (module docstring); ``"decomposed"`` needs
+    the model's ``global_kl()`` (the package's Transformers have it).
 
     The annealing counter advances by one at each call made with the model in training mode and
     gradients enabled.
     """
+
+    __call__ = nn.Module.__call__  # gpytorch.Module's __call__ would skip forward hooks
 
     def __init__(
         self,
@@ -54,6 +69,7 @@ class SGPAELBO(gpytorch.Module):
         beta: float = 1.0,
         anneal_steps: int = 0,
         likelihood: str | Likelihood | None = None,
+        kl_weighting: str = "decomposed",
     ):
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -64,6 +80,14 @@ class SGPAELBO(gpytorch.Module):
             raise ValueError(f"beta must be a finite float >= 0, got {beta!r}")
         if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 0:
             raise ValueError(f"anneal_steps must be an int >= 0, got {anneal_steps!r}")
+        if not isinstance(kl_weighting, str) or kl_weighting not in KL_WEIGHTINGS:
+            raise ValueError(f"kl_weighting must be one of {KL_WEIGHTINGS}, got {kl_weighting!r}")
+        if kl_weighting == "decomposed" and not callable(getattr(model, "global_kl", None)):
+            raise TypeError(
+                f"kl_weighting='decomposed' needs model.global_kl() (the KL shared by all sequences); "
+                f"{type(model).__name__} has none: pass kl_weighting='all-over-n' or 'authors'"
+            )
+        self.kl_weighting = kl_weighting
         task = getattr(model, "task", "classification")
         if likelihood is None:
             likelihood = "categorical" if task in ("classification", "language_model") else "laplace"
@@ -132,11 +156,20 @@ class SGPAELBO(gpytorch.Module):
             ell = self.likelihood.forward(outputs).log_prob(targets.to(outputs.dtype)).sum(-1)
         return ell.reshape(-1, ell.shape[-1]).mean(0)
 
+    def weighted_kl(self, kl: Tensor) -> Tensor:
+        """``KL_weighted`` of the chosen ``kl_weighting`` for the model's ``kl_total`` ``kl``."""
+        if self.kl_weighting == "all-over-n":
+            return kl / self.num_data
+        if self.kl_weighting == "authors":
+            return kl
+        global_kl = self.model.global_kl()
+        return kl - global_kl + global_kl / self.num_data
+
     def forward(self, outputs: Tensor, kl: Tensor, targets: Tensor) -> Tensor:
-        """Loss ``-ELBO`` per data point: ``-mean_b ELL_b + w_t · kl / num_data``."""
+        """ELBO per data point: ``mean_b ELL_b - w_t · KL_weighted``."""
         if not isinstance(kl, Tensor) or kl.dim() != 0:
             raise ValueError("kl must be a scalar tensor (the model's kl_total)")
         weight = self.kl_weight
         if self.model.training and torch.is_grad_enabled():
             self.num_updates += 1
-        return -self.expected_log_likelihood(outputs, targets).mean() + weight * kl / self.num_data
+        return self.expected_log_likelihood(outputs, targets).mean() - weight * self.weighted_kl(kl)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 
 import torch
-from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
+from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
-__all__ = ["ExponentialKernel", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
+__all__ = ["ExponentialKernel", "KERNEL_INITS", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
 
-KERNEL_NAMES = ("rbf", "exponential")
+KERNEL_NAMES = ("rbf", "exponential", "matern12", "matern32", "matern52")
+KERNEL_INITS = ("sdp", "authors")
 
 
 class ExponentialKernel(Kernel):
@@ -46,29 +47,50 @@ class ExponentialKernel(Kernel):
         return torch.exp(x1_.matmul(x2_.transpose(-2, -1)))
 
 
-def make_attention_kernel(kernel: str, head_dim: int, num_heads: int) -> ScaleKernel:
+def make_attention_kernel(kernel: str | Kernel, head_dim: int, num_heads: int, init: str = "sdp") -> ScaleKernel:
     """Per-head attention kernel ``ScaleKernel(base(ard_num_dims=head_dim))`` with batch shape ``(num_heads,)``.
 
-    ``kernel`` is ``"rbf"`` (GPyTorch's ARD :class:`~gpytorch.kernels.RBFKernel`) or
-    ``"exponential"`` (:class:`ExponentialKernel`).  Lengthscales start at ``head_dim ** 0.5``
-    (RBF) and ``head_dim ** 0.25`` (exponential, so that ``q·k/σ² = q·k/√d`` as in scaled
-    dot-product attention, eq. ``sdp``); output scales start at 1.
+    ``kernel`` is ``"rbf"`` (GPyTorch's ARD :class:`~gpytorch.kernels.RBFKernel`),
+    ``"exponential"`` (:class:`ExponentialKernel`), ``"matern12"``/``"matern32"``/``"matern52"``
+    (GPyTorch's ARD :class:`~gpytorch.kernels.MaternKernel`, ν = 1/2, 3/2, 5/2), or a GPyTorch
+    :class:`~gpytorch.kernels.ScaleKernel` with ``batch_shape == (num_heads,)`` (any base kernel:
+    it is evaluated by its own ``forward``; its output scale sets the Cholesky jitter), returned
+    as is.  ``init="sdp"``: lengthscales start at ``head_dim ** 0.5`` (RBF, Matérn) and
+    ``head_dim ** 0.25`` (exponential, so that ``q·k/σ² = q·k/√d`` as in scaled dot-product
+    attention, eq. ``sdp``), output scales at 1.  ``init="authors"``: the SGPA authors' public
+    code, ``log ℓ_j ~ N(0, 1)`` and ``σ_f² = 1`` (RBF, Matérn), ``log ℓ_j ~ N(4, 1)`` and
+    ``σ_f² = e⁻⁴`` (exponential), drawn from torch's global generator.
     """
+    if init not in KERNEL_INITS:
+        raise ValueError(f"init (kernel_init) must be one of {KERNEL_INITS}, got {init!r}")
+    if isinstance(kernel, Kernel):
+        if not isinstance(kernel, ScaleKernel) or tuple(kernel.batch_shape) != (num_heads,):
+            raise ValueError(
+                f"a kernel object must be a gpytorch ScaleKernel (its outputscale sets the jitter) with "
+                f"batch_shape ({num_heads},), one set of hyperparameters per head; got {type(kernel).__name__} "
+                f"with batch_shape {tuple(kernel.batch_shape)}"
+            )
+        return kernel
     if not isinstance(kernel, str):
-        raise TypeError(f"kernel must be a string in {KERNEL_NAMES}, got {type(kernel).__name__}")
+        raise TypeError(f"kernel must be a string in {KERNEL_NAMES} or a ScaleKernel, got {type(kernel).__name__}")
     if kernel not in KERNEL_NAMES:
         raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {kernel!r}")
     if head_dim < 1 or num_heads < 1:
         raise ValueError(f"head_dim and num_heads must be >= 1, got head_dim={head_dim}, num_heads={num_heads}")
     batch_shape = torch.Size([num_heads])
-    if kernel == "rbf":
-        base = RBFKernel(ard_num_dims=head_dim, batch_shape=batch_shape)
-        base.lengthscale = math.sqrt(head_dim)
+    if kernel.startswith("matern"):
+        base = MaternKernel(nu=int(kernel[-2]) / 2, ard_num_dims=head_dim, batch_shape=batch_shape)
     else:
-        base = ExponentialKernel(ard_num_dims=head_dim, batch_shape=batch_shape)
-        base.lengthscale = head_dim**0.25
+        base_class = RBFKernel if kernel == "rbf" else ExponentialKernel
+        base = base_class(ard_num_dims=head_dim, batch_shape=batch_shape)
     scaled = ScaleKernel(base, batch_shape=batch_shape)
-    scaled.outputscale = 1.0
+    if init == "sdp":
+        base.lengthscale = head_dim**0.25 if kernel == "exponential" else math.sqrt(head_dim)
+        scaled.outputscale = 1.0
+    else:
+        log_mean = 4.0 if kernel == "exponential" else 0.0
+        base.lengthscale = (log_mean + torch.randn(num_heads, 1, head_dim)).exp()
+        scaled.outputscale = math.exp(-4.0) if kernel == "exponential" else 1.0
     return scaled
 
 
@@ -116,7 +138,7 @@ def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tens
     form = _attention_form(kernel)
     if form is None:
         return ([kernel.forward(x1, x1)] if include_self else []) + [kernel.forward(x1, x2) for x2 in others]
-    lengthscale = kernel.base_kernel.lengthscale  # (heads, 1, d)
+    lengthscale = kernel.base_kernel.lengthscale.to(x1.dtype)  # (heads, 1, d)
     a = x1.div(lengthscale)
     scaled = [x2.div(lengthscale) for x2 in others]
     if form == "rbf":
@@ -124,7 +146,7 @@ def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tens
         a = a - centre
         scaled = [b - centre for b in scaled]
     blocks = ([a] if include_self else []) + scaled
-    log_scale = kernel.outputscale.log().unsqueeze(-1).unsqueeze(-1).expand(*a.shape[:-1], 1)  # (..., heads, N, 1)
+    log_scale = kernel.outputscale.to(x1.dtype).log().unsqueeze(-1).unsqueeze(-1).expand(*a.shape[:-1], 1)  # (..., heads, N, 1)
     if form == "rbf":
         query = torch.cat([a, log_scale - 0.5 * a.square().sum(-1, keepdim=True), torch.ones_like(log_scale)], -1)
         blocks = [torch.cat([b, torch.ones_like(b[..., :1]), -0.5 * b.square().sum(-1, keepdim=True)], -1)
@@ -149,7 +171,7 @@ def evaluate_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: 
     """
     if diag:
         if (x2 is None or x2 is x1) and _attention_form(kernel) == "rbf":  # k(x, x) = σ_f²
-            return kernel.outputscale.unsqueeze(-1).expand(*x1.shape[:-1])
+            return kernel.outputscale.to(x1.dtype).unsqueeze(-1).expand(*x1.shape[:-1])
         return kernel.forward(x1, x1 if x2 is None else x2, diag=True)
     if x2 is None or x2 is x1:
         return _blocks(kernel, x1, (), include_self=True)[0]

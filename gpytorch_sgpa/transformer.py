@@ -188,6 +188,15 @@ class _SGPAModel(nn.Module):
             pooled = (h * weights).sum(1) / weights.sum(1)
         return self.head(self.final_norm(pooled)), kl_total
 
+    def global_kl(self) -> Tensor:
+        """Sum over the SGPA layers of the global inducing variables' KL (shared by all sequences;
+        ``kl_total`` holds it once per sequence), used by ``SGPAELBO(kl_weighting="decomposed")``."""
+        total = self.positional.new_zeros(())
+        for layer in self.layers:
+            if isinstance(layer.attention, SGPAttention):
+                total = total + layer.attention.global_kl(layer.global_inputs())
+        return total
+
     @torch.no_grad()
     def sample_outputs(self, *inputs, num_samples: int = 10, **kwargs) -> Tensor:
         """``num_samples`` forward passes stacked: ``(num_samples, B, num_classes)``.

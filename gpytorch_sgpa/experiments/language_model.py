@@ -12,8 +12,8 @@ shift):
 
 Methods: ``mle-sdp`` and ``mle-kernel`` (causal scaled dot-product / exponential-kernel attention,
 cross-entropy), ``mcd`` (``mle-kernel`` predicting with dropout on), ``sgpa`` (decoupled orthogonal
-SGPA, exponential kernel, trained by the per-sequence ELBO of :class:`~gpytorch_sgpa.elbo.SGPAELBO`
-with ``num_data`` = number of training sentences). Predictions of ``mcd``/``sgpa`` average the
+SGPA, exponential kernel, trained by the ELBO per sentence of :class:`~gpytorch_sgpa.elbo.SGPAELBO`,
+default KL weighting, ``num_data`` = number of training sentences). Predictions of ``mcd``/``sgpa`` average the
 next-word probabilities of ``--num-samples`` passes.
 
     python -m gpytorch_sgpa.experiments.language_model --methods mle-sdp,mle-kernel,mcd,sgpa --seeds 3 --out DIR

@@ -58,7 +58,7 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     """Adam with a learning rate decaying linearly to ``lr / 10`` (thesis App. B.4); returns s/epoch.
 
     Without ``elbo`` the loss is :func:`mle_loss` of the logits (MLE, with the model's dropout);
-    with it, the loss is ``elbo(logits, kl, labels)`` (thesis eq. ``elbo``, one sample per input).
+    with it, the loss is ``-elbo(logits, kl, labels)`` (thesis eq. ``elbo``, one sample per input).
     ``on_epoch_end(epoch, model)`` (epochs counted from 1) is called untimed after each epoch.
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
@@ -79,7 +79,7 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
             if elbo is None:
                 loss = mle_loss(logits_of(output), labels)
             else:
-                loss = elbo(output[0], output[1], labels)
+                loss = -elbo(output[0], output[1], labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -90,3 +90,47 @@ def test_sgpa_starts_from_the_mle_snapshot():
         from gpytorch_sgpa.experiments.calibration import run
 
         run("digits", ["sgpa"], [0], replace(config, mle_init_epochs=2))
+
+
+def test_checkpoint_is_selected_on_validation_accuracy():
+    """Thesis App. B.4: the evaluated checkpoint is the epoch with the best validation accuracy.
+    Reference: the same (deterministic, MLE) training without selection, snapshotted every epoch."""
+    from dataclasses import replace
+
+    from gpytorch_sgpa import metrics
+    from gpytorch_sgpa.experiments import calibration
+
+    config = replace(QUICK_CONFIG, epochs=4, train_size=128, lr=3e-3)
+    task = load_task("digits", config, seed=0)
+    accuracies = []
+    original = calibration.train_classifier
+
+    def recording(model, data, **kwargs):
+        hook = kwargs.pop("on_epoch_end")
+
+        def record(epoch, trained):
+            with torch.no_grad():
+                probs = trained.eval()(task.val.features)[0].softmax(-1).double()
+            accuracies.append(metrics.accuracy(probs, task.val.labels))
+            hook(epoch, trained)
+
+        return original(model, data, on_epoch_end=record, **kwargs)
+
+    calibration.train_classifier = recording
+    try:
+        torch.manual_seed(0)
+        selected = _Runner(task, config, progress=False)
+        selected.network("mle-sdp", 0, 0)
+    finally:
+        calibration.train_classifier = original
+    record = selected.training_records[("mle-sdp", 0)]
+    best = max(range(len(accuracies)), key=lambda i: (accuracies[i], -i))
+    assert record["selected_epoch"] == best + 1
+    model = selected.networks[("mle-sdp", 0)][0]
+    with torch.no_grad():
+        probs = model.eval()(task.val.features)[0].softmax(-1).double()
+    assert metrics.accuracy(probs, task.val.labels) == pytest.approx(max(accuracies))
+    final = _Runner(task, replace(config, select_on_validation=False), progress=False)
+    torch.manual_seed(0)
+    final.network("mle-sdp", 0, 0)
+    assert final.training_records[("mle-sdp", 0)]["selected_epoch"] == config.epochs

@@ -6,7 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import copy
+
 from gpytorch_sgpa import SGPAELBO, SGPATransformer, SGPAViT, SGPAttention
+from gpytorch_sgpa.elbo import KL_WEIGHTINGS
 from gpytorch_sgpa.transformer import ATTENTION_TYPES, build_attention
 
 TIGHT = dict(rtol=1e-6, atol=1e-8)
@@ -115,7 +118,7 @@ def test_vit_patch_embedding_is_linear_map_of_patches():
 
 def test_elbo_matches_closed_forms_and_anneals_linearly():
     model = _transformer("sgpa")
-    elbo = SGPAELBO(model, num_data=50, beta=2.0, anneal_steps=4)
+    elbo = SGPAELBO(model, num_data=50, beta=2.0, anneal_steps=4, kl_weighting="all-over-n")
     torch.manual_seed(0)
     outputs = torch.randn(3, 5, 3, dtype=torch.double)  # 3 MC samples, batch 5, 3 classes
     targets = torch.tensor([0, 2, 1, 1, 0])
@@ -124,7 +127,7 @@ def test_elbo_matches_closed_forms_and_anneals_linearly():
     for step in range(6):
         loss = elbo(outputs, kl, targets)
         weight = 2.0 * min(1.0, step / 4)
-        torch.testing.assert_close(loss, -hand_ell.mean() + weight * 7.0 / 50, **TIGHT)
+        torch.testing.assert_close(loss, hand_ell.mean() - weight * 7.0 / 50, **TIGHT)
     model.eval()
     elbo(outputs, kl, targets)
     assert int(elbo.num_updates) == 6  # evaluation calls do not advance the annealing
@@ -135,11 +138,45 @@ def test_elbo_matches_closed_forms_and_anneals_linearly():
     f = torch.randn(2, 5, 3, dtype=torch.double)[..., :1]
     b = laplace.likelihood.noise.sqrt()
     hand = (-torch.log(2 * b) - (y[:, None] - f).abs() / b).mean()
-    torch.testing.assert_close(laplace(f, torch.zeros((), dtype=torch.double), y), -hand, **TIGHT)
+    laplace.kl_weighting = "authors"  # kl = 0 here: the ELBO is the expected log-likelihood
+    torch.testing.assert_close(laplace(f, torch.zeros((), dtype=torch.double), y), hand, **TIGHT)
     gaussian = SGPAELBO(regression, num_data=10, likelihood="gaussian").double()
     var = gaussian.likelihood.noise
     hand = (-0.5 * torch.log(2 * math.pi * var) - (y[:, None] - f).square() / (2 * var)).mean()
-    torch.testing.assert_close(gaussian(f, torch.zeros((), dtype=torch.double), y), -hand, **TIGHT)
+    gaussian.kl_weighting = "authors"  # kl = 0 here: the ELBO is the expected log-likelihood
+    torch.testing.assert_close(gaussian(f, torch.zeros((), dtype=torch.double), y), hand, **TIGHT)
+
+
+@pytest.mark.parametrize("attention", ["sgpa", "sgpa-dsvgp", "sgpa-standard", "kernel"])
+def test_kl_weightings_split_the_kl_into_amortised_and_global_parts(attention):
+    """Reference for the global KL: with ``W_v = 0`` the amortised values vanish, so every
+    sequence's KL (``posterior(...).kl``) is the global KL alone (orthogonal: ``v_aᵀ B v_a = 0``;
+    dsvgp: ``v_aᵀ K_aa v_a = 0``; standard and kernel attention have none)."""
+    model = _transformer(attention)
+    tokens, mask = _tokens()
+    reference = torch.zeros((), dtype=torch.double)
+    with torch.no_grad():
+        for layer in model.layers:
+            if isinstance(layer.attention, SGPAttention):
+                zeroed = copy.deepcopy(layer.attention)
+                zeroed.v_proj.weight.zero_()
+                s = torch.randn(2, 4, 8, dtype=torch.double)
+                kl = zeroed.posterior(s, global_inputs=layer.global_inputs()).kl
+                reference += kl[0] if zeroed.mode == "decoupled" else 0.0
+                if zeroed.mode == "decoupled":
+                    torch.testing.assert_close(kl[1], kl[0], **TIGHT)
+        torch.testing.assert_close(model.global_kl(), reference, **TIGHT)
+    outputs, kl = model(tokens, key_padding_mask=mask)
+    labels = torch.tensor([0, 2, 1])
+    ell = SGPAELBO(model, num_data=40, kl_weighting="authors").expected_log_likelihood(outputs, labels).mean()
+    values = {w: SGPAELBO(model, num_data=40, kl_weighting=w)(outputs, kl, labels) for w in KL_WEIGHTINGS}
+    torch.testing.assert_close(values["decomposed"], ell - (kl - reference) - reference / 40, **TIGHT)
+    torch.testing.assert_close(values["all-over-n"], ell - kl / 40, **TIGHT)
+    torch.testing.assert_close(values["authors"], ell - kl, **TIGHT)
+    with pytest.raises(ValueError, match="kl_weighting"):
+        SGPAELBO(model, num_data=40, kl_weighting="beta")
+    with pytest.raises(TypeError, match="global_kl"):
+        SGPAELBO(torch.nn.Linear(2, 2), num_data=40)
 
 
 def test_predict_proba_averages_sample_probabilities():
@@ -171,7 +208,7 @@ def test_training_learns_a_token_rule():
     for _ in range(60):
         optimiser.zero_grad()
         outputs, kl = model(tokens)
-        elbo(outputs, kl, labels).backward()
+        (-elbo(outputs, kl, labels)).backward()
         optimiser.step()
         kls.append(kl.item())
     nll = -elbo.expected_log_likelihood(outputs, labels).mean()

@@ -1,0 +1,152 @@
+r"""Decoupled SGPA posterior (thesis eqs. ``odsvgp`` / ``naivedsvgp``, KL of App. B.1.2).
+
+Notation of the code: ``L`` with ``L Lᵀ = K_gg + jitter I`` (one per head, shared by the batch),
+``A = L⁻¹ K_gq`` (so ``K_qg K_gg⁻¹ K_gq = AᵀA``), ``W_d = L⁻¹ C_d`` (unwhitened ``S_g = C Cᵀ``) or
+``W_d = C_d`` (whitened ``S_g = L C Cᵀ Lᵀ``), so that ``K_qg K_gg⁻¹ S_g,d K_gg⁻¹ K_gq = (W_dᵀ A)ᵀ (W_dᵀ A)``.
+
+* mean (orthogonal): ``K_qa v_a - Aᵀ A v_a + Aᵀ (Lᵀ v_g)``; (dsvgp): ``K_qa v_a``;
+* covariance: ``Σ_d = (K_qq - AᵀA) + (W_dᵀ A)ᵀ (W_dᵀ A)``;
+* KL: ``½ Σ_d [v_a,dᵀ B v_a,d + ‖Lᵀ v_g,d‖² + ‖W_d‖²_F - log|S_g,d| + log|K_gg| - M]`` with
+  ``B = K_aa - AᵀA`` (orthogonal) or ``K_aa`` (dsvgp); the global part (everything but
+  ``v_aᵀ B v_a``) is :class:`GlobalFactors` ``.kl``.
+
+The functions take the :class:`~gpytorch_sgpa.attention.SGPAttention` layer whose parameters they read.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from .kernels import evaluate_kernel
+from .multihead import _masked_cholesky, _relative_jitter
+from .samplers import PosteriorTerms
+
+
+class GlobalFactors(NamedTuple):
+    """Per-head quantities of the global inducing variables, shared by every sequence."""
+
+    keys: Tensor  # k_g, (H, M, e)
+    chol: Tensor  # L with L Lᵀ = K_gg + jitter I, (H, M, M)
+    whitened_cov_factor: Tensor  # W_d, (H, e or 1, M, M)
+    whitened_values: Tensor | None  # Lᵀ v_g, (H, M, e) (orthogonal variant)
+    kl: Tensor  # (H,) global part of the KL, summed over output dimensions
+
+
+def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype) -> GlobalFactors:
+    """``k_g``, ``L``, ``W_d``, ``Lᵀ v_g`` and the global KL, computed in ``dtype``."""
+    keys = layer.global_keys(global_inputs, dtype)
+    gram = evaluate_kernel(layer.kernel, keys)
+    num_global = gram.shape[-1]
+    eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
+    chol = psd_safe_cholesky(gram + _relative_jitter(layer.kernel, dtype) * eye)
+    cov_factor = layer.global_cov_factor(dtype)
+    if layer.whitened:  # W_d = L⁻¹ (L C_d) = C_d; log|S_g,d| - log|K_gg| = log|C_d C_dᵀ|
+        whitened_cov_factor, log_det_prior = cov_factor, 0.0
+    else:
+        whitened_cov_factor = torch.linalg.solve_triangular(chol.unsqueeze(1), cov_factor, upper=False)
+        log_det_prior = 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1, keepdim=True)
+    whitened_values = None
+    if layer.global_values is not None:
+        whitened_values = chol.transpose(-2, -1).matmul(layer.global_values.to(dtype))
+    per_dim = (
+        whitened_cov_factor.square().sum((-2, -1))
+        - 2.0 * layer.global_chol_log_diag.to(dtype).sum(-1)
+        + log_det_prior
+        - num_global
+    )  # (H, e or 1)
+    cov_kl = per_dim.sum(-1) * (layer.head_dim if layer.share_covariance else 1)
+    mean_kl = whitened_values.square().sum((-2, -1)) if whitened_values is not None else 0.0
+    return GlobalFactors(keys, chol, whitened_cov_factor, whitened_values, 0.5 * (cov_kl + mean_kl))
+
+
+def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_mean, causal, key_padding_mask,
+                    factors: GlobalFactors, full_covariance: bool, sampler: str | None,
+                    global_noise: Tensor | None) -> PosteriorTerms:
+    """Mean, KL and what ``sampler`` (``None``: :meth:`posterior`) needs, from ``K_qq`` (``gram``)
+    and ``K_qg`` (``cross``).
+
+    With ``global_noise`` ``ε`` (``(B, H, e, M)``) the mean already holds the correlated global part
+    of the sample, ``Aᵀ W_d ε_d``: it shares the one product with ``Aᵀ`` the orthogonal mean needs.
+    """
+    whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # A, (B,H,M,L)
+    conditional = None
+    if causal is not None or full_covariance or sampler == "full":  # K_qq - AᵀA
+        conditional = gram - whitened.transpose(-2, -1).matmul(whitened)
+    coefficient = None  # everything multiplied by Aᵀ, gathered in one (B, H, M, e) coefficient
+    if global_noise is not None:  # W_d ε_d
+        coefficient = torch.einsum("hdmn,bhdn->bhmd", factors.whitened_cov_factor, global_noise)
+    amortised_kl = (values * gram_values).sum((-3, -2, -1))
+    if layer.variant == "orthogonal":
+        whitened_values = whitened.matmul(values)  # A v_a, (B, H, M, e)
+        if causal is not None:
+            mean = conditional.masked_fill(~causal, 0.0).matmul(values)
+            own = factors.whitened_values
+        else:
+            mean = gram_values
+            own = factors.whitened_values - whitened_values  # Lᵀ v_g - A v_a
+        coefficient = own if coefficient is None else coefficient + own
+        amortised_kl = amortised_kl - whitened_values.square().sum((-3, -2, -1))
+    else:
+        mean = amortised_mean
+    if coefficient is not None:
+        mean = mean + whitened.transpose(-2, -1).matmul(coefficient)
+    kl = 0.5 * amortised_kl + factors.kl.sum()
+    variance = covariance = chol_factor = residual = None
+    if sampler == "full":  # the full-covariance sampler needs neither variance nor covariance
+        valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]
+        chol_factor = _masked_cholesky(conditional, valid, _relative_jitter(layer.kernel, conditional.dtype))
+    elif sampler == "decomposed":  # only diag(K_qq - AᵀA), O(B H L M)
+        self_cov = evaluate_kernel(layer.kernel, queries, diag=True)  # k(q, q), (B, H, L); backward cheaper
+        residual = self_cov - whitened.square().sum(-2)
+    else:
+        projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)
+        variance = (gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)).unsqueeze(-2)
+        variance = (variance + projected.square().sum(-2)).transpose(-2, -1).expand_as(mean)
+        if full_covariance:
+            covariance = conditional.unsqueeze(2) + projected.transpose(-2, -1).matmul(projected)
+            covariance = covariance.expand(-1, -1, layer.head_dim, -1, -1)
+    return PosteriorTerms(mean, variance, covariance, kl, chol_factor, residual)
+
+
+def decoupled_step_sample(layer, query, value, gram_row, mean, state) -> Tensor:
+    """Sample at the new position ``t`` from the cached prefix (``state``), equal to the last row
+    of the batched sample: the orthogonal correction uses ``Σ_j a_j v_jᵀ`` over the prefix, the
+    full sampler grows the Cholesky factor of ``K_qq - AᵀA + jitter I`` by one row."""
+    factors = state.global_factors
+    cross = evaluate_kernel(layer.kernel, query, factors.keys)  # (B, H, 1, M)
+    whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # (B,H,M,1)
+    if layer.variant == "orthogonal":
+        state.projected_values = state.projected_values + whitened.matmul(value)
+        mean = mean - whitened.transpose(-2, -1).matmul(state.projected_values)
+        mean = mean + whitened.transpose(-2, -1).matmul(factors.whitened_values)
+    self_cov = gram_row[..., -1:]  # k(q_t, q_t), (B, H, 1, 1)
+    conditional_tt = self_cov - whitened.square().sum(-2, keepdim=True)
+    jitter = _relative_jitter(layer.kernel, conditional_tt.dtype)
+    local = state.local_noise[..., -1:, :]
+    if layer.sampler == "decomposed":
+        global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, state.global_noise)
+        return mean + torch.einsum("bhml,bhdm->bhld", whitened, global_term) + conditional_tt.clamp_min(jitter).sqrt() * local
+    projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,1)
+    if layer.sampler == "diagonal":
+        variance = conditional_tt + projected.square().sum(-2).transpose(-2, -1)  # (B,H,1,e|1)
+        state.whitened_keys = torch.cat([state.whitened_keys, whitened], dim=-1)
+        return mean + variance.clamp_min(jitter).sqrt() * local
+    conditional_row = gram_row[..., :-1] - whitened.transpose(-2, -1).matmul(state.whitened_keys)  # (B,H,1,t)
+    previous_chol = state.conditional_chol
+    row = torch.linalg.solve_triangular(previous_chol, conditional_row.transpose(-2, -1), upper=False)
+    row = row.transpose(-2, -1)  # (B, H, 1, t)
+    # the new Cholesky diagonal of (K_qq - AᵀA + jitter I), clamped as a PSD-safe Cholesky would
+    diag = (conditional_tt + jitter - row.square().sum(-1, keepdim=True)).clamp_min(jitter).sqrt()
+    top = torch.cat([previous_chol, previous_chol.new_zeros(*previous_chol.shape[:-1], 1)], dim=-1)
+    state.conditional_chol = torch.cat([top, torch.cat([row, diag], dim=-1)], dim=-2)
+    state.whitened_keys = torch.cat([state.whitened_keys, whitened], dim=-1)
+    global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, state.global_noise)
+    return (
+        mean
+        + state.conditional_chol[..., -1:, :].matmul(state.local_noise)
+        + torch.einsum("bhml,bhdm->bhld", whitened, global_term)
+    )

@@ -1,0 +1,91 @@
+"""Maximum-likelihood attention baselines: scaled dot-product (eq. ``sdp``) and kernel attention
+(eq. ``kattn``), with the call signature of every layer (see :mod:`gpytorch_sgpa.attention`)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from gpytorch.kernels import Kernel
+from torch import Tensor, nn
+
+from .kernels import evaluate_kernel, make_attention_kernel
+from .multihead import SGPAStepState, _append_to_cache, _MultiHeadAttention
+
+__all__ = ["ScaledDotProductAttention", "KernelAttention"]
+
+
+class ScaledDotProductAttention(_MultiHeadAttention):
+    r"""Multi-head scaled dot-product attention, eq. ``sdp``: ``softmax(q kᵀ/√d_k) v`` (MLE baseline).
+
+    Separate query/key/value projections, head outputs combined by eq. ``combine_heads``;
+    ``dropout`` acts on the attention weights (MC dropout keeps it active at test time).
+    Returns ``(output, kl)`` with ``kl = 0``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, causal: bool = False):
+        super().__init__(d_model, num_heads, dropout, causal)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, global_inputs: Tensor | None = None):
+        self._check_input(x, key_padding_mask)
+        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
+        scores = q.matmul(k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        allowed = self._key_mask(key_padding_mask, x.shape[1], x.device)
+        if allowed is not None:
+            # a padded query of a causal layer with left padding has no allowed key: it gets
+            # zero weights (not softmax(-inf, ..., -inf) = NaN, which would reach valid positions)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            weights = torch.softmax(scores.masked_fill(~allowed.any(-1, keepdim=True), 0.0), dim=-1)
+            weights = weights.masked_fill(~allowed, 0.0)
+        else:
+            weights = torch.softmax(scores, dim=-1)
+        return self.out_proj(self._merge(self.dropout(weights).matmul(v))), x.new_zeros(())
+
+    def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
+        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
+        self._check_step(x_t, state)
+        q, k, v = self._split(self.q_proj(x_t)), self._split(self.k_proj(x_t)), self._split(self.v_proj(x_t))
+        state = _append_to_cache(state, k, v)
+        scores = q.matmul(state.keys.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        weights = self.dropout(torch.softmax(scores, dim=-1))
+        return self.out_proj(self._merge(weights.matmul(state.values))), state
+
+
+class KernelAttention(_MultiHeadAttention):
+    r"""Multi-head kernel attention, eq. ``kattn``: ``F = K_{qk} v`` (MLE baseline).
+
+    Queries and keys share one projection ``W_qk`` (Tsai et al., 2019) so that ``K_{qk}`` is a
+    symmetric kernel's Gram matrix; ``kernel`` is ``"rbf"`` (ARD-RBF) or ``"exponential"``, one
+    set of hyperparameters per head, initialised by ``kernel_init`` (see
+    :func:`~gpytorch_sgpa.kernels.make_attention_kernel`).  ``dropout`` acts on the Gram matrix entries.  Returns
+    ``(output, kl)`` with ``kl = 0``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, kernel: str | Kernel = "rbf", dropout: float = 0.0, causal: bool = False,
+                 kernel_init: str = "sdp"):
+        super().__init__(d_model, num_heads, dropout, causal)
+        self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads, init=kernel_init)
+        self.kernel_name = kernel if isinstance(kernel, str) else type(kernel.base_kernel).__name__
+        self.qk_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, global_inputs: Tensor | None = None):
+        self._check_input(x, key_padding_mask)
+        q, v = self._split(self.qk_proj(x)), self._split(self.v_proj(x))
+        gram = evaluate_kernel(self.kernel, q)
+        allowed = self._key_mask(key_padding_mask, x.shape[1], x.device)
+        if allowed is not None:
+            gram = gram.masked_fill(~allowed, 0.0)
+        heads = self.dropout(gram).matmul(v)
+        return self.out_proj(self._merge(heads)), x.new_zeros(())
+
+    def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
+        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
+        self._check_step(x_t, state)
+        q, v = self._split(self.qk_proj(x_t)), self._split(self.v_proj(x_t))
+        state = _append_to_cache(state, q, v)
+        gram_row = evaluate_kernel(self.kernel, q, state.keys)  # (B, H, 1, t+1)
+        return self.out_proj(self._merge(self.dropout(gram_row).matmul(state.values))), state
