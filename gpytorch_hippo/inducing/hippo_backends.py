@@ -147,7 +147,9 @@ class SpectralBackend:
             centre, _ = self._support(ivars)
             D = hippo_transform(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega)
             chat = torch.polar(torch.ones_like(omega), omega * centre)[:, None] * D
-            self._transforms = {key: torch.cat([chat.real, chat.imag])}
+            if len(self._transforms) >= 4:  # the current and the old variables of an online update, a wider band
+                self._transforms.pop(next(iter(self._transforms)))
+            self._transforms[key] = torch.cat([chat.real, chat.imag])
         return torch.cat([scale, scale])[:, None] * self._transforms[key]
 
     def _bucket(self, half_width: float, needed: float) -> float:
