@@ -181,8 +181,9 @@ class FourierFeatures:
     """Fourier features ``ψ(x) = sqrt(a_q) [cos(W x), sin(W x)]`` with ``k(x, x') ≈ ψ(x)ᵀψ(x')``.
 
     ``"random"`` (the thesis): ``R`` spectral samples ``W`` of the kernel and ``a = σ²/R``.
-    ``"quadrature"`` (1-D): ``R`` Gauss-Legendre nodes on ``[0, 9.5/ℓ]`` (RBF) or on ``ω = λ tan(φ)``,
-    ``φ ∈ [0, π/2)`` (Matérn, ``λ = √(2ν)/ℓ``) and ``a = 2 w S(ω)``: deterministic, exact in the limit.
+    ``"quadrature"``: Gauss-Legendre nodes over frequency and ``a = 2 w S(ω)``, deterministic and exact in
+    the limit: a tensor-product rule on ``[0, 9.5/ℓ]`` (RBF, any ``D``, about ``R`` nodes) or, in 1-D,
+    ``R`` nodes on ``ω = λ tan(φ)``, ``φ ∈ [0, π/2)`` (Matérn, ``λ = √(2ν)/ℓ``).
     """
 
     def __init__(self, kind: str):
@@ -199,21 +200,43 @@ class FourierFeatures:
                 directions = directions * torch.sqrt(2 * nu / chi2)[:, None]
             weights = (outputscale / ivars.num_rff).expand(ivars.num_rff)
             return directions / lengthscale, weights
-        z, w = gauss_legendre(ivars.num_rff, device=ivars.breakpoints.device)
-        ell = lengthscale.reshape(()).double()
         if nu is None:
-            cutoff = RBF_CUTOFF / float(ell.detach())
-            omega = cutoff * (z + 1) / 2
-            weights = cutoff * w * rbf_spectral_density(kernel, omega)
-        else:
-            rate = math.sqrt(2 * nu) / ell
-            angle = math.pi / 4 * (z + 1)
-            omega = rate * torch.tan(angle)
-            constant = math.gamma(nu + 0.5) / (math.gamma(nu) * math.sqrt(math.pi))
-            # S(ω) dω = σ² c cos^{2ν-1}(φ) dφ under ω = λ tan φ
-            weights = 2 * (math.pi / 4) * w * outputscale.double() * constant * torch.cos(angle) ** (2 * nu - 1)
-        dtype = lengthscale.dtype
-        return omega[:, None].to(dtype), weights.to(dtype)
+            return self._rbf_product_rule(ivars, kernel, outputscale, lengthscale)
+        if ivars.input_dim != 1:
+            raise TypeError("quadrature features in more than one dimension need an RBF kernel (a product spectral density)")
+        z, w = gauss_legendre(ivars.num_rff, device=ivars.breakpoints.device)
+        rate = math.sqrt(2 * nu) / lengthscale.reshape(()).double()
+        angle = math.pi / 4 * (z + 1)
+        omega = rate * torch.tan(angle)
+        constant = math.gamma(nu + 0.5) / (math.gamma(nu) * math.sqrt(math.pi))
+        # S(ω) dω = σ² c cos^{2ν-1}(φ) dφ under ω = λ tan φ
+        weights = 2 * (math.pi / 4) * w * outputscale.double() * constant * torch.cos(angle) ** (2 * nu - 1)
+        return omega[:, None].to(lengthscale.dtype), weights.to(lengthscale.dtype)
+
+    @staticmethod
+    def _rbf_product_rule(ivars, kernel, outputscale: Tensor, lengthscale: Tensor) -> tuple[Tensor, Tensor]:
+        """Tensor-product Gauss-Legendre rule for ``S(ω) = σ² Π_d ℓ_d/√(2π) exp(-ω_d²ℓ_d²/2)``.
+
+        ``n = round(R^{1/D})`` nodes per dimension (``n^D`` features: for small ``D``): the first
+        coordinate on ``[0, Ω_0]`` (the integrand is even in ``ω``, hence the factor 2), the others on
+        ``[-Ω_d, Ω_d]``, ``Ω_d = 9.5/ℓ_d``.
+        """
+        dims = ivars.input_dim
+        per_dim = max(2, round(ivars.num_rff ** (1 / dims)))
+        z, w = gauss_legendre(per_dim, device=ivars.breakpoints.device)
+        ell = lengthscale.double().expand(dims)
+        axes, axis_weights = [], []
+        for d in range(dims):
+            cutoff = RBF_CUTOFF / float(ell[d].detach())
+            low = 0.0 if d == 0 else -cutoff
+            half = (cutoff - low) / 2
+            omega = low + half * (z + 1)
+            density = ell[d] / math.sqrt(2 * math.pi) * torch.exp(-0.5 * (omega * ell[d]) ** 2)
+            axes.append(omega)
+            axis_weights.append(half * w * density)
+        grid = torch.cartesian_prod(*axes).reshape(-1, dims)
+        weights = torch.cartesian_prod(*axis_weights).reshape(-1, dims).prod(-1)
+        return grid.to(lengthscale.dtype), (2 * outputscale.double() * weights).to(lengthscale.dtype)
 
     def __call__(self, ivars, kernel, x: Tensor) -> Tensor:
         """``ψ(x)``: ``(*batch, N, 2R)``."""
@@ -289,8 +312,8 @@ class PathBackend:
 
     name = "path"
 
-    def __init__(self):
-        self.features = FourierFeatures("random")
+    def __init__(self, features: str):
+        self.features = FourierFeatures(features)
         self._cache = None  # (signature, breakpoints, Z)
 
     def supports(self, ivars, kernel) -> bool:
@@ -308,7 +331,7 @@ class PathBackend:
                 f"({ivars.path_lengthscale.tolist()} -> {lengthscale.detach().tolist()}); keep it fixed after the first task"
             )
         differentiable = torch.is_grad_enabled() and any(p.requires_grad for p in kernel.parameters())
-        signature = kernel_signature(kernel)
+        signature = kernel_signature(kernel) + (self.features.kind,)
         cache = self._cache
         if not differentiable and cache is not None and cache[0] == signature and torch.equal(cache[1], ivars.breakpoints):
             return cache[2]

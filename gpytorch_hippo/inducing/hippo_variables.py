@@ -58,8 +58,9 @@ class HiPPOInducingVariables(InducingVariables):
         ``"spectral"`` falls back to ``"quadrature"`` while the support is clipped by ``start``
         (LegT/FouT before ``t = start + theta``); a kernel it cannot handle raises ``TypeError``.
     :param num_rff: ``R``, Fourier features of the recurrence and of the multidimensional path.
-    :param features: ``"random"`` (the thesis: ``R`` spectral samples) or ``"quadrature"``
-        (1-D recurrence only: ``R`` Gauss-Legendre nodes over frequency, deterministic).
+    :param features: Fourier features of the recurrence and of the path memory: ``"random"`` (the
+        thesis: ``R`` spectral samples) or ``"quadrature"`` (deterministic Gauss-Legendre nodes over
+        frequency; a tensor-product rule of about ``R`` nodes for multidimensional RBF kernels, so for small ``D``).
     :param dt: recurrence step: grid step in time (1-D; default ``(t - start)/500``) or the time
         between consecutive ordered inputs (multidimensional; default 1).
     :param input_dim: ``D``; ``1`` means time inputs, ``> 1`` the path construction of §4.4.
@@ -107,7 +108,7 @@ class HiPPOInducingVariables(InducingVariables):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         for name, value in (("kuf", kuf), ("features", features)):
-            if value is not None and method != "recurrence":
+            if value is not None and method != "recurrence" and not (name == "features" and input_dim > 1):
                 raise ValueError(f"{name}={value!r} needs method='recurrence' (the Fourier features live there)")
         kuf = "rff" if kuf is None else kuf
         features = "random" if features is None else features
@@ -115,8 +116,6 @@ class HiPPOInducingVariables(InducingVariables):
             raise ValueError(f"kuf must be 'ode' or 'rff', got {kuf!r}")
         if features not in FEATURES:
             raise ValueError(f"features must be one of {FEATURES}, got {features!r}")
-        if features == "quadrature" and input_dim != 1:
-            raise ValueError("features='quadrature' is for time inputs (input_dim=1); the path memory uses random features")
         self.kuf = kuf
         self.features = features
         for name, value in (("num_rff", num_rff), ("input_dim", input_dim), ("num_nodes", num_nodes)):
@@ -156,7 +155,7 @@ class HiPPOInducingVariables(InducingVariables):
     def _make_backends(self) -> None:
         """Fresh backend objects (they hold only caches)."""
         if self.input_dim > 1:
-            self._backends = {"path": PathBackend()}
+            self._backends = {"path": PathBackend(self.features)}
         else:
             self._backends = {
                 "spectral": SpectralBackend(),
