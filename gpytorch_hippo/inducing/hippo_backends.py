@@ -172,9 +172,13 @@ class SpectralBackend:
         band = self._bucket(half_width, half_width + reach)
         omega, scale = self._rule(kernel, band, ivars.num_inducing, ivars.breakpoints.device)
         F = self._features(ivars, omega, scale)
-        phase = omega[:, None] * times[..., None, :]  # (*batch, Q, N)
-        psi = torch.cat([scale, scale])[:, None] * torch.cat([torch.cos(phase), torch.sin(phase)], dim=-2)
-        return (F.mT @ psi).to(x.dtype)
+        root = torch.cat([scale, scale])[:, None]
+        chunk = max(1, 2**24 // (2 * omega.shape[0]))  # ψ(x) in blocks of <= 2^24 entries: memory O(Q + N M)
+        blocks = []
+        for start in range(0, max(times.shape[-1], 1), chunk):
+            phase = omega[:, None] * times[..., None, start : start + chunk]  # (*batch, Q, n)
+            blocks.append(F.mT @ (root * torch.cat([torch.cos(phase), torch.sin(phase)], dim=-2)))
+        return torch.cat(blocks, dim=-1).to(x.dtype)
 
 
 class FourierFeatures:

@@ -312,3 +312,16 @@ def test_quadrature_features_for_the_multidimensional_path_beat_random_ones():
         matern = HiPPOInducingVariables(6, "legs", input_dim=2, num_rff=100, features="quadrature")
         matern.append_path(path)
         matern.Kuu(gpytorch.kernels.MaternKernel(nu=1.5, ard_num_dims=2).to(DT))
+
+
+def test_spectral_kuf_in_blocks_equals_one_block():
+    # more inputs than one 2^24-entry block of features holds: the blocks must join seamlessly
+    kernel = scaled_rbf(lengthscale=0.02)  # t/l = 400: ~1000 frequency nodes, so ~8,000 inputs per block
+    ivars = HiPPOInducingVariables(8, "legs", t=8.0)
+    x = torch.linspace(0, 8, 20_001, dtype=DT)
+    with torch.no_grad():
+        blocked = ivars.Kuf(kernel, x)
+        single = torch.cat([ivars.Kuf(kernel, x[i : i + 5000]) for i in range(0, 20_001, 5000)], dim=-1)
+    torch.testing.assert_close(blocked, single, rtol=1e-12, atol=1e-14)
+    quadrature = HiPPOInducingVariables(8, "legs", t=8.0, method="quadrature").Kuf(kernel, x[::2000]).detach()
+    assert rel(blocked[:, ::2000], quadrature) < 1e-10
