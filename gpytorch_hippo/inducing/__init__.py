@@ -3,5 +3,6 @@
 from .base import InducingVariables
 from .hippo_variables import HiPPOInducingVariables
 from .points import InducingPoints
+from .selection import select_pivoted_cholesky
 
-__all__ = ["InducingVariables", "InducingPoints", "HiPPOInducingVariables"]
+__all__ = ["InducingVariables", "InducingPoints", "HiPPOInducingVariables", "select_pivoted_cholesky"]
