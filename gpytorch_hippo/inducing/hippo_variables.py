@@ -7,14 +7,17 @@ over the measure's support from ``start`` (default 0, the start of the stream) t
 The covariances come from one of four small backends (:mod:`.hippo_backends`), chosen by one
 argument, ``method``:
 
-* ``"spectral"`` (beyond the thesis): exact integrals over frequency of closed-form HiPPO
-  transforms, cost linear in ``t / lengthscale``; RBF kernels (``ScaleKernel`` allowed).
+* ``"spectral"`` (beyond the thesis): exact, cost linear in ``t / lengthscale``, stationary
+  kernels (``ScaleKernel`` allowed): RBF by integrals over frequency of closed-form HiPPO
+  transforms (:class:`~.hippo_backends.SpectralBackend`); Matérn ν ∈ {1/2, 3/2, 5/2}, whose
+  rational spectral densities make that frequency rule converge only algebraically, by the
+  equivalent banded product quadrature in time (:class:`~.banded.BandedBackend`).
 * ``"quadrature"``: exact composite Gauss-Legendre in time, any kernel, cost quadratic in
   ``t / lengthscale``.
 * ``"recurrence"`` (the thesis): ``Kuu`` from Fourier features projected by the HiPPO recurrence
   (eq. ``kuu_ode_rff``), carried across :meth:`HiPPOInducingVariables.advance`.
-* ``"auto"`` (default): ``"spectral"`` where it applies (RBF kernel, a support not clipped by
-  the stream start), otherwise ``"quadrature"``.
+* ``"auto"`` (default): ``"spectral"`` where it applies (RBF with a support not clipped by the
+  stream start, or Matérn), otherwise ``"quadrature"``.
 
 Multidimensional inputs (thesis §4.4): the ordered inputs of each task are placed at times
 ``i dt`` continuing across tasks (:meth:`HiPPOInducingVariables.append_path`), and ``u`` projects
@@ -38,6 +41,7 @@ from torch import Tensor
 
 from ..hippo import HiPPO
 from .base import InducingVariables
+from .banded import BandedBackend
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .spectral import SUPPORTED_KERNELS, spectral_parts  # noqa: F401  (re-exported)
 
@@ -55,8 +59,9 @@ class HiPPOInducingVariables(InducingVariables):
     :param theta: window length of LegT/FouT, time scale of LagT.
     :param method: ``"auto"`` (default), ``"spectral"``, ``"quadrature"`` or ``"recurrence"``
         (module docstring).  Multidimensional inputs always use the path memory of the recurrence.
-        ``"spectral"`` falls back to ``"quadrature"`` while the support is clipped by ``start``
-        (LegT/FouT before ``t = start + theta``); a kernel it cannot handle raises ``TypeError``.
+        With an RBF kernel ``"spectral"`` falls back to ``"quadrature"`` while the support is clipped
+        by ``start`` (LegT/FouT before ``t = start + theta``); a kernel it cannot handle raises
+        ``TypeError`` (batched kernels: ``ValueError``).
     :param num_rff: ``R``, Fourier features of the recurrence and of the multidimensional path.
     :param features: Fourier features of the recurrence and of the path memory: ``"random"`` (the
         thesis: ``R`` spectral samples) or ``"quadrature"`` (deterministic Gauss-Legendre nodes over
@@ -159,6 +164,7 @@ class HiPPOInducingVariables(InducingVariables):
         else:
             self._backends = {
                 "spectral": SpectralBackend(),
+                "banded": BandedBackend(),
                 "quadrature": QuadratureBackend(),
                 "recurrence": RecurrenceBackend(self.features, self.kuf),
             }
@@ -168,16 +174,11 @@ class HiPPOInducingVariables(InducingVariables):
         if self.input_dim > 1:
             return self._backends["path"]
         if self.method in ("auto", "spectral"):
-            spectral = self._backends["spectral"]
-            if spectral.supports(self, kernel):
-                return spectral
+            for name in ("spectral", "banded"):
+                if self._backends[name].supports(self, kernel):
+                    return self._backends[name]
             if self.method == "spectral":
-                _, _, nu = spectral_parts(kernel)  # raises TypeError for kernels without a spectral density
-                if nu is not None:
-                    raise TypeError(
-                        "method='spectral' needs an RBF kernel: Matern spectral densities have algebraic tails and the "
-                        "frequency rule converges slowly (docs/results.md); use method='quadrature' or 'auto'"
-                    )
+                spectral_parts(kernel)  # raises TypeError/ValueError for kernels it cannot handle
             return self._backends["quadrature"]
         return self._backends[self.method]
 
@@ -241,9 +242,9 @@ class HiPPOInducingVariables(InducingVariables):
             raise ValueError("cross-covariance needs two HiPPO sets with the same input_dim and measure")
         backend, other_backend = self._backend_for(kernel), other._backend_for(kernel)
         if backend.name != other_backend.name:
-            if {backend.name, other_backend.name} != {"spectral", "quadrature"}:
+            if "recurrence" in (backend.name, other_backend.name):
                 raise ValueError(f"cross-covariance between backends {backend.name!r} and {other_backend.name!r} is not defined")
-            backend = self._backends["quadrature"]  # one of the two supports is clipped: exact quadrature for both
+            backend = self._backends["quadrature"]  # e.g. one of two RBF supports is clipped: exact quadrature for both
         cross = backend.cross(self, other, kernel)
         if self._same_variables(other):
             jitter = self.jitter_value(cross.dtype) * self._jitter_scale(cross)  # cross is Kuu here

@@ -101,14 +101,15 @@ def test_backend_choice_and_fallbacks():
     matern = gpytorch.kernels.MaternKernel(nu=1.5).to(DT)
     auto = HiPPOInducingVariables(8, "legs", t=4.0)
     assert auto._backend_for(rbf).name == "spectral"
-    assert auto._backend_for(matern).name == "quadrature"
+    assert auto._backend_for(matern).name == "banded"
+    assert HiPPOInducingVariables(8, "legs", t=4.0, method="spectral")._backend_for(matern).name == "banded"
     assert auto._backend_for(gpytorch.kernels.PeriodicKernel().to(DT)).name == "quadrature"
     batched = gpytorch.kernels.RBFKernel(batch_shape=torch.Size([3])).to(DT)  # e.g. inside LMC: exact quadrature
     assert auto._backend_for(batched).name == "quadrature"
     with pytest.raises(ValueError, match="batched"):
         HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(batched)
-    with pytest.raises(TypeError, match="RBF"):
-        HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(matern)
+    with pytest.raises(TypeError, match="spectral density"):
+        HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(gpytorch.kernels.PeriodicKernel().to(DT))
     # LegT window clipped by the stream start: no closed form, exact quadrature instead
     clipped, quadrature = pair("legt", 2.0, theta=3.0)
     assert clipped._backend_for(rbf).name == "quadrature"

@@ -21,7 +21,7 @@ def greedy_max_residual_variance(K, num):
             else:
                 var = K[j, j]
             if var > best_var:
-                best, best_var = j, float(var)
+                best, best_var = j, float(var.detach())
         chosen.append(best)
     return chosen
 
