@@ -33,10 +33,12 @@ DECAY_RANGE = 48.0
 LAGT_RANGE = 80.0
 #: panel width in length scales (and in ``θ`` for LagT's exponential measure)
 PANEL_WIDTH = 8.0
+#: most Gauss-Legendre nodes per panel (more panels instead)
+MAX_NODES = 96
+#: a chunk of own-panel work: ``<= 2^22`` values
+CHUNK_ENTRIES = 2**22
 #: Gauss-Legendre nodes per panel beyond what the basis needs (the kernel's variation across a panel)
 BASE_NODES = 24
-#: a chunk of sub-rule work: ``<= 2^22`` basis values
-CHUNK_ENTRIES = 2**22
 
 
 def _span(ivars) -> tuple[float, float]:
@@ -60,15 +62,17 @@ class _Panels:
         target = PANEL_WIDTH * lengthscale
         if ivars.measure == "lagt":
             target = min(target, PANEL_WIDTH * ivars.memory.theta)
-        self.count = max(1, math.ceil((upper - self.lower) / target))
+        # at least enough panels that p <= MAX_NODES: the own-panel rule costs O(p^3)
+        enough = math.ceil((ivars.num_inducing / (MAX_NODES - BASE_NODES)) ** 2)
+        self.count = max(1, math.ceil((upper - self.lower) / target), enough)
         self.width = (upper - self.lower) / self.count
         # a degree M-1 polynomial has ~ M / sqrt(P) zeros in an end panel of P (Legendre zeros crowd the ends)
         self.num_nodes = math.ceil(ivars.num_inducing / math.sqrt(self.count)) + BASE_NODES
         self.z, self.w = gauss_legendre(self.num_nodes, device=device)
         left = self.lower + self.width * torch.arange(self.count, dtype=torch.float64, device=device)
         self.nodes = left[:, None] + self.width * (self.z + 1) / 2  # (P, p)
-        weights = (self.width / 2) * self.w.repeat(self.count)
-        self.weighted = weights[:, None] * self.phi(self.nodes.reshape(-1))  # (P p, M)
+        self.phi_nodes = self.phi(self.nodes.reshape(-1)).reshape(self.count, self.num_nodes, -1)  # (P, p, M)
+        self.weighted = (self.width / 2) * self.w[:, None] * self.phi_nodes  # the rule's weights folded in
 
     def phi(self, s: Tensor) -> Tensor:
         """``φ_m(s) = g_m^{(t)}(s) ω^{(t)}(s)`` for ``s`` (N,) -> (N, M)."""
@@ -88,14 +92,15 @@ def matern_values(kernel, r: Tensor) -> Tensor:
     return outputscale * polynomial * torch.exp(-x)
 
 
-def _lagrange(z: Tensor, w: Tensor, y: Tensor) -> Tensor:
-    """Lagrange basis of the Gauss-Legendre nodes ``z`` at ``y`` (...,) -> (..., p), barycentric form."""
-    barycentric = (-1.0) ** torch.arange(z.shape[0], device=z.device) * torch.sqrt((1 - z**2) * w)
-    difference = y[..., None] - z
-    exact = difference == 0
-    terms = barycentric / torch.where(exact, torch.ones_like(difference), difference)
-    values = terms / terms.sum(-1, keepdim=True)
-    return torch.where(exact.any(-1, keepdim=True), exact.to(values.dtype), values)
+def _interpolated_sum(values: Tensor, y: Tensor, z: Tensor, w: Tensor) -> Tensor:
+    """``C[n, j] = Σ_q values[n, q] L_j(y[n, q])`` with ``L_j`` the Lagrange basis of the Gauss-Legendre
+    nodes ``z`` (weights ``w``), in barycentric form: ``L_j(y) = (b_j / (y - z_j)) / Σ_k b_k / (y - z_k)``."""
+    barycentric = ((-1.0) ** torch.arange(z.shape[0], device=z.device) * torch.sqrt((1 - z**2) * w)).to(values.dtype)
+    difference = (y[..., None] - z).to(values.dtype)
+    # y on a node: L is that node's indicator; a tiny difference gives it without dividing by zero
+    inverse = 1 / torch.where(difference == 0, torch.full_like(difference, 1e-300), difference)
+    denominator = inverse @ barycentric
+    return torch.einsum("nq,nqj->nj", values / denominator, inverse) * barycentric
 
 
 class BandedBackend:
@@ -125,69 +130,67 @@ class BandedBackend:
     def _band(self, panels: _Panels, kernel) -> int:
         return math.ceil(self._scales(kernel)[1] / panels.width) + 1
 
+    def _own_panel(self, panels: _Panels, kernel, offsets: Tensor, dtype) -> Tensor:
+        """``C (n, p)``: ``∫_panel φ(s) k(x - s) ds = C φ(panel nodes)`` for ``x`` at ``offsets`` in the panel.
+
+        The panel is split at ``x`` into two Gauss-Legendre rules (the integrand is analytic on each
+        piece) and ``φ`` on the panel is its Lagrange interpolant at the panel's nodes, exact to the
+        accuracy of the panel rule itself.
+        """
+        z, w, width = panels.z, panels.w, panels.width
+        left, right = offsets[:, None] / 2, (width - offsets[:, None]) / 2  # [a, x] and [x, b]
+        sub = torch.cat([left * (z + 1), offsets[:, None] + right * (z + 1)], dim=-1)  # (n, 2p) offsets
+        weights = torch.cat([left * w, right * w], dim=-1)
+        kernel_sub = matern_values(kernel, offsets[:, None] - sub).to(dtype) * weights.to(dtype)
+        return _interpolated_sum(kernel_sub, 2 * sub / width - 1, z, w)
+
     def _kuf_at_nodes(self, panels: _Panels, kernel, dtype) -> Tensor:
         """``Kuf`` at the panels' own nodes (``Q x M``), the inner integral of ``Kuu``.
 
         Uniform panels and a stationary kernel: the panel at offset ``d`` contributes through one
-        ``p x p`` matrix ``K_d``; the own panel (split at each node) through one matrix ``C`` acting
-        on ``φ`` at the panel's nodes (its Lagrange interpolant, exact to the rule's accuracy).
+        ``p x p`` matrix ``K_d``, the own panel through one matrix ``C`` (:meth:`_own_panel`).
         """
         P, p, width = panels.count, panels.num_nodes, panels.width
-        weighted = panels.weighted.to(dtype).reshape(P, p, -1)
-        offsets = panels.width * (panels.z + 1) / 2  # node positions inside a panel
-        out = torch.zeros_like(weighted)
+        weighted = panels.weighted.to(dtype)
+        offsets = width * (panels.z + 1) / 2  # node positions inside a panel
+        out = self._own_panel(panels, kernel, offsets, dtype) @ panels.phi_nodes.to(dtype)
         for d in range(1, min(self._band(panels, kernel), P - 1) + 1):
             K = matern_values(kernel, offsets[:, None] - offsets[None, :] - d * width).to(dtype)  # x in i, s in i + d
             out[: P - d] += K @ weighted[d:]
             out[d:] += K.mT @ weighted[: P - d]
-        left, right = offsets / 2, (width - offsets) / 2  # own panel: [a, x] and [x, b] for each node x
-        sub = torch.cat([left[:, None] * (panels.z + 1), offsets[:, None] + right[:, None] * (panels.z + 1)], dim=-1)
-        sub_weights = torch.cat([left[:, None] * panels.w, right[:, None] * panels.w], dim=-1)
-        interpolate = _lagrange(panels.z, panels.w, 2 * sub / width - 1)  # (p, 2p, p)
-        kernel_sub = matern_values(kernel, offsets[:, None] - sub).to(dtype) * sub_weights.to(dtype)
-        C = torch.einsum("xq,xqj->xj", kernel_sub, interpolate.to(dtype))
-        phi = (panels.phi(panels.nodes.reshape(-1)).to(dtype)).reshape(P, p, -1)
-        return (out + C @ phi).reshape(P * p, -1)
+        return out.reshape(P * p, -1)
 
     def _kuf_at(self, panels: _Panels, kernel, times: Tensor, dtype) -> Tensor:
         """``Kuf`` at any ``times`` (N,) float64 -> (N, M): banded panel sums, own panel split at ``x``."""
         P, p, width = panels.count, panels.num_nodes, panels.width
         band = self._band(panels, kernel)
-        weighted = panels.weighted.to(dtype).reshape(P, p, -1)
+        weighted = panels.weighted.to(dtype)
         out = torch.zeros(times.shape[0], weighted.shape[-1], dtype=dtype, device=times.device)
         index = torch.floor((times - panels.lower) / width).long()
-        index = torch.where(times == panels.lower + P * width, P - 1, index)  # t itself is in the last panel
+        # x on a panel edge needs no split (each side is analytic), and splitting there would put
+        # one piece's nodes on the panel's nodes, where the interpolant's x-derivative is lost
+        on_edge = times == panels.lower + index * width
         for j in torch.unique(index).tolist():
             first, last = max(0, j - band), min(P, j + band + 1)
             if first >= last:
                 continue  # farther than the kernel's reach from every panel: zero
-            rows = (index == j).nonzero().squeeze(-1)
-            x = times[rows]
             inside = 0 <= j < P
-            others = [q for q in range(first, last) if not (inside and q == j)]
-            if others:
-                nodes = panels.nodes[others].reshape(-1)
-                out[rows] += matern_values(kernel, x[:, None] - nodes).to(dtype) @ weighted[others].reshape(len(others) * p, -1)
-            if inside:
-                out[rows] += self._own_panel(panels, kernel, x, j, dtype)
+            for edge in (True, False):
+                rows = ((index == j) & (on_edge == edge)).nonzero().squeeze(-1)
+                if rows.numel() == 0:
+                    continue
+                split = inside and not edge
+                others = [q for q in range(first, last) if not (split and q == j)]
+                if others:
+                    K = matern_values(kernel, times[rows, None] - panels.nodes[others].reshape(-1)).to(dtype)
+                    out[rows] += K @ weighted[others].reshape(len(others) * p, -1)
+                if split:
+                    chunk = max(1, CHUNK_ENTRIES // (2 * p * p))  # the own-panel rule holds n x 2p x p values
+                    for start in range(0, rows.shape[0], chunk):
+                        part = rows[start : start + chunk]
+                        own = self._own_panel(panels, kernel, times[part] - (panels.lower + j * width), dtype)
+                        out[part] += own @ panels.phi_nodes[j].to(dtype)
         return out
-
-    def _own_panel(self, panels: _Panels, kernel, x: Tensor, j: int, dtype) -> Tensor:
-        """``∫_{a}^{b} φ(s) k(x - s) ds`` on the panel ``[a, b]`` containing ``x``, split at ``x``."""
-        a = panels.lower + j * panels.width
-        b = a + panels.width
-        z, w = panels.z, panels.w
-        result = []
-        chunk = max(1, CHUNK_ENTRIES // (2 * z.shape[0] * panels.ivars.num_inducing))
-        for start in range(0, x.shape[0], chunk):
-            xc = x[start : start + chunk, None]
-            left, right = (xc - a) / 2, (b - xc) / 2
-            s = torch.cat([a + left * (z + 1), xc + right * (z + 1)], dim=-1)  # (n, 2p)
-            weights = torch.cat([left * w, right * w], dim=-1)
-            phi = panels.phi(s.reshape(-1)).reshape(*s.shape, -1).to(dtype)  # (n, 2p, M)
-            K = matern_values(kernel, xc - s).to(dtype) * weights.to(dtype)
-            result.append(torch.einsum("nq,nqm->nm", K, phi))
-        return torch.cat(result)
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
         panels = self._panels(ivars, kernel)
@@ -199,7 +202,7 @@ class BandedBackend:
         dtype = next(iter(kernel.parameters())).dtype
         panels_b = self._panels(b, kernel)
         if b is a:
-            cov = panels_b.weighted.to(dtype).mT @ self._kuf_at_nodes(panels_b, kernel, dtype)
+            cov = panels_b.weighted.to(dtype).reshape(-1, a.num_inducing).mT @ self._kuf_at_nodes(panels_b, kernel, dtype)
             return (cov + cov.mT) / 2
         nodes, weighted = self._outer_rule(a, _span(b), kernel)
         return weighted.to(dtype).mT @ self._kuf_at(panels_b, kernel, nodes, dtype)

@@ -32,10 +32,10 @@ def phi(ivars, s):
 
 def kernel_value(kernel, r):
     """Matérn k(r) as in Rasmussen & Williams eq. (4.17) for half-integer ν (checked against GPyTorch below)."""
-    nu, ell = kernel.base_kernel.nu, float(kernel.base_kernel.lengthscale)
+    nu, ell = kernel.base_kernel.nu, float(kernel.base_kernel.lengthscale.detach())
     x = math.sqrt(2 * nu) * abs(r) / ell
     polynomial = {0.5: 1.0, 1.5: 1 + x, 2.5: 1 + x + x * x / 3}[nu]
-    return float(kernel.outputscale) * polynomial * math.exp(-x)
+    return float(kernel.outputscale.detach()) * polynomial * math.exp(-x)
 
 
 @pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
@@ -126,7 +126,9 @@ def test_long_stream_kuu_converged_and_psd(nu):
 def test_gradients_match_finite_differences():
     kernel = matern(1.5, lengthscale=0.9)
     ivars = HiPPOInducingVariables(7, "legs", t=12.0, jitter=0.0)
-    x = torch.tensor([1.1, 6.0, 11.7, 13.0], dtype=DT)[:, None].requires_grad_(True)
+    # two panels of width 6 (8 ℓ rounded to fit [0, 12]): 6.0 sits on the panel edge and 12.0 at t,
+    # where a split of the own panel would be degenerate (this test caught a lost x-derivative there)
+    x = torch.tensor([1.1, 6.0, 11.7, 12.0, 13.0], dtype=DT)[:, None].requires_grad_(True)
     weights = torch.randn(7, 7, generator=torch.Generator().manual_seed(0), dtype=DT)
 
     def loss():
