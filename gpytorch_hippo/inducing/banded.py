@@ -98,7 +98,7 @@ def _interpolated_sum(values: Tensor, y: Tensor, z: Tensor, w: Tensor) -> Tensor
     barycentric = ((-1.0) ** torch.arange(z.shape[0], device=z.device) * torch.sqrt((1 - z**2) * w)).to(values.dtype)
     difference = (y[..., None] - z).to(values.dtype)
     # y on a node: L is that node's indicator; a tiny difference gives it without dividing by zero
-    inverse = 1 / torch.where(difference == 0, torch.full_like(difference, 1e-300), difference)
+    inverse = difference.masked_fill_(difference == 0, 1e-300).reciprocal_()
     denominator = inverse @ barycentric
     return torch.einsum("nq,nqj->nj", values / denominator, inverse) * barycentric
 
