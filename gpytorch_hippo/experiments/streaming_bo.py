@@ -260,7 +260,8 @@ def plot(rows: List[Dict], path: str) -> None:
         mine = [r for r in rows if r["method"] == method]
         steps = np.array([r["step"] for r in mine])
         regret = np.array([r["regret"] for r in mine])
-        smooth = np.convolve(regret, np.ones(10) / 10, mode="valid")
+        width = min(10, len(regret))
+        smooth = np.convolve(regret, np.ones(width) / width, mode="valid")
         ax_regret.plot(steps[len(steps) - len(smooth):], smooth, label=method)
         ax_time.semilogy(steps[1:], [r["surrogate_seconds"] for r in mine[1:]], label=method, lw=0.8)
     ax_regret.set(xlabel="step (daylight hour)", ylabel="regret, 10-step mean (kW/m²)", title="Streaming BO: panel angles")
