@@ -23,4 +23,4 @@ def test_sphinx_builds_without_warnings(tmp_path):
     api = (tmp_path / "api.html").read_text()
     for name in ("OnlineGPModel", "OnlineSGPR", "HiPPOInducingVariables", "SGPAttention", "make_pseudo_video"):
         assert name in api, name
-    assert "plt.show()" in (tmp_path / "tutorials" / "01_hippo_memory.html").read_text()  # the cells are there
+    assert (tmp_path / "tutorials" / "01_hippo_memory.html").read_text().count("cell_input") >= 3  # the code cells are there
