@@ -112,6 +112,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     :param outcome_transform: e.g. ``Standardize(m=1)``; statistics from the first batch, then fixed.
     :param fit_maxiter: iterations of the first fit (``0``: keep the hyperparameters as given).
     :param refit_every: refresh the hyperparameters in every ``k``-th :meth:`observe` (``None``: never).
+        Multidimensional HiPPO variables keep their path memory in features of the first length
+        scale: freeze it (``covar_module.raw_lengthscale.requires_grad_(False)``) before refreshing.
     :param keep_data: store all observed data in :attr:`train_inputs`/:attr:`train_targets`
         (``False``, the default, stores nothing but the online summary).
     :param ordering: criterion of :func:`~gpytorch_hippo.ordering.order_inputs` for path variables.
@@ -233,7 +235,6 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         output_indices: Optional[list[int]] = None,
         observation_noise: bool | Tensor = False,
         posterior_transform: Optional[PosteriorTransform] = None,
-        **kwargs: Any,
     ) -> GPyTorchPosterior:
         """``q(f(X))`` (or ``q(y(X))`` with ``observation_noise``) for ``X`` of shape ``(*b, q, d)``:
         a ``GPyTorchPosterior`` over ``broadcast(b, batch_shape) x q x 1`` in the outcome space."""
@@ -273,6 +274,9 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         """
         if kwargs.get("noise") is not None:
             raise ValueError("noise: OnlineGPModel has a homoskedastic GaussianLikelihood and cannot take per-point noise")
+        unknown = sorted(set(kwargs) - {"noise"})
+        if unknown:
+            raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
         _check_X_Y(X, Y, "X", "Y")
         model = copy.deepcopy(self)
         x, y = model._to_model_space(X, Y)
@@ -328,7 +332,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             return
         if ivs.input_dim == 1:
             t_new = float(x.max())
-            if self.online.has_posterior and t_new > ivs.t:
+            if t_new > ivs.t:
                 ivs.advance(t_new)
             return
         start = None if ivs.path_pending.shape[0] == 0 else ivs.path_pending[-1].to(x)

@@ -99,6 +99,27 @@ def test_condition_on_observations_is_one_online_update_and_leaves_the_original(
     assert (batched.posterior(x_new).variance[0] < before.variance).all()
 
 
+def test_time_inputs_advance_one_dimensional_hippo_variables():
+    # OHSGPR on a time series: each batch moves the LegS bases to its last time, as a hand-driven
+    # OnlineSGPR does with advance(t)
+    g = torch.Generator().manual_seed(13)
+    t = torch.linspace(0, 4, 40, dtype=DOUBLE).unsqueeze(-1)
+    y = torch.sin(3 * t) + 0.1 * torch.randn(40, 1, generator=g, dtype=DOUBLE)
+    kernel, likelihood = gpytorch.kernels.RBFKernel(), gpytorch.likelihoods.GaussianLikelihood()
+    kernel.lengthscale, likelihood.noise = 0.4, 0.01
+    twin = OnlineSGPR(HiPPOInducingVariables(12, "legs", t=1.0), copy.deepcopy(kernel), copy.deepcopy(likelihood)).double()
+    model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(12, "legs", t=1.0), covar_module=kernel,
+                          likelihood=likelihood, mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0)
+    model = model.condition_on_observations(t[20:], y[20:])
+    assert model.inducing_variables.t == pytest.approx(4.0)
+    for batch in (slice(0, 20), slice(20, 40)):
+        twin.inducing_variables.advance(float(t[batch].max()))
+        twin.update(t[batch], y[batch, 0])
+    twin.eval()
+    torch.testing.assert_close(model.posterior(t).mean[:, 0], twin(t).mean, rtol=1e-9, atol=1e-9)
+    assert (model.posterior(t).mean - y).pow(2).mean().sqrt() < 0.2  # it fits both batches (noise sd 0.1)
+
+
 def single_task_gp(x, y, outcome_transform=None, **kwargs):
     gp = SingleTaskGP(outcome_transform=outcome_transform, train_X=x, train_Y=y, covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=2), **kwargs)
     set_hyperparameters(gp.covar_module, gp.likelihood, gp.mean_module)
@@ -262,6 +283,7 @@ def test_refit_every_refreshes_hyperparameters_on_the_online_bound():
         (lambda m, x, y: OnlineGPModel(x, y, InducingPoints(x), ordering="sorted"), "ordering"),
         (lambda m, x, y: m.condition_on_observations(x, y[:5]), "Y"),
         (lambda m, x, y: m.condition_on_observations(x, y, noise=torch.ones_like(y)), "noise"),
+        (lambda m, x, y: m.condition_on_observations(x, y, nosie=None), "nosie"),
         (lambda m, x, y: m.posterior(x, output_indices=[1]), "output_indices"),
         (lambda m, x, y: m.posterior(x, observation_noise=torch.ones(3, 1, dtype=DOUBLE)), "observation_noise"),
         (lambda m, x, y: m.observe(x[None], y[None]), "X"),
