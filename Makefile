@@ -29,3 +29,9 @@ clean:
 data: $(STAMP)
 	test -d /usr/share/datasets/fashion-mnist || apt-get install -y dataset-fashion-mnist || sudo apt-get install -y dataset-fashion-mnist
 	test -f $(HOME)/.cache/probseq/vaderSentiment-3.3.2.tar.gz || $(PY) -m pip download -q --no-binary :all: --no-deps vaderSentiment==3.3.2 -d $(HOME)/.cache/probseq
+
+# API reference and tutorials (Sphinx + myst-nb); the tutorials are executed, at full size unless
+# PROBSEQ_TUTORIAL_SIZE=small (MPLBACKEND is unset so that the kernel shows the plots inline). Warnings are errors.
+.PHONY: docs
+docs: $(STAMP)
+	env -u MPLBACKEND PROBSEQ_DOCS_EXECUTE=force $(PY) -m sphinx -W --keep-going -b html docs docs/_build/html

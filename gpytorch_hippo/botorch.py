@@ -1,0 +1,372 @@
+"""BoTorch online surrogate models over :class:`~gpytorch_hippo.online.OnlineSGPR` (thesis ch. 4).
+
+:class:`OnlineGPModel` is a BoTorch ``Model`` whose posterior is the collapsed online sparse GP of
+Bui et al. (2017), thesis §4.2.2: with HiPPO inducing variables it is OHSGPR, with inducing points
+OSGPR. New observations enter through :meth:`OnlineGPModel.condition_on_observations`, one online
+update that touches only the new batch and the stored summary ``q(u)``; old data are never
+revisited and, by default, not stored. :class:`OnlineCollapsedMLL` exposes the collapsed online
+bound to ``botorch.fit.fit_gpytorch_mll``.
+
+The non-Gaussian variant over OHSVGP (:class:`~gpytorch_hippo.online.OnlineELBO`) is not provided.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import gpytorch
+import torch
+from botorch.acquisition.objective import PosteriorTransform
+from botorch.fit import fit_gpytorch_mll
+from botorch.models.model import FantasizeMixin, Model
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.mlls import MarginalLogLikelihood
+from linear_operator.operators import DiagLinearOperator
+from torch import Tensor
+
+from .inducing.base import InducingVariables
+from .inducing.hippo_variables import HiPPOInducingVariables
+from .online import OnlineSGPR
+from .ordering import ORDERING_CRITERIA, order_inputs
+
+__all__ = ["OnlineGPModel", "OnlineCollapsedMLL"]
+
+
+class OnlineCollapsedMLL(MarginalLogLikelihood):
+    """The collapsed online bound of absorbing ``(train_x, train_y)`` into ``model``'s stored summary
+    (:meth:`OnlineSGPR.log_bound`, thesis eq. ``online_elbo`` at the optimal ``q(u)``) plus the log
+    priors of the hyperparameters, divided by the batch size, as ``fit_gpytorch_mll`` expects.
+
+    :param model: an :class:`OnlineGPModel`.
+    :param train_x: the batch in the model's (input-transformed) space, ``(n, d)``.
+    :param train_y: its outcome-transformed targets, ``(n,)``.
+    """
+
+    def __init__(self, model: "OnlineGPModel", train_x: Tensor, train_y: Tensor):
+        if not isinstance(model, OnlineGPModel):
+            raise TypeError(f"model must be an OnlineGPModel, got {type(model).__name__}")
+        super().__init__(model.likelihood, model)
+        self.train_x, self.train_y = train_x, train_y
+
+    def forward(self, function_dist=None, target=None, **kwargs) -> Tensor:
+        bound = self.model.online.log_bound(self.train_x, self.train_y)
+        for _, module, prior, closure, _ in self.model.named_priors():  # the likelihood is inside the model
+            bound = bound + prior.log_prob(closure(module)).sum()
+        return bound / self.train_y.shape[-1]
+
+    def compute_custom_loss(self, **kwargs) -> Tensor:
+        """The loss that ``fit_gpytorch_mll`` minimises (BoTorch's hook for custom objectives)."""
+        return -self()
+
+    def state_dict(self, *args, **kwargs) -> dict:
+        """The tensors only: ``fit_gpytorch_mll`` checkpoints them to roll back a failed attempt and
+        cannot copy non-tensor extra state (HiPPO's recurrence step), which fitting does not change."""
+        state = super().state_dict(*args, **kwargs)
+        return type(state)((key, value) for key, value in state.items() if isinstance(value, Tensor))
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Loads :meth:`state_dict`'s tensors; the non-tensor extra state it leaves out is kept."""
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        if strict and result.unexpected_keys:
+            raise RuntimeError(f"unexpected keys in state_dict: {result.unexpected_keys}")
+        missing = [key for key in result.missing_keys if not key.endswith("_extra_state")]
+        if strict and missing:
+            raise RuntimeError(f"missing keys in state_dict: {missing}")
+        return result
+
+
+class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
+    r"""BoTorch surrogate over :class:`~gpytorch_hippo.online.OnlineSGPR` (OHSGPR / OSGPR).
+
+    The first batch ``(train_X, train_Y)`` is absorbed at construction, after its hyperparameters
+    are fitted by ``fit_gpytorch_mll`` on the collapsed bound (:class:`OnlineCollapsedMLL`,
+    ``fit_maxiter`` L-BFGS iterations at most). Later batches enter through
+    :meth:`condition_on_observations` (an online update, no refit), or :meth:`observe`, which
+    also refreshes the hyperparameters every ``refit_every`` batches on the online bound of the
+    new batch (Bui et al. 2017; old data are not revisited).
+
+    HiPPO inducing variables are moved forward with the stream before each un-batched update:
+    1-D ones (time inputs) by ``advance(max(X))`` when ``X`` goes beyond their current ``t``,
+    multidimensional ones by ``append_path`` of ``X`` ordered by ``ordering`` (thesis §4.4).
+    Inducing points stay where they are (replace ``model.inducing_variables`` between updates to
+    move them). A t-batched conditioning (BoTorch's fantasies) keeps the inducing variables fixed
+    and returns a model with that batch shape.
+
+    :param train_X: first batch of inputs, ``(n, d)``.
+    :param train_Y: its targets, ``(n, 1)``.
+    :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
+    :param covar_module: GPyTorch kernel (default: ``SingleTaskGP``'s RBF with a dimension-scaled prior).
+    :param likelihood: homoskedastic ``GaussianLikelihood`` (default: ``SingleTaskGP``'s).
+    :param mean_module: prior mean (default ``ConstantMean``); learned on the first batch, then
+        fixed, because HiPPO inducing variables project ``f - m``.
+    :param input_transform: e.g. ``Normalize(d, bounds=...)``; learned bounds are learned from the
+        first batch and then fixed.
+    :param outcome_transform: e.g. ``Standardize(m=1)``; statistics from the first batch, then fixed.
+    :param fit_maxiter: iterations of the first fit (``0``: keep the hyperparameters as given).
+    :param refit_every: refresh the hyperparameters in every ``k``-th :meth:`observe` (``None``: never).
+        Multidimensional HiPPO variables keep their path memory in features of the first length
+        scale: freeze it (``covar_module.raw_lengthscale.requires_grad_(False)``) before refreshing.
+    :param keep_data: store all observed data in :attr:`train_inputs`/:attr:`train_targets`
+        (``False``, the default, stores nothing but the online summary).
+    :param ordering: criterion of :func:`~gpytorch_hippo.ordering.order_inputs` for path variables.
+    """
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        inducing_variables: InducingVariables,
+        covar_module: Optional[gpytorch.kernels.Kernel] = None,
+        likelihood: Optional[gpytorch.likelihoods.GaussianLikelihood] = None,
+        mean_module: Optional[gpytorch.means.Mean] = None,
+        input_transform: Optional[InputTransform] = None,
+        outcome_transform: Optional[OutcomeTransform] = None,
+        fit_maxiter: int = 100,
+        refit_every: Optional[int] = None,
+        keep_data: bool = False,
+        ordering: str = "kernel_max",
+    ):
+        super().__init__()
+        _check_X_Y(train_X, train_Y, "train_X", "train_Y")
+        if train_X.dim() != 2:
+            raise ValueError(f"train_X must have shape (n, d), got {tuple(train_X.shape)}")
+        for name, value, allow_none in (("fit_maxiter", fit_maxiter, False), ("refit_every", refit_every, True)):
+            if value is None and allow_none:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "fit_maxiter" else 1):
+                raise ValueError(f"{name} must be a {'non-negative' if name == 'fit_maxiter' else 'positive'} int, got {value!r}")
+        if ordering not in ORDERING_CRITERIA:
+            raise ValueError(f"ordering must be one of {ORDERING_CRITERIA}, got {ordering!r}")
+        dim = train_X.shape[-1]
+        if covar_module is None:
+            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        if likelihood is None:
+            likelihood = get_gaussian_likelihood_with_lognormal_prior()
+        if mean_module is None:
+            mean_module = gpytorch.means.ConstantMean()
+        self.online = OnlineSGPR(inducing_variables, covar_module, likelihood, mean_module).to(train_X)
+        if input_transform is not None:
+            self.input_transform = input_transform.to(train_X)
+        if outcome_transform is not None:
+            self.outcome_transform = outcome_transform.to(train_X)
+        self.fit_maxiter, self.refit_every, self.keep_data, self.ordering = fit_maxiter, refit_every, keep_data, ordering
+        self.num_updates = 0
+        self._stored_X = self._stored_Y = None
+        x, y = self._to_model_space(train_X, train_Y, fit_transforms=True)
+        self._move_inducing(x)
+        if fit_maxiter > 0:
+            self.fit_hyperparameters(x, y, maxiter=fit_maxiter)
+        self.online.mean_module.requires_grad_(False)
+        self._absorb(train_X, train_Y, x, y)
+        self.eval()
+
+    # ------------------------------------------------------------------ BoTorch's model contract
+    @property
+    def likelihood(self) -> gpytorch.likelihoods.GaussianLikelihood:
+        return self.online.likelihood
+
+    @property
+    def covar_module(self) -> gpytorch.kernels.Kernel:
+        return self.online.covar_module
+
+    @property
+    def mean_module(self) -> gpytorch.means.Mean:
+        return self.online.mean_module
+
+    @property
+    def inducing_variables(self) -> InducingVariables:
+        return self.online.inducing_variables
+
+    @inducing_variables.setter
+    def inducing_variables(self, value: InducingVariables) -> None:
+        if not isinstance(value, InducingVariables):
+            raise TypeError(f"inducing_variables must be an InducingVariables instance, got {type(value).__name__}")
+        self.online.inducing_variables = value
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Empty, except for models conditioned on t-batched (fantasy) observations."""
+        return self.online.posterior_shift.shape[:-1]
+
+    @property
+    def train_inputs(self) -> tuple[Tensor]:
+        """All inputs seen so far (model space, after the input transform), if ``keep_data=True``."""
+        return (self._stored_data("train_inputs")[0],)
+
+    @property
+    def train_targets(self) -> Tensor:
+        """All targets seen so far (after the outcome transform, shape ``(n,)``), if ``keep_data=True``."""
+        return self._stored_data("train_targets")[1]
+
+    def _stored_data(self, name: str) -> tuple[Tensor, Tensor]:
+        if self._stored_X is None:
+            raise _NoStoredData(f"{name}: this OnlineGPModel keeps no data (keep_data=False), only the online summary q(u)")
+        return self._stored_X, self._stored_Y
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in ("train_inputs", "train_targets"):  # the property raised: keep its message
+                self._stored_data(name)
+            raise
+
+    def _set_transformed_inputs(self) -> None:
+        """No-op: inputs are transformed when they arrive; nothing is re-transformed in ``eval()``."""
+
+    def _revert_to_original_inputs(self) -> None:
+        """No-op (see :meth:`_set_transformed_inputs`)."""
+
+    def posterior(
+        self,
+        X: Tensor,
+        output_indices: Optional[list[int]] = None,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Optional[PosteriorTransform] = None,
+    ) -> GPyTorchPosterior:
+        """``q(f(X))`` (or ``q(y(X))`` with ``observation_noise``) for ``X`` of shape ``(*b, q, d)``:
+        a ``GPyTorchPosterior`` over ``broadcast(b, batch_shape) x q x 1`` in the outcome space."""
+        if output_indices is not None and list(output_indices) != [0]:
+            raise ValueError(f"output_indices must be None or [0] for a single-output model, got {output_indices!r}")
+        if not isinstance(X, Tensor):
+            raise TypeError(f"X must be a torch.Tensor, got {type(X).__name__}")
+        if X.dim() < 2:
+            raise ValueError(f"X must have shape (*batch, q, d), got {tuple(X.shape)}")
+        self.eval()
+        x = self.transform_inputs(X)
+        x = x.expand(*torch.broadcast_shapes(x.shape[:-2], self.batch_shape), *x.shape[-2:])
+        mvn = self.online(x)
+        if isinstance(observation_noise, Tensor):
+            noise = observation_noise.squeeze(-1) if observation_noise.shape[-1:] == (1,) else observation_noise
+            try:
+                noise = noise.expand(mvn.mean.shape)
+            except RuntimeError:
+                raise ValueError(
+                    f"observation_noise must broadcast to {tuple(mvn.mean.shape) + (1,)}, got {tuple(observation_noise.shape)}"
+                ) from None
+            mvn = MultivariateNormal(mvn.mean, mvn.lazy_covariance_matrix + DiagLinearOperator(noise))
+        elif observation_noise:
+            mvn = self.likelihood(mvn, x)
+        posterior = GPyTorchPosterior(distribution=mvn)
+        if hasattr(self, "outcome_transform"):
+            posterior = self.outcome_transform.untransform_posterior(posterior, X=x)
+        if posterior_transform is not None:
+            return posterior_transform(posterior)
+        return posterior
+
+    def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> "OnlineGPModel":
+        """A new model with ``(X, Y)`` absorbed by one online update (no refit; old data not revisited).
+
+        ``X``: ``(*b, n, d)``; ``Y``: ``(*b', n, 1)`` with ``b'`` broadcasting with ``b`` (BoTorch's
+        fantasies put the samples in front). The original model is not changed.
+        """
+        if kwargs.get("noise") is not None:
+            raise ValueError("noise: OnlineGPModel has a homoskedastic GaussianLikelihood and cannot take per-point noise")
+        unknown = sorted(set(kwargs) - {"noise"})
+        if unknown:
+            raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
+        _check_X_Y(X, Y, "X", "Y")
+        model = copy.deepcopy(self)
+        x, y = model._to_model_space(X, Y)
+        if x.dim() == 2:
+            model._move_inducing(x)
+        model._absorb(X, Y, x, y)
+        return model
+
+    def observe(self, X: Tensor, Y: Tensor) -> "OnlineGPModel":
+        """Streaming step: :meth:`condition_on_observations` with an un-batched ``(n, d)`` batch, then,
+        every ``refit_every`` batches, hyperparameters refreshed on the new batch's online bound
+        before it is absorbed."""
+        _check_X_Y(X, Y, "X", "Y")
+        if X.dim() != 2:
+            raise ValueError(f"X must have shape (n, d) in observe (streaming data), got {tuple(X.shape)}")
+        if self.refit_every is None or (self.num_updates + 1) % self.refit_every != 0:
+            return self.condition_on_observations(X, Y)
+        model = copy.deepcopy(self)
+        x, y = model._to_model_space(X, Y)
+        model._move_inducing(x)
+        model.fit_hyperparameters(x, y, maxiter=model.fit_maxiter)
+        model._absorb(X, Y, x, y)
+        return model
+
+    def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100) -> None:
+        """Maximise the collapsed online bound of absorbing ``(x, y)`` (model space) over the trainable
+        hyperparameters with ``fit_gpytorch_mll`` (L-BFGS-B, at most ``maxiter`` iterations)."""
+        mll = OnlineCollapsedMLL(self, x, y)
+        fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": maxiter}})
+        self.eval()
+
+    # ------------------------------------------------------------------ internals
+    def _to_model_space(self, X: Tensor, Y: Tensor, fit_transforms: bool = False) -> tuple[Tensor, Tensor]:
+        """Transformed inputs and targets, broadcast to a common batch shape; ``fit_transforms``
+        learns the transforms' statistics from this batch (train mode), later batches reuse them."""
+        if hasattr(self, "input_transform"):
+            self.input_transform.train(fit_transforms)
+            x = self.input_transform(X)
+            self.input_transform.eval()
+        else:
+            x = X
+        if hasattr(self, "outcome_transform"):
+            self.outcome_transform.train(fit_transforms)
+            Y, _ = self.outcome_transform(Y, X=x)
+            self.outcome_transform.eval()
+        batch = torch.broadcast_shapes(x.shape[:-2], Y.shape[:-2])
+        return x.expand(*batch, *x.shape[-2:]), Y[..., 0].expand(*batch, Y.shape[-2])
+
+    def _move_inducing(self, x: Tensor) -> None:
+        """Move HiPPO inducing variables forward to cover the un-batched inputs ``x`` (class docstring)."""
+        ivs = self.online.inducing_variables
+        if not isinstance(ivs, HiPPOInducingVariables):
+            return
+        if ivs.input_dim == 1:
+            t_new = float(x.max())
+            if t_new > ivs.t:
+                ivs.advance(t_new)
+            return
+        start = None if ivs.path_pending.shape[0] == 0 else ivs.path_pending[-1].to(x)
+        order = order_inputs(x.detach(), self.ordering, kernel=self.online.covar_module, start=start)
+        ivs.append_path(x.detach()[order], kernel=self.online.covar_module)
+
+    def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor) -> None:
+        with torch.no_grad():
+            self.online.update(x, y, num_iter=0)
+        self.num_updates += 1
+        if self.keep_data:
+            if self._stored_X is None:
+                self._stored_X, self._stored_Y = x.detach().clone(), y.detach().clone()
+            else:
+                batch = torch.broadcast_shapes(self._stored_Y.shape[:-1], y.shape[:-1])
+                old_x = self._stored_X.expand(*batch, *self._stored_X.shape[-2:])
+                self._stored_X = torch.cat([old_x, x.expand(*batch, *x.shape[-2:])], dim=-2)
+                self._stored_Y = torch.cat([self._stored_Y.expand(*batch, -1), y.expand(*batch, -1)], dim=-1)
+
+
+class _NoStoredData(AttributeError):
+    """``train_inputs``/``train_targets`` of a model that keeps no data (so ``hasattr`` is ``False``)."""
+
+
+def _check_X_Y(X, Y, x_name: str, y_name: str) -> None:
+    """BoTorch's shapes: ``X`` of ``(*b, n, d)``, ``Y`` of ``(*b', n, 1)``, finite."""
+    for name, value in ((x_name, X), (y_name, Y)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if X.dim() < 2 or X.shape[-2] < 1:
+        raise ValueError(f"{x_name} must have shape (*batch, n, d) with n >= 1, got {tuple(X.shape)}")
+    if Y.dim() < 2 or Y.shape[-1] != 1 or Y.shape[-2] != X.shape[-2]:
+        raise ValueError(f"{y_name} must have shape (*batch, {X.shape[-2]}, 1) to match {x_name}, got {tuple(Y.shape)}")
+    if not torch.isfinite(X).all():
+        raise ValueError(f"{x_name} contains NaN or infinite values")
+    if not torch.isfinite(Y).all():
+        raise ValueError(f"{y_name} contains NaN or infinite values")

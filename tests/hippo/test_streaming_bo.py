@@ -1,0 +1,53 @@
+"""The streaming BO experiment: its objective against the physics it encodes, and a tiny run end to end."""
+import csv
+
+import numpy as np
+import pytest
+
+from gpytorch_hippo.experiments import streaming_bo
+
+
+@pytest.fixture(scope="module")
+def objective():
+    return streaming_bo.IrradianceObjective()
+
+
+def test_best_panel_faces_the_sun_in_clear_hours(objective):
+    # Under a clear sky (beam >> diffuse) the plane-of-array irradiance is largest when the panel
+    # is normal to the beam: tilt = solar zenith, azimuth = solar azimuth, and the value is at
+    # least the direct normal irradiance.
+    clear = [h for h in objective.hours[:400] if objective.dni[h] > 700 and 100 < objective.sun_azimuth[h] < 260
+             and objective.zenith[h] < 85]
+    assert len(clear) > 20
+    for hour in clear[:: max(1, len(clear) // 10)]:
+        values = objective(objective.grid, hour)
+        tilt, azimuth = objective.grid[values.argmax()]
+        assert abs(90 * tilt - objective.zenith[hour]) < 6, hour
+        assert abs(90 + 180 * azimuth - objective.sun_azimuth[hour]) < 10, hour
+        assert values.max() >= objective.dni[hour] / 1000 - 1e-9
+
+
+def test_tiny_run_writes_csv_and_table(tmp_path, capsys):
+    rows = streaming_bo.main(["--out", str(tmp_path), "--steps", "13", "--init", "10", "--threads", "1", "--no-progress"])
+    assert {r["method"] for r in rows} == set(streaming_bo.METHODS)
+    for row in rows:
+        assert row["regret"] >= 0 and row["best_value"] >= row["value"] >= 0
+        assert 0 <= row["tilt"] <= 90 and 90 <= row["azimuth"] <= 270
+    with open(tmp_path / "streaming_bo.csv") as handle:
+        written = list(csv.DictReader(handle))
+    assert list(written[0]) == list(streaming_bo.COLUMNS) and len(written) == 4 * 3
+    assert (tmp_path / "streaming_bo.png").exists()
+    table = capsys.readouterr().out
+    assert "| ohsgpr |" in table and "exact / method" in table
+    summary = streaming_bo.summarise(rows, window=1)
+    exact = next(s for s in summary if s["method"] == "exact")
+    assert exact["exact_over_method"] == 1.0
+    mine = [r for r in rows if r["method"] == "osgpr"]
+    assert np.isclose(next(s for s in summary if s["method"] == "osgpr")["mean_regret"], np.mean([r["regret"] for r in mine]))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="steps"):
+        streaming_bo.run(steps=5, init=10)
+    with pytest.raises(ValueError, match="methods"):
+        streaming_bo.run(steps=12, init=10, methods=("gp",))
