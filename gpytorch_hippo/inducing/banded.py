@@ -38,7 +38,7 @@ MAX_NODES = 96
 #: a chunk of own-panel work: ``<= 2^22`` values
 CHUNK_ENTRIES = 2**22
 #: Gauss-Legendre nodes per panel beyond what the basis needs (the kernel's variation across a panel)
-BASE_NODES = 16
+BASE_NODES = 24
 
 
 def _span(ivars) -> tuple[float, float]:
