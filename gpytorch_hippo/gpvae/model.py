@@ -226,18 +226,25 @@ class SVGPVAE(gpytorch.Module):
         log_density = -0.5 * (torch.log(2 * math.pi * noise) + (y - decoded).square() / noise)
         return (log_density * mask.to(y.dtype)).sum((-2, -1))
 
+    def gp_terms(self, times: Tensor, pseudo_mean: Tensor, pseudo_var: Tensor) -> tuple[Tensor, Tensor, MultivariateNormal]:
+        """``(pseudo_fit, gp_elbo, q(f))`` of the latent GPs with ``q(u)`` set from the pseudo-observations
+        ``(ỹ, ṽ)`` (each ``(L, T)``): ``pseudo_fit = Σ_{l,t} E_q log N(ỹ | f, ṽ)`` and ``gp_elbo`` its
+        (online) Hensman ELBO ``Σ_l L_H^l``, computed by :class:`~gpytorch_hippo.online.OnlineELBO`."""
+        self.set_posterior(times, pseudo_mean, pseudo_var)
+        q_f = self.latent_gp(self._latent_inputs(times))
+        num_data = times.shape[0]
+        self.gp_objective.num_data = num_data
+        fit, kl, log_prior = self.gp_objective(q_f, pseudo_mean, noise=pseudo_var)
+        return fit.sum() * num_data, (fit - kl + log_prior).sum() * num_data, q_f
+
     def elbo_terms(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None, num_samples: int = 1) -> SVGPVAETerms:
         """The SVGPVAE ELBO of one (whole) task (thesis App. C), with ``num_samples`` reparameterised
         draws of ``f_t`` from its marginal ``q(f_t)`` for the reconstruction term."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
-        pseudo_mean, pseudo_var, mask = self.encode_posterior(times, y, mask)
-        y = torch.where(mask, y, torch.zeros((), dtype=y.dtype))
-        q_f = self.latent_gp(self._latent_inputs(times))
-        self.gp_objective.num_data = times.shape[0]
-        fit, kl, log_prior = self.gp_objective(q_f, pseudo_mean, noise=pseudo_var)
-        pseudo_fit = fit.sum() * times.shape[0]
-        gp_elbo = (fit - kl + log_prior).sum() * times.shape[0]
+        times, y, mask = self._check(times, y, mask)
+        pseudo_mean, pseudo_var = self.encode(y, mask)
+        pseudo_fit, gp_elbo, q_f = self.gp_terms(times, pseudo_mean, pseudo_var)
         mean, var = q_f.mean, q_f.variance
         eps = torch.randn(num_samples, *mean.shape, dtype=mean.dtype, device=mean.device)
         latent = (mean + var.clamp_min(0).sqrt() * eps).mT  # (S, T, L)
