@@ -80,9 +80,9 @@ class ElasticWeightConsolidation(torch.nn.Module):
         parameters = list(self.protected.parameters())
         if len(task_fisher) != len(parameters) or any(f.shape != p.shape for f, p in zip(task_fisher, parameters)):
             raise ValueError("task_fisher must hold one tensor per protected parameter, shaped like it")
+        if any((new < 0).any() for new in task_fisher):
+            raise ValueError("task_fisher must be non-negative")
         for p, anchor, fisher, new in zip(parameters, self.anchors, self.fisher, task_fisher):
-            if (new < 0).any():
-                raise ValueError("task_fisher must be non-negative")
             anchor.copy_(p.detach())
             fisher.add_(new.to(fisher))
         self.num_consolidated += 1
