@@ -15,7 +15,7 @@ import argparse
 import csv
 import os
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -46,11 +46,13 @@ def make_tasks(values: torch.Tensor, num_tasks: int, task_hours: int, test_fract
     ]
 
 
-def run(args) -> List[Dict]:
+def run(args, csv_path: Optional[str] = None) -> List[Dict]:
+    """All (seed, M, method) runs, seeds outermost; the CSV (if given) is rewritten after each run so
+    that an interrupted experiment keeps its finished runs."""
     torch.set_num_threads(args.threads)
     _, values, _ = load_weather(args.source)
     rows = []
-    jobs = [(m, M, s) for m in args.methods for M in args.num_inducing for s in range(args.seeds)]
+    jobs = [(m, M, s) for s in range(args.seeds) for M in args.num_inducing for m in args.methods]
     for method, num_inducing, seed in tqdm(jobs, desc="gpvae", disable=args.quiet):
         tasks = make_tasks(values, args.num_tasks, args.task_hours, args.test_fraction, torch.Generator().manual_seed(seed))
         trainer = ContinualSVGPVAE(
@@ -67,6 +69,8 @@ def run(args) -> List[Dict]:
                 metrics = trainer.evaluate(times_i, observed_i, test_i, num_samples=args.num_samples)
                 rows.append({"dataset": args.dataset, "method": method, "num_inducing": num_inducing, "seed": seed,
                              "task_trained": k + 1, "task_eval": i + 1, **metrics, "cum_time_s": elapsed})
+        if csv_path is not None:
+            write_csv(rows, csv_path)
     return rows
 
 
@@ -183,8 +187,7 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    rows = run(args)
-    write_csv(rows, os.path.join(args.out, "gpvae.csv"))
+    rows = run(args, os.path.join(args.out, "gpvae.csv"))
     plot(rows, args.out)
     table = summary(rows)
     keys = ("method", "num_inducing", "nlpd_when_learned", "nlpd_final", "nlpd_forgetting", "nlpd_final_tasks_1to3",
