@@ -129,6 +129,7 @@ def plot(rows: List[Dict], out_dir: str) -> None:
                         ys.append(sum(vals) / len(vals))
                     ax.plot(xs, ys, marker="o", ms=3, label=method)
                 ax.set_title(f"task {i + 1}", fontsize=9)
+                ax.set_xticks(range(1, num_tasks + 1))
                 ax.set_xlabel("learned tasks", fontsize=8)
             axes[0][0].set_ylabel(metric.upper())
             axes[0][0].legend(fontsize=7)
