@@ -27,6 +27,7 @@ clean:
 
 # Optional data for the SGPA experiments (not needed by the demo or the tests).
 data: $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e ".[data]"
 	test -d /usr/share/datasets/fashion-mnist || apt-get install -y dataset-fashion-mnist || sudo apt-get install -y dataset-fashion-mnist
 	test -f $(HOME)/.cache/probseq/vaderSentiment-3.3.2.tar.gz || $(PY) -m pip download -q --no-binary :all: --no-deps vaderSentiment==3.3.2 -d $(HOME)/.cache/probseq
 

@@ -1,4 +1,5 @@
 """gpytorch_hippo: HiPPO recurrent memory and online sparse GPs with long-term memory (thesis ch. 4)."""
+from .gpvae import SVGPVAE, ContinualSVGPVAE, ElasticWeightConsolidation
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
 from .inducing import HiPPOInducingVariables, InducingPoints, InducingVariables
 from .likelihoods import NegativeBinomialLikelihood
@@ -26,4 +27,7 @@ __all__ = [
     "sample_coefficients",
     "sample_reconstruction",
     "reconstruction_moments",
+    "SVGPVAE",
+    "ContinualSVGPVAE",
+    "ElasticWeightConsolidation",
 ]

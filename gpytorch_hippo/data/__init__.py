@@ -1,4 +1,5 @@
 """Real series shipped inside registry packages (no run-time downloads; see DESIGN.md)."""
 from .solar import load_solar_ghi
+from .weather import load_weather
 
-__all__ = ["load_solar_ghi"]
+__all__ = ["load_solar_ghi", "load_weather"]

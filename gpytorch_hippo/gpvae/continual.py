@@ -1,0 +1,183 @@
+"""Continual SVGPVAE on a stream of tasks (thesis §4.5.3): OHSVGP, OSVGP, OVC and OVC-per-dim.
+
+All four share the model (:class:`~gpytorch_hippo.gpvae.SVGPVAE`), the online GP objective
+(:class:`~gpytorch_hippo.online.OnlineELBO`, its ``end_task`` after every task) and EWC on the
+encoder and decoder; they differ only in the latent GPs' inducing variables between tasks:
+
+* ``ohsvgp``: HiPPO-LegS inducing variables over ``[start, t]``, advanced to each task's end
+  (``InterdomainVariationalStrategy.advance``);
+* ``osvgp``: ``M`` learnable inducing points, re-drawn at random for each task from the old points
+  and the new task's times (Bui et al. 2017's initialisation), shared by the ``L`` channels;
+* ``ovc``: ``M`` fixed points chosen by pivoted Cholesky from the old points and the new times
+  (:func:`~gpytorch_hippo.inducing.selection.select_pivoted_cholesky`), shared by the channels;
+* ``ovc-per-dim``: the same with one kernel and one set of ``M`` points per latent channel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from ..inducing import HiPPOInducingVariables, InducingPoints
+from ..inducing.selection import select_pivoted_cholesky
+from ..metrics import interval_ece, nlpd_from_log_density, rmse
+from .ewc import ElasticWeightConsolidation, fisher_diagonal
+from .model import SVGPVAE, LatentGP
+
+__all__ = ["METHODS", "ContinualSVGPVAE"]
+
+METHODS = ("ohsvgp", "osvgp", "ovc", "ovc-per-dim")
+
+
+class ContinualSVGPVAE:
+    """Trains one SVGPVAE task by task and evaluates it on held-out entries of any task.
+
+    :param method: one of :data:`METHODS`.
+    :param observation_dim: ``D``.
+    :param latent_dim: ``L`` latent GP channels.
+    :param num_inducing: ``M`` (per channel for ``ovc-per-dim``).
+    :param lengthscale: initial RBF length scale of the latent GPs (in the units of ``times``).
+    :param hidden_dim: width of the MLPs.
+    :param num_iter: full-batch Adam steps per task.
+    :param lr: Adam learning rate (thesis: 0.005).
+    :param ewc_strength: EWC's ``λ`` (``1`` is the Laplace approximation's weight).
+    :param fisher_chunk: time points per sample of the empirical Fisher.
+    :param seed: seeds the networks, the inducing-point draws and the reparameterisation.
+    """
+
+    def __init__(self, method: str, observation_dim: int, latent_dim: int = 4, num_inducing: int = 20,
+                 lengthscale: float = 1.0, hidden_dim: int = 32, num_iter: int = 200, lr: float = 0.005,
+                 ewc_strength: float = 1.0, fisher_chunk: int = 16, seed: int = 0, dtype: torch.dtype = torch.float64):
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        for name, value in (("latent_dim", latent_dim), ("num_inducing", num_inducing), ("fisher_chunk", fisher_chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(num_iter, bool) or not isinstance(num_iter, int) or num_iter < 0:
+            raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
+        if not lengthscale > 0:
+            raise ValueError(f"lengthscale must be positive, got {lengthscale!r}")
+        self.method = method
+        self.observation_dim = observation_dim
+        self.latent_dim = latent_dim
+        self.num_inducing = num_inducing
+        self.lengthscale = float(lengthscale)
+        self.hidden_dim = hidden_dim
+        self.num_iter = num_iter
+        self.lr = lr
+        self.ewc_strength = ewc_strength
+        self.fisher_chunk = fisher_chunk
+        self.dtype = dtype
+        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.model: Optional[SVGPVAE] = None
+        self.ewc: Optional[ElasticWeightConsolidation] = None
+        self.num_tasks = 0
+        self._last_time = -math.inf
+
+    # ------------------------------------------------------------------ inducing variables
+    def _kernel(self) -> gpytorch.kernels.Kernel:
+        batch_shape = torch.Size([self.latent_dim]) if self.method == "ovc-per-dim" else torch.Size([])
+        kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch_shape), batch_shape=batch_shape)
+        kernel.base_kernel.lengthscale = self.lengthscale
+        return kernel.to(self.dtype)
+
+    def _points(self, kernel: gpytorch.kernels.Kernel, old_points: Optional[Tensor], times: Tensor) -> InducingPoints:
+        candidates = times.reshape(-1, 1)
+        if old_points is not None:
+            candidates = torch.cat([old_points.reshape(-1, 1), candidates])
+        if candidates.shape[0] < self.num_inducing:
+            raise ValueError(f"num_inducing={self.num_inducing} exceeds the {candidates.shape[0]} candidate inputs")
+        if self.method == "osvgp":
+            pick = torch.randperm(candidates.shape[0], generator=self.generator)[: self.num_inducing]
+            return InducingPoints(candidates[pick].sort(dim=0).values.clone(), learn=True)
+        chosen = select_pivoted_cholesky(kernel, candidates, self.num_inducing)
+        return InducingPoints(chosen.sort(dim=-2).values.clone(), learn=False)
+
+    def _build(self, times: Tensor) -> None:
+        torch.manual_seed(self.seed)
+        kernel = self._kernel()
+        if self.method == "ohsvgp":
+            inducing = HiPPOInducingVariables(self.num_inducing, "legs", t=float(times[-1]), start=min(0.0, float(times[0])))
+        else:
+            inducing = self._points(kernel, None, times)
+        latent_gp = LatentGP(inducing.to(self.dtype), kernel, self.latent_dim)
+        self.model = SVGPVAE(self.observation_dim, latent_gp, hidden_dim=self.hidden_dim).to(self.dtype)
+        self.ewc = ElasticWeightConsolidation([self.model.encoder, self.model.decoder], self.ewc_strength)
+
+    def _move_inducing_variables(self, times: Tensor) -> None:
+        strategy = self.model.latent_gp.variational_strategy
+        if self.method == "ohsvgp":
+            strategy.advance(float(times[-1]))
+        else:
+            old = strategy.inducing_variables.points.detach()
+            strategy.inducing_variables = self._points(strategy.kernel, old, times).to(self.dtype)
+
+    # ------------------------------------------------------------------ one task
+    def fit_task(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> None:
+        """Train on one task (its ``times``, ``y`` with NaN or ``mask=False`` at unobserved
+        entries), then store it: EWC's Fisher and anchor, the GP's ``q_old``."""
+        times, y = times.to(self.dtype), y.to(self.dtype)
+        if self.model is None:
+            self._build(times)
+        else:
+            if not float(times[0]) > self._last_time:
+                raise ValueError(f"times of a new task must start after the previous task's end {self._last_time:g}, got {float(times[0]):g}")
+            self._move_inducing_variables(times)
+        model = self.model
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=self.lr)
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed * 1000 + self.num_tasks)
+            for _ in range(self.num_iter):
+                optimizer.zero_grad()
+                loss = (self.ewc.penalty() - model.elbo_terms(times, y, mask).elbo) / times.shape[0]
+                loss.backward()
+                optimizer.step()
+            self._end_task(times, y, mask)
+        self._last_time = float(times[-1])
+        self.num_tasks += 1
+
+    def _end_task(self, times: Tensor, y: Tensor, mask: Optional[Tensor]) -> None:
+        model = self.model
+        chunks = [slice(i, i + self.fisher_chunk) for i in range(0, times.shape[0], self.fisher_chunk)]
+        masks = [None] * len(chunks) if mask is None else [mask[c] for c in chunks]
+        parameters = list(self.ewc.protected.parameters())
+        samples = (model.elbo_terms(times[c], y[c], m).reconstruction for c, m in zip(chunks, masks))
+        self.ewc.consolidate(fisher_diagonal(parameters, samples))
+        with torch.no_grad():
+            model.encode_posterior(times, y, mask)
+            model.gp_objective.end_task()
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, times: Tensor, y_observed: Tensor, y_test: Tensor, num_samples: int = 100) -> Dict[str, float]:
+        """NLPD, RMSE and interval ECE on the finite entries of ``y_test``, with ``q(u)`` encoded
+        from the finite entries of ``y_observed`` (NaN elsewhere); the predictive of an entry is the
+        mixture over ``num_samples`` latent draws of ``N(φ(f_t)_d, σ_d²)``."""
+        if self.model is None:
+            raise RuntimeError("fit_task must be called before evaluate")
+        times, y_observed, y_test = times.to(self.dtype), y_observed.to(self.dtype), y_test.to(self.dtype)
+        if y_test.shape != y_observed.shape:
+            raise ValueError(f"y_test must have the shape of y_observed {tuple(y_observed.shape)}, got {tuple(y_test.shape)}")
+        test = ~torch.isnan(y_test)
+        if not test.any():
+            raise ValueError("y_test has no finite entries to evaluate")
+        self.model.eval()
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            decoded = self.model.predictive_samples(times, y_observed, num_samples=num_samples)[:, test]  # (S, N)
+            noise = self.model.noise.expand_as(y_test)[test]
+            target = y_test[test]
+            log_density = -0.5 * (torch.log(2 * math.pi * noise) + (target - decoded).square() / noise)
+            log_density = torch.logsumexp(log_density, dim=0) - math.log(num_samples)
+            samples = decoded + noise.sqrt() * torch.randn_like(decoded)
+        return {
+            "nlpd": nlpd_from_log_density(log_density),
+            "rmse": rmse(decoded.mean(0), target),
+            "ece": interval_ece(samples, target),
+        }

@@ -1,0 +1,262 @@
+"""SVGPVAE (Jazbec et al. 2021) with any inducing variables, thesis App. C ``appendix:gpvae``.
+
+An encoder maps each observation ``y_t`` (with missing entries masked) to Gaussian
+pseudo-observations ``(ỹ_t^l, ṽ_t^l)`` of ``L`` latent channels; every channel is a GP over time
+whose ``q(u^l)`` is the closed form of the pseudo-observations (App. C); a decoder maps the latent
+``f_t`` back to the mean of ``y_t``. The latent GPs are one batched
+:class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`, so HiPPO inducing variables
+(OHSVGP) and inducing points (OSVGP, OVC) are the same code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+from linear_operator import to_dense
+from linear_operator.operators import RootLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from ..inducing.base import InducingVariables
+from ..online import OnlineELBO
+from ..variational import InterdomainVariationalStrategy, _solve_lower
+
+__all__ = ["EncodedVariationalDistribution", "LatentGP", "SVGPVAE", "SVGPVAETerms"]
+
+
+class EncodedVariationalDistribution(gpytorch.variational._VariationalDistribution):
+    """``q(v) = N(mean, root root^T)`` with no parameters of its own: it is set from the encoder's
+    pseudo-observations by :meth:`SVGPVAE.encode_posterior` (amortised inference, thesis App. C).
+
+    ``mean`` and ``root`` are non-persistent buffers, so that the strategy's eval-mode caches see
+    every new encoding (it drops them when a watched buffer changes) and ``state_dict`` skips them.
+    """
+
+    def __init__(self, num_inducing: int, batch_shape: torch.Size = torch.Size([])):
+        super().__init__(num_inducing, batch_shape, mean_init_std=0.0)
+        self.register_buffer("dtype_anchor", torch.zeros(0))  # carries dtype/device through .to()
+        self.register_buffer("encoded_mean", None, persistent=False)
+        self.register_buffer("encoded_root", None, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.dtype_anchor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.dtype_anchor.device
+
+    def set(self, mean: Tensor, root: Tensor) -> None:
+        """Use ``q(v) = N(mean, root root^T)`` (batch ``(L,)``, size ``M``) until the next call."""
+        if mean.shape != self.shape() or root.shape != (*self.shape(), self.num_inducing_points):
+            raise ValueError(
+                f"mean and root must have shapes {tuple(self.shape())} and {(*self.shape(), self.num_inducing_points)}, "
+                f"got {tuple(mean.shape)} and {tuple(root.shape)}"
+            )
+        self.encoded_mean = mean
+        self.encoded_root = root
+
+    def forward(self) -> MultivariateNormal:
+        if self.encoded_mean is None:
+            raise RuntimeError("no pseudo-observations were encoded yet: call SVGPVAE.encode_posterior first")
+        return MultivariateNormal(self.encoded_mean, RootLinearOperator(self.encoded_root))
+
+    def initialize_variational_distribution(self, prior_dist: MultivariateNormal) -> None:
+        """Called by the strategy before first use and when it carries ``q`` across ``advance``."""
+        covariance = to_dense(prior_dist.lazy_covariance_matrix).detach()
+        self.set(prior_dist.mean.detach().expand(self.shape()).clone(), psd_safe_cholesky(covariance).expand(*self.shape(), -1).clone())
+
+
+class LatentGP(gpytorch.models.ApproximateGP):
+    """``L`` independent latent GPs over time sharing one set (or ``L`` sets) of inducing variables.
+
+    :param inducing_variables: shared (``Kuu`` of shape ``(M, M)``) or per channel (``(L, M, M)``).
+    :param kernel: the prior kernel, batch shape ``()`` (shared) or ``(L,)`` (per channel).
+    """
+
+    def __init__(self, inducing_variables: InducingVariables, kernel: gpytorch.kernels.Kernel, num_channels: int):
+        q = EncodedVariationalDistribution(inducing_variables.num_inducing, torch.Size([num_channels]))
+        super().__init__(InterdomainVariationalStrategy(self, inducing_variables, q, whitened=True))
+        self.mean_module = gpytorch.means.ZeroMean()
+        self.covar_module = kernel
+
+    def forward(self, x: Tensor) -> MultivariateNormal:
+        return MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+class SVGPVAETerms(NamedTuple):
+    """The terms of the SVGPVAE ELBO (thesis App. C), each summed over time and channels.
+
+    ``elbo = reconstruction - pseudo_fit + gp_elbo``, where ``gp_elbo`` is the (online) "Hensman"
+    ELBO ``L_H`` of the latent GPs on the pseudo-observations and ``pseudo_fit`` is its data term
+    ``Σ_t E_q log N(ỹ_t | f_t, ṽ_t)``.
+    """
+
+    elbo: Tensor
+    reconstruction: Tensor
+    pseudo_fit: Tensor
+    gp_elbo: Tensor
+
+
+def _mlp(in_dim: int, hidden_dim: int, out_dim: int) -> torch.nn.Sequential:
+    """The thesis's two-layer MLP (§4.5.3)."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(in_dim, hidden_dim),
+        torch.nn.Tanh(),
+        torch.nn.Linear(hidden_dim, hidden_dim),
+        torch.nn.Tanh(),
+        torch.nn.Linear(hidden_dim, out_dim),
+    )
+
+
+class SVGPVAE(gpytorch.Module):
+    r"""GP-VAE with sparse latent GPs over time (Jazbec et al. 2021; thesis App. C).
+
+    Model: ``f^l ~ GP(0, k)`` for ``l = 1..L``, ``y_t | f_t ~ N(φ(f_t), diag(σ²))`` on the observed
+    entries only (missing entries are masked out of the likelihood and zeroed, with the mask, at the
+    encoder's input; nothing is imputed). The encoder gives ``(ỹ_t, ṽ_t)``; for each channel, with
+    ``L_u = chol(K_uu)``, ``W = L_u^{-1} K_uf`` and ``B = I + W diag(ṽ)^{-1} W^T``, the whitened
+    ``q(v) = N(B^{-1} W ṽ^{-1} ỹ, B^{-1})`` is App. C's ``q(u) = N(m, A)`` with
+    ``m = K_uu S^{-1} K_uf ṽ^{-1} ỹ``, ``A = K_uu S^{-1} K_uu``, ``S = K_uu + K_uf ṽ^{-1} K_fu``
+    (since ``S = L_u B L_u^T``).
+
+    The GP part ``L_H`` is computed by :class:`~gpytorch_hippo.online.OnlineELBO` (pseudo-likelihood
+    ``FixedNoiseGaussianLikelihood`` with noise ``ṽ``): on the first task it is the Hensman ELBO;
+    after ``gp_objective.end_task()`` its KL becomes the online KL of thesis eq. ``online_elbo``,
+    which ties ``q(u)`` of the new task to the stored posterior of the old ones.
+
+    :param observation_dim: ``D``.
+    :param latent_gp: the :class:`LatentGP` (fixes ``L`` and the inducing variables).
+    :param hidden_dim: width of the two-layer MLP encoder and decoder.
+    :param min_pseudo_variance: lower bound added to the encoder's ``ṽ``.
+    """
+
+    def __init__(self, observation_dim: int, latent_gp: LatentGP, hidden_dim: int = 64, min_pseudo_variance: float = 1e-3):
+        super().__init__()
+        for name, value in (("observation_dim", observation_dim), ("hidden_dim", hidden_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(latent_gp, LatentGP):
+            raise TypeError(f"latent_gp must be a LatentGP, got {type(latent_gp).__name__}")
+        if not min_pseudo_variance > 0:
+            raise ValueError(f"min_pseudo_variance must be positive, got {min_pseudo_variance!r}")
+        self.observation_dim = observation_dim
+        self.latent_dim = latent_gp.variational_strategy._variational_distribution.batch_shape[0]
+        self.latent_gp = latent_gp
+        self.encoder = _mlp(2 * observation_dim, hidden_dim, 2 * self.latent_dim)
+        self.decoder = _mlp(self.latent_dim, hidden_dim, observation_dim)
+        self.min_pseudo_variance = float(min_pseudo_variance)
+        self.register_parameter("raw_noise", torch.nn.Parameter(torch.full((observation_dim,), -2.0)))
+        self.register_constraint("raw_noise", gpytorch.constraints.GreaterThan(1e-4))
+        pseudo_likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(torch.ones(1), learn_additional_noise=False)
+        self.gp_objective = OnlineELBO(pseudo_likelihood, latent_gp, num_data=1, combine_terms=False)
+
+    @property
+    def noise(self) -> Tensor:
+        """Observation noise variances ``σ²`` of the ``D`` outputs."""
+        return self.raw_noise_constraint.transform(self.raw_noise)
+
+    # ------------------------------------------------------------------ inputs
+    def _check(self, times: Tensor, y: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        if not isinstance(times, Tensor) or times.dim() != 1 or times.shape[0] < 1:
+            raise ValueError(f"times must be a 1-D tensor of length T >= 1, got {getattr(times, 'shape', type(times))}")
+        if not torch.isfinite(times).all() or (times.shape[0] > 1 and not (times[1:] > times[:-1]).all()):
+            raise ValueError("times must be finite and strictly increasing")
+        if not isinstance(y, Tensor) or y.shape != (times.shape[0], self.observation_dim):
+            raise ValueError(
+                f"y must have shape (T, D) = ({times.shape[0]}, {self.observation_dim}), got {getattr(y, 'shape', type(y))}"
+            )
+        if mask is None:
+            mask = ~torch.isnan(y)
+        elif not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != y.shape:
+            raise ValueError(f"mask must be a bool tensor of the shape of y {tuple(y.shape)}, got {getattr(mask, 'shape', type(mask))}")
+        if (torch.isnan(y) & mask).any():
+            raise ValueError("y is NaN at entries the mask marks as observed")
+        if torch.isinf(y[mask]).any():
+            raise ValueError("y contains infinite observed values")
+        return times, torch.where(mask, y, torch.zeros((), dtype=y.dtype)), mask
+
+    def _latent_inputs(self, times: Tensor) -> Tensor:
+        return times.expand(self.latent_dim, -1).unsqueeze(-1)  # (L, T, 1)
+
+    # ------------------------------------------------------------------ inference
+    def encode(self, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Pseudo-observations ``(ỹ, ṽ)``, each ``(L, T)``, from zero-filled ``y`` and its mask."""
+        out = self.encoder(torch.cat([y, mask.to(y.dtype)], dim=-1))
+        mean, raw_var = out.split(self.latent_dim, dim=-1)
+        var = torch.nn.functional.softplus(raw_var) + self.min_pseudo_variance
+        return mean.mT, var.mT
+
+    def set_posterior(self, times: Tensor, pseudo_mean: Tensor, pseudo_var: Tensor) -> None:
+        """Set the latent GPs' whitened ``q(v) = N(B^{-1} W ṽ^{-1} ỹ, B^{-1})`` (class docstring)."""
+        strategy = self.latent_gp.variational_strategy
+        kernel = strategy.kernel
+        ivs = strategy.inducing_variables
+        chol = psd_safe_cholesky(to_dense(ivs.Kuu(kernel)))
+        W = _solve_lower(chol, ivs.Kuf(kernel, self._latent_inputs(times)))  # (L, M, T)
+        W_scaled = W / pseudo_var.unsqueeze(-2)
+        eye = torch.eye(W.shape[-2], dtype=W.dtype, device=W.device)
+        B_chol = psd_safe_cholesky(eye + W_scaled @ W.mT)
+        shift = (W_scaled @ pseudo_mean.unsqueeze(-1))
+        mean = torch.cholesky_solve(shift, B_chol).squeeze(-1)
+        root = torch.linalg.solve_triangular(B_chol, eye.expand_as(B_chol), upper=False).mT  # B^{-1} = root root^T
+        strategy._variational_distribution.set(mean, root)
+        strategy.variational_params_initialized.fill_(1)
+
+    def encode_posterior(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Encode ``(times, y, mask)``, set ``q(u)`` from it; returns ``(ỹ, ṽ, mask)``."""
+        times, y, mask = self._check(times, y, mask)
+        pseudo_mean, pseudo_var = self.encode(y, mask)
+        self.set_posterior(times, pseudo_mean, pseudo_var)
+        return pseudo_mean, pseudo_var, mask
+
+    def latent_marginals(self, times: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance of ``q(f_t^l)``, each ``(L, T)``, under the current ``q(u)``."""
+        q_f = self.latent_gp(self._latent_inputs(times))
+        return q_f.mean, q_f.variance
+
+    # ------------------------------------------------------------------ objective
+    def _log_likelihood(self, y: Tensor, mask: Tensor, decoded: Tensor) -> Tensor:
+        """``log N(y | decoded, σ²)`` summed over the observed entries, for each leading sample."""
+        noise = self.noise.to(y.dtype)
+        log_density = -0.5 * (torch.log(2 * math.pi * noise) + (y - decoded).square() / noise)
+        return (log_density * mask.to(y.dtype)).sum((-2, -1))
+
+    def gp_terms(self, times: Tensor, pseudo_mean: Tensor, pseudo_var: Tensor) -> tuple[Tensor, Tensor, MultivariateNormal]:
+        """``(pseudo_fit, gp_elbo, q(f))`` of the latent GPs with ``q(u)`` set from the pseudo-observations
+        ``(ỹ, ṽ)`` (each ``(L, T)``): ``pseudo_fit = Σ_{l,t} E_q log N(ỹ | f, ṽ)`` and ``gp_elbo`` its
+        (online) Hensman ELBO ``Σ_l L_H^l``, computed by :class:`~gpytorch_hippo.online.OnlineELBO`."""
+        self.set_posterior(times, pseudo_mean, pseudo_var)
+        q_f = self.latent_gp(self._latent_inputs(times))
+        num_data = times.shape[0]
+        self.gp_objective.num_data = num_data
+        fit, kl, log_prior = self.gp_objective(q_f, pseudo_mean, noise=pseudo_var)
+        return fit.sum() * num_data, (fit - kl + log_prior).sum() * num_data, q_f
+
+    def elbo_terms(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None, num_samples: int = 1) -> SVGPVAETerms:
+        """The SVGPVAE ELBO of one (whole) task (thesis App. C), with ``num_samples`` reparameterised
+        draws of ``f_t`` from its marginal ``q(f_t)`` for the reconstruction term."""
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        times, y, mask = self._check(times, y, mask)
+        pseudo_mean, pseudo_var = self.encode(y, mask)
+        pseudo_fit, gp_elbo, q_f = self.gp_terms(times, pseudo_mean, pseudo_var)
+        mean, var = q_f.mean, q_f.variance
+        eps = torch.randn(num_samples, *mean.shape, dtype=mean.dtype, device=mean.device)
+        latent = (mean + var.clamp_min(0).sqrt() * eps).mT  # (S, T, L)
+        reconstruction = self._log_likelihood(y, mask, self.decoder(latent)).mean()
+        return SVGPVAETerms(reconstruction - pseudo_fit + gp_elbo, reconstruction, pseudo_fit, gp_elbo)
+
+    # ------------------------------------------------------------------ prediction
+    @torch.no_grad()
+    def predictive_samples(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None, num_samples: int = 100) -> Tensor:
+        """Draws of the decoded mean ``φ(f_t)``, ``(S, T, D)``, with ``q(u)`` encoded from the
+        observed entries of ``y``; the predictive of ``y_t`` is their mixture with noise ``σ²``."""
+        self.encode_posterior(times, y, mask)
+        mean, var = self.latent_marginals(times)
+        eps = torch.randn(num_samples, *mean.shape, dtype=mean.dtype, device=mean.device)
+        return self.decoder((mean + var.clamp_min(0).sqrt() * eps).mT)
