@@ -72,6 +72,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--prior-layers", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of both priors")
     parser.add_argument("--masked-steps", type=int, default=8, help="decoding rounds of the masked prior")
+    parser.add_argument("--choice-temperature", type=float, default=4.5,
+                        help="Gumbel noise on the masked prior's confidences (MaskGIT; 0 = greedy)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
@@ -183,7 +185,7 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
         if model_name == "ar":
             tokens = prior.sample(args.samples, args.temperature, generator, progress=not args.quiet)
         else:
-            tokens = prior.sample(args.samples, args.masked_steps, args.temperature, generator)
+            tokens = prior.sample(args.samples, args.masked_steps, args.temperature, generator, args.choice_temperature)
         videos = in_batches(tokenizer.decode, tokens)
         samples = to_image_space(last_frame(videos, frames), size)
         rows.append({**base, "model": model_name, "psnr": "", "fid": frechet_distance(real, samples, feature),

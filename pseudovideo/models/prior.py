@@ -11,8 +11,11 @@ in their attention mask, their extra symbol and how they are trained and sampled
 * ``MaskedTokenPrior``: bidirectional attention on tokens some of which are replaced by ``[MASK]``.
   Training draws ``u ~ U(0, 1)`` per sequence, masks ``ceil(cos(pi u / 2) L)`` random positions and
   scores the masked ones by cross-entropy. Decoding starts fully masked; at step ``s = 1..S`` it
-  samples every masked position, keeps the most confident (probability of the sampled code) and
-  re-masks the ``floor(cos(pi s / (2 S)) L)`` least confident, so step ``S`` fills every token.
+  samples every masked position, keeps the most confident and re-masks the
+  ``floor(cos(pi s / (2 S)) L)`` least confident, so step ``S`` fills every token. Confidence is
+  MaskGIT's: the log-probability of the sampled code plus ``choice_temperature (1 - s / S)`` times
+  Gumbel noise (0 gives the purely greedy order, which fills the easiest tokens, e.g. background,
+  first and collapses diversity).
 """
 from __future__ import annotations
 
@@ -142,18 +145,23 @@ class MaskedTokenPrior(TokenPrior):
 
     @torch.no_grad()
     def sample(self, num_samples: int, steps: int = 8, temperature: float = 1.0,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+               generator: torch.Generator | None = None, choice_temperature: float = 4.5) -> torch.Tensor:
         """``(num_samples, *token_shape)`` tokens by ``steps`` rounds of MaskGIT decoding (module docstring)."""
         self._check_sampling(num_samples, temperature)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        if not choice_temperature >= 0:
+            raise ValueError(f"choice_temperature must be >= 0, got {choice_temperature!r}")
         device = self.position.device
         tokens = torch.zeros(num_samples, self.length, dtype=torch.long, device=device)
         masked = torch.ones(num_samples, self.length, dtype=torch.bool, device=device)
         for step in range(1, steps + 1):
             logits = self.network(tokens.masked_fill(masked, self.special))
-            codes, confidence = sample_codes(logits, temperature, generator)
+            codes, probability = sample_codes(logits, temperature, generator)
             tokens = torch.where(masked, codes, tokens)
+            uniform = torch.rand(probability.shape, generator=generator, device=device).clamp_min(1e-20)
+            gumbel = -torch.log(-torch.log(uniform).clamp_min(1e-20))
+            confidence = probability.log() + choice_temperature * (1 - step / steps) * gumbel
             confidence = confidence.masked_fill(~masked, math.inf)  # revealed tokens are never re-masked
             still_masked = int(masked[0].sum())
             remask = min(math.floor(math.cos(math.pi * step / (2 * steps)) * self.length), still_masked - 1)

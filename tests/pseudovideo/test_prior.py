@@ -171,14 +171,15 @@ def test_masked_decoding_fills_every_token_and_is_deterministic_under_a_generato
     assert first.shape == (5, 2, 3, 3) and first.dtype == torch.int64
     assert first.min() >= 0 and first.max() < 6  # no [MASK] symbol (6) left anywhere
     assert torch.equal(first, again) and not torch.equal(first, other)
-    # more steps than tokens and a single step both end fully decoded
-    for steps in (1, 40):
-        tokens = prior.sample(3, steps=steps, generator=torch.Generator().manual_seed(2))
+    # more steps than tokens, a single step, greedy or noisy choice: all end fully decoded
+    for steps, choice in [(1, 4.5), (40, 4.5), (4, 0.0), (4, 100.0)]:
+        tokens = prior.sample(3, steps=steps, generator=torch.Generator().manual_seed(2), choice_temperature=choice)
         assert tokens.max() < 6
 
 
 def test_masked_decoding_reveals_the_most_confident_tokens_first():
-    # a model certain of code 2 at position 0 and unsure elsewhere: after step 1 of 2, with
+    # greedy order (no Gumbel noise on the confidences): a model certain of code 2 at position 0 and
+    # unsure elsewhere: after step 1 of 2, with
     # floor(cos(pi/4) 4) = 2 tokens re-masked, position 0 must be among the two revealed
     torch.manual_seed(0)
     prior = MaskedTokenPrior(3, (4,), dim=8, heads=1, layers=1).eval()
@@ -191,7 +192,7 @@ def test_masked_decoding_reveals_the_most_confident_tokens_first():
     calls = []
     network = prior.network
     prior.network = lambda symbols: calls.append(symbols.clone()) or network(symbols)
-    prior.sample(8, steps=2, generator=torch.Generator().manual_seed(0))
+    prior.sample(8, steps=2, generator=torch.Generator().manual_seed(0), choice_temperature=0.0)
     second_input = calls[1]
     assert (second_input[:, 0] == 2).all()  # revealed, with its confident code
     assert ((second_input == 3).sum(1) == 2).all()  # exactly two positions re-masked
@@ -221,3 +222,5 @@ def test_state_dict_reload_and_bad_input():
         masked(tokens, torch.zeros(2, 4))
     with pytest.raises(ValueError, match="steps"):
         masked.sample(2, steps=0)
+    with pytest.raises(ValueError, match="choice_temperature"):
+        masked.sample(2, choice_temperature=-1.0)
