@@ -159,8 +159,8 @@ class MaskedTokenPrior(TokenPrior):
             logits = self.network(tokens.masked_fill(masked, self.special))
             codes, probability = sample_codes(logits, temperature, generator)
             tokens = torch.where(masked, codes, tokens)
-            uniform = torch.rand(probability.shape, generator=generator, device=device).clamp_min(1e-20)
-            gumbel = -torch.log(-torch.log(uniform).clamp_min(1e-20))
+            uniform = torch.rand(probability.shape, generator=generator, device=device)
+            gumbel = -torch.log((-torch.log(uniform.clamp_min(1e-20))).clamp_min(1e-20))
             confidence = probability.log() + choice_temperature * (1 - step / steps) * gumbel
             confidence = confidence.masked_fill(~masked, math.inf)  # revealed tokens are never re-masked
             still_masked = int(masked[0].sum())

@@ -177,10 +177,8 @@ def test_masked_decoding_fills_every_token_and_is_deterministic_under_a_generato
         assert tokens.max() < 6
 
 
-def test_masked_decoding_reveals_the_most_confident_tokens_first():
-    # greedy order (no Gumbel noise on the confidences): a model certain of code 2 at position 0 and
-    # unsure elsewhere: after step 1 of 2, with
-    # floor(cos(pi/4) 4) = 2 tokens re-masked, position 0 must be among the two revealed
+def confident_at_position_zero():
+    """A masked prior certain of code 2 at position 0 and uniform over 3 codes elsewhere."""
     torch.manual_seed(0)
     prior = MaskedTokenPrior(3, (4,), dim=8, heads=1, layers=1).eval()
     with torch.no_grad():
@@ -192,10 +190,27 @@ def test_masked_decoding_reveals_the_most_confident_tokens_first():
     calls = []
     network = prior.network
     prior.network = lambda symbols: calls.append(symbols.clone()) or network(symbols)
+    return prior, calls
+
+
+def test_masked_decoding_reveals_the_most_confident_tokens_first():
+    # greedy order (no Gumbel noise): after step 1 of 2, with floor(cos(pi/4) 4) = 2 tokens
+    # re-masked, position 0 must be among the two revealed, with its confident code
+    prior, calls = confident_at_position_zero()
     prior.sample(8, steps=2, generator=torch.Generator().manual_seed(0), choice_temperature=0.0)
     second_input = calls[1]
-    assert (second_input[:, 0] == 2).all()  # revealed, with its confident code
-    assert ((second_input == 3).sum(1) == 2).all()  # exactly two positions re-masked
+    assert (second_input[:, 0] == 2).all()
+    assert ((second_input == 3).sum(1) == 2).all()  # exactly two positions re-masked ([MASK] = 3)
+
+
+def test_choice_noise_randomises_which_tokens_are_revealed():
+    # with overwhelming Gumbel noise the 2 revealed positions of 4 are a uniform random pair, so
+    # position 0 is revealed with probability 1/2 (s.d. 0.025 over 400 samples; bound at 4.4 s.d.)
+    prior, calls = confident_at_position_zero()
+    prior.sample(400, steps=2, generator=torch.Generator().manual_seed(0), choice_temperature=1e4)
+    second_input = calls[1]
+    assert ((second_input == 3).sum(1) == 2).all()
+    assert abs((second_input[:, 0] != 3).double().mean() - 0.5) < 0.11
 
 
 def test_state_dict_reload_and_bad_input():
