@@ -7,8 +7,12 @@ import torch
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
+def python_blocks():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
 def test_readme_pseudovideo_example():
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "pseudovideo" in b]
+    blocks = [b for b in python_blocks() if "make_pseudo_video, min_mse" in b]
     assert len(blocks) == 1
     namespace = {}
     exec(compile(blocks[0], str(README), "exec"), namespace)
@@ -20,3 +24,16 @@ def test_readme_pseudovideo_example():
     b = 1e-4
     torch.testing.assert_close(namespace["previous_only"], (eigenvalues * b / ((1 - b) * eigenvalues + b)).sum())
     assert namespace["all_earlier"] < namespace["previous_only"]
+
+
+def test_readme_tokenizer_example():
+    blocks = [b for b in python_blocks() if "VideoTokenizer" in b]
+    assert len(blocks) == 1
+    namespace = {}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    videos, tokens = namespace["videos"], namespace["tokens"]
+    assert tokens.shape == (256, 2, 2, 2) and namespace["ar_videos"].shape == (8, 4, 1, 8, 8)
+    # 100 steps give a coarse code, but it must beat the best token-free code, the per-pixel mean
+    # video (MSE 0.108 on these digits; measured 0.064), and use many of the 64 codes
+    assert namespace["mse"] < 0.8 * (videos - videos.mean(0)).pow(2).mean()
+    assert namespace["out"].perplexity > 8

@@ -1,0 +1,243 @@
+"""VQ tokenizers and token priors on blur pseudo videos (thesis §5.3, Table 5.1), CPU-sized.
+
+``python -m pseudovideo.experiments.tokens --dataset fashion_mnist --model tokenizer,ar,masked
+--frames 1,8,18 --seeds S --out DIR [--quick]``
+
+For each frame count ``T`` a tokenizer is trained (``T = 1``: the image VQ-VAE with 4x4 patches;
+``T > 1``: C-ViViT with 2x4x4 tubelets on blur pseudo videos, blur rate 0.05 for ``T <= 8`` and
+0.01 above, as in §5.3), then the two priors are fit to its tokens of the training images. All
+tokenizers share width, total depth (image: ``--layers`` spatial layers; video: half spatial, half
+causal temporal), codebook, optimiser and number of steps; all priors share one architecture and
+budget. Images are average-pooled by ``--downsample`` (28 -> 14 pixels) and padded to a multiple of 4.
+
+Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,psnr,fid,is,train_s`` then
+``params,perplexity``), PNG grids, and prints the table. Metrics use the last frame, cropped back to
+the unpadded size, in ``[0, 1]``, against held-out images:
+
+* ``tokenizer``: reconstruction of held-out images (or their pseudo videos): PSNR, FID and IS;
+* ``ar``/``masked``: decoded samples of the priors: FID and IS (``psnr`` empty);
+* FID/IS use the cached dataset classifier's features/logits
+  (``pseudovideo.metrics.default_classifier``), not InceptionV3;
+* ``train_s``: training seconds of that model alone; ``params``: its parameter count;
+  ``perplexity``: codebook usage of the held-out tokens (tokenizer) or of the sampled tokens (priors).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..augment import make_pseudo_video
+from ..data import DATASETS, load_images
+from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
+from ..models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
+from ..models.quantizer import codebook_perplexity
+from ..models.tokenizer import ImageTokenizer, VideoTokenizer
+from ..plots import save_image_grid, save_video_rows
+from .diffusion import to_image_space, to_model_space
+
+COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s", "params", "perplexity"]
+MODELS = ("tokenizer", "ar", "masked")
+QUICK = {"train_images": 64, "tokenizer_steps": 2, "prior_steps": 2, "samples": 16, "batch_size": 4, "dim": 16,
+         "prior_dim": 16, "codebook_size": 32, "masked_steps": 2}
+
+
+def parse_arguments(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="VQ tokenizers and token priors on pseudo videos (thesis §5.3)")
+    parser.add_argument("--dataset", choices=DATASETS, default="fashion_mnist")
+    parser.add_argument("--model", default="tokenizer,ar,masked", help=f"comma-separated, from {MODELS}")
+    parser.add_argument("--frames", default="1,8,18", help="comma-separated frame counts; 1 = image models")
+    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (0..S-1)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tiny everything)")
+    parser.add_argument("--train-images", type=int, default=5000)
+    parser.add_argument("--samples", type=int, default=300, help="held-out images and generated samples per model")
+    parser.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 28x28 -> 14x14)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, cosine decay to 0")
+    parser.add_argument("--tokenizer-steps", type=int, default=400)
+    parser.add_argument("--dim", type=int, default=48, help="tokenizer Transformer width")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=4, help="tokenizer encoder (and decoder) depth")
+    parser.add_argument("--code-dim", type=int, default=16)
+    parser.add_argument("--codebook-size", type=int, default=1024)
+    parser.add_argument("--beta", type=float, default=0.25, help="commitment weight of eq. vqvae_loss")
+    parser.add_argument("--prior-steps", type=int, default=400)
+    parser.add_argument("--prior-dim", type=int, default=48)
+    parser.add_argument("--prior-layers", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of both priors")
+    parser.add_argument("--masked-steps", type=int, default=8, help="decoding rounds of the masked prior")
+    parser.add_argument("--choice-temperature", type=float, default=4.5,
+                        help="Gumbel noise on the masked prior's confidences (MaskGIT; 0 = greedy)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    args.model = args.model.split(",")
+    unknown = set(args.model) - set(MODELS)
+    if unknown:
+        parser.error(f"--model must name models from {MODELS}, got {sorted(unknown)}")
+    try:
+        args.frames = [int(f) for f in args.frames.split(",")]
+    except ValueError:
+        parser.error(f"--frames must be comma-separated integers, got {args.frames!r}")
+    if any(f < 1 or (f > 1 and f % 2) for f in args.frames):
+        parser.error(f"--frames must be 1 or even (2-frame tubelets), got {args.frames}")
+    if args.layers < 2 or args.layers % 2:
+        parser.error(f"--layers must be even and >= 2 (video: half spatial, half temporal), got {args.layers}")
+    if args.seeds < 1 or args.downsample < 1 or args.samples < 2:
+        parser.error("--seeds and --downsample must be >= 1 and --samples >= 2")
+    return args
+
+
+def pseudo_videos(images: torch.Tensor, frames: int) -> torch.Tensor:
+    """``(N, C, H, W)`` -> blur pseudo videos ``(N, T, C, H, W)`` (rate 0.05 up to 8 frames, else 0.01)."""
+    if frames == 1:
+        return images
+    return make_pseudo_video(images, frames, "blur", rate=0.05 if frames <= 8 else 0.01)
+
+
+def build_tokenizer(args, frames: int, image_size: int):
+    shared = dict(dim=args.dim, heads=args.heads, code_dim=args.code_dim, codebook_size=args.codebook_size,
+                  beta=args.beta)
+    if frames == 1:
+        return ImageTokenizer(image_size, spatial_layers=args.layers, **shared)
+    return VideoTokenizer(frames, image_size, spatial_layers=args.layers // 2, temporal_layers=args.layers // 2,
+                          **shared)
+
+
+def last_frame(videos: torch.Tensor, frames: int) -> torch.Tensor:
+    return videos if frames == 1 else videos[:, -1]
+
+
+def optimise(model, loss_of_batch, steps, args, description):
+    """Adam with cosine learning-rate decay (App. D) for ``steps`` steps; returns the seconds taken."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    model.train()
+    start = time.perf_counter()
+    for _ in tqdm(range(steps), desc=description, disable=args.quiet, leave=False):
+        loss = loss_of_batch()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    model.eval()
+    return time.perf_counter() - start
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def in_batches(function, inputs, size=256):
+    return torch.cat([function(chunk) for chunk in inputs.split(size)])
+
+
+def run_frames(args, train, held_out, size, frames, seed, classifier, out):
+    """Train the tokenizer and the requested priors for one frame count; the CSV rows and PNGs."""
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    augmentation = "none" if frames == 1 else "blur"
+    train_videos, held_out_videos = pseudo_videos(train, frames), pseudo_videos(held_out, frames)
+    tokenizer = build_tokenizer(args, frames, train.shape[-1])
+
+    def tokenizer_loss():
+        return tokenizer(train_videos[torch.randint(0, len(train), (args.batch_size,), generator=generator)]).loss
+
+    train_s = optimise(tokenizer, tokenizer_loss, args.tokenizer_steps, args, f"{frames}-frame tokenizer")
+    base = {"dataset": args.dataset, "frames": frames, "augmentation": augmentation, "seed": seed}
+    rows = []
+    name = f"{frames}frames_seed{seed}"
+    real = to_image_space(held_out, size)
+    feature = PenultimateFeatures(classifier)
+    if "tokenizer" in args.model:
+        tokens = in_batches(tokenizer.encode, held_out_videos)
+        reconstruction = to_image_space(last_frame(in_batches(tokenizer.decode, tokens), frames), size)
+        rows.append({**base, "model": "tokenizer", "psnr": float(psnr(reconstruction, real)),
+                     "fid": frechet_distance(real, reconstruction, feature),
+                     "is": inception_score(reconstruction, classifier), "train_s": round(train_s, 1),
+                     "params": count_parameters(tokenizer),
+                     "perplexity": float(codebook_perplexity(tokens, args.codebook_size))})
+        save_image_grid(torch.cat([real[:16], reconstruction[:16]]), out / f"reconstructions_{name}.png")
+    priors = [m for m in args.model if m != "tokenizer"]
+    if priors:
+        train_tokens = in_batches(tokenizer.encode, train_videos)
+    for model_name in priors:
+        prior_class = AutoregressiveTokenPrior if model_name == "ar" else MaskedTokenPrior
+        prior = prior_class(args.codebook_size, tokenizer.token_shape, dim=args.prior_dim, heads=args.heads,
+                            layers=args.prior_layers)
+
+        def prior_loss():
+            batch = train_tokens[torch.randint(0, len(train_tokens), (args.batch_size,), generator=generator)]
+            return prior.loss(batch) if model_name == "ar" else prior.loss(batch, generator)
+
+        prior_s = optimise(prior, prior_loss, args.prior_steps, args, f"{frames}-frame {model_name} prior")
+        if model_name == "ar":
+            tokens = prior.sample(args.samples, args.temperature, generator, progress=not args.quiet)
+        else:
+            tokens = prior.sample(args.samples, args.masked_steps, args.temperature, generator, args.choice_temperature)
+        videos = in_batches(tokenizer.decode, tokens)
+        samples = to_image_space(last_frame(videos, frames), size)
+        rows.append({**base, "model": model_name, "psnr": "", "fid": frechet_distance(real, samples, feature),
+                     "is": inception_score(samples, classifier), "train_s": round(prior_s, 1),
+                     "params": count_parameters(prior),
+                     "perplexity": float(codebook_perplexity(tokens, args.codebook_size))})
+        save_image_grid(samples[:32], out / f"samples_{model_name}_{name}.png")
+        if frames > 1:
+            save_video_rows({f"sample {i}": to_image_space(videos[i], size) for i in range(4)},
+                            out / f"samples_{model_name}_{name}_videos.png")
+    return rows, (reconstruction[:8] if "tokenizer" in args.model else None)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_arguments(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    images, _ = load_images(args.dataset, limit=args.train_images + args.samples)
+    size = images.shape[-1] // args.downsample
+    model_images = to_model_space(images, args.downsample)
+    train, held_out = model_images[: args.train_images], model_images[args.train_images:]
+    classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
+    for frames in (f for f in args.frames if f > 1):
+        save_video_rows({f"{frames}-frame blur": to_image_space(pseudo_videos(train[:1], frames)[0], size)},
+                        out / f"pseudo_videos_{frames}frames.png")
+    rows = []
+    with open(out / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        for seed in range(args.seeds):
+            reconstructions = {"ground truth": to_image_space(held_out[:8], size)}
+            for frames in args.frames:
+                frame_rows, reconstruction = run_frames(args, train, held_out, size, frames, seed, classifier, out)
+                for row in frame_rows:
+                    writer.writerow(row)
+                    handle.flush()
+                    rows.append(row)
+                    print(format_row(row), flush=True)
+                if reconstruction is not None:
+                    reconstructions[f"{frames}-frame"] = reconstruction
+            if len(reconstructions) > 1:
+                save_video_rows(reconstructions, out / f"reconstructions_seed{seed}.png")
+    return rows
+
+
+def format_row(row: dict) -> str:
+    psnr_text = f"{row['psnr']:.2f}" if row["psnr"] != "" and not math.isnan(row["psnr"]) else "-"
+    return (f"{row['model']:<10}{row['frames']:>3} {row['augmentation']:<5} seed {row['seed']}  PSNR {psnr_text:>6}  "
+            f"FID {row['fid']:8.3f}  IS {row['is']:6.3f}  train {row['train_s']:7.1f}s  params {row['params']:>8}  "
+            f"perplexity {row['perplexity']:7.1f}")
+
+
+if __name__ == "__main__":
+    main()

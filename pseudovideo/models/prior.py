@@ -1,0 +1,171 @@
+"""Priors ``p(z)`` over VQ tokens (thesis §5.3): autoregressive (ImageGPT/VideoGPT) and masked (MaskGIT/Phenaki).
+
+Tokens of shape ``token_shape`` — ``(h, w)`` for an image, ``(t, h, w)`` for a video, so an image is
+a 1-frame video — are flattened in raster order (time, then rows, then columns) into a sequence
+``z_1, ..., z_L``. Both priors share one Transformer over that sequence (token embedding with one
+extra symbol, learned positions, pre-norm blocks, a linear head to the ``K`` codes) and differ only
+in their attention mask, their extra symbol and how they are trained and sampled:
+
+* ``AutoregressiveTokenPrior``: ``p(z) = prod_i p(z_i | z_<i)`` with causal self-attention on
+  ``[BOS, z_1, ..., z_{L-1}]``, maximum likelihood, ancestral sampling with a temperature.
+* ``MaskedTokenPrior``: bidirectional attention on tokens some of which are replaced by ``[MASK]``.
+  Training draws ``u ~ U(0, 1)`` per sequence, masks ``ceil(cos(pi u / 2) L)`` random positions and
+  scores the masked ones by cross-entropy. Decoding starts fully masked; at step ``s = 1..S`` it
+  samples every masked position, keeps the most confident and re-masks the
+  ``floor(cos(pi s / (2 S)) L)`` least confident, so step ``S`` fills every token. Confidence is
+  MaskGIT's: the log-probability of the sampled code plus ``choice_temperature (1 - s / S)`` times
+  Gumbel noise (0 gives the purely greedy order, which fills the easiest tokens, e.g. background,
+  first and collapses diversity).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from .quantizer import check_tokens
+from .tokenizer import transformer_stack
+
+
+class TokenPrior(nn.Module):
+    """The shared Transformer: ``(B, L)`` symbols in ``[0, K]`` -> ``(B, L, K)`` logits over the codes."""
+
+    causal: bool = False
+
+    def __init__(self, codebook_size: int, token_shape: tuple[int, ...], dim: int = 64, heads: int = 4,
+                 layers: int = 4):
+        super().__init__()
+        if isinstance(codebook_size, bool) or not isinstance(codebook_size, int) or codebook_size < 2:
+            raise ValueError(f"codebook_size must be an integer >= 2, got {codebook_size!r}")
+        token_shape = tuple(token_shape)
+        if not token_shape or any(not isinstance(n, int) or n < 1 for n in token_shape):
+            raise ValueError(f"token_shape must be a tuple of positive integers, got {token_shape!r}")
+        for name, value in [("dim", dim), ("heads", heads), ("layers", layers)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if dim % heads:
+            raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
+        self.codebook_size, self.token_shape = codebook_size, token_shape
+        self.length = math.prod(token_shape)
+        self.special = codebook_size  # [BOS] for the autoregressive prior, [MASK] for the masked one
+        self.embed = nn.Embedding(codebook_size + 1, dim)
+        self.position = nn.Parameter(0.02 * torch.randn(self.length, dim))
+        self.blocks = transformer_stack(dim, heads, layers)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, codebook_size)
+
+    def network(self, symbols: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, n, K)`` for ``(B, n)`` symbols, ``n <= L`` (causal attention if ``self.causal``)."""
+        steps = symbols.shape[1]
+        hidden = self.embed(symbols) + self.position[:steps]
+        if self.causal:
+            mask = nn.Transformer.generate_square_subsequent_mask(steps, device=symbols.device, dtype=hidden.dtype)
+            hidden = self.blocks(hidden, mask=mask, is_causal=True)
+        else:
+            hidden = self.blocks(hidden)
+        return self.head(self.norm(hidden))
+
+    def _flatten(self, tokens: torch.Tensor) -> torch.Tensor:
+        check_tokens(tokens, self.codebook_size)
+        if tuple(tokens.shape[1:]) != self.token_shape:
+            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}), "
+                             f"got {tuple(tokens.shape)}")
+        return tokens.long().reshape(tokens.shape[0], self.length)
+
+    def _check_sampling(self, num_samples, temperature):
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature!r}")
+
+
+def sample_codes(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
+    """Draw one code per row of ``(..., K)`` logits from ``softmax(logits / temperature)``; also its probability."""
+    probabilities = (logits / temperature).softmax(-1)
+    flat = probabilities.reshape(-1, probabilities.shape[-1])
+    codes = torch.multinomial(flat, 1, generator=generator).reshape(probabilities.shape[:-1])
+    return codes, probabilities.gather(-1, codes[..., None]).squeeze(-1)
+
+
+class AutoregressiveTokenPrior(TokenPrior):
+    """ImageGPT/VideoGPT: ``p(z) = prod_i p(z_i | z_<i)`` in raster order, causal self-attention."""
+
+    causal = True
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, *token_shape, K)`` of ``p(z_i | z_<i)`` at every position ``i``."""
+        flat = self._flatten(tokens)
+        bos = torch.full_like(flat[:, :1], self.special)
+        return self.network(torch.cat([bos, flat[:, :-1]], dim=1)).reshape(*tokens.shape, self.codebook_size)
+
+    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Negative log-likelihood in nats per token (maximum likelihood training)."""
+        return F.cross_entropy(self(tokens).reshape(-1, self.codebook_size), tokens.reshape(-1).long())
+
+    @torch.no_grad()
+    def sample(self, num_samples: int, temperature: float = 1.0, generator: torch.Generator | None = None,
+               progress: bool = False) -> torch.Tensor:
+        """``(num_samples, *token_shape)`` tokens drawn one at a time from ``p(z_i | z_<i)^(1/temperature)``."""
+        self._check_sampling(num_samples, temperature)
+        device = self.position.device
+        symbols = torch.full((num_samples, 1), self.special, dtype=torch.long, device=device)
+        for _ in tqdm(range(self.length), desc="AR sampling", disable=not progress, leave=False):
+            codes, _ = sample_codes(self.network(symbols)[:, -1], temperature, generator)
+            symbols = torch.cat([symbols, codes[:, None]], dim=1)
+        return symbols[:, 1:].reshape(num_samples, *self.token_shape)
+
+
+class MaskedTokenPrior(TokenPrior):
+    """MaskGIT/Phenaki: bidirectional Transformer predicting masked tokens, iterative decoding."""
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, *token_shape, K)`` given ``tokens`` with the positions where ``mask`` is True hidden."""
+        flat = self._flatten(tokens)
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != tokens.shape:
+            raise ValueError(f"mask must be a bool tensor of the tokens' shape {tuple(tokens.shape)}")
+        symbols = flat.masked_fill(mask.reshape(flat.shape), self.special)
+        return self.network(symbols).reshape(*tokens.shape, self.codebook_size)
+
+    def random_mask(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``(B, *token_shape)`` masks hiding ``ceil(cos(pi u / 2) L)`` random positions, ``u ~ U(0, 1)``."""
+        device = self.position.device
+        ratio = torch.cos(math.pi / 2 * torch.rand(batch_size, generator=generator, device=device))
+        count = (ratio * self.length).ceil().clamp(1, self.length)
+        ranks = torch.rand(batch_size, self.length, generator=generator, device=device).argsort(1).argsort(1)
+        return (ranks < count[:, None]).reshape(batch_size, *self.token_shape)
+
+    def loss(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Cross-entropy of the masked positions under a cosine-schedule random mask (nats per token)."""
+        mask = self.random_mask(tokens.shape[0], generator)
+        logits = self(tokens, mask)
+        return F.cross_entropy(logits[mask], tokens[mask].long())
+
+    @torch.no_grad()
+    def sample(self, num_samples: int, steps: int = 8, temperature: float = 1.0,
+               generator: torch.Generator | None = None, choice_temperature: float = 4.5) -> torch.Tensor:
+        """``(num_samples, *token_shape)`` tokens by ``steps`` rounds of MaskGIT decoding (module docstring)."""
+        self._check_sampling(num_samples, temperature)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        if not choice_temperature >= 0:
+            raise ValueError(f"choice_temperature must be >= 0, got {choice_temperature!r}")
+        device = self.position.device
+        tokens = torch.zeros(num_samples, self.length, dtype=torch.long, device=device)
+        masked = torch.ones(num_samples, self.length, dtype=torch.bool, device=device)
+        for step in range(1, steps + 1):
+            logits = self.network(tokens.masked_fill(masked, self.special))
+            codes, probability = sample_codes(logits, temperature, generator)
+            tokens = torch.where(masked, codes, tokens)
+            uniform = torch.rand(probability.shape, generator=generator, device=device)
+            gumbel = -torch.log((-torch.log(uniform.clamp_min(1e-20))).clamp_min(1e-20))
+            confidence = probability.log() + choice_temperature * (1 - step / steps) * gumbel
+            confidence = confidence.masked_fill(~masked, math.inf)  # revealed tokens are never re-masked
+            still_masked = int(masked[0].sum())
+            remask = min(math.floor(math.cos(math.pi * step / (2 * steps)) * self.length), still_masked - 1)
+            masked = torch.zeros_like(masked)
+            if remask > 0:
+                masked.scatter_(1, confidence.topk(remask, dim=1, largest=False).indices, True)
+        return tokens.reshape(num_samples, *self.token_shape)

@@ -1,0 +1,91 @@
+"""Vector quantisation and the VQ-VAE loss (thesis §5.3, eqs. ``quantization`` and ``vqvae_loss``).
+
+The nearest-code search, the codebook storage and the replacement of dead codes come from
+``vector_quantize_pytorch.VectorQuantize`` (learnable codebook, no EMA update, no rotation trick);
+the loss is written here because the thesis's objective weights its two terms differently from
+the library's single commitment term:
+
+    L_vq = ||sg(f(x)) - e_k||^2 + beta ||f(x) - sg(e_k)||^2,   k = argmin_i ||f(x) - e_i||,
+
+averaged over tokens and feature dimensions (the squared norms divided by ``dim``). The decoder
+sees ``f(x) + sg(e_k - f(x))``: the value ``e_k`` with the straight-through gradient of ``f(x)``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vector_quantize_pytorch import VectorQuantize
+
+
+class QuantizerOutput(NamedTuple):
+    quantized: torch.Tensor  # (..., dim): e_k in value, straight-through gradient to the features
+    indices: torch.Tensor  # (...,) int64 codes
+    loss: torch.Tensor  # codebook + beta * commitment (eq. vqvae_loss without the likelihood term)
+    perplexity: torch.Tensor  # exp(entropy of the codes' empirical frequencies): 1 = collapse, K = uniform
+
+
+class VectorQuantizer(nn.Module):
+    """Quantise ``(..., dim)`` features to the nearest of ``codebook_size`` learnable codes.
+
+    ``dead_code_threshold``: codes whose (decayed) usage count drops below it are re-seeded with
+    features of the current batch (``VectorQuantize``'s ``threshold_ema_dead_code``; 0 disables it).
+    """
+
+    def __init__(self, dim: int, codebook_size: int = 1024, beta: float = 0.25, dead_code_threshold: float = 2.0):
+        super().__init__()
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if not isinstance(codebook_size, int) or codebook_size < 2:
+            raise ValueError(f"codebook_size must be an integer >= 2, got {codebook_size!r}")
+        if not beta > 0:
+            raise ValueError(f"beta (commitment weight) must be positive, got {beta!r}")
+        if dead_code_threshold < 0:
+            raise ValueError(f"dead_code_threshold must be >= 0, got {dead_code_threshold!r}")
+        self.dim, self.codebook_size, self.beta = dim, codebook_size, beta
+        self.vq = VectorQuantize(dim=dim, codebook_size=codebook_size, learnable_codebook=True, ema_update=False,
+                                 commitment_weight=0.0, rotation_trick=False,
+                                 threshold_ema_dead_code=dead_code_threshold)
+
+    @property
+    def codebook(self) -> torch.Tensor:
+        """The ``(codebook_size, dim)`` code vectors ``e_i``."""
+        return self.vq.codebook
+
+    def forward(self, features: torch.Tensor, update_codebook: bool = True) -> QuantizerOutput:
+        """Quantise ``features``; ``update_codebook=False`` leaves usage counts and dead codes untouched."""
+        if not isinstance(features, torch.Tensor) or not features.is_floating_point():
+            raise TypeError("features must be a floating-point tensor")
+        if features.dim() < 2 or features.shape[-1] != self.dim:
+            raise ValueError(f"features must have shape (..., {self.dim}), got {tuple(features.shape)}")
+        flat = features.reshape(1, -1, self.dim)
+        codebook = self.codebook.clone()  # the codes the search sees, before any dead-code re-seeding
+        _, indices, _ = self.vq(flat, freeze_codebook=not update_codebook)
+        codes = F.embedding(indices, codebook).to(features.dtype).reshape(features.shape)
+        indices = indices.reshape(features.shape[:-1])
+        loss = F.mse_loss(codes, features.detach()) + self.beta * F.mse_loss(features, codes.detach())
+        quantized = features + (codes - features).detach()
+        return QuantizerOutput(quantized, indices, loss, codebook_perplexity(indices, self.codebook_size))
+
+    def lookup(self, indices: torch.Tensor) -> torch.Tensor:
+        """Code vectors ``e_k`` of integer ``indices`` (any shape), shape ``(*indices.shape, dim)``."""
+        check_tokens(indices, self.codebook_size, "indices")
+        return F.embedding(indices, self.codebook)
+
+
+def codebook_perplexity(indices: torch.Tensor, codebook_size: int) -> torch.Tensor:
+    """``exp(-sum_k p_k log p_k)`` of the empirical code frequencies ``p_k`` in ``indices``."""
+    frequencies = torch.bincount(indices.reshape(-1), minlength=codebook_size).double() / indices.numel()
+    entropy = -(frequencies * frequencies.clamp_min(1e-300).log()).sum()
+    return entropy.exp().float()
+
+
+def check_tokens(tokens, codebook_size: int, name: str = "tokens") -> None:
+    """Raise a named error unless ``tokens`` is an integer tensor with values in ``[0, codebook_size)``."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an int64/int32 tensor, got "
+                        f"{tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= codebook_size):
+        raise ValueError(f"{name} must lie in [0, {codebook_size}), got range [{int(tokens.min())}, {int(tokens.max())}]")
