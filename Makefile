@@ -29,3 +29,5 @@ clean:
 data: $(STAMP)
 	test -d /usr/share/datasets/fashion-mnist || apt-get install -y dataset-fashion-mnist || sudo apt-get install -y dataset-fashion-mnist
 	test -f $(HOME)/.cache/probseq/vaderSentiment-3.3.2.tar.gz || $(PY) -m pip download -q --no-binary :all: --no-deps vaderSentiment==3.3.2 -d $(HOME)/.cache/probseq
+	test -d /usr/share/pocketsphinx/test/data/librivox || apt-get install -y pocketsphinx-testdata || sudo apt-get install -y pocketsphinx-testdata
+	$(PY) -m pip install -q -c constraints.txt -e ".[data]"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import warnings
 from typing import Optional
 
 import gpytorch
@@ -149,6 +150,9 @@ class OnlineSGPR(gpytorch.Module):
     :param covar_module: the GPyTorch kernel ``k``.
     :param likelihood: a homoskedastic ``gpytorch.likelihoods.GaussianLikelihood``.
     :param mean_module: prior mean (default ``ZeroMean``).
+    :param captured_variance_warning: :meth:`update` warns when the inducing variables capture less
+        than this fraction of the prior variance at the task's inputs (mean of
+        ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``); ``None`` disables the check.
 
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
     ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
@@ -160,8 +164,12 @@ class OnlineSGPR(gpytorch.Module):
         covar_module: gpytorch.kernels.Kernel,
         likelihood: gpytorch.likelihoods.GaussianLikelihood,
         mean_module: Optional[gpytorch.means.Mean] = None,
+        captured_variance_warning: Optional[float] = 0.5,
     ):
         super().__init__()
+        if captured_variance_warning is not None and not 0 <= captured_variance_warning <= 1:
+            raise ValueError(f"captured_variance_warning must be in [0, 1] or None, got {captured_variance_warning!r}")
+        self.captured_variance_warning = captured_variance_warning
         if not isinstance(inducing_variables, InducingVariables):
             raise TypeError(
                 f"inducing_variables must be an InducingVariables instance, got {type(inducing_variables).__name__}"
@@ -259,7 +267,8 @@ class OnlineSGPR(gpytorch.Module):
         b_chol = psd_safe_cholesky(precision + eye)
         c = _solve_lower(b_chol, shift.unsqueeze(-1)).squeeze(-1)
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
-        return bound, precision, shift, chol
+        captured = (W.square().sum(-2) / kernel(x, diag=True)).mean(-1)  # see InducingVariables.captured_variance
+        return bound, precision, shift, chol, captured
 
     def log_bound(self, train_x: Tensor, train_y: Tensor) -> Tensor:
         """Collapsed online bound (thesis eq. ``online_elbo`` at the optimal ``q(u)``) of absorbing
@@ -313,7 +322,17 @@ class OnlineSGPR(gpytorch.Module):
                 loss.backward()
                 optimizer.step()
         with torch.no_grad():
-            bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y)
+            bound, precision, shift, chol, captured = self._bound_and_posterior(train_x, train_y)
+            if self.captured_variance_warning is not None and (captured < self.captured_variance_warning).any():
+                warnings.warn(
+                    f"the {self.inducing_variables.num_inducing} inducing variables capture only "
+                    f"{captured.min().item():.0%} of the prior variance at this task's inputs "
+                    f"(InducingVariables.captured_variance; warning threshold {self.captured_variance_warning:.0%}): "
+                    "the sparse posterior will be much wider than the full GP's; use more inducing variables "
+                    "(HiPPO-LegS: M of at least a few times t / lengthscale)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
             if prior_mean is None:
                 prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)

@@ -1,4 +1,5 @@
 """Real series shipped inside registry packages (no run-time downloads; see DESIGN.md)."""
+from .series import DATASETS, Dataset, Task, load_dataset, load_speech, split_tasks
 from .solar import load_solar_ghi
 
-__all__ = ["load_solar_ghi"]
+__all__ = ["load_solar_ghi", "DATASETS", "Dataset", "Task", "load_dataset", "load_speech", "split_tasks"]
