@@ -45,15 +45,14 @@ class _PointsSchedule(InducingSchedule):
             raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
         self.num_iter = num_iter
 
-    def _choose(self, candidates: Tensor, kernel, generator) -> Tensor:
+    def _choose(self, candidates: Tensor, num: int, kernel, generator) -> Tensor:
         raise NotImplementedError
 
     def _points(self, candidates: Tensor, kernel, generator) -> InducingPoints:
-        if candidates.shape[0] < self.num_inducing:
-            raise ValueError(
-                f"num_inducing={self.num_inducing} exceeds the {candidates.shape[0]} candidate inputs of this task"
-            )
-        return InducingPoints(self._choose(candidates, kernel, generator), learn=self.num_iter > 0)
+        """``min(M, number of candidates)`` points: a first task smaller than ``M`` gets all its inputs,
+        and the set grows to ``M`` over the next tasks."""
+        num = min(self.num_inducing, candidates.shape[0])
+        return InducingPoints(self._choose(candidates, num, kernel, generator), learn=self.num_iter > 0)
 
     def first(self, x, t_end, kernel, generator):
         return self._points(x, kernel, generator)
@@ -70,8 +69,8 @@ class RandomPointsSchedule(_PointsSchedule):
     old points ∪ the new inputs; ``num_iter > 0`` then optimises them on the online bound (the thesis
     uses ~1000 Adam steps), ``num_iter = 0`` keeps them fixed (``osgpr-fixed``)."""
 
-    def _choose(self, candidates, kernel, generator):
-        pick = torch.randperm(candidates.shape[0], generator=generator)[: self.num_inducing]
+    def _choose(self, candidates, num, kernel, generator):
+        pick = torch.randperm(candidates.shape[0], generator=generator)[:num]
         return candidates[pick]
 
 
@@ -80,8 +79,8 @@ class PivotedCholeskySchedule(_PointsSchedule):
     ``C`` = old points ∪ new inputs (:func:`~gpytorch_hippo.inducing.select_pivoted_cholesky`), fixed
     (OVC, as Chang et al. 2023) or optimised for ``num_iter`` steps (OVC-optZ)."""
 
-    def _choose(self, candidates, kernel, generator):
-        return select_pivoted_cholesky(kernel, candidates, self.num_inducing)
+    def _choose(self, candidates, num, kernel, generator):
+        return select_pivoted_cholesky(kernel, candidates, num)
 
 
 class HiPPOSchedule(InducingSchedule):
