@@ -61,7 +61,7 @@ def _standardise(values: Tensor) -> Tensor:
 
 
 def _series(name: str, y, dtype=torch.float64) -> Dataset:
-    y = torch.as_tensor(numpy.array(y, dtype=float), dtype=dtype)
+    y = y.to(dtype) if isinstance(y, Tensor) else torch.as_tensor(numpy.array(y, dtype=float), dtype=dtype)
     return Dataset(name, torch.arange(y.shape[0], dtype=dtype).unsqueeze(-1), _standardise(y))
 
 
