@@ -28,11 +28,12 @@ class InducingSchedule:
 
     num_iter: int = 0
 
-    def first(self, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel, generator: torch.Generator) -> InducingVariables:
+    def first(self, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel,
+              generator: Optional[torch.Generator] = None) -> InducingVariables:
         raise NotImplementedError
 
     def next(self, current: InducingVariables, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel,
-             generator: torch.Generator) -> InducingVariables:
+             generator: Optional[torch.Generator] = None) -> InducingVariables:
         raise NotImplementedError
 
 
@@ -54,10 +55,10 @@ class _PointsSchedule(InducingSchedule):
         num = min(self.num_inducing, candidates.shape[0])
         return InducingPoints(self._choose(candidates, num, kernel, generator), learn=self.num_iter > 0)
 
-    def first(self, x, t_end, kernel, generator):
+    def first(self, x, t_end, kernel, generator=None):
         return self._points(x, kernel, generator)
 
-    def next(self, current, x, t_end, kernel, generator):
+    def next(self, current, x, t_end, kernel, generator=None):
         if not isinstance(current, InducingPoints):
             raise TypeError(f"{type(self).__name__} moves InducingPoints, got {type(current).__name__}")
         candidates = torch.cat([current.points.detach(), x.to(current.points.dtype)], dim=-2)
@@ -90,10 +91,10 @@ class HiPPOSchedule(InducingSchedule):
         self.num_inducing = _check_count("num_inducing", num_inducing)
         self.measure, self.options = measure, options
 
-    def first(self, x, t_end, kernel, generator):
+    def first(self, x, t_end, kernel, generator=None):
         return HiPPOInducingVariables(self.num_inducing, self.measure, t=t_end, **self.options)
 
-    def next(self, current, x, t_end, kernel, generator):
+    def next(self, current, x, t_end, kernel, generator=None):
         current.advance(t_end)
         return current
 
@@ -106,10 +107,10 @@ class FourierSchedule(InducingSchedule):
         self.variables_args = (num_frequencies, a, b)
         FourierInducingVariables(*self.variables_args)  # validate now
 
-    def first(self, x, t_end, kernel, generator):
+    def first(self, x, t_end, kernel, generator=None):
         return FourierInducingVariables(*self.variables_args)
 
-    def next(self, current, x, t_end, kernel, generator):
+    def next(self, current, x, t_end, kernel, generator=None):
         return current
 
 
@@ -126,7 +127,6 @@ def learn_task(model: OnlineSGPR, schedule: InducingSchedule, x: Tensor, y: Tens
         raise TypeError(f"model must be an OnlineSGPR, got {type(model).__name__}")
     if x.dim() == 1:
         x = x.unsqueeze(-1)
-    generator = torch.Generator().manual_seed(0) if generator is None else generator
     current = model.inducing_variables
     moved = schedule.next(current, x, t_end, model.covar_module, generator)
     if moved is not current:
