@@ -34,20 +34,20 @@ import math
 import os
 import time
 import warnings
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import gpytorch
 import torch
 from tqdm.auto import tqdm
 
 from ..baselines import FourierSchedule, HiPPOSchedule, PivotedCholeskySchedule, RandomPointsSchedule, learn_task
-from ..data import load_dataset, split_tasks
+from ..data import DATASETS, load_dataset, split_tasks
 from ..hippo import MEASURES
 from ..metrics import gaussian_nlpd, rmse
 from ..online import OnlineSGPR
+from .online_elbo import ELBO_METHODS, methods_for, run_elbo_method
 
 METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
-GAUSSIAN_DATASETS = ("irradiance", "irradiance-hourly", "sunspots", "sunspots-monthly", "speech")
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
 
 
@@ -110,14 +110,16 @@ def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> Dict[str, f
 
 def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_tasks: int = 10, first_iters: int = 100,
                osgpr_iters: int = 100, lr: float = 0.05, train_kernel: bool = False, measure: str = "legs",
-               progress: bool = False):
-    """Rows of :data:`COLUMNS` for one method and seed, and the final model (for plots)."""
+               progress: bool = False, split: Optional[str] = None, svgp_iters: int = 200):
+    """Rows of :data:`COLUMNS` for one method and seed, the final model and the data (for plots).
+    Counts and multidimensional data go to :func:`~.online_elbo.run_elbo_method` (``split``,
+    ``svgp_iters``); Gaussian series use the collapsed :class:`OnlineSGPR` methods."""
     data = load_dataset(dataset)
     if data.likelihood != "gaussian" or not data.is_series:
-        raise ValueError(
-            f"dataset {dataset!r} needs the uncollapsed OnlineELBO methods (ohsvgp, osvgp), which this runner does "
-            f"not provide yet; Gaussian series: {', '.join(GAUSSIAN_DATASETS)}"
-        )
+        rows, model, _ = run_elbo_method(data, method, num_inducing, seed, num_tasks, split, svgp_iters, lr=0.01)
+        return rows, model, data
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} does not apply to the Gaussian series {dataset}; choose from {', '.join(METHODS)}")
     tasks = split_tasks(data, num_tasks, seed)
     span = float(data.x.max() - data.x.min())
     schedule = make_schedule(method, num_inducing, data.x, num_tasks, osgpr_iters, measure)
@@ -195,16 +197,18 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
 def summary(rows: List[dict]) -> str:
     """After the last task: NLPD and RMSE over all tasks' test points and cumulative time, mean ± 95 % CI."""
     last = max(r["task_trained"] for r in rows)
-    lines = [f"{'method':12s} {'NLPD (all tasks)':>18s} {'RMSE (all tasks)':>18s} {'NLPD task 1':>16s} {'time (s)':>14s}"]
+    metrics = ("nlpd", "rmse", "ece") if any(r["ece"] != "" for r in rows) else ("nlpd", "rmse")
+    header = "".join(f"{m.upper() + ' (all tasks)':>18s} " for m in metrics)
+    lines = [f"{'method':12s} {header}{'NLPD task 1':>16s} {'time (s)':>14s}"]
     for method in dict.fromkeys(r["method"] for r in rows):
         cells = []
-        for metric in ("nlpd", "rmse"):
+        for metric in metrics:
             cells.append("{:.3f} ± {:.3f}".format(*mean_ci(_over_seen_tasks(rows, method, metric)[last])))
         first = [float(r["nlpd"]) for r in rows if r["method"] == method and r["task_trained"] == last and r["task_eval"] == 1]
         cells.append("{:.3f} ± {:.3f}".format(*mean_ci(first)))
         times = [float(r["cum_time_s"]) for r in rows if r["method"] == method and r["task_trained"] == last and r["task_eval"] == 1]
         cells.append("{:.2f} ± {:.2f}".format(*mean_ci(times)))
-        lines.append(f"{method:12s} {cells[0]:>18s} {cells[1]:>18s} {cells[2]:>16s} {cells[3]:>14s}")
+        lines.append(f"{method:12s} " + "".join(f"{c:>18s} " for c in cells[:-2]) + f"{cells[-2]:>16s} {cells[-1]:>14s}")
     return "\n".join(lines)
 
 
@@ -231,6 +235,9 @@ def plot(rows: List[dict], finals: dict, out: str) -> List[str]:
     fig.tight_layout()
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
+    finals = {m: f for m, f in finals.items() if isinstance(f[0], OnlineSGPR)}  # Gaussian series: predictive bands
+    if not finals:
+        return paths[:1]
     fig, axes = plt.subplots(len(finals), 1, figsize=(10, 2.2 * len(finals)), squeeze=False, sharex=True)
     for ax, (method, (model, data)) in zip(axes[:, 0], finals.items()):
         model.eval()
@@ -254,7 +261,9 @@ def plot(rows: List[dict], finals: dict, out: str) -> List[str]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default="irradiance", choices=GAUSSIAN_DATASETS)
+    parser.add_argument("--dataset", default="irradiance", choices=DATASETS)
+    parser.add_argument("--split", default=None, choices=("first-dim", "l2"), help="task split of multidimensional data (§4.5.2)")
+    parser.add_argument("--svgp-iters", type=int, default=200, help="Adam steps per task of the OnlineELBO methods")
     parser.add_argument("--methods", default="ohsgpr,osgpr,ovc,ovff")
     parser.add_argument("--num-inducing", type=int, default=50)
     parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
@@ -271,18 +280,18 @@ def main(argv=None):
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     for method in methods:
-        if method not in METHODS:
-            parser.error(f"--methods: unknown method {method!r}; choose from {', '.join(METHODS)}")
+        if method not in METHODS + ELBO_METHODS:
+            parser.error(f"--methods: unknown method {method!r}; choose from {', '.join(METHODS + ELBO_METHODS)}")
     if args.num_inducing < 1:
         parser.error(f"--num-inducing must be >= 1, got {args.num_inducing}")
     if args.measure == "fout" and args.num_inducing % 2 == 0 and any(m.startswith("ohsgpr") for m in methods):
         parser.error("--measure fout needs an odd --num-inducing")
     torch.set_num_threads(args.threads)
     if args.quick:
-        args.tasks, args.seeds, args.first_iters, args.osgpr_iters = 3, 1, 5, 5
+        args.tasks, args.seeds, args.first_iters, args.osgpr_iters, args.svgp_iters = 3, 1, 5, 5, 5
     rows, finals = run(args.dataset, methods, args.num_inducing, list(range(args.seeds)), progress=not args.quiet,
                        num_tasks=args.tasks, first_iters=args.first_iters, osgpr_iters=args.osgpr_iters, lr=args.lr,
-                       train_kernel=args.train_kernel, measure=args.measure)
+                       train_kernel=args.train_kernel, measure=args.measure, split=args.split, svgp_iters=args.svgp_iters)
     path = write_csv(rows, args.out)
     plots = plot(rows, finals, args.out)
     print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s); after the last task (mean ± 95% CI):")
