@@ -199,16 +199,22 @@ def summary(rows: List[dict]) -> str:
     last = max(r["task_trained"] for r in rows)
     metrics = ("nlpd", "rmse", "ece") if any(r["ece"] != "" for r in rows) else ("nlpd", "rmse")
     header = "".join(f"{m.upper() + ' (all tasks)':>18s} " for m in metrics)
-    lines = [f"{'method':12s} {header}{'NLPD task 1':>16s} {'time (s)':>14s}"]
+    lines = [f"{'method':12s} {header}{'NLPD task 1':>16s} {'time (s)':>14s} {'time / ohsgpr':>14s}"]
+
+    def total_time(method):
+        return [float(r["cum_time_s"]) for r in rows if r["method"] == method and r["task_trained"] == last and r["task_eval"] == 1]
+
+    reference = total_time("ohsgpr") or total_time("ohsvgp")
     for method in dict.fromkeys(r["method"] for r in rows):
         cells = []
         for metric in metrics:
             cells.append("{:.3f} ± {:.3f}".format(*mean_ci(_over_seen_tasks(rows, method, metric)[last])))
         first = [float(r["nlpd"]) for r in rows if r["method"] == method and r["task_trained"] == last and r["task_eval"] == 1]
         cells.append("{:.3f} ± {:.3f}".format(*mean_ci(first)))
-        times = [float(r["cum_time_s"]) for r in rows if r["method"] == method and r["task_trained"] == last and r["task_eval"] == 1]
+        times = total_time(method)
         cells.append("{:.2f} ± {:.2f}".format(*mean_ci(times)))
-        lines.append(f"{method:12s} " + "".join(f"{c:>18s} " for c in cells[:-2]) + f"{cells[-2]:>16s} {cells[-1]:>14s}")
+        ratio = f"{sum(times) / sum(reference):.1f}x" if reference else "-"
+        lines.append(f"{method:12s} " + "".join(f"{c:>18s} " for c in cells[:-2]) + f"{cells[-2]:>16s} {cells[-1]:>14s} {ratio:>14s}")
     return "\n".join(lines)
 
 

@@ -83,3 +83,13 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
         online.run_method("diabetes", "ohsgpr", 10, seed=0)
     with pytest.raises(ValueError, match="method must be one of"):
         online.make_schedule("svgp", 10, torch.zeros(5, 1), 2, 0)
+
+
+def test_train_kernel_keeps_training_and_measures_are_selectable():
+    _, fixed, _ = online.run_method("irradiance", "ohsgpr", 8, seed=0, num_tasks=2, first_iters=2)
+    _, trained, _ = online.run_method("irradiance", "ohsgpr", 8, seed=0, num_tasks=2, first_iters=2, train_kernel=True)
+    # same task-1 fit; only --train-kernel moves the length scale during task 2 (App. C.4.1)
+    assert not fixed.covar_module.base_kernel.raw_lengthscale.requires_grad
+    assert trained.covar_module.base_kernel.lengthscale.item() != pytest.approx(fixed.covar_module.base_kernel.lengthscale.item(), rel=1e-6)
+    rows, legt, _ = online.run_method("irradiance", "ohsgpr", 8, seed=0, num_tasks=2, first_iters=2, measure="legt")
+    assert legt.inducing_variables.measure == "legt" and all(np.isfinite(r["nlpd"]) for r in rows)
