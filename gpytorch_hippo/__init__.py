@@ -1,6 +1,7 @@
 """gpytorch_hippo: HiPPO recurrent memory and online sparse GPs with long-term memory (thesis ch. 4)."""
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
 from .inducing import HiPPOInducingVariables, InducingPoints, InducingVariables
+from .inducing import FourierInducingVariables
 from .likelihoods import NegativeBinomialLikelihood
 from .online import OnlineELBO, OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs
@@ -17,6 +18,7 @@ __all__ = [
     "InducingVariables",
     "InducingPoints",
     "HiPPOInducingVariables",
+    "FourierInducingVariables",
     "InterdomainVariationalStrategy",
     "OnlineSGPR",
     "OnlineELBO",

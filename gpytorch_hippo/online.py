@@ -164,7 +164,7 @@ class OnlineSGPR(gpytorch.Module):
         covar_module: gpytorch.kernels.Kernel,
         likelihood: gpytorch.likelihoods.GaussianLikelihood,
         mean_module: Optional[gpytorch.means.Mean] = None,
-        captured_variance_warning: Optional[float] = 0.5,
+        captured_variance_warning: Optional[float] = 0.9,
     ):
         super().__init__()
         if captured_variance_warning is not None and not 0 <= captured_variance_warning <= 1:
