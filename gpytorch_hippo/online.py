@@ -151,8 +151,9 @@ class OnlineSGPR(gpytorch.Module):
     :param likelihood: a homoskedastic ``gpytorch.likelihoods.GaussianLikelihood``.
     :param mean_module: prior mean (default ``ZeroMean``).
     :param captured_variance_warning: :meth:`update` warns when the inducing variables capture less
-        than this fraction of the prior variance at the task's inputs (mean of
-        ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``); ``None`` disables the check.
+        than this fraction of the prior variance over the inputs seen so far (mean of
+        ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`_warn_if_little_variance_captured`); ``None``
+        disables the check.
 
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
     ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
@@ -196,6 +197,7 @@ class OnlineSGPR(gpytorch.Module):
         for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
             self.register_buffer(name, None)
         self.register_buffer("num_tasks", torch.tensor(0))
+        self.register_buffer("seen_input_range", None)
         self.register_buffer("last_bound", None, persistent=False)
 
     # ------------------------------------------------------------------ state handling
@@ -207,7 +209,7 @@ class OnlineSGPR(gpytorch.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # The summary buffers and the frozen inducing copy exist only after a task: allocate them so
         # that a fresh model can load the state of a trained one.
-        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range"):
             key = prefix + name
             if key in state_dict and getattr(self, name) is None:
                 setattr(self, name, torch.empty_like(state_dict[key]))
@@ -267,8 +269,7 @@ class OnlineSGPR(gpytorch.Module):
         b_chol = psd_safe_cholesky(precision + eye)
         c = _solve_lower(b_chol, shift.unsqueeze(-1)).squeeze(-1)
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
-        captured = (W.square().sum(-2) / kernel(x, diag=True)).mean(-1)  # see InducingVariables.captured_variance
-        return bound, precision, shift, chol, captured
+        return bound, precision, shift, chol
 
     def log_bound(self, train_x: Tensor, train_y: Tensor) -> Tensor:
         """Collapsed online bound (thesis eq. ``online_elbo`` at the optimal ``q(u)``) of absorbing
@@ -322,17 +323,8 @@ class OnlineSGPR(gpytorch.Module):
                 loss.backward()
                 optimizer.step()
         with torch.no_grad():
-            bound, precision, shift, chol, captured = self._bound_and_posterior(train_x, train_y)
-            if self.captured_variance_warning is not None and (captured < self.captured_variance_warning).any():
-                warnings.warn(
-                    f"the {self.inducing_variables.num_inducing} inducing variables capture only "
-                    f"{captured.min().item():.0%} of the prior variance at this task's inputs "
-                    f"(InducingVariables.captured_variance; warning threshold {self.captured_variance_warning:.0%}): "
-                    "the sparse posterior will be much wider than the full GP's; use more inducing variables "
-                    "(HiPPO-LegS: M of at least a few times t / lengthscale)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+            bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y)
+            self._warn_if_little_variance_captured(train_x)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
             if prior_mean is None:
                 prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)
@@ -345,6 +337,33 @@ class OnlineSGPR(gpytorch.Module):
             self.num_tasks += 1
         self.last_bound = bound.detach()
         return self.last_bound
+
+    def _warn_if_little_variance_captured(self, train_x: Tensor) -> None:
+        """Warn when the inducing variables keep less than ``captured_variance_warning`` of the prior
+        variance (:meth:`InducingVariables.captured_variance`) over the stream seen so far: for 1-D
+        inputs a 256-point grid from the first input of all tasks to the last one of this task (HiPPO
+        bases resolve the newest inputs best, so the task's own inputs would hide a lost past), else
+        this task's inputs."""
+        if self.captured_variance_warning is None:
+            return
+        if train_x.shape[-1] == 1:
+            low, high = train_x.min().reshape(1), train_x.max().reshape(1)
+            if self.seen_input_range is not None:
+                low, high = torch.minimum(low, self.seen_input_range[:1]), torch.maximum(high, self.seen_input_range[1:])
+            self.seen_input_range = torch.cat([low, high])
+            grid = torch.linspace(low.item(), high.item(), 256, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
+        else:
+            grid = train_x
+        captured = self.inducing_variables.captured_variance(self.covar_module, grid)
+        if (captured < self.captured_variance_warning).any():
+            warnings.warn(
+                f"the {self.inducing_variables.num_inducing} inducing variables keep only {captured.min().item():.0%} of "
+                f"the prior variance over the inputs seen so far (InducingVariables.captured_variance; threshold "
+                f"{self.captured_variance_warning:.0%}): expect underfitting and lost memory there; use more inducing "
+                "variables (HiPPO-LegS: M of about t / lengthscale keeps ~98%)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ posterior
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:

@@ -57,7 +57,7 @@ def test_update_warns_when_the_memory_is_too_small():
     y = torch.sin(x[:, 0])
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
     model = OnlineSGPR(HiPPOInducingVariables(10, "legs", t=30.0), kernel, likelihood)
-    with pytest.warns(RuntimeWarning, match="capture only"):
+    with pytest.warns(RuntimeWarning, match="keep only"):
         model.update(x, y)
     quiet = OnlineSGPR(HiPPOInducingVariables(10, "legs", t=30.0), kernel, likelihood, captured_variance_warning=None)
     with warnings.catch_warnings():
