@@ -25,11 +25,12 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) out *.egg-info
 
-# Optional data for the SGPA experiments (not needed by the demo or the tests).
+# Optional data for the experiments (not needed by the demo or the tests).
 data: $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e ".[data]"
 	test -d /usr/share/datasets/fashion-mnist || apt-get install -y dataset-fashion-mnist || sudo apt-get install -y dataset-fashion-mnist
 	test -f $(HOME)/.cache/probseq/vaderSentiment-3.3.2.tar.gz || $(PY) -m pip download -q --no-binary :all: --no-deps vaderSentiment==3.3.2 -d $(HOME)/.cache/probseq
+	test -d /usr/share/pocketsphinx/test/data/librivox || apt-get install -y pocketsphinx-testdata || sudo apt-get install -y pocketsphinx-testdata
 
 # API reference and tutorials (Sphinx + myst-nb); the tutorials are executed, at full size unless
 # PROBSEQ_TUTORIAL_SIZE=small (MPLBACKEND is unset so that the kernel shows the plots inline). Warnings are errors.

@@ -2,6 +2,7 @@
 from .gpvae import SVGPVAE, ContinualSVGPVAE, ElasticWeightConsolidation
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
 from .inducing import HiPPOInducingVariables, InducingPoints, InducingVariables
+from .inducing import FourierInducingVariables
 from .likelihoods import NegativeBinomialLikelihood
 from .online import OnlineELBO, OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs
@@ -18,6 +19,7 @@ __all__ = [
     "InducingVariables",
     "InducingPoints",
     "HiPPOInducingVariables",
+    "FourierInducingVariables",
     "InterdomainVariationalStrategy",
     "OnlineSGPR",
     "OnlineELBO",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import warnings
 from typing import Optional
 
 import gpytorch
@@ -149,6 +150,10 @@ class OnlineSGPR(gpytorch.Module):
     :param covar_module: the GPyTorch kernel ``k``.
     :param likelihood: a homoskedastic ``gpytorch.likelihoods.GaussianLikelihood``.
     :param mean_module: prior mean (default ``ZeroMean``).
+    :param captured_variance_warning: :meth:`update` warns when the inducing variables capture less
+        than this fraction of the prior variance over the inputs seen so far (mean of
+        ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`_warn_if_little_variance_captured`); ``None``
+        disables the check.
 
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
     ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
@@ -160,8 +165,12 @@ class OnlineSGPR(gpytorch.Module):
         covar_module: gpytorch.kernels.Kernel,
         likelihood: gpytorch.likelihoods.GaussianLikelihood,
         mean_module: Optional[gpytorch.means.Mean] = None,
+        captured_variance_warning: Optional[float] = 0.9,
     ):
         super().__init__()
+        if captured_variance_warning is not None and not 0 <= captured_variance_warning <= 1:
+            raise ValueError(f"captured_variance_warning must be in [0, 1] or None, got {captured_variance_warning!r}")
+        self.captured_variance_warning = captured_variance_warning
         if not isinstance(inducing_variables, InducingVariables):
             raise TypeError(
                 f"inducing_variables must be an InducingVariables instance, got {type(inducing_variables).__name__}"
@@ -188,6 +197,7 @@ class OnlineSGPR(gpytorch.Module):
         for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
             self.register_buffer(name, None)
         self.register_buffer("num_tasks", torch.tensor(0))
+        self.register_buffer("seen_input_range", None)
         self.register_buffer("last_bound", None, persistent=False)
 
     # ------------------------------------------------------------------ state handling
@@ -199,7 +209,7 @@ class OnlineSGPR(gpytorch.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # The summary buffers and the frozen inducing copy exist only after a task: allocate them so
         # that a fresh model can load the state of a trained one.
-        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range"):
             key = prefix + name
             if key in state_dict and getattr(self, name) is None:
                 setattr(self, name, torch.empty_like(state_dict[key]))
@@ -314,6 +324,7 @@ class OnlineSGPR(gpytorch.Module):
                 optimizer.step()
         with torch.no_grad():
             bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y)
+            self._warn_if_little_variance_captured(train_x)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
             if prior_mean is None:
                 prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)
@@ -326,6 +337,33 @@ class OnlineSGPR(gpytorch.Module):
             self.num_tasks += 1
         self.last_bound = bound.detach()
         return self.last_bound
+
+    def _warn_if_little_variance_captured(self, train_x: Tensor) -> None:
+        """Warn when the inducing variables keep less than ``captured_variance_warning`` of the prior
+        variance (:meth:`InducingVariables.captured_variance`) over the stream seen so far: for 1-D
+        inputs a 256-point grid from the first input of all tasks to the last one of this task (HiPPO
+        bases resolve the newest inputs best, so the task's own inputs would hide a lost past), else
+        this task's inputs."""
+        if self.captured_variance_warning is None:
+            return
+        if train_x.shape[-1] == 1:
+            low, high = train_x.min().reshape(1), train_x.max().reshape(1)
+            if self.seen_input_range is not None:
+                low, high = torch.minimum(low, self.seen_input_range[:1]), torch.maximum(high, self.seen_input_range[1:])
+            self.seen_input_range = torch.cat([low, high])
+            grid = torch.linspace(low.item(), high.item(), 256, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
+        else:
+            grid = train_x
+        captured = self.inducing_variables.captured_variance(self.covar_module, grid)
+        if (captured < self.captured_variance_warning).any():
+            warnings.warn(
+                f"the {self.inducing_variables.num_inducing} inducing variables keep only {captured.min().item():.0%} of "
+                f"the prior variance over the inputs seen so far (InducingVariables.captured_variance; threshold "
+                f"{self.captured_variance_warning:.0%}): expect underfitting and lost memory there; use more inducing "
+                "variables (HiPPO-LegS: M of about t / lengthscale keeps ~98%)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ posterior
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:

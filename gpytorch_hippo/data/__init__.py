@@ -1,5 +1,6 @@
 """Real series shipped inside registry packages (no run-time downloads; see DESIGN.md)."""
+from .series import DATASETS, Dataset, Task, load_dataset, load_speech, split_tasks
 from .solar import load_solar_ghi
 from .weather import load_weather
 
-__all__ = ["load_solar_ghi", "load_weather"]
+__all__ = ["load_solar_ghi", "load_weather", "DATASETS", "Dataset", "Task", "load_dataset", "load_speech", "split_tasks"]

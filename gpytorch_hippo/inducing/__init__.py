@@ -1,8 +1,9 @@
 """Inducing variables: objects that know their own covariances (see DESIGN.md, "Architecture")."""
 
 from .base import InducingVariables
+from .fourier import FourierInducingVariables
 from .hippo_variables import HiPPOInducingVariables
 from .points import InducingPoints
 from .selection import select_pivoted_cholesky
 
-__all__ = ["InducingVariables", "InducingPoints", "HiPPOInducingVariables", "select_pivoted_cholesky"]
+__all__ = ["InducingVariables", "InducingPoints", "HiPPOInducingVariables", "select_pivoted_cholesky", "FourierInducingVariables"]

@@ -1,43 +1,95 @@
-"""The online time-series runner: metrics against scipy, task bookkeeping, CSV columns."""
+"""The online runner (experiments.online): CSV schema, bookkeeping, metrics against scipy, task splits."""
 import csv
 
 import numpy as np
+import pytest
 import scipy.stats
 import torch
 
-from gpytorch_hippo.experiments import online_time_series as experiment
+from gpytorch_hippo.baselines import learn_task
+from gpytorch_hippo.data import Dataset, load_dataset, split_tasks
+from gpytorch_hippo.experiments import online
+from gpytorch_hippo.online import OnlineSGPR
 
 
-def test_split_is_chronological_and_complete():
-    times = torch.arange(100, dtype=torch.float64)
-    chunks, ends, test = experiment.split_tasks(times, times, 4, 0.2, torch.Generator().manual_seed(0))
-    train = torch.cat(chunks)
-    assert sorted(torch.cat([train, test]).tolist()) == list(range(100))
-    assert all(times[a[-1]] < end < times[b[0]] for a, b, end in zip(chunks[:-1], chunks[1:], ends))
-    assert ends[-1] == 99.0
+def test_quick_run_writes_the_schema_and_evaluates_every_seen_task(tmp_path, capsys):
+    rows = online.main(["--quick", "--quiet", "--methods", "ohsgpr,osgpr", "--num-inducing", "12",
+                        "--out", str(tmp_path)])
+    with open(tmp_path / "results.csv") as handle:
+        reader = csv.reader(handle)
+        assert tuple(next(reader)) == online.COLUMNS
+        written = list(reader)
+    assert len(written) == len(rows) == 2 * (1 + 2 + 3)  # after task k: tasks 1..k
+    for method in ("ohsgpr", "osgpr"):
+        mine = [r for r in rows if r["method"] == method]
+        assert [(r["task_trained"], r["task_eval"]) for r in mine] == [(1, 1), (2, 1), (2, 2), (3, 1), (3, 2), (3, 3)]
+        times = [r["cum_time_s"] for r in mine]
+        assert times == sorted(times) and times[0] > 0
+        assert all(r["ece"] == "" and np.isfinite(r["nlpd"]) for r in mine)
+    assert (tmp_path / "online_nlpd_rmse.png").stat().st_size > 10_000
+    assert (tmp_path / "online_final_fit.png").stat().st_size > 10_000
+    assert "ohsgpr" in capsys.readouterr().out
 
 
-def test_rows_match_scipy_metrics_and_csv_has_the_columns(tmp_path):
-    rows = experiment.run(methods=["osgpr"], seeds=[0], num_tasks=2, num_inducing=10, first_iters=2, progress=False)
-    assert [r["task"] for r in rows] == [1, 2]
-    # recompute the last row's NLPD and RMSE independently from the model's predictive moments
-    times, ghi = experiment.load_solar_ghi("daily")
-    y = (ghi - ghi.mean()) / ghi.std()
-    generator = torch.Generator().manual_seed(0)
-    chunks, ends, test = experiment.split_tasks(times, y, 2, 0.2, generator)
-    model = experiment.make_model("osgpr", 10, ends[0], times[chunks[0]], generator)
-    model.update(times[chunks[0]], y[chunks[0]], num_iter=2, lr=0.05)
-    experiment.next_inducing(model, "osgpr", ends[1], times[chunks[1]], generator)
-    model.update(times[chunks[1]], y[chunks[1]])
+def test_metrics_of_a_row_match_scipy_on_an_independently_driven_model():
+    rows, _, _ = online.run_method("irradiance", "osgpr-fixed", 10, seed=2, num_tasks=3, first_iters=3)
+    # drive the same model by hand with the public pieces and score it with scipy
+    data = load_dataset("irradiance")
+    tasks = split_tasks(data, 3, seed=2)
+    kernel = online.make_kernel("osgpr-fixed", 364.0)
+    generator = torch.Generator().manual_seed(2)
+    torch.manual_seed(2)
+    likelihood = online.fit_hyperparameters(kernel, tasks[0].train_x, tasks[0].train_y, 3, 0.05)
+    schedule = online.make_schedule("osgpr-fixed", 10, data.x, 3, 0)
+    model = OnlineSGPR(schedule.first(tasks[0].train_x, tasks[0].t_end, kernel, generator).double(), kernel, likelihood)
+    model.update(tasks[0].train_x, tasks[0].train_y)
+    for task in tasks[1:]:
+        learn_task(model, schedule, task.train_x, task.train_y, task.t_end, generator)
     model.eval()
     with torch.no_grad():
-        predictive = model.likelihood(model(times[test]))
-    mean, sd = predictive.mean.numpy(), predictive.variance.sqrt().numpy()
-    nlpd = -scipy.stats.norm.logpdf(y[test].numpy(), mean, sd).mean()
-    rmse = np.sqrt(((y[test].numpy() - mean) ** 2).mean())
-    assert abs(rows[-1]["nlpd"] - nlpd) < 1e-8 and abs(rows[-1]["rmse"] - rmse) < 1e-8
-    experiment.write_outputs(rows, str(tmp_path))
-    with open(tmp_path / "results.csv") as handle:
-        header = next(csv.reader(handle))
-    assert tuple(header) == experiment.COLUMNS
-    assert (tmp_path / "online_regression.png").exists()
+        predictive = model.likelihood(model(tasks[0].test_x))
+    mean, sd, y = predictive.mean.numpy(), predictive.variance.sqrt().numpy(), tasks[0].test_y.numpy()
+    row = [r for r in rows if r["task_trained"] == 3 and r["task_eval"] == 1][0]
+    assert row["nlpd"] == pytest.approx(-scipy.stats.norm.logpdf(y, mean, sd).mean(), rel=1e-9)
+    assert row["rmse"] == pytest.approx(np.sqrt(((y - mean) ** 2).mean()), rel=1e-9)
+
+
+def test_split_tasks_partitions_by_the_key_with_a_test_set_per_task():
+    x = torch.arange(100, dtype=torch.float64).unsqueeze(-1)
+    data = Dataset("toy", x, torch.randn(100, dtype=torch.float64))
+    tasks = split_tasks(data, 4, seed=0, test_fraction=0.2)
+    seen = torch.cat([torch.cat([t.train_x, t.test_x]) for t in tasks])[:, 0]
+    assert sorted(seen.tolist()) == list(range(100))
+    for k, task in enumerate(tasks):
+        assert len(task.test_y) == 5 and len(task.train_y) == 20
+        inputs = torch.cat([task.train_x, task.test_x])[:, 0]
+        assert inputs.min() >= 25 * k and inputs.max() <= task.t_end
+    assert [t.t_end for t in tasks] == [24.5, 49.5, 74.5, 99.0]
+    # multidimensional: tasks ordered by the L2 norm of the inputs
+    points = torch.randn(60, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    l2_tasks = split_tasks(Dataset("toy3", points, points[:, 0]), 3, seed=0, split="l2")
+    norms = [torch.cat([t.train_x, t.test_x]).norm(dim=-1) for t in l2_tasks]
+    assert norms[0].max() <= norms[1].min() and norms[1].max() <= norms[2].min()
+    with pytest.raises(ValueError, match="split"):
+        split_tasks(data, 4, seed=0, split="random")
+    with pytest.raises(ValueError, match="num_tasks"):
+        split_tasks(data, 0, seed=0)
+
+
+def test_bad_arguments_are_refused_by_name(tmp_path):
+    with pytest.raises(SystemExit):
+        online.main(["--methods", "ohsgpr,nope", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="does not apply to diabetes"):
+        online.run_method("diabetes", "ohsgpr", 10, seed=0)
+    with pytest.raises(ValueError, match="method must be one of"):
+        online.make_schedule("svgp", 10, torch.zeros(5, 1), 2, 0)
+
+
+def test_train_kernel_keeps_training_and_measures_are_selectable():
+    _, fixed, _ = online.run_method("irradiance", "ohsgpr", 8, seed=0, num_tasks=2, first_iters=2)
+    _, trained, _ = online.run_method("irradiance", "ohsgpr", 8, seed=0, num_tasks=2, first_iters=2, train_kernel=True)
+    # same task-1 fit; only --train-kernel moves the length scale during task 2 (App. C.4.1)
+    assert not fixed.covar_module.base_kernel.raw_lengthscale.requires_grad
+    assert trained.covar_module.base_kernel.lengthscale.item() != pytest.approx(fixed.covar_module.base_kernel.lengthscale.item(), rel=1e-6)
+    rows, legt, _ = online.run_method("irradiance", "ohsgpr", 8, seed=0, num_tasks=2, first_iters=2, measure="legt")
+    assert legt.inducing_variables.measure == "legt" and all(np.isfinite(r["nlpd"]) for r in rows)

@@ -1,0 +1,135 @@
+"""Inducing-variable schedules: the only thing that differs between OHSGPR and its baselines."""
+from __future__ import annotations
+
+from typing import Optional
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from ..inducing import FourierInducingVariables, HiPPOInducingVariables, InducingPoints, InducingVariables
+from ..inducing.selection import select_pivoted_cholesky
+from ..online import OnlineSGPR
+
+
+def _check_count(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class InducingSchedule:
+    """Where a method's inducing variables are for each task.
+
+    :meth:`first` builds them for the first task, :meth:`next` returns those of a later task given
+    the current ones (the same object moved in place, or a new one). :attr:`num_iter` is the
+    number of Adam steps a later task spends on the online bound (``0``: closed form only).
+    """
+
+    num_iter: int = 0
+
+    def first(self, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel,
+              generator: Optional[torch.Generator] = None) -> InducingVariables:
+        raise NotImplementedError
+
+    def next(self, current: InducingVariables, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel,
+             generator: Optional[torch.Generator] = None) -> InducingVariables:
+        raise NotImplementedError
+
+
+class _PointsSchedule(InducingSchedule):
+    """Point schedules: choose ``M`` of the candidates (old points ∪ new inputs); optionally train them."""
+
+    def __init__(self, num_inducing: int, num_iter: int = 0):
+        self.num_inducing = _check_count("num_inducing", num_inducing)
+        if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
+            raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
+        self.num_iter = num_iter
+
+    def _choose(self, candidates: Tensor, num: int, kernel, generator) -> Tensor:
+        raise NotImplementedError
+
+    def _points(self, candidates: Tensor, kernel, generator) -> InducingPoints:
+        """``min(M, number of candidates)`` points: a first task smaller than ``M`` gets all its inputs,
+        and the set grows to ``M`` over the next tasks."""
+        num = min(self.num_inducing, candidates.shape[0])
+        return InducingPoints(self._choose(candidates, num, kernel, generator), learn=self.num_iter > 0)
+
+    def first(self, x, t_end, kernel, generator=None):
+        return self._points(x, kernel, generator)
+
+    def next(self, current, x, t_end, kernel, generator=None):
+        if not isinstance(current, InducingPoints):
+            raise TypeError(f"{type(self).__name__} moves InducingPoints, got {type(current).__name__}")
+        candidates = torch.cat([current.points.detach(), x.to(current.points.dtype)], dim=-2)
+        return self._points(candidates, kernel, generator)
+
+
+class RandomPointsSchedule(_PointsSchedule):
+    """OSGPR / OSVGP (Bui et al. 2017; thesis §4.5): ``M`` points drawn without replacement from the
+    old points ∪ the new inputs; ``num_iter > 0`` then optimises them on the online bound (the thesis
+    uses ~1000 Adam steps), ``num_iter = 0`` keeps them fixed (``osgpr-fixed``)."""
+
+    def _choose(self, candidates, num, kernel, generator):
+        pick = torch.randperm(candidates.shape[0], generator=generator)[:num]
+        return candidates[pick]
+
+
+class PivotedCholeskySchedule(_PointsSchedule):
+    """OVC (Maddox et al. 2021; thesis §4.5): the ``M`` greedy pivots of ``k(C, C)`` over the candidates
+    ``C`` = old points ∪ new inputs (:func:`~gpytorch_hippo.inducing.select_pivoted_cholesky`), fixed
+    (OVC, as Chang et al. 2023) or optimised for ``num_iter`` steps (OVC-optZ)."""
+
+    def _choose(self, candidates, num, kernel, generator):
+        return select_pivoted_cholesky(kernel, candidates, num)
+
+
+class HiPPOSchedule(InducingSchedule):
+    """OHSGPR: ``HiPPOInducingVariables(M, measure, t=t_end, **options)`` advanced to each task's end."""
+
+    def __init__(self, num_inducing: int, measure: str = "legs", **options):
+        self.num_inducing = _check_count("num_inducing", num_inducing)
+        self.measure, self.options = measure, options
+
+    def first(self, x, t_end, kernel, generator=None):
+        return HiPPOInducingVariables(self.num_inducing, self.measure, t=t_end, **self.options)
+
+    def next(self, current, x, t_end, kernel, generator=None):
+        current.advance(t_end)
+        return current
+
+
+class FourierSchedule(InducingSchedule):
+    """OVFF: ``2K + 1`` Fourier features on ``[a, b]`` covering all tasks (the thesis uses the first
+    and last time of the whole series), unchanged between tasks; needs a Matérn kernel."""
+
+    def __init__(self, num_frequencies: int, a: float, b: float):
+        self.variables_args = (num_frequencies, a, b)
+        FourierInducingVariables(*self.variables_args)  # validate now
+
+    def first(self, x, t_end, kernel, generator=None):
+        return FourierInducingVariables(*self.variables_args)
+
+    def next(self, current, x, t_end, kernel, generator=None):
+        return current
+
+
+def learn_task(model: OnlineSGPR, schedule: InducingSchedule, x: Tensor, y: Tensor, t_end: float,
+               generator: Optional[torch.Generator] = None, num_iter: Optional[int] = None, lr: float = 0.01,
+               progress: bool = False) -> Tensor:
+    """Absorb one later task: move the inducing variables by ``schedule``, then ``model.update``.
+
+    ``num_iter`` defaults to ``schedule.num_iter``; which parameters Adam moves is decided by their
+    ``requires_grad`` (trainable inducing points, and the kernel and likelihood unless frozen).
+    Returns the task's online bound.
+    """
+    if not isinstance(model, OnlineSGPR):
+        raise TypeError(f"model must be an OnlineSGPR, got {type(model).__name__}")
+    if x.dim() == 1:
+        x = x.unsqueeze(-1)
+    current = model.inducing_variables
+    moved = schedule.next(current, x, t_end, model.covar_module, generator)
+    if moved is not current:
+        model.inducing_variables = moved.to(dtype=x.dtype, device=x.device)
+    num_iter = schedule.num_iter if num_iter is None else num_iter
+    return model.update(x, y, num_iter=num_iter, lr=lr, progress=progress)

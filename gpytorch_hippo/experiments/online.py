@@ -1,0 +1,310 @@
+"""Online regression of real series, task by task: OHSGPR against OSGPR, OVC and OVFF (thesis §4.5,
+figs. ``time_series_regression``/``time_series_reg_rmse``/``illustration_forgetting``, table
+``wall_time_time_series_prediction``).
+
+Each series is cut into ``--tasks`` contiguous tasks with a random 20 % test split inside each task
+(per seed). The kernel hyperparameters (RBF; Matérn-5/2 for OVFF, as in the thesis) and the noise
+come from an exact GP fitted to the first task (``--first-iters`` Adam steps, not timed, shared by
+all methods, as the thesis's "full GP model trained over the initial task") and stay fixed
+(``--train-kernel``: every task also trains them on the online bound, ``--first-iters`` steps,
+thesis App. C.4.1). Methods with trainable inducing inputs also train them on task 1. After every task each method is evaluated on the test points of every task
+seen so far. Methods (all :class:`~gpytorch_hippo.online.OnlineSGPR`, differing only in the
+inducing variables, :mod:`gpytorch_hippo.baselines`):
+
+* ``ohsgpr``: HiPPO (``--measure``, default LegS) with the exact ``auto`` backend;
+  ``ohsgpr-rff``: the thesis's recurrence with 1000 random Fourier features;
+* ``osgpr``: points re-drawn from old points ∪ new inputs, then ``--osgpr-iters`` Adam steps on
+  the online bound (the thesis: ~1000); ``osgpr-fixed``: re-drawn and kept fixed;
+* ``ovc``: pivoted-Cholesky points, fixed; ``ovc-optz``: then optimised like OSGPR;
+* ``ovff``: ``(M - 1) // 2`` Fourier frequencies (``M - 1`` or ``M`` features) on the whole
+  series' time range.
+
+Writes ``OUT/results.csv`` (columns :data:`COLUMNS`; ``cum_time_s`` is the training wall time
+through ``task_trained``), ``OUT/online_nlpd_rmse.png`` and ``OUT/online_final_fit.png``, and
+prints a summary (mean ± 95 % CI over seeds)::
+
+    python -m gpytorch_hippo.experiments.online --dataset irradiance --methods ohsgpr,osgpr,ovc,ovff \\
+        --num-inducing 50 --seeds 3 --out out/online
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import time
+import warnings
+from typing import Dict, List, Optional, Sequence
+
+import gpytorch
+import torch
+from tqdm.auto import tqdm
+
+from ..baselines import FourierSchedule, HiPPOSchedule, PivotedCholeskySchedule, RandomPointsSchedule, learn_task
+from ..data import DATASETS, load_dataset, split_tasks
+from ..hippo import MEASURES
+from ..metrics import gaussian_nlpd, rmse
+from ..online import OnlineSGPR
+from .online_elbo import ELBO_METHODS, methods_for, run_elbo_method
+
+METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
+COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
+
+
+def make_schedule(method: str, num_inducing: int, series_x: torch.Tensor, num_tasks: int, osgpr_iters: int,
+                  measure: str = "legs"):
+    """The inducing-variable schedule of ``method`` (module docstring)."""
+    span = float(series_x.max() - series_x.min())
+    if method in ("ohsgpr", "ohsgpr-rff"):
+        options = {"theta": span / num_tasks} if measure != "legs" else {}
+        if method == "ohsgpr-rff":
+            spacing = span / max(series_x.shape[0] - 1, 1)
+            options.update(method="recurrence", dt=spacing / 4, num_rff=1000, kuf="rff")
+        return HiPPOSchedule(num_inducing, measure, start=float(series_x.min()), **options)
+    if method in ("osgpr", "osgpr-fixed"):
+        return RandomPointsSchedule(num_inducing, num_iter=osgpr_iters if method == "osgpr" else 0)
+    if method in ("ovc", "ovc-optz"):
+        return PivotedCholeskySchedule(num_inducing, num_iter=osgpr_iters if method == "ovc-optz" else 0)
+    if method == "ovff":
+        return FourierSchedule((num_inducing - 1) // 2, float(series_x.min()), float(series_x.max()))
+    raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+
+
+def make_kernel(method: str, span: float) -> gpytorch.kernels.Kernel:
+    """RBF (Matérn-5/2 for OVFF), length scale initialised to ``span / 50``, trained on task 1."""
+    base = gpytorch.kernels.MaternKernel(nu=2.5) if method == "ovff" else gpytorch.kernels.RBFKernel()
+    kernel = gpytorch.kernels.ScaleKernel(base).double()
+    kernel.base_kernel.lengthscale = torch.tensor(span / 50, dtype=torch.float64)
+    return kernel
+
+
+def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: torch.Tensor, num_iter: int, lr: float):
+    """Exact-GP type-II maximum likelihood on one task (Adam); returns the fitted likelihood."""
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = torch.tensor(0.1, dtype=torch.float64)
+
+    class ExactGP(gpytorch.models.ExactGP):
+        def forward(self, inputs):
+            return gpytorch.distributions.MultivariateNormal(torch.zeros_like(inputs[:, 0]), kernel(inputs))
+
+    model = ExactGP(x, y, likelihood)
+    model.covar_module = kernel
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(num_iter):
+        optimizer.zero_grad()
+        (-mll(model(x), y)).backward()
+        optimizer.step()
+    return likelihood
+
+
+def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> Dict[str, float]:
+    """Test NLPD and RMSE of the Gaussian predictive (thesis §4.5 metrics)."""
+    model.eval()
+    with torch.no_grad():
+        predictive = model.likelihood(model(x))
+    model.train()
+    return {"nlpd": gaussian_nlpd(predictive.mean, predictive.variance, y), "rmse": rmse(predictive.mean, y)}
+
+
+def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_tasks: int = 10, first_iters: int = 100,
+               osgpr_iters: int = 100, lr: float = 0.05, train_kernel: bool = False, measure: str = "legs",
+               progress: bool = False, split: Optional[str] = None, svgp_iters: int = 200):
+    """Rows of :data:`COLUMNS` for one method and seed, the final model and the data (for plots).
+    Counts and multidimensional data go to :func:`~.online_elbo.run_elbo_method` (``split``,
+    ``svgp_iters``); Gaussian series use the collapsed :class:`OnlineSGPR` methods."""
+    data = load_dataset(dataset)
+    if data.likelihood != "gaussian" or not data.is_series:
+        rows, model, _ = run_elbo_method(data, method, num_inducing, seed, num_tasks, split, svgp_iters, lr=0.01)
+        return rows, model, data
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} does not apply to the Gaussian series {dataset}; choose from {', '.join(METHODS)}")
+    tasks = split_tasks(data, num_tasks, seed)
+    span = float(data.x.max() - data.x.min())
+    schedule = make_schedule(method, num_inducing, data.x, num_tasks, osgpr_iters, measure)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    kernel = make_kernel(method, span)
+    likelihood = fit_hyperparameters(kernel, tasks[0].train_x, tasks[0].train_y, first_iters, lr)
+    if not train_kernel:
+        kernel.requires_grad_(False)
+        likelihood.requires_grad_(False)
+    rows, cum_time, model = [], 0.0, None
+    for k, task in enumerate(tqdm(tasks, desc=f"{method} seed {seed}", disable=not progress, leave=False)):
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # captured-variance warnings: the M sweep reports them
+            num_iter = first_iters if train_kernel and schedule.num_iter == 0 else schedule.num_iter
+            if model is None:
+                ivs = schedule.first(task.train_x, task.t_end, kernel, generator).double()
+                model = OnlineSGPR(ivs, kernel, likelihood)
+                model.update(task.train_x, task.train_y, num_iter=num_iter, lr=lr)
+            else:
+                learn_task(model, schedule, task.train_x, task.train_y, task.t_end, generator, num_iter=num_iter, lr=lr)
+        cum_time += time.perf_counter() - start
+        for j, seen in enumerate(tasks[: k + 1]):
+            rows.append(dict(dataset=dataset, method=method, num_inducing=num_inducing, seed=seed, task_trained=k + 1,
+                             task_eval=j + 1, ece="", cum_time_s=cum_time, **evaluate(model, seen.test_x, seen.test_y)))
+    return rows, model, data
+
+
+def run(dataset: str, methods: Sequence[str], num_inducing: int, seeds: Sequence[int], progress: bool = True, **options):
+    """All rows, and the final model of each method for the first seed."""
+    rows, finals = [], {}
+    for seed in seeds:
+        for method in tqdm(methods, desc=f"{dataset} M={num_inducing} seed {seed}", disable=not progress):
+            method_rows, model, data = run_method(dataset, method, num_inducing, seed, progress=progress, **options)
+            rows += method_rows
+            if seed == seeds[0]:
+                finals[method] = (model, data)
+    return rows, finals
+
+
+def write_csv(rows: List[dict], out: str) -> str:
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "results.csv")
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _over_seen_tasks(rows: List[dict], method: str, metric: str) -> Dict[int, List[float]]:
+    """``task_trained -> [mean over the seen tasks of metric, one per seed]``."""
+    per: Dict[tuple, List[float]] = {}
+    for r in rows:
+        if r["method"] == method:
+            per.setdefault((r["task_trained"], r["seed"]), []).append(float(r[metric]))
+    out: Dict[int, List[float]] = {}
+    for (task, _), values in sorted(per.items()):
+        out.setdefault(task, []).append(sum(values) / len(values))
+    return out
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95 % Student-t interval over seeds (0 for one seed)."""
+    import scipy.stats
+
+    values = torch.tensor(values, dtype=torch.float64)
+    if values.numel() < 2:
+        return values.mean().item(), 0.0
+    half = scipy.stats.t.ppf(0.975, values.numel() - 1) * values.std().item() / math.sqrt(values.numel())
+    return values.mean().item(), half
+
+
+def summary(rows: List[dict]) -> str:
+    """After the last task: NLPD and RMSE over all tasks' test points and cumulative time, mean ± 95 % CI."""
+    last = max(r["task_trained"] for r in rows)
+    metrics = ("nlpd", "rmse", "ece") if any(r["ece"] != "" for r in rows) else ("nlpd", "rmse")
+    header = "".join(f"{m.upper() + ' (all tasks)':>18s} " for m in metrics)
+    lines = [f"{'method':12s} {header}{'NLPD task 1':>16s} {'time (s)':>14s} {'time / ohsgpr':>14s}"]
+
+    def total_time(method):
+        return [float(r["cum_time_s"]) for r in rows if r["method"] == method and r["task_trained"] == last and r["task_eval"] == 1]
+
+    reference = total_time("ohsgpr") or total_time("ohsvgp")
+    for method in dict.fromkeys(r["method"] for r in rows):
+        cells = []
+        for metric in metrics:
+            cells.append("{:.3f} ± {:.3f}".format(*mean_ci(_over_seen_tasks(rows, method, metric)[last])))
+        first = [float(r["nlpd"]) for r in rows if r["method"] == method and r["task_trained"] == last and r["task_eval"] == 1]
+        cells.append("{:.3f} ± {:.3f}".format(*mean_ci(first)))
+        times = total_time(method)
+        cells.append("{:.2f} ± {:.2f}".format(*mean_ci(times)))
+        ratio = f"{sum(times) / sum(reference):.1f}x" if reference else "-"
+        lines.append(f"{method:12s} " + "".join(f"{c:>18s} " for c in cells[:-2]) + f"{cells[-2]:>16s} {cells[-1]:>14s} {ratio:>14s}")
+    return "\n".join(lines)
+
+
+def plot(rows: List[dict], finals: dict, out: str) -> List[str]:
+    """NLPD/RMSE vs number of learned tasks (thesis figs. 4.3/4.4) and each method's final predictive
+    mean ± 2 sd over the whole series with its inducing inputs marked (fig. 4.5)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = [os.path.join(out, "online_nlpd_rmse.png"), os.path.join(out, "online_final_fit.png")]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
+        for ax, metric in zip(axes, ("nlpd", "rmse")):
+            series = _over_seen_tasks(rows, method, metric)
+            tasks = sorted(series)
+            stats = [mean_ci(series[t]) for t in tasks]
+            mean = [s[0] for s in stats]
+            half = [s[1] for s in stats]
+            ax.errorbar(tasks, mean, yerr=half, fmt="o-", color=f"C{i}", label=method, capsize=2, ms=3)
+            ax.set(xlabel="number of learned tasks", ylabel=f"test {metric.upper()} over learned tasks")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+    finals = {m: f for m, f in finals.items() if isinstance(f[0], OnlineSGPR)}  # Gaussian series: predictive bands
+    if not finals:
+        return paths[:1]
+    fig, axes = plt.subplots(len(finals), 1, figsize=(10, 2.2 * len(finals)), squeeze=False, sharex=True)
+    for ax, (method, (model, data)) in zip(axes[:, 0], finals.items()):
+        model.eval()
+        with torch.no_grad():
+            predictive = model.likelihood(model(data.x))
+        mean, sd = predictive.mean, predictive.variance.sqrt()
+        x = data.x[:, 0]
+        ax.plot(x, data.y, ".", color="0.6", ms=2)
+        ax.plot(x, mean, color="C0", lw=1)
+        ax.fill_between(x, mean - 2 * sd, mean + 2 * sd, color="C0", alpha=0.25)
+        points = getattr(model.posterior_inducing_variables, "points", None)
+        if points is not None:
+            ax.plot(points[:, 0], torch.full_like(points[:, 0], float(data.y.min()) - 0.3), "k|", ms=8)
+        ax.set_title(f"{method}: predictive mean ± 2 sd after the last task" + (" (| inducing inputs)" if points is not None else ""), fontsize=9)
+    axes[-1, 0].set_xlabel("time index")
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="irradiance", choices=DATASETS)
+    parser.add_argument("--split", default=None, choices=("first-dim", "l2"), help="task split of multidimensional data (§4.5.2)")
+    parser.add_argument("--svgp-iters", type=int, default=200, help="Adam steps per task of the OnlineELBO methods")
+    parser.add_argument("--methods", default="ohsgpr,osgpr,ovc,ovff")
+    parser.add_argument("--num-inducing", type=int, default=50)
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
+    parser.add_argument("--tasks", type=int, default=10)
+    parser.add_argument("--first-iters", type=int, default=100, help="Adam steps of the exact GP fitting the hyperparameters on task 1")
+    parser.add_argument("--osgpr-iters", type=int, default=100, help="Adam steps on inducing inputs per later task (osgpr, ovc-optz)")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--train-kernel", action="store_true", help="keep training hyperparameters after task 1 (App. C.4.1)")
+    parser.add_argument("--measure", default="legs", choices=MEASURES, help="HiPPO measure of ohsgpr (App. C.4.2)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--quick", action="store_true", help="3 tasks, 1 seed, few iterations (for tests)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--out", default="out/online")
+    args = parser.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    for method in methods:
+        if method not in METHODS + ELBO_METHODS:
+            parser.error(f"--methods: unknown method {method!r}; choose from {', '.join(METHODS + ELBO_METHODS)}")
+    if args.num_inducing < 1:
+        parser.error(f"--num-inducing must be >= 1, got {args.num_inducing}")
+    if args.measure == "fout" and args.num_inducing % 2 == 0 and any(m.startswith("ohsgpr") for m in methods):
+        parser.error("--measure fout needs an odd --num-inducing")
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.tasks, args.seeds, args.first_iters, args.osgpr_iters, args.svgp_iters = 3, 1, 5, 5, 5
+    rows, finals = run(args.dataset, methods, args.num_inducing, list(range(args.seeds)), progress=not args.quiet,
+                       num_tasks=args.tasks, first_iters=args.first_iters, osgpr_iters=args.osgpr_iters, lr=args.lr,
+                       train_kernel=args.train_kernel, measure=args.measure, split=args.split, svgp_iters=args.svgp_iters)
+    path = write_csv(rows, args.out)
+    plots = plot(rows, finals, args.out)
+    print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s); after the last task (mean ± 95% CI):")
+    print(summary(rows))
+    print(f"wrote {path}, {', '.join(plots)}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Variational Fourier features (VFF, Hensman, Durrande & Solin 2018): the OVFF baseline (thesis §4.5).
+
+The inducing variables are RKHS inner products ``u_m = <φ_m, f>_H`` of a Matérn GP restricted to a
+fixed interval ``[a, b]`` with the Fourier basis ``φ = (1, cos ω_1 (x-a), ..., cos ω_K (x-a),
+sin ω_1 (x-a), ..., sin ω_K (x-a))``, ``ω_k = 2πk / (b - a)``. By the reproducing property
+
+* ``Kuf(x) = φ(x)`` for ``x`` in ``[a, b]`` (independent of the hyperparameters), and
+* ``Kuu = <φ_i, φ_j>_H``, which for Matérn-ν (``λ = √(2ν)/ℓ``, variance ``σ²``, ``p = ν + ½``)
+  and the RKHS norm of Durrande et al. (2016),
+  ``<f, g>_H = c_p ∫_a^b [(λ + D)^p f][(λ + D)^p g] dx + boundary terms at a``,
+  is a diagonal ``c_p (b - a)/2 (λ² + ω²)^p`` (doubled at ``ω = 0``) plus the low-rank boundary
+  terms: the Fourier functions are orthogonal in ``L²[a, b]`` and ``(λ + D)^p`` only changes each
+  one's amplitude and phase.
+
+``Kuu`` is returned as ``LowRankRootAddedDiagLinearOperator`` (diagonal plus rank 1, 2 or 3).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import gpytorch
+import torch
+from linear_operator.operators import DiagLinearOperator, LinearOperator, LowRankRootAddedDiagLinearOperator, LowRankRootLinearOperator
+from torch import Tensor
+
+from .base import InducingVariables
+
+#: Matérn ν -> (p, c_p): the integral of the RKHS inner product is ``c_p / σ² ∫ (λ + D)^p f (λ + D)^p g``
+_MATERN_INTEGRAL = {0.5: (1, lambda lam: 1 / (2 * lam)), 1.5: (2, lambda lam: 1 / (4 * lam**3)), 2.5: (3, lambda lam: 3 / (16 * lam**5))}
+
+
+def matern_parameters(kernel: gpytorch.kernels.Kernel) -> tuple[float, Tensor, Tensor]:
+    """``(ν, λ, σ²)`` of ``MaternKernel`` or ``ScaleKernel(MaternKernel)``; ``λ = √(2ν)/ℓ``."""
+    outputscale = None
+    base = kernel
+    if isinstance(kernel, gpytorch.kernels.ScaleKernel):
+        base, outputscale = kernel.base_kernel, kernel.outputscale
+    if not isinstance(base, gpytorch.kernels.MaternKernel) or base.nu not in _MATERN_INTEGRAL:
+        raise TypeError(
+            "FourierInducingVariables needs a MaternKernel (nu = 0.5, 1.5 or 2.5), optionally inside a ScaleKernel, "
+            f"got {type(kernel).__name__}"
+        )
+    if base.ard_num_dims not in (None, 1):
+        raise ValueError(f"FourierInducingVariables are for 1-D inputs; the kernel has ard_num_dims={base.ard_num_dims}")
+    lengthscale = base.lengthscale[..., 0, 0]
+    if outputscale is None:
+        outputscale = torch.ones_like(lengthscale)
+    return base.nu, math.sqrt(2 * base.nu) / lengthscale, outputscale
+
+
+class FourierInducingVariables(InducingVariables):
+    r"""``M = 2K + 1`` variational Fourier features on ``[a, b]`` for a Matérn-½, 3/2 or 5/2 kernel.
+
+    :param num_frequencies: ``K``; frequencies ``ω_k = 2πk/(b - a)``, ``k = 0..K``.
+    :param a: left end of the interval (must cover every input seen, training and test).
+    :param b: right end, ``b > a``.
+    :param jitter: diagonal jitter of :meth:`Kuu` (``None``: GPyTorch's variational jitter; ``Kuu``
+        is at least its diagonal ``≥ c_p (b - a) λ^{2p}``, so the jitter hardly matters).
+
+    :meth:`Kuf` raises for inputs outside ``[a, b]`` (the covariance there is not a Fourier
+    function; the thesis chooses ``[a, b]`` to cover all tasks). The features are the same
+    functions for any hyperparameters, so two instances on the same interval with the same ``K``
+    are the same variables (``Kuu_cross = Kuu``) and OVFF needs no move between tasks.
+    """
+
+    def __init__(self, num_frequencies: int, a: float, b: float, jitter: Optional[float] = None):
+        super().__init__(jitter=jitter)
+        if not isinstance(num_frequencies, int) or isinstance(num_frequencies, bool) or num_frequencies < 0:
+            raise ValueError(f"num_frequencies must be a non-negative int, got {num_frequencies!r}")
+        a, b = float(a), float(b)
+        if not (math.isfinite(a) and math.isfinite(b) and b > a):
+            raise ValueError(f"the interval must satisfy a < b (both finite), got a={a!r}, b={b!r}")
+        self.num_frequencies, self.a, self.b = num_frequencies, a, b
+
+    @property
+    def num_inducing(self) -> int:
+        return 2 * self.num_frequencies + 1
+
+    def extra_repr(self) -> str:
+        return f"num_frequencies={self.num_frequencies}, a={self.a:g}, b={self.b:g}"
+
+    def frequencies(self, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
+        """``ω_0 = 0, ω_1, ..., ω_K``."""
+        return 2 * math.pi * torch.arange(self.num_frequencies + 1, dtype=dtype, device=device) / (self.b - self.a)
+
+    def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
+        """``φ(x)``, shape ``(*batch, M, N)``; ``kernel`` is checked but not needed (reproducing property)."""
+        matern_parameters(kernel)
+        if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-1] != 1:
+            raise ValueError(f"x must have shape (*batch, N, 1), got {tuple(getattr(x, 'shape', ()))}")
+        if (x < self.a).any() or (x > self.b).any():
+            raise ValueError(f"x must lie in the interval [a, b] = [{self.a:g}, {self.b:g}] of the Fourier features")
+        omega = self.frequencies(x.dtype, x.device)
+        phase = (x[..., 0] - self.a).unsqueeze(-2) * omega.unsqueeze(-1)  # (*batch, K+1, N)
+        return torch.cat([torch.cos(phase), torch.sin(phase[..., 1:, :])], dim=-2)
+
+    def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
+        """``<φ_i, φ_j>_H``: diagonal plus the low-rank boundary terms (module docstring), plus jitter."""
+        nu, lam, variance = matern_parameters(kernel)
+        power, coefficient = _MATERN_INTEGRAL[nu]
+        lam, variance = lam[..., None], variance[..., None]
+        omega = self.frequencies(lam.dtype, lam.device)
+        length = self.b - self.a
+        spectrum = coefficient(lam) * length / 2 * (lam.square() + omega.square()) ** power / variance
+        cos_diag = torch.cat([2 * spectrum[..., :1], spectrum[..., 1:]], dim=-1)
+        diag = torch.cat([cos_diag, spectrum[..., 1:]], dim=-1)
+        root = self._boundary_root(nu, lam, omega, variance)
+        operator = LowRankRootAddedDiagLinearOperator(LowRankRootLinearOperator(root), DiagLinearOperator(diag))
+        return self.add_jitter(operator)
+
+    def _boundary_root(self, nu: float, lam: Tensor, omega: Tensor, variance: Tensor) -> Tensor:
+        """``R`` with ``R Rᵀ`` = the boundary terms of ``<φ_i, φ_j>_H`` at ``a`` (Durrande et al. 2016):
+
+        * ν=½: ``f(a)g(a)/σ²``; ν=3/2: ``[f(a)g(a) + f'(a)g'(a)/λ²]/σ²``;
+        * ν=5/2: ``[9/8 f g + 9/(8λ⁴) f''g'' + 3/λ² (f'g' + f''g/8 + f g''/8)](a)/σ²``.
+
+        At ``a`` the cosines have ``f = 1, f' = 0, f'' = -ω²`` and the sines ``f = 0, f' = ω, f'' = 0``.
+        """
+        scale = variance.rsqrt()
+        cos_ones = torch.ones_like(omega).expand(*lam.shape[:-1], -1)
+        zeros_cos = torch.zeros_like(cos_ones)
+        sin_omega = omega[1:].expand(*lam.shape[:-1], -1)
+        zeros_sin = torch.zeros_like(sin_omega)
+        columns = [torch.cat([cos_ones, zeros_sin], -1) * scale]
+        if nu == 1.5:
+            columns.append(torch.cat([zeros_cos, sin_omega / lam], -1) * scale)
+        elif nu == 2.5:
+            # cos block: v_i = (1, -ω_i²) with the 2x2 form B = [[9/8, 3/(8λ²)], [3/(8λ²), 9/(8λ⁴)]]
+            b11 = torch.full_like(lam, 9 / 8)
+            b12 = 3 / (8 * lam.square())
+            b22 = 9 / (8 * lam**4)
+            l11 = b11.sqrt()
+            l21 = b12 / l11
+            l22 = (b22 - l21.square()).sqrt()
+            cos_first = l11 * cos_ones - l21 * omega.square()
+            cos_second = -l22 * omega.square()
+            columns = [
+                torch.cat([cos_first, zeros_sin], -1) * scale,
+                torch.cat([cos_second.expand_as(cos_ones), zeros_sin], -1) * scale,
+                torch.cat([zeros_cos, math.sqrt(3) * sin_omega / lam], -1) * scale,
+            ]
+        return torch.stack(columns, dim=-1)
+
+    def _same_variables(self, other: InducingVariables) -> bool:
+        return (
+            isinstance(other, FourierInducingVariables)
+            and (other.num_frequencies, other.a, other.b) == (self.num_frequencies, self.a, self.b)
+        )
+
+    def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):
+        if self._same_variables(other):
+            return self.Kuu(kernel).to_dense()
+        if isinstance(other, FourierInducingVariables):
+            raise ValueError(
+                "Fourier features on different intervals or with different numbers of frequencies are features of "
+                "different RKHSs; keep one FourierInducingVariables for the whole stream"
+            )
+        return super()._cross_covariance(other, kernel)

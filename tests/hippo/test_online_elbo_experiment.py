@@ -1,0 +1,53 @@
+"""The OnlineELBO part of the runner: count metrics against a scipy Monte-Carlo predictive; method checks."""
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+from gpytorch_hippo.data import Dataset, split_tasks
+from gpytorch_hippo.experiments import online
+from gpytorch_hippo.experiments.online_elbo import run_elbo_method
+from gpytorch_hippo.metrics import interval_ece
+
+
+def synthetic_counts(n=240, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.arange(n, dtype=torch.float64).unsqueeze(-1)
+    y = torch.poisson(torch.exp(3 + torch.sin(x[:, 0] / 15)), generator=generator)
+    return Dataset("counts", x, y, "negative-binomial")
+
+
+@pytest.mark.parametrize("method", ["ohsvgp", "ovc"])
+def test_count_rows_match_a_scipy_monte_carlo_predictive(method):
+    data = synthetic_counts()
+    rows, model, likelihood = run_elbo_method(data, method, 10, seed=0, num_tasks=3, split=None, svgp_iters=20, lr=0.05)
+    assert [(r["task_trained"], r["task_eval"]) for r in rows] == [(1, 1), (2, 1), (2, 2), (3, 1), (3, 2), (3, 3)]
+    row = rows[3]  # after task 3, evaluated on task 1
+    test = split_tasks(data, 3, seed=0)[0]
+    model.eval()
+    with torch.no_grad():
+        latent = model(test.test_x)
+    generator = torch.Generator().manual_seed(5)
+    f = latent.mean + latent.variance.sqrt() * torch.randn(20000, test.test_y.shape[0], generator=generator, dtype=torch.float64)
+    r = likelihood.dispersion.item()
+    mu = f.exp().detach().numpy()
+    pmf = scipy.stats.nbinom.pmf(test.test_y.numpy(), r, r / (r + mu))  # (S, N)
+    nlpd = -np.log(pmf.mean(0)).mean()
+    assert row["nlpd"] == pytest.approx(nlpd, abs=0.01)  # Gauss-Hermite vs 20,000 draws
+    rng = np.random.default_rng(0)
+    samples = torch.from_numpy(rng.negative_binomial(r, r / (r + mu[:2000])))
+    # ECE from 100 draws is itself noisy: compare with the ECE of 2,000 scipy draws at 0.1
+    assert abs(row["ece"] - interval_ece(samples.double(), test.test_y)) < 0.1
+    assert row["rmse"] == pytest.approx(np.sqrt(((mu.mean(0) - test.test_y.numpy()) ** 2).mean()), rel=0.05)
+
+
+def test_multidimensional_methods_and_refusals():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(90, 3, generator=generator, dtype=torch.float64)
+    data = Dataset("toy3", x, torch.sin(x).sum(-1))
+    rows, _, _ = run_elbo_method(data, "ohsvgp-o", 8, seed=0, num_tasks=3, split="l2", svgp_iters=3, num_rff=200)
+    assert len(rows) == 6 and all(r["ece"] == "" and np.isfinite(r["nlpd"]) for r in rows)
+    with pytest.raises(ValueError, match="does not apply"):
+        run_elbo_method(data, "ohsvgp", 8, seed=0, num_tasks=3, split="l2")
+    with pytest.raises(ValueError, match="does not apply"):
+        online.run_method("irradiance", "osvgp", 8, seed=0, num_tasks=3)

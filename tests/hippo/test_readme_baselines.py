@@ -1,0 +1,27 @@
+"""README's baselines example runs, and each method's online posterior mean is close to the exact GP's."""
+import pathlib
+import re
+
+import gpytorch
+import torch
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_baselines_example(capsys):
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "FourierSchedule" in b]
+    assert len(blocks) == 1
+    namespace = {}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    times, series = namespace["times"], namespace["series"]
+    for name, base in (("OHSGPR", gpytorch.kernels.RBFKernel()), ("OVC", gpytorch.kernels.RBFKernel()),
+                       ("OVFF", gpytorch.kernels.MaternKernel(nu=2.5))):
+        kernel = gpytorch.kernels.ScaleKernel(base).double()
+        kernel.base_kernel.lengthscale = 5.0
+        with torch.no_grad():
+            gram = kernel(times).to_dense()
+            exact = gram @ torch.linalg.solve(gram + 0.01 * torch.eye(1000, dtype=torch.float64), series)
+        gap = (namespace["means"][name] - exact).pow(2).mean().sqrt()
+        print(name, gap.item())
+        assert gap < 0.05, (name, gap)
+    assert "captured prior variance" in capsys.readouterr().out
