@@ -115,5 +115,5 @@ osgpr_final = (snapshots["OSGPR"][-1][0][first] - y[first]).pow(2).mean().sqrt()
 assert ohsgpr_final < osgpr_final  # OHSGPR remembers the first task, OSGPR with moved points does not
 
 # %% [markdown]
-# The same comparison on several data sets, with the exact GP as a reference, is
-# `python -m gpytorch_hippo.experiments.online_time_series`.
+# The same comparison on several data sets and with more baselines (OVC, OVFF, OSGPR with trained
+# inducing inputs) is `python -m gpytorch_hippo.experiments.online --dataset irradiance`.
