@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from .decoupled import GlobalFactors, decoupled_step_sample, decoupled_terms, global_factors
 from .kernels import evaluate_kernel, kernel_blocks, make_attention_kernel
 from .mle_attention import KernelAttention, ScaledDotProductAttention
-from .multihead import SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
+from .multihead import ForwardKL, SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
 from .samplers import SAMPLERS, SGPA_SAMPLERS, PosteriorTerms
 from .standard import standard_step_sample, standard_terms
 
@@ -213,6 +213,7 @@ class SGPAttention(_MultiHeadAttention):
             self.global_chol_log_diag = nn.Parameter(std * torch.randn(heads, cov_dims, num_global))
         self.share_covariance = share_covariance
         self._cache = None
+        self.last_kl = ForwardKL()
 
     @property
     def diag_sample(self) -> bool:
@@ -366,7 +367,11 @@ class SGPAttention(_MultiHeadAttention):
         global_inputs: Tensor | None = None,
         noise: SGPANoise | None = None,
     ):
-        """One reparameterised sample of the layer output and the batch-mean KL (eq. ``reparam_dgp``)."""
+        """One reparameterised sample of the layer output and the batch-mean KL (eq. ``reparam_dgp``).
+
+        The KL (and its global part) is also kept in ``last_kl`` until the next call, for
+        :func:`gpytorch_sgpa.kl_divergence` to collect without a change to the caller's ``forward``.
+        """
         self._check_input(x, key_padding_mask)
         batch, length, _ = x.shape
         if noise is None:
@@ -378,7 +383,9 @@ class SGPAttention(_MultiHeadAttention):
         with _no_autocast(x):
             terms = self._terms(x, key_padding_mask, global_inputs, False, self.sampler, global_noise)
             sample = SAMPLERS[self.sampler](terms, local, _relative_jitter(self.kernel, dtype))
-        return self.out_proj(self.dropout(self._merge(sample.to(x.dtype)))), terms.kl.mean()
+        kl = terms.kl.mean()
+        self.last_kl = ForwardKL(kl, kl.new_zeros(()) if terms.global_kl is None else terms.global_kl)
+        return self.out_proj(self.dropout(self._merge(sample.to(x.dtype)))), kl
 
     # ------------------------------------------------------------------ incremental decoding
     def forward_step(
