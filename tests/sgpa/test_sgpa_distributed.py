@@ -50,3 +50,16 @@ def test_shard_and_rank_seed():
     assert len(seeds) == 12 and distributed.rank_seed(5, 1) == distributed.rank_seed(5, 1)
     assert distributed.world() == (0, 1) and distributed.is_main()
     assert distributed.broadcast_from_main(lambda: 2.5) == 2.5
+
+
+def test_calibration_runner_under_torchrun_writes_once_with_world_size(tmp_path):
+    import csv
+
+    out = tmp_path / "out"
+    _torchrun(["-m", "gpytorch_sgpa.experiments.calibration", "--quick", "--dataset", "digits", "--methods", "sgpa",
+               "--train-size", "64", "--val-size", "32", "--test-size", "32", "--ood-size", "32", "--batch-size", "16",
+               "--no-progress", "--threads", "1", "--out", str(out)], tmp_path)
+    with open(out / "results.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["method"], row["world_size"]) for row in rows] == [("sgpa", "2")]
+    assert 0 <= float(rows[0]["accuracy"]) <= 1 and float(rows[0]["kl_final"]) > 0
