@@ -11,7 +11,7 @@ import torch
 
 from gpytorch_sgpa import SGPAELBO, SGPANoise, SGPAttention, SGPAViT
 from gpytorch_sgpa.experiments import distributed
-from gpytorch_sgpa.experiments.training import Split, _batches, train_classifier
+from gpytorch_sgpa.experiments.training import Split, train_classifier
 
 GLOBAL_BATCH = 7  # odd: shards of 4 and 3 exercise the loss scaling by shard size
 SEED = 0
@@ -19,14 +19,17 @@ SEED = 0
 
 def _shared_noise(layer_index: int, rank: int, world_size: int):
     generator = torch.Generator().manual_seed(100 + layer_index)
-    (order,) = _batches(GLOBAL_BATCH, GLOBAL_BATCH, torch.Generator().manual_seed(SEED))
     rows = distributed.shard(torch.arange(GLOBAL_BATCH), rank, world_size)
 
     def sample_noise(self, batch_size, length, dtype=None, device=None):
         assert batch_size == len(rows), (batch_size, len(rows))
         local = torch.randn(GLOBAL_BATCH, self.num_heads, length, self.head_dim, generator=generator,
                             dtype=torch.float64)
-        return SGPANoise(local[rows].to(dtype or torch.float64), None)
+        global_ = None
+        if self._uses_global_noise():  # the default decomposed sampler's per-sequence global draw
+            global_ = torch.randn(GLOBAL_BATCH, self.num_heads, self.head_dim, self.num_global,
+                                  generator=generator, dtype=torch.float64)[rows]
+        return SGPANoise(local[rows], global_)
 
     return sample_noise
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(HERE))
 import ddp_step_worker  # noqa: E402
 
 
-def _torchrun(args, tmp_path, timeout=120):
+def _torchrun(args, tmp_path, timeout=300):  # ~15 s unloaded; the shared machine can be 10x slower
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=timeout)
