@@ -13,6 +13,7 @@ from .attention import (
     SGPAStepState,
     SGPAttention,
 )
+from .dropin import MultiheadSGPAttention, convert, global_kl_divergence, kl_divergence
 from .elbo import SGPAELBO
 from .kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_attention_kernel
 from .transformer import ATTENTION_TYPES, SGPABlock, SGPADecoder, SGPATransformer, SGPAViT, build_attention
@@ -21,6 +22,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "ExponentialKernel",
     "KernelAttention",
+    "MultiheadSGPAttention",
     "SGPABlock",
     "SGPADecoder",
     "SGPAELBO",
@@ -32,7 +34,10 @@ __all__ = [
     "SGPAttention",
     "ScaledDotProductAttention",
     "build_attention",
+    "convert",
     "evaluate_kernel",
+    "global_kl_divergence",
     "kernel_blocks",
+    "kl_divergence",
     "make_attention_kernel",
 ]

@@ -94,7 +94,8 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
         mean = amortised_mean
     if coefficient is not None:
         mean = mean + whitened.transpose(-2, -1).matmul(coefficient)
-    kl = 0.5 * amortised_kl + factors.kl.sum()
+    global_kl = factors.kl.sum()
+    kl = 0.5 * amortised_kl + global_kl
     variance = covariance = chol_factor = residual = None
     if sampler == "full":  # the full-covariance sampler needs neither variance nor covariance
         valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]
@@ -109,7 +110,7 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
         if full_covariance:
             covariance = conditional.unsqueeze(2) + projected.transpose(-2, -1).matmul(projected)
             covariance = covariance.expand(-1, -1, layer.head_dim, -1, -1)
-    return PosteriorTerms(mean, variance, covariance, kl, chol_factor, residual)
+    return PosteriorTerms(mean, variance, covariance, kl, chol_factor, residual, global_kl)
 
 
 def decoupled_step_sample(layer, query, value, gram_row, mean, state) -> Tensor:

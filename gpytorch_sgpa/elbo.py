@@ -32,6 +32,9 @@ import torch.nn.functional as F
 from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood, Likelihood
 from torch import Tensor, nn
 
+from .attention import SGPAttention
+from .dropin import global_kl_divergence
+
 __all__ = ["SGPAELBO", "LIKELIHOODS", "IGNORE_INDEX", "KL_WEIGHTINGS"]
 
 LIKELIHOODS = ("categorical", "gaussian", "laplace")
@@ -54,7 +57,10 @@ class SGPAELBO(gpytorch.Module):
     GPyTorch likelihood whose ``forward(f)`` returns a distribution with ``log_prob``.  The model
     and the likelihood are submodules, so ``elbo.parameters()`` holds everything to optimise.
     ``kl_weighting`` is one of :data:`KL_WEIGHTINGS` (module docstring); ``"decomposed"`` needs
-    the model's ``global_kl()`` (the package's Transformers have it).
+    the model's ``global_kl()`` (the package's Transformers have it) or, for any other model with
+    SGPA layers (e.g. after :func:`gpytorch_sgpa.convert`), reads their global KL of the current
+    forward pass (:func:`gpytorch_sgpa.global_kl_divergence`); pass ``kl`` =
+    :func:`gpytorch_sgpa.kl_divergence` of the model then.
 
     The annealing counter advances by one at each call made with the model in training mode and
     gradients enabled.
@@ -82,10 +88,13 @@ class SGPAELBO(gpytorch.Module):
             raise ValueError(f"anneal_steps must be an int >= 0, got {anneal_steps!r}")
         if not isinstance(kl_weighting, str) or kl_weighting not in KL_WEIGHTINGS:
             raise ValueError(f"kl_weighting must be one of {KL_WEIGHTINGS}, got {kl_weighting!r}")
-        if kl_weighting == "decomposed" and not callable(getattr(model, "global_kl", None)):
+        if kl_weighting == "decomposed" and not callable(getattr(model, "global_kl", None)) and not any(
+            isinstance(m, SGPAttention) for m in model.modules()
+        ):
             raise TypeError(
-                f"kl_weighting='decomposed' needs model.global_kl() (the KL shared by all sequences); "
-                f"{type(model).__name__} has none: pass kl_weighting='all-over-n' or 'authors'"
+                f"kl_weighting='decomposed' needs model.global_kl() or SGPAttention layers whose global KL "
+                f"it collects (the KL shared by all sequences); {type(model).__name__} has neither: pass "
+                "kl_weighting='all-over-n' or 'authors'"
             )
         self.kl_weighting = kl_weighting
         task = getattr(model, "task", "classification")
@@ -162,7 +171,10 @@ class SGPAELBO(gpytorch.Module):
             return kl / self.num_data
         if self.kl_weighting == "authors":
             return kl
-        global_kl = self.model.global_kl()
+        if callable(getattr(self.model, "global_kl", None)):
+            global_kl = self.model.global_kl()
+        else:  # a user's model (e.g. after gpytorch_sgpa.convert): the layers' record of this forward pass
+            global_kl = global_kl_divergence(self.model)
         return kl - global_kl + global_kl / self.num_data
 
     def forward(self, outputs: Tensor, kl: Tensor, targets: Tensor) -> Tensor:

@@ -105,6 +105,11 @@ def calibration_errors(probs, labels, num_bins: int = 15) -> tuple[float, float]
     The confidence of an input is its largest class probability; bin ``b`` holds confidences in
     ``((b - 1) / B, b / B]``. ECE is ``sum_b (n_b / N) |acc_b - conf_b|``; MCE is the largest
     ``|acc_b - conf_b|`` over non-empty bins.
+
+    Not ``torchmetrics``' ``CalibrationError``: it bins ``[b / B, (b + 1) / B)`` and puts
+    confidence exactly 1 in a bin of its own (a ``B + 1``-th), so saturated predictions (exact 1.0
+    after a float32 softmax) are scored apart from the other confident ones, which is not the
+    thesis's definition.  Away from bin edges the two agree (``tests/sgpa/test_sgpa_metrics.py``).
     """
     probs = _check_probs(probs)
     labels = _check_labels(labels, probs.shape[0], probs.shape[1])

@@ -125,6 +125,28 @@ def _masked_cholesky(matrix: Tensor, valid: Tensor | None, jitter: Tensor) -> Te
     return psd_safe_cholesky(matrix + jitter * torch.diag_embed(valid.to(matrix.dtype)))
 
 
+class ForwardKL:
+    """The KL terms of a layer's most recent forward call (read by ``gpytorch_sgpa.kl_divergence``).
+
+    ``total``: the batch-mean per-sequence KL the call returned; ``global_``: its part from the
+    global inducing variables (decoupled SGPA; ``0`` for standard).  Both carry the autograd graph
+    of that call, so a copy (``copy.deepcopy``, pickling) starts empty instead of copying the graph,
+    which ``deepcopy`` of a non-leaf tensor would refuse.
+    """
+
+    __slots__ = ("total", "global_")
+
+    def __init__(self, total: Tensor | None = None, global_: Tensor | None = None):
+        self.total = total
+        self.global_ = global_
+
+    def __deepcopy__(self, memo) -> "ForwardKL":
+        return ForwardKL()
+
+    def __reduce__(self):
+        return (ForwardKL, ())
+
+
 @dataclass
 class SGPAStepState:
     """Key/value cache of a causal attention layer for autoregressive prediction.

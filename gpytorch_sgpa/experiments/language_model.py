@@ -19,6 +19,8 @@ next-word probabilities of ``--num-samples`` passes.
     python -m gpytorch_sgpa.experiments.language_model --methods mle-sdp,mle-kernel,mcd,sgpa --seeds 3 --out DIR
 
 writes ``DIR/results.csv`` (columns :data:`CSV_COLUMNS`) and prints mean ± 2 s.e. per method.
+``torchrun --nproc-per-node N -m gpytorch_sgpa.experiments.language_model ...`` trains data-parallel
+(:mod:`.distributed`; ``--batch-size`` is the global batch); rank 0 evaluates and writes.
 """
 from __future__ import annotations
 
@@ -37,14 +39,15 @@ from ..data import Vocabulary, load_vader_snippets, split_indices, tokenize
 from ..elbo import IGNORE_INDEX, SGPAELBO
 from ..transformer import SGPADecoder
 from .calibration import format_table, parse_seeds, summarize, write_csv
+from . import distributed
 from .training import Split, train_classifier
 
 __all__ = ["METHODS", "CSV_COLUMNS", "LMConfig", "encode_for_lm", "evaluate_lm", "run", "main"]
 
 METHODS = ("mle-sdp", "mle-kernel", "mcd", "sgpa")
 CSV_COLUMNS = ("dataset", "method", "seed", "token_nll", "perplexity", "accuracy", "ece", "mce",
-               "shift_token_nll", "shift_ece", "train_s_per_epoch", "infer_s_per_batch")
-METRIC_COLUMNS = CSV_COLUMNS[3:]
+               "shift_token_nll", "shift_ece", "train_s_per_epoch", "infer_s_per_batch", "world_size")
+METRIC_COLUMNS = CSV_COLUMNS[3:-1]
 BOS, EOS = "<bos>", "<eos>"
 
 
@@ -169,6 +172,8 @@ def run(methods, seeds, config: LMConfig, progress: bool = True) -> list[dict]:
                                            description=f"{family} seed {seed}")
                 trained[family] = (model, seconds)
             model, seconds = trained[family]
+            if not distributed.is_main():  # every rank trains (DDP); rank 0 evaluates
+                continue
             passes = config.num_samples if method in ("mcd", "sgpa") else 1
             dropout = method == "mcd"
             *test_scores, infer = evaluate_lm(model, test, passes, config.batch_size, dropout)
@@ -176,7 +181,7 @@ def run(methods, seeds, config: LMConfig, progress: bool = True) -> list[dict]:
             row = {"dataset": "vader_lm", "method": method, "seed": seed, **_scores(*test_scores)}
             shifted = _scores(*shift_scores)
             row.update(shift_token_nll=shifted["token_nll"], shift_ece=shifted["ece"],
-                       train_s_per_epoch=seconds, infer_s_per_batch=infer)
+                       train_s_per_epoch=seconds, infer_s_per_batch=infer, world_size=distributed.world()[1])
             rows.append(row)
     return rows
 
@@ -205,9 +210,19 @@ def main(argv=None) -> list[dict]:
     config = replace(config, **{name: getattr(args, name) for name in config.__dict__ if getattr(args, name) is not None})
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    distributed.init_from_environment()
+    try:
+        return _run_and_write(args, methods, config)
+    finally:
+        distributed.shutdown()
+
+
+def _run_and_write(args, methods, config) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     rows = run(methods, parse_seeds(args.seeds), config, progress=not args.no_progress)
+    if not distributed.is_main():
+        return rows
     write_csv(rows, args.out / "results.csv", CSV_COLUMNS)
     print(format_table(summarize(rows, METRIC_COLUMNS), METRIC_COLUMNS))
     print(f"\n{len(rows)} rows written to {args.out / 'results.csv'} in {time.perf_counter() - start:.0f} s; "

@@ -5,9 +5,11 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..baselines.prediction import logits_of
+from . import distributed
 
 
 @dataclass
@@ -60,28 +62,51 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     Without ``elbo`` the loss is :func:`mle_loss` of the logits (MLE, with the model's dropout);
     with it, the loss is ``-elbo(logits, kl, labels)`` (thesis eq. ``elbo``, one sample per input).
     ``on_epoch_end(epoch, model)`` (epochs counted from 1) is called untimed after each epoch.
+
+    Under ``torch.distributed`` (:mod:`.distributed`, e.g. launched by torchrun) ``batch_size`` is
+    the global batch: each rank trains on its shard through ``DistributedDataParallel`` with its
+    loss scaled by ``world_size · n_rank / batch_size``, which makes the step that of one process on
+    the whole batch (derivation in :mod:`.distributed`); the ranks' noise streams differ.
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
+    rank, world_size = distributed.world()
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam((elbo if elbo is not None else model).parameters(), lr=lr)
+    wrapped, unmanaged = model, []
+    if world_size > 1:
+        last = len(data) % batch_size or batch_size
+        if min(batch_size, last, len(data)) < world_size:
+            raise ValueError(f"every batch needs >= world_size={world_size} examples; batch_size={batch_size} "
+                             f"with {len(data)} examples leaves a batch of {min(last, len(data))}")
+        torch.manual_seed(distributed.rank_seed(seed, rank))
+        wrapped = DistributedDataParallel(model)  # broadcasts rank 0's parameters and buffers
+        in_model = {id(p) for p in model.parameters()}
+        unmanaged = [p for p in (elbo.parameters() if elbo is not None else ()) if id(p) not in in_model]
     steps_per_epoch = -(-len(data) // batch_size)
     total_steps = epochs * steps_per_epoch
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * step / max(total_steps - 1, 1))
     model.train()
     elapsed = 0.0
-    bar = tqdm(total=total_steps, desc=description, disable=not progress, leave=False)
+    bar = tqdm(total=total_steps, desc=description, disable=not progress or rank != 0, leave=False)
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()
         for index in _batches(len(data), batch_size, generator):
+            global_size = len(index)
+            if world_size > 1:
+                index = distributed.shard(index, rank, world_size)
             inputs, kwargs, labels = data.batch(index)
-            output = model(inputs, **kwargs)
+            output = wrapped(inputs, **kwargs)
             if elbo is None:
                 loss = mle_loss(logits_of(output), labels)
             else:
                 loss = -elbo(output[0], output[1], labels)
+            if world_size > 1:
+                loss = loss * (world_size * len(index) / global_size)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if unmanaged:
+                distributed.average_gradients(unmanaged)
             optimizer.step()
             schedule.step()
             bar.update()

@@ -135,3 +135,21 @@ def test_regression_metrics_against_scipy():
 def test_bad_input_raises_value_error_naming_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_calibration_errors_agree_with_torchmetrics_away_from_bin_edges():
+    """torchmetrics' CalibrationError (a well-kept implementation) gives the same ECE and MCE when
+    no confidence lies on a bin edge, where the two binning conventions differ (see the docstring)."""
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    from gpytorch_sgpa.metrics import calibration_errors
+
+    generator = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(2000, 5, generator=generator, dtype=torch.float64), -1)
+    labels = torch.randint(0, 5, (2000,), generator=generator)
+    confidence = probs.max(-1).values
+    assert ((confidence * 15 - (confidence * 15).round()).abs() > 1e-9).all()
+    ece, mce = calibration_errors(probs, labels)
+    assert abs(ece - float(multiclass_calibration_error(probs, labels, 5, n_bins=15, norm="l1"))) < 1e-6  # torchmetrics returns float32
+    assert abs(mce - float(multiclass_calibration_error(probs, labels, 5, n_bins=15, norm="max"))) < 1e-6
+    assert ece > 0.01  # a miscalibrated predictor: the comparison is not between two zeros

@@ -104,7 +104,9 @@ def test_decoder_with_left_padding_ignores_the_padded_tokens(attention):
         logits, kl = model(tokens, key_padding_mask=mask, noise=noise)
         logits_other, kl_other = model(other, key_padding_mask=mask, noise=noise)
     assert torch.isfinite(logits[~mask]).all() and torch.isfinite(kl)
-    torch.testing.assert_close(logits[~mask], logits_other[~mask], rtol=1e-5, atol=1e-5)
+    # float32 round-off through two layers (the default decomposed sampler adds the global term
+    # A^T W eps): up to ~2e-5 here; in float64 the difference is ~1e-15
+    torch.testing.assert_close(logits[~mask], logits_other[~mask], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(kl, kl_other, rtol=1e-5, atol=1e-4)
 
 

@@ -155,13 +155,18 @@ def test_decomposed_causal_steps_equal_full_recomputation(variant):
 # ---------------------------------------------------------------------------------------- options
 def test_diag_sample_keeps_its_meaning_and_sampler_names_map_onto_it():
     assert SGPA_SAMPLERS == ("diagonal", "full", "decomposed")
-    assert _layer().sampler == "diagonal" and _layer().diag_sample
+    # issue 14: the decoupled default is "decomposed" (cost); standard SGPA keeps the thesis's "diagonal"
+    assert _layer().sampler == "decomposed" and not _layer().diag_sample
+    assert SGPAttention(D_MODEL, HEADS, mode="standard", max_len=LENGTH).sampler == "diagonal"
+    assert _layer(diag_sample=True).sampler == "diagonal"
+    with pytest.raises(ValueError, match="contradicts"):
+        _layer(sampler="full", diag_sample=True)
     assert _layer(diag_sample=False).sampler == "full"
     assert _layer(sampler="full").diag_sample is False
     assert _layer(sampler="diagonal", diag_sample=True).sampler == "diagonal"
     assert _layer(sampler="decomposed").diag_sample is False
     x = _inputs()
-    for name, old in (("diagonal", dict()), ("full", dict(diag_sample=False))):
+    for name, old in (("diagonal", dict(diag_sample=True)), ("full", dict(diag_sample=False))):
         new_layer, old_layer = _layer(sampler=name), _layer(**old)
         noise = old_layer.sample_noise(BATCH, LENGTH)
         assert (noise.global_ is None) == (name == "diagonal")

@@ -1,0 +1,283 @@
+r"""SGPA inside a user's own PyTorch Transformer (thesis ch. 3 without the package's model classes).
+
+* :class:`MultiheadSGPAttention` has :class:`torch.nn.MultiheadAttention`'s call convention
+  (``forward(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+  is_causal) -> (output, weights)``, ``batch_first``, unbatched inputs) and holds one of the
+  package's layers (:class:`~gpytorch_sgpa.attention.SGPAttention`,
+  :class:`~gpytorch_sgpa.mle_attention.KernelAttention`, ...), so it can be the ``self_attn`` of
+  :class:`torch.nn.TransformerEncoderLayer` (stacked by :class:`torch.nn.TransformerEncoder`);
+* :func:`convert` swaps the ``nn.MultiheadAttention`` modules of an existing model for such
+  adapters initialised from the trained weights (the thesis starts SGPA from an MLE network,
+  App. B.4);
+* :func:`kl_divergence` / :func:`global_kl_divergence` sum, after a forward pass, the KL terms of
+  every SGPA layer of a module tree, so the caller's ``forward`` keeps its signature;
+  :class:`~gpytorch_sgpa.elbo.SGPAELBO` takes the first and reads the second itself.
+
+In the package's own Transformers the global inducing inputs pass through the block's feature
+map ``G_φ`` (eq. ``fhl``); in an adapter they are parameters in the attention's input space
+(``G_φ`` = identity), as a stock encoder layer has no separate ``G_φ``.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from .attention import KernelAttention, SGPAttention
+from .transformer import ATTENTION_TYPES, build_attention
+
+__all__ = ["MultiheadSGPAttention", "convert", "global_kl_divergence", "kl_divergence"]
+
+
+def _boolean_mask(mask: Tensor, name: str) -> Tensor:
+    """``True`` = not allowed, from a bool mask or an additive float mask of ``0`` / ``-inf``."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        return mask
+    if not mask.is_floating_point():
+        raise TypeError(f"{name} must be a bool tensor or a float tensor of 0 / -inf, got {mask.dtype}")
+    blocked = mask == float("-inf")
+    if not (blocked | (mask == 0)).all():
+        raise ValueError(
+            f"{name} holds additive biases other than 0 and -inf; kernel and SGPA attention have no "
+            "softmax to add them to, so only masks (bool, or float 0 / -inf) are supported"
+        )
+    return blocked
+
+
+def _same_values(other, query: Tensor) -> bool:
+    if other is query:
+        return True
+    if not isinstance(other, Tensor) or other.shape != query.shape or other.dtype != query.dtype:
+        return False
+    same_view = other.data_ptr() == query.data_ptr() and other.stride() == query.stride()
+    return same_view or torch.equal(other, query)
+
+
+class MultiheadSGPAttention(nn.Module):
+    r"""Self-attention with :class:`torch.nn.MultiheadAttention`'s interface around a package layer.
+
+    ``attention`` is a name of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES` (``"sgpa"``:
+    decoupled orthogonal SGPA, ``"sgpa-dsvgp"``, ``"sgpa-standard"`` (needs ``max_len``),
+    ``"kernel"``, ``"sdp"``); ``attention_kwargs`` go to that layer (``kernel``, ``num_global``,
+    ``sampler``, ``causal``, ...).  The layer is ``self.attention``; its KL of the last call is
+    collected by :func:`kl_divergence`.
+
+    ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True, is_causal=False)`` returns ``(output, None)``:
+
+    * self-attention only: ``key`` and ``value`` must equal ``query`` (SGPA's keys are its
+      queries, eq. ``fhl``); cross-attention raises;
+    * ``query``: ``(L, N, E)``, or ``(N, L, E)`` with ``batch_first=True``, or unbatched ``(L, E)``;
+    * ``key_padding_mask``: ``(N, L)`` (``(L,)`` unbatched), bool (``True`` = ignore) or float
+      ``0`` / ``-inf`` (what ``nn.TransformerEncoder`` passes);
+    * ``attn_mask`` / ``is_causal``: the only mask a layer supports is its own structure: none for
+      a layer built with ``causal=False``, the causal mask (``(L, L)``, ``True`` / ``-inf`` above the
+      diagonal, e.g. ``nn.Transformer.generate_square_subsequent_mask``) or ``is_causal=True`` for
+      one built with ``causal=True``; anything else raises (no silent reinterpretation);
+    * weights: ``None`` whatever ``need_weights``: an SGPA output is a GP sample, not a weighted
+      average, so there is no attention matrix to return.
+
+    ``in_proj_weight`` / ``in_proj_bias`` are ``None`` and ``_qkv_same_embed_dim`` is ``True``:
+    ``nn.TransformerEncoderLayer`` reads them to decide on its fused inference kernel, which would
+    bypass this module; ``in_proj_bias is None`` switches that kernel off.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, batch_first: bool = False,
+                 attention: str = "sgpa", **attention_kwargs):
+        super().__init__()
+        if not isinstance(batch_first, bool):
+            raise TypeError(f"batch_first must be a bool, got {type(batch_first).__name__}")
+        if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
+            raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
+        self.attention = build_attention(attention, embed_dim, num_heads, dropout=dropout,
+                                         attention_kwargs=attention_kwargs)
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.batch_first = batch_first
+        self._qkv_same_embed_dim = True
+        self.in_proj_weight = None
+        self.in_proj_bias = None
+
+    @property
+    def causal(self) -> bool:
+        return self.attention.causal
+
+    def _wants_causal(self, attn_mask: Tensor | None, is_causal: bool, length: int, device) -> bool:
+        if attn_mask is None:
+            return bool(is_causal)
+        blocked = _boolean_mask(attn_mask, "attn_mask")
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+        if blocked.shape != (length, length) or not torch.equal(blocked, causal):
+            raise ValueError(
+                f"attn_mask must be None or the causal mask of shape ({length}, {length}); SGPA's "
+                "posterior conditions on all keys (causal=False) or on the prefix (causal=True) only"
+            )
+        return True
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
+                need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False):
+        if not isinstance(query, Tensor) or query.dim() not in (2, 3):
+            raise ValueError(f"query must be a tensor (L, E) or {'(N, L, E)' if self.batch_first else '(L, N, E)'}, "
+                             f"got {getattr(query, 'shape', type(query).__name__)}")
+        if not (_same_values(key, query) and _same_values(value, query)):
+            raise ValueError("key and value must equal query: SGPA is self-attention "
+                             "(its keys are its queries, thesis eq. fhl)")
+        unbatched = query.dim() == 2
+        x = query.unsqueeze(0) if unbatched else (query if self.batch_first else query.transpose(0, 1))
+        if key_padding_mask is not None:
+            key_padding_mask = _boolean_mask(key_padding_mask, "key_padding_mask")
+            if unbatched:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+            if key_padding_mask.shape != x.shape[:2]:
+                raise ValueError(f"key_padding_mask must have shape {tuple(x.shape[:2])} (batch, L), got "
+                                 f"{tuple(key_padding_mask.shape)}")
+        if self._wants_causal(attn_mask, is_causal, x.shape[1], x.device) != self.causal:
+            raise ValueError(
+                f"the attention layer was built with causal={self.causal}, but attn_mask/is_causal ask for "
+                f"{'a causal' if not self.causal else 'no'} mask; build it (or convert) with causal={not self.causal}"
+            )
+        output, _ = self.attention(x, key_padding_mask=key_padding_mask)
+        output = output.squeeze(0) if unbatched else (output if self.batch_first else output.transpose(0, 1))
+        return output, None
+
+
+def _sgpa_layers(module: nn.Module) -> list[SGPAttention]:
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    layers = [m for m in module.modules() if isinstance(m, SGPAttention)]
+    if not layers:
+        raise ValueError(f"{type(module).__name__} holds no SGPAttention layer (use gpytorch_sgpa.convert first)")
+    return layers
+
+
+def _recorded(module: nn.Module, part: str) -> Tensor:
+    total = None
+    for layer in _sgpa_layers(module):
+        value = getattr(layer.last_kl, part)
+        if value is None:
+            raise ValueError("an SGPAttention layer of the module has not run a forward pass since it was "
+                             "built or copied; run the model's forward before collecting its KL")
+        total = value if total is None else total + value
+    return total
+
+
+def kl_divergence(module: nn.Module) -> Tensor:
+    """Sum of the KL terms (App. B.1.2; batch-mean per sequence) of every SGPA layer in ``module``'s
+    tree, from each layer's most recent forward call (a scalar carrying gradients).
+
+    Use it right after the forward pass whose ELBO it enters:
+    ``elbo(logits, gpytorch_sgpa.kl_divergence(model), y)``.  A layer called several times in one
+    pass contributes its last call only.
+    """
+    return _recorded(module, "total")
+
+
+def global_kl_divergence(module: nn.Module) -> Tensor:
+    """The part of :func:`kl_divergence` from the global inducing variables (shared by all
+    sequences, so ``SGPAELBO(kl_weighting="decomposed")`` divides it by ``num_data``)."""
+    return _recorded(module, "global_")
+
+
+def _split_in_projection(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor, Tensor]:
+    if not mha._qkv_same_embed_dim:
+        raise ValueError("convert needs nn.MultiheadAttention with kdim = vdim = embed_dim (self-attention)")
+    if mha.bias_k is not None or mha.add_zero_attn:
+        raise ValueError("convert does not support nn.MultiheadAttention with add_bias_kv or add_zero_attn")
+    return mha.in_proj_weight.detach().chunk(3, dim=0)
+
+
+def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) -> MultiheadSGPAttention:
+    weight_q, weight_k, weight_v = _split_in_projection(mha)
+    kwargs.setdefault("dropout", mha.dropout)
+    adapter = MultiheadSGPAttention(mha.embed_dim, mha.num_heads, batch_first=mha.batch_first,
+                                    attention=attention, **kwargs)
+    layer = adapter.attention
+    if not hasattr(layer, "qk_proj"):
+        raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
+    with torch.no_grad():
+        layer.qk_proj.weight.copy_(0.5 * (weight_q + weight_k))
+        layer.v_proj.weight.copy_(weight_v)
+        layer.out_proj.load_state_dict(mha.out_proj.state_dict())
+    return adapter.to(device=weight_v.device, dtype=weight_v.dtype)
+
+
+def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dict) -> MultiheadSGPAttention:
+    source = old.attention
+    if "kernel" in kwargs:
+        raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
+    kwargs.setdefault("dropout", source.dropout.p)
+    kwargs.setdefault("causal", source.causal)
+    adapter = MultiheadSGPAttention(old.embed_dim, old.num_heads, batch_first=old.batch_first,
+                                    attention=attention, **kwargs)
+    layer = adapter.attention
+    weight = source.qk_proj.weight
+    adapter.to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        for name in ("qk_proj", "v_proj", "out_proj"):
+            getattr(layer, name).load_state_dict(getattr(source, name).state_dict())
+    layer.kernel = copy.deepcopy(source.kernel)
+    layer.kernel_name = source.kernel_name
+    return adapter
+
+
+def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> nn.Module:
+    r"""Swap, in place, the attention modules of ``module`` for :class:`MultiheadSGPAttention`\ s and
+    return ``module`` (or the replacement when ``module`` is itself an attention module).
+
+    Converted: every :class:`torch.nn.MultiheadAttention`, and every kernel-attention adapter
+    (``MultiheadSGPAttention`` holding :class:`KernelAttention`) when ``attention`` is not
+    ``"kernel"``: the thesis's path, MLE kernel attention first, then SGPA from its weights.
+    ``attention`` and ``attention_kwargs`` are those of :class:`MultiheadSGPAttention` (e.g.
+    ``num_global=32``, ``variant``-bearing names ``"sgpa-dsvgp"``, ``sampler="decomposed"``,
+    ``causal=True`` for a causal model); ``dropout`` and ``batch_first`` default to the replaced
+    module's.
+
+    Initialisation: from kernel attention, ``W_qk``, ``W_v``, the output projection and the kernel
+    hyperparameters are copied, so with the posterior collapsed to its mean standard SGPA and
+    DSVGP reproduce the kernel-attention outputs exactly (orthogonal SGPA adds its global
+    correction, eq. ``odsvgp``).  From ``nn.MultiheadAttention`` (softmax attention, separate
+    ``W_q``, ``W_k``): ``W_qk = (W_q + W_k) / 2``, ``W_v`` and the output projection are copied and
+    the input-projection biases are dropped (kernel and SGPA attention have none); the function
+    computed changes (softmax → kernel), so fine-tune afterwards.  SGPA variational parameters
+    start as in :class:`SGPAttention`.
+
+    ``nn.TransformerEncoder``\ s in the tree get ``use_nested_tensor = False``: their nested-tensor
+    inference path would bypass the new attention modules.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
+        raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
+
+    def replacement(child: nn.Module) -> nn.Module | None:
+        if isinstance(child, nn.MultiheadAttention):
+            return _from_multihead(child, attention, dict(attention_kwargs))
+        if isinstance(child, MultiheadSGPAttention) and isinstance(child.attention, KernelAttention) \
+                and attention != "kernel":
+            return _from_kernel_adapter(child, attention, dict(attention_kwargs))
+        return None
+
+    root = replacement(module)
+    if root is not None:
+        return root
+    converted = {}  # id(old) -> new: a module shared by several parents stays shared
+    for parent in list(module.modules()):
+        if isinstance(parent, nn.TransformerEncoder):
+            parent.use_nested_tensor = False
+        for name, child in list(parent._modules.items()):  # named_children() would skip repeats
+            if child is None:
+                continue
+            if id(child) not in converted:
+                new = replacement(child)
+                if new is None:
+                    continue
+                converted[id(child)] = new
+            setattr(parent, name, converted[id(child)])
+    if not converted:
+        raise ValueError(f"{type(module).__name__} holds no nn.MultiheadAttention (nor kernel attention to "
+                         f"turn into {attention!r}) to convert")
+    return module

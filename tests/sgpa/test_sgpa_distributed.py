@@ -1,0 +1,65 @@
+"""Data-parallel training (issue 14, part 2): one DDP step with 2 gloo processes equals one
+single-process step on the same global batch; the global KL is counted once."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpytorch_sgpa.experiments import distributed
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import ddp_step_worker  # noqa: E402
+
+
+def _torchrun(args, tmp_path, timeout=300):  # ~15 s unloaded; the shared machine can be 10x slower
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_two_process_step_equals_single_process_step(tmp_path):
+    _torchrun([str(HERE / "ddp_step_worker.py"), str(tmp_path / "ddp.pt")], tmp_path)
+    saved = torch.load(tmp_path / "ddp.pt")
+    assert saved["world_size"] == 2
+    model, elbo = ddp_step_worker.run_step()
+    single = ddp_step_worker.snapshot(model)
+    assert single.keys() == saved["state"].keys()
+    for name, (parameter, gradient) in single.items():
+        ddp_parameter, ddp_gradient = saved["state"][name]
+        torch.testing.assert_close(ddp_gradient, gradient, rtol=1e-9, atol=1e-12, msg=name)
+        torch.testing.assert_close(ddp_parameter, parameter, rtol=0, atol=1e-6, msg=name)
+    # the global KL's gradient is a visible part of the global variational parameters' gradient,
+    # so counting it once per rank would have changed them
+    global_kl_gradient = torch.autograd.grad(model.global_kl() / elbo.num_data, model.layers[0].attention.global_chol_lower)[0]
+    assert global_kl_gradient.abs().max() > 1e-3 * single["layers.0.attention.global_chol_lower"][1].abs().max()
+
+
+def test_shard_and_rank_seed():
+    index = torch.arange(7)
+    parts = [distributed.shard(index, rank, 3) for rank in range(3)]
+    assert torch.equal(torch.cat(parts), index) and [len(p) for p in parts] == [3, 2, 2]
+    with pytest.raises(ValueError, match="world_size"):
+        distributed.shard(torch.arange(1), 0, 2)
+    seeds = {distributed.rank_seed(seed, rank) for seed in range(3) for rank in range(4)}
+    assert len(seeds) == 12 and distributed.rank_seed(5, 1) == distributed.rank_seed(5, 1)
+    assert distributed.world() == (0, 1) and distributed.is_main()
+    assert distributed.broadcast_from_main(lambda: 2.5) == 2.5
+
+
+def test_calibration_runner_under_torchrun_writes_once_with_world_size(tmp_path):
+    import csv
+
+    out = tmp_path / "out"
+    _torchrun(["-m", "gpytorch_sgpa.experiments.calibration", "--quick", "--dataset", "digits", "--methods", "sgpa",
+               "--train-size", "64", "--val-size", "32", "--test-size", "32", "--ood-size", "32", "--batch-size", "16",
+               "--no-progress", "--threads", "1", "--out", str(out)], tmp_path)
+    with open(out / "results.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["method"], row["world_size"]) for row in rows] == [("sgpa", "2")]
+    assert 0 <= float(rows[0]["accuracy"]) <= 1 and float(rows[0]["kl_final"]) > 0
