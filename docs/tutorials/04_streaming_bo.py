@@ -34,7 +34,7 @@ from botorch.sampling import SobolQMCNormalSampler
 
 from gpytorch_hippo.botorch import OnlineGPModel
 from gpytorch_hippo.experiments.streaming_bo import IrradianceObjective
-from gpytorch_hippo.inducing import HiPPOInducingVariables, InducingPoints
+from gpytorch_hippo.inducing import HiPPOInducingVariables
 
 SMALL = os.environ.get("PROBSEQ_TUTORIAL_SIZE") == "small"
 torch.set_num_threads(1)

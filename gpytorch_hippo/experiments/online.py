@@ -45,7 +45,7 @@ from ..data import DATASETS, load_dataset, split_tasks
 from ..hippo import MEASURES
 from ..metrics import gaussian_nlpd, rmse
 from ..online import OnlineSGPR
-from .online_elbo import ELBO_METHODS, methods_for, run_elbo_method
+from .online_elbo import ELBO_METHODS, run_elbo_method
 
 METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")

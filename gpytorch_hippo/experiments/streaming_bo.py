@@ -31,7 +31,7 @@ import math
 import os
 import time
 import warnings
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import numpy as np
 import torch

@@ -5,14 +5,8 @@ import pytest
 import torch
 
 from gpytorch_hippo import OnlineSGPR
-from gpytorch_hippo.baselines import (
-    FourierSchedule,
-    HiPPOSchedule,
-    PivotedCholeskySchedule,
-    RandomPointsSchedule,
-    learn_task,
-)
-from gpytorch_hippo.inducing import FourierInducingVariables, InducingPoints
+from gpytorch_hippo.baselines import PivotedCholeskySchedule, RandomPointsSchedule, learn_task
+from gpytorch_hippo.inducing import InducingPoints
 
 DT = torch.float64
 JITTER = 1e-6  # InducingPoints' float64 default: white noise on f at the inducing inputs

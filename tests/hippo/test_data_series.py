@@ -4,7 +4,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 from gpytorch_hippo.data import load_dataset, series
 

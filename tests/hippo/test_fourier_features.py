@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpytorch_hippo import OnlineSGPR
-from gpytorch_hippo.inducing import FourierInducingVariables, InducingPoints
+from gpytorch_hippo.inducing import FourierInducingVariables
 
 A, B = -1.0, 2.0
 

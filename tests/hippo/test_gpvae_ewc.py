@@ -9,14 +9,6 @@ from gpytorch_hippo.gpvae import ElasticWeightConsolidation, fisher_diagonal
 DT = torch.float64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Hundreds of small (M x M, T x M) operations: one thread avoids the OpenMP overhead that makes
-    them several times slower on the shared 2-core test machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 SIGMA = 0.5
 
 

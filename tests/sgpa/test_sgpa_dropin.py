@@ -1,7 +1,6 @@
 """SGPA inside a stock ``nn.TransformerEncoder``: ``MultiheadSGPAttention``, ``convert`` and the KL
 collected by ``kl_divergence`` (issue 14, part 1)."""
 import copy
-import math
 
 import pytest
 import torch
@@ -10,15 +9,6 @@ from torch import nn
 
 import gpytorch_sgpa
 from gpytorch_sgpa import MultiheadSGPAttention, SGPAELBO, SGPAttention, SGPANoise, convert, kl_divergence
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: two OpenMP threads on the shared 2-core machine made these tests ~7x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class StockClassifier(nn.Module):

@@ -10,14 +10,6 @@ from gpytorch_sgpa.experiments import calibration
 from gpytorch_sgpa.experiments.calibration import QUICK_CONFIG, SHIFT_COLUMNS, _Runner, load_task, main
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_shift_csv_rows_and_an_independent_recomputation(tmp_path):
     main(["--dataset", "digits", "--quick", "--methods", "mle-kernel,sgpa", "--seeds", "1", "--shift",  # one seed: 0
           "--test-size", "48", "--val-size", "32", "--train-size", "128",
