@@ -49,15 +49,20 @@ print(f"train {len(y_train)}, test {len(y_test)}, out-of-distribution {len(x_ood
 
 # %% [markdown]
 # ## Training
-# The same network with two attention types. `SGPAELBO` divides the KL of the global inducing
-# variables by the number of training images, so the ELBO is per image.
+# The same network with two attention types, trained on the ELBO per image. With only 630
+# training images the weighting of the KL matters: `kl_weighting="all-over-n"` divides the whole
+# KL (the global inducing variables' and each image's amortised one) by the number of training
+# images. With the package default (`"decomposed"`: the amortised KL of a batch's images counted in
+# full, once per image) this network collapsed to chance (test accuracy 0.23 after 30 epochs),
+# because 16 tokens' amortised KL outweighs one label's log-likelihood; with `"all-over-n"` it
+# reaches 0.91.
 
 # %%
 def train(attention):
     torch.manual_seed(0)
     model = SGPAViT(image_size=8, patch_size=2, in_channels=1, num_classes=5, d_model=32, num_heads=2,
                     num_layers=1, attention=attention)
-    elbo = SGPAELBO(model, num_data=len(y_train))
+    elbo = SGPAELBO(model, num_data=len(y_train), kl_weighting="all-over-n")
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(EPOCHS):
         for batch in torch.randperm(len(y_train)).split(64):
