@@ -36,6 +36,10 @@ from .spectral import (
 )
 
 
+#: largest block of ``k(x, nodes)`` that :meth:`QuadratureBackend.Kuf` forms at once
+QUADRATURE_CHUNK_ENTRIES = 2**24
+
+
 def _kernel_dtype(kernel) -> torch.dtype:
     for parameter in kernel.parameters():
         return parameter.dtype
@@ -89,8 +93,11 @@ class QuadratureBackend:
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
         nodes, weighted_basis = self.rule(ivars, kernel)
-        K = kernel(x, nodes[:, None].to(x.dtype)).to_dense()  # (*batch, N, Q)
-        return (K @ weighted_basis.to(x.dtype)).mT
+        nodes, weighted_basis = nodes[:, None].to(x.dtype), weighted_basis.to(x.dtype)
+        chunk = max(1, QUADRATURE_CHUNK_ENTRIES // nodes.shape[0])  # k(x, nodes) in blocks: memory O(Q + N M)
+        blocks = [kernel(x[..., start : start + chunk, :], nodes).to_dense() @ weighted_basis
+                  for start in range(0, max(x.shape[-2], 1), chunk)]
+        return torch.cat(blocks, dim=-2).mT
 
     def cross(self, a, b, kernel) -> Tensor:
         nodes, weighted = self.rule(a, kernel)

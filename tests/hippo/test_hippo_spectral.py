@@ -326,3 +326,18 @@ def test_spectral_kuf_in_blocks_equals_one_block():
     torch.testing.assert_close(blocked, single, rtol=1e-12, atol=1e-14)
     quadrature = HiPPOInducingVariables(8, "legs", t=8.0, method="quadrature").Kuf(kernel, x[::2000]).detach()
     assert rel(blocked[:, ::2000], quadrature) < 1e-10
+
+
+def test_quadrature_kuf_in_blocks_equals_one_block(monkeypatch):
+    """Blocks of k(x, nodes) (batched inputs too) join seamlessly: compare with one block."""
+    from gpytorch_hippo.inducing import hippo_backends
+
+    kernel = scaled_rbf(lengthscale=0.5)
+    ivars = HiPPOInducingVariables(6, "legs", t=4.0, method="quadrature")
+    x = torch.rand(2, 37, 1, generator=torch.Generator().manual_seed(0), dtype=DT) * 5
+    with torch.no_grad():
+        single = ivars.Kuf(kernel, x)
+        monkeypatch.setattr(hippo_backends, "QUADRATURE_CHUNK_ENTRIES", 10 * ivars._backends["quadrature"].rule(ivars, kernel)[0].shape[0])
+        blocked = ivars.Kuf(kernel, x)  # blocks of 10 inputs: 4 blocks, the last one short
+    assert blocked.shape == (2, 6, 37)
+    torch.testing.assert_close(blocked, single, rtol=1e-13, atol=1e-15)
