@@ -126,15 +126,20 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
             "train_s": round(train_s, 1), **row}
 
 
+def experiment_images(args):
+    """Training and held-out images in model space, the image side after downsampling, and the
+    metric classifier: the set-up shared by the pseudo-video runners."""
+    images, _ = load_images(args.dataset, limit=args.train_images + args.samples)
+    model_images = to_model_space(images, args.downsample)
+    classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
+    return model_images[: args.train_images], model_images[args.train_images:], images.shape[-1] // args.downsample, classifier
+
+
 def main(argv=None) -> list[dict]:
     args = parse_arguments(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    images, _ = load_images(args.dataset, limit=args.train_images + args.samples)
-    size = images.shape[-1] // args.downsample
-    model_images = to_model_space(images, args.downsample)
-    train, held_out = model_images[: args.train_images], model_images[args.train_images:]
-    classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
+    train, held_out, size, classifier = experiment_images(args)
     generator = torch.Generator().manual_seed(0)
     for frames in (f for f in args.frames if f > 1):
         save_video_rows({method: to_image_space(build_videos(train[:1], frames, method, generator)[0], size)

@@ -33,13 +33,13 @@ import torch
 from tqdm import tqdm
 
 from ..augment import make_pseudo_video
-from ..data import DATASETS, load_images
-from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
+from ..data import DATASETS
+from ..metrics import PenultimateFeatures, frechet_distance, inception_score, psnr
 from ..models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
 from ..models.quantizer import codebook_perplexity
 from ..models.tokenizer import ImageTokenizer, VideoTokenizer
 from ..plots import save_image_grid, save_video_rows
-from .diffusion import to_image_space, to_model_space
+from .diffusion import experiment_images, to_image_space
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s", "params", "perplexity"]
 MODELS = ("tokenizer", "ar", "masked")
@@ -204,11 +204,7 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    images, _ = load_images(args.dataset, limit=args.train_images + args.samples)
-    size = images.shape[-1] // args.downsample
-    model_images = to_model_space(images, args.downsample)
-    train, held_out = model_images[: args.train_images], model_images[args.train_images:]
-    classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
+    train, held_out, size, classifier = experiment_images(args)
     for frames in (f for f in args.frames if f > 1):
         save_video_rows({f"{frames}-frame blur": to_image_space(pseudo_videos(train[:1], frames)[0], size)},
                         out / f"pseudo_videos_{frames}frames.png")

@@ -1,18 +1,10 @@
 """README's baselines example runs, and each method's online posterior mean is close to the exact GP's."""
-import pathlib
-import re
-
 import gpytorch
 import torch
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
-
-def test_readme_baselines_example(capsys):
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "FourierSchedule" in b]
-    assert len(blocks) == 1
-    namespace = {}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+def test_readme_baselines_example(capsys, run_readme_block):
+    namespace = run_readme_block("FourierSchedule")
     times, series = namespace["times"], namespace["series"]
     for name, base in (("OHSGPR", gpytorch.kernels.RBFKernel()), ("OVC", gpytorch.kernels.RBFKernel()),
                        ("OVFF", gpytorch.kernels.MaternKernel(nu=2.5))):

@@ -1,21 +1,9 @@
 """README's pseudo-video example runs, and its printed minimum MSE matches a hand derivation."""
-import pathlib
-import re
-
 import torch
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
-
-def python_blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-
-
-def test_readme_pseudovideo_example():
-    blocks = [b for b in python_blocks() if "make_pseudo_video, min_mse" in b]
-    assert len(blocks) == 1
-    namespace = {}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+def test_readme_pseudovideo_example(run_readme_block):
+    namespace = run_readme_block("make_pseudo_video, min_mse")
     x, video = namespace["x"], namespace["video"]
     assert torch.equal(video[:, -1], x[:4])
     # from z_{T-1} = sqrt(1 - b) x + sqrt(b) eps alone (b = beta_1 = 1e-4), along each eigenvector of
@@ -26,11 +14,8 @@ def test_readme_pseudovideo_example():
     assert namespace["all_earlier"] < namespace["previous_only"]
 
 
-def test_readme_tokenizer_example():
-    blocks = [b for b in python_blocks() if "VideoTokenizer" in b]
-    assert len(blocks) == 1
-    namespace = {}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+def test_readme_tokenizer_example(run_readme_block):
+    namespace = run_readme_block("VideoTokenizer")
     videos, tokens = namespace["videos"], namespace["tokens"]
     assert tokens.shape == (256, 2, 2, 2) and namespace["ar_videos"].shape == (8, 4, 1, 8, 8)
     # 100 steps give a coarse code, but it must beat the best token-free code, the per-pixel mean

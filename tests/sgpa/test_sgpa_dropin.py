@@ -296,19 +296,11 @@ def test_shared_attention_module_stays_shared():
     assert model["a"] is model["b"] and isinstance(model["a"], MultiheadSGPAttention)
 
 
-def test_readme_dropin_example():
+def test_readme_dropin_example(run_readme_block):
     """The README's drop-in example runs; its loss is the ELBO recomputed here from cross-entropy
     and the KL of the layers, and no softmax attention is left in the model."""
-    import pathlib
-    import re
-
-    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.S)
-              if "gpytorch_sgpa.convert" in b]
-    assert len(blocks) == 1
-    namespace = {}
     torch.manual_seed(0)
-    exec(compile(blocks[0], str(readme), "exec"), namespace)
+    namespace = run_readme_block("gpytorch_sgpa.convert")
     model, logits, y, loss = namespace["model"], namespace["logits"], namespace["y"], namespace["loss"]
     layers = [m for m in model.modules() if isinstance(m, SGPAttention)]
     assert len(layers) == 2 and not any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
