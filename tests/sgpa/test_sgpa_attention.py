@@ -223,16 +223,22 @@ def test_standard_sgpa_equals_gpytorch_svgp_and_kl(kernel):
 
 # ---------------------------------------------------------------------------------------- decoupled SGPA
 def _decoupled_pieces(layer, x, b, h):
+    """Queries, values, global keys and the lower-triangular factor of ``S_g`` of head ``h``:
+    ``C`` (unwhitened, ``S_g = C Cᵀ``) or ``L C`` with ``L = chol(K_gg)`` written from the hand
+    kernel (whitened, ``S_g = L C Cᵀ Lᵀ``)."""
     q = _heads(layer.qk_proj(x))[b, h].detach()
     v = _heads(layer.v_proj(x))[b, h].detach()
     kg = layer.global_keys()[h].detach()
     chol_s = layer.global_cov_factor()[h].detach()  # (E, M, M)
+    if layer.whitened:
+        chol_s = torch.linalg.cholesky(_hand_kernel(layer, h, kg, kg).detach()) @ chol_s
     return q, v, kg, chol_s
 
 
+@pytest.mark.parametrize("whitened", [False, True])
 @pytest.mark.parametrize("kernel", ["rbf", "exponential"])
-def test_decoupled_orthogonal_equals_eq_dsgp_predictive_by_hand(kernel):
-    layer = _layer(kernel=kernel)
+def test_decoupled_orthogonal_equals_eq_dsgp_predictive_by_hand(kernel, whitened):
+    layer = _layer(kernel=kernel, whitened=whitened)
     x = _inputs()
     post = layer.posterior(x, full_covariance=True)
     for b, h in itertools.product(range(BATCH), range(HEADS)):
@@ -250,15 +256,16 @@ def test_decoupled_orthogonal_equals_eq_dsgp_predictive_by_hand(kernel):
 
 
 @pytest.mark.parametrize(
-    "variant,kernel,share_covariance",
-    [("orthogonal", "rbf", False), ("dsvgp", "rbf", False), ("orthogonal", "exponential", True)],
+    "variant,kernel,share_covariance,whitened",
+    [("orthogonal", "rbf", False, False), ("dsvgp", "rbf", False, False), ("orthogonal", "exponential", True, False),
+     ("orthogonal", "rbf", False, True), ("dsvgp", "exponential", True, True)],
 )
-def test_decoupled_equals_gpytorch_svgp_over_global_and_amortised_keys(variant, kernel, share_covariance):
+def test_decoupled_equals_gpytorch_svgp_over_global_and_amortised_keys(variant, kernel, share_covariance, whitened):
     """Eq. odsvgp / naivedsvgp are the SVGP posterior with Z = (k_g, k_a) and the structured q(u)
     of eq. odsvgp (orthogonal: m_u = (K_gg v_g, K_ag v_g + B v_a)) or m_u = K_Za v_a (dsvgp), with
     S_u = [[S_g, S_g C^T], [C S_g, B + C S_g C^T]], C = K_ag K_gg^-1, B = K_aa - C K_ga.  The layer's
-    KL must equal KL(q(u) || N(0, K_ZZ)) (App. B.1.2)."""
-    layer = _layer(variant=variant, kernel=kernel, share_covariance=share_covariance)
+    KL must equal KL(q(u) || N(0, K_ZZ)) (App. B.1.2); whitened, S_g = L C C^T L^T."""
+    layer = _layer(variant=variant, kernel=kernel, share_covariance=share_covariance, whitened=whitened)
     x = _inputs()
     post = layer.posterior(x, full_covariance=True)
     for b in range(BATCH):

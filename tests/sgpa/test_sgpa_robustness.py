@@ -33,10 +33,11 @@ def _same_values(layer, **kwargs):
 
 
 # ------------------------------------------------------------------------------- eval-mode cache
-@pytest.mark.parametrize("sampler", ["diagonal", "full"])
-def test_gpytorch_setters_invalidate_the_eval_cache(sampler):
+@pytest.mark.parametrize("whitened", [False, True])
+@pytest.mark.parametrize("sampler", SGPA_SAMPLERS)
+def test_gpytorch_setters_invalidate_the_eval_cache(sampler, whitened):
     """GPyTorch's setters write ``.data`` without bumping ``_version``; the layer must notice."""
-    layer = _layer(sampler=sampler).eval()
+    layer = _layer(sampler=sampler, whitened=whitened).eval()
     x = _inputs()
     noise = layer.sample_noise(BATCH, LENGTH)
     writes = [
@@ -49,20 +50,21 @@ def test_gpytorch_setters_invalidate_the_eval_cache(sampler):
         for write in writes:
             write()
             out, kl = layer(x, noise=noise)
-            ref, ref_kl = _same_values(layer, sampler=sampler)(x, noise=noise)
+            ref, ref_kl = _same_values(layer, sampler=sampler, whitened=whitened)(x, noise=noise)
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(kl, ref_kl, rtol=1e-4, atol=1e-2)
 
 
 # ------------------------------------------------------------------------------- forward_step
+@pytest.mark.parametrize("whitened", [False, True])
 @pytest.mark.parametrize("sampler", SGPA_SAMPLERS)
-def test_forward_step_is_finite_and_matches_forward_in_float32(sampler):
+def test_forward_step_is_finite_and_matches_forward_in_float32(sampler, whitened):
     """σ_f² = 100 and near-duplicate tokens: the incremental Cholesky must stay finite (float32).
 
     With jitter relative to σ_f² the steps reproduce the batched pass; the tolerance is float32
     rounding amplified by the conditioning of ``K_qq - Q_qq`` (entries up to 100).
     """
-    layer = _layer(causal=True, sampler=sampler)
+    layer = _layer(causal=True, sampler=sampler, whitened=whitened)
     with torch.no_grad():
         layer.kernel.outputscale = 100.0
         layer.global_chol_lower.mul_(0.1)
@@ -122,7 +124,8 @@ def test_sdp_fully_masked_rows_give_zero_attention():
 
 # ------------------------------------------------------------------------------- mixed precision
 MIXED = [("sgpa", {"sampler": "diagonal"}), ("sgpa", {"sampler": "full"}), ("sgpa", {"sampler": "decomposed"}),
-         ("sgpa", {"variant": "dsvgp"}), ("standard", {"mode": "standard", "max_len": LENGTH})]
+         ("sgpa", {"variant": "dsvgp"}), ("sgpa", {"whitened": True}), ("sgpa", {"whitened": False}),
+         ("standard", {"mode": "standard", "max_len": LENGTH})]
 
 
 @pytest.mark.parametrize("name,kwargs", MIXED)

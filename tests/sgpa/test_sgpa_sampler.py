@@ -1,9 +1,10 @@
 """The ``sampler`` option of decoupled SGPA, in particular ``sampler="decomposed"`` (float64).
 
 The decomposed sampler draws ``f_d(q) = m_d(q) + A_q C_d ε_d + sqrt(k(q,q) - A_q K_gg A_qᵀ) ξ_{q,d}``
-with ``A = K_qg K_gg⁻¹``, ``S_g,d = C_d C_dᵀ``, ``ε_d ~ N(0, I_M)`` shared by the queries of a
-sequence and ``ξ`` iid.  References are written with explicit inverses of ``K_gg``; the Monte-Carlo
-checks use 20,000 seeded samples and CLT tolerances.
+with ``A = K_qg K_gg⁻¹``, ``S_g,d = C_d C_dᵀ`` (whitened layers: ``L C_d`` in place of ``C_d``,
+``L = chol(K_gg)``), ``ε_d ~ N(0, I_M)`` shared by the queries of a sequence and ``ξ`` iid.
+References are written with explicit inverses of ``K_gg``; the Monte-Carlo checks use 20,000
+seeded samples and CLT tolerances.
 """
 
 import math
@@ -34,23 +35,29 @@ def _identity_output(layer):
 
 
 def _reference_terms(layer, x):
-    """Per head, with explicit inverses: queries, A = K_qg K_gg⁻¹, K_gg, K_qq and C_d (e or 1 of them)."""
+    """Per head, with explicit inverses: queries, A = K_qg K_gg⁻¹, K_gg, K_qq and the factor of S_g,d
+    (e or 1 of them): C_d, or L C_d with L = chol(K_gg) when the layer is whitened."""
     queries = _heads(layer.qk_proj(x))  # (B, H, L, e)
     keys = layer.global_keys()  # (H, M, e)
     k_gg = evaluate_kernel(layer.kernel, keys)  # (H, M, M)
     k_qg = evaluate_kernel(layer.kernel, queries, keys)  # (B, H, L, M)
     k_qq = evaluate_kernel(layer.kernel, queries)  # (B, H, L, L)
     a = k_qg @ torch.linalg.inv(k_gg)  # (B, H, L, M)
-    return a, k_gg, k_qq, layer.global_cov_factor()  # C: (H, e or 1, M, M)
+    cov_factor = layer.global_cov_factor()  # C: (H, e or 1, M, M)
+    if layer.whitened:
+        cov_factor = torch.linalg.cholesky(k_gg).unsqueeze(1) @ cov_factor
+    return a, k_gg, k_qq, cov_factor
 
 
 # ---------------------------------------------------------------------------------------- exactness
 @pytest.mark.parametrize("variant", ["orthogonal", "dsvgp"])
 @pytest.mark.parametrize("share_covariance", [False, True])
 @pytest.mark.parametrize("kernel", ["rbf", "exponential"])
-def test_decomposed_sample_equals_the_formula_by_hand(variant, share_covariance, kernel):
+@pytest.mark.parametrize("whitened", [False, True])
+def test_decomposed_sample_equals_the_formula_by_hand(variant, share_covariance, kernel, whitened):
     """Given the noise, the sample is m + A C_d ε_d + sqrt(k(q,q) - A K_gg Aᵀ) ξ exactly."""
-    layer = _layer(variant=variant, share_covariance=share_covariance, sampler="decomposed", kernel=kernel)
+    layer = _layer(variant=variant, share_covariance=share_covariance, sampler="decomposed", kernel=kernel,
+                   whitened=whitened)
     layer = _identity_output(layer)
     x = _inputs()
     noise = layer.sample_noise(BATCH, LENGTH)
