@@ -118,7 +118,7 @@ class ExperimentConfig:
     mle_init_epochs: int = 2
     beta: float = 1.0
     kl_weighting: str = "decomposed"
-    whitened: bool = False
+    whitened: bool = True
     kernel_init: str = "sdp"
     select_on_validation: bool = True
     sampler: str = "diagonal"
