@@ -13,7 +13,8 @@ shift):
 Methods: ``mle-sdp`` and ``mle-kernel`` (causal scaled dot-product / exponential-kernel attention,
 cross-entropy), ``mcd`` (``mle-kernel`` predicting with dropout on), ``sgpa`` (decoupled orthogonal
 SGPA, exponential kernel, trained by the ELBO per sentence of :class:`~gpytorch_sgpa.elbo.SGPAELBO`,
-default KL weighting, ``num_data`` = number of training sentences). Predictions of ``mcd``/``sgpa`` average the
+``--kl-weighting`` (default ``decomposed``), ``num_data`` = number of training sentences;
+``--whitened``/``--no-whitened`` its global covariance, default whitened). Predictions of ``mcd``/``sgpa`` average the
 next-word probabilities of ``--num-samples`` passes.
 
     python -m gpytorch_sgpa.experiments.language_model --methods mle-sdp,mle-kernel,mcd,sgpa --seeds 3 --out DIR
@@ -36,7 +37,7 @@ import torch
 from .. import metrics
 from ..attention import SGPA_SAMPLERS
 from ..data import Vocabulary, load_vader_snippets, split_indices, tokenize
-from ..elbo import IGNORE_INDEX, SGPAELBO
+from ..elbo import IGNORE_INDEX, KL_WEIGHTINGS, SGPAELBO
 from ..transformer import SGPADecoder
 from .calibration import format_table, parse_seeds, summarize, write_csv
 from . import distributed
@@ -69,6 +70,8 @@ class LMConfig:
     dropout: float = 0.1
     kl_anneal_epochs: int = 0
     sampler: str = "diagonal"  # SGPAttention sampler: diagonal (thesis), full or decomposed
+    kl_weighting: str = "decomposed"  # SGPAELBO's; the table in docs/results.md used all-over-n
+    whitened: bool = True  # SGPAttention's; the table in docs/results.md used False
 
 
 QUICK_CONFIG = LMConfig(train_size=200, test_size=64, shift_size=64, vocab_size=100, max_len=12, epochs=1,
@@ -133,7 +136,7 @@ def _scores(log_true, confidence, correct) -> dict:
 def _decoder(method: str, vocab_size: int, config: LMConfig) -> SGPADecoder:
     attention, kwargs = {"mle-sdp": ("sdp", {}), "mle-kernel": ("kernel", {"kernel": "exponential"}),
                          "sgpa": ("sgpa", {"kernel": "exponential", "num_global": config.num_global,
-                                           "sampler": config.sampler})}[method]
+                                           "sampler": config.sampler, "whitened": config.whitened})}[method]
     return SGPADecoder(vocab_size, config.d_model, config.num_heads, config.num_layers, config.max_len,
                        attention=attention, attention_kwargs=kwargs, dropout=config.dropout)
 
@@ -166,7 +169,7 @@ def run(methods, seeds, config: LMConfig, progress: bool = True) -> list[dict]:
                 elbo = None
                 if family == "sgpa":
                     steps = config.kl_anneal_epochs * math.ceil(len(train) / config.batch_size)
-                    elbo = SGPAELBO(model, num_data=len(train), anneal_steps=steps)
+                    elbo = SGPAELBO(model, num_data=len(train), anneal_steps=steps, kl_weighting=config.kl_weighting)
                 seconds = train_classifier(model, train, epochs=config.epochs, batch_size=config.batch_size,
                                            lr=config.lr, elbo=elbo, seed=seed, progress=progress,
                                            description=f"{family} seed {seed}")
@@ -197,9 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     defaults = LMConfig()
     for name, value in defaults.__dict__.items():
-        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=None,
-                            choices=SGPA_SAMPLERS if name == "sampler" else None,
-                            help=f"default {value} ({getattr(QUICK_CONFIG, name)} with --quick)")
+        flag, help_text = "--" + name.replace("_", "-"), f"default {value} ({getattr(QUICK_CONFIG, name)} with --quick)"
+        if isinstance(value, bool):
+            parser.add_argument(flag, default=None, action=argparse.BooleanOptionalAction, help=help_text)
+            continue
+        parser.add_argument(flag, type=type(value), default=None, help=help_text,
+                            choices={"sampler": SGPA_SAMPLERS, "kl_weighting": KL_WEIGHTINGS}.get(name))
     return parser
 
 

@@ -102,3 +102,25 @@ def test_cli_writes_contract_csv(tmp_path, monkeypatch, capsys):
     assert "| vader_lm | sgpa | 2 |" in capsys.readouterr().out
     with pytest.raises(ValueError, match="methods"):
         lm.run(["gpt"], [0], lm.QUICK_CONFIG)
+
+
+def test_cli_passes_the_kl_weighting_and_parameterisation_to_sgpa(tmp_path, monkeypatch):
+    """``--kl-weighting`` reaches SGPAELBO and ``--whitened/--no-whitened`` every SGPA layer."""
+    archive = tmp_path / "vader.tar.gz"
+    _fake_archive(archive)
+    monkeypatch.setenv("PROBSEQ_VADER_ARCHIVE", str(archive))
+    built = []
+
+    class Recording(lm.SGPAELBO):
+        def __init__(self, model, *args, **kwargs):
+            super().__init__(model, *args, **kwargs)
+            built.append((self.kl_weighting, {m.whitened for m in model.modules() if hasattr(m, "whitened")}))
+
+    monkeypatch.setattr(lm, "SGPAELBO", Recording)
+    common = ["--quick", "--methods", "sgpa", "--seeds", "1", "--train-size", "40", "--test-size", "10",
+              "--shift-size", "10", "--no-progress", "--out", str(tmp_path / "out")]
+    lm.main(common)
+    lm.main(common + ["--kl-weighting", "all-over-n", "--no-whitened"])
+    assert built == [("decomposed", {True}), ("all-over-n", {False})]
+    with pytest.raises(SystemExit):
+        lm.build_parser().parse_args(["--out", "x", "--kl-weighting", "per-token"])
