@@ -24,7 +24,10 @@ __all__ = ["paired_differences", "sign_test", "format_paired", "main"]
 
 
 def sign_test(differences) -> float:
-    """Exact two-sided sign-test p-value of the non-zero ``differences`` (1.0 when there are none)."""
+    """Exact two-sided sign-test p-value of the non-zero ``differences`` (1.0 when there are none;
+    NaN when a difference is NaN, e.g. a KL column of a method without one)."""
+    if any(math.isnan(d) for d in differences):
+        return math.nan
     nonzero = [d for d in differences if d != 0]
     if not nonzero:
         return 1.0

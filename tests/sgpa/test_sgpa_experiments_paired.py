@@ -12,6 +12,7 @@ def test_sign_test_is_the_exact_binomial_tail():
     assert sign_test([0.1, -0.2, 0.3]) == pytest.approx(1.0)
     assert sign_test([1.0] * 5) == pytest.approx(2 / 32)
     assert sign_test([0.0, 0.0]) == 1.0
+    assert math.isnan(sign_test([math.nan, 0.1]))  # undefined (was p = 1 or 0.5 with NaN counted as "not >")
 
 
 def test_paired_differences_and_cli(tmp_path, capsys):
