@@ -79,7 +79,7 @@ class SGPAPosterior(NamedTuple):
 
 
 class _ForwardFactors:
-    """The global factors of a layer's most recent forward pass with gradients, for :meth:`SGPAttention.global_kl`.
+    """The global factors of a layer's last forward pass with gradients (for ``global_kl``).
 
     ``key``: detached copies of the values they were computed from; ``factors`` carry the autograd
     graph of that pass.  The record is dropped (``factors = None``) as soon as a backward pass sends
@@ -163,10 +163,11 @@ class SGPAttention(_MultiHeadAttention):
 
     Cost per forward: one Cholesky ``L`` of ``K_gg`` per head shared by the batch and ``L⁻¹`` from
     ``M`` triangular solves against the identity (every ``L⁻¹ X`` is then a matrix product), no
-    other inverse; in training, :meth:`global_kl` reuses the forward pass's factors.  In eval mode with gradients disabled the global factors (``k_g``, the Cholesky of
-    ``K_gg``, ``W_d``, ``Lᵀ v_g``, global KL) are cached, keyed on the values of the parameters they
-    depend on and of ``global_inputs`` (so GPyTorch's setters invalidate it too); ``train()`` drops
-    it.  Jitter ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
+    other inverse; in training, :meth:`global_kl` reuses the forward pass's factors.  In eval mode
+    with gradients disabled the global factors (``k_g``, the Cholesky of ``K_gg``, ``W_d``,
+    ``Lᵀ v_g``, global KL) are cached, keyed on the values of the parameters they depend on and of
+    ``global_inputs`` (so GPyTorch's setters invalidate it too); ``train()`` drops it.  Jitter
+    ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
     scale) is added before every Cholesky (escalated by linear_operator's ``psd_safe_cholesky``
     if needed).  Under ``torch.autocast`` or in half precision the projections run in the low
     precision and the GP algebra in float32; the output has the input's dtype.
@@ -330,7 +331,8 @@ class SGPAttention(_MultiHeadAttention):
     def _global_key(self, global_inputs: Tensor | None) -> list[Tensor]:
         """The values the global factors depend on (GPyTorch's setters and ``.data`` writes do
         not bump a tensor's ``_version``, so the caches compare values)."""
-        return [t.detach() for t in self._global_parameters()] + ([] if global_inputs is None else [global_inputs.detach()])
+        inputs = [] if global_inputs is None else [global_inputs.detach()]
+        return [t.detach() for t in self._global_parameters()] + inputs
 
     def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype) -> GlobalFactors:
         """The global factors; in eval mode without gradients cached, keyed on the values they

@@ -127,8 +127,8 @@ def kernel_blocks(kernel: Kernel, x1: Tensor, *others: Tensor) -> list[Tensor]:
 
     So ``K_qq`` and ``K_qg`` of SGPA cost one product and one ``exp`` each (the augmented ``x1`` is
     built once); the backward pass is one multiplication and two products per block (no
-    elementwise chain over the ``N × M`` entries).  Equal to GPyTorch's ``kernel.forward`` up to rounding (tested); any other kernel
-    falls back to ``kernel.forward`` block by block.
+    elementwise chain over the ``N × M`` entries).  Equal to GPyTorch's ``kernel.forward`` up to
+    rounding (tested); any other kernel falls back to ``kernel.forward`` block by block.
     """
     return _blocks(kernel, x1, others, include_self=True)
 

@@ -58,7 +58,8 @@ def _solve_formula(layer, x, global_inputs, noise):
 @pytest.mark.parametrize("variant,whitened,share_covariance",
                          [("orthogonal", False, False), ("orthogonal", True, False), ("dsvgp", False, True)])
 def test_inverse_factor_products_equal_the_triangular_solve_formulas(dtype, variant, whitened, share_covariance):
-    layer = _layer(variant=variant, whitened=whitened, share_covariance=share_covariance, sampler="decomposed").to(dtype)
+    layer = _layer(variant=variant, whitened=whitened, share_covariance=share_covariance, sampler="decomposed")
+    layer = layer.to(dtype)
     x = _inputs().to(dtype)
     global_inputs = layer.global_inducing_inputs + 0.1  # a G_phi(Z_g) other than the parameter itself
     noise = layer.sample_noise(BATCH, LENGTH)
