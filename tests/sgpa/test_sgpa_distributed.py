@@ -78,7 +78,7 @@ def test_language_model_runner_under_torchrun_trains_and_rank_0_writes(tmp_path)
     fake_vader_corpora(archive)
     out = tmp_path / "out"
     result = _torchrun(["-m", "gpytorch_sgpa.experiments.language_model", "--quick", "--methods", "mle-sdp,mcd,sgpa",
-                        "--seeds", "2", "--train-size", "60", "--test-size", "30", "--shift-size", "20",
+                        "--seeds", "1", "--train-size", "60", "--test-size", "30", "--shift-size", "20",
                         "--batch-size", "16", "--no-progress", "--threads", "1", "--out", str(out)],
                        tmp_path, env={"PROBSEQ_VADER_ARCHIVE": str(archive)})
     with open(out / "results.csv") as handle:
@@ -86,10 +86,10 @@ def test_language_model_runner_under_torchrun_trains_and_rank_0_writes(tmp_path)
         assert tuple(reader.fieldnames) == lm.CSV_COLUMNS
         rows = list(reader)
     assert [(row["method"], row["seed"], row["world_size"]) for row in rows] == [
-        (method, seed, "2") for seed in ("0", "1") for method in ("mle-sdp", "mcd", "sgpa")]
+        (method, "0", "2") for method in ("mle-sdp", "mcd", "sgpa")]
     for row in rows:
         assert float(row["token_nll"]) > 0 and 0 <= float(row["accuracy"]) <= 1
     assert list(out.iterdir()) == [out / "results.csv"]
     for method in ("mle-sdp", "mcd", "sgpa"):
-        assert result.stdout.count(f"| vader_lm | {method} | 2 |") == 1, result.stdout
+        assert result.stdout.count(f"| vader_lm | {method} | 1 |") == 1, result.stdout
     assert result.stderr.count("rows written to") == 1, result.stderr[-3000:]
