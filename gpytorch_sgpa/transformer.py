@@ -424,7 +424,9 @@ class SGPADecoder(_SGPAModel):
             if greedy:
                 nxt = logits.argmax(-1)
             else:
-                nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator).squeeze(1)
+                probabilities = torch.softmax(logits / temperature, -1)
+                source = generator.device if generator is not None else probabilities.device  # e.g. a CPU generator, CUDA logits
+                nxt = torch.multinomial(probabilities.to(source), 1, generator=generator).squeeze(1).to(logits.device)
             tokens.append(nxt.unsqueeze(1))
             if len(tokens) - 1 < num_tokens:
                 logits, states = self.forward_step(nxt, states)
