@@ -290,7 +290,8 @@ class SGPAttention(_MultiHeadAttention):
         if self._cache is not None:
             cached_key, cached_dtype, factors = self._cache
             if cached_dtype == dtype and len(cached_key) == len(key) and all(
-                a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b) for a, b in zip(cached_key, key)
+                a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+                for a, b in zip(cached_key, key)
             ):
                 return factors
         factors = global_factors(self, global_inputs, dtype)

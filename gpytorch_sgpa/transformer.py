@@ -425,7 +425,8 @@ class SGPADecoder(_SGPAModel):
                 nxt = logits.argmax(-1)
             else:
                 probabilities = torch.softmax(logits / temperature, -1)
-                source = generator.device if generator is not None else probabilities.device  # e.g. a CPU generator, CUDA logits
+                # draw where the generator lives (a CPU generator cannot sample CUDA tensors)
+                source = generator.device if generator is not None else probabilities.device
                 nxt = torch.multinomial(probabilities.to(source), 1, generator=generator).squeeze(1).to(logits.device)
             tokens.append(nxt.unsqueeze(1))
             if len(tokens) - 1 < num_tokens:
