@@ -152,7 +152,7 @@ def test_path_inducing_variables_on_device(device, assert_matches_cpu):
     assert_matches_cpu(run(device), run(CPU), **EXACT)
 
 
-@pytest.mark.parametrize("method", ["quadrature", "recurrence"])
+@pytest.mark.parametrize("method", ["quadrature", "spectral", "recurrence"])
 def test_inducing_variable_caches_are_not_reused_across_devices_and_dtypes(device, method):
     """Covariances cached while a float32 kernel was used on the CPU are rebuilt after moving the
     variables and the kernel to ``device`` in float64 (they equal a fresh set's)."""
