@@ -22,13 +22,14 @@ against the banded backend refined (half-width panels, 12 more nodes each; marke
     python benchmarks/hippo_inducing.py              # t/ℓ in 8 32 128 512 2048, M in 50 150
     python benchmarks/hippo_inducing.py --quick      # t/ℓ in 8 32, M = 50
     python benchmarks/hippo_inducing.py --kernel matern12
+    python benchmarks/hippo_inducing.py --device cuda
 """
 import argparse
 import statistics
-import time
 
 import gpytorch
 import torch
+from devices import add_device_argument, describe, device_from_args, elapsed
 
 from gpytorch_hippo import HiPPOInducingVariables
 from gpytorch_hippo.inducing import banded
@@ -42,16 +43,14 @@ KERNELS = {
 
 
 def make(method, M, t, args, **kwargs):
-    return HiPPOInducingVariables(M, "legs", t=0.9 * t, method=method, **kwargs)
+    return HiPPOInducingVariables(M, "legs", t=0.9 * t, method=method, **kwargs).to(args.torch_device)
 
 
 def timed_task(ivars, kernel, t, x_new):
     """Advance the (warmed) variables to t, then time Kuu + Kuf of the new task's inputs."""
     ivars.advance(t)
-    start = time.perf_counter()
-    Kuu = ivars.Kuu(kernel).to_dense()
-    Kuf = ivars.Kuf(kernel, x_new)
-    return time.perf_counter() - start, Kuu, Kuf
+    seconds, (Kuu, Kuf) = elapsed(lambda: (ivars.Kuu(kernel).to_dense(), ivars.Kuf(kernel, x_new)), x_new.device)
+    return seconds, Kuu, Kuf
 
 
 def main():
@@ -65,7 +64,9 @@ def main():
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--kernel", choices=sorted(KERNELS), default="rbf")
     parser.add_argument("--quick", action="store_true")
+    add_device_argument(parser)
     args = parser.parse_args()
+    args.torch_device = device_from_args(parser, args)
     if args.quick:
         args.ratios, args.M, args.repeats = [8, 32], [50], 1
     if args.threads:
@@ -74,8 +75,10 @@ def main():
     kernel = gpytorch.kernels.ScaleKernel(KERNELS[args.kernel]())
     kernel.base_kernel.lengthscale = 1.0
     kernel.requires_grad_(False)
+    kernel.to(args.torch_device)
     dt = 1.0 / args.steps_per_lengthscale
-    print(f"LegS, {args.kernel} l = 1, recurrence dt = {dt:g}, R = {args.num_rff}; seconds for Kuu + Kuf(100 inputs) of the task ending at t")
+    print(f"LegS, {args.kernel} l = 1, recurrence dt = {dt:g}, R = {args.num_rff}; seconds for Kuu + Kuf(100 inputs) of the task ending at t"
+          f" (device {describe(args.torch_device)})")
     header = f"{'t/l':>6} {'M':>4} | {'spectral':>9} {'quadrature':>10} {'rec-random':>10} {'rec-quad':>9} | {'q/spec':>7} | " \
              f"{'err spec':>9} {'err rec-rand':>12} {'err rec-quad':>12} {'err quad':>9}"
     print(header)
@@ -83,7 +86,7 @@ def main():
         for M in args.M:
             for ratio in args.ratios:
                 t = float(ratio)
-                x_new = torch.linspace(0.9 * t, t, 100)[:, None]
+                x_new = torch.linspace(0.9 * t, t, 100, device=args.torch_device)[:, None]
                 run_quadrature = 24 * ratio <= args.max_quadrature_nodes  # 2 panels of 12 nodes per lengthscale
                 methods = {"spectral": {}, "rec-random": dict(features="random"), "rec-quad": dict(features="quadrature")}
                 if run_quadrature:

@@ -9,22 +9,22 @@
 
     python benchmarks/hippo_scan.py            # full sizes from the issue
     python benchmarks/hippo_scan.py --quick    # small sizes, a few seconds
+    python benchmarks/hippo_scan.py --device cuda
 """
 import argparse
-import time
 
 import torch
+from devices import add_device_argument, describe, device_from_args, elapsed
 
 from gpytorch_hippo import HiPPO
 
 
-def timed(fn, repeats):
-    """Best wall time of ``repeats`` calls (the minimum is the least noisy estimate)."""
+def timed(fn, repeats, device):
+    """Best wall time of ``repeats`` calls (the minimum is the least noisy estimate), device synchronised."""
     best, result = float("inf"), None
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
+        seconds, result = elapsed(fn, device)
+        best = min(best, seconds)
     return best, result
 
 
@@ -47,7 +47,9 @@ def main():
     parser.add_argument("--chunk", type=int, default=256, help="batch chunk for the scan baseline in (b)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="T=1000, batches 64/512")
+    add_device_argument(parser)
     args = parser.parse_args()
+    device = device_from_args(parser, args)
     if args.quick:
         args.T, args.scan_batch, args.final_batch, args.chunk = 1000, 64, 512, 64
     torch.manual_seed(0)
@@ -56,18 +58,23 @@ def main():
     torch.ones(2**30).sum()
     print("each figure is the best of --repeats runs (the loop and the chunked scan: one run)")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, float32, "
-          f"measure={args.measure}, discretization={args.discretization}, M={args.M}, T={args.T}")
+          f"measure={args.measure}, discretization={args.discretization}, M={args.M}, T={args.T}, "
+          f"device {describe(device)}")
 
-    times = torch.linspace(0.0, 1.0, args.T, dtype=torch.float64)
-    hippo = HiPPO(args.measure, args.M, discretization=args.discretization)
+    times = torch.linspace(0.0, 1.0, args.T, dtype=torch.float64, device=device)
+
+    def fresh():
+        return HiPPO(args.measure, args.M, discretization=args.discretization).to(device)
+
+    hippo = fresh()
 
     # (a) scan vs per-step Python loop -------------------------------------------------------
-    signal = torch.randn(args.scan_batch, args.T)
+    signal = torch.randn(args.scan_batch, args.T).to(device)
     # "cold" = a fresh module that must discretise the grid first; best of `repeats` like the others
-    t_setup, _ = timed(lambda: HiPPO(args.measure, args.M, discretization=args.discretization)._grid_steps(times), args.repeats)
-    t_scan_cold, _ = timed(lambda: HiPPO(args.measure, args.M, discretization=args.discretization).scan(signal, times), args.repeats)
-    t_scan, states = timed(lambda: hippo.scan(signal, times), args.repeats)
-    t_loop, last = timed(lambda: python_loop(hippo, signal, times), 1)
+    t_setup, _ = timed(lambda: fresh()._grid_steps(times), args.repeats, device)
+    t_scan_cold, _ = timed(lambda: fresh().scan(signal, times), args.repeats, device)
+    t_scan, states = timed(lambda: hippo.scan(signal, times), args.repeats, device)
+    t_loop, last = timed(lambda: python_loop(hippo, signal, times), 1, device)
     err = (last - states[:, -1]).abs().max().item()
     work = args.scan_batch * args.T
     print("\n(a) scan, batch %d" % args.scan_batch)
@@ -80,17 +87,17 @@ def main():
     del states
 
     # (b) final_state vs chunked scan -------------------------------------------------------
-    signal = torch.randn(args.final_batch, args.T)
-    fresh = HiPPO(args.measure, args.M, discretization=args.discretization)
-    t_kernel, _ = timed(lambda: HiPPO(args.measure, args.M, discretization=args.discretization).kernel(times), args.repeats)
-    fresh.kernel(times)
-    t_final, final = timed(lambda: fresh.final_state(signal, times), args.repeats)
+    signal = torch.randn(args.final_batch, args.T).to(device)
+    memory = fresh()
+    t_kernel, _ = timed(lambda: fresh().kernel(times), args.repeats, device)
+    memory.kernel(times)
+    t_final, final = timed(lambda: memory.final_state(signal, times), args.repeats, device)
 
     def chunked_scan():
         # keep only a copy of each chunk's last state, so each chunk's states are freed before the next
-        return torch.cat([fresh.scan(chunk, times)[:, -1].clone() for chunk in signal.split(args.chunk)])
+        return torch.cat([memory.scan(chunk, times)[:, -1].clone() for chunk in signal.split(args.chunk)])
 
-    t_chunked, reference = timed(chunked_scan, 1)
+    t_chunked, reference = timed(chunked_scan, 1, device)
     err = ((final - reference).abs().max() / reference.abs().max()).item()
     print("\n(b) final state only, batch %d" % args.final_batch)
     print(f"  HiPPO kernel T x M (once per grid)   : {t_kernel:8.3f} s")

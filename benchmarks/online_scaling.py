@@ -12,6 +12,7 @@ peak RSS, and total-time ratios to OHSGPR (spectral) measured in this run.
 
     nice -n 10 python benchmarks/online_scaling.py                      # 100,000 samples, 100 tasks
     nice -n 10 python benchmarks/online_scaling.py --samples 20000 --tasks 20 --budget-s 60
+    python benchmarks/online_scaling.py --device cuda      # also prints each method's peak CUDA memory
 """
 import argparse
 import json
@@ -21,6 +22,7 @@ import time
 
 import gpytorch
 import torch
+from devices import add_device_argument, describe, device_from_args, synchronize
 
 METHODS = ("ohsgpr-spectral", "ohsgpr-quadrature", "ohsgpr-recurrence", "osgpr")
 
@@ -33,13 +35,14 @@ def load(args):
     else:
         y = load_dataset(args.series).y[: args.samples]
     y = (y - y.mean()) / y.std()
-    return torch.arange(y.shape[0], dtype=torch.float64).unsqueeze(-1), y
+    device = torch.device(args.device)
+    return torch.arange(y.shape[0], dtype=torch.float64).unsqueeze(-1).to(device), y.to(device)
 
 
 def fitted_hyperparameters(x, y, args):
     from gpytorch_hippo.experiments.online import fit_hyperparameters
 
-    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double().to(x.device)
     kernel.base_kernel.lengthscale = 5.0
     likelihood = fit_hyperparameters(kernel, x[: args.fit_points], y[: args.fit_points], 50, 0.1)
     return kernel.requires_grad_(False), likelihood.requires_grad_(False)
@@ -57,6 +60,7 @@ def run_one(method, args, queue):
     schedule = RandomPointsSchedule(args.num_inducing, num_iter=args.osgpr_iters)
     for k, chunk in enumerate(chunks):
         xt, yt, t_end = x[chunk], y[chunk], float(x[chunk[-1]]) + 0.5
+        synchronize(x.device)
         start = time.perf_counter()
         if model is None:
             if method == "osgpr":
@@ -65,7 +69,7 @@ def run_one(method, args, queue):
                 backend = method.split("-")[1]
                 options = {"dt": 1.0, "num_rff": 1000, "kuf": "rff"} if backend == "recurrence" else {}
                 ivs = HiPPOInducingVariables(args.num_inducing, "legs", t=t_end, method=backend, **options)
-            model = OnlineSGPR(ivs.double(), kernel, likelihood, captured_variance_warning=None)
+            model = OnlineSGPR(ivs.double().to(x.device), kernel, likelihood, captured_variance_warning=None)
             model.update(xt, yt, num_iter=args.osgpr_iters if method == "osgpr" else 0, lr=0.05)
         else:
             if method == "osgpr":
@@ -73,13 +77,15 @@ def run_one(method, args, queue):
             else:
                 model.inducing_variables.advance(t_end)
                 model.update(xt, yt)
+        synchronize(x.device)
         times.append(time.perf_counter() - start)
         if sum(times) > args.budget_s:
             break
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     captured = model.inducing_variables.captured_variance(kernel, x[chunks[-1 if len(times) == args.tasks else len(times) - 1]])
+    peak_cuda_mib = torch.cuda.max_memory_allocated(x.device) / 2**20 if x.device.type == "cuda" else None
     queue.put({"method": method, "times": times, "peak_mib": peak_mib, "lengthscale": kernel.base_kernel.lengthscale.item(),
-               "captured_last_task": captured.item()})
+               "captured_last_task": captured.item(), "peak_cuda_mib": peak_cuda_mib})
 
 
 def main(argv=None):
@@ -93,7 +99,9 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=300.0, help="stop a method once its cumulative time exceeds this")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--json", default=None, help="also write the raw per-task times here")
+    add_device_argument(parser)
     args = parser.parse_args(argv)
+    device = device_from_args(parser, args)
     context = mp.get_context("spawn")
     results = []
     for method in args.methods.split(","):
@@ -115,6 +123,8 @@ def main(argv=None):
         first, last = sum(t[:10]) / len(t[:10]), sum(t[-10:]) / len(t[-10:])
         print(f"{r['method']:20s} {len(t):10d} {first:16.3f} {last:15.3f} {last / first:10.2f} {sum(t):9.1f} "
               f"{r['peak_mib']:12.0f} {r['captured_last_task']:12.3f}")
+    if device.type == "cuda":
+        print(f"peak CUDA memory on {describe(device)}: " + ", ".join(f"{r['method']} {r['peak_cuda_mib']:.0f} MiB" for r in results))
     if reference is not None:
         print("mean seconds per task relative to ohsgpr-spectral: " + ", ".join(
             f"{r['method']} {sum(r['times']) / len(r['times']) / reference:.1f}x" for r in results))

@@ -303,10 +303,18 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
 
     def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100) -> None:
         """Maximise the collapsed online bound of absorbing ``(x, y)`` (model space) over the trainable
-        hyperparameters with ``fit_gpytorch_mll`` (L-BFGS-B, at most ``maxiter`` iterations)."""
+        hyperparameters with ``fit_gpytorch_mll`` (L-BFGS-B, at most ``maxiter`` iterations). A fit
+        that ends below its starting bound (L-BFGS-B can stop "ABNORMAL" after a bad line search) is
+        rolled back: a refit never leaves the bound lower than it found it."""
         mll = OnlineCollapsedMLL(self, x, y)
+        with torch.no_grad():
+            start = mll()
+        before = {key: value.clone() for key, value in mll.state_dict().items()}
         fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": maxiter}})
         self.eval()
+        with torch.no_grad():
+            if not mll() >= start:
+                mll.load_state_dict(before)
 
     # ------------------------------------------------------------------ internals
     def _to_model_space(self, X: Tensor, Y: Tensor, fit_transforms: bool = False) -> tuple[Tensor, Tensor]:

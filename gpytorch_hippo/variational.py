@@ -32,6 +32,17 @@ def _solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(chol, rhs.to(chol.dtype), upper=False).to(rhs.dtype)
 
 
+def _same_tensor(cached: Tensor, current: Tensor) -> bool:
+    """Whether a fingerprint tensor still describes ``current``: same values, shape, dtype and device
+    (``torch.equal`` alone calls float32 and float64 copies equal, and raises across devices)."""
+    return (
+        cached.shape == current.shape
+        and cached.dtype == current.dtype
+        and cached.device == current.device
+        and torch.equal(cached, current)
+    )
+
+
 class InterdomainVariationalStrategy(_VariationalStrategy):
     r"""Sparse variational GP with arbitrary (interdomain) inducing variables.
 
@@ -178,7 +189,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         fresh = (
             old is not None
             and len(old) == len(tensors)
-            and all(a.shape == b.shape and torch.equal(a, b.detach()) for a, b in zip(old, tensors))
+            and all(_same_tensor(a, b.detach()) for a, b in zip(old, tensors))
         )
         if not fresh:
             clear_cache_hook(self)

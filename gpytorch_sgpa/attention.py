@@ -19,6 +19,7 @@ Shapes inside: ``B`` batch, ``H`` heads, ``L`` length, ``e = d_model / H`` head 
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -77,6 +78,47 @@ class SGPAPosterior(NamedTuple):
     kl: Tensor
 
 
+class _ForwardFactors:
+    """The global factors of a layer's last forward pass with gradients (for ``global_kl``).
+
+    ``key``: detached copies of the values they were computed from; ``factors`` carry the autograd
+    graph of that pass.  The record is dropped (``factors = None``) as soon as a backward pass sends
+    a gradient into any of them, since it frees their graph (hooks registered by :meth:`track`).  A
+    copy (``copy.deepcopy``, pickling) starts empty, as :class:`ForwardKL` does.
+    """
+
+    __slots__ = ("key", "dtype", "factors", "__weakref__")
+
+    def __init__(self, key=None, dtype=None, factors: GlobalFactors | None = None):
+        self.key, self.dtype, self.factors = key, dtype, factors
+
+    def track(self) -> "_ForwardFactors":
+        record = weakref.ref(self)  # a strong reference would be a cycle through the autograd graph
+
+        def drop(grad):
+            alive = record()
+            if alive is not None:
+                alive.factors = None
+
+        for tensor in self.factors:
+            if isinstance(tensor, Tensor) and tensor.requires_grad:
+                tensor.register_hook(drop)
+        return self
+
+    def __deepcopy__(self, memo) -> "_ForwardFactors":
+        return _ForwardFactors()
+
+    def __reduce__(self):
+        return (_ForwardFactors, ())
+
+
+def _same_values(cached: list[Tensor], current: list[Tensor]) -> bool:
+    return len(cached) == len(current) and all(
+        a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+        for a, b in zip(cached, current)
+    )
+
+
 class SGPAttention(_MultiHeadAttention):
     r"""Sparse Gaussian process attention (thesis ch. 3): each head's output is an SVGP posterior.
 
@@ -124,11 +166,13 @@ class SGPAttention(_MultiHeadAttention):
     ``"authors"``; :func:`~gpytorch_sgpa.kernels.make_attention_kernel`); ``v_g``, ``C``'s strictly
     lower part and log-diagonal start ``N(0, variational_init_std²)`` (thesis App. B.4).
 
-    Cost per forward: one Cholesky of ``K_gg`` per head shared by the batch, triangular solves,
-    no inverses.  In eval mode with gradients disabled the global factors (``k_g``, the Cholesky of
-    ``K_gg``, ``W_d``, ``Lᵀ v_g``, global KL) are cached, keyed on the values of the parameters they
-    depend on and of ``global_inputs`` (so GPyTorch's setters invalidate it too); ``train()`` drops
-    it.  Jitter ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
+    Cost per forward: one Cholesky ``L`` of ``K_gg`` per head shared by the batch and ``L⁻¹`` from
+    ``M`` triangular solves against the identity (every ``L⁻¹ X`` is then a matrix product), no
+    other inverse; in training, :meth:`global_kl` reuses the forward pass's factors.  In eval mode
+    with gradients disabled the global factors (``k_g``, the Cholesky of ``K_gg``, ``W_d``,
+    ``Lᵀ v_g``, global KL) are cached, keyed on the values of the parameters they depend on and of
+    ``global_inputs`` (so GPyTorch's setters invalidate it too); ``train()`` drops it.  Jitter
+    ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
     scale) is added before every Cholesky (escalated by linear_operator's ``psd_safe_cholesky``
     if needed).  Under ``torch.autocast`` or in half precision the projections run in the low
     precision and the GP algebra in float32; the output has the input's dtype.
@@ -138,7 +182,7 @@ class SGPAttention(_MultiHeadAttention):
     diagonalised, so the marginals are exact), ``"diagonal"`` (the thesis's: independent
     marginals, App. B.4; the default of ``mode="standard"``) or ``"full"`` (the full covariance).
     Why the default differs from the thesis: at 49 tokens and 32 global keys a training step with
-    ``"diagonal"`` costs 4–5x one of MLE kernel attention on CPU and ``"decomposed"`` about 1.5x,
+    ``"diagonal"`` costs 3.5–5x one of MLE kernel attention on CPU and ``"decomposed"`` 1.4–1.5x,
     with the same calibration after 40 epochs on Fashion-MNIST (``docs/results.md``);
     ``sampler="diagonal"`` gives the thesis's sampler.  ``diag_sample`` is an alias kept for
     compatibility: with ``sampler=None`` it means ``"diagonal"`` (``True``) or ``"full"``
@@ -225,6 +269,7 @@ class SGPAttention(_MultiHeadAttention):
             self.global_chol_log_diag = nn.Parameter(std * torch.randn(heads, cov_dims, num_global))
         self.share_covariance = share_covariance
         self._cache = None
+        self._forward_factors = _ForwardFactors()
         self.last_kl = ForwardKL()
 
     @property
@@ -244,11 +289,13 @@ class SGPAttention(_MultiHeadAttention):
     # ------------------------------------------------------------------ caching
     def train(self, mode: bool = True):
         self._cache = None
+        self._forward_factors = _ForwardFactors()
         return super().train(mode)
 
     def clear_cache(self) -> None:
-        """Drop the eval-mode cache of the global factors (automatic on parameter changes)."""
+        """Drop the cached global factors (automatic on parameter changes)."""
         self._cache = None
+        self._forward_factors = _ForwardFactors()
 
     def _global_parameters(self) -> list[Tensor]:
         """The parameters the global factors depend on."""
@@ -286,28 +333,48 @@ class SGPAttention(_MultiHeadAttention):
             raise ValueError(f"global_inputs must have shape {expected}, got {tuple(global_inputs.shape)}")
         return global_inputs
 
+    def _global_key(self, global_inputs: Tensor | None) -> list[Tensor]:
+        """The values the global factors depend on (GPyTorch's setters and ``.data`` writes do
+        not bump a tensor's ``_version``, so the caches compare values)."""
+        inputs = [] if global_inputs is None else [global_inputs.detach()]
+        return [t.detach() for t in self._global_parameters()] + inputs
+
     def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype) -> GlobalFactors:
         """The global factors; in eval mode without gradients cached, keyed on the values they
-        depend on (GPyTorch's setters and ``.data`` writes do not bump a tensor's ``_version``)."""
+        depend on.  With gradients they are computed afresh and recorded for :meth:`global_kl`."""
+        key = self._global_key(global_inputs)
         if self.training or torch.is_grad_enabled():
-            return global_factors(self, global_inputs, dtype)
-        key = [t.detach() for t in self._global_parameters()] + ([] if global_inputs is None else [global_inputs])
+            factors = global_factors(self, global_inputs, dtype)
+            if torch.is_grad_enabled():
+                self._forward_factors = _ForwardFactors([t.clone() for t in key], dtype, factors).track()
+            return factors
         if self._cache is not None:
             cached_key, cached_dtype, factors = self._cache
-            if cached_dtype == dtype and len(cached_key) == len(key) and all(
-                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(cached_key, key)
-            ):
+            if cached_dtype == dtype and _same_values(cached_key, key):
                 return factors
         factors = global_factors(self, global_inputs, dtype)
-        self._cache = ([t.detach().clone() for t in key], dtype, factors)
+        self._cache = ([t.clone() for t in key], dtype, factors)
         return factors
 
     def global_kl(self, global_inputs: Tensor | None = None) -> Tensor:
         """KL of the global inducing variables (App. B.1.2), summed over heads and output
-        dimensions: the part of every sequence's KL that all sequences share (``0`` for standard)."""
+        dimensions: the part of every sequence's KL that all sequences share (``0`` for standard).
+
+        With gradients enabled it reuses the global factors (and their autograd graph) of the
+        layer's last forward pass when the parameters and ``global_inputs`` still have the values
+        that pass used and no backward pass has gone through them since, e.g. when
+        :class:`~gpytorch_sgpa.elbo.SGPAELBO` asks for it right after the forward pass: the
+        ``K_gg`` Cholesky and the global KL, forward and backward, are then computed once per step.
+        The value is the same as recomputing it (tested).
+        """
+        dtype = _gp_dtype(self.qk_proj.weight.dtype)
         if self.mode != "decoupled":
-            return self.qk_proj.weight.new_zeros((), dtype=_gp_dtype(self.qk_proj.weight.dtype))
-        return self._global_factors(global_inputs, _gp_dtype(self.qk_proj.weight.dtype)).kl.sum()
+            return self.qk_proj.weight.new_zeros((), dtype=dtype)
+        record = self._forward_factors
+        if (torch.is_grad_enabled() and record.factors is not None and record.dtype == dtype
+                and _same_values(record.key, self._global_key(global_inputs))):
+            return record.factors.kl.sum()
+        return self._global_factors(global_inputs, dtype).kl.sum()
 
     def _project(self, x: Tensor, key_padding_mask: Tensor | None):
         """Queries and values (under any autocast), returned in the GP algebra's dtype."""

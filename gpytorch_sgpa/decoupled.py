@@ -31,6 +31,7 @@ class GlobalFactors(NamedTuple):
 
     keys: Tensor  # k_g, (H, M, e)
     chol: Tensor  # L with L Lᵀ = K_gg + jitter I, (H, M, M)
+    chol_inverse: Tensor  # L⁻¹, (H, M, M) lower triangular
     whitened_cov_factor: Tensor  # W_d, (H, e or 1, M, M)
     whitened_values: Tensor | None  # Lᵀ v_g, (H, M, e) (orthogonal variant)
     kl: Tensor  # (H,) global part of the KL, summed over output dimensions
@@ -43,11 +44,15 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype) -> G
     num_global = gram.shape[-1]
     eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
     chol = psd_safe_cholesky(gram + _relative_jitter(layer.kernel, dtype) * eye)
+    # L⁻¹ once per head (M triangular solves against I): every later "L⁻¹ X" is then one matrix
+    # product, which on CPU costs a fraction of a triangular solve broadcast over the batch (forward
+    # and backward; benchmarks/sgpa_cost.py) and gives the same values up to rounding (tested).
+    chol_inverse = torch.linalg.solve_triangular(chol, eye, upper=False)
     cov_factor = layer.global_cov_factor(dtype)
     if layer.whitened:  # W_d = L⁻¹ (L C_d) = C_d; log|S_g,d| - log|K_gg| = log|C_d C_dᵀ|
         whitened_cov_factor, log_det_prior = cov_factor, 0.0
     else:
-        whitened_cov_factor = torch.linalg.solve_triangular(chol.unsqueeze(1), cov_factor, upper=False)
+        whitened_cov_factor = chol_inverse.unsqueeze(1).matmul(cov_factor)
         log_det_prior = 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1, keepdim=True)
     whitened_values = None
     if layer.global_values is not None:
@@ -60,7 +65,7 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype) -> G
     )  # (H, e or 1)
     cov_kl = per_dim.sum(-1) * (layer.head_dim if layer.share_covariance else 1)
     mean_kl = whitened_values.square().sum((-2, -1)) if whitened_values is not None else 0.0
-    return GlobalFactors(keys, chol, whitened_cov_factor, whitened_values, 0.5 * (cov_kl + mean_kl))
+    return GlobalFactors(keys, chol, chol_inverse, whitened_cov_factor, whitened_values, 0.5 * (cov_kl + mean_kl))
 
 
 def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_mean, causal, key_padding_mask,
@@ -72,7 +77,7 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
     With ``global_noise`` ``ε`` (``(B, H, e, M)``) the mean already holds the correlated global part
     of the sample, ``Aᵀ W_d ε_d``: it shares the one product with ``Aᵀ`` the orthogonal mean needs.
     """
-    whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # A, (B,H,M,L)
+    whitened = factors.chol_inverse.matmul(cross.transpose(-2, -1))  # A = L⁻¹ K_gq, (B, H, M, L)
     conditional = None
     if causal is not None or full_covariance or sampler == "full":  # K_qq - AᵀA
         conditional = gram - whitened.transpose(-2, -1).matmul(whitened)

@@ -125,10 +125,10 @@ def kernel_blocks(kernel: Kernel, x1: Tensor, *others: Tensor) -> list[Tensor]:
       ``b̃ = (b, 1, -½‖b‖²)``, inputs centred at the mean of ``x1`` first (as GPyTorch does);
     * exponential: ``σ_f² exp(aᵀb) = exp(ãᵀ b̃)`` with ``ã = (a, log σ_f²)``, ``b̃ = (b, 1)``.
 
-    So ``K_qq`` and ``K_qg`` of SGPA cost one product against ``[x1; others]`` and one ``exp``; the
-    backward pass is one multiplication and two products (no elementwise chain over the ``N × M``
-    entries).  Equal to GPyTorch's ``kernel.forward`` up to rounding (tested); any other kernel
-    falls back to ``kernel.forward`` block by block.
+    So ``K_qq`` and ``K_qg`` of SGPA cost one product and one ``exp`` each (the augmented ``x1`` is
+    built once); the backward pass is one multiplication and two products per block (no
+    elementwise chain over the ``N × M`` entries).  Equal to GPyTorch's ``kernel.forward`` up to
+    rounding (tested); any other kernel falls back to ``kernel.forward`` block by block.
     """
     return _blocks(kernel, x1, others, include_self=True)
 
@@ -154,10 +154,9 @@ def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tens
     else:
         query = torch.cat([a, log_scale], -1)
         blocks = [torch.cat([b, torch.ones_like(b[..., :1])], -1) for b in blocks]
-    shape = torch.broadcast_shapes(query.shape[:-2], *(b.shape[:-2] for b in blocks))
-    keys = blocks[0] if len(blocks) == 1 else torch.cat([b.expand(*shape, *b.shape[-2:]) for b in blocks], dim=-2)
-    matrix = query.matmul(keys.transpose(-2, -1)).exp()  # (..., heads, N, Σ sizes)
-    return list(matrix.split([b.shape[-2] for b in blocks], dim=-1))
+    # one product and one exp per block: concatenating the blocks' keys into one product would
+    # copy them, and the backward of splitting its result would copy all its gradients again
+    return [query.matmul(b.transpose(-2, -1)).exp() for b in blocks]
 
 
 def evaluate_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: bool = False) -> Tensor:

@@ -424,7 +424,10 @@ class SGPADecoder(_SGPAModel):
             if greedy:
                 nxt = logits.argmax(-1)
             else:
-                nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator).squeeze(1)
+                probabilities = torch.softmax(logits / temperature, -1)
+                # draw where the generator lives (a CPU generator cannot sample CUDA tensors)
+                source = generator.device if generator is not None else probabilities.device
+                nxt = torch.multinomial(probabilities.to(source), 1, generator=generator).squeeze(1).to(logits.device)
             tokens.append(nxt.unsqueeze(1))
             if len(tokens) - 1 < num_tokens:
                 logits, states = self.forward_step(nxt, states)

@@ -24,6 +24,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ._random import randn
+
 DEFAULT_PARAMS = {
     "blur": {"rate": 0.05, "kernel_size": 11},
     "heat": {"min_std": 0.5, "max_std": 20.0, "noise_std": 0.01},
@@ -47,13 +49,13 @@ def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, genera
     elif method == "heat":
         stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1)
         for std in stds.tolist():
-            noise = torch.randn(images.shape, generator=generator, dtype=images.dtype, device=images.device)
+            noise = randn(images.shape, generator, images.dtype, images.device)
             frames.append(heat_dissipation(images, std**2 / 2) + settings["noise_std"] * noise)
     else:
         betas = markov_betas(num_frames, settings["beta_start"], settings["beta_end"])
         for beta in betas.tolist():
             previous = frames[-1] if method == "markov_first" else torch.stack(frames).mean(0)
-            noise = torch.randn(images.shape, generator=generator, dtype=images.dtype, device=images.device)
+            noise = randn(images.shape, generator, images.dtype, images.device)
             frames.append(math.sqrt(1 - beta) * previous + math.sqrt(beta) * noise)
     return torch.stack(frames[::-1], dim=1)
 

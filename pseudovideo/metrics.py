@@ -63,7 +63,7 @@ def frechet_distance(real: torch.Tensor, fake: torch.Tensor, feature: nn.Module)
     """FID ``||mu_r - mu_f||^2 + tr(S_r + S_f - 2 (S_r S_f)^{1/2})`` of ``feature`` outputs (torchmetrics)."""
     _check_images(real, "real")
     _check_images(fake, "fake")
-    metric = FrechetInceptionDistance(feature=feature, normalize=True)
+    metric = FrechetInceptionDistance(feature=feature, normalize=True).to(real.device)  # states beside the features
     with torch.no_grad():
         metric.update(real, real=True)
         metric.update(fake, real=False)
@@ -79,7 +79,7 @@ def inception_score(images: torch.Tensor, classifier: nn.Module, splits: int = 1
 
 
 def _inception_score(images, classifier, splits, seed) -> float:
-    metric = InceptionScore(feature=classifier, splits=splits)
+    metric = InceptionScore(feature=classifier, splits=splits).to(images.device)
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(seed)
         metric.update(images)
@@ -92,7 +92,7 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3
     _check_images(images, "images")
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    classifier = ImageClassifier(in_channels=images.shape[1], num_classes=int(labels.max()) + 1)
+    classifier = ImageClassifier(in_channels=images.shape[1], num_classes=int(labels.max()) + 1).to(images.device)
     optimizer = torch.optim.Adam(classifier.parameters(), lr=2e-3)
     for _ in range(epochs):
         for batch in torch.randperm(len(images), generator=generator).split(batch_size):

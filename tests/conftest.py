@@ -15,6 +15,58 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+CUDA_SKIP = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="CUDA is not available (torch.cuda.is_available() is False): the device tests ran on CPU only",
+)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=CUDA_SKIP)])
+def device(request):
+    """Each device test runs on the CPU and, where a GPU is available, on CUDA (issue 16).
+
+    On CUDA, TF32 is switched off for matmuls and cuDNN convolutions during the test (restored
+    afterwards): float32 results are then compared with the CPU's at float32 round-off, not at TF32's
+    ~1e-3 relative precision."""
+    if request.param == "cpu":
+        yield torch.device("cpu")
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield torch.device("cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _leaves(value):
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    if isinstance(value, dict):
+        return [leaf for key in sorted(value) for leaf in _leaves(value[key])]
+    return [value]
+
+
+@pytest.fixture
+def assert_matches_cpu(device):
+    """``check(result, reference, rtol, atol)``: every tensor of ``result`` (nested tuples, lists and
+    dicts of tensors and numbers) lives on ``device`` and equals the CPU ``reference`` within the
+    tolerances; numbers are compared with the same tolerances."""
+
+    def check(result, reference, rtol: float, atol: float) -> None:
+        got, expected = _leaves(result), _leaves(reference)
+        assert len(got) == len(expected)
+        for value, want in zip(got, expected):
+            if isinstance(value, torch.Tensor):
+                assert value.device.type == device.type, f"result on {value.device}, expected {device}"
+                assert value.dtype == want.dtype
+                torch.testing.assert_close(value.cpu(), want, rtol=rtol, atol=atol)
+            else:
+                assert value == pytest.approx(want, rel=rtol, abs=atol)
+
+    return check
+
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 

@@ -71,7 +71,8 @@ class RandomPointsSchedule(_PointsSchedule):
     uses ~1000 Adam steps), ``num_iter = 0`` keeps them fixed (``osgpr-fixed``)."""
 
     def _choose(self, candidates, num, kernel, generator):
-        pick = torch.randperm(candidates.shape[0], generator=generator)[:num]
+        where = generator.device if generator is not None else None  # a CUDA generator draws on CUDA
+        pick = torch.randperm(candidates.shape[0], generator=generator, device=where)[:num]
         return candidates[pick]
 
 

@@ -82,6 +82,7 @@ def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: tor
     """Exact-GP type-II maximum likelihood on one task (Adam); returns the fitted likelihood."""
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     likelihood.noise = torch.tensor(0.1, dtype=torch.float64)
+    likelihood.to(x.device)
 
     class ExactGP(gpytorch.models.ExactGP):
         def forward(self, inputs):

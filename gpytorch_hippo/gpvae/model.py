@@ -178,7 +178,7 @@ class SVGPVAE(gpytorch.Module):
             raise ValueError("y is NaN at entries the mask marks as observed")
         if torch.isinf(y[mask]).any():
             raise ValueError("y contains infinite observed values")
-        return times, torch.where(mask, y, torch.zeros((), dtype=y.dtype)), mask
+        return times, torch.where(mask, y, torch.zeros((), dtype=y.dtype, device=y.device)), mask
 
     def _latent_inputs(self, times: Tensor) -> Tensor:
         return times.expand(self.latent_dim, -1).unsqueeze(-1)  # (L, T, 1)

@@ -87,7 +87,9 @@ def broadcast_from_main(compute: Callable[[], float]) -> float:
     rank, world_size = world()
     if world_size == 1:
         return compute()
-    value = torch.tensor([compute() if rank == 0 else 0.0], dtype=torch.float64)
+    # NCCL broadcasts CUDA tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    value = torch.tensor([compute() if rank == 0 else 0.0], dtype=torch.float64, device=device)
     dist.broadcast(value, src=0)
     return float(value)
 

@@ -19,6 +19,7 @@ import math
 import torch
 from torch import nn
 
+from .._random import randn
 from ..augment import make_pseudo_video
 
 ENCODERS = ("heat", "learned")
@@ -69,16 +70,16 @@ class HeatHVAE(nn.Module):
             latents, log_q = [], 0.0
             for t in range(1, self.num_latents + 1):
                 mean = means[:, self.num_latents - t]
-                noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+                noise = randn(mean.shape, generator, mean.dtype, mean.device)
                 latents.append(mean + self.noise_std * noise)
-                log_q = log_q + _normal_log_prob(latents[-1], mean, torch.tensor(self.noise_std))
+                log_q = log_q + _normal_log_prob(latents[-1], mean, torch.tensor(self.noise_std, device=mean.device))
             return latents, log_q
         latents, log_q, previous = [], 0.0, x
         for t in range(1, self.num_latents + 1):
             shift, log_std = self.encoder_net(previous, t).chunk(2, dim=1)
             mean = previous + shift
             std = (log_std + math.log(self.noise_std)).clamp(-7, 2).exp()  # starts at the heat encoder's sigma_h
-            noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+            noise = randn(mean.shape, generator, mean.dtype, mean.device)
             z = mean + std * noise
             log_q = log_q + _normal_log_prob(z, mean, std)
             latents.append(z)
@@ -102,9 +103,10 @@ class HeatHVAE(nn.Module):
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Ancestral samples; returns the Bernoulli means ``sigmoid(g(z_1))`` in ``[0, 1]``."""
         shape = (num_samples, *self.prior_mean.shape)
-        z = self.prior_mean + self.prior_log_std.exp() * torch.randn(shape, generator=generator)
+        device = self.prior_mean.device  # the noise keeps the default dtype, as before
+        z = self.prior_mean + self.prior_log_std.exp() * randn(shape, generator, None, device)
         for t in range(self.num_latents, 1, -1):
-            z = z + self.decoder_mean(z, t) + self.decoder_log_std[t].exp() * torch.randn(shape, generator=generator)
+            z = z + self.decoder_mean(z, t) + self.decoder_log_std[t].exp() * randn(shape, generator, None, device)
         return torch.sigmoid(self.likelihood(z, 0))
 
 

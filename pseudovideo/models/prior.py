@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from .._random import multinomial, rand
 from .quantizer import check_tokens
 from .tokenizer import transformer_stack
 
@@ -86,7 +87,7 @@ def sample_codes(logits: torch.Tensor, temperature: float, generator: torch.Gene
     """Draw one code per row of ``(..., K)`` logits from ``softmax(logits / temperature)``; also its probability."""
     probabilities = (logits / temperature).softmax(-1)
     flat = probabilities.reshape(-1, probabilities.shape[-1])
-    codes = torch.multinomial(flat, 1, generator=generator).reshape(probabilities.shape[:-1])
+    codes = multinomial(flat, 1, generator).reshape(probabilities.shape[:-1])
     return codes, probabilities.gather(-1, codes[..., None]).squeeze(-1)
 
 
@@ -132,9 +133,9 @@ class MaskedTokenPrior(TokenPrior):
     def random_mask(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """``(B, *token_shape)`` masks hiding ``ceil(cos(pi u / 2) L)`` random positions, ``u ~ U(0, 1)``."""
         device = self.position.device
-        ratio = torch.cos(math.pi / 2 * torch.rand(batch_size, generator=generator, device=device))
+        ratio = torch.cos(math.pi / 2 * rand(batch_size, generator, device))
         count = (ratio * self.length).ceil().clamp(1, self.length)
-        ranks = torch.rand(batch_size, self.length, generator=generator, device=device).argsort(1).argsort(1)
+        ranks = rand((batch_size, self.length), generator, device).argsort(1).argsort(1)
         return (ranks < count[:, None]).reshape(batch_size, *self.token_shape)
 
     def loss(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -159,7 +160,7 @@ class MaskedTokenPrior(TokenPrior):
             logits = self.network(tokens.masked_fill(masked, self.special))
             codes, probability = sample_codes(logits, temperature, generator)
             tokens = torch.where(masked, codes, tokens)
-            uniform = torch.rand(probability.shape, generator=generator, device=device)
+            uniform = rand(probability.shape, generator, device)
             gumbel = -torch.log((-torch.log(uniform.clamp_min(1e-20))).clamp_min(1e-20))
             confidence = probability.log() + choice_temperature * (1 - step / steps) * gumbel
             confidence = confidence.masked_fill(~masked, math.inf)  # revealed tokens are never re-masked

@@ -13,10 +13,11 @@ from gpytorch_sgpa.experiments import distributed
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import ddp_step_worker  # noqa: E402
+from vader_fixtures import fake_vader_corpora  # noqa: E402
 
 
-def _torchrun(args, tmp_path, timeout=300):  # ~15 s unloaded; the shared machine can be 10x slower
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _torchrun(args, tmp_path, timeout=300, env=None):  # ~15 s unloaded; the shared machine can be 10x slower
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -63,3 +64,32 @@ def test_calibration_runner_under_torchrun_writes_once_with_world_size(tmp_path)
         rows = list(csv.DictReader(handle))
     assert [(row["method"], row["world_size"]) for row in rows] == [("sgpa", "2")]
     assert 0 <= float(rows[0]["accuracy"]) <= 1 and float(rows[0]["kl_final"]) > 0
+
+
+def test_language_model_runner_under_torchrun_trains_and_rank_0_writes(tmp_path):
+    """The language-model runner end to end under torchrun (2 gloo processes, tiny corpora): every
+    method trains data-parallel (ragged padded sequences, the SGPA decoder's ELBO), one CSV with
+    ``world_size`` 2 is written and the table is printed once (rank 0 only)."""
+    import csv
+
+    from gpytorch_sgpa.experiments import language_model as lm
+
+    archive = tmp_path / "vader.tar.gz"
+    fake_vader_corpora(archive)
+    out = tmp_path / "out"
+    result = _torchrun(["-m", "gpytorch_sgpa.experiments.language_model", "--quick", "--methods", "mle-sdp,mcd,sgpa",
+                        "--seeds", "1", "--train-size", "60", "--test-size", "30", "--shift-size", "20",
+                        "--batch-size", "16", "--no-progress", "--threads", "1", "--out", str(out)],
+                       tmp_path, env={"PROBSEQ_VADER_ARCHIVE": str(archive)})
+    with open(out / "results.csv") as handle:
+        reader = csv.DictReader(handle)
+        assert tuple(reader.fieldnames) == lm.CSV_COLUMNS
+        rows = list(reader)
+    assert [(row["method"], row["seed"], row["world_size"]) for row in rows] == [
+        (method, "0", "2") for method in ("mle-sdp", "mcd", "sgpa")]
+    for row in rows:
+        assert float(row["token_nll"]) > 0 and 0 <= float(row["accuracy"]) <= 1
+    assert list(out.iterdir()) == [out / "results.csv"]
+    for method in ("mle-sdp", "mcd", "sgpa"):
+        assert result.stdout.count(f"| vader_lm | {method} | 1 |") == 1, result.stdout
+    assert result.stderr.count("rows written to") == 1, result.stderr[-3000:]

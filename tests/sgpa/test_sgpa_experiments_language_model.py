@@ -10,7 +10,7 @@ from gpytorch_sgpa.data import Vocabulary
 from gpytorch_sgpa.elbo import IGNORE_INDEX
 from gpytorch_sgpa.experiments import language_model as lm
 from gpytorch_sgpa.experiments.training import mle_loss
-from vader_fixtures import fake_vader_sdist
+from vader_fixtures import fake_vader_corpora
 
 
 def _vocabulary():
@@ -73,21 +73,9 @@ def test_evaluate_lm_scores_every_kept_word():
     assert torch.equal(correct, probs[keep].argmax(-1) == split.labels[keep])
 
 
-def _fake_archive(path):
-    """Small movie and NYT corpora of random sentences over a ten-word vocabulary."""
-    words = ["good", "bad", "film", "plot", "actors", "boring", "great", "the", "a", "is"]
-    generator = torch.Generator().manual_seed(0)
-    corpora = {}
-    for corpus, count in (("movie", 120), ("nyt", 40)):
-        lengths = torch.randint(3, 9, (count,), generator=generator).tolist()
-        corpora[corpus] = [(0.5, " ".join(words[p] for p in torch.randint(0, len(words), (n,), generator=generator).tolist()))
-                           for n in lengths]
-    fake_vader_sdist(path, corpora)
-
-
 def test_cli_writes_contract_csv(tmp_path, monkeypatch, capsys):
     archive = tmp_path / "vader.tar.gz"
-    _fake_archive(archive)
+    fake_vader_corpora(archive)
     monkeypatch.setenv("PROBSEQ_VADER_ARCHIVE", str(archive))
     rows = lm.main(["--quick", "--methods", "mle-kernel,mcd,sgpa", "--seeds", "2", "--train-size", "60",
                     "--test-size", "30", "--shift-size", "20", "--no-progress", "--out", str(tmp_path / "out")])

@@ -19,3 +19,17 @@ def fake_vader_sdist(path, corpora):
         info = tarfile.TarInfo("vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
         info.size = len(data)
         outer.addfile(info, io.BytesIO(data))
+
+
+def fake_vader_corpora(path):
+    """``fake_vader_sdist`` with small movie and NYT corpora of random sentences over a ten-word vocabulary."""
+    import torch
+
+    words = ["good", "bad", "film", "plot", "actors", "boring", "great", "the", "a", "is"]
+    generator = torch.Generator().manual_seed(0)
+    corpora = {}
+    for corpus, count in (("movie", 120), ("nyt", 40)):
+        lengths = torch.randint(3, 9, (count,), generator=generator).tolist()
+        corpora[corpus] = [(0.5, " ".join(words[p] for p in torch.randint(0, len(words), (n,), generator=generator).tolist()))
+                           for n in lengths]
+    fake_vader_sdist(path, corpora)

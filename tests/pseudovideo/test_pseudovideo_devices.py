@@ -1,0 +1,131 @@
+"""Issue 16: ``pseudovideo`` follows the device of its inputs and models.
+
+Each test builds the same seeded model and data on the CPU (the reference) and on ``device``
+(``cpu``, and ``cuda`` where a GPU is available; ``tests/conftest.py``) and checks that the results
+live on ``device`` and equal the CPU's.  Random draws come from seeded CPU generators, which the
+package accepts for tensors on any device (draws are made where the generator lives, then moved),
+so both runs use the same numbers.  Models run in float64 where they support it (tolerance
+``1e-9``: a few layers of float64 convolutions and attention, round-off ``~1e-14``); the
+diffusion model's sampler builds float32 windows, so it runs in float32 (TF32 is off on CUDA, see
+the ``device`` fixture): tolerance ``1e-4`` relative for a few float32 UNet passes.  Sampled tokens
+are compared exactly (a float64 probability would have to sit within round-off of a draw to flip).
+"""
+import pytest
+import torch
+from torch import nn
+
+from pseudovideo import METHODS, make_pseudo_video
+from pseudovideo.metrics import frechet_distance, inception_score, psnr, train_classifier
+from pseudovideo.models.diffusion import AutoregressiveVideoDiffusion
+from pseudovideo.models.hvae import HeatHVAE
+from pseudovideo.models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
+from pseudovideo.models.tokenizer import ImageTokenizer, VideoTokenizer
+
+DT = torch.float64
+CPU = torch.device("cpu")
+TOL = dict(rtol=1e-9, atol=1e-11)
+
+
+def images(where, shape=(3, 1, 8, 8), seed=0, dtype=DT):
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(where)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pseudo_video_builders_on_device(device, assert_matches_cpu, method):
+    def run(where):
+        return make_pseudo_video(images(where), 5, method, generator=torch.Generator().manual_seed(1))
+
+    assert_matches_cpu(run(device), run(CPU), **TOL)
+
+
+@pytest.mark.parametrize("encoder", ["heat", "learned"])
+def test_heat_hvae_elbo_gradients_and_samples_on_device(device, assert_matches_cpu, encoder):
+    def run(where):
+        torch.manual_seed(0)
+        model = HeatHVAE(encoder, num_latents=3, image_size=8, width=8, max_std=6.0).double().to(where)
+        x = (images(where) > 0.5).to(DT)
+        loss = model.negative_elbo(x, generator=torch.Generator().manual_seed(2))
+        loss.backward()
+        samples = model.sample(2, generator=torch.Generator().manual_seed(3))
+        return loss, [p.grad for p in model.parameters() if p.grad is not None], samples
+
+    assert_matches_cpu(run(device), run(CPU), **TOL)
+
+
+@pytest.mark.parametrize("prior_class", [AutoregressiveTokenPrior, MaskedTokenPrior])
+def test_token_priors_loss_and_sampling_on_device(device, assert_matches_cpu, prior_class):
+    def run(where):
+        torch.manual_seed(0)
+        prior = prior_class(5, (2, 3), dim=16, heads=2, layers=1).double().to(where)
+        tokens = torch.randint(0, 5, (4, 2, 3), generator=torch.Generator().manual_seed(4)).to(where)
+        if prior_class is MaskedTokenPrior:
+            loss = prior.loss(tokens, generator=torch.Generator().manual_seed(5))
+        else:
+            loss = prior.loss(tokens)
+        loss.backward()
+        prior.eval()
+        samples = prior.sample(3, generator=torch.Generator().manual_seed(6))
+        return loss, [p.grad for p in prior.parameters() if p.grad is not None], samples
+
+    result, reference = run(device), run(CPU)
+    assert_matches_cpu(result[:2], reference[:2], **TOL)
+    assert_matches_cpu(result[2], reference[2], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tokenizer_class", [VideoTokenizer, ImageTokenizer])
+def test_tokenizers_on_device(device, assert_matches_cpu, tokenizer_class):
+    def run(where):
+        torch.manual_seed(0)
+        options = dict(patch_size=4, dim=16, heads=2, code_dim=8, codebook_size=16)
+        if tokenizer_class is VideoTokenizer:
+            tokenizer = VideoTokenizer(4, 8, tubelet_frames=2, spatial_layers=1, temporal_layers=1, **options)
+            data = images(where, (2, 4, 1, 8, 8))
+        else:
+            tokenizer = ImageTokenizer(8, **options)
+            data = images(where, (2, 1, 8, 8))
+        tokenizer = tokenizer.double().to(where)
+        output = tokenizer(data)
+        output[2].backward()  # reconstruction + quantiser loss
+        tokens = tokenizer.encode(data)
+        return list(output), tokens, tokenizer.decode(tokens), [p.grad for p in tokenizer.parameters() if p.grad is not None]
+
+    assert_matches_cpu(run(device), run(CPU), **TOL)
+
+
+def test_video_diffusion_loss_and_sampling_on_device(device, assert_matches_cpu):
+    def run(where):
+        torch.manual_seed(0)
+        model = AutoregressiveVideoDiffusion(3, 1, image_size=4, block_out_channels=(8, 16), num_train_timesteps=50).to(where)
+        videos = images(where, (4, 3, 1, 4, 4), dtype=torch.float32) * 2 - 1
+        loss = model.training_loss(videos, generator=torch.Generator().manual_seed(7))
+        loss.backward()
+        model.eval()
+        samples = model.sample(2, 3, generator=torch.Generator().manual_seed(8))
+        return loss, samples
+
+    assert_matches_cpu(run(device), run(CPU), rtol=1e-4, atol=1e-5)
+
+
+class LinearFeatures(nn.Module):
+    """A fixed linear feature map (FID depends on the features' first two moments only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.matrix = nn.Parameter(torch.randn(3, 16, generator=torch.Generator().manual_seed(9), dtype=DT))
+        self.num_features = 3
+
+    def forward(self, x):
+        return x.flatten(1).double() @ self.matrix.T
+
+
+def test_image_metrics_on_device(device, assert_matches_cpu):
+    """PSNR, FID with a feature network on ``device``, and IS of a classifier trained on ``device``."""
+
+    def run(where):
+        real = images(where, (60, 1, 4, 4), seed=10)
+        fake = images(where, (60, 1, 4, 4), seed=11) ** 2
+        classifier = train_classifier(real.float(), (real.flatten(1).mean(1) > 0.5).long(), epochs=1, batch_size=20)
+        return (psnr(fake, real), frechet_distance(real, fake, LinearFeatures().to(where)),
+                inception_score(fake.float(), classifier, splits=2))
+
+    assert_matches_cpu(run(device), run(CPU), rtol=1e-4, atol=1e-6)  # IS: a float32 classifier

@@ -1,0 +1,161 @@
+"""The cheaper algebraic paths of decoupled SGPA (issue 14, cost target) against the formulas they replaced.
+
+* ``A = L⁻¹ K_gq`` and ``W_d = L⁻¹ C_d`` are products with ``L⁻¹`` (computed once per head) instead of
+  triangular solves broadcast over the batch: the layer's sample and KL must equal those written
+  with ``torch.linalg.solve_triangular`` and GPyTorch's own kernel evaluation;
+* ``global_kl()`` reuses the global factors of the forward pass (one ``K_gg`` Cholesky per step):
+  its value and gradients must equal a recomputation, and it must recompute after the parameters
+  change or a backward pass has freed that graph.
+"""
+import copy
+
+import gpytorch
+import pytest
+import torch
+
+import gpytorch_sgpa.attention as attention_module
+from gpytorch_sgpa import SGPAELBO, SGPAViT
+from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer
+
+
+def _solve_formula(layer, x, global_inputs, noise):
+    """Output and per-sequence KL of a decoupled layer with the decomposed sampler, written with
+    triangular solves (the formulas before the ``L⁻¹`` products) and ``kernel.forward``."""
+    kernel = layer.kernel
+    q, v = _heads(layer.qk_proj(x)), _heads(layer.v_proj(x))
+    keys = layer.global_keys(global_inputs)
+    jitter = gpytorch.settings.cholesky_jitter.value(x.dtype) * kernel.outputscale.reshape(-1, 1, 1)
+    k_qq, k_qg = kernel.forward(q, q), kernel.forward(q, keys)
+    k_gg = kernel.forward(keys, keys) + jitter * torch.eye(NUM_GLOBAL, dtype=x.dtype)
+    chol = torch.linalg.cholesky(k_gg)
+    a = torch.linalg.solve_triangular(chol, k_qg.transpose(-2, -1), upper=False)  # (B, H, M, L)
+    c = layer.global_cov_factor()  # (H, E or 1, M, M)
+    w = c if layer.whitened else torch.linalg.solve_triangular(chol.unsqueeze(1), c, upper=False)
+    mean = k_qq @ v
+    coefficient = torch.einsum("hdmn,bhdn->bhmd", w, noise.global_)
+    amortised_kl = (v * (k_qq @ v)).sum((-3, -2, -1))
+    global_kl = 0.0
+    if layer.variant == "orthogonal":
+        a_v = a @ v
+        lt_vg = chol.transpose(-2, -1) @ layer.global_values
+        coefficient = coefficient + lt_vg - a_v
+        amortised_kl = amortised_kl - a_v.square().sum((-3, -2, -1))
+        global_kl = global_kl + lt_vg.square().sum()
+    mean = mean + a.transpose(-2, -1) @ coefficient
+    residual = k_qq.diagonal(dim1=-2, dim2=-1) - a.square().sum(-2)
+    sample = mean + residual.unsqueeze(-1).clamp_min(jitter).sqrt() * noise.local
+    output = layer.out_proj(sample.transpose(1, 2).reshape(x.shape))
+    # KL(N(m, S_d) || N(0, K_gg)) without the mean part, per output dimension, from its definition
+    s = (chol.unsqueeze(1) @ c) if layer.whitened else c
+    s = s @ s.transpose(-2, -1)  # (H, E or 1, M, M)
+    trace = torch.linalg.solve(k_gg.unsqueeze(1), s).diagonal(dim1=-2, dim2=-1).sum(-1)
+    per_dim = trace - torch.logdet(s) + torch.logdet(k_gg).unsqueeze(1) - NUM_GLOBAL
+    global_kl = global_kl + per_dim.sum() * (E if layer.share_covariance else 1)
+    return output, 0.5 * amortised_kl + 0.5 * global_kl
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("variant,whitened,share_covariance",
+                         [("orthogonal", False, False), ("orthogonal", True, False), ("dsvgp", False, True)])
+def test_inverse_factor_products_equal_the_triangular_solve_formulas(dtype, variant, whitened, share_covariance):
+    layer = _layer(variant=variant, whitened=whitened, share_covariance=share_covariance, sampler="decomposed")
+    layer = layer.to(dtype)
+    x = _inputs().to(dtype)
+    global_inputs = layer.global_inducing_inputs + 0.1  # a G_phi(Z_g) other than the parameter itself
+    noise = layer.sample_noise(BATCH, LENGTH)
+    output, kl = layer(x, global_inputs=global_inputs, noise=noise)
+    expected_output, expected_kl = _solve_formula(layer, x, global_inputs, noise)
+    # float32: the two orders of rounding differ by a few ulp of K_gg's condition number (M = 3 here)
+    tolerance = TIGHT if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(output, expected_output, **tolerance)
+    torch.testing.assert_close(kl, expected_kl.mean(), **tolerance)
+    # gradients too: the backward pass of a product with L⁻¹ replaces that of the solve
+    params = [p for p in layer.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(output.square().sum() + kl, params)
+    expected = torch.autograd.grad(expected_output.square().sum() + expected_kl.mean(), params, allow_unused=True)
+    for param, got, want in zip(params, grads, expected):
+        torch.testing.assert_close(got, torch.zeros_like(got) if want is None else want, **tolerance)
+
+
+@pytest.fixture
+def count_global_factors(monkeypatch):
+    calls = []
+    original = attention_module.global_factors
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "global_factors", counted)
+    return calls
+
+
+def test_global_kl_reuses_the_forward_factors_until_they_change_or_are_backpropagated(count_global_factors):
+    calls = count_global_factors
+    layer = _layer(sampler="decomposed")
+    x = _inputs()
+    global_inputs = (layer.global_inducing_inputs * 0.9).detach().requires_grad_()  # G_phi(Z_g) of a model
+
+    out, kl = layer(x, global_inputs=global_inputs)
+    fresh = copy.deepcopy(layer)  # a copy starts without the forward pass's record
+    assert len(calls) == 1
+    reused = layer.global_kl(global_inputs)
+    assert len(calls) == 1  # no second Cholesky of K_gg
+    recomputed = fresh.global_kl(global_inputs)
+    assert len(calls) == 2
+    torch.testing.assert_close(reused, recomputed, **TIGHT)
+    grads = torch.autograd.grad(reused, [global_inputs, *layer.parameters()], retain_graph=True, allow_unused=True)
+    expected = torch.autograd.grad(recomputed, [global_inputs, *fresh.parameters()], allow_unused=True)
+    for got, want in zip(grads, expected):
+        assert (got is None) == (want is None)
+        if want is not None:
+            torch.testing.assert_close(got, want, **TIGHT)
+
+    # other global inputs, or a GPyTorch setter (a .data write), must not be served the old factors
+    layer.global_kl(global_inputs + 0.2)
+    assert len(calls) == 3
+    layer.kernel.outputscale = 2.0
+    fresh.kernel.outputscale = 2.0
+    torch.testing.assert_close(layer.global_kl(global_inputs), fresh.global_kl(global_inputs), **TIGHT)
+
+    # a backward pass through the forward's graph frees it: global_kl recomputes and stays differentiable
+    out, kl = layer(x, global_inputs=global_inputs)
+    (out.sum() + kl).backward()
+    before = len(calls)
+    again = layer.global_kl(global_inputs)
+    assert len(calls) == before + 1
+    again.backward()
+
+    # factors recorded without gradients are not handed out where gradients are wanted
+    with torch.no_grad():
+        layer(x, global_inputs=global_inputs)
+    assert layer.global_kl(global_inputs).requires_grad
+    copy.deepcopy(layer)  # the record holds graph tensors: copying must still work
+
+
+@pytest.mark.parametrize("kl_weighting", ["decomposed", "all-over-n"])
+def test_elbo_step_with_reused_global_kl_equals_recomputation(kl_weighting, count_global_factors):
+    torch.manual_seed(0)
+    model = SGPAViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, d_model=D_MODEL, num_heads=HEADS,
+                    num_layers=2, attention="sgpa", attention_kwargs={"num_global": NUM_GLOBAL}).double()
+    twin = copy.deepcopy(model)
+    images, labels = torch.rand(5, 1, 8, 8, dtype=torch.double), torch.tensor([0, 1, 2, 1, 0])
+    gradients = []
+    for net, clear in ((model, False), (twin, True)):
+        elbo = SGPAELBO(net, num_data=40, kl_weighting=kl_weighting)
+        torch.manual_seed(1)
+        logits, kl = net(images)
+        if clear:  # the previous behaviour: the ELBO's global_kl() recomputes the factors
+            for module in net.modules():
+                if isinstance(module, attention_module.SGPAttention):
+                    module.clear_cache()
+        calls_before = len(count_global_factors)
+        value = elbo(logits, kl, labels)
+        extra = len(count_global_factors) - calls_before
+        assert extra == (2 if clear and kl_weighting == "decomposed" else 0)
+        gradients.append(torch.autograd.grad(value, list(net.parameters()), allow_unused=True))
+    for got, want in zip(*gradients):
+        if want is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
