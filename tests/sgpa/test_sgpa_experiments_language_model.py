@@ -95,7 +95,7 @@ def test_cli_writes_contract_csv(tmp_path, monkeypatch, capsys):
 def test_cli_passes_the_kl_weighting_and_parameterisation_to_sgpa(tmp_path, monkeypatch):
     """``--kl-weighting`` reaches SGPAELBO and ``--whitened/--no-whitened`` every SGPA layer."""
     archive = tmp_path / "vader.tar.gz"
-    _fake_archive(archive)
+    fake_vader_corpora(archive)
     monkeypatch.setenv("PROBSEQ_VADER_ARCHIVE", str(archive))
     built = []
 
