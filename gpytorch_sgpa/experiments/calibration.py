@@ -117,7 +117,7 @@ class ExperimentConfig:
     kl_anneal_epochs: int = 0
     mle_init_epochs: int = 2
     beta: float = 1.0
-    kl_weighting: str = "decomposed"
+    kl_weighting: str = "all-over-n"
     whitened: bool = True
     kernel_init: str = "sdp"
     select_on_validation: bool = True
@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "--kl-weighting decomposed, beta = 1 is the exact ELBO of eq. elbo per sequence)")
     parser.add_argument("--kl-weighting", default=None, choices=KL_WEIGHTINGS,
                         help=f"how the ELBO weighs the amortised and global KL (default {defaults.kl_weighting}: "
-                             "amortised x 1, global / N)")
+                             "all of it / N; decomposed: amortised x 1, global / N; authors: all x 1)")
     parser.add_argument("--whitened", default=None, action=argparse.BooleanOptionalAction,
                         help=f"whitened global covariance S_g = L C C^T L^T of the SGPA layers (default {defaults.whitened})")
     parser.add_argument("--kernel-init", default=None, choices=KERNEL_INITS,

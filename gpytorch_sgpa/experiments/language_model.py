@@ -13,7 +13,7 @@ shift):
 Methods: ``mle-sdp`` and ``mle-kernel`` (causal scaled dot-product / exponential-kernel attention,
 cross-entropy), ``mcd`` (``mle-kernel`` predicting with dropout on), ``sgpa`` (decoupled orthogonal
 SGPA, exponential kernel, trained by the ELBO per sentence of :class:`~gpytorch_sgpa.elbo.SGPAELBO`,
-``--kl-weighting`` (default ``decomposed``), ``num_data`` = number of training sentences;
+``--kl-weighting`` (default ``all-over-n``), ``num_data`` = number of training sentences;
 ``--whitened``/``--no-whitened`` its global covariance, default whitened). Predictions of ``mcd``/``sgpa`` average the
 next-word probabilities of ``--num-samples`` passes.
 
@@ -70,7 +70,7 @@ class LMConfig:
     dropout: float = 0.1
     kl_anneal_epochs: int = 0
     sampler: str = "diagonal"  # SGPAttention sampler: diagonal (thesis), full or decomposed
-    kl_weighting: str = "decomposed"  # SGPAELBO's; the table in docs/results.md used all-over-n
+    kl_weighting: str = "all-over-n"  # SGPAELBO's default
     whitened: bool = True  # SGPAttention's; the table in docs/results.md used False
 
 

@@ -67,7 +67,7 @@ def test_forward_step_reproduces_the_full_forward(attention, kwargs):
 def test_sequence_elbo_sums_token_log_likelihoods_and_skips_ignored_targets():
     torch.manual_seed(2)
     model = _decoder("sgpa", {"num_global": 4}).train()
-    elbo = SGPAELBO(model, num_data=50)
+    elbo = SGPAELBO(model, num_data=50, kl_weighting="decomposed")
     tokens = torch.randint(0, VOCAB, (BATCH, LENGTH))
     targets = tokens[:, 1:].clone()
     targets[0, 3:] = IGNORE_INDEX  # a shorter first sequence

@@ -108,7 +108,7 @@ def test_cli_passes_the_kl_weighting_and_parameterisation_to_sgpa(tmp_path, monk
     common = ["--quick", "--methods", "sgpa", "--seeds", "1", "--train-size", "40", "--test-size", "10",
               "--shift-size", "10", "--no-progress", "--out", str(tmp_path / "out")]
     lm.main(common)
-    lm.main(common + ["--kl-weighting", "all-over-n", "--no-whitened"])
-    assert built == [("decomposed", {True}), ("all-over-n", {False})]
+    lm.main(common + ["--kl-weighting", "decomposed", "--no-whitened"])
+    assert built == [("all-over-n", {True}), ("decomposed", {False})]
     with pytest.raises(SystemExit):
         lm.build_parser().parse_args(["--out", "x", "--kl-weighting", "per-token"])

@@ -176,7 +176,7 @@ def test_kl_weightings_split_the_kl_into_amortised_and_global_parts(attention):
     with pytest.raises(ValueError, match="kl_weighting"):
         SGPAELBO(model, num_data=40, kl_weighting="beta")
     with pytest.raises(TypeError, match="global_kl"):
-        SGPAELBO(torch.nn.Linear(2, 2), num_data=40)
+        SGPAELBO(torch.nn.Linear(2, 2), num_data=40, kl_weighting="decomposed")
 
 
 def test_predict_proba_averages_sample_probabilities():
