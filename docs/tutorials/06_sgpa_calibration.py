@@ -50,10 +50,10 @@ print(f"train {len(y_train)}, test {len(y_test)}, out-of-distribution {len(x_ood
 # %% [markdown]
 # ## Training
 # The same network with two attention types, trained on the ELBO per image. With only 630
-# training images the weighting of the KL matters: `kl_weighting="all-over-n"` divides the whole
-# KL (the global inducing variables' and each image's amortised one) by the number of training
-# images. With the package default (`"decomposed"`: the amortised KL of a batch's images counted in
-# full, once per image) this network collapsed to near chance (test accuracy 0.27 on 5 classes
+# training images the weighting of the KL matters: `kl_weighting="all-over-n"` (the default, written
+# out here) divides the whole KL (the global inducing variables' and each image's amortised one) by
+# the number of training images. With the exact ELBO (`"decomposed"`: the amortised KL of a batch's
+# images counted in full, once per image) this network collapsed to near chance (test accuracy 0.27 on 5 classes
 # after 30 epochs), because 16 tokens' amortised KL outweighs one label's log-likelihood; with
 # `"all-over-n"` it reaches 0.93 (both with the default whitened layers; 0.23 and 0.91 unwhitened).
 
