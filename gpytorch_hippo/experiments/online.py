@@ -20,8 +20,9 @@ inducing variables, :mod:`gpytorch_hippo.baselines`):
   series' time range.
 
 Writes ``OUT/results.csv`` (columns :data:`COLUMNS`; ``cum_time_s`` is the training wall time
-through ``task_trained``), ``OUT/online_nlpd_rmse.png`` and ``OUT/online_final_fit.png``, and
-prints a summary (mean ± 95 % CI over seeds)::
+through ``task_trained``; rewritten after every method and seed, so an interrupted run keeps what
+it finished), ``OUT/online_nlpd_rmse.png`` and ``OUT/online_final_fit.png``, and prints a summary
+(mean ± 95 % CI over seeds; paired per-seed differences: :mod:`.online_paired`)::
 
     python -m gpytorch_hippo.experiments.online --dataset irradiance --methods ohsgpr,osgpr,ovc,ovff \\
         --num-inducing 50 --seeds 3 --out out/online
@@ -150,13 +151,18 @@ def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_task
     return rows, model, data
 
 
-def run(dataset: str, methods: Sequence[str], num_inducing: int, seeds: Sequence[int], progress: bool = True, **options):
-    """All rows, and the final model of each method for the first seed."""
+def run(dataset: str, methods: Sequence[str], num_inducing: int, seeds: Sequence[int], progress: bool = True,
+        out: Optional[str] = None, **options):
+    """All rows, and the final model of each method for the first seed. With ``out``,
+    ``out/results.csv`` is rewritten after every (seed, method), so that an interrupted run keeps
+    the rows of the methods it finished."""
     rows, finals = [], {}
     for seed in seeds:
         for method in tqdm(methods, desc=f"{dataset} M={num_inducing} seed {seed}", disable=not progress):
             method_rows, model, data = run_method(dataset, method, num_inducing, seed, progress=progress, **options)
             rows += method_rows
+            if out is not None:
+                write_csv(rows, out)
             if seed == seeds[0]:
                 finals[method] = (model, data)
     return rows, finals
@@ -296,7 +302,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.quick:
         args.tasks, args.seeds, args.first_iters, args.osgpr_iters, args.svgp_iters = 3, 1, 5, 5, 5
-    rows, finals = run(args.dataset, methods, args.num_inducing, list(range(args.seeds)), progress=not args.quiet,
+    rows, finals = run(args.dataset, methods, args.num_inducing, list(range(args.seeds)), progress=not args.quiet, out=args.out,
                        num_tasks=args.tasks, first_iters=args.first_iters, osgpr_iters=args.osgpr_iters, lr=args.lr,
                        train_kernel=args.train_kernel, measure=args.measure, split=args.split, svgp_iters=args.svgp_iters)
     path = write_csv(rows, args.out)

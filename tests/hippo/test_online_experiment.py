@@ -93,3 +93,21 @@ def test_train_kernel_keeps_training_and_measures_are_selectable():
     assert trained.covar_module.base_kernel.lengthscale.item() != pytest.approx(fixed.covar_module.base_kernel.lengthscale.item(), rel=1e-6)
     rows, legt, _ = online.run_method("irradiance", "ohsgpr", 8, seed=0, num_tasks=2, first_iters=2, measure="legt")
     assert legt.inducing_variables.measure == "legt" and all(np.isfinite(r["nlpd"]) for r in rows)
+
+
+def test_an_interrupted_run_keeps_the_rows_of_the_methods_it_finished(tmp_path, monkeypatch):
+    calls = []
+    real = online.run_method
+
+    def fails_on_the_second_method(dataset, method, *args, **kwargs):
+        calls.append(method)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # e.g. the run was stopped
+        return real(dataset, method, *args, **kwargs)
+
+    monkeypatch.setattr(online, "run_method", fails_on_the_second_method)
+    with pytest.raises(KeyboardInterrupt):
+        online.main(["--quick", "--quiet", "--methods", "osgpr-fixed,ovc", "--num-inducing", "6", "--out", str(tmp_path)])
+    with open(tmp_path / "results.csv") as handle:
+        written = list(csv.DictReader(handle))
+    assert [r["method"] for r in written] == ["osgpr-fixed"] * (1 + 2 + 3)
