@@ -1,6 +1,7 @@
 """The online runner (experiments.online): CSV schema, bookkeeping, metrics against scipy, task splits."""
 import csv
 
+import gpytorch
 import numpy as np
 import pytest
 import scipy.stats
@@ -111,3 +112,35 @@ def test_an_interrupted_run_keeps_the_rows_of_the_methods_it_finished(tmp_path, 
     with open(tmp_path / "results.csv") as handle:
         written = list(csv.DictReader(handle))
     assert [r["method"] for r in written] == ["osgpr-fixed"] * (1 + 2 + 3)
+
+
+def test_first_task_fit_reaches_the_marginal_likelihood_of_the_true_hyperparameters():
+    """A GP sample with length scale 4 on [0, 600]: the runner's start (span / 50 = 12) is three
+    length scales off, which 100 Adam steps on the softplus parameter cannot cover (the bug: fitted
+    length scales of 53 vs 6-22 on speech).  Type-II ML must reach at least the exact log marginal
+    likelihood of the true hyperparameters (up to 0.5 nats of 500 points) and a length scale
+    within 25 % of the truth."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.sort(torch.rand(500, generator=generator, dtype=torch.float64) * 600).values.unsqueeze(-1)
+    truth = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+    truth.base_kernel.lengthscale, truth.outputscale = 4.0, 1.0
+    with torch.no_grad():
+        covariance = truth(x).to_dense() + 0.01 * torch.eye(500, dtype=torch.float64)
+        true_distribution = torch.distributions.MultivariateNormal(torch.zeros(500, dtype=torch.float64), covariance)
+        y = torch.linalg.cholesky(covariance) @ torch.randn(500, generator=generator, dtype=torch.float64)
+        true_mll = true_distribution.log_prob(y).item()
+
+    def fitted_mll(start):
+        kernel = online.make_kernel("ohsgpr", 600.0)
+        likelihood = online.fit_hyperparameters(kernel, x, y, 100, 0.05, start=start)
+        with torch.no_grad():
+            fitted = kernel(x).to_dense() + likelihood.noise * torch.eye(500, dtype=torch.float64)
+            value = torch.distributions.MultivariateNormal(torch.zeros(500, dtype=torch.float64), fitted).log_prob(y).item()
+        return value, kernel.base_kernel.lengthscale.item()
+
+    grid_mll, grid_lengthscale = fitted_mll("grid")
+    assert grid_mll > true_mll - 0.5 and abs(grid_lengthscale - 4.0) < 1.0
+    given_mll, given_lengthscale = fitted_mll("given")  # the old start stays far off: the test can fail
+    assert given_mll < true_mll - 10 and given_lengthscale > 6.0
+    with pytest.raises(ValueError, match="start"):
+        online.fit_hyperparameters(online.make_kernel("ohsgpr", 600.0), x, y, 1, 0.05, start="span")
