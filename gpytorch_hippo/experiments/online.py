@@ -92,12 +92,13 @@ def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor
         low = nearest[torch.isfinite(nearest)].median().clamp_min(1e-12)
         lengthscales = torch.logspace(math.log10(low), math.log10(max(distances.max(), 1.001 * low)), 30)
         variance = y.var().clamp_min(1e-12)
+        identity = torch.eye(len(x), dtype=x.dtype, device=x.device)
         best = (-math.inf, None, None)
         for lengthscale in lengthscales.tolist():
             kernel.base_kernel.lengthscale = torch.tensor(lengthscale, dtype=x.dtype, device=x.device)
             correlation = kernel.base_kernel(x).to_dense()
             for share in (0.5, 0.1, 0.03, 0.01, 0.001):
-                covariance = variance * ((1 - share) * correlation + share * torch.eye(len(x), dtype=x.dtype, device=x.device))
+                covariance = variance * ((1 - share) * correlation + share * identity)
                 chol, info = torch.linalg.cholesky_ex(covariance)
                 if info.item() != 0:
                     continue
