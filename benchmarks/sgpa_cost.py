@@ -16,7 +16,7 @@ Prints medians and the ratios SGPA / MLE. The thesis reports 4.5x training overh
 keys on a GPU (CIFAR10, App. B Table "training time"); the issue's target on CPU is <= 1.5x.
 
     python benchmarks/sgpa_cost.py --threads 1 [--batch-size 100 --patch-size 4 --num-global 32 --repeats 15]
-    python benchmarks/sgpa_cost.py --preset cifar --device cuda [--profile]
+    python benchmarks/sgpa_cost.py --preset cifar --device cuda [--profile] [--compile reduce-overhead]
 
 (on a shared CPU pass ``--threads 1``; oversubscribed OpenMP threads make timings erratic)
 
@@ -41,6 +41,8 @@ from gpytorch_sgpa.baselines import mc_dropout_predict_proba, predict_proba
 from gpytorch_sgpa.elbo import SGPAELBO
 from gpytorch_sgpa.transformer import SGPAViT
 
+
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 #: thesis App. B, "Image classification with CIFAR10 and CIFAR100" (CIFAR10 without data augmentation)
 PRESETS = {
@@ -102,6 +104,10 @@ def main(argv=None):
     parser.add_argument("--sampler", nargs="+", choices=SGPA_SAMPLERS, default=["decomposed", "diagonal"],
                         help="SGPAttention sampler(s); several -> one SGPA model each, timed in the same run "
                              "(default: the package's default, decomposed, and the thesis's, diagonal)")
+    parser.add_argument("--compile", choices=COMPILE_MODES, default="none",
+                        help="torch.compile every model's forward pass and loss (fullgraph=True: the SGPA step has "
+                             "no graph breaks) with this mode; backward and Adam stay eager; 'reduce-overhead' "
+                             "adds CUDA graphs on a GPU")
     parser.add_argument("--variant", choices=("orthogonal", "dsvgp"), default="orthogonal",
                         help="decoupled SGPA variant (attention 'sgpa' or 'sgpa-dsvgp')")
     args = _parse(parser, argv)
@@ -131,14 +137,21 @@ def main(argv=None):
     elbos = {name: SGPAELBO(models[name], num_data=50000).to(device) for name in sgpa_names}
     optimizers = {name: torch.optim.Adam(model.parameters(), lr=1e-4) for name, model in models.items()}
 
+    def loss_of(name):
+        def loss(images, labels):
+            logits, kl = models[name](images)
+            if name in elbos:
+                return -elbos[name](logits, kl, labels)
+            return torch.nn.functional.cross_entropy(logits, labels)
+        if args.compile == "none":
+            return loss
+        return torch.compile(loss, fullgraph=True, mode=None if args.compile == "default" else args.compile)
+
+    losses = {name: loss_of(name) for name in models}
+
     def train_step(name):
-        model = models[name]
-        model.train()
-        logits, kl = model(images)
-        if name in elbos:
-            loss = -elbos[name](logits, kl, labels)
-        else:
-            loss = torch.nn.functional.cross_entropy(logits, labels)
+        models[name].train()
+        loss = losses[name](images, labels)
         optimizers[name].zero_grad(set_to_none=True)
         loss.backward()
         optimizers[name].step()
@@ -170,8 +183,9 @@ def main(argv=None):
           f"variant {args.variant}, samplers {samplers}, "
           f"torch threads {torch.get_num_threads()}; "
           f"medians of {args.repeats} interleaved repeats")
-    if args.preset is not None or device.type != "cpu" or args.in_channels != 1:
-        print(f"device {describe(device)}, preset {args.preset}, {args.in_channels} input channels")
+    if args.preset is not None or device.type != "cpu" or args.in_channels != 1 or args.compile != "none":
+        print(f"device {describe(device)}, preset {args.preset}, {args.in_channels} input channels, "
+              f"torch.compile {args.compile}")
     print("\n| training step | median s | ratio to kernel (MLE) |\n|---|---|---|")
     train_median = {name: statistics.median(t) for name, t in train_times.items()}
     for name, value in train_median.items():

@@ -173,8 +173,9 @@ class SGPAttention(_MultiHeadAttention):
     ``Lᵀ v_g``, global KL) are cached, keyed on the values of the parameters they depend on and of
     ``global_inputs`` (so GPyTorch's setters invalidate it too); ``train()`` drops it.  Jitter
     ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
-    scale) is added before every Cholesky (escalated by linear_operator's ``psd_safe_cholesky``
-    if needed).  Under ``torch.autocast`` or in half precision the projections run in the low
+    scale) is added before every Cholesky (escalated where needed by
+    :func:`~gpytorch_sgpa.multihead.psd_cholesky`, which on accelerators and under
+    ``torch.compile`` never waits for the device: the training step compiles without graph breaks).  Under ``torch.autocast`` or in half precision the projections run in the low
     precision and the GP algebra in float32; the output has the input's dtype.
 
     ``sampler`` is the one sampling knob (:mod:`~gpytorch_sgpa.samplers`): ``"decomposed"``
@@ -341,7 +342,10 @@ class SGPAttention(_MultiHeadAttention):
 
     def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype) -> GlobalFactors:
         """The global factors; in eval mode without gradients cached, keyed on the values they
-        depend on.  With gradients they are computed afresh and recorded for :meth:`global_kl`."""
+        depend on.  With gradients they are computed afresh and recorded for :meth:`global_kl`.
+        Under ``torch.compile`` they are always computed afresh (neither cached nor recorded)."""
+        if torch.compiler.is_compiling():  # no value comparisons or hooks inside a compiled graph
+            return global_factors(self, global_inputs, dtype)
         key = self._global_key(global_inputs)
         if self.training or torch.is_grad_enabled():
             factors = global_factors(self, global_inputs, dtype)
@@ -371,8 +375,8 @@ class SGPAttention(_MultiHeadAttention):
         if self.mode != "decoupled":
             return self.qk_proj.weight.new_zeros((), dtype=dtype)
         record = self._forward_factors
-        if (torch.is_grad_enabled() and record.factors is not None and record.dtype == dtype
-                and _same_values(record.key, self._global_key(global_inputs))):
+        if (torch.is_grad_enabled() and not torch.compiler.is_compiling() and record.factors is not None
+                and record.dtype == dtype and _same_values(record.key, self._global_key(global_inputs))):
             return record.factors.kl.sum()
         return self._global_factors(global_inputs, dtype).kl.sum()
 

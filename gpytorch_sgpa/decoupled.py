@@ -18,11 +18,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from .kernels import evaluate_kernel
-from .multihead import _masked_cholesky, _relative_jitter
+from .multihead import _masked_cholesky, _relative_jitter, psd_cholesky
 from .samplers import PosteriorTerms
 
 
@@ -43,7 +42,7 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype) -> G
     gram = evaluate_kernel(layer.kernel, keys)
     num_global = gram.shape[-1]
     eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
-    chol = psd_safe_cholesky(gram + _relative_jitter(layer.kernel, dtype) * eye)
+    chol = psd_cholesky(gram + _relative_jitter(layer.kernel, dtype) * eye)
     # L⁻¹ once per head (M triangular solves against I): every later "L⁻¹ X" is then one matrix
     # product, which on CPU costs a fraction of a triangular solve broadcast over the batch (forward
     # and backward; benchmarks/sgpa_cost.py) and gives the same values up to rounding (tested).

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from .attention import SGPAttention
 from .dropin import global_kl_divergence
+from .multihead import _checks_on_host
 
 __all__ = ["SGPAELBO", "LIKELIHOODS", "IGNORE_INDEX", "KL_WEIGHTINGS"]
 
@@ -70,6 +71,11 @@ class SGPAELBO(gpytorch.Module):
 
     The annealing counter advances by one at each call made with the model in training mode and
     gradients enabled.
+
+    Target values are checked (class range, ``NaN``) in eager mode on the CPU; on accelerators and
+    under ``torch.compile`` the check would stall the device or break the graph, so it is skipped:
+    an out-of-range class index then fails in ``gather`` (a device-side assertion on CUDA) and a
+    ``NaN`` regression target makes the ELBO ``NaN``.
     """
 
     __call__ = nn.Module.__call__  # gpytorch.Module's __call__ would skip forward hooks
@@ -150,11 +156,16 @@ class SGPAELBO(gpytorch.Module):
                 )
             log_probs = F.log_softmax(outputs, dim=-1)
             keep = targets != IGNORE_INDEX if targets.dim() == 2 else torch.ones_like(targets, dtype=torch.bool)
-            if ((targets[keep] < 0) | (targets[keep] >= outputs.shape[-1])).any():
-                raise ValueError(f"targets must be class indices in [0, {outputs.shape[-1]}) (or {IGNORE_INDEX} in sequences)")
-            if targets.dim() == 2 and not keep.any(-1).all():
-                raise ValueError(f"every target sequence needs at least one position that is not {IGNORE_INDEX}")
-            index = targets.long().clamp_min(0).expand(*outputs.shape[:-1]).unsqueeze(-1)
+            if _checks_on_host(targets):
+                if (keep & ((targets < 0) | (targets >= outputs.shape[-1]))).any():
+                    raise ValueError(
+                        f"targets must be class indices in [0, {outputs.shape[-1]}) (or {IGNORE_INDEX} in sequences)"
+                    )
+                if targets.dim() == 2 and not keep.any(-1).all():
+                    raise ValueError(f"every target sequence needs at least one position that is not {IGNORE_INDEX}")
+            # only ignored positions are mapped to a valid index: elsewhere (on accelerators, where the
+            # check above is skipped) an invalid target still fails in ``gather``
+            index = targets.long().masked_fill(~keep, 0).expand(*outputs.shape[:-1]).unsqueeze(-1)
             ell = log_probs.gather(-1, index).squeeze(-1)
             if targets.dim() == 2:  # a sequence's log-likelihood is the sum over its kept positions
                 ell = ell.masked_fill(~keep, 0.0).sum(-1)
@@ -166,7 +177,7 @@ class SGPAELBO(gpytorch.Module):
                     f"outputs (..., B, D) must match targets (B, D) or (B,), got {tuple(outputs.shape)} "
                     f"and {tuple(targets.shape)}"
                 )
-            if torch.isnan(targets).any():
+            if _checks_on_host(targets) and torch.isnan(targets).any():
                 raise ValueError("targets contain NaN")
             ell = self.likelihood.forward(outputs).log_prob(targets.to(outputs.dtype)).sum(-1)
         return ell.reshape(-1, ell.shape[-1]).mean(0)
@@ -187,7 +198,9 @@ class SGPAELBO(gpytorch.Module):
         """ELBO per data point: ``mean_b ELL_b - w_t · KL_weighted``."""
         if not isinstance(kl, Tensor) or kl.dim() != 0:
             raise ValueError("kl must be a scalar tensor (the model's kl_total)")
-        weight = self.kl_weight
+        weight = self.beta
+        if self.anneal_steps:  # as ``kl_weight``, without reading the counter on the host
+            weight = self.beta * (self.num_updates.to(kl.dtype) / self.anneal_steps).clamp(max=1.0)
         if self.model.training and torch.is_grad_enabled():
             self.num_updates += 1
         return self.expected_log_likelihood(outputs, targets).mean() - weight * self.weighted_kl(kl)

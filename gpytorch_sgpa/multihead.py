@@ -83,7 +83,9 @@ class _MultiHeadAttention(gpytorch.Module):
                     f"key_padding_mask must have shape (batch, L)={tuple(x.shape[:2])}, "
                     f"got {tuple(key_padding_mask.shape)}"
                 )
-            if key_padding_mask.all(-1).any():
+            # not checked on accelerators / under compile: a fully padded sequence then gets finite but
+            # meaningless outputs, and the other sequences are unaffected (tests/sgpa/test_sgpa_compile.py)
+            if _checks_on_host(key_padding_mask) and key_padding_mask.all(-1).any():
                 raise ValueError("key_padding_mask pads every position of some sequence; each needs >= 1 token")
 
     def _check_step(self, x_t: Tensor, state) -> None:
@@ -114,15 +116,45 @@ class _MultiHeadAttention(gpytorch.Module):
         return allowed
 
 
+def _checks_on_host(x: Tensor) -> bool:
+    """Whether to run input checks that read tensor values on the host (eager mode on the CPU).
+
+    On an accelerator such a check would make the host wait for the device every call, and under
+    ``torch.compile`` it would break the graph, so there they are skipped; the docstrings of the
+    callers say what then happens to bad input.
+    """
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def psd_cholesky(matrix: Tensor) -> Tensor:
+    """Cholesky factor of a batch of p.s.d. matrices, with jitter escalation where it fails.
+
+    Eager on the CPU this is ``linear_operator``'s ``psd_safe_cholesky`` (jitter × 10ⁱ added to the
+    failed matrices, then ``NotPSDError``).  On accelerators and under ``torch.compile`` it never
+    waits for the device: every matrix is tried as given (no gradient), those that fail get
+    ``psd_safe_cholesky``'s largest jitter, and the factor is recomputed once with gradient; a
+    matrix that fails even then gets a NaN factor (so the loss is NaN) instead of ``NotPSDError``.
+    Where no matrix fails, both paths return the same factor.
+    """
+    if _checks_on_host(matrix):
+        return psd_safe_cholesky(matrix)
+    with torch.no_grad():
+        failed = torch.linalg.cholesky_ex(matrix)[1] > 0
+    largest = gpytorch.settings.cholesky_jitter.value(matrix.dtype) * 10 ** (gpytorch.settings.cholesky_max_tries.value() - 1)
+    jitter = (failed.to(matrix.dtype) * largest)[..., None].expand(matrix.shape[:-1])
+    factor, info = torch.linalg.cholesky_ex(matrix + torch.diag_embed(jitter))
+    return factor.masked_fill((info > 0)[..., None, None], float("nan"))
+
+
 def _masked_cholesky(matrix: Tensor, valid: Tensor | None, jitter: Tensor) -> Tensor:
     """Cholesky of ``matrix + jitter I`` over the valid positions (``valid``: bool ``(B, 1, L)``);
     padded rows/columns are replaced by the identity, so they contribute exactly 0 to log-dets."""
     eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     if valid is None:
-        return psd_safe_cholesky(matrix + jitter * eye)
+        return psd_cholesky(matrix + jitter * eye)
     pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
     matrix = matrix.masked_fill(~pair, 0.0) + torch.diag_embed((~valid).to(matrix.dtype))
-    return psd_safe_cholesky(matrix + jitter * torch.diag_embed(valid.to(matrix.dtype)))
+    return psd_cholesky(matrix + jitter * torch.diag_embed(valid.to(matrix.dtype)))
 
 
 class ForwardKL:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KernelAttention, ScaledDotProductAttention, SGPANoise, SGPAttention
+from .multihead import _checks_on_host
 
 __all__ = ["ATTENTION_TYPES", "TASKS", "build_attention", "SGPABlock", "SGPADecoder", "SGPATransformer", "SGPAViT"]
 
@@ -258,7 +259,7 @@ class SGPATransformer(_SGPAModel):
         if self.vocab_size is not None:
             if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"tokens must be an integer tensor (batch, L), got {tokens.dtype} {tuple(tokens.shape)}")
-            if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            if _checks_on_host(tokens) and tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
                 raise ValueError(f"tokens must lie in [0, vocab_size={self.vocab_size})")
         elif tokens.dim() != 3 or tokens.shape[-1] != self.input_dim or not tokens.is_floating_point():
             raise ValueError(f"inputs must be a float tensor (batch, L, input_dim={self.input_dim}), got {tuple(tokens.shape)}")
@@ -361,7 +362,7 @@ class SGPADecoder(_SGPAModel):
     def _check_tokens(self, tokens: Tensor, start: int = 0) -> None:
         if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2:
             raise ValueError(f"tokens must be an integer tensor (batch, L), got {getattr(tokens, 'shape', tokens)!r}")
-        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+        if _checks_on_host(tokens) and tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise ValueError(f"tokens must lie in [0, vocab_size={self.vocab_size})")
         if start + tokens.shape[1] > self.max_len:
             raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds max_len={self.max_len}")

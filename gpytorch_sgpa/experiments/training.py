@@ -110,7 +110,10 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
             optimizer.step()
             schedule.step()
             bar.update()
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+            if not bar.disable and bar.n % 20 == 0:  # reading the loss makes the host wait for the device
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        if loss.is_cuda:  # the epoch's time includes its queued GPU work
+            torch.cuda.synchronize(loss.device)
         elapsed += time.perf_counter() - start
         if on_epoch_end is not None:
             on_epoch_end(epoch, model)
