@@ -14,6 +14,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 
 import gpytorch_sgpa.elbo as elbo_module
 import gpytorch_sgpa.multihead as multihead
+from gpytorch_sgpa.attention import SGPAttention
 from gpytorch_sgpa.elbo import SGPAELBO
 from gpytorch_sgpa.transformer import SGPADecoder, SGPATransformer, SGPAViT
 
@@ -154,8 +155,6 @@ def test_annealed_weight_on_the_device_equals_kl_weight():
 
 
 def test_fully_padded_sequence_without_the_host_check_leaves_the_others_unchanged(accelerator_path):
-    from gpytorch_sgpa.attention import SGPAttention
-
     torch.manual_seed(0)
     x = torch.randn(2, 5, 8)
     mask = torch.zeros(2, 5, dtype=torch.bool)
