@@ -37,3 +37,12 @@ data: $(STAMP)
 .PHONY: docs
 docs: $(STAMP)
 	env -u MPLBACKEND PROBSEQ_DOCS_EXECUTE=force $(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
+# What a GPU lease needs beside the checkout (benchmarks/gpu_session.sh): the pure-Python wheels the
+# device image lacks and the LibriVox clips of online_scaling.py, in the git-ignored gpu_kit/.
+.PHONY: gpu-kit
+gpu-kit: $(STAMP)
+	mkdir -p gpu_kit/wheels
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --platform any --python-version 3.11 --implementation py \
+		-c constraints.txt -d gpu_kit/wheels diffusers vector-quantize-pytorch einx frozendict loguru torch-einops-utils importlib_metadata
+	test ! -d /usr/share/pocketsphinx/test/data/librivox || cp -r /usr/share/pocketsphinx/test/data/librivox gpu_kit/

@@ -50,10 +50,11 @@ def _compiled_matches_eager(loss_fn, *inputs, elbo):
 
 @pytest.mark.parametrize("attention,sampler,kl_weighting",
                          [(*config, "all-over-n") for config in CONFIGS] + [("sgpa", "decomposed", "decomposed")])
-def test_vit_training_loss_compiles_without_graph_breaks(attention, sampler, kl_weighting):
-    model = _vit(attention, sampler).train()
-    elbo = SGPAELBO(model, num_data=100, anneal_steps=5, kl_weighting=kl_weighting)
-    images, labels = torch.rand(4, 1, 8, 8), torch.tensor([0, 2, 1, 0])
+def test_vit_training_loss_compiles_without_graph_breaks(attention, sampler, kl_weighting, device):
+    """On CUDA this runs the sync-free paths for real (``device`` fixture: cpu, and cuda when present)."""
+    model = _vit(attention, sampler).train().to(device)
+    elbo = SGPAELBO(model, num_data=100, anneal_steps=5, kl_weighting=kl_weighting).to(device)
+    images, labels = torch.rand(4, 1, 8, 8, device=device), torch.tensor([0, 2, 1, 0], device=device)
 
     def loss_fn(images, labels):
         logits, kl = model(images)
@@ -80,14 +81,14 @@ def test_padded_sequences_and_eval_compile_without_graph_breaks(attention, sampl
         torch.testing.assert_close(compiled(tokens, mask), expected, rtol=0, atol=0)
 
 
-def test_decoder_sequence_elbo_compiles_without_graph_breaks():
+def test_decoder_sequence_elbo_compiles_without_graph_breaks(device):
     torch.manual_seed(0)
-    model = SGPADecoder(13, 8, 2, 2, max_len=7, attention="sgpa", attention_kwargs={"num_global": 4}).train()
-    tokens = torch.randint(0, 13, (3, 7))
-    mask = torch.zeros(3, 7, dtype=torch.bool)
+    model = SGPADecoder(13, 8, 2, 2, max_len=7, attention="sgpa", attention_kwargs={"num_global": 4}).train().to(device)
+    tokens = torch.randint(0, 13, (3, 7)).to(device)
+    mask = torch.zeros(3, 7, dtype=torch.bool, device=device)
     mask[1, :2] = True  # left padding
     targets = tokens[:, 1:].masked_fill(mask[:, 1:], -100)
-    elbo = SGPAELBO(model, num_data=50)
+    elbo = SGPAELBO(model, num_data=50).to(device)
     def loss_fn(tokens, mask, targets):
         logits, kl = model(tokens, mask)
         return -elbo(logits[:, :-1], kl, targets)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 16's GPU measurements in as few device calls as possible (each call: at most 10 minutes).
+#
+# Here, once:   make gpu-kit          (wheels the device image lacks + the LibriVox clips, git-ignored)
+# On the GPU:   device run, carry ["gpu_kit"], command: bash benchmarks/gpu_session.sh PART $OUT
+#   PART = tests  the CUDA device tests and the compiled SGPA step on CUDA            (~3 min)
+#          bench  HiPPO scan / inducing backends / online scaling with --device cuda   (~6 min)
+#          sgpa   SGPA vs MLE at the thesis's CIFAR scale: eager, compiled, profile    (~6 min)
+# Each part writes PART_*.txt files (and Chrome traces for sgpa) into the output folder.
+set -u
+part=${1:?usage: gpu_session.sh tests|bench|sgpa OUTDIR}
+out=${2:-${OUT:-out/gpu}}
+mkdir -p "$out"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+if [ -d gpu_kit/wheels ]; then python3 -m pip install -q --no-deps --no-index gpu_kit/wheels/*.whl; fi
+if [ -d gpu_kit/librivox ]; then
+    mkdir -p /usr/share/pocketsphinx/test/data && cp -r gpu_kit/librivox /usr/share/pocketsphinx/test/data/
+fi
+nvidia-smi > "$out/${part}_nvidia_smi.txt" 2>&1
+python3 -c "import torch, gpytorch; print(torch.__version__, torch.version.cuda, gpytorch.__version__, torch.cuda.get_device_name())" \
+    > "$out/${part}_versions.txt" 2>&1
+run() {  # run NAME COMMAND...: output to $out/${part}_NAME.txt, a line per step on stdout
+    local name=$1; shift
+    local start=$SECONDS
+    "$@" > "$out/${part}_${name}.txt" 2>&1
+    echo "${part}_${name}: exit $? after $((SECONDS - start)) s"
+}
+case $part in
+tests)
+    run device_tests python3 -m pytest -p no:cacheprovider -rs -q tests/test_device_static.py tests/hippo/test_hippo_devices.py \
+        tests/sgpa/test_sgpa_devices.py tests/sgpa/test_sgpa_compile.py tests/pseudovideo/test_pseudovideo_devices.py ;;
+bench)
+    run hippo_scan python3 benchmarks/hippo_scan.py --device cuda
+    run hippo_inducing python3 benchmarks/hippo_inducing.py --device cuda
+    run online_scaling python3 benchmarks/online_scaling.py --device cuda --budget-s 60 ;;
+sgpa)
+    run cost_eager python3 benchmarks/sgpa_cost.py --preset cifar --device cuda
+    run cost_compiled python3 benchmarks/sgpa_cost.py --preset cifar --device cuda --compile reduce-overhead
+    run profile python3 benchmarks/sgpa_cost.py --preset cifar --device cuda --sampler decomposed --repeats 3 \
+        --profile --trace-dir "$out" ;;
+*)
+    echo "unknown part $part (tests, bench or sgpa)" >&2; exit 2 ;;
+esac
