@@ -19,7 +19,8 @@ All networks share one architecture (``--d-model``, ``--num-heads``, ``--num-lay
 as in App. B.4) and optimiser (Adam, learning rate decaying linearly to a tenth). As the thesis
 does for CIFAR (App. B.4), SGPA networks start from the ``mle-kernel`` network of the same seed
 after ``--mle-init-epochs`` epochs and train the remaining epochs with the ELBO, so every method
-sees ``--epochs`` epochs in total. As in the thesis (App. B.4) every network's checkpoint is
+sees ``--epochs`` epochs in total (when no requested method evaluates the ``mle-kernel`` network,
+it is trained only for those ``--mle-init-epochs`` epochs, with the same learning-rate schedule). As in the thesis (App. B.4) every network's checkpoint is
 selected on validation accuracy after each epoch (``--no-select-on-validation``: the final epoch);
 the SGPA networks' KL (``kl_total`` on the first validation batch, eval mode) is recorded after
 the MLE initialisation (``kl_init``) and at the selected checkpoint (``kl_final``).
@@ -223,8 +224,11 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
 class _Runner:
     """Trains each network once per (family, seed, member) and evaluates every requested method."""
 
-    def __init__(self, task: Task, config: ExperimentConfig, progress: bool, seed: int = 0):
+    def __init__(self, task: Task, config: ExperimentConfig, progress: bool, seed: int = 0, methods=None):
         self.task, self.config, self.progress, self.seed = task, config, progress, seed
+        # Methods that will be evaluated (None: any may be); decides whether an SGPA network's
+        # mle-kernel initialisation must be trained for all epochs or only mle_init_epochs.
+        self.methods = None if methods is None else tuple(methods)
         self.networks: dict[tuple[str, int], tuple[torch.nn.Module, float]] = {}  # (family, member)
         self.training_records: dict[tuple[str, int], dict] = {}  # selected_epoch, kl_init, kl_final
         self.mle_snapshots: dict[int, dict] = {}  # member -> mle-kernel state after mle_init_epochs
@@ -244,8 +248,11 @@ class _Runner:
         config = self.config
         member_seed = seed + 1000 * member
         epochs, elbo = config.epochs, None
-        if family.startswith("sgpa") and config.mle_init_epochs > 0:
-            self.network("mle-kernel", seed, member)
+        if family.startswith("sgpa") and config.mle_init_epochs > 0 and member not in self.mle_snapshots:
+            if self._evaluates_mle_kernel(member):
+                self.network("mle-kernel", seed, member)
+            else:
+                self._train_mle_init(seed, member)
         torch.manual_seed(member_seed)
         model = build_network(self.task, family, config)
         if family.startswith("sgpa"):
@@ -284,6 +291,30 @@ class _Runner:
         self.networks[key] = (model, seconds)
         self.training_records[key] = record
         return self.networks[key]
+
+    def _evaluates_mle_kernel(self, member: int) -> bool:
+        """Whether a requested method evaluates the fully trained ``mle-kernel`` network ``member``."""
+        if self.methods is None:
+            return True
+        return any(_NETWORK_OF_METHOD[m][0] == "mle-kernel" and (member == 0 or _NETWORK_OF_METHOD[m][1])
+                   for m in self.methods)
+
+    def _train_mle_init(self, seed: int, member: int) -> None:
+        """Only the first ``mle_init_epochs`` epochs of the ``mle-kernel`` network ``member`` (same
+        seed and learning-rate schedule over ``epochs``, so the same snapshot as the full run), for
+        SGPA's initialisation when no requested method evaluates the fully trained network."""
+        config, member_seed = self.config, seed + 1000 * member
+        torch.manual_seed(member_seed)
+        model = build_network(self.task, "mle-kernel", config)
+
+        def on_epoch_end(epoch, trained):
+            if epoch == config.mle_init_epochs:
+                self.mle_snapshots[member] = {k: v.clone() for k, v in trained.state_dict().items()}
+
+        train_classifier(model, self.task.train, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+                         seed=member_seed, progress=self.progress, stop_after=config.mle_init_epochs,
+                         description=f"{self.task.name} mle-kernel (SGPA init) seed {seed} member {member}",
+                         on_epoch_end=on_epoch_end)
 
     def _validation_accuracy(self, model, family: str) -> float:
         samples = self.config.num_samples if family.startswith("sgpa") else 1
@@ -385,7 +416,7 @@ def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool =
         raise ValueError(f"mle_init_epochs must lie in [0, epochs={config.epochs}), got {config.mle_init_epochs}")
     rows = []
     for seed in seeds:
-        runner = _Runner(load_task(dataset, config, seed), config, progress, seed)
+        runner = _Runner(load_task(dataset, config, seed), config, progress, seed, methods)
         for method in methods:
             row = runner.evaluate(method, seed)
             if row is not None:

@@ -56,12 +56,14 @@ def mle_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_size: int, lr: float,
                      elbo: torch.nn.Module | None = None, seed: int = 0, progress: bool = True,
-                     description: str = "train", on_epoch_end=None) -> float:
+                     description: str = "train", on_epoch_end=None, stop_after: int | None = None) -> float:
     """Adam with a learning rate decaying linearly to ``lr / 10`` (thesis App. B.4); returns s/epoch.
 
     Without ``elbo`` the loss is :func:`mle_loss` of the logits (MLE, with the model's dropout);
     with it, the loss is ``-elbo(logits, kl, labels)`` (thesis eq. ``elbo``, one sample per input).
     ``on_epoch_end(epoch, model)`` (epochs counted from 1) is called untimed after each epoch.
+    ``stop_after = k`` stops after ``k`` of the ``epochs`` epochs, with the learning-rate schedule of
+    all ``epochs`` (so the model equals that of the full run after ``k`` epochs).
 
     Under ``torch.distributed`` (:mod:`.distributed`, e.g. launched by torchrun) ``batch_size`` is
     the global batch: each rank trains on its shard through ``DistributedDataParallel`` with its
@@ -70,6 +72,9 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
+    run_epochs = epochs if stop_after is None else stop_after
+    if not 1 <= run_epochs <= epochs:
+        raise ValueError(f"stop_after must lie in [1, epochs={epochs}], got {stop_after}")
     rank, world_size = distributed.world()
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam((elbo if elbo is not None else model).parameters(), lr=lr)
@@ -88,8 +93,8 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * step / max(total_steps - 1, 1))
     model.train()
     elapsed = 0.0
-    bar = tqdm(total=total_steps, desc=description, disable=not progress or rank != 0, leave=False)
-    for epoch in range(1, epochs + 1):
+    bar = tqdm(total=run_epochs * steps_per_epoch, desc=description, disable=not progress or rank != 0, leave=False)
+    for epoch in range(1, run_epochs + 1):
         start = time.perf_counter()
         for index in _batches(len(data), batch_size, generator):
             global_size = len(index)
@@ -119,7 +124,7 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
             on_epoch_end(epoch, model)
     bar.close()
     model.eval()
-    return elapsed / epochs
+    return elapsed / run_epochs
 
 
 @torch.no_grad()
