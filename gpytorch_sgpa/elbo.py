@@ -135,9 +135,13 @@ class SGPAELBO(gpytorch.Module):
     @property
     def kl_weight(self) -> float:
         """Current ``w_t = β · min(1, t / anneal_steps)``."""
+        return float(self._kl_weight(torch.float64))
+
+    def _kl_weight(self, dtype: torch.dtype) -> float | Tensor:
+        """``w_t``; while annealing a tensor computed where the counter lives (no host read)."""
         if self.anneal_steps == 0:
             return self.beta
-        return self.beta * min(1.0, int(self.num_updates) / self.anneal_steps)
+        return self.beta * (self.num_updates.to(dtype) / self.anneal_steps).clamp(max=1.0)
 
     def expected_log_likelihood(self, outputs: Tensor, targets: Tensor) -> Tensor:
         """Monte-Carlo ``E_q[log p(y_b | F_b)]`` per data point, ``(B,)`` (mean over sample dims)."""
@@ -198,9 +202,7 @@ class SGPAELBO(gpytorch.Module):
         """ELBO per data point: ``mean_b ELL_b - w_t · KL_weighted``."""
         if not isinstance(kl, Tensor) or kl.dim() != 0:
             raise ValueError("kl must be a scalar tensor (the model's kl_total)")
-        weight = self.beta
-        if self.anneal_steps:  # as ``kl_weight``, without reading the counter on the host
-            weight = self.beta * (self.num_updates.to(kl.dtype) / self.anneal_steps).clamp(max=1.0)
+        weight = self._kl_weight(kl.dtype)
         if self.model.training and torch.is_grad_enabled():
             self.num_updates += 1
         return self.expected_log_likelihood(outputs, targets).mean() - weight * self.weighted_kl(kl)
