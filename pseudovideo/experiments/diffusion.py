@@ -32,6 +32,7 @@ from ..data import DATASETS, load_images
 from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
 from ..models.diffusion import AutoregressiveVideoDiffusion
 from ..plots import save_image_grid, save_video_rows
+from . import add_seed_arguments, seed_range
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "train_s"]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "batch_size": 8, "channels": "8,16"}
@@ -43,7 +44,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--frames", default="1,4,8", help="comma-separated frame counts; 1 = image DDPM")
     parser.add_argument("--augmentation", default="markov_first,markov_high,blur",
                         help=f"comma-separated builders for the video models, from {METHODS}")
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (0..S-1)")
+    add_seed_arguments(parser)
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tiny everything)")
     parser.add_argument("--train-images", type=int, default=5000)
@@ -68,8 +69,9 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     unknown = set(args.augmentation) - set(METHODS)
     if unknown:
         parser.error(f"--augmentation must name builders from {METHODS}, got {sorted(unknown)}")
-    if args.seeds < 1 or args.downsample < 1:
-        parser.error("--seeds and --downsample must be >= 1")
+    if args.downsample < 1:
+        parser.error("--downsample must be >= 1")
+    args.seed_range = seed_range(args, parser)
     return args
 
 
@@ -148,7 +150,7 @@ def main(argv=None) -> list[dict]:
     with open(out / "results.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
-        for seed in range(args.seeds):
+        for seed in args.seed_range:
             for frames in args.frames:
                 for augmentation in (["none"] if frames == 1 else args.augmentation):
                     row = {"dataset": args.dataset, **run_model(args, train, held_out, size, frames, augmentation,

@@ -22,6 +22,7 @@ from ..data import DATASETS, load_images
 from ..metrics import default_classifier, inception_score
 from ..models.hvae import ENCODERS, HeatHVAE
 from ..plots import save_image_grid
+from . import add_seed_arguments, seed_range
 
 COLUMNS = ["dataset", "encoder", "latents", "seed", "is", "train_s"]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "batch_size": 8, "latents": 3, "width": 8}
@@ -32,7 +33,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--dataset", choices=DATASETS, default="mnist")
     parser.add_argument("--encoders", default="heat,learned")
     parser.add_argument("--latents", type=int, default=18)
-    parser.add_argument("--seeds", type=int, default=1)
+    add_seed_arguments(parser)
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--train-images", type=int, default=4000)
@@ -51,8 +52,9 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     args.encoders = args.encoders.split(",")
     if set(args.encoders) - set(ENCODERS):
         parser.error(f"--encoders must be from {ENCODERS}, got {args.encoders}")
-    if args.seeds < 1 or args.latents < 1 or args.downsample < 1:
-        parser.error("--seeds, --latents and --downsample must be >= 1")
+    if args.latents < 1 or args.downsample < 1:
+        parser.error("--latents and --downsample must be >= 1")
+    args.seed_range = seed_range(args, parser)
     return args
 
 
@@ -68,7 +70,7 @@ def main(argv=None) -> list[dict]:
     with open(out / "hvae_results.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
-        for seed in range(args.seeds):
+        for seed in args.seed_range:
             for encoder in args.encoders:
                 torch.manual_seed(seed)
                 generator = torch.Generator().manual_seed(seed)

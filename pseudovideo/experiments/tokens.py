@@ -39,6 +39,7 @@ from ..models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
 from ..models.quantizer import codebook_perplexity
 from ..models.tokenizer import ImageTokenizer, VideoTokenizer
 from ..plots import save_image_grid, save_video_rows
+from . import add_seed_arguments, seed_range
 from .diffusion import experiment_images, to_image_space
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s", "params", "perplexity"]
@@ -52,7 +53,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--dataset", choices=DATASETS, default="fashion_mnist")
     parser.add_argument("--model", default="tokenizer,ar,masked", help=f"comma-separated, from {MODELS}")
     parser.add_argument("--frames", default="1,8,18", help="comma-separated frame counts; 1 = image models")
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (0..S-1)")
+    add_seed_arguments(parser)
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tiny everything)")
     parser.add_argument("--train-images", type=int, default=5000)
@@ -93,8 +94,9 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         parser.error(f"--frames must be 1 or even (2-frame tubelets), got {args.frames}")
     if args.layers < 2 or args.layers % 2:
         parser.error(f"--layers must be even and >= 2 (video: half spatial, half temporal), got {args.layers}")
-    if args.seeds < 1 or args.downsample < 1 or args.samples < 2:
-        parser.error("--seeds and --downsample must be >= 1 and --samples >= 2")
+    if args.downsample < 1 or args.samples < 2:
+        parser.error("--downsample must be >= 1 and --samples >= 2")
+    args.seed_range = seed_range(args, parser)
     return args
 
 
@@ -212,7 +214,7 @@ def main(argv=None) -> list[dict]:
     with open(out / "results.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
-        for seed in range(args.seeds):
+        for seed in args.seed_range:
             reconstructions = {"ground truth": to_image_space(held_out[:8], size)}
             for frames in args.frames:
                 frame_rows, reconstruction = run_frames(args, train, held_out, size, frames, seed, classifier, out)

@@ -95,3 +95,15 @@ def test_quick_run_writes_the_csv_contract(tmp_path):
     assert written[0]["psnr"] == "" and float(written[1]["psnr"]) > 0
     assert all(float(r["fid"]) > 0 and 1 <= float(r["is"]) <= 10 for r in written) and len(rows) == 2
     assert (tmp_path / "pseudo_videos_2frames.png").is_file() and (tmp_path / "samples_1frame_none_seed0.png").is_file()
+
+
+def test_first_seed_reproduces_that_seed_of_a_longer_run(tmp_path):
+    """Splitting seeds across processes (``--first-seed``) must give the rows of one run over all seeds:
+    a model seeded by its position in the loop instead of its seed would fail this."""
+    common = ["--dataset", "digits", "--downsample", "1", "--frames", "2", "--augmentation", "markov_first",
+              "--quick", "--quiet", "--classifier-cache", str(tmp_path / "cache")]
+    both = main(common + ["--seeds", "2", "--out", str(tmp_path / "both")])
+    second = main(common + ["--seeds", "1", "--first-seed", "1", "--out", str(tmp_path / "second")])
+    assert [r["seed"] for r in both] == [0, 1] and [r["seed"] for r in second] == [1]
+    assert {k: both[1][k] for k in ("fid", "is", "psnr")} == {k: second[0][k] for k in ("fid", "is", "psnr")}
+    assert both[0]["fid"] != both[1]["fid"]

@@ -76,3 +76,6 @@ def test_quick_run_writes_the_csv(tmp_path):
     assert [r["encoder"] for r in written] == ["heat", "learned"] and len(rows) == 2
     assert all(1 <= float(r["is"]) <= 10 for r in written)
     assert (tmp_path / "hvae_samples_heat_seed0.png").is_file()
+    later = main(["--dataset", "digits", "--downsample", "1", "--quick", "--quiet", "--encoders", "heat", "--first-seed", "2",
+                  "--out", str(tmp_path / "later"), "--classifier-cache", str(tmp_path / "cache")])
+    assert [r["seed"] for r in later] == [2] and (tmp_path / "later" / "hvae_samples_heat_seed2.png").is_file()

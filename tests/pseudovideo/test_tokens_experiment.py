@@ -30,9 +30,14 @@ def test_quick_run_writes_the_csv_contract(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--frames", "3"], "--frames"), (["--frames", "1,x"], "--frames"), (["--model", "gan"], "--model"),
-    (["--layers", "3"], "--layers"),
+    (["--layers", "3"], "--layers"), (["--seeds", "0"], "--seeds"), (["--first-seed", "-1"], "--first-seed"),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_arguments(argv + ["--out", "unused"])
     assert message in capsys.readouterr().err
+
+
+def test_first_seed_selects_the_seed_range():
+    assert list(parse_arguments(["--out", "unused"]).seed_range) == [0]
+    assert list(parse_arguments(["--seeds", "2", "--first-seed", "3", "--out", "unused"]).seed_range) == [3, 4]
