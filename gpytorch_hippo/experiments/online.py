@@ -338,7 +338,11 @@ def main(argv=None):
     parser.add_argument("--svgp-iters", type=int, default=200, help="Adam steps per task of the OnlineELBO methods")
     parser.add_argument("--methods", default="ohsgpr,osgpr,ovc,ovff")
     parser.add_argument("--num-inducing", type=int, default=50)
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="number of seeds, K, K+1, ..., K+N-1 with K = --first-seed (default 3; --quick: 1)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="first seed K (default 0): --first-seed 3 --seeds 2 runs seeds 3 and 4, the same rows "
+                             "as seeds 3 and 4 of --seeds 5 (the seed value, not its position, drives split and init)")
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--first-iters", type=int, default=100, help="Adam steps of the exact GP fitting the hyperparameters on task 1")
     parser.add_argument("--first-fit", default="grid", choices=("grid", "given"),
@@ -364,16 +368,23 @@ def main(argv=None):
         parser.error(f"--num-inducing must be >= 1, got {args.num_inducing}")
     if args.measure == "fout" and args.num_inducing % 2 == 0 and any(m.startswith("ohsgpr") for m in methods):
         parser.error("--measure fout needs an odd --num-inducing")
+    if args.first_seed < 0:
+        parser.error(f"--first-seed must be >= 0, got {args.first_seed}")
     torch.set_num_threads(args.threads)
     if args.quick:
-        args.tasks, args.seeds, args.first_iters, args.osgpr_iters, args.svgp_iters = 3, 1, 5, 5, 5
-    rows, finals = run(args.dataset, methods, args.num_inducing, list(range(args.seeds)), progress=not args.quiet, out=args.out,
+        args.tasks, args.first_iters, args.osgpr_iters, args.svgp_iters = 3, 5, 5, 5
+    if args.seeds is None:
+        args.seeds = 1 if args.quick else 3
+    if args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    rows, finals = run(args.dataset, methods, args.num_inducing, seeds, progress=not args.quiet, out=args.out,
                        num_tasks=args.tasks, first_iters=args.first_iters, osgpr_iters=args.osgpr_iters, lr=args.lr,
                        train_kernel=args.train_kernel, measure=args.measure, split=args.split, svgp_iters=args.svgp_iters,
                        first_fit=args.first_fit)
     path = write_csv(rows, args.out)
     plots = plot(rows, finals, args.out)
-    print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s); after the last task (mean ± 95% CI):")
+    print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s) ({seeds[0]}..{seeds[-1]}); after the last task (mean ± 95% CI):")
     print(summary(rows))
     print(f"wrote {path}, {', '.join(plots)}")
     return rows
