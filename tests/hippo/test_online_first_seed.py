@@ -10,7 +10,7 @@ def _without_time(rows, seed):
 
 @pytest.mark.parametrize("dataset, methods, extra", [
     ("irradiance", "ohsgpr,osgpr", []),  # collapsed OnlineSGPR path: split_tasks + inducing-point init by seed
-    ("concrete", "ohsvgp-k,osvgp", ["--split", "l2"]),  # OnlineELBO path (multidimensional inputs)
+    ("diabetes", "ohsvgp-k,osvgp", ["--split", "l2"]),  # OnlineELBO path (multidimensional inputs; scikit-learn data)
 ])
 def test_first_seed_reproduces_the_rows_of_that_seed_index(tmp_path, dataset, methods, extra):
     common = ["--quick", "--quiet", "--dataset", dataset, "--methods", methods, "--num-inducing", "8", *extra]
