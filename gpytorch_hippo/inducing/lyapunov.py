@@ -129,11 +129,19 @@ def forcing(ivars, kernel, t_a: float, t_b: float) -> Tensor:
 
 
 def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
-    """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))``: an exact backend on the support ``[t_a, t_b]`` alone."""
+    """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (eq. ``double_integral_kuu`` on ``[t_a, t_b]`` alone).
+
+    Matérn: the banded backend on that support.  RBF: the composite Gauss-Legendre panels of
+    :func:`local_kuf` in both variables (the integrand is analytic), ``D = Wᵀ k(nodes, nodes) W``.
+    """
     segment = _At(ivars, t_b, t_a)
-    _, _, nu = kernel_scales(kernel)
-    backend = ivars._backends["banded" if nu is not None else "quadrature"]
-    return backend.cross(segment, segment, kernel).double()
+    ell, _, nu = kernel_scales(kernel)
+    if nu is not None:
+        return ivars._backends["banded"].cross(segment, segment, kernel).double()
+    panels = _Panels(segment, ell / 2, segment.breakpoints.device)
+    nodes, weighted = panels.nodes.reshape(-1), panels.weighted.reshape(-1, ivars.num_inducing)
+    D = weighted.mT @ rbf_values(kernel, nodes[:, None] - nodes).double() @ weighted
+    return (D + D.mT) / 2
 
 
 def exact_backend(at, kernel):
