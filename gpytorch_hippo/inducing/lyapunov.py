@@ -138,10 +138,19 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     ell, _, nu = kernel_scales(kernel)
     if nu is not None:
         return ivars._backends["banded"].cross(segment, segment, kernel).double()
+    _, reach, _ = kernel_scales(kernel)
     panels = _Panels(segment, ell / 2, segment.breakpoints.device)
-    nodes, weighted = panels.nodes.reshape(-1), panels.weighted.reshape(-1, ivars.num_inducing)
-    D = weighted.mT @ rbf_values(kernel, nodes[:, None] - nodes).double() @ weighted
-    return (D + D.mT) / 2
+    band = math.ceil(reach / panels.width) + 1  # panel pairs further apart see k = 0
+    D = torch.zeros(ivars.num_inducing, ivars.num_inducing, dtype=torch.float64, device=panels.nodes.device)
+    weighted = panels.weighted.double()
+    for i in range(panels.count):  # panel i with itself and with the later panels within the band
+        last = min(panels.count, i + band + 1)
+        near = rbf_values(kernel, panels.nodes[i, :, None] - panels.nodes[i:last].reshape(-1)).double()
+        rows = weighted[i].mT @ near  # (M, p * (last - i))
+        own = rows[:, : panels.num_nodes] @ weighted[i]
+        later = rows[:, panels.num_nodes :] @ weighted[i + 1 : last].reshape(-1, ivars.num_inducing)
+        D = D + (own + own.mT) / 2 + later + later.mT
+    return D
 
 
 def exact_backend(at, kernel):
