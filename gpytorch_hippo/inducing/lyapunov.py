@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .banded import DECAY_RANGE, BandedBackend, _Panels
+from .hippo_backends import QuadratureBackend, SpectralBackend
 from .spectral import RBF_CUTOFF, SUPPORTED_KERNELS, gauss_legendre, kernel_signature, spectral_parts
 
 #: longest step (in length scales) integrated at once: bounds the segment rule of ``D``
@@ -64,10 +65,10 @@ def kernel_scales(kernel) -> tuple[float, float, object]:
     return ell, (RBF_CUTOFF if nu is None else DECAY_RANGE / math.sqrt(2 * nu)) * ell, nu
 
 
-def rbf_values(kernel, r: Tensor) -> Tensor:
-    """``σ² exp(-r²/(2ℓ²))`` from the kernel's own hyperparameters (differentiable)."""
+def rbf_function(kernel):
+    """``r -> σ² exp(-r²/(2ℓ²))`` from the kernel's own hyperparameters (differentiable), read once."""
     outputscale, lengthscale, _ = spectral_parts(kernel)
-    return outputscale * torch.exp(-0.5 * (r.to(lengthscale.dtype) / lengthscale) ** 2)
+    return lambda r: outputscale * torch.exp(-0.5 * (r.to(lengthscale.dtype) / lengthscale) ** 2)
 
 
 def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
@@ -86,14 +87,14 @@ def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
     out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
     band = math.ceil(reach / panels.width) + 1
     index = torch.floor((times - panels.lower) / panels.width).long()
-    weighted = panels.weighted.to(dtype)
+    weighted, values = panels.weighted.to(dtype), rbf_function(kernel)
     for j in torch.unique(index).tolist():
         first, last = max(panels.first, j - band), min(panels.last, j + band + 1)
         if first >= last:
             continue
         rows = (index == j).nonzero().squeeze(-1)
         nodes = panels.nodes[first - panels.first : last - panels.first].reshape(-1)
-        K = rbf_values(kernel, times[rows, None] - nodes).to(dtype)
+        K = values(times[rows, None] - nodes).to(dtype)
         out[rows] = K @ weighted[first - panels.first : last - panels.first].reshape(-1, at.num_inducing)
     return out
 
@@ -139,26 +140,46 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     if nu is not None:
         return ivars._backends["banded"].cross(segment, segment, kernel).double()
     _, reach, _ = kernel_scales(kernel)
-    panels = _Panels(segment, ell / 2, segment.breakpoints.device)
-    band = math.ceil(reach / panels.width) + 1  # panel pairs further apart see k = 0
-    D = torch.zeros(ivars.num_inducing, ivars.num_inducing, dtype=torch.float64, device=panels.nodes.device)
-    weighted = panels.weighted.double()
-    for i in range(panels.count):  # panel i with itself and with the later panels within the band
-        last = min(panels.count, i + band + 1)
-        near = rbf_values(kernel, panels.nodes[i, :, None] - panels.nodes[i:last].reshape(-1)).double()
+    nodes, weighted = segment_rule(ivars, t_a, t_b, 4 * ell)
+    values = rbf_function(kernel)
+    count, p = nodes.shape
+    band = math.ceil(reach / ((t_b - t_a) / count)) + 1  # panel pairs further apart see k = 0
+    D = torch.zeros(ivars.num_inducing, ivars.num_inducing, dtype=torch.float64, device=nodes.device)
+    for i in range(count):  # panel i with itself and with the later panels within the band
+        last = min(count, i + band + 1)
+        near = values(nodes[i, :, None] - nodes[i:last].reshape(-1)).double()
         rows = weighted[i].mT @ near  # (M, p * (last - i))
-        own = rows[:, : panels.num_nodes] @ weighted[i]
-        later = rows[:, panels.num_nodes :] @ weighted[i + 1 : last].reshape(-1, ivars.num_inducing)
+        own = rows[:, :p] @ weighted[i]
+        later = rows[:, p:] @ weighted[i + 1 : last].reshape(-1, ivars.num_inducing)
         D = D + (own + own.mT) / 2 + later + later.mT
     return D
 
 
-def exact_backend(at, kernel):
-    """The exact backend that starts (or restarts) the carried state: spectral (RBF), banded (Matérn), else quadrature."""
+def segment_rule(ivars, t_a: float, t_b: float, width: float) -> tuple[Tensor, Tensor]:
+    """Composite Gauss-Legendre on ``[t_a, t_b]``: nodes ``(P, p)`` and ``w φ(nodes, t_b)`` ``(P, p, M)``.
+
+    Panels of at most ``width``; ``p = 24 + M sqrt(w / (t_b - lower))`` nodes, the density that
+    :class:`~.banded._Panels` gives a panel of the whole support (a degree ``M - 1`` polynomial has
+    about that many zeros in an end panel), so the segment costs what its panels would within ``[0, t_b]``.
+    """
+    count = max(1, math.ceil((t_b - t_a) / width))
+    half = (t_b - t_a) / (2 * count)
+    lower = max(0.0, ivars.start)
+    p = FORCING_NODES + math.ceil(ivars.num_inducing * math.sqrt(2 * half / (t_b - lower)))
+    z, w = gauss_legendre(p, device=ivars.breakpoints.device)
+    left = t_a + 2 * half * torch.arange(count, dtype=torch.float64, device=z.device)
+    nodes = left[:, None] + half * (z + 1)
+    phi = ivars.memory.basis(nodes.reshape(-1), t_b) / t_b
+    return nodes, (half * w).repeat(count)[:, None].mul(phi).reshape(count, p, -1)
+
+
+def exact_backend(at, kernel, backends: dict):
+    """The exact backend among ``backends`` that starts (or restarts) the carried state: spectral
+    (RBF), banded (Matérn), else quadrature."""
     for name in ("spectral", "banded"):
-        if at._backends[name].supports(at, kernel):
-            return at._backends[name]
-    return at._backends["quadrature"]
+        if backends[name].supports(at, kernel):
+            return backends[name]
+    return backends["quadrature"]
 
 
 class LyapunovBackend:
@@ -175,7 +196,7 @@ class LyapunovBackend:
 
     def __init__(self):
         self._state = None  # (key, t, K(t)) float64, detached
-        self._step = None  # (key, t_a, t_b, K(t_a), X) of the last single-piece step
+        self._step = None  # (key, t_a, t_b, K(t_a), X, Φ) of the last single-piece step
 
     @staticmethod
     def check(ivars, kernel) -> None:
@@ -206,13 +227,13 @@ class LyapunovBackend:
     def _key(ivars, kernel) -> tuple:
         return kernel_signature(kernel) + (ivars.num_inducing, ivars.start, str(ivars.breakpoints.device))
 
-    def _step_once(self, ivars, kernel, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor]:
-        """``(K(t_b), X)`` from ``K(t_a)`` (module docstring)."""
+    def _step_once(self, ivars, kernel, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor, Tensor]:
+        """``(K(t_b), X, Φ)`` from ``K(t_a)`` (module docstring)."""
         Phi = propagator(ivars.memory, t_a, t_b)
         X = forcing(ivars, kernel, t_a, t_b)
         cross = Phi @ X
         K_b = Phi @ K_a @ Phi.mT + cross + cross.mT + segment_covariance(ivars, kernel, t_a, t_b)
-        return (K_b + K_b.mT) / 2, X
+        return (K_b + K_b.mT) / 2, X, Phi
 
     def state(self, ivars, kernel, t: float) -> Tensor:
         """``K(t)`` (float64, no gradient), integrated forward from the carried state."""
@@ -222,15 +243,18 @@ class LyapunovBackend:
         with torch.no_grad():
             if self._state is None or self._state[0] != key or self._state[1] > t:
                 at = _At(ivars, t, ivars.start)
-                K = exact_backend(at, kernel).cross(at, at, kernel).double()
+                # fresh backends: their caches (spectral transforms, linear in t) would only be
+                # copied along with every snapshot of the inducing variables
+                fresh = {"spectral": SpectralBackend(), "banded": BandedBackend(), "quadrature": QuadratureBackend()}
+                K = exact_backend(at, kernel, fresh).cross(at, at, kernel).double()
             else:
                 t_now, K = self._state[1], self._state[2]
                 ell, _, _ = kernel_scales(kernel)
                 pieces = max(1, math.ceil((t - t_now) / (MAX_STEP * ell)))
                 for k in range(1, pieces + 1):
                     t_next = t if k == pieces else t_now + (t - t_now) * k / pieces
-                    K_next, X = self._step_once(ivars, kernel, t_now, K, t_next)
-                    self._step = (key, t_now, t_next, K, X) if pieces == 1 else None
+                    K_next, X, Phi = self._step_once(ivars, kernel, t_now, K, t_next)
+                    self._step = (key, t_now, t_next, K, X, Phi) if pieces == 1 else None
                     t_now, K = t_next, K_next
         self._state = (key, t, K)
         return K
@@ -248,17 +272,18 @@ class LyapunovBackend:
             raise ValueError("method='lyapunov': cross-covariance needs two sets with the same num_inducing and start")
         dtype = next(iter(kernel.parameters())).dtype
         if self._differentiable(kernel):
-            return exact_backend(_At(a, a.t, a.start), kernel).cross(a, b, kernel).to(dtype)
+            return exact_backend(_At(a, a.t, a.start), kernel, a._backends).cross(a, b, kernel).to(dtype)
         if b is a or a.t == b.t:
             return self.state(a, kernel, a.t).to(dtype)
         lo, hi = (a, b) if a.t < b.t else (b, a)
         key = self._key(lo, kernel)
         if self._step is not None and self._step[:3] == (key, lo.t, hi.t):
-            K_lo, X = self._step[3], self._step[4]
+            K_lo, X, Phi = self._step[3:]
         else:
             with torch.no_grad():
                 K_lo, X = self._earlier(lo, kernel), forcing(lo, kernel, lo.t, hi.t)
-        C = K_lo @ propagator(lo.memory, lo.t, hi.t).mT + X  # cov(u_lo, u_hi)
+                Phi = propagator(lo.memory, lo.t, hi.t)
+        C = K_lo @ Phi.mT + X  # cov(u_lo, u_hi)
         return (C if lo is a else C.mT).to(dtype)
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
