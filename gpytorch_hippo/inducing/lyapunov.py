@@ -40,7 +40,7 @@ from .spectral import RBF_CUTOFF, SUPPORTED_KERNELS, gauss_legendre, kernel_sign
 
 #: longest step (in length scales) integrated at once: bounds the segment rule of ``D``
 MAX_STEP = 128.0
-#: Gauss-Legendre nodes per length scale of the forcing rule of ``X``, beyond what the basis needs
+#: Gauss-Legendre nodes per panel of the rules of ``X`` and ``D`` beyond what the basis needs (the kernel's variation)
 FORCING_NODES = 24
 
 
@@ -132,14 +132,13 @@ def forcing(ivars, kernel, t_a: float, t_b: float) -> Tensor:
 def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (eq. ``double_integral_kuu`` on ``[t_a, t_b]`` alone).
 
-    Matérn: the banded backend on that support.  RBF: the composite Gauss-Legendre panels of
-    :func:`local_kuf` in both variables (the integrand is analytic), ``D = Wᵀ k(nodes, nodes) W``.
+    Matérn: the banded backend on that support.  RBF: :func:`segment_rule` in both variables (the
+    integrand is analytic), ``D = Wᵀ k(nodes, nodes) W`` summed over the panel pairs within the reach.
     """
-    segment = _At(ivars, t_b, t_a)
-    ell, _, nu = kernel_scales(kernel)
+    ell, reach, nu = kernel_scales(kernel)
     if nu is not None:
+        segment = _At(ivars, t_b, t_a)
         return ivars._backends["banded"].cross(segment, segment, kernel).double()
-    _, reach, _ = kernel_scales(kernel)
     nodes, weighted = segment_rule(ivars, t_a, t_b, 4 * ell)
     values = rbf_function(kernel)
     count, p = nodes.shape
