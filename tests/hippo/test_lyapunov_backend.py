@@ -215,3 +215,41 @@ def test_bad_inputs():
     other = HiPPOInducingVariables(6, t=1.0, method="lyapunov")
     with pytest.raises(ValueError, match="same num_inducing"):
         ivars.Kuu_cross(other, _kernel())
+
+
+def test_stream_start_after_zero_matches_quadrature():
+    """``start > 0`` (the signal is zero before it): the same steps, from a clipped support."""
+    M, kernel = 12, _kernel(lengthscale=0.7)
+    ivars = HiPPOInducingVariables(M, t=3.0, start=0.5, method="lyapunov")
+    ivars.Kuu(kernel)
+    old = copy.deepcopy(ivars)
+    ivars.advance(7.0)
+    ivars.advance(9.0)
+    ref = HiPPOInducingVariables(M, t=9.0, start=0.5, method="quadrature")
+    ref_old = HiPPOInducingVariables(M, t=3.0, start=0.5, method="quadrature")
+    x = torch.linspace(0.0, 10.0, 21, dtype=torch.float64)[:, None]
+    assert _rel(ivars.Kuu(kernel).to_dense(), ref.Kuu(kernel).to_dense()) < TOL
+    assert _rel(ivars.Kuu_cross(old, kernel), ref.Kuu_cross(ref_old, kernel)) < TOL
+    assert _rel(ivars.Kuf(kernel, x), ref.Kuf(kernel, x)) < TOL
+
+
+def test_online_sgpr_with_trained_hyperparameters_matches_spectral():
+    """Adam steps on the bound (gradients through the exact backend, then a restarted state for the
+    changed kernel) give the hyperparameters and predictions of method='spectral'."""
+    torch.manual_seed(1)
+    x = torch.linspace(0.0, 4.0, 200, dtype=torch.float64)[:, None]
+    y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(200, dtype=torch.float64)
+    results = {}
+    for method in ("lyapunov", "spectral"):
+        kernel = _kernel(lengthscale=0.5, outputscale=1.0).requires_grad_(True)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+        model = OnlineSGPR(HiPPOInducingVariables(16, t=2.0, method=method), kernel, likelihood, captured_variance_warning=None)
+        model.update(x[:100], y[:100], num_iter=3, lr=0.05)
+        model.inducing_variables.advance(4.0)
+        model.update(x[100:], y[100:], num_iter=3, lr=0.05)
+        with torch.no_grad():
+            posterior = model(x)
+        results[method] = (float(kernel.base_kernel.lengthscale), posterior.mean, posterior.variance)
+    assert abs(results["lyapunov"][0] - results["spectral"][0]) < 1e-10
+    assert (results["lyapunov"][1] - results["spectral"][1]).abs().max() < 1e-6
+    assert (results["lyapunov"][2] - results["spectral"][2]).abs().max() < 1e-6
