@@ -19,7 +19,9 @@ argument, ``method``:
 * ``"lyapunov"`` (beyond the thesis; LegS, RBF or Matérn): exact, ``Kuu`` carried across
   :meth:`HiPPOInducingVariables.advance` by the Lyapunov ODE of the LegS coefficients integrated
   exactly over each step (:mod:`.lyapunov`), ``Kuf`` by a local rule: the cost per task does not
-  grow with ``t`` while the kernel's hyperparameters stay fixed.
+  grow with ``t`` while the kernel's hyperparameters stay fixed.  A changed kernel restarts the
+  carried state with one exact evaluation at ``t``; where gradients with respect to the kernel are
+  required, ``Kuu`` and the cross covariance come from that exact backend (correct, at its cost).
 * ``"auto"`` (default): ``"spectral"`` where it applies (RBF with a support not clipped by the
   stream start, or Matérn), otherwise ``"quadrature"``.
 
