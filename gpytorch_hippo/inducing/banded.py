@@ -56,7 +56,9 @@ def _span(ivars) -> tuple[float, float]:
 class _Panels:
     """Uniform panels on the support with ``p`` Gauss-Legendre nodes each and ``φ_m`` at the nodes."""
 
-    def __init__(self, ivars, lengthscale: float, device):
+    def __init__(self, ivars, lengthscale: float, device, window=None):
+        """``window = (lo, hi)``: only the panels meeting the time range ``[lo, hi]`` get nodes and ``φ``
+        (a local rule, whose cost does not grow with the support's length); ``None``: all panels."""
         self.ivars = ivars
         self.lower, upper = _span(ivars)
         target = PANEL_WIDTH * lengthscale
@@ -69,9 +71,14 @@ class _Panels:
         # a degree M-1 polynomial has ~ M / sqrt(P) zeros in an end panel of P (Legendre zeros crowd the ends)
         self.num_nodes = math.ceil(ivars.num_inducing / math.sqrt(self.count)) + BASE_NODES
         self.z, self.w = gauss_legendre(self.num_nodes, device=device)
-        left = self.lower + self.width * torch.arange(self.count, dtype=torch.float64, device=device)
-        self.nodes = left[:, None] + self.width * (self.z + 1) / 2  # (P, p)
-        self.phi_nodes = self.phi(self.nodes.reshape(-1)).reshape(self.count, self.num_nodes, -1)  # (P, p, M)
+        self.first, self.last = 0, self.count
+        if window is not None:
+            self.first = min(self.count, max(0, math.floor((window[0] - self.lower) / self.width)))
+            self.last = max(self.first, min(self.count, math.floor((window[1] - self.lower) / self.width) + 1))
+        index = torch.arange(self.first, self.last, dtype=torch.float64, device=device)
+        left = self.lower + self.width * index
+        self.nodes = left[:, None] + self.width * (self.z + 1) / 2  # (P, p), panels first..last-1
+        self.phi_nodes = self.phi(self.nodes.reshape(-1)).reshape(self.last - self.first, self.num_nodes, -1)  # (P, p, M)
         self.weighted = (self.width / 2) * self.w[:, None] * self.phi_nodes  # the rule's weights folded in
 
     def phi(self, s: Tensor) -> Tensor:
@@ -217,16 +224,18 @@ class BandedBackend:
         # one piece's nodes on the panel's nodes, where the interpolant's x-derivative is lost
         on_edge = times == panels.lower + index * width
         for j in torch.unique(index).tolist():
-            first, last = max(0, j - band), min(P, j + band + 1)
+            first, last = max(panels.first, j - band), min(panels.last, j + band + 1)
             if first >= last:
-                continue  # farther than the kernel's reach from every panel: zero
+                continue  # farther than the kernel's reach from every panel (of the window): zero
             inside = 0 <= j < P
+            if inside and not panels.first <= j < panels.last:
+                raise ValueError(f"panel {j} of an input lies outside the window [{panels.first}, {panels.last})")
             for edge in (True, False):
                 rows = ((index == j) & (on_edge == edge)).nonzero().squeeze(-1)
                 if rows.numel() == 0:
                     continue
                 split = inside and not edge
-                others = [q for q in range(first, last) if not (split and q == j)]
+                others = [q - panels.first for q in range(first, last) if not (split and q == j)]
                 if others:
                     K = matern_values(kernel, times[rows, None] - panels.nodes[others].reshape(-1)).to(dtype)
                     out[rows] += K @ weighted[others].reshape(len(others) * p, -1)
@@ -235,8 +244,16 @@ class BandedBackend:
                     for start in range(0, rows.shape[0], chunk):
                         part = rows[start : start + chunk]
                         own = self._own_panel(panels, kernel, times[part] - (panels.lower + j * width), dtype)
-                        out[part] += own @ panels.phi_nodes[j].to(dtype)
+                        out[part] += own @ panels.phi_nodes[j - panels.first].to(dtype)
         return out
+
+    def local_kuf(self, ivars, kernel, times: Tensor, dtype) -> Tensor:
+        """``Kuf`` at ``times`` (N,) float64 -> (N, M) from the panels within the kernel's reach of
+        ``times`` only: the cost per input does not grow with ``t`` (used by the Lyapunov backend)."""
+        ell, reach = self._scales(kernel)
+        low, high = (float(times.min()), float(times.max())) if times.numel() else (0.0, -1.0)
+        panels = _Panels(ivars, ell, ivars.breakpoints.device, window=(low - 2 * reach, high + 2 * reach))
+        return self._kuf_at(panels, kernel, times, dtype)
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
         panels = self._panels(ivars, kernel)

@@ -17,6 +17,15 @@ breakpoints, spectral samples); a backend holds only caches.
   ``Kuf`` from the same features (default) or from the ODE driven by the exact kernel.
 * :class:`PathBackend` (thesis §4.4, multidimensional inputs): the random-feature memory along the
   ordered input path.
+* :class:`~.lyapunov.LyapunovBackend` (beyond the thesis; exact, LegS, RBF and Matérn): the LegS
+  ODE ``dc/dt = (A c + B f(t)) / t`` (eqs. ``hippo_ode``, ``hippo_matrix_a``, ``hippo_matrix_b``) is
+  time-invariant in ``τ = log t``, so ``Kuu = cov(c)`` obeys the Lyapunov ODE
+  ``dK/dτ = A K + K Aᵀ + B kᵀ + k Bᵀ`` with ``k(t) = Kuf(t, x = t)``, and ``cov(c(t_a), c(t_b))`` the
+  ODE ``dC/dτ_b = C Aᵀ + Kuf(t_a, x = t_b) Bᵀ``.  Integrated exactly over a step by variation of
+  constants (``Φ = e^{A Δτ}`` is the re-expansion of the bases, ``e^{As} B = e^{-s} g(e^{-s})``), the
+  forcing terms become covariances of the new segment ``[t_a, t_b]`` and of ``Kuf(t_a, ·)`` within
+  the kernel's reach of ``t_a``: ``K(t)`` is carried across ``advance`` at a cost per step that
+  depends on ``t_b - t_a`` but not on ``t``; ``Kuf`` by a local rule, ``O(M)`` per input.
 """
 from __future__ import annotations
 

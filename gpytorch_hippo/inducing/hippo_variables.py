@@ -16,6 +16,12 @@ argument, ``method``:
   ``t / lengthscale``.
 * ``"recurrence"`` (the thesis): ``Kuu`` from Fourier features projected by the HiPPO recurrence
   (eq. ``kuu_ode_rff``), carried across :meth:`HiPPOInducingVariables.advance`.
+* ``"lyapunov"`` (beyond the thesis; LegS, RBF or Matérn): exact, ``Kuu`` carried across
+  :meth:`HiPPOInducingVariables.advance` by the Lyapunov ODE of the LegS coefficients integrated
+  exactly over each step (:mod:`.lyapunov`), ``Kuf`` by a local rule: the cost per task does not
+  grow with ``t`` while the kernel's hyperparameters stay fixed.  A changed kernel restarts the
+  carried state with one exact evaluation at ``t``; where gradients with respect to the kernel are
+  required, ``Kuu`` and the cross covariance come from that exact backend (correct, at its cost).
 * ``"auto"`` (default): ``"spectral"`` where it applies (RBF with a support not clipped by the
   stream start, or Matérn), otherwise ``"quadrature"``.
 
@@ -43,9 +49,10 @@ from ..hippo import HiPPO
 from .base import InducingVariables
 from .banded import BandedBackend
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
+from .lyapunov import LyapunovBackend
 from .spectral import SUPPORTED_KERNELS, spectral_parts  # noqa: F401  (re-exported)
 
-METHODS = ("auto", "spectral", "quadrature", "recurrence")
+METHODS = ("auto", "spectral", "quadrature", "recurrence", "lyapunov")
 FEATURES = ("random", "quadrature")
 
 
@@ -57,8 +64,9 @@ class HiPPOInducingVariables(InducingVariables):
         or ``"fout"`` (``M`` odd).
     :param t: current end time of the bases (1-D inputs); moved forward by :meth:`advance`.
     :param theta: window length of LegT/FouT, time scale of LagT.
-    :param method: ``"auto"`` (default), ``"spectral"``, ``"quadrature"`` or ``"recurrence"``
-        (module docstring).  Multidimensional inputs always use the path memory of the recurrence.
+    :param method: ``"auto"`` (default), ``"spectral"``, ``"quadrature"``, ``"recurrence"`` or
+        ``"lyapunov"`` (module docstring; ``"lyapunov"`` needs ``measure="legs"`` and
+        ``input_dim=1``).  Multidimensional inputs always use the path memory of the recurrence.
         With an RBF kernel ``"spectral"`` falls back to ``"quadrature"`` while the support is clipped
         by ``start`` (LegT/FouT before ``t = start + theta``); a kernel it cannot handle raises
         ``TypeError`` (batched kernels: ``ValueError``).
@@ -112,6 +120,10 @@ class HiPPOInducingVariables(InducingVariables):
         super().__init__(jitter=jitter)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method == "lyapunov" and (measure != "legs" or input_dim != 1):
+            raise ValueError(
+                f"method='lyapunov' needs measure='legs' and input_dim=1, got measure={measure!r}, input_dim={input_dim!r}"
+            )
         for name, value in (("kuf", kuf), ("features", features)):
             if value is not None and method != "recurrence" and not (name == "features" and input_dim > 1):
                 raise ValueError(f"{name}={value!r} needs method='recurrence' (the Fourier features live there)")
@@ -167,6 +179,7 @@ class HiPPOInducingVariables(InducingVariables):
                 "banded": BandedBackend(),
                 "quadrature": QuadratureBackend(),
                 "recurrence": RecurrenceBackend(self.features, self.kuf),
+                "lyapunov": LyapunovBackend(),
             }
 
     def _backend_for(self, kernel: gpytorch.kernels.Kernel):
@@ -180,6 +193,8 @@ class HiPPOInducingVariables(InducingVariables):
             if self.method == "spectral":
                 spectral_parts(kernel)  # raises TypeError/ValueError for kernels it cannot handle
             return self._backends["quadrature"]
+        if self.method == "lyapunov":
+            self._backends["lyapunov"].check(self, kernel)  # a clear error for kernels it cannot handle
         return self._backends[self.method]
 
     # ------------------------------------------------------------------ basic properties

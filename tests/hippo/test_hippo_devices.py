@@ -152,7 +152,7 @@ def test_path_inducing_variables_on_device(device, assert_matches_cpu):
     assert_matches_cpu(run(device), run(CPU), **EXACT)
 
 
-@pytest.mark.parametrize("method", ["quadrature", "spectral", "recurrence"])
+@pytest.mark.parametrize("method", ["quadrature", "spectral", "recurrence", "lyapunov"])
 def test_inducing_variable_caches_are_not_reused_across_devices_and_dtypes(device, method):
     """Covariances cached while a float32 kernel was used on the CPU are rebuilt after moving the
     variables and the kernel to ``device`` in float64 (they equal a fresh set's)."""
@@ -179,7 +179,7 @@ def _online_variables(method):
     return HiPPOInducingVariables(10, "legs", t=1.5, method=method, **options)
 
 
-@pytest.mark.parametrize("method", ["points", "quadrature", "recurrence"])
+@pytest.mark.parametrize("method", ["points", "quadrature", "recurrence", "lyapunov"])
 def test_online_sgpr_updates_predictions_and_samples_on_device(device, assert_matches_cpu, method):
     """OHSGPR/OSGPR over two tasks: bounds, predictive moments, metrics, and reconstructions drawn
     with a seeded CPU generator (the draws are made where the generator lives, then moved)."""

@@ -1,0 +1,313 @@
+"""Exact LegS covariances carried forward in time at a cost per step that does not grow with ``t``.
+
+HiPPO-LegS coefficients ``c(t) = ∫_start^t f(s) φ(s, t) ds`` obey ``dc/dt = (A c + B f(t)) / t``
+(thesis eqs. ``hippo_ode``, ``hippo_matrix_a``, ``hippo_matrix_b``; ``A``, ``B`` as returned by
+:func:`gpytorch_hippo.hippo.transition`, ``A`` lower triangular with eigenvalues ``-1 .. -M``), so in
+``τ = log t`` the ODE is time-invariant, ``dc/dτ = A c + B f(e^τ)``.  For a GP prior ``f`` this gives
+
+* ``K(t) = Kuu(t)``: ``dK/dτ = A K + K Aᵀ + B k(t)ᵀ + k(t) Bᵀ`` (a Lyapunov ODE), with
+  ``k(t) = cov(c(t), f(t)) = Kuf(t, x = t)``;
+* ``C(t_a, t_b) = cov(c(t_a), c(t_b))``, ``t_b >= t_a``: ``dC/dτ_b = C Aᵀ + Kuf(t_a, x = t_b) Bᵀ``
+  from ``C(t_a, t_a) = K(t_a)``.
+
+Both are integrated *exactly* over a step ``t_a -> t_b`` by variation of constants.  The flow is
+``Φ = e^{A (τ_b - τ_a)}``, which for LegS is the re-expansion of the bases: ``φ(x, t_b) = Φ φ(x, t_a)``
+for ``x <= t_a`` (a polynomial identity; computed by a Gauss-Legendre projection, exact to round-off).
+With ``e^{A s} B = e^{-s} g(e^{-s})`` (the impulse response) the forcing integrals, written in
+``x = e^σ``, are ordinary covariances of ``d = ∫_{t_a}^{t_b} f(x) φ(x, t_b) dx`` (``c(t_b) = Φ c(t_a) + d``):
+
+    C(t_a, t_b) = K(t_a) Φᵀ + X,                      X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx,
+    K(t_b)      = Φ K(t_a) Φᵀ + Φ X + Xᵀ Φᵀ + D,       D = cov(d) = ∫∫_{[t_a, t_b]²} k(x - y) φ(x, t_b) φ(y, t_b)ᵀ.
+
+``Kuf(t_a, x)`` vanishes (below 1e-18 of ``σ²``) once ``x`` is more than the kernel's reach ``R``
+beyond ``t_a`` (RBF ``9.5 ℓ``, Matérn ``48 ℓ/√(2ν)``), so ``X`` needs ``x`` in ``[t_a, t_a + R]`` only
+and ``Kuf`` itself only ``s`` within ``R`` of ``x`` (:func:`local_kuf`): both cost ``O(M)`` per
+point whatever ``t`` is.  ``D`` is an exact backend (banded for Matérn, quadrature for RBF) on the
+new segment ``[t_a, t_b]`` alone, whose cost depends on ``t_b - t_a``, not on ``t``; long steps are
+cut into pieces of at most :data:`MAX_STEP` length scales.  ``‖Φ‖₂ <= sqrt(t_a / t_b)``, so errors
+of earlier steps are damped, not amplified.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .banded import DECAY_RANGE, BandedBackend, _Panels
+from .hippo_backends import QuadratureBackend, SpectralBackend
+from .spectral import RBF_CUTOFF, SUPPORTED_KERNELS, gauss_legendre, kernel_signature, spectral_parts
+
+#: longest step (in length scales) integrated at once: bounds the segment rule of ``D``
+MAX_STEP = 128.0
+#: Gauss-Legendre nodes per panel of the rules of ``X`` and ``D`` beyond what the basis needs (the kernel's variation)
+FORCING_NODES = 24
+
+
+class _At:
+    """The geometry of a LegS set at time ``t`` with support ``[start, t]``: what the exact backends read."""
+
+    measure = "legs"
+    input_dim = 1
+    num_panels = None
+
+    def __init__(self, ivars, t: float, start: float):
+        self.memory, self.num_inducing, self.num_nodes = ivars.memory, ivars.num_inducing, ivars.num_nodes
+        self.t, self.start = float(t), float(start)
+        self._backends = ivars._backends
+        self.breakpoints = torch.tensor([self.start, self.t], dtype=torch.float64, device=ivars.breakpoints.device)
+
+
+def kernel_scales(kernel) -> tuple[float, float, object]:
+    """``(ℓ, reach R, ν)``: beyond ``R`` the kernel is below ``2e-18 σ²`` (RBF: ``e^{-45}``)."""
+    _, lengthscale, nu = spectral_parts(kernel)
+    ell = float(lengthscale.detach())
+    return ell, (RBF_CUTOFF if nu is None else DECAY_RANGE / math.sqrt(2 * nu)) * ell, nu
+
+
+def rbf_function(kernel):
+    """``r -> σ² exp(-r²/(2ℓ²))`` from the kernel's own hyperparameters (differentiable), read once."""
+    outputscale, lengthscale, _ = spectral_parts(kernel)
+    return lambda r: outputscale * torch.exp(-0.5 * (r.to(lengthscale.dtype) / lengthscale) ** 2)
+
+
+def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
+    """``Kuf[m](x) = ∫ k(x - s) φ_m(s, t) ds`` (thesis eq. ``hippo_kuf``) at ``times`` (N,) -> (N, M).
+
+    Only ``s`` within the kernel's reach of ``x`` contributes, so the rule is local: Matérn through
+    :meth:`BandedBackend.local_kuf` (panels split at the kink), RBF by the same composite
+    Gauss-Legendre panels (width ``<= 4ℓ``; the integrand is analytic, no split), grouped by the
+    panel of ``x`` and summed over the panels within the reach.  Cost ``O(M)`` per input.
+    """
+    ell, reach, nu = kernel_scales(kernel)
+    if nu is not None:
+        return BandedBackend().local_kuf(at, kernel, times, dtype)
+    low, high = (float(times.min()), float(times.max())) if times.numel() else (0.0, -1.0)
+    panels = _Panels(at, ell / 2, at.breakpoints.device, window=(low - 2 * reach, high + 2 * reach))
+    out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
+    band = math.ceil(reach / panels.width) + 1
+    index = torch.floor((times - panels.lower) / panels.width).long()
+    weighted, values = panels.weighted.to(dtype), rbf_function(kernel)
+    for j in torch.unique(index).tolist():
+        first, last = max(panels.first, j - band), min(panels.last, j + band + 1)
+        if first >= last:
+            continue
+        rows = (index == j).nonzero().squeeze(-1)
+        nodes = panels.nodes[first - panels.first : last - panels.first].reshape(-1)
+        K = values(times[rows, None] - nodes).to(dtype)
+        out[rows] = K @ weighted[first - panels.first : last - panels.first].reshape(-1, at.num_inducing)
+    return out
+
+
+def legs_basis(memory, x: Tensor, t: float) -> Tensor:
+    """``g_m^{(t)}(x) = √(2m+1) P_m(2x/t - 1)``, the LegS basis (eq. ``hippo_orthonormal``; ``memory.basis``),
+    (N,) -> (N, M), float64.  On the CPU the three-term recurrence runs in NumPy: its ``M`` steps cost
+    a few microseconds each there instead of tens as small torch operations; elsewhere ``memory.basis``."""
+    if x.device.type != "cpu":
+        return memory.basis(x, t)
+    z, M = (2 * x.double() / t - 1).numpy(), memory.M
+    out = np.empty((M,) + z.shape)
+    out[0] = 1.0
+    if M > 1:
+        out[1] = z
+    for n in range(1, M - 1):  # (n + 1) P_{n+1} = (2n + 1) z P_n - n P_{n-1}
+        np.multiply(z, out[n], out=out[n + 1])
+        out[n + 1] *= (2 * n + 1) / (n + 1)
+        out[n + 1] -= (n / (n + 1)) * out[n - 1]
+    out *= np.sqrt(2 * np.arange(M) + 1.0)[:, None]
+    return torch.from_numpy(np.ascontiguousarray(out.T))
+
+
+def propagator(memory, t_a: float, t_b: float) -> Tensor:
+    """``Φ = e^{A log(t_b/t_a)}`` as the exact re-expansion ``φ(x, t_b) = Φ φ(x, t_a)``, ``x <= t_a``:
+    ``Φ = (t_a/t_b) ∫_0^1 g(z t_a/t_b) g(z)ᵀ dz`` by an exact Gauss-Legendre rule (module docstring)."""
+    M = memory.M
+    z, w = gauss_legendre(M + 2, device=memory.A.device)
+    x = t_a * (z + 1) / 2
+    both = legs_basis(memory, torch.cat([x, x * (t_a / t_b)]), t_a)  # g(x/t_a) and g(x/t_b)
+    return (t_a / t_b) * (both[M + 2 :] * (w / 2)[:, None]).mT @ both[: M + 2]
+
+
+def forcing(ivars, kernel, t_a: float, t_b: float) -> Tensor:
+    """``X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx = cov(c(t_a), d)`` (M x M), over ``x <= t_a + R`` only.
+
+    Composite Gauss-Legendre in ``x``: ``Kuf(t_a, x)`` is analytic for ``x > t_a`` (one branch of the
+    kernel) and ``φ(·, t_b)`` a polynomial whose zeros crowd ``t_b`` (hence ``M / sqrt(t_b / ℓ)``
+    extra nodes, as in :class:`~.banded._Panels`).
+    """
+    ell, reach, _ = kernel_scales(kernel)
+    high = min(t_b, t_a + reach)
+    count = max(1, math.ceil((high - t_a) / ell))
+    num_nodes = FORCING_NODES + math.ceil(ivars.num_inducing / math.sqrt(max(1.0, t_b / ell)))
+    z, w = gauss_legendre(num_nodes, device=ivars.breakpoints.device)
+    half = (high - t_a) / (2 * count)
+    left = t_a + 2 * half * torch.arange(count, dtype=torch.float64, device=z.device)
+    nodes = (left[:, None] + half * (z + 1)).reshape(-1)
+    weights = (half * w).repeat(count)
+    kuf = local_kuf(_At(ivars, t_a, ivars.start), kernel, nodes, torch.float64)
+    phi = legs_basis(ivars.memory, nodes, t_b) / t_b
+    return kuf.mT @ (weights[:, None] * phi)
+
+
+def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
+    """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (eq. ``double_integral_kuu`` on ``[t_a, t_b]`` alone).
+
+    Matérn: the banded backend on that support.  RBF: :func:`segment_rule` in both variables (the
+    integrand is analytic), ``D = Wᵀ k(nodes, nodes) W`` summed over the panel pairs within the reach.
+    """
+    ell, reach, nu = kernel_scales(kernel)
+    if nu is not None:
+        segment = _At(ivars, t_b, t_a)
+        return ivars._backends["banded"].cross(segment, segment, kernel).double()
+    nodes, weighted = segment_rule(ivars, t_a, t_b, 4 * ell)
+    values = rbf_function(kernel)
+    count, p = nodes.shape
+    band = math.ceil(reach / ((t_b - t_a) / count)) + 1  # panel pairs further apart see k = 0
+    D = torch.zeros(ivars.num_inducing, ivars.num_inducing, dtype=torch.float64, device=nodes.device)
+    for i in range(count):  # panel i with itself and with the later panels within the band
+        last = min(count, i + band + 1)
+        near = values(nodes[i, :, None] - nodes[i:last].reshape(-1)).double()
+        rows = weighted[i].mT @ near  # (M, p * (last - i))
+        own = rows[:, :p] @ weighted[i]
+        later = rows[:, p:] @ weighted[i + 1 : last].reshape(-1, ivars.num_inducing)
+        D = D + (own + own.mT) / 2 + later + later.mT
+    return D
+
+
+def segment_rule(ivars, t_a: float, t_b: float, width: float) -> tuple[Tensor, Tensor]:
+    """Composite Gauss-Legendre on ``[t_a, t_b]``: nodes ``(P, p)`` and ``w φ(nodes, t_b)`` ``(P, p, M)``.
+
+    Panels of at most ``width``; ``p = 24 + M sqrt(w / (t_b - lower))`` nodes, the density that
+    :class:`~.banded._Panels` gives a panel of the whole support (a degree ``M - 1`` polynomial has
+    about that many zeros in an end panel), so the segment costs what its panels would within ``[0, t_b]``.
+    """
+    count = max(1, math.ceil((t_b - t_a) / width))
+    half = (t_b - t_a) / (2 * count)
+    lower = max(0.0, ivars.start)
+    p = FORCING_NODES + math.ceil(ivars.num_inducing * math.sqrt(2 * half / (t_b - lower)))
+    z, w = gauss_legendre(p, device=ivars.breakpoints.device)
+    left = t_a + 2 * half * torch.arange(count, dtype=torch.float64, device=z.device)
+    nodes = left[:, None] + half * (z + 1)
+    phi = legs_basis(ivars.memory, nodes.reshape(-1), t_b) / t_b
+    return nodes, (half * w).repeat(count)[:, None].mul(phi).reshape(count, p, -1)
+
+
+def exact_backend(at, kernel, backends: dict):
+    """The exact backend among ``backends`` that starts (or restarts) the carried state: spectral
+    (RBF), banded (Matérn), else quadrature."""
+    for name in ("spectral", "banded"):
+        if backends[name].supports(at, kernel):
+            return backends[name]
+    return backends["quadrature"]
+
+
+class LyapunovBackend:
+    """Exact LegS ``Kuu``/``Kuf``/cross covariances with the state ``(t, K(t))`` carried forward (module docstring).
+
+    The state is kept for one kernel signature (type and hyperparameter values); a changed kernel,
+    a ``t`` behind the state, or no state restarts it with one exact evaluation at ``t``
+    (:func:`exact_backend`, cost linear in ``t/ℓ``).  When gradients with respect to the kernel's
+    hyperparameters are required, ``Kuu`` and the cross covariance come from that exact backend
+    (autograd through it; correct, at its cost); ``Kuf`` is always the local, differentiable rule.
+    """
+
+    name = "lyapunov"
+
+    def __init__(self):
+        self._state = None  # (key, t, K(t)) float64, detached
+        self._step = None  # (key, t_a, t_b, K(t_a), X, Φ) of the last single-piece step
+
+    @staticmethod
+    def check(ivars, kernel) -> None:
+        """Raise a clear error for anything but LegS, 1-D inputs and a supported stationary kernel."""
+        if ivars.measure != "legs":
+            raise ValueError(f"method='lyapunov' needs measure='legs' (its ODE is LegS's), got measure={ivars.measure!r}")
+        if ivars.input_dim != 1:
+            raise ValueError(f"method='lyapunov' needs input_dim=1 (time inputs), got input_dim={ivars.input_dim}")
+        try:
+            _, lengthscale, _ = spectral_parts(kernel)
+        except TypeError as error:
+            raise TypeError(f"method='lyapunov': kernel must be {SUPPORTED_KERNELS}, got {type(kernel).__name__}") from error
+        if lengthscale.numel() != 1:
+            raise ValueError(f"method='lyapunov': kernel must have one length scale (1-D), got {lengthscale.numel()}")
+
+    def supports(self, ivars, kernel) -> bool:
+        try:
+            self.check(ivars, kernel)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    @staticmethod
+    def _differentiable(kernel) -> bool:
+        return torch.is_grad_enabled() and any(p.requires_grad for p in kernel.parameters())
+
+    @staticmethod
+    def _key(ivars, kernel) -> tuple:
+        return kernel_signature(kernel) + (ivars.num_inducing, ivars.start, str(ivars.breakpoints.device))
+
+    def _step_once(self, ivars, kernel, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor, Tensor]:
+        """``(K(t_b), X, Φ)`` from ``K(t_a)`` (module docstring)."""
+        Phi = propagator(ivars.memory, t_a, t_b)
+        X = forcing(ivars, kernel, t_a, t_b)
+        cross = Phi @ X
+        K_b = Phi @ K_a @ Phi.mT + cross + cross.mT + segment_covariance(ivars, kernel, t_a, t_b)
+        return (K_b + K_b.mT) / 2, X, Phi
+
+    def state(self, ivars, kernel, t: float) -> Tensor:
+        """``K(t)`` (float64, no gradient), integrated forward from the carried state."""
+        key = self._key(ivars, kernel)
+        if self._state is not None and self._state[0] == key and self._state[1] == t:
+            return self._state[2]
+        with torch.no_grad():
+            if self._state is None or self._state[0] != key or self._state[1] > t:
+                at = _At(ivars, t, ivars.start)
+                # fresh backends: their caches (spectral transforms, linear in t) would only be
+                # copied along with every snapshot of the inducing variables
+                fresh = {"spectral": SpectralBackend(), "banded": BandedBackend(), "quadrature": QuadratureBackend()}
+                K = exact_backend(at, kernel, fresh).cross(at, at, kernel).double()
+            else:
+                t_now, K = self._state[1], self._state[2]
+                ell, _, _ = kernel_scales(kernel)
+                pieces = max(1, math.ceil((t - t_now) / (MAX_STEP * ell)))
+                for k in range(1, pieces + 1):
+                    t_next = t if k == pieces else t_now + (t - t_now) * k / pieces
+                    K_next, X, Phi = self._step_once(ivars, kernel, t_now, K, t_next)
+                    self._step = (key, t_now, t_next, K, X, Phi) if pieces == 1 else None
+                    t_now, K = t_next, K_next
+        self._state = (key, t, K)
+        return K
+
+    def _earlier(self, lo, kernel) -> Tensor:
+        """``K(t_lo)`` of the earlier set: its own carried state (a snapshot keeps its backend's cache)."""
+        backend = lo._backends.get("lyapunov") if hasattr(lo, "_backends") else None
+        return (backend if isinstance(backend, LyapunovBackend) else LyapunovBackend()).state(lo, kernel, lo.t)
+
+    def cross(self, a, b, kernel) -> Tensor:
+        """``cov(u_a, u_b)`` (``M x M``); ``Kuu`` when ``b`` is ``a`` or at the same ``t``."""
+        for ivars in (a, b):
+            self.check(ivars, kernel)
+        if a.num_inducing != b.num_inducing or a.start != b.start:
+            raise ValueError("method='lyapunov': cross-covariance needs two sets with the same num_inducing and start")
+        dtype = next(iter(kernel.parameters())).dtype
+        if self._differentiable(kernel):
+            return exact_backend(_At(a, a.t, a.start), kernel, a._backends).cross(a, b, kernel).to(dtype)
+        if b is a or a.t == b.t:
+            return self.state(a, kernel, a.t).to(dtype)
+        lo, hi = (a, b) if a.t < b.t else (b, a)
+        key = self._key(lo, kernel)
+        if self._step is not None and self._step[:3] == (key, lo.t, hi.t):
+            K_lo, X, Phi = self._step[3:]
+        else:
+            with torch.no_grad():
+                K_lo, X = self._earlier(lo, kernel), forcing(lo, kernel, lo.t, hi.t)
+                Phi = propagator(lo.memory, lo.t, hi.t)
+        C = K_lo @ Phi.mT + X  # cov(u_lo, u_hi)
+        return (C if lo is a else C.mT).to(dtype)
+
+    def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        self.check(ivars, kernel)
+        times = x[..., 0].double()
+        flat = local_kuf(_At(ivars, ivars.t, ivars.start), kernel, times.reshape(-1), x.dtype)
+        return flat.reshape(*times.shape, -1).mT
