@@ -92,7 +92,12 @@ def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor
     With ``num_inducing`` below the number of points the grid is scored by the collapsed sparse
     bound (Titsias 2009) with the ``num_inducing`` pivoted-Cholesky points of ``x`` instead: the
     start of a sparse variational fit, which the exact likelihood can put at a noise far below
-    what the bound supports (the ``OnlineELBO`` runs, :func:`.online_elbo.first_task_start`)."""
+    what the bound supports (the ``OnlineELBO`` runs, :func:`.online_elbo.first_task_start`).
+
+    Noise levels at or below the likelihood's noise constraint are left out of the grid (GPyTorch
+    refuses to set them); if every level is, a ``ValueError`` names ``y``."""
+    constraint = getattr(getattr(likelihood, "noise_covar", None), "raw_noise_constraint", None)
+    noise_floor = float(getattr(constraint, "lower_bound", 0.0))
     with torch.no_grad():
         distances = torch.cdist(x, x)
         nearest = distances.masked_fill(distances == 0, math.inf).min(-1).values
@@ -110,6 +115,8 @@ def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor
                 nystrom = factor @ factor.transpose(-1, -2)
                 residual = (correlation.diagonal() - nystrom.diagonal()).sum().clamp_min(0.0)
             for share in (0.5, 0.1, 0.03, 0.01, 0.001):
+                if float(variance) * share <= noise_floor:
+                    continue
                 covariance = variance * ((1 - share) * (nystrom if sparse else correlation) + share * identity)
                 chol, info = torch.linalg.cholesky_ex(covariance)
                 if info.item() != 0:
@@ -121,6 +128,9 @@ def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor
                 if mll > best[0]:
                     best = (mll.item(), lengthscale, share)
         _, lengthscale, share = best
+        if lengthscale is None:
+            raise ValueError(f"grid_start: the variance of y ({float(variance):.3g}) is too small for the likelihood's "
+                             f"noise bound {noise_floor:g}; standardise y or lower the likelihood's noise_constraint")
         kernel.base_kernel.lengthscale = torch.tensor(lengthscale, dtype=x.dtype, device=x.device)
         kernel.outputscale = (variance * (1 - share)).to(x.dtype)
         likelihood.noise = (variance * share).to(x.dtype)

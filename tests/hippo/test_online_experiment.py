@@ -144,3 +144,19 @@ def test_first_task_fit_reaches_the_marginal_likelihood_of_the_true_hyperparamet
     assert given_mll < true_mll - 10 and given_lengthscale > 6.0
     with pytest.raises(ValueError, match="start"):
         online.fit_hyperparameters(online.make_kernel("ohsgpr", 600.0), x, y, 1, 0.05, start="span")
+
+
+def test_grid_start_keeps_to_the_likelihoods_noise_bound_and_names_y_when_it_cannot():
+    """A quiet first task (var(y) = 1e-3, as the speech clip's first 1,000 samples) puts the
+    grid's small noise shares below GaussianLikelihood's 1e-4 bound: they must be skipped, not
+    crash GPyTorch's setter; a series quieter than the bound itself gets a ValueError naming y."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.linspace(0, 10, 60, dtype=torch.float64).unsqueeze(-1)
+    y = 0.03 * torch.sin(x[:, 0]) + 0.003 * torch.randn(60, generator=generator, dtype=torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    online.grid_start(kernel, likelihood, x, y)
+    assert float(likelihood.noise.detach()) > 1e-4
+    assert float(likelihood.noise.detach()) <= float(y.var()) * 0.5 + 1e-12
+    with pytest.raises(ValueError, match="variance of y"):
+        online.grid_start(kernel, likelihood, x, 1e-3 * y)
