@@ -44,8 +44,7 @@ def fitted_hyperparameters(x, y, args):
 
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double().to(x.device)
     kernel.base_kernel.lengthscale = 5.0
-    # start="given" (ℓ = 5, noise 0.1), as in the recorded runs: the grid start (the runner's default since)
-    # sets a noise below GaussianLikelihood's 1e-4 bound on this clip's quiet first 1,000 samples
+    # start="given" (ℓ = 5, noise 0.1), as in the recorded runs (docs/results.md, "Long streams")
     likelihood = fit_hyperparameters(kernel, x[: args.fit_points], y[: args.fit_points], 50, 0.1, start="given")
     return kernel.requires_grad_(False), likelihood.requires_grad_(False)
 
