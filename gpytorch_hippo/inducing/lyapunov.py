@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -100,32 +99,13 @@ def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
     return out
 
 
-def legs_basis(memory, x: Tensor, t: float) -> Tensor:
-    """``g_m^{(t)}(x) = √(2m+1) P_m(2x/t - 1)``, the LegS basis (eq. ``hippo_orthonormal``; ``memory.basis``),
-    (N,) -> (N, M), float64.  On the CPU the three-term recurrence runs in NumPy: its ``M`` steps cost
-    a few microseconds each there instead of tens as small torch operations; elsewhere ``memory.basis``."""
-    if x.device.type != "cpu":
-        return memory.basis(x, t)
-    z, M = (2 * x.double() / t - 1).numpy(), memory.M
-    out = np.empty((M,) + z.shape)
-    out[0] = 1.0
-    if M > 1:
-        out[1] = z
-    for n in range(1, M - 1):  # (n + 1) P_{n+1} = (2n + 1) z P_n - n P_{n-1}
-        np.multiply(z, out[n], out=out[n + 1])
-        out[n + 1] *= (2 * n + 1) / (n + 1)
-        out[n + 1] -= (n / (n + 1)) * out[n - 1]
-    out *= np.sqrt(2 * np.arange(M) + 1.0)[:, None]
-    return torch.from_numpy(np.ascontiguousarray(out.T))
-
-
 def propagator(memory, t_a: float, t_b: float) -> Tensor:
     """``Φ = e^{A log(t_b/t_a)}`` as the exact re-expansion ``φ(x, t_b) = Φ φ(x, t_a)``, ``x <= t_a``:
     ``Φ = (t_a/t_b) ∫_0^1 g(z t_a/t_b) g(z)ᵀ dz`` by an exact Gauss-Legendre rule (module docstring)."""
     M = memory.M
     z, w = gauss_legendre(M + 2, device=memory.A.device)
     x = t_a * (z + 1) / 2
-    both = legs_basis(memory, torch.cat([x, x * (t_a / t_b)]), t_a)  # g(x/t_a) and g(x/t_b)
+    both = memory.basis(torch.cat([x, x * (t_a / t_b)]), t_a)  # g(x/t_a) and g(x/t_b)
     return (t_a / t_b) * (both[M + 2 :] * (w / 2)[:, None]).mT @ both[: M + 2]
 
 
@@ -146,7 +126,7 @@ def forcing(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     nodes = (left[:, None] + half * (z + 1)).reshape(-1)
     weights = (half * w).repeat(count)
     kuf = local_kuf(_At(ivars, t_a, ivars.start), kernel, nodes, torch.float64)
-    phi = legs_basis(ivars.memory, nodes, t_b) / t_b
+    phi = ivars.memory.basis(nodes, t_b) / t_b
     return kuf.mT @ (weights[:, None] * phi)
 
 
@@ -189,7 +169,7 @@ def segment_rule(ivars, t_a: float, t_b: float, width: float) -> tuple[Tensor, T
     z, w = gauss_legendre(p, device=ivars.breakpoints.device)
     left = t_a + 2 * half * torch.arange(count, dtype=torch.float64, device=z.device)
     nodes = left[:, None] + half * (z + 1)
-    phi = legs_basis(ivars.memory, nodes.reshape(-1), t_b) / t_b
+    phi = ivars.memory.basis(nodes.reshape(-1), t_b) / t_b
     return nodes, (half * w).repeat(count)[:, None].mul(phi).reshape(count, p, -1)
 
 

@@ -98,6 +98,26 @@ def test_bases_equal_scipy_special_functions():
         np.testing.assert_allclose(HiPPO("lagt", 6, theta).basis(x, t)[:, m], lagt, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("measure", ["legs", "legt"])
+def test_bases_without_autograd_equal_the_differentiable_path(measure, dtype):
+    # Without autograd the Legendre recurrence runs in NumPy (hippo._legendre); with a leaf that
+    # requires grad it runs in torch. Same operations: the values must agree to the bit, keep the
+    # dtype and shape (batched t), and the torch path must still carry gradients.
+    hippo = HiPPO(measure, 9, theta=0.7)
+    x = torch.linspace(0.05, 1.95, 11, dtype=dtype)
+    t = torch.tensor([[2.0], [1.5]], dtype=dtype)
+    fast = hippo.basis(x, t)
+    x_grad = x.clone().requires_grad_(True)
+    slow = hippo.basis(x_grad, t)
+    assert fast.dtype == dtype and fast.shape == (2, 1, 11, 9) and not fast.requires_grad
+    assert torch.equal(fast, slow.detach())
+    with torch.no_grad():
+        assert torch.equal(hippo.basis(x_grad, t), fast)
+    if dtype == torch.float64:
+        torch.autograd.gradcheck(lambda v: hippo.basis(v, t), (x_grad,))
+
+
 @pytest.mark.parametrize("measure", MEASURES)
 def test_project_equals_adaptive_quadrature(measure):
     t, theta, M = 2.0, 0.9, 5
