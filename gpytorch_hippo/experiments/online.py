@@ -12,7 +12,8 @@ thesis App. C.4.1). Methods with trainable inducing inputs also train them on ta
 seen so far. Methods (all :class:`~gpytorch_hippo.online.OnlineSGPR`, differing only in the
 inducing variables, :mod:`gpytorch_hippo.baselines`):
 
-* ``ohsgpr``: HiPPO (``--measure``, default LegS) with the exact ``auto`` backend;
+* ``ohsgpr``: HiPPO (``--measure``, default LegS) with the fastest exact backend that applies
+  (``--hippo-backend``; default ``lyapunov`` for LegS, ``auto`` for the other measures);
   ``ohsgpr-rff``: the thesis's recurrence with 1000 random Fourier features;
 * ``osgpr``: points re-drawn from old points ∪ new inputs, then ``--osgpr-iters`` Adam steps on
   the online bound (the thesis: ~1000); ``osgpr-fixed``: re-drawn and kept fixed;
@@ -51,15 +52,25 @@ from ..online import OnlineSGPR
 from .online_elbo import ELBO_METHODS, run_elbo_method
 
 METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
+HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact ones; ohsgpr-rff is the recurrence
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
 
 
 def make_schedule(method: str, num_inducing: int, series_x: torch.Tensor, num_tasks: int, osgpr_iters: int,
-                  measure: str = "legs"):
-    """The inducing-variable schedule of ``method`` (module docstring)."""
+                  measure: str = "legs", hippo_backend: Optional[str] = None):
+    """The inducing-variable schedule of ``method`` (module docstring); ``hippo_backend`` is the
+    exact backend of ``ohsgpr`` (:class:`~gpytorch_hippo.HiPPOInducingVariables`'s ``method``;
+    ``None``: ``lyapunov`` for LegS, else ``auto``)."""
+    if hippo_backend is None:
+        hippo_backend = "lyapunov" if measure == "legs" else "auto"
+    if hippo_backend not in HIPPO_BACKENDS:
+        raise ValueError(f"hippo_backend must be one of {', '.join(HIPPO_BACKENDS)}, got {hippo_backend!r}")
+    if hippo_backend == "lyapunov" and measure != "legs":
+        raise ValueError(f"hippo_backend 'lyapunov' needs measure 'legs', got {measure!r}")
     span = float(series_x.max() - series_x.min())
     if method in ("ohsgpr", "ohsgpr-rff"):
         options = {"theta": span / num_tasks} if measure != "legs" else {}
+        options["method"] = hippo_backend
         if method == "ohsgpr-rff":
             spacing = span / max(series_x.shape[0] - 1, 1)
             options.update(method="recurrence", dt=spacing / 4, num_rff=1000, kuf="rff")
@@ -180,7 +191,8 @@ def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> Dict[str, f
 
 def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_tasks: int = 10, first_iters: int = 100,
                osgpr_iters: int = 100, lr: float = 0.05, train_kernel: bool = False, measure: str = "legs",
-               progress: bool = False, split: Optional[str] = None, svgp_iters: int = 200, first_fit: str = "grid"):
+               progress: bool = False, split: Optional[str] = None, svgp_iters: int = 200, first_fit: str = "grid",
+               hippo_backend: Optional[str] = None):
     """Rows of :data:`COLUMNS` for one method and seed, the final model and the data (for plots).
     Counts and multidimensional data go to :func:`~.online_elbo.run_elbo_method` (``split``,
     ``svgp_iters``); Gaussian series use the collapsed :class:`OnlineSGPR` methods."""
@@ -193,7 +205,7 @@ def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_task
         raise ValueError(f"method {method!r} does not apply to the Gaussian series {dataset}; choose from {', '.join(METHODS)}")
     tasks = split_tasks(data, num_tasks, seed)
     span = float(data.x.max() - data.x.min())
-    schedule = make_schedule(method, num_inducing, data.x, num_tasks, osgpr_iters, measure)
+    schedule = make_schedule(method, num_inducing, data.x, num_tasks, osgpr_iters, measure, hippo_backend)
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     kernel = make_kernel(method, span)
@@ -365,6 +377,10 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--train-kernel", action="store_true", help="keep training hyperparameters after task 1 (App. C.4.1)")
     parser.add_argument("--measure", default="legs", choices=MEASURES, help="HiPPO measure of ohsgpr (App. C.4.2)")
+    parser.add_argument("--hippo-backend", default=None, choices=HIPPO_BACKENDS,
+                        help="exact backend of ohsgpr's HiPPO covariances: default lyapunov for --measure legs (the "
+                             "fastest: a constant cost per task while the kernel is fixed), auto (spectral/banded, "
+                             "else quadrature) for the other measures")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--quick", action="store_true", help="3 tasks, 1 seed, few iterations (for tests)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -378,6 +394,8 @@ def main(argv=None):
         parser.error(f"--num-inducing must be >= 1, got {args.num_inducing}")
     if args.measure == "fout" and args.num_inducing % 2 == 0 and any(m.startswith("ohsgpr") for m in methods):
         parser.error("--measure fout needs an odd --num-inducing")
+    if args.hippo_backend == "lyapunov" and args.measure != "legs":
+        parser.error(f"--hippo-backend lyapunov needs --measure legs, got {args.measure}")
     if args.first_seed < 0:
         parser.error(f"--first-seed must be >= 0, got {args.first_seed}")
     torch.set_num_threads(args.threads)
@@ -391,7 +409,7 @@ def main(argv=None):
     rows, finals = run(args.dataset, methods, args.num_inducing, seeds, progress=not args.quiet, out=args.out,
                        num_tasks=args.tasks, first_iters=args.first_iters, osgpr_iters=args.osgpr_iters, lr=args.lr,
                        train_kernel=args.train_kernel, measure=args.measure, split=args.split, svgp_iters=args.svgp_iters,
-                       first_fit=args.first_fit)
+                       first_fit=args.first_fit, hippo_backend=args.hippo_backend)
     path = write_csv(rows, args.out)
     plots = plot(rows, finals, args.out)
     print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s) ({seeds[0]}..{seeds[-1]}); after the last task (mean ± 95% CI):")

@@ -96,6 +96,30 @@ def test_train_kernel_keeps_training_and_measures_are_selectable():
     assert legt.inducing_variables.measure == "legt" and all(np.isfinite(r["nlpd"]) for r in rows)
 
 
+def test_ohsgpr_backends_agree_and_the_default_is_the_fastest_exact_one(tmp_path):
+    # The runner's ohsgpr uses the Lyapunov backend for LegS (constant cost per task) and `auto`
+    # for the other measures; every exact backend must give the same predictions (the spectral
+    # backend is the reference; 1e-9 on NLPD leaves room for round-off only, a wrong carried Kuu
+    # or a skipped advance moves it by far more).
+    rows = {}
+    for backend in ("spectral", None):
+        rows[backend], model, _ = online.run_method("irradiance", "ohsgpr", 30, seed=0, num_tasks=4, first_iters=2,
+                                                    hippo_backend=backend)
+        assert model.inducing_variables.method == (backend or "lyapunov")
+    assert len(rows[None]) == len(rows["spectral"]) == 10
+    for fast, reference in zip(rows[None], rows["spectral"]):
+        assert (fast["task_trained"], fast["task_eval"]) == (reference["task_trained"], reference["task_eval"])
+        assert fast["nlpd"] == pytest.approx(reference["nlpd"], abs=1e-9)
+    legt = online.make_schedule("ohsgpr", 8, torch.arange(10.0), 2, 0, measure="legt")
+    assert legt.options["method"] == "auto"
+    with pytest.raises(ValueError, match="hippo_backend 'lyapunov' needs measure 'legs'"):
+        online.make_schedule("ohsgpr", 8, torch.arange(10.0), 2, 0, measure="legt", hippo_backend="lyapunov")
+    with pytest.raises(ValueError, match="hippo_backend must be one of"):
+        online.make_schedule("ohsgpr", 8, torch.arange(10.0), 2, 0, hippo_backend="banded")
+    with pytest.raises(SystemExit):
+        online.main(["--methods", "ohsgpr", "--measure", "legt", "--hippo-backend", "lyapunov", "--out", str(tmp_path)])
+
+
 def test_an_interrupted_run_keeps_the_rows_of_the_methods_it_finished(tmp_path, monkeypatch):
     calls = []
     real = online.run_method
