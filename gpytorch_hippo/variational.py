@@ -284,18 +284,53 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             "append_path", lambda variables: variables.append_path(x_ordered, step=step, kernel=kernel)
         )
 
-    def _move_inducing_variables(self, method: str, move) -> None:
-        if not callable(getattr(self.inducing_variables, method, None)):
+    def replace_inducing_variables(self, inducing_variables: InducingVariables) -> None:
+        """Use other inducing variables, of any number (e.g. OSVGP's re-drawn points), and carry
+        ``q(u)`` to them as :meth:`advance` does: ``\tilde q(u') = \int p(u' | u) q(u) du`` (thesis
+        eq. ``online_elbo``). When their number changes the variational distribution is rebuilt
+        (same class, batch shape and ``mean_init_std``), so optimisers must be built anew.
+        Assigning ``variational_strategy.inducing_variables`` directly keeps the old ``q(u)``
+        parameters as they are, and needs the same number of inducing variables."""
+        if not isinstance(inducing_variables, InducingVariables):
             raise TypeError(
-                f"{type(self.inducing_variables).__name__} have no {method} (it is for HiPPO inducing variables); "
-                "assign new ones to variational_strategy.inducing_variables instead"
+                "inducing_variables must be an InducingVariables instance (e.g. InducingPoints), "
+                f"got {type(inducing_variables).__name__}"
             )
+        carry = self._check_movable("replace_inducing_variables")
+        with torch.no_grad():
+            carried = self.inducing_marginal(inducing_variables) if carry else None
+        self.inducing_variables._variational_owner = None
+        self.inducing_variables = inducing_variables
+        inducing_variables._variational_owner = type(self).__name__
+        old = self._variational_distribution
+        if old.shape()[-1] != inducing_variables.num_inducing:
+            reference = next(iter(old.parameters()), None)
+            fresh = type(old)(inducing_variables.num_inducing, batch_shape=old.batch_shape, mean_init_std=old.mean_init_std)
+            self._variational_distribution = fresh if reference is None else fresh.to(reference)
+            self.variational_params_initialized.fill_(0)
+        self._clear_cache()
+        if carry:
+            with torch.no_grad():
+                self._set_variational_distribution(carried)
+        self.online_task_ended.fill_(False)
+
+    def _check_movable(self, method: str) -> bool:
+        """Whether ``q(u)`` holds something to carry; refuses to move past an unstored online task."""
         carry = bool(self.variational_params_initialized.item())  # (an unused q(u) holds nothing to carry)
         if carry and self._online_objective and not self.online_task_ended.item():
             raise RuntimeError(
                 f"call OnlineELBO.end_task() before {method}: it stores q(u) of the finished task "
                 f"({method} first would silently lose it)"
             )
+        return carry
+
+    def _move_inducing_variables(self, method: str, move) -> None:
+        if not callable(getattr(self.inducing_variables, method, None)):
+            raise TypeError(
+                f"{type(self.inducing_variables).__name__} have no {method} (it is for HiPPO inducing variables); "
+                "use variational_strategy.replace_inducing_variables(new) instead"
+            )
+        carry = self._check_movable(method)
         self._clear_cache()
         inducing_variables = self.inducing_variables
         with torch.no_grad():
@@ -408,6 +443,13 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             self._clear_cache()
         else:
             self._clear_cache_if_stale()
+        num_q = self._variational_distribution.shape()[-1]
+        if num_q != self.inducing_variables.num_inducing:
+            raise RuntimeError(
+                f"the variational distribution has size {num_q} but inducing_variables has num_inducing="
+                f"{self.inducing_variables.num_inducing}: change their number with "
+                "variational_strategy.replace_inducing_variables(new), which resizes and carries q(u)"
+            )
         if not self.variational_params_initialized.item():
             self._variational_distribution.initialize_variational_distribution(self.prior_distribution)
             self.variational_params_initialized.fill_(1)

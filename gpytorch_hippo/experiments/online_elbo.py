@@ -156,7 +156,8 @@ def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, nu
         if k > 0:
             mll.end_task(num_data=y.shape[0])
             if schedule is not None:
-                strategy.inducing_variables = schedule.next(strategy.inducing_variables, x, task.t_end, kernel, generator).double()
+                new = schedule.next(strategy.inducing_variables, x, task.t_end, kernel, generator).double()
+                strategy.replace_inducing_variables(new)  # q(u) carried over; their number may grow (M > task size)
             elif data.is_series:
                 strategy.advance(task.t_end)
         if method.startswith("ohsvgp") and not data.is_series:

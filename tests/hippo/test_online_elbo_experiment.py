@@ -49,6 +49,12 @@ def test_multidimensional_methods_and_refusals():
     assert len(rows) == 6 and all(r["ece"] == "" and np.isfinite(r["nlpd"]) for r in rows)
     with pytest.raises(ValueError, match="does not apply"):
         run_elbo_method(data, "ohsvgp", 8, seed=0, num_tasks=3, split="l2")
+    # M above a task's size (the thesis's M = 256 on UCI tasks of ~80 inputs): the point methods
+    # start with every input of task 1 and grow with old points ∪ new inputs until M (it crashed)
+    for method in ("osvgp", "ovc"):
+        rows, model, _ = run_elbo_method(data, method, 40, seed=0, num_tasks=3, split="l2", svgp_iters=3)
+        assert len(rows) == 6 and all(np.isfinite(r["nlpd"]) for r in rows)
+        assert model.variational_strategy.inducing_variables.num_inducing == 40
     with pytest.raises(ValueError, match="does not apply"):
         online.run_method("irradiance", "osvgp", 8, seed=0, num_tasks=3)
 

@@ -228,3 +228,66 @@ def test_explicit_kernel_and_bad_arguments():
         InterdomainVariationalStrategy(None, InducingPoints(Z), gpytorch.variational.CholeskyVariationalDistribution(M + 1))
     with pytest.raises(TypeError, match="inducing_variables"):
         InterdomainVariationalStrategy(None, Z, make_distribution("cholesky"))
+
+
+def dense_carried_marginal(model, Z_new):
+    """``int p(u' | u) q(u) du`` in closed form from the kernel and q(u) (thesis eq. ``online_elbo``).
+    The float64 point jitter 1e-6 is white noise on ``f`` at the inducing inputs (InducingVariables'
+    jitter policy): it is on both prior covariances and on the cross covariance of shared points."""
+    strategy, kernel, mean = model.variational_strategy, model.covar_module, model.mean_module
+    Z_old = strategy.inducing_variables.points.detach()
+    q = strategy.inducing_posterior()
+    with torch.no_grad():
+        Kuu = kernel(Z_old).to_dense() + 1e-6 * torch.eye(len(Z_old), dtype=DT)
+        shared = (Z_old[:, None, :] == Z_new[None, :, :]).all(-1).to(DT)
+        A = torch.linalg.solve(Kuu, kernel(Z_old, Z_new).to_dense() + 1e-6 * shared).mT  # cov(u', u) K_uu^-1
+        m = mean(Z_new) + A @ (q.mean - mean(Z_old))
+        S = kernel(Z_new).to_dense() + 1e-6 * torch.eye(len(Z_new), dtype=DT) - A @ (Kuu - q.covariance_matrix) @ A.mT
+    return m, S
+
+
+@pytest.mark.parametrize("whitened", [True, False])
+@pytest.mark.parametrize("kind", ["cholesky", "meanfield"])
+def test_replace_inducing_variables_carries_q_and_changes_their_number(whitened, kind):
+    # OSVGP re-draws its points between tasks, and their number grows while a task has fewer
+    # inputs than M: the new q(u') must be the carried marginal (closed form above), in a
+    # variational distribution of the new size and of the same kind.
+    model = Ours(data()[2], whitened, kind).to(DT)
+    set_variational(model)
+    strategy = model.variational_strategy
+    same = InducingPoints(strategy.inducing_variables.points.detach().clone())
+    before = strategy.inducing_posterior()
+    strategy.replace_inducing_variables(same)  # identical points: q(u) unchanged
+    after = strategy.inducing_posterior()
+    assert strategy.inducing_variables is same
+    torch.testing.assert_close(after.mean, before.mean, rtol=0, atol=1e-8)
+    torch.testing.assert_close(after.covariance_matrix, before.covariance_matrix, rtol=0, atol=1e-8)
+    g = torch.Generator().manual_seed(11)
+    Z_new = torch.cat([same.points.detach()[:5], torch.rand(7, 2, generator=g, dtype=DT) * 4])  # 8 -> 12
+    expected_mean, expected_covar = dense_carried_marginal(model, Z_new)
+    strategy.replace_inducing_variables(InducingPoints(Z_new))
+    q = strategy._variational_distribution
+    assert type(q) is type(make_distribution(kind)) and q.shape() == torch.Size([12])
+    assert all(p.dtype == DT for p in q.parameters())
+    carried = strategy.inducing_posterior()
+    torch.testing.assert_close(carried.mean, expected_mean, rtol=0, atol=1e-8)
+    if kind == "cholesky":
+        torch.testing.assert_close(carried.covariance_matrix, expected_covar, rtol=0, atol=1e-8)
+    elif not whitened:  # mean-field keeps the variances of its own coordinates (whitened: of v, not u)
+        torch.testing.assert_close(carried.covariance_matrix.diagonal(), expected_covar.diagonal(), rtol=0, atol=1e-8)
+    X, y, _ = data()
+    optimizer = torch.optim.Adam(model.variational_parameters(), lr=0.01)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    loss = -gpytorch.mlls.VariationalELBO(likelihood, model, num_data=N)(model(X), y)
+    loss.backward()
+    optimizer.step()
+    assert q.variational_mean.grad is not None and q.variational_mean.grad.shape == (12,)
+
+
+def test_a_direct_assignment_of_another_number_of_inducing_variables_is_refused_by_name():
+    model = Ours(data()[2]).to(DT)
+    model.variational_strategy.inducing_variables = InducingPoints(torch.rand(5, 2, dtype=DT))
+    with pytest.raises(RuntimeError, match="replace_inducing_variables"):
+        model(data()[0])
+    with pytest.raises(TypeError, match="inducing_variables must be an InducingVariables"):
+        model.variational_strategy.replace_inducing_variables(torch.rand(5, 2, dtype=DT))
