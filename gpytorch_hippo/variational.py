@@ -286,7 +286,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     def replace_inducing_variables(self, inducing_variables: InducingVariables) -> None:
         """Use other inducing variables, of any number (e.g. OSVGP's re-drawn points), and carry
-        ``q(u)`` to them as :meth:`advance` does: ``\tilde q(u') = \int p(u' | u) q(u) du`` (thesis
+        ``q(u)`` to them as :meth:`advance` does: ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis
         eq. ``online_elbo``). When their number changes the variational distribution is rebuilt
         (same class, batch shape and ``mean_init_std``), so optimisers must be built anew.
         Assigning ``variational_strategy.inducing_variables`` directly keeps the old ``q(u)``
