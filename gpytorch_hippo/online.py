@@ -354,11 +354,15 @@ class OnlineSGPR(gpytorch.Module):
             grid = torch.linspace(low.item(), high.item(), 256, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
         else:
             grid = train_x
-        captured = self.inducing_variables.captured_variance(self.covar_module, grid)
+        per_point = self.inducing_variables.captured_variance(self.covar_module, grid, reduction="none")
+        captured = per_point.mean(-1)
         if (captured < self.captured_variance_warning).any():
+            worst = f"{per_point.min().item():.0%} at worst"
+            if train_x.shape[-1] == 1:  # the 1-D grid: say where the memory is thinnest (LegS: mid-stream)
+                worst += f", at x = {grid[per_point.reshape(-1, grid.shape[-2]).min(0).values.argmin(), 0].item():.4g}"
             warnings.warn(
                 f"the {self.inducing_variables.num_inducing} inducing variables keep only {captured.min().item():.0%} of "
-                f"the prior variance over the inputs seen so far (InducingVariables.captured_variance; threshold "
+                f"the prior variance over the inputs seen so far ({worst}; InducingVariables.captured_variance; threshold "
                 f"{self.captured_variance_warning:.0%}): expect underfitting and lost memory there; use more inducing "
                 "variables (HiPPO-LegS: M of about t / lengthscale keeps ~98%)",
                 RuntimeWarning,

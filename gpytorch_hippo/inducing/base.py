@@ -71,20 +71,26 @@ class InducingVariables(gpytorch.Module):
         """Prior cross-covariance ``cov(u, f(x))``: ``(*batch, M, N)`` for ``x`` of shape ``(*batch, N, D)``."""
         raise NotImplementedError
 
-    def captured_variance(self, kernel: gpytorch.kernels.Kernel, grid: Tensor) -> Tensor:
+    def captured_variance(self, kernel: gpytorch.kernels.Kernel, grid: Tensor, reduction: str = "mean") -> Tensor:
         """Fraction of the prior variance these variables capture on ``grid`` ``(*batch, N, D)``:
-        ``mean_n [K_fu K_uu⁻¹ K_uf]_nn / k(x_n, x_n)`` (1: the sparse prior is exact there).
+        ``[K_fu K_uu⁻¹ K_uf]_nn / k(x_n, x_n)`` (1: the sparse prior is exact there), averaged over
+        the grid (``reduction="mean"``, shape ``batch``) or per point (``"none"``, ``(*batch, N)``).
 
         Rule of thumb for HiPPO-LegS on ``[0, t]`` with an RBF length scale ``ℓ``: the ``M`` basis
         polynomials resolve about ``M`` wiggles, so ``M`` must exceed a few times ``t / ℓ`` (see the
         package README); a value well below 1 means a larger ``M`` (or a longer ``ℓ``) is needed.
+        LegS resolves the two ends of ``[0, t]`` best and the middle worst (Legendre polynomials
+        oscillate fastest near ±1), which ``reduction="none"`` shows.
         """
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         from linear_operator.utils.cholesky import psd_safe_cholesky
 
         with torch.no_grad():
             chol = psd_safe_cholesky(self.Kuu(kernel).to_dense())
             W = torch.linalg.solve_triangular(chol, self.Kuf(kernel, grid), upper=False)
-            return (W.square().sum(-2) / kernel(grid, diag=True)).mean(-1)
+            captured = W.square().sum(-2) / kernel(grid, diag=True)
+            return captured.mean(-1) if reduction == "mean" else captured
 
     def jitter_value(self, dtype: torch.dtype) -> float:
         """The diagonal jitter added by :meth:`Kuu` for matrices of ``dtype`` (see the class docstring)."""
