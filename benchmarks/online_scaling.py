@@ -12,6 +12,7 @@ peak RSS, and the mean time per task relative to the first OHSGPR backend of ``-
 
     nice -n 10 python benchmarks/online_scaling.py                      # 100,000 samples, 100 tasks
     nice -n 10 python benchmarks/online_scaling.py --samples 20000 --tasks 20 --budget-s 60
+    python benchmarks/online_scaling.py --methods ohsgpr-lyapunov --captured-variance-warning 0.9  # with the check
     python benchmarks/online_scaling.py --device cuda      # also prints each method's peak CUDA memory
 """
 import argparse
@@ -19,6 +20,7 @@ import json
 import multiprocessing as mp
 import resource
 import time
+import warnings
 
 import gpytorch
 import torch
@@ -51,6 +53,7 @@ def fitted_hyperparameters(x, y, args):
 
 def run_one(method, args, queue):
     torch.set_num_threads(1)
+    warnings.simplefilter("ignore", RuntimeWarning)  # the captured-variance warnings (--captured-variance-warning)
     from gpytorch_hippo import HiPPOInducingVariables, OnlineSGPR
     from gpytorch_hippo.baselines import RandomPointsSchedule, learn_task
 
@@ -70,7 +73,8 @@ def run_one(method, args, queue):
                 backend = method.split("-")[1]
                 options = {"dt": 1.0, "num_rff": 1000, "kuf": "rff"} if backend == "recurrence" else {}
                 ivs = HiPPOInducingVariables(args.num_inducing, "legs", t=t_end, method=backend, **options)
-            model = OnlineSGPR(ivs.double().to(x.device), kernel, likelihood, captured_variance_warning=None)
+            model = OnlineSGPR(ivs.double().to(x.device), kernel, likelihood,
+                               captured_variance_warning=args.captured_variance_warning)
             model.update(xt, yt, num_iter=args.osgpr_iters if method == "osgpr" else 0, lr=0.05)
         else:
             if method == "osgpr":
@@ -99,6 +103,9 @@ def main(argv=None):
     parser.add_argument("--fit-points", type=int, default=1000)
     parser.add_argument("--budget-s", type=float, default=300.0, help="stop a method once its cumulative time exceeds this")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--captured-variance-warning", type=float, default=None,
+                        help="OnlineSGPR's warning threshold (its default is 0.9; here off unless given): "
+                             "times the check's cost, the warnings themselves are not shown")
     parser.add_argument("--json", default=None, help="also write the raw per-task times here")
     add_device_argument(parser)
     args = parser.parse_args(argv)

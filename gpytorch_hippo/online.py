@@ -341,9 +341,10 @@ class OnlineSGPR(gpytorch.Module):
     def _warn_if_little_variance_captured(self, train_x: Tensor) -> None:
         """Warn when the inducing variables keep less than ``captured_variance_warning`` of the prior
         variance (:meth:`InducingVariables.captured_variance`) over the stream seen so far: for 1-D
-        inputs a 256-point grid from the first input of all tasks to the last one of this task (HiPPO
-        bases resolve the newest inputs best, so the task's own inputs would hide a lost past), else
-        this task's inputs."""
+        inputs a 32-point grid from the first input of all tasks to the last one of this task (LegS
+        bases resolve the ends of the stream best and its middle worst, so the task's own inputs would
+        hide a lost past; 32 points keep the check's cost per task from growing with the stream under
+        the Lyapunov backend), else this task's inputs."""
         if self.captured_variance_warning is None:
             return
         if train_x.shape[-1] == 1:
@@ -351,7 +352,7 @@ class OnlineSGPR(gpytorch.Module):
             if self.seen_input_range is not None:
                 low, high = torch.minimum(low, self.seen_input_range[:1]), torch.maximum(high, self.seen_input_range[1:])
             self.seen_input_range = torch.cat([low, high])
-            grid = torch.linspace(low.item(), high.item(), 256, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
+            grid = torch.linspace(low.item(), high.item(), 32, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
         else:
             grid = train_x
         per_point = self.inducing_variables.captured_variance(self.covar_module, grid, reduction="none")

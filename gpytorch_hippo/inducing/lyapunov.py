@@ -77,13 +77,27 @@ def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
     Only ``s`` within the kernel's reach of ``x`` contributes, so the rule is local: Matérn through
     :meth:`BandedBackend.local_kuf` (panels split at the kink), RBF by the same composite
     Gauss-Legendre panels (width ``<= 4ℓ``; the integrand is analytic, no split), grouped by the
-    panel of ``x`` and summed over the panels within the reach.  Cost ``O(M)`` per input.
+    panel of ``x`` and summed over the panels within the reach.  Inputs more than four reaches
+    apart get rules of their own, so the cost is ``O(M)`` per input even for inputs spread over the
+    whole stream (a grid over ``[start, t]``), not ``O(M t / ℓ)``.
     """
     ell, reach, nu = kernel_scales(kernel)
-    if nu is not None:
-        return BandedBackend().local_kuf(at, kernel, times, dtype)
-    low, high = (float(times.min()), float(times.max())) if times.numel() else (0.0, -1.0)
-    panels = _Panels(at, ell / 2, at.breakpoints.device, window=(low - 2 * reach, high + 2 * reach))
+    out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
+    order = torch.argsort(times)
+    gaps = (times[order[1:]] - times[order[:-1]]) > 4 * reach
+    for rows in torch.tensor_split(order, (gaps.nonzero().squeeze(-1) + 1).tolist()):
+        if rows.numel() == 0:
+            continue
+        if nu is not None:
+            out[rows] = BandedBackend().local_kuf(at, kernel, times[rows], dtype)
+        else:
+            out[rows] = _rbf_window_kuf(at, kernel, ell, reach, times[rows], dtype)
+    return out
+
+
+def _rbf_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) -> Tensor:
+    """:func:`local_kuf` for an RBF kernel with the panels of ``[min(times) - 2R, max(times) + 2R]``."""
+    panels = _Panels(at, ell / 2, at.breakpoints.device, window=(float(times.min()) - 2 * reach, float(times.max()) + 2 * reach))
     out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
     band = math.ceil(reach / panels.width) + 1
     index = torch.floor((times - panels.lower) / panels.width).long()
@@ -290,4 +304,4 @@ class LyapunovBackend:
         self.check(ivars, kernel)
         times = x[..., 0].double()
         flat = local_kuf(_At(ivars, ivars.t, ivars.start), kernel, times.reshape(-1), x.dtype)
-        return flat.reshape(*times.shape, -1).mT
+        return flat.reshape(*times.shape, ivars.num_inducing).mT

@@ -91,6 +91,22 @@ def test_rbf_far_beyond_m_matches_spectral():
     assert _rel(ivars.Kuu_cross(old, kernel), ref.Kuu_cross(ref_old, kernel)) < TOL
 
 
+@pytest.mark.parametrize("nu", [None, 0.5, 2.5])
+def test_kuf_at_inputs_spread_over_the_stream_matches_the_exact_backends(nu):
+    """Inputs in separate groups far apart (more than four reaches), given unsorted, outside the
+    support and twice the same: each group gets its own local rule (what keeps OnlineSGPR's
+    whole-stream captured-variance check O(M) per point); values as the spectral/banded backend's."""
+    M, lengthscale = 24, 0.5
+    kernel = _kernel(nu, lengthscale=lengthscale)
+    ivars, _ = _carried(M, kernel, 10.0, [200.0, 400.0, 600.0])
+    groups = [torch.tensor([-3.0, 0.2]), torch.tensor([150.0, 150.3, 151.0]), torch.tensor([333.0]),
+              torch.tensor([599.0, 600.0, 600.0, 603.0])]
+    x = torch.cat(groups)[torch.randperm(10, generator=torch.Generator().manual_seed(0))].double()[:, None]
+    reference = _reference(M, 600.0, "auto").Kuf(kernel, x)
+    assert _rel(ivars.Kuf(kernel, x), reference) < TOL
+    assert ivars.Kuf(kernel, x[:0]).shape == (M, 0)
+
+
 @pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
 def test_matern_matches_banded(nu):
     """Matérn at t/ℓ = 1 and 60 against the banded backend (exact, its own tests)."""
