@@ -7,8 +7,8 @@ Usage::
 
 For each seed the series is split as in :mod:`.online` (same tasks, same random test points), the
 RBF hyperparameters are fitted on task 1 as there (:func:`.online.fit_hyperparameters`), and the
-LegS inducing variables at the end of the stream, ``HiPPOInducingVariables(M, measure, t=t_end)``,
-report :meth:`~gpytorch_hippo.InducingVariables.captured_variance` at each task's test inputs: the
+HiPPO inducing variables (LegS unless ``--measure``) at the end of the stream,
+``HiPPOInducingVariables(M, measure, t=t_end)``, report :meth:`~gpytorch_hippo.InducingVariables.captured_variance` at each task's test inputs: the
 fraction ``[K_fu K_uu⁻¹ K_uf]_nn / k(x_n, x_n)`` of the prior variance that OHSGPR's sparse prior
 keeps there after the last task (1: the full GP's prior). Where it is low the online posterior
 cannot hold what that task taught it, whatever the online algebra does. Prints ``t/ℓ`` and a
