@@ -148,7 +148,8 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (eq. ``double_integral_kuu`` on ``[t_a, t_b]`` alone).
 
     Matérn: the banded backend on that support.  RBF: :func:`segment_rule` in both variables (the
-    integrand is analytic), ``D = Wᵀ k(nodes, nodes) W`` summed over the panel pairs within the reach.
+    integrand is analytic), ``D = Wᵀ (k(nodes, nodes) W)`` with ``k`` banded: the panel pairs within
+    the reach only.
     """
     ell, reach, nu = kernel_scales(kernel)
     if nu is not None:
@@ -158,15 +159,14 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     values = rbf_function(kernel)
     count, p = nodes.shape
     band = math.ceil(reach / ((t_b - t_a) / count)) + 1  # panel pairs further apart see k = 0
-    D = torch.zeros(ivars.num_inducing, ivars.num_inducing, dtype=torch.float64, device=nodes.device)
-    for i in range(count):  # panel i with itself and with the later panels within the band
-        last = min(count, i + band + 1)
-        near = values(nodes[i, :, None] - nodes[i:last].reshape(-1)).double()
-        rows = weighted[i].mT @ near  # (M, p * (last - i))
-        own = rows[:, :p] @ weighted[i]
-        later = rows[:, p:] @ weighted[i + 1 : last].reshape(-1, ivars.num_inducing)
-        D = D + (own + own.mT) / 2 + later + later.mT
-    return D
+    W = weighted.reshape(count * p, ivars.num_inducing)
+    KW = torch.empty_like(W)  # k(nodes, nodes) W, one block row of the banded k at a time
+    for i in range(count):
+        first, last = max(0, i - band), min(count, i + band + 1)
+        near = values(nodes[i, :, None] - nodes[first:last].reshape(-1)).double()
+        KW[i * p : (i + 1) * p] = near @ W[first * p : last * p]
+    D = W.mT @ KW
+    return (D + D.mT) / 2
 
 
 def segment_rule(ivars, t_a: float, t_b: float, width: float) -> tuple[Tensor, Tensor]:
