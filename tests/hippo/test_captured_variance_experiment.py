@@ -28,4 +28,4 @@ def test_cli_prints_a_row_per_seed_and_size_and_names_bad_arguments(tmp_path, ca
         captured_variance.main(["--dataset", "irradiance", "--num-inducing", "8,x"])
     assert "--num-inducing" in capsys.readouterr().err
     with pytest.raises(ValueError, match="dataset"):
-        captured_variance.captured_by_task("deaths", [8], seed=0)
+        captured_variance.captured_by_task("diabetes", [8], seed=0)  # multidimensional inputs: not a series
