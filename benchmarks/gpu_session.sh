@@ -34,6 +34,7 @@ bench)
     run hippo_inducing python3 benchmarks/hippo_inducing.py --device cuda
     run online_scaling python3 benchmarks/online_scaling.py --device cuda --budget-s 60 ;;
 sgpa)
+    run count_ops python3 benchmarks/sgpa_cost.py --preset cifar --device cuda --count-ops --sampler decomposed diagonal full
     run cost_eager python3 benchmarks/sgpa_cost.py --preset cifar --device cuda
     run cost_compiled python3 benchmarks/sgpa_cost.py --preset cifar --device cuda --compile reduce-overhead
     run profile python3 benchmarks/sgpa_cost.py --preset cifar --device cuda --sampler decomposed --repeats 3 \

@@ -27,14 +27,28 @@ override it.  ``--device cuda`` runs everything on the GPU and synchronises befo
 reading (``benchmarks/devices.py``).  ``--profile`` then runs the PyTorch profiler over a few
 training steps of each model and prints the operators with the most self time (kernel
 launches, per-head Cholesky/triangular solves, einsums), ``--trace-dir`` also writes Chrome traces.
+``--count-ops`` only counts the ATen operators of one training step per model (each is a kernel
+launch on a GPU, where a step at the CIFAR scale costs mostly launches): the counts do not depend on
+the device or the batch size, and on a CPU they are taken as an accelerator would run the library
+(without its host-side value checks).
+
+    python benchmarks/sgpa_cost.py --preset cifar --count-ops [--batch-size 4]
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import statistics
+from unittest import mock
 
 import torch
 from devices import add_device_argument, describe, device_from_args, elapsed
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gpytorch_sgpa.elbo
+import gpytorch_sgpa.multihead
+import gpytorch_sgpa.transformer
 
 from gpytorch_sgpa.attention import SGPA_SAMPLERS
 from gpytorch_sgpa.baselines import mc_dropout_predict_proba, predict_proba
@@ -78,6 +92,61 @@ def _profile(names, step, device, trace_dir, steps: int = 3) -> None:
             print(f"Chrome trace: {path}")
 
 
+#: operators that only make views (no kernel on any device)
+VIEW_OPS = frozenset({"view", "_unsafe_view", "t", "transpose", "expand", "unsqueeze", "squeeze", "permute", "select",
+                      "slice", "as_strided", "alias", "detach", "diagonal", "split", "unbind", "split_with_sizes",
+                      "reshape", "_reshape_alias"})
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the ATen operators dispatched inside it, views excluded."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in VIEW_OPS:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _host_checks_off():
+    """Run the library as on an accelerator: no value checks read on the host (``_checks_on_host``
+    is ``False``), so the sync-free Cholesky and target paths are counted."""
+    stack = contextlib.ExitStack()
+    for module in (gpytorch_sgpa.multihead, gpytorch_sgpa.elbo, gpytorch_sgpa.transformer):
+        stack.enter_context(mock.patch.object(module, "_checks_on_host", lambda x: False))
+    return stack
+
+
+def _count_ops(names, models, losses, images, labels, as_accelerator: bool) -> None:
+    """Operators dispatched by one training step of each model: forward pass and loss, backward pass,
+    Adam update (``foreach``, as on a GPU).  Each is a kernel launch on a GPU, where at this size a
+    step's time is mostly launches; the counts do not depend on the batch size or the device."""
+    print(f"\n| operators per training step{' (as on an accelerator)' if as_accelerator else ''} "
+          "| forward + loss | backward | Adam | total | ratio to kernel (MLE) |\n|---|---|---|---|---|---|")
+    totals = {}
+    for name in names:
+        model, optimizer = models[name], torch.optim.Adam(models[name].parameters(), lr=1e-4, foreach=True)
+        phases = [_OpCounter() for _ in range(3)]
+        with _host_checks_off() if as_accelerator else contextlib.nullcontext():
+            for repeat in range(2):  # the first step builds Adam's state
+                model.train()
+                optimizer.zero_grad(set_to_none=True)
+                with phases[0] if repeat else contextlib.nullcontext():
+                    loss = losses[name](images, labels)
+                with phases[1] if repeat else contextlib.nullcontext():
+                    loss.backward()
+                with phases[2] if repeat else contextlib.nullcontext():
+                    optimizer.step()
+        counts = [sum(phase.counts.values()) for phase in phases]
+        totals[name] = sum(counts)
+        print(f"| {name} | {counts[0]} | {counts[1]} | {counts[2]} | {totals[name]} | "
+              f"{totals[name] / totals.get('kernel (MLE)', totals[name]):.2f} |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
@@ -87,6 +156,9 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true",
                         help="after timing, print PyTorch profiler tables of a few training steps per model")
     parser.add_argument("--trace-dir", default=None, help="with --profile: also write Chrome traces here")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="only count the ATen operators (kernel launches on a GPU) of one training step per model, "
+                             "as on an accelerator (no host-side value checks), and exit without timing")
     parser.add_argument("--in-channels", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--image-size", type=int, default=28)
@@ -148,6 +220,10 @@ def main(argv=None):
         return torch.compile(loss, fullgraph=True, mode=None if args.compile == "default" else args.compile)
 
     losses = {name: loss_of(name) for name in models}
+    if args.count_ops:
+        _count_ops(["kernel (MLE)", "sdp (MLE)", *sgpa_names], models, losses, images, labels,
+                   as_accelerator=device.type == "cpu")
+        return None
 
     def train_step(name):
         models[name].train()

@@ -27,7 +27,8 @@ from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
 from .decoupled import GlobalFactors, decoupled_step_sample, decoupled_terms, global_factors
-from .kernels import evaluate_kernel, kernel_blocks, make_attention_kernel
+from .kernels import (ExpKernelParameters, evaluate_kernel, exp_features, exp_kernel, exp_kernel_parameters,
+                      kernel_blocks, make_attention_kernel, scaled_inputs)
 from .mle_attention import KernelAttention, ScaledDotProductAttention
 from .multihead import ForwardKL, SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
 from .samplers import SAMPLERS, SGPA_SAMPLERS, PosteriorTerms
@@ -81,7 +82,7 @@ class SGPAPosterior(NamedTuple):
 class _ForwardFactors:
     """The global factors of a layer's last forward pass with gradients (for ``global_kl``).
 
-    ``key``: detached copies of the values they were computed from; ``factors`` carry the autograd
+    ``key``: a :class:`_Snapshot` of the values they were computed from; ``factors`` carry the autograd
     graph of that pass.  The record is dropped (``factors = None``) as soon as a backward pass sends
     a gradient into any of them, since it frees their graph (hooks registered by :meth:`track`).  A
     copy (``copy.deepcopy``, pickling) starts empty, as :class:`ForwardKL` does.
@@ -112,11 +113,37 @@ class _ForwardFactors:
         return (_ForwardFactors, ())
 
 
-def _same_values(cached: list[Tensor], current: list[Tensor]) -> bool:
-    return len(cached) == len(current) and all(
-        a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
-        for a, b in zip(cached, current)
-    )
+def _decoupled_blocks(kernel, params: ExpKernelParameters | None, queries: Tensor, factors: GlobalFactors):
+    """``K_qq = K_qa = K_aa`` ``(B, H, L, L)`` and ``K_qg`` ``(B, H, L, M)``: RBF and exponential
+    kernels build the queries' augmented inputs once, in the frame of the global keys, whose ``b̃``
+    the global factors already hold (one product and one ``exp`` per block); other kernels
+    evaluate both blocks with their own ``forward``."""
+    if params is None or factors.key_features is None:
+        return kernel_blocks(kernel, queries, factors.keys)
+    features = exp_features(params, scaled_inputs(params, queries, factors.centre))
+    return exp_kernel(features.query, features.key), exp_kernel(features.query, factors.key_features)
+
+
+class _Snapshot(NamedTuple):
+    """The values of a list of tensors in one flat copy (one op to take, one to compare, where a
+    copy per tensor made a kernel launch each), with their shapes, dtypes and devices."""
+
+    layout: tuple
+    values: Tensor
+
+
+def _layout(tensors: list[Tensor]) -> tuple:
+    return tuple((t.shape, t.dtype, t.device) for t in tensors)
+
+
+def _snapshot(tensors: list[Tensor]) -> _Snapshot:
+    return _Snapshot(_layout(tensors), torch.cat([t.detach().reshape(-1) for t in tensors]))
+
+
+def _same_values(snapshot: _Snapshot, current: list[Tensor]) -> bool:
+    """Whether ``current`` holds the values, shapes, dtypes and devices of ``snapshot``."""
+    return snapshot.layout == _layout(current) and torch.equal(
+        snapshot.values, torch.cat([t.detach().reshape(-1) for t in current]))
 
 
 class SGPAttention(_MultiHeadAttention):
@@ -340,24 +367,25 @@ class SGPAttention(_MultiHeadAttention):
         inputs = [] if global_inputs is None else [global_inputs.detach()]
         return [t.detach() for t in self._global_parameters()] + inputs
 
-    def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype) -> GlobalFactors:
+    def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype,
+                        params: ExpKernelParameters | None = None) -> GlobalFactors:
         """The global factors; in eval mode without gradients cached, keyed on the values they
         depend on.  With gradients they are computed afresh and recorded for :meth:`global_kl`.
         Under ``torch.compile`` they are always computed afresh (neither cached nor recorded)."""
         if torch.compiler.is_compiling():  # no value comparisons or hooks inside a compiled graph
-            return global_factors(self, global_inputs, dtype)
+            return global_factors(self, global_inputs, dtype, params)
         key = self._global_key(global_inputs)
         if self.training or torch.is_grad_enabled():
-            factors = global_factors(self, global_inputs, dtype)
+            factors = global_factors(self, global_inputs, dtype, params)
             if torch.is_grad_enabled():
-                self._forward_factors = _ForwardFactors([t.clone() for t in key], dtype, factors).track()
+                self._forward_factors = _ForwardFactors(_snapshot(key), dtype, factors).track()
             return factors
         if self._cache is not None:
             cached_key, cached_dtype, factors = self._cache
             if cached_dtype == dtype and _same_values(cached_key, key):
                 return factors
-        factors = global_factors(self, global_inputs, dtype)
-        self._cache = ([t.clone() for t in key], dtype, factors)
+        factors = global_factors(self, global_inputs, dtype, params)
+        self._cache = (_snapshot(key), dtype, factors)
         return factors
 
     def global_kl(self, global_inputs: Tensor | None = None) -> Tensor:
@@ -387,16 +415,16 @@ class SGPAttention(_MultiHeadAttention):
         values = self._split(self.v_proj(x)).to(dtype)
         if key_padding_mask is not None:
             values = values.masked_fill(key_padding_mask[:, None, :, None], 0.0)
-        return queries, values
+        return queries, values.contiguous()  # one copy for the products with K_qq and A, not one each
 
     def _terms(self, x, key_padding_mask, global_inputs, full_covariance: bool, sampler: str | None,
-               global_noise: Tensor | None = None) -> PosteriorTerms:
-        """The posterior terms of :mod:`~gpytorch_sgpa.standard` or :mod:`~gpytorch_sgpa.decoupled`."""
+               global_noise: Tensor | None, params: ExpKernelParameters | None) -> PosteriorTerms:
+        """The posterior terms of :mod:`~gpytorch_sgpa.standard` or :mod:`~gpytorch_sgpa.decoupled`;
+        ``params``: the kernel's hyperparameters, read once per call (``None`` for other kernels)."""
         queries, values = self._project(x, key_padding_mask)
         if self.mode == "decoupled":
-            factors = self._global_factors(global_inputs, queries.dtype)
-            # K_qq = K_qa = K_aa (B, H, L, L) and K_qg (B, H, L, M) in one kernel pass
-            gram, cross = kernel_blocks(self.kernel, queries, factors.keys)
+            factors = self._global_factors(global_inputs, queries.dtype, params)
+            gram, cross = _decoupled_blocks(self.kernel, params, queries, factors)
         else:
             gram = evaluate_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
         causal = _causal_mask(x.shape[1], x.device) if self.causal else None
@@ -405,7 +433,7 @@ class SGPAttention(_MultiHeadAttention):
         if self.mode == "standard":
             return standard_terms(self, x, values, gram, gram_values, amortised_mean, key_padding_mask, full_covariance)
         return decoupled_terms(self, queries, values, gram, cross, gram_values, amortised_mean, causal,
-                               key_padding_mask, factors, full_covariance, sampler, global_noise)
+                               key_padding_mask, factors, full_covariance, sampler, global_noise, params)
 
     def posterior(
         self,
@@ -417,7 +445,8 @@ class SGPAttention(_MultiHeadAttention):
         """Posterior of each head's output at the queries (eq. ``fpost`` / ``odsvgp`` / ``naivedsvgp``)."""
         self._check_input(x, key_padding_mask)
         with _no_autocast(x):
-            terms = self._terms(x, key_padding_mask, global_inputs, full_covariance, sampler=None)
+            params = exp_kernel_parameters(self.kernel, _gp_dtype(x.dtype))
+            terms = self._terms(x, key_padding_mask, global_inputs, full_covariance, None, None, params)
         return SGPAPosterior(terms.mean, terms.variance, terms.covariance, terms.kl)
 
     def sample_noise(self, batch_size: int, length: int, dtype=None, device=None) -> SGPANoise:
@@ -464,8 +493,9 @@ class SGPAttention(_MultiHeadAttention):
         local = noise.local.to(dtype)
         global_noise = noise.global_.to(dtype) if self._uses_global_noise() else None
         with _no_autocast(x):
-            terms = self._terms(x, key_padding_mask, global_inputs, False, self.sampler, global_noise)
-            sample = SAMPLERS[self.sampler](terms, local, _relative_jitter(self.kernel, dtype))
+            params = exp_kernel_parameters(self.kernel, dtype)
+            terms = self._terms(x, key_padding_mask, global_inputs, False, self.sampler, global_noise, params)
+            sample = SAMPLERS[self.sampler](terms, local, _relative_jitter(self.kernel, dtype, params))
         kl = terms.kl.mean()
         self.last_kl = ForwardKL(kl, kl.new_zeros(()) if terms.global_kl is None else terms.global_kl)
         return self.out_proj(self.dropout(self._merge(sample.to(x.dtype)))), kl

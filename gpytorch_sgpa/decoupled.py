@@ -20,7 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .kernels import evaluate_kernel
+from .kernels import (ExpKernelParameters, evaluate_kernel, exp_features, exp_kernel, exp_kernel_parameters,
+                      scaled_inputs)
 from .multihead import _masked_cholesky, _relative_jitter, psd_cholesky
 from .samplers import PosteriorTerms
 
@@ -34,42 +35,58 @@ class GlobalFactors(NamedTuple):
     whitened_cov_factor: Tensor  # W_d, (H, e or 1, M, M)
     whitened_values: Tensor | None  # Lᵀ v_g, (H, M, e) (orthogonal variant)
     kl: Tensor  # (H,) global part of the KL, summed over output dimensions
+    # RBF / exponential kernels: the keys' b̃ (kernels.exp_features), shared by K_gg and every K_qg,
+    # and the centre of the frame (mean of k_g / ℓ, RBF) that the queries are scaled in too
+    key_features: Tensor | None = None  # (H, M, e + 2 or e + 1)
+    centre: Tensor | None = None  # (H, 1, e)
 
 
-def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype) -> GlobalFactors:
-    """``k_g``, ``L``, ``W_d``, ``Lᵀ v_g`` and the global KL, computed in ``dtype``."""
+def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
+                   params: ExpKernelParameters | None = None) -> GlobalFactors:
+    """``k_g``, ``L``, ``W_d``, ``Lᵀ v_g`` and the global KL, computed in ``dtype``; ``params``: the
+    kernel's hyperparameters already read by the caller (read here when omitted)."""
     keys = layer.global_keys(global_inputs, dtype)
-    gram = evaluate_kernel(layer.kernel, keys)
+    params = params if params is not None else exp_kernel_parameters(layer.kernel, dtype)
+    key_features = centre = None
+    if params is None:
+        gram = evaluate_kernel(layer.kernel, keys)
+    else:
+        scaled = scaled_inputs(params, keys)
+        if params.form == "rbf":
+            centre = scaled.mean(-2, keepdim=True).detach()
+            scaled = scaled - centre
+        features = exp_features(params, scaled)
+        gram, key_features = exp_kernel(features.query, features.key), features.key
     num_global = gram.shape[-1]
     eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
-    chol = psd_cholesky(gram + _relative_jitter(layer.kernel, dtype) * eye)
+    chol = psd_cholesky(gram + _relative_jitter(layer.kernel, dtype, params) * eye)
     # L⁻¹ once per head (M triangular solves against I): every later "L⁻¹ X" is then one matrix
     # product, which on CPU costs a fraction of a triangular solve broadcast over the batch (forward
     # and backward; benchmarks/sgpa_cost.py) and gives the same values up to rounding (tested).
     chol_inverse = torch.linalg.solve_triangular(chol, eye, upper=False)
     cov_factor = layer.global_cov_factor(dtype)
-    if layer.whitened:  # W_d = L⁻¹ (L C_d) = C_d; log|S_g,d| - log|K_gg| = log|C_d C_dᵀ|
-        whitened_cov_factor, log_det_prior = cov_factor, 0.0
-    else:
-        whitened_cov_factor = chol_inverse.unsqueeze(1).matmul(cov_factor)
-        log_det_prior = 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1, keepdim=True)
+    # KL per head, ½ [r Σ_d (‖W_d‖²_F - log|C_d C_dᵀ| + log|K_gg| - M) + ‖Lᵀ v_g‖²] with r = e for a
+    # shared S_g, else 1, summed over the e or 1 factors C_d at once; whitened, W_d = L⁻¹ (L C_d) = C_d
+    # and log|S_g,d| - log|K_gg| = log|C_d C_dᵀ| (no log|K_gg| term)
+    cov_dims = cov_factor.shape[1]
+    whitened_cov_factor = cov_factor if layer.whitened else chol_inverse.unsqueeze(1).matmul(cov_factor)
+    cov_kl = torch.sub(whitened_cov_factor.square().sum((-3, -2, -1)),
+                       layer.global_chol_log_diag.to(dtype).sum((-2, -1)), alpha=2.0)
+    if not layer.whitened:
+        cov_kl = torch.add(cov_kl, chol.diagonal(dim1=-2, dim2=-1).log().sum(-1), alpha=2.0 * cov_dims)
+    cov_kl = cov_kl - num_global * cov_dims
     whitened_values = None
+    kl = cov_kl * layer.head_dim if layer.share_covariance else cov_kl
     if layer.global_values is not None:
         whitened_values = chol.transpose(-2, -1).matmul(layer.global_values.to(dtype))
-    per_dim = (
-        whitened_cov_factor.square().sum((-2, -1))
-        - 2.0 * layer.global_chol_log_diag.to(dtype).sum(-1)
-        + log_det_prior
-        - num_global
-    )  # (H, e or 1)
-    cov_kl = per_dim.sum(-1) * (layer.head_dim if layer.share_covariance else 1)
-    mean_kl = whitened_values.square().sum((-2, -1)) if whitened_values is not None else 0.0
-    return GlobalFactors(keys, chol, chol_inverse, whitened_cov_factor, whitened_values, 0.5 * (cov_kl + mean_kl))
+        kl = kl + whitened_values.square().sum((-2, -1))
+    return GlobalFactors(keys, chol, chol_inverse, whitened_cov_factor, whitened_values, 0.5 * kl,
+                         key_features, centre)
 
 
 def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_mean, causal, key_padding_mask,
                     factors: GlobalFactors, full_covariance: bool, sampler: str | None,
-                    global_noise: Tensor | None) -> PosteriorTerms:
+                    global_noise: Tensor | None, params: ExpKernelParameters | None = None) -> PosteriorTerms:
     """Mean, KL and what ``sampler`` (``None``: :meth:`posterior`) needs, from ``K_qq`` (``gram``)
     and ``K_qg`` (``cross``).
 
@@ -92,20 +109,24 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
         else:
             mean = gram_values
             own = factors.whitened_values - whitened_values  # Lᵀ v_g - A v_a
-        coefficient = own if coefficient is None else coefficient + own
+        # own first: the sum is then contiguous, and the product below needs no copy of it
+        coefficient = own if coefficient is None else own + coefficient
         amortised_kl = amortised_kl - whitened_values.square().sum((-3, -2, -1))
     else:
         mean = amortised_mean
     if coefficient is not None:
         mean = mean + whitened.transpose(-2, -1).matmul(coefficient)
     global_kl = factors.kl.sum()
-    kl = 0.5 * amortised_kl + global_kl
+    kl = torch.add(global_kl, amortised_kl, alpha=0.5)
     variance = covariance = chol_factor = residual = None
     if sampler == "full":  # the full-covariance sampler needs neither variance nor covariance
         valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]
-        chol_factor = _masked_cholesky(conditional, valid, _relative_jitter(layer.kernel, conditional.dtype))
+        chol_factor = _masked_cholesky(conditional, valid, _relative_jitter(layer.kernel, conditional.dtype, params))
     elif sampler == "decomposed":  # only diag(K_qq - AᵀA), O(B H L M)
-        self_cov = evaluate_kernel(layer.kernel, queries, diag=True)  # k(q, q), (B, H, L); backward cheaper
+        if params is not None and params.form == "rbf":  # k(q, q) = σ_f², (B, H, L)
+            self_cov = params.outputscale.unsqueeze(-1).expand(*queries.shape[:-1])
+        else:  # backward cheaper than through the diagonal of K_qq
+            self_cov = evaluate_kernel(layer.kernel, queries, diag=True)
         residual = self_cov - whitened.square().sum(-2)
     else:
         projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)

@@ -14,6 +14,7 @@ dimension is the kernel's batch dimension; any leading dimensions broadcast).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
@@ -114,12 +115,64 @@ def _check_features(x1: Tensor, others) -> None:
             raise ValueError(f"x1 and x2 must have the same feature dimension, got {x1.shape[-1]} and {x2.shape[-1]}")
 
 
+class ExpKernelParameters(NamedTuple):
+    """Hyperparameters of an RBF or exponential attention kernel, read once per forward pass
+    (every GPyTorch property read is a softplus and, in training, a node of the backward pass)."""
+
+    form: str  # "rbf" or "exponential"
+    lengthscale: Tensor  # (heads, 1, d)
+    outputscale: Tensor  # σ_f², (heads,)
+    log_outputscale: Tensor  # log σ_f², (heads, 1, 1)
+
+
+class ExpFeatures(NamedTuple):
+    """Augmented inputs with ``k(x, y) = exp(query(x) · key(y))`` (see :func:`kernel_blocks`)."""
+
+    query: Tensor  # (..., heads, N, d + 2) RBF, (..., heads, N, d + 1) exponential
+    key: Tensor
+
+
+def exp_kernel_parameters(kernel: Kernel, dtype: torch.dtype) -> ExpKernelParameters | None:
+    """The hyperparameters of a kernel of :func:`make_attention_kernel` in ``dtype``, ``None`` for
+    any other kernel (which is then evaluated by its own ``forward``)."""
+    form = _attention_form(kernel)
+    if form is None:
+        return None
+    scale = kernel.outputscale.to(dtype)
+    return ExpKernelParameters(form, kernel.base_kernel.lengthscale.to(dtype), scale, scale.log().reshape(-1, 1, 1))
+
+
+def scaled_inputs(params: ExpKernelParameters, x: Tensor, centre: Tensor | None = None) -> Tensor:
+    """``a = x / ℓ - centre``; RBF distances do not depend on the centre, which only keeps the
+    expanded form ``|a|² + |b|² - 2 aᵀb`` accurate in float32 (GPyTorch centres too)."""
+    a = x.div(params.lengthscale)
+    return a if centre is None else a - centre
+
+
+def exp_features(params: ExpKernelParameters, a: Tensor, query: bool = True) -> ExpFeatures:
+    """``ã`` and ``b̃`` of scaled inputs ``a`` (:func:`scaled_inputs`) with ``k = exp(ã · b̃)``:
+    RBF ``ã = (a, log σ_f² - ½|a|², 1)``, ``b̃ = (a, 1, -½|a|²)``; exponential ``ã = (a, log σ_f²)``,
+    ``b̃ = (a, 1)``.  ``query=False`` builds ``b̃`` only (``ã`` is ``None``)."""
+    ones = a.new_ones(()).expand(*a.shape[:-1], 1)
+    if params.form == "exponential":
+        augmented = torch.cat([a, params.log_outputscale.expand(*a.shape[:-1], 1)], -1) if query else None
+        return ExpFeatures(augmented, torch.cat([a, ones], -1))
+    half_square = a.square().sum(-1, keepdim=True).mul(-0.5)
+    augmented = torch.cat([a, params.log_outputscale + half_square, ones], -1) if query else None
+    return ExpFeatures(augmented, torch.cat([a, ones, half_square], -1))
+
+
+def exp_kernel(query: Tensor, key: Tensor) -> Tensor:
+    """``exp(query keyᵀ)``: one product and one ``exp`` per kernel block."""
+    return query.matmul(key.transpose(-2, -1)).exp()
+
+
 def kernel_blocks(kernel: Kernel, x1: Tensor, *others: Tensor) -> list[Tensor]:
     """``[k(x1, x1), k(x1, o) for o in others]`` sharing the work that depends on ``x1`` only.
 
     Same shapes and broadcasting as :func:`evaluate_kernel`.  For the kernels of
     :func:`make_attention_kernel` every block is ``exp`` of one matrix product of augmented,
-    lengthscale-scaled inputs ``a = x / ℓ``:
+    lengthscale-scaled inputs ``a = x / ℓ`` (:func:`exp_features`):
 
     * RBF: ``σ_f² exp(-½‖a - b‖²) = exp(ãᵀ b̃)`` with ``ã = (a, log σ_f² - ½‖a‖², 1)`` and
       ``b̃ = (b, 1, -½‖b‖²)``, inputs centred at the mean of ``x1`` first (as GPyTorch does);
@@ -135,28 +188,19 @@ def kernel_blocks(kernel: Kernel, x1: Tensor, *others: Tensor) -> list[Tensor]:
 
 def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tensor]:
     _check_features(x1, others)
-    form = _attention_form(kernel)
-    if form is None:
+    params = exp_kernel_parameters(kernel, x1.dtype)
+    if params is None:
         return ([kernel.forward(x1, x1)] if include_self else []) + [kernel.forward(x1, x2) for x2 in others]
-    lengthscale = kernel.base_kernel.lengthscale.to(x1.dtype)  # (heads, 1, d)
-    a = x1.div(lengthscale)
-    scaled = [x2.div(lengthscale) for x2 in others]
-    if form == "rbf":
-        centre = a.mean(-2, keepdim=True).detach()  # distances do not depend on it
+    a = scaled_inputs(params, x1)
+    centre = a.mean(-2, keepdim=True).detach() if params.form == "rbf" else None
+    if centre is not None:
         a = a - centre
-        scaled = [b - centre for b in scaled]
-    blocks = ([a] if include_self else []) + scaled
-    log_scale = kernel.outputscale.to(x1.dtype).log().unsqueeze(-1).unsqueeze(-1).expand(*a.shape[:-1], 1)  # (..., heads, N, 1)
-    if form == "rbf":
-        query = torch.cat([a, log_scale - 0.5 * a.square().sum(-1, keepdim=True), torch.ones_like(log_scale)], -1)
-        blocks = [torch.cat([b, torch.ones_like(b[..., :1]), -0.5 * b.square().sum(-1, keepdim=True)], -1)
-                  for b in blocks]
-    else:
-        query = torch.cat([a, log_scale], -1)
-        blocks = [torch.cat([b, torch.ones_like(b[..., :1])], -1) for b in blocks]
+    features = exp_features(params, a)
+    keys = [features.key] if include_self else []
+    keys += [exp_features(params, scaled_inputs(params, x2, centre), query=False).key for x2 in others]
     # one product and one exp per block: concatenating the blocks' keys into one product would
     # copy them, and the backward of splitting its result would copy all its gradients again
-    return [query.matmul(b.transpose(-2, -1)).exp() for b in blocks]
+    return [exp_kernel(features.query, key) for key in keys]
 
 
 def evaluate_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: bool = False) -> Tensor:

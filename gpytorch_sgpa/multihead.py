@@ -31,13 +31,14 @@ def _gp_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _relative_jitter(kernel, dtype: torch.dtype) -> Tensor:
-    """``gpytorch.settings.cholesky_jitter`` times each head's ``σ_f²``, shaped ``(H, 1, 1)``.
+def _relative_jitter(kernel, dtype: torch.dtype, params=None) -> Tensor:
+    """``gpytorch.settings.cholesky_jitter`` times each head's ``σ_f²``, shaped ``(H, 1, 1)``
+    (``σ_f²`` from ``params``, :class:`~gpytorch_sgpa.kernels.ExpKernelParameters`, when given).
 
     An absolute jitter is swamped (or swamps) when ``σ_f²`` is far from 1; relative to ``σ_f²``
     it is the same fraction of every Gram matrix's scale (``k(x, x) >= σ_f²`` for both kernels).
     """
-    scale = kernel.outputscale.detach().to(dtype)
+    scale = (kernel.outputscale if params is None else params.outputscale).detach().to(dtype)
     return gpytorch.settings.cholesky_jitter.value(dtype) * scale.reshape(-1, 1, 1)
 
 
@@ -140,9 +141,10 @@ def psd_cholesky(matrix: Tensor) -> Tensor:
         return psd_safe_cholesky(matrix)
     with torch.no_grad():
         failed = torch.linalg.cholesky_ex(matrix)[1] > 0
-    largest = gpytorch.settings.cholesky_jitter.value(matrix.dtype) * 10 ** (gpytorch.settings.cholesky_max_tries.value() - 1)
-    jitter = (failed.to(matrix.dtype) * largest)[..., None].expand(matrix.shape[:-1])
-    factor, info = torch.linalg.cholesky_ex(matrix + torch.diag_embed(jitter))
+        tries = gpytorch.settings.cholesky_max_tries.value()
+        largest = gpytorch.settings.cholesky_jitter.value(matrix.dtype) * 10 ** (tries - 1)
+        jitter = torch.diag_embed((failed.to(matrix.dtype) * largest)[..., None].expand(matrix.shape[:-1]))  # 0 or largest
+    factor, info = torch.linalg.cholesky_ex(matrix + jitter)
     return factor.masked_fill((info > 0)[..., None, None], float("nan"))
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 __all__ = ["PosteriorTerms", "SAMPLERS", "SGPA_SAMPLERS"]
@@ -50,7 +51,7 @@ class PosteriorTerms(NamedTuple):
 
 def diagonal_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
     """Independent marginals ``m + sqrt(Σ_d(q, q)) ξ`` (the thesis's diagonalised sampler, App. B.4)."""
-    return terms.mean + terms.variance.clamp_min(jitter).sqrt() * local
+    return torch.addcmul(terms.mean, terms.variance.clamp_min(jitter).sqrt(), local)
 
 
 def full_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
@@ -60,7 +61,7 @@ def full_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
 
 def decomposed_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
     """``m + A C_d ε_d`` (already in ``mean``) ``+ sqrt(diag(K_qq - Q_qq)) ξ``."""
-    return terms.mean + terms.residual_variance.unsqueeze(-1).clamp_min(jitter).sqrt() * local
+    return torch.addcmul(terms.mean, terms.residual_variance.unsqueeze(-1).clamp_min(jitter).sqrt(), local)
 
 
 SAMPLERS = {"diagonal": diagonal_sample, "full": full_sample, "decomposed": decomposed_sample}

@@ -141,12 +141,13 @@ def test_sgpa_eval_cache_is_not_reused_across_dtype_and_device(device):
         got, _ = layer(x.to(device), noise=noise)
         expected, _ = fresh(x.to(device), noise=noise)
         torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-15)
-        key, dtype, factors = layer._cache
-        layer._cache = ([t.to("meta") for t in key], dtype, factors)
+        snapshot, dtype, factors = layer._cache
+        on_meta = tuple((shape, dt, torch.device("meta")) for shape, dt, _ in snapshot.layout)
+        layer._cache = (type(snapshot)(on_meta, snapshot.values.to("meta")), dtype, factors)
         again, _ = layer(x.to(device), noise=noise)
     assert again.device.type == device.type
     torch.testing.assert_close(again, expected, rtol=1e-13, atol=1e-15)
-    assert layer._cache[0][0].device.type == device.type
+    assert layer._cache[0].values.device.type == device.type
 
 
 def make_decoder(where, attention="sgpa", kwargs=None):
