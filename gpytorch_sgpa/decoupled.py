@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .kernels import (ExpKernelParameters, evaluate_kernel, exp_features, exp_kernel, exp_kernel_parameters,
-                      scaled_inputs)
+from .kernels import (ExpKernelParameters, centred_scaled_inputs, evaluate_kernel, exp_features, exp_kernel,
+                      exp_kernel_parameters)
 from .multihead import _masked_cholesky, _relative_jitter, psd_cholesky
 from .samplers import PosteriorTerms
 
@@ -51,10 +51,7 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
     if params is None:
         gram = evaluate_kernel(layer.kernel, keys)
     else:
-        scaled = scaled_inputs(params, keys)
-        if params.form == "rbf":
-            centre = scaled.mean(-2, keepdim=True).detach()
-            scaled = scaled - centre
+        scaled, centre = centred_scaled_inputs(params, keys)
         features = exp_features(params, scaled)
         gram, key_features = exp_kernel(features.query, features.key), features.key
     num_global = gram.shape[-1]

@@ -149,6 +149,16 @@ def scaled_inputs(params: ExpKernelParameters, x: Tensor, centre: Tensor | None 
     return a if centre is None else a - centre
 
 
+def centred_scaled_inputs(params: ExpKernelParameters, x: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(a, centre)``: :func:`scaled_inputs` centred at their mean over the points (RBF; the centre is
+    detached, distances do not depend on it) for inputs ``(..., heads, N, d)``; exponential: no centre."""
+    a = scaled_inputs(params, x)
+    if params.form != "rbf":
+        return a, None
+    centre = a.mean(-2, keepdim=True).detach()
+    return a - centre, centre
+
+
 def exp_features(params: ExpKernelParameters, a: Tensor, query: bool = True) -> ExpFeatures:
     """``ã`` and ``b̃`` of scaled inputs ``a`` (:func:`scaled_inputs`) with ``k = exp(ã · b̃)``:
     RBF ``ã = (a, log σ_f² - ½|a|², 1)``, ``b̃ = (a, 1, -½|a|²)``; exponential ``ã = (a, log σ_f²)``,
@@ -191,10 +201,7 @@ def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tens
     params = exp_kernel_parameters(kernel, x1.dtype)
     if params is None:
         return ([kernel.forward(x1, x1)] if include_self else []) + [kernel.forward(x1, x2) for x2 in others]
-    a = scaled_inputs(params, x1)
-    centre = a.mean(-2, keepdim=True).detach() if params.form == "rbf" else None
-    if centre is not None:
-        a = a - centre
+    a, centre = centred_scaled_inputs(params, x1)
     features = exp_features(params, a)
     keys = [features.key] if include_self else []
     keys += [exp_features(params, scaled_inputs(params, x2, centre), query=False).key for x2 in others]
