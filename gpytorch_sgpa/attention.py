@@ -26,9 +26,8 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
-from .decoupled import GlobalFactors, decoupled_step_sample, decoupled_terms, global_factors
-from .kernels import (ExpKernelParameters, evaluate_kernel, exp_features, exp_kernel, exp_kernel_parameters,
-                      kernel_blocks, make_attention_kernel, scaled_inputs)
+from .decoupled import GlobalFactors, decoupled_kernel_blocks, decoupled_step_sample, decoupled_terms, global_factors
+from .kernels import ExpKernelParameters, evaluate_kernel, exp_kernel_parameters, make_attention_kernel
 from .mle_attention import KernelAttention, ScaledDotProductAttention
 from .multihead import ForwardKL, SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
 from .samplers import SAMPLERS, SGPA_SAMPLERS, PosteriorTerms
@@ -111,17 +110,6 @@ class _ForwardFactors:
 
     def __reduce__(self):
         return (_ForwardFactors, ())
-
-
-def _decoupled_blocks(kernel, params: ExpKernelParameters | None, queries: Tensor, factors: GlobalFactors):
-    """``K_qq = K_qa = K_aa`` ``(B, H, L, L)`` and ``K_qg`` ``(B, H, L, M)``: RBF and exponential
-    kernels build the queries' augmented inputs once, in the frame of the global keys, whose ``b̃``
-    the global factors already hold (one product and one ``exp`` per block); other kernels
-    evaluate both blocks with their own ``forward``."""
-    if params is None or factors.key_features is None:
-        return kernel_blocks(kernel, queries, factors.keys)
-    features = exp_features(params, scaled_inputs(params, queries, factors.centre))
-    return exp_kernel(features.query, features.key), exp_kernel(features.query, factors.key_features)
 
 
 class _Snapshot(NamedTuple):
@@ -424,7 +412,7 @@ class SGPAttention(_MultiHeadAttention):
         queries, values = self._project(x, key_padding_mask)
         if self.mode == "decoupled":
             factors = self._global_factors(global_inputs, queries.dtype, params)
-            gram, cross = _decoupled_blocks(self.kernel, params, queries, factors)
+            gram, cross = decoupled_kernel_blocks(self.kernel, params, queries, factors)
         else:
             gram = evaluate_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
         causal = _causal_mask(x.shape[1], x.device) if self.causal else None

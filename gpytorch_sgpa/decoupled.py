@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .kernels import (ExpKernelParameters, centred_scaled_inputs, evaluate_kernel, exp_features, exp_kernel,
-                      exp_kernel_parameters)
+                      exp_kernel_parameters, kernel_blocks, scaled_inputs)
 from .multihead import _masked_cholesky, _relative_jitter, psd_cholesky
 from .samplers import PosteriorTerms
 
@@ -79,6 +79,17 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
         kl = kl + whitened_values.square().sum((-2, -1))
     return GlobalFactors(keys, chol, chol_inverse, whitened_cov_factor, whitened_values, 0.5 * kl,
                          key_features, centre)
+
+
+def decoupled_kernel_blocks(kernel, params: ExpKernelParameters | None, queries: Tensor, factors: GlobalFactors):
+    """``K_qq = K_qa = K_aa`` ``(B, H, L, L)`` and ``K_qg`` ``(B, H, L, M)``: RBF and exponential
+    kernels build the queries' augmented inputs once, in the frame of the global keys, whose ``b̃``
+    the global factors already hold (one product and one ``exp`` per block); other kernels
+    evaluate both blocks with their own ``forward``."""
+    if params is None or factors.key_features is None:
+        return kernel_blocks(kernel, queries, factors.keys)
+    features = exp_features(params, scaled_inputs(params, queries, factors.centre))
+    return exp_kernel(features.query, features.key), exp_kernel(features.query, factors.key_features)
 
 
 def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_mean, causal, key_padding_mask,

@@ -188,7 +188,7 @@ def test_kernel_blocks_in_the_frame_of_the_global_keys_equal_gpytorch(name):
     global_inputs = (layer.global_inducing_inputs + 0.1).detach().requires_grad_()
     params = kernels_module.exp_kernel_parameters(layer.kernel, torch.double)
     factors = decoupled_module.global_factors(layer, global_inputs, torch.double, params)
-    gram, cross = attention_module._decoupled_blocks(layer.kernel, params, queries, factors)
+    gram, cross = decoupled_module.decoupled_kernel_blocks(layer.kernel, params, queries, factors)
     keys = layer.global_keys(global_inputs)
     torch.testing.assert_close(gram, _gpytorch_kernel(layer.kernel, queries, queries), **TIGHT)
     torch.testing.assert_close(cross, _gpytorch_kernel(layer.kernel, queries, keys), **TIGHT)
@@ -209,7 +209,7 @@ def test_kernel_blocks_in_the_frame_of_the_global_keys_equal_gpytorch(name):
     single = copy.deepcopy(layer).float()
     params32 = kernels_module.exp_kernel_parameters(single.kernel, torch.float32)
     factors32 = decoupled_module.global_factors(single, global_inputs.detach().float(), torch.float32, params32)
-    gram32, cross32 = attention_module._decoupled_blocks(single.kernel, params32, far.float(), factors32)
+    gram32, cross32 = decoupled_module.decoupled_kernel_blocks(single.kernel, params32, far.float(), factors32)
     torch.testing.assert_close(gram32.double(), _gpytorch_kernel(layer.kernel, far, far), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cross32.double(), _gpytorch_kernel(layer.kernel, far, keys), rtol=1e-5, atol=1e-6)
 
