@@ -105,6 +105,34 @@ def _check_inputs(train_x, train_y, x_name: str = "train_x", y_name: str = "trai
     return train_x, train_y
 
 
+def _smooth_ratio(precision: Tensor, shift: Tensor, chol: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""The stored ratio ``r(w) = exp(-½ wᵀΛw + wᵀη)`` of a task, averaged over the jitter noise of its
+    inducing variables: ``r̃(w) = E_e[r(w + e)]`` with ``e ~ N(0, E)``, ``E = L'^{-1} diag(noise) L'^{-T} = J Jᵀ``.
+
+    The jitter is white noise on ``a`` (``a = g + e``, :class:`~gpytorch_hippo.inducing.InducingVariables`),
+    so ``q_old(f) / p(f) = E_e[r(g(f) + e)]``: Bui et al.'s ``q_old(a) / p_old(a)`` holds only where ``a``
+    is a function of ``f``. In Gaussian form (Woodbury, ``G Gᵀ = I + JᵀΛJ``)
+
+    .. math::
+        Λ̃ = Λ - ΛJ (I + JᵀΛJ)^{-1} JᵀΛ,\qquad η̃ = η - ΛJ (I + JᵀΛJ)^{-1} Jᵀη,\qquad
+        \log \frac{r̃}{r}\Big|_{\text{const}} = -\tfrac12 \log|I + JᵀΛJ| + \tfrac12 (Jᵀη)ᵀ(Jᵀη̃),
+
+    so each direction keeps at most the information ``1 / jitter`` instead of the jitter passing on
+    as information about ``f``. Returns ``(Λ̃, η̃, constant)``; ``noise = 0`` leaves ``r`` unchanged.
+    """
+    if not bool((noise > 0).any()):
+        return precision, shift, torch.zeros(shift.shape[:-1], dtype=shift.dtype, device=shift.device)
+    J = _solve_lower(chol, torch.diag_embed(noise.sqrt()))
+    PJ = precision @ J
+    G = psd_safe_cholesky(torch.eye(J.shape[-1], dtype=J.dtype, device=J.device) + J.mT @ PJ)
+    X = _solve_lower(G, PJ.mT)
+    Jt_shift = (J.mT @ shift.unsqueeze(-1)).squeeze(-1)
+    smoothed_precision = precision - X.mT @ X
+    smoothed_shift = shift - (X.mT @ _solve_lower(G, Jt_shift.unsqueeze(-1))).squeeze(-1)
+    constant = -G.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * (Jt_shift * (J.mT @ smoothed_shift.unsqueeze(-1)).squeeze(-1)).sum(-1)
+    return 0.5 * (smoothed_precision + smoothed_precision.mT), smoothed_shift, constant
+
+
 class OnlineSGPR(gpytorch.Module):
     r"""Collapsed online sparse GP regression (OSGPR / OHSGPR), Bui et al. (2017), thesis §4.2.2.
 
@@ -249,14 +277,17 @@ class OnlineSGPR(gpytorch.Module):
             old_mean_now = old.prior_mean(self.mean_module)
             delta = -self.posterior_prior_mean if old_mean_now is None else old_mean_now - self.posterior_prior_mean
             delta = _solve_lower(old_chol, delta.unsqueeze(-1)).squeeze(-1)
+            old_b_chol = psd_safe_cholesky(old_precision + torch.eye(old_precision.shape[-1], dtype=W.dtype, device=W.device))
+            old_c = _solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
+            old_kuu = to_dense(old.Kuu(kernel))
+            old_noise = old.unshared_jitter(ivs, old_kuu)
+            old_precision, old_shift, smoothing = _smooth_ratio(old_precision, old_shift, old_chol, old_noise)
             precision = precision + T @ old_precision @ T.mT
             old_precision_delta = (old_precision @ delta.unsqueeze(-1)).squeeze(-1)
             shift = shift + (T @ (old_shift - old_precision_delta).unsqueeze(-1)).squeeze(-1)
-            # residual covariance of the old inducing variables given the new ones, whitened by L'
-            cond = to_dense(old.Kuu(kernel)) - R.mT @ R
+            # residual covariance of the old variables' noise-free part given the new ones, whitened by L'
+            cond = old_kuu - R.mT @ R - torch.diag_embed(old_noise)
             cond_w = _solve_lower(old_chol, _solve_lower(old_chol, cond).mT)
-            old_b_chol = psd_safe_cholesky(old_precision + torch.eye(old_precision.shape[-1], dtype=W.dtype, device=W.device))
-            old_c = _solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
             bound = (
                 bound
                 - 0.5 * (old_precision * cond_w).sum((-2, -1))
@@ -264,6 +295,7 @@ class OnlineSGPR(gpytorch.Module):
                 + (delta * old_shift).sum(-1)
                 + old_b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
                 - 0.5 * old_c.square().sum(-1)
+                + smoothing
             )
         eye = torch.eye(precision.shape[-1], dtype=W.dtype, device=W.device)
         b_chol = psd_safe_cholesky(precision + eye)
@@ -528,6 +560,26 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         size = mean.shape[-1]
         return -0.5 * (diff.square().sum(-1) + trace + logdet + size * math.log(2 * math.pi))
 
+    def _expected_smoothed_log_ratio(self, mean: Tensor, covar: Tensor, noise: Tensor) -> Tensor:
+        """``E_{N(mean, covar)}[\log \tilde r(g)]``: the stored ratio ``r = q_old / p_old`` averaged over
+        the old variables' unshared jitter noise (:func:`_smooth_ratio`), for the moments of their
+        noise-free part ``g``. In ``w = L'^{-1}(g - μ'_a)`` with ``K = L'^{-1} chol(S_a)``:
+        ``Λ = K^{-T}K^{-1} - I``, ``η = K^{-T}K^{-1} m_w`` and ``\log r = -½ wᵀΛw + wᵀη - \log|K| - ½ m_wᵀ(KKᵀ)^{-1} m_w``."""
+        prior_chol = self.old_prior_chol
+        factor = _solve_lower(prior_chol, self.old_covar_chol)  # K
+        eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
+        factor_inv = _solve_lower(factor, eye)
+        old_mean_w = _solve_lower(prior_chol, (self.old_mean - self.old_prior_mean).unsqueeze(-1))
+        scaled = factor_inv @ old_mean_w  # K^{-1} m_w
+        precision = factor_inv.mT @ factor_inv - eye
+        shift = (factor_inv.mT @ scaled).squeeze(-1)
+        constant = -factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) - 0.5 * scaled.square().sum((-2, -1))
+        precision, shift, smoothing = _smooth_ratio(precision, shift, prior_chol, noise)
+        mean_w = _solve_lower(prior_chol, (mean - self.old_prior_mean).unsqueeze(-1))
+        covar_w = _solve_lower(prior_chol, _solve_lower(prior_chol, covar).mT)
+        quadratic = (precision * covar_w).sum((-2, -1)) + (mean_w.mT @ precision @ mean_w).squeeze(-1).squeeze(-1)
+        return -0.5 * quadratic + (shift.unsqueeze(-1) * mean_w).sum((-2, -1)) + constant + smoothing
+
     def online_kl_divergence(self) -> Tensor:
         """``KL(q(b)||p(b)) - E_{\\tilde q(a)}[\\log q_{old}(a) - \\log p_{old}(a)]`` (the negated
         non-likelihood terms of eq. ``online_elbo``), shaped like the strategy's KL."""
@@ -538,8 +590,13 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         _check_mean_unchanged(self.old_inducing_variables, self.old_mean_module, self._mean_module)
         marginal = strategy.inducing_marginal(self.old_inducing_variables)
         mean, covar = marginal.mean, to_dense(marginal.lazy_covariance_matrix)
-        gain = self._expected_gaussian_log_density(mean, covar, self.old_mean, self.old_covar_chol)
-        gain = gain - self._expected_gaussian_log_density(mean, covar, self.old_prior_mean, self.old_prior_chol)
+        old_prior_kuu = self.old_prior_chol @ self.old_prior_chol.mT
+        noise = self.old_inducing_variables.unshared_jitter(strategy.inducing_variables, old_prior_kuu)
+        if bool((noise > 0).any()):
+            gain = self._expected_smoothed_log_ratio(mean, covar - torch.diag_embed(noise), noise)
+        else:
+            gain = self._expected_gaussian_log_density(mean, covar, self.old_mean, self.old_covar_chol)
+            gain = gain - self._expected_gaussian_log_density(mean, covar, self.old_prior_mean, self.old_prior_chol)
         while gain.dim() > kl.dim():
             gain = gain.sum(-1)
         return kl - gain

@@ -98,6 +98,20 @@ class InducingVariables(gpytorch.Module):
             return self.jitter
         return gpytorch.settings.variational_cholesky_jitter.value(dtype=dtype)
 
+    def unshared_jitter(self, other: "InducingVariables", kuu: Tensor) -> Tensor:
+        """Variances ``(*batch, M)`` of the jitter noise of these variables that ``other`` does not
+        share (class docstring: ``Kuu_cross`` carries the shared part); ``kuu`` is :meth:`Kuu`
+        densified. Online updates average the stored task over this noise
+        (:func:`gpytorch_hippo.online._smooth_ratio`) so that it never counts as information about ``f``."""
+        variance = self.jitter_value(kuu.dtype) * self._jitter_scale(kuu)
+        unshared = ~self._shares_jitter_with(other)
+        return variance * unshared.to(kuu.dtype).expand(kuu.shape[:-1])
+
+    def _shares_jitter_with(self, other: "InducingVariables") -> Tensor:
+        """Boolean ``(*batch, M)`` (broadcastable): which of these variables share their jitter noise
+        with a variable of ``other``; none by default."""
+        return torch.tensor(False)
+
     def _jitter_scale(self, covariance: LinearOperator) -> float:
         """Scale the jitter is relative to (class docstring); ``1``: absolute, as in GPyTorch."""
         return 1.0

@@ -266,6 +266,10 @@ class HiPPOInducingVariables(InducingVariables):
             cross = cross + jitter * torch.eye(cross.shape[-1], dtype=cross.dtype, device=cross.device)
         return cross
 
+    def _shares_jitter_with(self, other: InducingVariables) -> Tensor:
+        """All of the jitter is shared with the same variables (``Kuu_cross`` adds it), none otherwise."""
+        return torch.tensor(isinstance(other, HiPPOInducingVariables) and self._same_variables(other))
+
     def _same_variables(self, other: "HiPPOInducingVariables") -> bool:
         return (
             other.memory.extra_repr() == self.memory.extra_repr()

@@ -78,6 +78,12 @@ class InducingPoints(InducingVariables):
             return None
         return mean_module(self.points)
 
+    def _shares_jitter_with(self, other: InducingVariables) -> Tensor:
+        """Points that coincide with a point of ``other`` of the same jitter share its noise."""
+        if not isinstance(other, InducingPoints) or other.jitter_value(self.points.dtype) != self.jitter_value(self.points.dtype):
+            return torch.tensor(False)
+        return (self.points.unsqueeze(-2) == other.points.unsqueeze(-3)).all(-1).any(-1)
+
     def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):
         if isinstance(other, InducingPoints):
             covariance = self.Kuf(kernel, other.points)

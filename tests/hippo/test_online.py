@@ -56,15 +56,20 @@ def titsias(X, y, Z, Xs, jitter):
 
 def bui_posterior(X, y, Zb, Za, ma, Sa, Kaa_old, Xs, jitter):
     """Bui et al. (2017) optimal q(b) as regression on augmented data [y; pseudo-obs of a] with
-    noise blockdiag(σ² I, D_a), D_a^{-1} = S_a^{-1} - K'_aa^{-1}; naive inverses."""
+    noise blockdiag(σ² I, D_a + N_a), D_a^{-1} = S_a^{-1} - K'_aa^{-1}; naive inverses. The jitter is
+    white noise on the inducing variables, so an old point that is not kept adds its jitter ``N_a``
+    to its pseudo-observation's noise (a kept point shares its jitter with the new set)."""
     Kbb = k(Zb, Zb) + jitter * torch.eye(len(Zb), dtype=DT)
-    Kba = k(Zb, Za) + jitter * (Zb == Za.T).to(DT)
+    shared = (Zb == Za.T).to(DT)
+    Kba = k(Zb, Za) + jitter * shared
     Kbx = k(Zb, X)
-    Da_inv = torch.linalg.inv(Sa) - torch.linalg.inv(Kaa_old)
+    Da = torch.linalg.inv(torch.linalg.inv(Sa) - torch.linalg.inv(Kaa_old))
+    Da_inv = torch.linalg.inv(Da + torch.diag(jitter * (1 - shared.sum(0))))
     Kbb_inv = torch.linalg.inv(Kbb)
     precision = Kbb_inv + Kbb_inv @ (Kbx @ Kbx.T / NOISE + Kba @ Da_inv @ Kba.T) @ Kbb_inv
     Sb = torch.linalg.inv(precision)
-    mb = Sb @ Kbb_inv @ (Kbx @ y / NOISE + Kba @ torch.linalg.solve(Sa, ma))
+    pseudo_y = Da @ torch.linalg.solve(Sa, ma)  # D_a S_a^{-1} m_a
+    mb = Sb @ Kbb_inv @ (Kbx @ y / NOISE + Kba @ Da_inv @ pseudo_y)
     Ksb = k(Xs, Zb)
     mean = Ksb @ Kbb_inv @ mb
     cov = k(Xs, Xs) - Ksb @ Kbb_inv @ Ksb.T + Ksb @ Kbb_inv @ Sb @ Kbb_inv @ Ksb.T
