@@ -24,11 +24,13 @@ from typing import NamedTuple
 
 import torch
 from gpytorch.kernels import Kernel
+from linear_operator.utils.errors import NanError
 from torch import Tensor, nn
 
 from .decoupled import GlobalFactors, decoupled_kernel_blocks, decoupled_step_sample, decoupled_terms, global_factors
-from .kernels import ExpKernelParameters, evaluate_kernel, exp_kernel_parameters, make_attention_kernel
+from .kernels import ExpKernelParameters, dense_kernel, exp_kernel_parameters, make_attention_kernel
 from .mle_attention import KernelAttention, ScaledDotProductAttention
+from ._validation import check_finite, check_int, check_real, check_tensor
 from .multihead import ForwardKL, SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
 from .samplers import SAMPLERS, SGPA_SAMPLERS, PosteriorTerms
 from .standard import standard_step_sample, standard_terms
@@ -237,8 +239,7 @@ class SGPAttention(_MultiHeadAttention):
             raise TypeError(f"diag_sample must be a bool or None, got {type(diag_sample).__name__}")
         if not isinstance(whitened, bool):
             raise TypeError(f"whitened must be a bool, got {type(whitened).__name__}")
-        if not variational_init_std > 0:
-            raise ValueError(f"variational_init_std must be > 0, got {variational_init_std!r}")
+        check_real(variational_init_std, "variational_init_std", low=0.0, low_open=True)
         if sampler is None and diag_sample is None:
             sampler = "decomposed" if mode == "decoupled" else "diagonal"
         elif sampler is None:
@@ -342,11 +343,12 @@ class SGPAttention(_MultiHeadAttention):
             raise ValueError("global inducing inputs exist only for mode='decoupled'")
         if global_inputs is None:
             return self.global_inducing_inputs
-        if not isinstance(global_inputs, Tensor):
-            raise TypeError(f"global_inputs must be a tensor, got {type(global_inputs).__name__}")
+        check_tensor(global_inputs, "global_inputs", floating=True)
         expected = (self.num_heads, self.num_global, self.d_model)
         if tuple(global_inputs.shape) != expected:
             raise ValueError(f"global_inputs must have shape {expected}, got {tuple(global_inputs.shape)}")
+        if self._checks_values(global_inputs):
+            check_finite(global_inputs, "global_inputs")
         return global_inputs
 
     def _global_key(self, global_inputs: Tensor | None) -> list[Tensor]:
@@ -409,12 +411,21 @@ class SGPAttention(_MultiHeadAttention):
                global_noise: Tensor | None, params: ExpKernelParameters | None) -> PosteriorTerms:
         """The posterior terms of :mod:`~gpytorch_sgpa.standard` or :mod:`~gpytorch_sgpa.decoupled`;
         ``params``: the kernel's hyperparameters, read once per call (``None`` for other kernels)."""
+        try:
+            return self._posterior_terms(x, key_padding_mask, global_inputs, full_covariance, sampler, global_noise,
+                                         params)
+        except NanError as error:  # raised by the Cholesky on the CPU only
+            raise ValueError(
+                f"x gives kernel matrices with NaN entries: x (largest magnitude {float(x.detach().abs().max()):.3g}) "
+                f"is too large for {x.dtype} or not finite, or the layer's parameters are not finite") from error
+
+    def _posterior_terms(self, x, key_padding_mask, global_inputs, full_covariance, sampler, global_noise, params):
         queries, values = self._project(x, key_padding_mask)
         if self.mode == "decoupled":
             factors = self._global_factors(global_inputs, queries.dtype, params)
             gram, cross = decoupled_kernel_blocks(self.kernel, params, queries, factors)
         else:
-            gram = evaluate_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
+            gram = dense_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
         causal = _causal_mask(x.shape[1], x.device) if self.causal else None
         gram_values = gram.matmul(values)
         amortised_mean = gram.masked_fill(~causal, 0.0).matmul(values) if causal is not None else gram_values
@@ -435,10 +446,13 @@ class SGPAttention(_MultiHeadAttention):
         with _no_autocast(x):
             params = exp_kernel_parameters(self.kernel, _gp_dtype(x.dtype))
             terms = self._terms(x, key_padding_mask, global_inputs, full_covariance, None, None, params)
+        self._check_result(x, terms.mean, terms.variance, terms.kl)
         return SGPAPosterior(terms.mean, terms.variance, terms.covariance, terms.kl)
 
     def sample_noise(self, batch_size: int, length: int, dtype=None, device=None) -> SGPANoise:
         """Draw the standard-normal noise one forward pass of ``batch_size × length`` uses."""
+        check_int(batch_size, "batch_size")
+        check_int(length, "length")
         dtype = dtype or self.qk_proj.weight.dtype
         device = device or self.qk_proj.weight.device
         shape = (batch_size, self.num_heads, length, self.head_dim)
@@ -451,13 +465,21 @@ class SGPAttention(_MultiHeadAttention):
     def _check_noise(self, noise: SGPANoise, batch: int, length: int) -> SGPANoise:
         if not isinstance(noise, SGPANoise):
             raise TypeError(f"noise must be an SGPANoise, got {type(noise).__name__}")
+        check_tensor(noise.local, "noise.local", floating=True)
         expected = (batch, self.num_heads, length, self.head_dim)
         if tuple(noise.local.shape) != expected:
             raise ValueError(f"noise.local must have shape {expected}, got {tuple(noise.local.shape)}")
+        parts = [("noise.local", noise.local)]
         if self._uses_global_noise():
             expected_global = (batch, self.num_heads, self.head_dim, self.num_global)
+            if noise.global_ is not None:
+                check_tensor(noise.global_, "noise.global_", floating=True)
             if noise.global_ is None or tuple(noise.global_.shape) != expected_global:
                 raise ValueError(f"noise.global_ must have shape {expected_global} when sampler={self.sampler!r}")
+            parts.append(("noise.global_", noise.global_))
+        if self._checks_values(noise.local):
+            for name, part in parts:
+                check_finite(part, name)
         return noise
 
     def forward(
@@ -486,7 +508,9 @@ class SGPAttention(_MultiHeadAttention):
             sample = SAMPLERS[self.sampler](terms, local, _relative_jitter(self.kernel, dtype, params))
         kl = terms.kl.mean()
         self.last_kl = ForwardKL(kl, kl.new_zeros(()) if terms.global_kl is None else terms.global_kl)
-        return self.out_proj(self.dropout(self._merge(sample.to(x.dtype)))), kl
+        output = self.out_proj(self.dropout(self._merge(sample.to(x.dtype))))
+        self._check_result(x, output, kl)
+        return output, kl
 
     # ------------------------------------------------------------------ incremental decoding
     def forward_step(
@@ -524,10 +548,12 @@ class SGPAttention(_MultiHeadAttention):
             state.keys = torch.cat([state.keys, query], dim=-2)
             state.values = torch.cat([state.values, value], dim=-2)
             state.local_noise = torch.cat([state.local_noise, noise.local.to(query.dtype)], dim=-2)
-            gram_row = evaluate_kernel(self.kernel, query, state.keys)  # (B, H, 1, t+1)
+            gram_row = dense_kernel(self.kernel, query, state.keys)  # (B, H, 1, t+1)
             mean = gram_row.matmul(state.values)
             if self.mode == "standard":
                 sample = standard_step_sample(self, x_t, position, mean, state)
             else:
                 sample = decoupled_step_sample(self, query, value, gram_row, mean, state)
-        return self.out_proj(self.dropout(self._merge(sample.to(x_t.dtype)))), state
+        output = self.out_proj(self.dropout(self._merge(sample.to(x_t.dtype))))
+        self._check_result(x_t, output)
+        return output, state

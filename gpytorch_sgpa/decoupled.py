@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .kernels import (ExpKernelParameters, centred_scaled_inputs, evaluate_kernel, exp_features, exp_kernel,
-                      exp_kernel_parameters, kernel_blocks, scaled_inputs)
+from .kernels import (ExpKernelParameters, centred_scaled_inputs, dense_kernel, exp_features, exp_kernel,
+                      exp_kernel_parameters, _blocks, scaled_inputs)
 from .multihead import _masked_cholesky, _relative_jitter, psd_cholesky
 from .samplers import PosteriorTerms
 
@@ -49,7 +49,7 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
     params = params if params is not None else exp_kernel_parameters(layer.kernel, dtype)
     key_features = centre = None
     if params is None:
-        gram = evaluate_kernel(layer.kernel, keys)
+        gram = dense_kernel(layer.kernel, keys)
     else:
         scaled, centre = centred_scaled_inputs(params, keys)
         features = exp_features(params, scaled)
@@ -87,7 +87,7 @@ def decoupled_kernel_blocks(kernel, params: ExpKernelParameters | None, queries:
     the global factors already hold (one product and one ``exp`` per block); other kernels
     evaluate both blocks with their own ``forward``."""
     if params is None or factors.key_features is None:
-        return kernel_blocks(kernel, queries, factors.keys)
+        return _blocks(kernel, queries, (factors.keys,), include_self=True)
     features = exp_features(params, scaled_inputs(params, queries, factors.centre))
     return exp_kernel(features.query, features.key), exp_kernel(features.query, factors.key_features)
 
@@ -134,7 +134,7 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
         if params is not None and params.form == "rbf":  # k(q, q) = σ_f², (B, H, L)
             self_cov = params.outputscale.unsqueeze(-1).expand(*queries.shape[:-1])
         else:  # backward cheaper than through the diagonal of K_qq
-            self_cov = evaluate_kernel(layer.kernel, queries, diag=True)
+            self_cov = dense_kernel(layer.kernel, queries, diag=True)
         residual = self_cov - whitened.square().sum(-2)
     else:
         projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)
@@ -151,7 +151,7 @@ def decoupled_step_sample(layer, query, value, gram_row, mean, state) -> Tensor:
     of the batched sample: the orthogonal correction uses ``Σ_j a_j v_jᵀ`` over the prefix, the
     full sampler grows the Cholesky factor of ``K_qq - AᵀA + jitter I`` by one row."""
     factors = state.global_factors
-    cross = evaluate_kernel(layer.kernel, query, factors.keys)  # (B, H, 1, M)
+    cross = dense_kernel(layer.kernel, query, factors.keys)  # (B, H, 1, M)
     whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # (B,H,M,1)
     if layer.variant == "orthogonal":
         state.projected_values = state.projected_values + whitened.matmul(value)

@@ -30,14 +30,13 @@ negative.
 
 from __future__ import annotations
 
-import math
-
 import gpytorch
 import torch
 import torch.nn.functional as F
 from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood, Likelihood
 from torch import Tensor, nn
 
+from ._validation import check_finite, check_real, check_tensor
 from .attention import SGPAttention
 from .dropin import global_kl_divergence
 from .multihead import _checks_on_host
@@ -72,10 +71,10 @@ class SGPAELBO(gpytorch.Module):
     The annealing counter advances by one at each call made with the model in training mode and
     gradients enabled.
 
-    Target values are checked (class range, ``NaN``) in eager mode on the CPU; on accelerators and
-    under ``torch.compile`` the check would stall the device or break the graph, so it is skipped:
-    an out-of-range class index then fails in ``gather`` (a device-side assertion on CUDA) and a
-    ``NaN`` regression target makes the ELBO ``NaN``.
+    Values are checked (class range; ``outputs``, ``kl`` and regression targets free of NaN/Inf) in
+    eager mode on the CPU; on accelerators and under ``torch.compile`` the check would stall the
+    device or break the graph, so it is skipped: an out-of-range class index then fails in
+    ``gather`` (a device-side assertion on CUDA) and a ``NaN`` input makes the ELBO ``NaN``.
     """
 
     __call__ = nn.Module.__call__  # gpytorch.Module's __call__ would skip forward hooks
@@ -94,8 +93,7 @@ class SGPAELBO(gpytorch.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
             raise ValueError(f"num_data must be a positive int, got {num_data!r}")
-        if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
-            raise ValueError(f"beta must be a finite float >= 0, got {beta!r}")
+        check_real(beta, "beta", low=0.0)
         if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 0:
             raise ValueError(f"anneal_steps must be an int >= 0, got {anneal_steps!r}")
         if not isinstance(kl_weighting, str) or kl_weighting not in KL_WEIGHTINGS:
@@ -145,8 +143,12 @@ class SGPAELBO(gpytorch.Module):
 
     def expected_log_likelihood(self, outputs: Tensor, targets: Tensor) -> Tensor:
         """Monte-Carlo ``E_q[log p(y_b | F_b)]`` per data point, ``(B,)`` (mean over sample dims)."""
-        if not isinstance(outputs, Tensor) or not isinstance(targets, Tensor):
-            raise TypeError("outputs and targets must be tensors")
+        check_tensor(outputs, "outputs", floating=True)
+        check_tensor(targets, "targets")
+        if targets.dim() == 0 or targets.shape[0] == 0 or targets.numel() == 0:
+            raise ValueError(f"targets must hold at least one data point, got shape {tuple(targets.shape)}")
+        if _checks_on_host(outputs):
+            check_finite(outputs, "outputs")
         if self.likelihood is None:
             if targets.dim() not in (1, 2) or targets.dtype not in (torch.int64, torch.int32):
                 raise ValueError(
@@ -181,8 +183,8 @@ class SGPAELBO(gpytorch.Module):
                     f"outputs (..., B, D) must match targets (B, D) or (B,), got {tuple(outputs.shape)} "
                     f"and {tuple(targets.shape)}"
                 )
-            if _checks_on_host(targets) and torch.isnan(targets).any():
-                raise ValueError("targets contain NaN")
+            if _checks_on_host(targets):
+                check_finite(targets, "targets")
             ell = self.likelihood.forward(outputs).log_prob(targets.to(outputs.dtype)).sum(-1)
         return ell.reshape(-1, ell.shape[-1]).mean(0)
 
@@ -202,6 +204,9 @@ class SGPAELBO(gpytorch.Module):
         """ELBO per data point: ``mean_b ELL_b - w_t · KL_weighted``."""
         if not isinstance(kl, Tensor) or kl.dim() != 0:
             raise ValueError("kl must be a scalar tensor (the model's kl_total)")
+        check_tensor(kl, "kl", floating=True)
+        if _checks_on_host(kl):
+            check_finite(kl, "kl")
         weight = self._kl_weight(kl.dtype)
         if self.model.training and torch.is_grad_enabled():
             self.num_updates += 1

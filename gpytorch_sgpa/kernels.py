@@ -20,6 +20,9 @@ import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
+from ._validation import check_finite, check_int, check_tensor
+from .multihead import _checks_on_host
+
 __all__ = ["ExponentialKernel", "KERNEL_INITS", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
 
 KERNEL_NAMES = ("rbf", "exponential", "matern12", "matern32", "matern52")
@@ -76,8 +79,8 @@ def make_attention_kernel(kernel: str | Kernel, head_dim: int, num_heads: int, i
         raise TypeError(f"kernel must be a string in {KERNEL_NAMES} or a ScaleKernel, got {type(kernel).__name__}")
     if kernel not in KERNEL_NAMES:
         raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {kernel!r}")
-    if head_dim < 1 or num_heads < 1:
-        raise ValueError(f"head_dim and num_heads must be >= 1, got head_dim={head_dim}, num_heads={num_heads}")
+    check_int(head_dim, "head_dim")
+    check_int(num_heads, "num_heads")
     batch_shape = torch.Size([num_heads])
     if kernel.startswith("matern"):
         base = MaternKernel(nu=int(kernel[-2]) / 2, ard_num_dims=head_dim, batch_shape=batch_shape)
@@ -193,7 +196,18 @@ def kernel_blocks(kernel: Kernel, x1: Tensor, *others: Tensor) -> list[Tensor]:
     elementwise chain over the ``N × M`` entries).  Equal to GPyTorch's ``kernel.forward`` up to
     rounding (tested); any other kernel falls back to ``kernel.forward`` block by block.
     """
+    _check_inputs(kernel, x1, *others)
     return _blocks(kernel, x1, others, include_self=True)
+
+
+def _check_inputs(kernel, x1, *others) -> None:
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
+    for index, x in enumerate((x1, *others)):
+        name = "x1" if index == 0 else ("x2" if len(others) == 1 else f"others[{index - 1}]")
+        check_tensor(x, name, floating=True, dim=tuple(range(2, 9)))
+        if _checks_on_host(x):
+            check_finite(x, name)
 
 
 def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tensor]:
@@ -219,6 +233,12 @@ def evaluate_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: 
     pairs ``k(x1_i, x2_i)``).  Evaluation is eager, which is what attention needs: every entry is
     used; the kernels of :func:`make_attention_kernel` take the lean path of :func:`kernel_blocks`.
     """
+    _check_inputs(kernel, x1, *(() if x2 is None else (x2,)))
+    return dense_kernel(kernel, x1, x2, diag)
+
+
+def dense_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: bool = False) -> Tensor:
+    """:func:`evaluate_kernel` without its argument checks (the layers' inputs are checked once at their entry)."""
     if diag:
         if (x2 is None or x2 is x1) and _attention_form(kernel) == "rbf":  # k(x, x) = σ_f²
             return kernel.outputscale.to(x1.dtype).unsqueeze(-1).expand(*x1.shape[:-1])

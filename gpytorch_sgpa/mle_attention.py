@@ -9,7 +9,7 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
-from .kernels import evaluate_kernel, make_attention_kernel
+from .kernels import dense_kernel, make_attention_kernel
 from .multihead import SGPAStepState, _append_to_cache, _MultiHeadAttention
 
 __all__ = ["ScaledDotProductAttention", "KernelAttention"]
@@ -42,7 +42,9 @@ class ScaledDotProductAttention(_MultiHeadAttention):
             weights = weights.masked_fill(~allowed, 0.0)
         else:
             weights = torch.softmax(scores, dim=-1)
-        return self.out_proj(self._merge(self.dropout(weights).matmul(v))), x.new_zeros(())
+        output = self.out_proj(self._merge(self.dropout(weights).matmul(v)))
+        self._check_result(x, output)
+        return output, x.new_zeros(())
 
     def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
         """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
@@ -51,7 +53,9 @@ class ScaledDotProductAttention(_MultiHeadAttention):
         state = _append_to_cache(state, k, v)
         scores = q.matmul(state.keys.transpose(-2, -1)) / math.sqrt(self.head_dim)
         weights = self.dropout(torch.softmax(scores, dim=-1))
-        return self.out_proj(self._merge(weights.matmul(state.values))), state
+        output = self.out_proj(self._merge(weights.matmul(state.values)))
+        self._check_result(x_t, output)
+        return output, state
 
 
 class KernelAttention(_MultiHeadAttention):
@@ -75,17 +79,21 @@ class KernelAttention(_MultiHeadAttention):
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, global_inputs: Tensor | None = None):
         self._check_input(x, key_padding_mask)
         q, v = self._split(self.qk_proj(x)), self._split(self.v_proj(x))
-        gram = evaluate_kernel(self.kernel, q)
+        gram = dense_kernel(self.kernel, q)
         allowed = self._key_mask(key_padding_mask, x.shape[1], x.device)
         if allowed is not None:
             gram = gram.masked_fill(~allowed, 0.0)
         heads = self.dropout(gram).matmul(v)
-        return self.out_proj(self._merge(heads)), x.new_zeros(())
+        output = self.out_proj(self._merge(heads))
+        self._check_result(x, output)
+        return output, x.new_zeros(())
 
     def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
         """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
         self._check_step(x_t, state)
         q, v = self._split(self.qk_proj(x_t)), self._split(self.v_proj(x_t))
         state = _append_to_cache(state, q, v)
-        gram_row = evaluate_kernel(self.kernel, q, state.keys)  # (B, H, 1, t+1)
-        return self.out_proj(self._merge(self.dropout(gram_row).matmul(state.values))), state
+        gram_row = dense_kernel(self.kernel, q, state.keys)  # (B, H, 1, t+1)
+        output = self.out_proj(self._merge(self.dropout(gram_row).matmul(state.values)))
+        self._check_result(x_t, output)
+        return output, state

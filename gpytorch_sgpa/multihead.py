@@ -10,6 +10,8 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
 
+from ._validation import check_dtype, check_finite, check_finite_result, check_tensor
+
 __all__ = ["SGPAStepState"]
 
 
@@ -70,12 +72,23 @@ class _MultiHeadAttention(gpytorch.Module):
         self.causal = causal
         self.dropout = nn.Dropout(dropout)
         self.out_proj = nn.Linear(d_model, d_model)
+        # a model that checks its own inputs and outputs sets this to False for its layers
+        self.checks_values = True
+
+    def _checks_values(self, x: Tensor) -> bool:
+        """Whether this call reads the values of its inputs and outputs (NaN/Inf checks): eager on the
+        CPU, and only when the layer is not inside a model that checks them once for all layers."""
+        return _checks_on_host(x) and getattr(self, "checks_values", True)
 
     def _check_input(self, x: Tensor, key_padding_mask: Tensor | None) -> None:
-        if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise TypeError(f"x must be a floating-point tensor, got {type(x).__name__}")
+        check_tensor(x, "x", floating=True)
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (batch, L, d_model={self.d_model}), got {tuple(x.shape)}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"x must hold at least one sequence of at least one token, got shape {tuple(x.shape)}")
+        check_dtype(x, "x", self.out_proj.weight.dtype)
+        if self._checks_values(x):
+            check_finite(x, "x")
         if key_padding_mask is not None:
             if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
                 raise TypeError("key_padding_mask must be a bool tensor (True = padded)")
@@ -97,6 +110,11 @@ class _MultiHeadAttention(gpytorch.Module):
             raise ValueError(f"x_t must hold exactly one token, shape (batch, 1, d_model), got {tuple(x_t.shape)}")
         if state is not None and state.keys.shape[0] != x_t.shape[0]:
             raise ValueError(f"x_t has batch size {x_t.shape[0]} but the state holds {state.keys.shape[0]}")
+
+    def _check_result(self, x: Tensor, *results: Tensor) -> None:
+        """``ValueError`` naming ``x`` where a finite input gave a non-finite output (eager, CPU)."""
+        if self._checks_values(x):
+            check_finite_result(results, x, "x")
 
     def _split(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape

@@ -15,13 +15,14 @@ terms (each averaged over the batch), ready for :class:`gpytorch_sgpa.elbo.SGPAE
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
 
+from ._validation import check_dtype, check_finite, check_finite_result, check_real, check_tensor
 from .attention import KernelAttention, ScaledDotProductAttention, SGPANoise, SGPAttention
-from .multihead import _checks_on_host
+from .multihead import _checks_on_host, _MultiHeadAttention
 
 __all__ = ["ATTENTION_TYPES", "TASKS", "build_attention", "SGPABlock", "SGPADecoder", "SGPATransformer", "SGPAViT"]
 
@@ -46,6 +47,8 @@ def build_attention(
     attention call signature ``forward(x, key_padding_mask=None, global_inputs=None) -> (out, kl)``.
     ``dropout`` is passed unless ``attention_kwargs`` sets it.
     """
+    if attention_kwargs is not None and not isinstance(attention_kwargs, Mapping):
+        raise TypeError(f"attention_kwargs must be a dict or None, got {type(attention_kwargs).__name__}")
     kwargs = dict(attention_kwargs or {})
     if callable(attention) and not isinstance(attention, str):
         return attention(d_model, num_heads, **kwargs)
@@ -167,6 +170,20 @@ class _SGPAModel(nn.Module):
         )
         self.final_norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
+        for layer in self.layers:  # the model checks its inputs and outputs once, not every layer
+            if isinstance(layer.attention, _MultiHeadAttention):
+                layer.attention.checks_values = False
+
+    @staticmethod
+    def _check_batch(inputs: Tensor, name: str) -> None:
+        if inputs.shape[0] == 0 or (inputs.dim() > 1 and inputs.shape[1] == 0):
+            raise ValueError(f"{name} must hold at least one sequence of at least one position, got shape "
+                             f"{tuple(inputs.shape)}")
+
+    @staticmethod
+    def _check_result(inputs: Tensor, name: str, *results: Tensor) -> None:
+        if _checks_on_host(results[0]):
+            check_finite_result(results, inputs, name)
 
     def _run_layers(self, h: Tensor, key_padding_mask: Tensor | None, noise: list | None = None):
         """Positional embedding, then every block; ``noise``: one ``SGPANoise`` or ``None`` per layer."""
@@ -226,6 +243,10 @@ class SGPATransformer(_SGPAModel):
     ``attention`` is one of :data:`ATTENTION_TYPES` or a layer factory (:func:`build_attention`);
     ``attention_kwargs`` go to every attention layer (e.g. ``kernel="exponential"``,
     ``num_global=16``).  ``hidden_dim`` of the ``G_φ`` MLP defaults to ``2 * d_model``.
+
+    Eager on the CPU the models check their inputs and outputs for NaN/Inf once per call (their
+    layers then skip their own checks); on accelerators and under ``torch.compile`` these value
+    checks are skipped.
     """
 
     def __init__(
@@ -254,16 +275,24 @@ class SGPATransformer(_SGPAModel):
         self.input_dim = input_dim
 
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None):
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens must be a tensor, got {type(tokens).__name__}")
+        check_tensor(tokens, "tokens")
         if self.vocab_size is not None:
             if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"tokens must be an integer tensor (batch, L), got {tokens.dtype} {tuple(tokens.shape)}")
-            if _checks_on_host(tokens) and tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            self._check_batch(tokens, "tokens")
+            if _checks_on_host(tokens) and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
                 raise ValueError(f"tokens must lie in [0, vocab_size={self.vocab_size})")
-        elif tokens.dim() != 3 or tokens.shape[-1] != self.input_dim or not tokens.is_floating_point():
-            raise ValueError(f"inputs must be a float tensor (batch, L, input_dim={self.input_dim}), got {tuple(tokens.shape)}")
-        return self._encode(self.embedding(tokens), key_padding_mask)
+        else:
+            if tokens.dim() != 3 or tokens.shape[-1] != self.input_dim or not tokens.is_floating_point():
+                raise ValueError(f"tokens (inputs) must be a float tensor (batch, L, input_dim={self.input_dim}), "
+                                 f"got {tokens.dtype} {tuple(tokens.shape)}")
+            self._check_batch(tokens, "tokens")
+            check_dtype(tokens, "tokens", self.embedding.weight.dtype)
+            if _checks_on_host(tokens):
+                check_finite(tokens, "tokens")
+        outputs, kl = self._encode(self.embedding(tokens), key_padding_mask)
+        self._check_result(tokens, "tokens", outputs, kl)
+        return outputs, kl
 
 
 class SGPAViT(_SGPAModel):
@@ -303,13 +332,18 @@ class SGPAViT(_SGPAModel):
         self.patch_embedding = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, images: Tensor):
-        if not isinstance(images, Tensor) or not images.is_floating_point():
-            raise TypeError("images must be a floating-point tensor")
+        check_tensor(images, "images", floating=True)
         expected = (self.in_channels, self.image_size, self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images must have shape (batch, {', '.join(map(str, expected))}), got {tuple(images.shape)}")
+        self._check_batch(images, "images")
+        check_dtype(images, "images", self.patch_embedding.weight.dtype)
+        if _checks_on_host(images):
+            check_finite(images, "images")
         patches = self.patch_embedding(images).flatten(2).transpose(1, 2)
-        return self._encode(patches, None)
+        outputs, kl = self._encode(patches, None)
+        self._check_result(images, "images", outputs, kl)
+        return outputs, kl
 
 
 class SGPADecoder(_SGPAModel):
@@ -359,11 +393,12 @@ class SGPADecoder(_SGPAModel):
             if not callable(getattr(layer.attention, "forward_step", None)):
                 raise TypeError(f"{type(layer.attention).__name__} has no forward_step; the decoder needs one")
 
-    def _check_tokens(self, tokens: Tensor, start: int = 0) -> None:
+    def _check_tokens(self, tokens: Tensor, start: int = 0, name: str = "tokens") -> None:
         if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2:
-            raise ValueError(f"tokens must be an integer tensor (batch, L), got {getattr(tokens, 'shape', tokens)!r}")
-        if _checks_on_host(tokens) and tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-            raise ValueError(f"tokens must lie in [0, vocab_size={self.vocab_size})")
+            raise ValueError(f"{name} must be an integer tensor (batch, L), got {getattr(tokens, 'shape', tokens)!r}")
+        self._check_batch(tokens, name)
+        if _checks_on_host(tokens) and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ValueError(f"{name} must lie in [0, vocab_size={self.vocab_size})")
         if start + tokens.shape[1] > self.max_len:
             raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds max_len={self.max_len}")
 
@@ -372,6 +407,10 @@ class SGPADecoder(_SGPAModel):
             return [None] * len(self.layers)
         if not isinstance(noise, (list, tuple)) or len(noise) != len(self.layers):
             raise ValueError(f"noise must be a list with one SGPANoise (or None) per layer ({len(self.layers)})")
+        for index, layer_noise in enumerate(noise):
+            for part, value in zip(("local", "global_"), layer_noise if isinstance(layer_noise, SGPANoise) else ()):
+                if isinstance(value, Tensor) and value.is_floating_point() and _checks_on_host(value):
+                    check_finite(value, f"noise[{index}].{part}")
         return list(noise)
 
     def sample_noise(self, batch_size: int, length: int) -> list:
@@ -382,7 +421,9 @@ class SGPADecoder(_SGPAModel):
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None, noise: list | None = None):
         self._check_tokens(tokens)
         h, kl_total = self._run_layers(self.embedding(tokens), key_padding_mask, self._check_noise(noise))
-        return self.head(self.final_norm(h)), kl_total
+        logits = self.head(self.final_norm(h))
+        self._check_result(tokens, "tokens", logits, kl_total)
+        return logits, kl_total
 
     def forward_step(self, token: Tensor, states: list | None = None, noise: list | None = None):
         """Logits ``(B, vocab_size)`` after one more token ``(B,)`` and the updated per-layer caches.
@@ -399,7 +440,9 @@ class SGPADecoder(_SGPAModel):
         h = self.embedding_dropout(self.embedding(token.unsqueeze(1)) + self.positional[:, position : position + 1])
         for index, (layer, layer_noise) in enumerate(zip(self.layers, noise)):
             h, states[index] = layer.forward_step(h, states[index], noise=layer_noise)
-        return self.head(self.final_norm(h)).squeeze(1), states
+        logits = self.head(self.final_norm(h)).squeeze(1)
+        self._check_result(token, "token", logits)
+        return logits, states
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, num_tokens: int, temperature: float = 1.0, greedy: bool = False,
@@ -411,11 +454,10 @@ class SGPADecoder(_SGPAModel):
         ``softmax(logits / temperature)`` or taken as the arg max (``greedy=True``).
         """
         _positive_int("num_tokens", num_tokens)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
-        self._check_tokens(prompt)
-        if prompt.shape[1] < 1:
-            raise ValueError("prompt must hold at least one token")
+        check_real(temperature, "temperature", low=0.0, low_open=True)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        self._check_tokens(prompt, name="prompt")
         if prompt.shape[1] + num_tokens > self.max_len:
             raise ValueError(f"prompt length + num_tokens = {prompt.shape[1] + num_tokens} exceeds max_len={self.max_len}")
         states, tokens = None, [prompt]

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ._random import randn
+from ._validation import check_generator, check_int, check_real, check_tensor
 
 DEFAULT_PARAMS = {
     "blur": {"rate": 0.05, "kernel_size": 11},
@@ -41,16 +42,17 @@ def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, genera
 
     ``generator`` makes the noisy methods deterministic; ``params`` override ``DEFAULT_PARAMS[method]``.
     """
-    settings = _check_arguments(images, num_frames, method, params)
+    settings = _check_arguments(images, num_frames, method, params, generator)
     frames = [images]
     if method == "blur":
         for t in range(1, num_frames):
             frames.append(gaussian_blur(frames[-1], math.exp(settings["rate"] * (t - 1)), settings["kernel_size"]))
     elif method == "heat":
-        stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1)
+        stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1,
+                              dtype=torch.float64)
         for std in stds.tolist():
             noise = randn(images.shape, generator, images.dtype, images.device)
-            frames.append(heat_dissipation(images, std**2 / 2) + settings["noise_std"] * noise)
+            frames.append(heat_dissipation(images, _heat_time(std)) + settings["noise_std"] * noise)
     else:
         betas = markov_betas(num_frames, settings["beta_start"], settings["beta_end"])
         for beta in betas.tolist():
@@ -60,9 +62,25 @@ def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, genera
     return torch.stack(frames[::-1], dim=1)
 
 
+def _heat_time(std: float) -> float:
+    """``tau = std^2 / 2``, ``inf`` where that overflows (the heat equation then reaches the image mean)."""
+    return std * std / 2 if std < 1e150 else math.inf
+
+
 def markov_betas(num_frames: int, beta_start: float, beta_end: float) -> torch.Tensor:
     """``beta_t`` for ``t = 1, ..., T-1``: linear from ``beta_start`` to ``beta_end`` (§5.4, float64)."""
+    check_int(num_frames, "num_frames", low=2)
+    beta_start, beta_end = check_betas(beta_start, beta_end)
     return torch.linspace(beta_start, beta_end, num_frames - 1, dtype=torch.float64)
+
+
+def check_betas(beta_start, beta_end) -> tuple[float, float]:
+    """``(beta_start, beta_end)`` as floats with ``0 < beta_start <= beta_end < 1``, else a named error."""
+    beta_start = check_real(beta_start, "beta_start", low=0.0, high=1.0, low_open=True, high_open=True)
+    beta_end = check_real(beta_end, "beta_end", high=1.0, high_open=True)
+    if beta_end < beta_start:
+        raise ValueError(f"beta_end must be >= beta_start, got beta_start={beta_start}, beta_end={beta_end}")
+    return beta_start, beta_end
 
 
 def gaussian_kernel1d(std: float, kernel_size: int, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -91,42 +109,58 @@ def dct_matrix(size: int, dtype=torch.float64, device=None) -> torch.Tensor:
 
 def heat_dissipation(images: torch.Tensor, time: float) -> torch.Tensor:
     """``F_h(time) x``: the heat equation run for ``time`` on ``(..., H, W)`` (Neumann boundaries)."""
+    check_tensor(images, "images", floating=True)
+    if images.dim() < 2 or 0 in images.shape[-2:]:
+        raise ValueError(f"images must have shape (..., H, W) with H, W >= 1, got {tuple(images.shape)}")
+    if not (isinstance(time, (int, float)) and not isinstance(time, bool) and time >= 0):
+        raise ValueError(f"time must be a number >= 0 (inf allowed), got {time!r}")
     height, width = images.shape[-2:]
     d_h, d_w = dct_matrix(height, images.dtype, images.device), dct_matrix(width, images.dtype, images.device)
     freq_h = math.pi * torch.arange(height, dtype=images.dtype, device=images.device) / height
     freq_w = math.pi * torch.arange(width, dtype=images.dtype, device=images.device) / width
-    decay = torch.exp(-(freq_h[:, None] ** 2 + freq_w[None, :] ** 2) * time)
+    squared = freq_h[:, None] ** 2 + freq_w[None, :] ** 2
+    decay = torch.where(squared == 0, 1.0, torch.exp(-squared * time))  # the mean is kept, also at time = inf
     return d_h.T @ (decay * (d_h @ images @ d_w.T)) @ d_w
 
 
-def _check_arguments(images, num_frames, method, params) -> dict:
+def _check_arguments(images, num_frames, method, params, generator) -> dict:
     if not isinstance(images, torch.Tensor):
         raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
     if images.dim() != 4:
         raise ValueError(f"images must have shape (B, C, H, W), got shape {tuple(images.shape)}")
     if not images.is_floating_point():
         raise TypeError(f"images must be floating point (float32/float64), got {images.dtype}")
+    if 0 in images.shape[1:]:
+        raise ValueError(f"images must have C, H, W >= 1, got shape {tuple(images.shape)}")
+    check_tensor(images, "images", finite=True)
     if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 2:
         raise ValueError(f"num_frames must be an integer >= 2, got {num_frames!r}")
-    if method not in DEFAULT_PARAMS:
+    if not isinstance(method, str) or method not in DEFAULT_PARAMS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_generator(generator)
     unknown = set(params) - set(DEFAULT_PARAMS[method])
     if unknown:
         raise ValueError(f"unknown parameters {sorted(unknown)} for method {method!r}; "
                          f"accepted: {sorted(DEFAULT_PARAMS[method])}")
     settings = {**DEFAULT_PARAMS[method], **params}
     if method == "blur":
-        if not isinstance(settings["kernel_size"], int) or settings["kernel_size"] < 1 or settings["kernel_size"] % 2 == 0:
+        kernel_size = settings["kernel_size"]
+        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive integer, got {settings['kernel_size']!r}")
         if settings["kernel_size"] // 2 >= min(images.shape[-2:]):
             raise ValueError(f"kernel_size {settings['kernel_size']} is too large for images of size "
                              f"{tuple(images.shape[-2:])} (reflect padding needs kernel_size // 2 < H, W)")
+        settings["rate"] = check_real(settings["rate"], "rate")
+        if settings["rate"] * (num_frames - 2) > 700:  # exp would overflow: every blur width is infinite
+            raise ValueError(f"rate * (num_frames - 2) must be <= 700 (blur widths exp(rate t) overflow), got "
+                             f"rate={settings['rate']}, num_frames={num_frames}")
     elif method == "heat":
-        if not 0 < settings["min_std"] <= settings["max_std"] or settings["noise_std"] < 0:
-            raise ValueError("heat needs 0 < min_std <= max_std and noise_std >= 0, got "
-                             f"min_std={settings['min_std']}, max_std={settings['max_std']}, noise_std={settings['noise_std']}")
+        settings["min_std"] = check_real(settings["min_std"], "min_std", low=0.0, low_open=True)
+        max_std = check_real(settings["max_std"], "max_std", low=0.0, low_open=True)
+        if max_std < settings["min_std"]:
+            raise ValueError(f"heat needs 0 < min_std <= max_std, got min_std={settings['min_std']}, max_std={max_std}")
+        settings["max_std"] = max_std
+        settings["noise_std"] = check_real(settings["noise_std"], "noise_std", low=0.0)
     else:
-        if not 0 < settings["beta_start"] <= settings["beta_end"] < 1:
-            raise ValueError(f"{method} needs 0 < beta_start <= beta_end < 1, got beta_start="
-                             f"{settings['beta_start']}, beta_end={settings['beta_end']}")
+        settings["beta_start"], settings["beta_end"] = check_betas(settings["beta_start"], settings["beta_end"])
     return settings

@@ -21,11 +21,11 @@ def load_images(dataset: str, split: str = "train", limit: int | None = None):
 
     ``split`` (``"train"``/``"test"``) matters for Fashion-MNIST only; the two small sets have one split.
     """
-    if dataset not in DATASETS:
+    if not isinstance(dataset, str) or dataset not in DATASETS:
         raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
-    if split not in ("train", "test"):
+    if not isinstance(split, str) or split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if limit is not None and (not isinstance(limit, int) or limit < 1):
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
     if dataset == "fashion_mnist":
         images, labels = _fashion_mnist(split)

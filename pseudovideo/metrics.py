@@ -18,12 +18,19 @@ from torchmetrics.functional.image import peak_signal_noise_ratio
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.inception import InceptionScore
 
+from ._validation import check_int, check_real, check_tensor
+
 
 def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
     """Mean over images of ``10 log10(data_range^2 / MSE_image)`` (thesis §5.3 reconstruction metric)."""
+    check_tensor(preds, "preds")
+    check_tensor(target, "target")
     if preds.shape != target.shape or preds.dim() != 4:
         raise ValueError(f"preds and target must share a (N, C, H, W) shape, got {tuple(preds.shape)} and "
                          f"{tuple(target.shape)}")
+    check_tensor(preds, "preds", non_empty=True, finite=True)
+    check_tensor(target, "target", finite=True)
+    data_range = check_real(data_range, "data_range", low=0.0, low_open=True)
     return peak_signal_noise_ratio(preds, target, data_range=data_range, dim=(1, 2, 3))
 
 
@@ -73,6 +80,8 @@ def frechet_distance(real: torch.Tensor, fake: torch.Tensor, feature: nn.Module)
 def inception_score(images: torch.Tensor, classifier: nn.Module, splits: int = 10, seed: int = 0) -> float:
     """IS ``exp E_x KL(p(y|x) || p(y))`` averaged over ``splits`` (torchmetrics; ``seed`` fixes the split)."""
     _check_images(images, "images")
+    check_int(splits, "splits")
+    check_int(seed, "seed", low=None)
     with warnings.catch_warnings():  # torchmetrics warns that IS buffers features, and of std() for one split
         warnings.simplefilter("ignore", UserWarning)
         return _inception_score(images, classifier, splits, seed)
@@ -90,6 +99,14 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3
                      batch_size: int = 128) -> ImageClassifier:
     """Fit ``ImageClassifier`` with Adam and cross-entropy (the default feature network)."""
     _check_images(images, "images")
+    check_tensor(labels, "labels", floating=False, dim=1)
+    if len(labels) != len(images):
+        raise ValueError(f"labels must have shape ({len(images)},), one per image, got {tuple(labels.shape)}")
+    if labels.min() < 0:
+        raise ValueError(f"labels must be class indices >= 0, got {int(labels.min())}")
+    check_int(epochs, "epochs", low=0)
+    check_int(seed, "seed", low=None)
+    check_int(batch_size, "batch_size")
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     classifier = ImageClassifier(in_channels=images.shape[1], num_classes=int(labels.max()) + 1).to(images.device)
@@ -110,6 +127,7 @@ def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None,
     """
     from .data import load_images
 
+    check_int(downsample, "downsample")
     name = f"{dataset}_classifier.pt" if downsample == 1 else f"{dataset}_x{downsample}_classifier.pt"
     cache = Path(cache_dir or Path.home() / ".cache" / "probseq" / "pseudovideo") / name
     images, labels = load_images(dataset, limit=20_000)
@@ -129,5 +147,6 @@ def _check_images(images, name: str) -> None:
         raise TypeError(f"{name} must be a floating (N, C, H, W) tensor")
     if len(images) < 2:
         raise ValueError(f"{name} needs at least 2 images, got {len(images)}")
+    check_tensor(images, name, non_empty=True, finite=True)
     if images.min() < 0 or images.max() > 1:
         raise ValueError(f"{name} must lie in [0, 1], got range [{images.min():.3g}, {images.max():.3g}]")

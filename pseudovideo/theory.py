@@ -14,10 +14,12 @@ Frames are numbered as in the thesis: ``1`` is the most corrupted, ``T`` the ima
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 
 import torch
 
+from ._validation import check_tensor
 from .augment import DEFAULT_PARAMS, markov_betas
 
 GAUSSIAN_METHODS = ("markov_first", "markov_high")
@@ -81,7 +83,12 @@ def optimal_predictor(mean: torch.Tensor, covariance: torch.Tensor, num_frames: 
     given = _check_given(given, num_frames)
     if not given:
         raise ValueError("given must name at least one frame for a predictor")
-    mean = torch.as_tensor(mean, dtype=torch.float64)
+    if not isinstance(mean, torch.Tensor):
+        try:
+            mean = torch.as_tensor(mean, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"mean must be a tensor or array-like of numbers, got {type(mean).__name__}") from error
+    mean = check_tensor(mean, "mean", finite=True).to(torch.float64)
     if mean.shape != eigenvalues.shape:
         raise ValueError(f"mean must have shape {tuple(eigenvalues.shape)}, got {tuple(mean.shape)}")
     frames = frame_covariances(eigenvalues, num_frames, method, **params)
@@ -98,12 +105,21 @@ def context_gain_table(covariance: torch.Tensor, frame_counts: Iterable[int], me
 
     The relative gain ``1 - L*(all earlier) / L*(previous only)`` is 0 for first-order Markov videos.
     """
+    methods = (methods,) if isinstance(methods, str) else methods
+    if not isinstance(frame_counts, Iterable) or not isinstance(methods, Iterable):
+        raise TypeError("frame_counts and methods must be iterables (e.g. [4, 8] and ('markov_first',)), got "
+                        f"{type(frame_counts).__name__} and {type(methods).__name__}")
+    frame_counts = list(frame_counts)
     rows = []
     for method in methods:
         for num_frames in frame_counts:
+            if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 2:
+                raise ValueError(f"frame_counts must hold integers >= 2, got {num_frames!r}")
             previous_only = min_mse(covariance, num_frames, method, [num_frames - 1], **params).item()
             all_earlier = min_mse(covariance, num_frames, method, range(1, num_frames), **params).item()
-            rows.append((method, num_frames, previous_only, all_earlier, 1 - all_earlier / previous_only))
+            # nothing left to predict (a zero covariance): the earlier frames cannot help either
+            gain = 1 - all_earlier / previous_only if previous_only > 0 else 0.0
+            rows.append((method, num_frames, previous_only, all_earlier, gain))
     return rows
 
 
@@ -116,11 +132,19 @@ def _settings(method: str, params: dict) -> dict:
 
 
 def _check_method(method: str) -> None:
-    if method not in GAUSSIAN_METHODS:
+    if not isinstance(method, str) or method not in GAUSSIAN_METHODS:
         raise ValueError(f"method must be one of {GAUSSIAN_METHODS} (linear-Gaussian builders), got {method!r}")
 
 
 def _check_given(given, num_frames: int) -> list[int]:
+    if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+        raise TypeError(f"given must be an iterable of frame numbers (e.g. [1, 2]), got {type(given).__name__}")
+    given = list(given)
+    for s in given:
+        if isinstance(s, torch.Tensor) and s.dim() == 0 and not s.is_floating_point():
+            s = s.item()
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"given must hold integer frame numbers, got {s!r}")
     given = sorted(set(int(s) for s in given))
     if any(not 1 <= s < num_frames for s in given):
         raise ValueError(f"given frames must lie in 1..{num_frames - 1} (frames before z_T), got {given}")
@@ -130,6 +154,9 @@ def _check_given(given, num_frames: int) -> list[int]:
 def _eigh(covariance: torch.Tensor):
     if not isinstance(covariance, torch.Tensor) or covariance.dim() != 2 or covariance.shape[0] != covariance.shape[1]:
         raise ValueError("covariance must be a square (n, n) torch.Tensor")
+    check_tensor(covariance, "covariance", non_empty=True, finite=True)
+    if covariance.dtype == torch.bool or covariance.is_complex():
+        raise TypeError(f"covariance must be a real tensor, got {covariance.dtype}")
     covariance = covariance.to(torch.float64)
     if not torch.allclose(covariance, covariance.T, rtol=1e-6, atol=1e-10):
         raise ValueError("covariance must be symmetric")

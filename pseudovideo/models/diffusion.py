@@ -19,6 +19,8 @@ import torch
 from diffusers import DDIMScheduler, DDPMScheduler, UNet2DModel
 from torch import nn
 
+from .._validation import check_generator, check_int, check_tensor
+
 OBSERVED, LATENT, ABSENT = 1.0, 0.0, -1.0
 
 
@@ -35,6 +37,9 @@ class AutoregressiveVideoDiffusion(nn.Module):
             raise ValueError(f"an image model (num_frames=1) has context 0, got context={context!r}")
         if num_frames > 1 and not (isinstance(context, int) and 1 <= context < num_frames):
             raise ValueError(f"context must be an integer in 1..num_frames-1={num_frames - 1}, got {context!r}")
+        check_int(channels, "channels")
+        check_int(image_size, "image_size")
+        check_int(num_train_timesteps, "num_train_timesteps", low=2)
         if image_size % 2 ** (len(block_out_channels) - 1):
             raise ValueError(f"image_size {image_size} must be divisible by 2^(levels-1) = "
                              f"{2 ** (len(block_out_channels) - 1)}; pad the images")
@@ -67,6 +72,7 @@ class AutoregressiveVideoDiffusion(nn.Module):
     def training_loss(self, videos: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Mean squared epsilon error on latent slots, ``videos`` ``(B, T, C, H, W)`` in ``[-1, 1]``."""
         self._check_videos(videos)
+        check_generator(generator)
         batch, device = videos.shape[0], videos.device
         tasks = self._draw_tasks(batch, generator).to(device)
         frame, state = self.task_windows(tasks)
@@ -83,6 +89,10 @@ class AutoregressiveVideoDiffusion(nn.Module):
     def sample(self, num_samples: int, num_inference_steps: int = 50, generator: torch.Generator | None = None,
                batch_size: int = 256) -> torch.Tensor:
         """Videos ``(N, T, C, H, W)`` (unclipped model space), frames generated autoregressively with DDIM."""
+        check_int(num_samples, "num_samples")
+        check_int(num_inference_steps, "num_inference_steps")
+        check_int(batch_size, "batch_size")
+        check_generator(generator)
         chunks = [self._sample_batch(min(batch_size, num_samples - start), num_inference_steps, generator)
                   for start in range(0, num_samples, batch_size)]
         return torch.cat(chunks)
@@ -93,9 +103,14 @@ class AutoregressiveVideoDiffusion(nn.Module):
         """A sample of ``z_t`` given the ``C`` previous frames ``(B, C, channels, H, W)``."""
         if self.num_frames == 1:
             raise ValueError("an image model (num_frames=1) has no context frames to condition on")
-        if context_frames.dim() != 5 or context_frames.shape[1] != self.context:
-            raise ValueError(f"context_frames must have shape (B, {self.context}, C, H, W), "
+        check_tensor(context_frames, "context_frames", floating=True)
+        expected = (self.context, self.channels, self.image_size, self.image_size)
+        if context_frames.dim() != 5 or tuple(context_frames.shape[1:]) != expected:
+            raise ValueError(f"context_frames must have shape (B, {', '.join(map(str, expected))}), "
                              f"got {tuple(context_frames.shape)}")
+        check_tensor(context_frames, "context_frames", non_empty=True, finite=True, dtype=self._dtype())
+        check_int(num_inference_steps, "num_inference_steps")
+        check_generator(generator)
         batch = len(context_frames)
         state = torch.tensor([OBSERVED] * self.context + [LATENT], device=context_frames.device).expand(batch, -1)
         window = torch.cat([context_frames, torch.zeros_like(context_frames[:, :1])], dim=1)
@@ -140,7 +155,12 @@ class AutoregressiveVideoDiffusion(nn.Module):
         """Task 0 (initial block) once per ``T - C`` step tasks, as at sampling time."""
         return torch.randint(0, self.num_tasks, (batch,), generator=generator)
 
+    def _dtype(self) -> torch.dtype:
+        return next(self.unet.parameters()).dtype
+
     def _check_videos(self, videos):
+        check_tensor(videos, "videos", floating=True)
         expected = (self.num_frames, self.channels, self.image_size, self.image_size)
         if videos.dim() != 5 or tuple(videos.shape[1:]) != expected:
             raise ValueError(f"videos must have shape (B, {', '.join(map(str, expected))}), got {tuple(videos.shape)}")
+        check_tensor(videos, "videos", non_empty=True, finite=True, dtype=self._dtype())

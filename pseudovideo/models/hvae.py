@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .._random import randn
+from .._validation import check_generator, check_int, check_real, check_tensor
 from ..augment import make_pseudo_video
 
 ENCODERS = ("heat", "learned")
@@ -52,8 +53,12 @@ class HeatHVAE(nn.Module):
         super().__init__()
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
-        if not isinstance(num_latents, int) or num_latents < 1:
+        if isinstance(num_latents, bool) or not isinstance(num_latents, int) or num_latents < 1:
             raise ValueError(f"num_latents must be a positive integer, got {num_latents!r}")
+        for name, value in (("channels", channels), ("width", width), ("image_size", image_size)):
+            check_int(value, name)
+        max_std = check_real(max_std, "max_std", low=0.5)  # the heat encoder's blur widths run from 0.5 pixels
+        noise_std = check_real(noise_std, "noise_std", low=0.0, low_open=True)  # log q needs sigma_h > 0
         self.encoder, self.num_latents, self.noise_std, self.max_std = encoder, num_latents, noise_std, max_std
         self.decoder_mean = TimeConditionedConvNet(channels, channels, num_latents, width)
         self.decoder_log_std = nn.Parameter(torch.full((num_latents + 1,), math.log(max(noise_std, 1e-3) * 1.25)))
@@ -88,8 +93,15 @@ class HeatHVAE(nn.Module):
 
     def negative_elbo(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Mean over the batch of ``-ELBO(x)`` in nats, one reparameterised sample of ``q``; ``x`` in ``{0, 1}``."""
-        if x.dim() != 4 or not x.is_floating_point():
-            raise ValueError(f"x must be a floating (B, C, H, W) tensor of binary pixels, got {tuple(x.shape)}")
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
+            raise ValueError(f"x must be a floating (B, C, H, W) tensor of binary pixels, got {getattr(x, 'shape', x)!r}")
+        expected = tuple(self.prior_mean.shape)
+        if tuple(x.shape[1:]) != expected:
+            raise ValueError(f"x must have shape (B, {', '.join(map(str, expected))}), got {tuple(x.shape)}")
+        check_tensor(x, "x", non_empty=True, finite=True)
+        if not bool(((x >= 0) & (x <= 1)).all()):
+            raise ValueError("x must hold pixels in [0, 1] (binary for the Bernoulli likelihood)")
+        check_generator(generator)
         latents, log_q = self.encode(x, generator)
         logits = self.likelihood(latents[0], 0)
         log_p = -nn.functional.binary_cross_entropy_with_logits(logits, x, reduction="none").flatten(1).sum(1)
@@ -102,6 +114,8 @@ class HeatHVAE(nn.Module):
     @torch.no_grad()
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Ancestral samples; returns the Bernoulli means ``sigmoid(g(z_1))`` in ``[0, 1]``."""
+        check_int(num_samples, "num_samples", low=0)
+        check_generator(generator)
         shape = (num_samples, *self.prior_mean.shape)
         device = self.prior_mean.device  # the noise keeps the default dtype, as before
         z = self.prior_mean + self.prior_log_std.exp() * randn(shape, generator, None, device)

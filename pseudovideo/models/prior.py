@@ -27,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .._random import multinomial, rand
+from .._validation import check_generator, check_int, check_real
 from .quantizer import check_tokens
 from .tokenizer import transformer_stack
 
@@ -41,8 +42,10 @@ class TokenPrior(nn.Module):
         super().__init__()
         if isinstance(codebook_size, bool) or not isinstance(codebook_size, int) or codebook_size < 2:
             raise ValueError(f"codebook_size must be an integer >= 2, got {codebook_size!r}")
+        if not isinstance(token_shape, (tuple, list, torch.Size)):
+            raise ValueError(f"token_shape must be a tuple of positive integers, got {token_shape!r}")
         token_shape = tuple(token_shape)
-        if not token_shape or any(not isinstance(n, int) or n < 1 for n in token_shape):
+        if not token_shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in token_shape):
             raise ValueError(f"token_shape must be a tuple of positive integers, got {token_shape!r}")
         for name, value in [("dim", dim), ("heads", heads), ("layers", layers)]:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -71,16 +74,15 @@ class TokenPrior(nn.Module):
 
     def _flatten(self, tokens: torch.Tensor) -> torch.Tensor:
         check_tokens(tokens, self.codebook_size)
-        if tuple(tokens.shape[1:]) != self.token_shape:
-            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}), "
+        if tokens.dim() < 1 or tuple(tokens.shape[1:]) != self.token_shape or tokens.shape[0] == 0:
+            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}) with B >= 1, "
                              f"got {tuple(tokens.shape)}")
         return tokens.long().reshape(tokens.shape[0], self.length)
 
     def _check_sampling(self, num_samples, temperature):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be positive, got {temperature!r}")
+        check_real(temperature, "temperature", low=0.0, low_open=True)
 
 
 def sample_codes(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
@@ -132,6 +134,8 @@ class MaskedTokenPrior(TokenPrior):
 
     def random_mask(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """``(B, *token_shape)`` masks hiding ``ceil(cos(pi u / 2) L)`` random positions, ``u ~ U(0, 1)``."""
+        check_int(batch_size, "batch_size", low=0)
+        check_generator(generator)
         device = self.position.device
         ratio = torch.cos(math.pi / 2 * rand(batch_size, generator, device))
         count = (ratio * self.length).ceil().clamp(1, self.length)
@@ -140,6 +144,7 @@ class MaskedTokenPrior(TokenPrior):
 
     def loss(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Cross-entropy of the masked positions under a cosine-schedule random mask (nats per token)."""
+        self._flatten(tokens)
         mask = self.random_mask(tokens.shape[0], generator)
         logits = self(tokens, mask)
         return F.cross_entropy(logits[mask], tokens[mask].long())
@@ -151,8 +156,8 @@ class MaskedTokenPrior(TokenPrior):
         self._check_sampling(num_samples, temperature)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive integer, got {steps!r}")
-        if not choice_temperature >= 0:
-            raise ValueError(f"choice_temperature must be >= 0, got {choice_temperature!r}")
+        check_real(choice_temperature, "choice_temperature", low=0.0)
+        check_generator(generator)
         device = self.position.device
         tokens = torch.zeros(num_samples, self.length, dtype=torch.long, device=device)
         masked = torch.ones(num_samples, self.length, dtype=torch.bool, device=device)

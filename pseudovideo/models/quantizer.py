@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from vector_quantize_pytorch import VectorQuantize
 
+from .._validation import check_int, check_real, check_tensor
+
 
 class QuantizerOutput(NamedTuple):
     quantized: torch.Tensor  # (..., dim): e_k in value, straight-through gradient to the features
@@ -36,14 +38,12 @@ class VectorQuantizer(nn.Module):
 
     def __init__(self, dim: int, codebook_size: int = 1024, beta: float = 0.25, dead_code_threshold: float = 2.0):
         super().__init__()
-        if not isinstance(dim, int) or dim < 1:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        if not isinstance(codebook_size, int) or codebook_size < 2:
+        if isinstance(codebook_size, bool) or not isinstance(codebook_size, int) or codebook_size < 2:
             raise ValueError(f"codebook_size must be an integer >= 2, got {codebook_size!r}")
-        if not beta > 0:
-            raise ValueError(f"beta (commitment weight) must be positive, got {beta!r}")
-        if dead_code_threshold < 0:
-            raise ValueError(f"dead_code_threshold must be >= 0, got {dead_code_threshold!r}")
+        beta = check_real(beta, "beta (commitment weight)", low=0.0, low_open=True)
+        dead_code_threshold = check_real(dead_code_threshold, "dead_code_threshold", low=0.0)
         self.dim, self.codebook_size, self.beta = dim, codebook_size, beta
         self.vq = VectorQuantize(dim=dim, codebook_size=codebook_size, learnable_codebook=True, ema_update=False,
                                  commitment_weight=0.0, rotation_trick=False,
@@ -60,6 +60,7 @@ class VectorQuantizer(nn.Module):
             raise TypeError("features must be a floating-point tensor")
         if features.dim() < 2 or features.shape[-1] != self.dim:
             raise ValueError(f"features must have shape (..., {self.dim}), got {tuple(features.shape)}")
+        check_tensor(features, "features", non_empty=True, finite=True)
         flat = features.reshape(1, -1, self.dim)
         codebook = self.codebook.clone()  # the codes the search sees, before any dead-code re-seeding
         _, indices, _ = self.vq(flat, freeze_codebook=not update_codebook)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from .._validation import check_int, check_tensor
 from .quantizer import VectorQuantizer, check_tokens
 
 
@@ -97,6 +98,8 @@ class VideoTokenizer(nn.Module):
             raise ValueError(f"num_frames ({num_frames}) must be a multiple of tubelet_frames ({tubelet_frames})")
         if dim % heads:
             raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
+        check_int(spatial_layers, "spatial_layers", low=0)
+        check_int(temporal_layers, "temporal_layers", low=0)
         if spatial_layers < 0 or temporal_layers < 0 or spatial_layers + temporal_layers == 0:
             raise ValueError(f"need spatial_layers, temporal_layers >= 0 and at least one layer, got "
                              f"{spatial_layers} and {temporal_layers}")
@@ -135,8 +138,8 @@ class VideoTokenizer(nn.Module):
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Pixels of ``(B, *token_shape)`` tokens, shaped like the tokenizer's input."""
         check_tokens(tokens, self.codebook_size)
-        if tuple(tokens.shape[1:]) != self.token_shape:
-            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}), "
+        if tokens.dim() < 1 or tuple(tokens.shape[1:]) != self.token_shape or tokens.shape[0] == 0:
+            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}) with B >= 1, "
                              f"got {tuple(tokens.shape)}")
         return self._pixels(self.quantizer.lookup(tokens))
 
@@ -171,7 +174,7 @@ class VideoTokenizer(nn.Module):
         if videos.dim() != len(self.input_shape) + 1 or tuple(videos.shape[1:]) != self.input_shape:
             raise ValueError(f"videos must have shape (B, {', '.join(map(str, self.input_shape))}), "
                              f"got {tuple(videos.shape)}")
-        return videos
+        return check_tensor(videos, "videos", non_empty=True, finite=True)
 
 
 class ImageTokenizer(VideoTokenizer):

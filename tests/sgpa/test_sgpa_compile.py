@@ -14,6 +14,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 
 import gpytorch_sgpa.elbo as elbo_module
 import gpytorch_sgpa.multihead as multihead
+import gpytorch_sgpa.transformer as transformer_module
 from gpytorch_sgpa.attention import SGPAttention
 from gpytorch_sgpa.elbo import SGPAELBO
 from gpytorch_sgpa.transformer import SGPADecoder, SGPATransformer, SGPAViT
@@ -103,6 +104,7 @@ def accelerator_path(monkeypatch):
     """Run the code paths taken on accelerators and under ``torch.compile`` (no host checks)."""
     monkeypatch.setattr(multihead, "_checks_on_host", lambda x: False)
     monkeypatch.setattr(elbo_module, "_checks_on_host", lambda x: False)
+    monkeypatch.setattr(transformer_module, "_checks_on_host", lambda x: False)
 
 
 def _spd(batch, n, seed):

@@ -20,6 +20,7 @@ import gpytorch_sgpa.decoupled as decoupled_module
 import gpytorch_sgpa.elbo as elbo_module
 import gpytorch_sgpa.kernels as kernels_module
 import gpytorch_sgpa.multihead as multihead_module
+import gpytorch_sgpa.transformer as transformer_module
 from gpytorch_sgpa import SGPAELBO, SGPAViT
 from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer
 
@@ -251,7 +252,7 @@ def test_an_sgpa_training_step_dispatches_less_than_three_times_the_operators_of
     issue 16 and 2.81x after (`benchmarks/sgpa_cost.py --preset cifar --count-ops`, Adam included:
     2.86x -> 2.57x).  A change that adds per-layer operators back (hyperparameters read once per use,
     a copy per parameter, the keys' features built per sequence) fails it."""
-    for module in (multihead_module, elbo_module):
+    for module in (multihead_module, elbo_module, transformer_module):
         monkeypatch.setattr(module, "_checks_on_host", lambda x: False)
     images, labels = torch.rand(2, 1, 8, 8), torch.tensor([0, 1])
     totals = {}
