@@ -183,11 +183,14 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         clear_cache_hook(self)
         self._cache_fingerprint = None
 
-    def _clear_cache_if_stale(self) -> None:
+    def _clear_cache_if_stale(self, force: bool = False) -> None:
+        """Drop the caches if any watched tensor changed value since they were filled (or ``force``),
+        and record what the next fill depends on."""
         tensors = self._watched_tensors()
         old = self._cache_fingerprint
         fresh = (
-            old is not None
+            not force
+            and old is not None
             and len(old) == len(tensors)
             and all(_same_tensor(a, b.detach()) for a, b in zip(old, tensors))
         )
@@ -230,8 +233,14 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         mean = zeros.expand(*batch_shape, q_shape[-1]) if mean_u is None else (zeros + mean_u).expand(*batch_shape, -1)
         return MultivariateNormal(mean, CholLinearOperator(TriangularLinearOperator(chol)))
 
+    def kl_divergence(self) -> Tensor:
+        """``KL(q(u) || p(u))`` with the current hyperparameters (also right after an optimiser step)."""
+        self._clear_cache_if_stale()
+        return super().kl_divergence()
+
     def inducing_posterior(self) -> MultivariateNormal:
         """``q(u)`` in the unwhitened coordinates of the inducing variables (dense covariance)."""
+        self._clear_cache_if_stale()
         q = self.variational_distribution
         if not self.whitened:
             return MultivariateNormal(q.mean, to_dense(q.lazy_covariance_matrix))
@@ -250,6 +259,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         Uses ``cov(u, u') = inducing_variables.Kuu_cross(other, kernel)`` and the prior
         ``N(other.prior_mean, other.Kuu(kernel))``; returns a full covariance.
         """
+        self._clear_cache_if_stale()
         q = self.variational_distribution
         kernel = self.kernel
         Kuu_other = other.Kuu(kernel)
@@ -439,10 +449,9 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         self.inducing_variables._variational_owner = type(self).__name__  # also after a replacement
         if prior:
             return self.model.forward(x, **kwargs)
-        if self.training:
-            self._clear_cache()
-        else:
-            self._clear_cache_if_stale()
+        # train mode: a fresh graph every forward; the fingerprint lets later readers of the same step
+        # (kl_divergence, inducing_posterior) reuse it, and refill after an optimiser step
+        self._clear_cache_if_stale(force=self.training)
         num_q = self._variational_distribution.shape()[-1]
         if num_q != self.inducing_variables.num_inducing:
             raise RuntimeError(

@@ -109,8 +109,15 @@ class InducingVariables(gpytorch.Module):
 
     def _shares_jitter_with(self, other: "InducingVariables") -> Tensor:
         """Boolean ``(*batch, M)`` (broadcastable): which of these variables share their jitter noise
-        with a variable of ``other``; none by default."""
-        return torch.tensor(False)
+        with a variable of ``other``. By default all of them when ``other`` is the same set (same type
+        and state, e.g. a frozen copy), none otherwise; subclasses that share some refine this."""
+        if type(other) is not type(self):
+            return torch.tensor(False)
+        mine, theirs = self.state_dict(), other.state_dict()
+        return torch.tensor(
+            mine.keys() == theirs.keys()
+            and all(a.shape == b.shape and torch.equal(a, b.to(a.device)) for a, b in ((mine[k], theirs[k]) for k in mine))
+        )
 
     def _jitter_scale(self, covariance: LinearOperator) -> float:
         """Scale the jitter is relative to (class docstring); ``1``: absolute, as in GPyTorch."""

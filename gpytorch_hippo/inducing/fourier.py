@@ -149,6 +149,10 @@ class FourierInducingVariables(InducingVariables):
             and (other.num_frequencies, other.a, other.b) == (self.num_frequencies, self.a, self.b)
         )
 
+    def _shares_jitter_with(self, other: InducingVariables) -> Tensor:
+        """All of the jitter is shared with the same features (``Kuu_cross`` is ``Kuu``), none otherwise."""
+        return torch.tensor(self._same_variables(other))
+
     def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):
         if self._same_variables(other):
             return self.Kuu(kernel).to_dense()

@@ -53,8 +53,15 @@ def naive_online_posterior(kernel, noise, tasks, points, x_test):
         if prec_old is not None:
             kab = k_points(kernel, z_old, z)
             kaa_inv = torch.linalg.inv(k_points(kernel, z_old, z_old))
-            precision = precision + kbb_inv @ kab.mT @ (prec_old - kaa_inv) @ kab @ kbb_inv
-            shift = shift + kbb_inv @ kab.mT @ prec_old @ mean_old
+            # the old factor exp(-½ aᵀPa + aᵀh), averaged over the jitter noise N of the old points
+            # that the new set does not keep: P̃ = P (I + N P)^{-1}, h̃ = (I + P N)^{-1} h
+            ratio_precision, ratio_shift = prec_old - kaa_inv, prec_old @ mean_old
+            unshared = torch.diag(JITTER * (1 - (z_old.unsqueeze(-2) == z.unsqueeze(-3)).all(-1).any(-1).to(DT)))
+            eye = torch.eye(len(z_old), dtype=DT)
+            ratio_precision = ratio_precision @ torch.linalg.inv(eye + unshared @ ratio_precision)
+            ratio_shift = torch.linalg.solve(eye + (prec_old - kaa_inv) @ unshared, ratio_shift)
+            precision = precision + kbb_inv @ kab.mT @ ratio_precision @ kab @ kbb_inv
+            shift = shift + kbb_inv @ kab.mT @ ratio_shift
         prec_old, mean_old, z_old = precision, torch.linalg.solve(precision, shift), z
     kbb_inv = torch.linalg.inv(k_points(kernel, z_old, z_old))
     ksb = kernel(x_test, z_old).to_dense()

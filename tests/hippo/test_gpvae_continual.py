@@ -39,18 +39,34 @@ def two_task_runs():
     return results
 
 
-def test_hippo_keeps_task_one_while_few_inducing_points_forget_it(two_task_runs):
+def test_both_variants_learn_each_task_and_keep_task_one(two_task_runs):
     """The outputs have standard deviation ~1.3 and noise 0.05. Both models reconstruct each task
-    right after learning it (RMSE < 0.15); after task 2 the HiPPO model still reconstructs task 1
-    (its LegS basis spans [0, 2]) while the 4 points, re-drawn mostly from task 2's times, leave
-    task 1 to the prior and its RMSE grows several-fold."""
+    right after learning it (RMSE < 0.15) and still reconstruct task 1 after task 2 (RMSE < 0.25).
+    With the finished task stored whole, the online ELBO also keeps OSVGP's 4 re-drawn learnable
+    points on task 1 here (0.116 vs OHSVGP's 0.179 at seed 0): this two-task stream does not separate
+    the two, see the weather experiment for the comparison."""
     hippo_first, hippo_kept, hippo_second = two_task_runs["ohsvgp"][:3]
     points_first, points_kept, points_second = two_task_runs["osvgp"][:3]
     assert hippo_first < 0.15 and points_first < 0.15
     assert hippo_second < 0.15 and points_second < 0.15
-    assert hippo_kept < 0.15
-    assert points_kept > 0.3
-    assert points_kept > 2.5 * hippo_kept
+    assert hippo_kept < 0.25 and points_kept < 0.25
+
+
+@pytest.mark.parametrize("method", ["ohsvgp", "osvgp"])
+def test_the_stored_task_is_the_whole_task_encoding(two_task_runs, method):
+    """``q_old`` is ``q(u)`` encoded from the whole finished task with the final networks and kernel, not
+    whatever ``q(u)`` the last forward pass (a Fisher chunk) left in the strategy's cache."""
+    trainer = ContinualSVGPVAE(method, D, latent_dim=2, num_inducing=16 if method == "ohsvgp" else 4,
+                               lengthscale=0.2, hidden_dim=16, num_iter=20, lr=0.01, seed=0)
+    times, y = task(0)
+    trainer.fit_task(times, y)
+    stored = trainer.model.gp_objective.old_mean.clone()
+    with torch.no_grad():
+        trainer.model.encode_posterior(times, y)
+        strategy = trainer.model.latent_gp.variational_strategy
+        strategy._clear_cache()  # the reference reads nothing cached
+        expected = strategy.inducing_posterior().mean
+    assert (stored - expected).abs().max() < 1e-10
 
 
 def test_trainer_stores_each_task(two_task_runs):
