@@ -32,6 +32,7 @@ from gpytorch.mlls import MarginalLogLikelihood
 from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
+from ._validation import check_tensor, floating_dtype
 from .inducing.base import InducingVariables
 from .inducing.hippo_variables import HiPPOInducingVariables
 from .online import OnlineSGPR
@@ -240,8 +241,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         a ``GPyTorchPosterior`` over ``broadcast(b, batch_shape) x q x 1`` in the outcome space."""
         if output_indices is not None and list(output_indices) != [0]:
             raise ValueError(f"output_indices must be None or [0] for a single-output model, got {output_indices!r}")
-        if not isinstance(X, Tensor):
-            raise TypeError(f"X must be a torch.Tensor, got {type(X).__name__}")
+        X = check_tensor(X, "X", dtype=floating_dtype(self.covar_module))
         if X.dim() < 2:
             raise ValueError(f"X must have shape (*batch, q, d), got {tuple(X.shape)}")
         self.eval()

@@ -32,6 +32,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ._validation import check_finite_scalar, check_tensor, floating_dtype
 from .inducing.base import InducingVariables
 from .nystrom import nystrom_residual
 from .variational import InterdomainVariationalStrategy, _solve_lower
@@ -82,11 +83,10 @@ def _check_mean_unchanged(old_inducing_variables: InducingVariables, old_mean: t
     )
 
 
-def _check_inputs(train_x, train_y, x_name: str = "train_x", y_name: str = "train_y") -> tuple[Tensor, Tensor]:
-    if not isinstance(train_x, Tensor):
-        raise TypeError(f"{x_name} must be a torch.Tensor, got {type(train_x).__name__}")
-    if not isinstance(train_y, Tensor):
-        raise TypeError(f"{y_name} must be a torch.Tensor, got {type(train_y).__name__}")
+def _check_inputs(train_x, train_y, dtype: torch.dtype, x_name: str = "train_x", y_name: str = "train_y") -> tuple[Tensor, Tensor]:
+    """Finite tensors in the model's floating ``dtype`` (integers promoted), ``x`` as ``(N, D)``, ``y`` as ``(N,)``."""
+    train_x = check_tensor(train_x, x_name, dtype=dtype)
+    train_y = check_tensor(train_y, y_name, dtype=dtype)
     if train_x.dim() == 1:
         train_x = train_x.unsqueeze(-1)
     if train_x.dim() < 2 or train_x.shape[-2] < 1:
@@ -96,13 +96,16 @@ def _check_inputs(train_x, train_y, x_name: str = "train_x", y_name: str = "trai
             f"{y_name} must have shape {tuple(train_x.shape[:-1])} to match {x_name} of shape "
             f"{tuple(train_x.shape)}, got {tuple(train_y.shape)}"
         )
-    if not torch.isfinite(train_x).all():
-        raise ValueError(f"{x_name} contains NaN or infinite values")
-    if torch.isnan(train_y).any():
-        raise ValueError(f"{y_name} contains NaN values")
-    if not torch.isfinite(train_y).all():
-        raise ValueError(f"{y_name} contains infinite values")
     return train_x, train_y
+
+
+def _check_finite_result(name: str, *tensors: Tensor) -> None:
+    """A named error instead of a NaN/Inf posterior or bound from finite but extreme input."""
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        raise ValueError(
+            f"{name} is not finite although the inputs are: the targets or the hyperparameters are out of the range "
+            "floating point can represent here (standardise train_y, check the noise and length scales)"
+        )
 
 
 def _smooth_ratio(precision: Tensor, shift: Tensor, chol: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -307,7 +310,7 @@ class OnlineSGPR(gpytorch.Module):
         """Collapsed online bound (thesis eq. ``online_elbo`` at the optimal ``q(u)``) of absorbing
         ``(train_x, train_y)`` into the current summary, with the current hyperparameters. The state
         is not changed; differentiable with respect to the hyperparameters."""
-        train_x, train_y = _check_inputs(train_x, train_y)
+        train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
         return self._bound_and_posterior(train_x, train_y)[0]
 
     def update(
@@ -329,11 +332,10 @@ class OnlineSGPR(gpytorch.Module):
         :param progress: show a ``tqdm`` bar during optimisation.
         :return: the collapsed online bound of this task at the final hyperparameters.
         """
-        train_x, train_y = _check_inputs(train_x, train_y)
+        train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
             raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
-        if not (isinstance(lr, (int, float)) and lr > 0):
-            raise ValueError(f"lr must be a positive float, got {lr!r}")
+        lr = check_finite_scalar(lr, "lr", positive=True)
         if (
             num_iter > 0
             and self.has_posterior
@@ -352,10 +354,12 @@ class OnlineSGPR(gpytorch.Module):
             for _ in tqdm(range(num_iter), disable=not progress, desc="OnlineSGPR task"):
                 optimizer.zero_grad()
                 loss = -self._bound_and_posterior(train_x, train_y)[0].sum() / num_data
+                _check_finite_result("the online bound during optimisation (try a smaller lr)", loss)
                 loss.backward()
                 optimizer.step()
         with torch.no_grad():
             bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y)
+            _check_finite_result("the online update", bound, precision, shift)
             self._warn_if_little_variance_captured(train_x)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
             if prior_mean is None:
@@ -421,12 +425,9 @@ class OnlineSGPR(gpytorch.Module):
 
     def forward(self, x: Tensor) -> MultivariateNormal:
         """Latent ``q(f(x))`` (thesis eq. ``q_predictive_svgp`` with the optimal ``q(u)``)."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        x = check_tensor(x, "x", dtype=floating_dtype(self.covar_module), min_dim=1)
         if x.dim() == 1:
             x = x.unsqueeze(-1)
-        if x.dim() < 2:
-            raise ValueError(f"x must have shape (N, D) or (N,), got {tuple(x.shape)}")
         kernel = self.covar_module
         prior_mean = self.mean_module(x)
         prior_covar = kernel(x)
@@ -606,10 +607,9 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
 
     def forward(self, approximate_dist_f, target, **kwargs):
         """``\\mathcal L^o / N`` for a minibatch of the current task (``N = num_data``)."""
-        if not isinstance(target, Tensor):
-            raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-        if torch.isnan(target).any():
-            raise ValueError("target contains NaN values")
+        check_tensor(target, "target", min_dim=1)
+        if approximate_dist_f.event_shape.numel() == 0 or target.numel() == 0:
+            raise ValueError("the minibatch is empty: approximate_dist_f and target need at least one data point")
         if target.shape[-1] != approximate_dist_f.event_shape[0] and target.shape != approximate_dist_f.event_shape:
             raise ValueError(
                 f"target of shape {tuple(target.shape)} does not match the model output with event shape "
