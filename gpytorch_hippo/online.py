@@ -83,6 +83,13 @@ def _check_mean_unchanged(old_inducing_variables: InducingVariables, old_mean: t
     )
 
 
+def _working(tensor: Tensor) -> Tensor:
+    """``tensor`` in the dtype of the online algebra: at least GPyTorch's Cholesky dtype
+    (``settings._linalg_dtype_cholesky``, float64), so that a float32 model is the float64 model
+    rounded once at its outputs (``K_uu`` is conditioned only by its jitter, ``κ ≈ M / 10⁻⁶``)."""
+    return tensor.to(torch.promote_types(tensor.dtype, gpytorch.settings._linalg_dtype_cholesky.value()))
+
+
 def _check_inputs(train_x, train_y, dtype: torch.dtype, x_name: str = "train_x", y_name: str = "train_y") -> tuple[Tensor, Tensor]:
     """Finite tensors in the model's floating ``dtype`` (integers promoted), ``x`` as ``(N, D)``, ``y`` as ``(N,)``."""
     train_x = check_tensor(train_x, x_name, dtype=dtype)
@@ -259,30 +266,32 @@ class OnlineSGPR(gpytorch.Module):
     def _bound_and_posterior(self, x: Tensor, y: Tensor):
         """Online collapsed bound of absorbing ``(x, y)`` and the optimal ``q(v)`` in natural form."""
         kernel, ivs = self.covar_module, self.inducing_variables
-        chol = psd_safe_cholesky(to_dense(ivs.Kuu(kernel)))
-        W = _solve_lower(chol, ivs.Kuf(kernel, x))
-        noise = self._noise()
-        resid = y - self.mean_module(x)
+        chol = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
+        W = _solve_lower(chol, _working(ivs.Kuf(kernel, x)))
+        noise = _working(self._noise())
+        resid = _working(y - self.mean_module(x))
         num_data = y.shape[-1]
         precision = (W @ W.mT) / noise[..., None, None]
         shift = (W @ resid.unsqueeze(-1)).squeeze(-1) / noise[..., None]
         bound = (
             -0.5 * num_data * torch.log(2 * math.pi * noise)
             - 0.5 * resid.square().sum(-1) / noise
-            - 0.5 * nystrom_residual(kernel(x, diag=True), W).sum(-1) / noise
+            - 0.5 * nystrom_residual(_working(kernel(x, diag=True)), W).sum(-1) / noise
         )
         if self.has_posterior:
             old = self.posterior_inducing_variables
             _check_mean_unchanged(old, self.posterior_mean_module, self.mean_module)
-            old_chol, old_precision, old_shift = self.posterior_chol, self.posterior_precision, self.posterior_shift
-            R = _solve_lower(chol, ivs.Kuu_cross(old, kernel))  # L^{-1} K_ba
+            old_chol, old_precision, old_shift, old_prior_mean = map(
+                _working, (self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean)
+            )
+            R = _solve_lower(chol, _working(ivs.Kuu_cross(old, kernel)))  # L^{-1} K_ba
             T = _solve_lower(old_chol, R.mT).mT  # L^{-1} K_ba L'^{-T}
             old_mean_now = old.prior_mean(self.mean_module)
-            delta = -self.posterior_prior_mean if old_mean_now is None else old_mean_now - self.posterior_prior_mean
+            delta = -old_prior_mean if old_mean_now is None else _working(old_mean_now) - old_prior_mean
             delta = _solve_lower(old_chol, delta.unsqueeze(-1)).squeeze(-1)
             old_b_chol = psd_safe_cholesky(old_precision + torch.eye(old_precision.shape[-1], dtype=W.dtype, device=W.device))
             old_c = _solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
-            old_kuu = to_dense(old.Kuu(kernel))
+            old_kuu = _working(to_dense(old.Kuu(kernel)))
             old_noise = old.unshared_jitter(ivs, old_kuu)
             old_precision, old_shift, smoothing = _smooth_ratio(old_precision, old_shift, old_chol, old_noise)
             precision = precision + T @ old_precision @ T.mT
@@ -304,7 +313,7 @@ class OnlineSGPR(gpytorch.Module):
         b_chol = psd_safe_cholesky(precision + eye)
         c = _solve_lower(b_chol, shift.unsqueeze(-1)).squeeze(-1)
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
-        return bound, precision, shift, chol
+        return bound.to(y.dtype), precision, shift, chol
 
     def log_bound(self, train_x: Tensor, train_y: Tensor) -> Tensor:
         """Collapsed online bound (thesis eq. ``online_elbo`` at the optimal ``q(u)``) of absorbing
@@ -362,8 +371,7 @@ class OnlineSGPR(gpytorch.Module):
             _check_finite_result("the online update", bound, precision, shift)
             self._warn_if_little_variance_captured(train_x)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
-            if prior_mean is None:
-                prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)
+            prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device) if prior_mean is None else _working(prior_mean)
             self.posterior_chol = chol.detach().clone()
             self.posterior_precision = precision.detach().clone()
             self.posterior_shift = shift.detach().clone()
@@ -409,9 +417,10 @@ class OnlineSGPR(gpytorch.Module):
     # ------------------------------------------------------------------ posterior
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:
         """``(mean, chol(B))`` of the stored ``q(v) = N(B^{-1} η', B^{-1})``."""
-        eye = torch.eye(self.posterior_precision.shape[-1], dtype=self.posterior_precision.dtype, device=self.posterior_precision.device)
-        b_chol = psd_safe_cholesky(self.posterior_precision + eye)
-        mean = torch.cholesky_solve(self.posterior_shift.unsqueeze(-1), b_chol).squeeze(-1)
+        precision, shift = _working(self.posterior_precision), _working(self.posterior_shift)
+        eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
+        b_chol = psd_safe_cholesky(precision + eye)
+        mean = torch.cholesky_solve(shift.unsqueeze(-1), b_chol).squeeze(-1)
         return mean, b_chol
 
     def inducing_posterior(self) -> MultivariateNormal:
@@ -419,8 +428,9 @@ class OnlineSGPR(gpytorch.Module):
         if not self.has_posterior:
             raise RuntimeError("no task has been absorbed yet: call update(train_x, train_y) first")
         mean_v, b_chol = self._whitened_posterior()
-        factor = self.posterior_chol @ _solve_lower(b_chol, torch.eye(b_chol.shape[-1], dtype=b_chol.dtype, device=b_chol.device)).mT
-        mean = self.posterior_prior_mean + (self.posterior_chol @ mean_v.unsqueeze(-1)).squeeze(-1)
+        chol = _working(self.posterior_chol)
+        factor = chol @ _solve_lower(b_chol, torch.eye(b_chol.shape[-1], dtype=b_chol.dtype, device=b_chol.device)).mT
+        mean = _working(self.posterior_prior_mean) + (chol @ mean_v.unsqueeze(-1)).squeeze(-1)
         return MultivariateNormal(mean, factor @ factor.mT)
 
     def forward(self, x: Tensor) -> MultivariateNormal:
@@ -435,21 +445,23 @@ class OnlineSGPR(gpytorch.Module):
             return MultivariateNormal(prior_mean, prior_covar)
         ivs = self.posterior_inducing_variables
         _check_mean_unchanged(ivs, self.posterior_mean_module, self.mean_module)
-        chol_now = psd_safe_cholesky(to_dense(ivs.Kuu(kernel)))
-        W = _solve_lower(chol_now, ivs.Kuf(kernel, x))
+        chol_now = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
+        W = _solve_lower(chol_now, _working(ivs.Kuf(kernel, x)))
         # q(b) was stored whitened by the Cholesky factor L' of the hyperparameters of its task;
         # G = L_now^{-1} L' maps it to the current whitening (identity if nothing changed).
-        G = _solve_lower(chol_now, self.posterior_chol)
+        G = _solve_lower(chol_now, _working(self.posterior_chol))
         mean_v, b_chol = self._whitened_posterior()
         mean_now = ivs.prior_mean(self.mean_module)
-        offset = self.posterior_prior_mean if mean_now is None else self.posterior_prior_mean - mean_now
+        offset = _working(self.posterior_prior_mean)
+        offset = offset if mean_now is None else offset - _working(mean_now)
         mean_w = _solve_lower(chol_now, offset.unsqueeze(-1)).squeeze(-1) + (G @ mean_v.unsqueeze(-1)).squeeze(-1)
-        mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1)
-        nystrom_residual(kernel(x, diag=True), W)  # warns if Kuu and Kuf are inconsistent
+        mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1).to(prior_mean.dtype)
+        nystrom_residual(_working(kernel(x, diag=True)), W)  # warns if Kuu and Kuf are inconsistent
         # V^T V - W^T W = W^T (G B^{-1} G^T - I) W: kept as a product, so variances at N points cost O(N M)
         V = _solve_lower(b_chol, G.mT)
         middle = V.mT @ V - torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
-        return MultivariateNormal(mean, prior_covar + MatmulLinearOperator(W.mT, middle @ W))
+        correction = MatmulLinearOperator(W.mT.to(mean.dtype), (middle @ W).to(mean.dtype))
+        return MultivariateNormal(mean, prior_covar + correction)
 
 
 class OnlineELBO(_ApproximateMarginalLogLikelihood):
@@ -539,14 +551,14 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         posterior = strategy.inducing_posterior()
         ivs = strategy.inducing_variables
         kernel = strategy.kernel
-        prior_chol = psd_safe_cholesky(to_dense(ivs.Kuu(kernel)))
+        prior_chol = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
         prior_mean = ivs.prior_mean(strategy.mean_module)
         if prior_mean is None:
             prior_mean = torch.zeros(prior_chol.shape[:-1], dtype=prior_chol.dtype, device=prior_chol.device)
-        self.old_mean = posterior.mean.detach().clone()
-        self.old_covar_chol = psd_safe_cholesky(posterior.covariance_matrix.detach())
+        self.old_mean = _working(posterior.mean.detach()).clone()
+        self.old_covar_chol = psd_safe_cholesky(_working(posterior.covariance_matrix.detach()))
         self.old_prior_chol = prior_chol.detach().clone()
-        self.old_prior_mean = prior_mean.detach().clone()
+        self.old_prior_mean = _working(prior_mean.detach()).clone()
         self.old_inducing_variables = _frozen_copy(ivs)
         self.old_mean_module = _frozen_copy(self._mean_module)
         strategy.online_task_ended.fill_(True)
@@ -566,17 +578,19 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         the old variables' unshared jitter noise (:func:`_smooth_ratio`), for the moments of their
         noise-free part ``g``. In ``w = L'^{-1}(g - μ'_a)`` with ``K = L'^{-1} chol(S_a)``:
         ``Λ = K^{-T}K^{-1} - I``, ``η = K^{-T}K^{-1} m_w`` and ``\log r = -½ wᵀΛw + wᵀη - \log|K| - ½ m_wᵀ(KKᵀ)^{-1} m_w``."""
-        prior_chol = self.old_prior_chol
-        factor = _solve_lower(prior_chol, self.old_covar_chol)  # K
+        prior_chol, covar_chol, old_mean, old_prior_mean = map(
+            _working, (self.old_prior_chol, self.old_covar_chol, self.old_mean, self.old_prior_mean)
+        )
+        factor = _solve_lower(prior_chol, covar_chol)  # K
         eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
         factor_inv = _solve_lower(factor, eye)
-        old_mean_w = _solve_lower(prior_chol, (self.old_mean - self.old_prior_mean).unsqueeze(-1))
+        old_mean_w = _solve_lower(prior_chol, (old_mean - old_prior_mean).unsqueeze(-1))
         scaled = factor_inv @ old_mean_w  # K^{-1} m_w
         precision = factor_inv.mT @ factor_inv - eye
         shift = (factor_inv.mT @ scaled).squeeze(-1)
         constant = -factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) - 0.5 * scaled.square().sum((-2, -1))
         precision, shift, smoothing = _smooth_ratio(precision, shift, prior_chol, noise)
-        mean_w = _solve_lower(prior_chol, (mean - self.old_prior_mean).unsqueeze(-1))
+        mean_w = _solve_lower(prior_chol, (mean - old_prior_mean).unsqueeze(-1))
         covar_w = _solve_lower(prior_chol, _solve_lower(prior_chol, covar).mT)
         quadratic = (precision * covar_w).sum((-2, -1)) + (mean_w.mT @ precision @ mean_w).squeeze(-1).squeeze(-1)
         return -0.5 * quadratic + (shift.unsqueeze(-1) * mean_w).sum((-2, -1)) + constant + smoothing
@@ -590,17 +604,18 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         strategy = self._interdomain_strategy()
         _check_mean_unchanged(self.old_inducing_variables, self.old_mean_module, self._mean_module)
         marginal = strategy.inducing_marginal(self.old_inducing_variables)
-        mean, covar = marginal.mean, to_dense(marginal.lazy_covariance_matrix)
-        old_prior_kuu = self.old_prior_chol @ self.old_prior_chol.mT
+        mean, covar = _working(marginal.mean), _working(to_dense(marginal.lazy_covariance_matrix))
+        old_prior_chol = _working(self.old_prior_chol)
+        old_prior_kuu = old_prior_chol @ old_prior_chol.mT
         noise = self.old_inducing_variables.unshared_jitter(strategy.inducing_variables, old_prior_kuu)
         if bool((noise > 0).any()):
             gain = self._expected_smoothed_log_ratio(mean, covar - torch.diag_embed(noise), noise)
         else:
-            gain = self._expected_gaussian_log_density(mean, covar, self.old_mean, self.old_covar_chol)
-            gain = gain - self._expected_gaussian_log_density(mean, covar, self.old_prior_mean, self.old_prior_chol)
+            gain = self._expected_gaussian_log_density(mean, covar, _working(self.old_mean), _working(self.old_covar_chol))
+            gain = gain - self._expected_gaussian_log_density(mean, covar, _working(self.old_prior_mean), old_prior_chol)
         while gain.dim() > kl.dim():
             gain = gain.sum(-1)
-        return kl - gain
+        return kl - gain.to(kl.dtype)
 
     def _log_likelihood_term(self, approximate_dist_f, target, **kwargs):
         return self.likelihood.expected_log_prob(target, approximate_dist_f, **kwargs).sum(-1)

@@ -192,10 +192,11 @@ def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> Dict[str, f
 def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_tasks: int = 10, first_iters: int = 100,
                osgpr_iters: int = 100, lr: float = 0.05, train_kernel: bool = False, measure: str = "legs",
                progress: bool = False, split: Optional[str] = None, svgp_iters: int = 200, first_fit: str = "grid",
-               hippo_backend: Optional[str] = None):
+               hippo_backend: Optional[str] = None, dtype: torch.dtype = torch.float64):
     """Rows of :data:`COLUMNS` for one method and seed, the final model and the data (for plots).
     Counts and multidimensional data go to :func:`~.online_elbo.run_elbo_method` (``split``,
-    ``svgp_iters``); Gaussian series use the collapsed :class:`OnlineSGPR` methods."""
+    ``svgp_iters``); Gaussian series use the collapsed :class:`OnlineSGPR` methods, in ``dtype``
+    after the first task's float64 hyperparameter fit."""
     data = load_dataset(dataset)
     if data.likelihood != "gaussian" or not data.is_series:
         rows, model, _ = run_elbo_method(data, method, num_inducing, seed, num_tasks, split, svgp_iters, lr=0.01,
@@ -213,22 +214,25 @@ def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_task
     if not train_kernel:
         kernel.requires_grad_(False)
         likelihood.requires_grad_(False)
+    kernel.to(dtype), likelihood.to(dtype)
     rows, cum_time, model = [], 0.0, None
     for k, task in enumerate(tqdm(tasks, desc=f"{method} seed {seed}", disable=not progress, leave=False)):
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # captured-variance warnings: the M sweep reports them
             num_iter = first_iters if train_kernel and schedule.num_iter == 0 else schedule.num_iter
+            train_x, train_y = task.train_x.to(dtype), task.train_y.to(dtype)
             if model is None:
-                ivs = schedule.first(task.train_x, task.t_end, kernel, generator).double()
+                ivs = schedule.first(train_x, task.t_end, kernel, generator).to(dtype)
                 model = OnlineSGPR(ivs, kernel, likelihood)
-                model.update(task.train_x, task.train_y, num_iter=num_iter, lr=lr)
+                model.update(train_x, train_y, num_iter=num_iter, lr=lr)
             else:
-                learn_task(model, schedule, task.train_x, task.train_y, task.t_end, generator, num_iter=num_iter, lr=lr)
+                learn_task(model, schedule, train_x, train_y, task.t_end, generator, num_iter=num_iter, lr=lr)
         cum_time += time.perf_counter() - start
         for j, seen in enumerate(tasks[: k + 1]):
             rows.append(dict(dataset=dataset, method=method, num_inducing=num_inducing, seed=seed, task_trained=k + 1,
-                             task_eval=j + 1, ece="", cum_time_s=cum_time, **evaluate(model, seen.test_x, seen.test_y)))
+                             task_eval=j + 1, ece="", cum_time_s=cum_time,
+                             **evaluate(model, seen.test_x.to(dtype), seen.test_y.to(dtype))))
     return rows, model, data
 
 
@@ -382,6 +386,8 @@ def main(argv=None):
                              "fastest: a constant cost per task while the kernel is fixed), auto (spectral/banded, "
                              "else quadrature) for the other measures")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--dtype", default="float64", choices=("float64", "float32"),
+                        help="dtype of the online models (the first task's hyperparameter fit is float64)")
     parser.add_argument("--quick", action="store_true", help="3 tasks, 1 seed, few iterations (for tests)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--out", default="out/online")
@@ -409,7 +415,7 @@ def main(argv=None):
     rows, finals = run(args.dataset, methods, args.num_inducing, seeds, progress=not args.quiet, out=args.out,
                        num_tasks=args.tasks, first_iters=args.first_iters, osgpr_iters=args.osgpr_iters, lr=args.lr,
                        train_kernel=args.train_kernel, measure=args.measure, split=args.split, svgp_iters=args.svgp_iters,
-                       first_fit=args.first_fit, hippo_backend=args.hippo_backend)
+                       first_fit=args.first_fit, hippo_backend=args.hippo_backend, dtype=getattr(torch, args.dtype))
     path = write_csv(rows, args.out)
     plots = plot(rows, finals, args.out)
     print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s) ({seeds[0]}..{seeds[-1]}); after the last task (mean ± 95% CI):")

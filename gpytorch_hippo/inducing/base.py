@@ -36,7 +36,10 @@ class InducingVariables(gpytorch.Module):
     ``gpytorch.settings.variational_cholesky_jitter.value(dtype)`` (1e-4 for float32, 1e-6 for
     float64) times :meth:`_jitter_scale` -- ``1`` for point inducing variables (the value GPyTorch's
     ``VariationalStrategy`` adds, so that results coincide with GPyTorch), the mean of
-    ``diag(K_uu)`` for interdomain variables whose scale shrinks with the stream (HiPPO).
+    ``diag(K_uu)`` for interdomain variables whose scale shrinks with the stream (HiPPO; this
+    relative jitter is the float64 value 1e-6 in every dtype, so that a float32 model is the float64
+    model: :class:`~gpytorch_hippo.online.OnlineSGPR` and the variational strategy factorise
+    ``K_uu`` in float64).
     Subclasses build the jittered matrix with :meth:`add_jitter`. Read the jitter as white noise added to ``f`` for the inducing variables
     only: :meth:`Kuf` carries none, and :meth:`Kuu_cross` carries it exactly where the two sets
     share a variable (for point sets: coinciding points), so that ``Kuu_cross(copy_of_self)``
@@ -49,6 +52,9 @@ class InducingVariables(gpytorch.Module):
     """
 
     jitter: Optional[float] = None
+    #: the default jitter is relative to ``mean(diag K_uu)`` (:meth:`_jitter_scale`) and then the same
+    #: for every dtype (the float64 value): the online algebra factorises ``K_uu`` in float64
+    _relative_jitter: bool = False
     #: set by a variational strategy whose ``q(u)`` lives on these variables (see :meth:`_check_movable`)
     _variational_owner: Optional[str] = None
 
@@ -87,16 +93,18 @@ class InducingVariables(gpytorch.Module):
         from linear_operator.utils.cholesky import psd_safe_cholesky
 
         with torch.no_grad():
-            chol = psd_safe_cholesky(self.Kuu(kernel).to_dense())
-            W = torch.linalg.solve_triangular(chol, self.Kuf(kernel, grid), upper=False)
-            captured = W.square().sum(-2) / kernel(grid, diag=True)
+            kuu = self.Kuu(kernel).to_dense()
+            working = torch.promote_types(kuu.dtype, gpytorch.settings._linalg_dtype_cholesky.value())
+            chol = psd_safe_cholesky(kuu.to(working))
+            W = torch.linalg.solve_triangular(chol, self.Kuf(kernel, grid).to(working), upper=False)
+            captured = (W.square().sum(-2) / kernel(grid, diag=True)).to(kuu.dtype)
             return captured.mean(-1) if reduction == "mean" else captured
 
     def jitter_value(self, dtype: torch.dtype) -> float:
         """The diagonal jitter added by :meth:`Kuu` for matrices of ``dtype`` (see the class docstring)."""
         if self.jitter is not None:
             return self.jitter
-        return gpytorch.settings.variational_cholesky_jitter.value(dtype=dtype)
+        return gpytorch.settings.variational_cholesky_jitter.value(dtype=torch.float64 if self._relative_jitter else dtype)
 
     def unshared_jitter(self, other: "InducingVariables", kuu: Tensor) -> Tensor:
         """Variances ``(*batch, M)`` of the jitter noise of these variables that ``other`` does not

@@ -82,7 +82,7 @@ class HiPPOInducingVariables(InducingVariables):
         length scale with at least ``ceil(M / panels) + 24`` nodes each, unless ``num_panels`` is given.
     :param start: start of the stream; the integrals run over ``[start, t]``.
     :param jitter: ``None`` (default): ``Kuu`` gets ``ε · mean(diag Kuu)`` with GPyTorch's
-        ``ε = variational_cholesky_jitter`` (1e-6 float64, 1e-4 float32), relative because LegS
+        ``ε = variational_cholesky_jitter`` of float64 (1e-6, in every dtype), relative because LegS
         ``Var(u_0) ≈ σ²√(2π)ℓ/t`` shrinks as the stream grows.  A float: that absolute value.
     :param seed: seed of the spectral samples (fixed at construction, so that ``Kuu`` of the
         same variables is deterministic and two snapshots share their features).
@@ -213,6 +213,8 @@ class HiPPOInducingVariables(InducingVariables):
 
     def extra_repr(self) -> str:
         return f"M={self.num_inducing}, measure={self.measure!r}, t={self.t:g}, method={self.method!r}, input_dim={self.input_dim}"
+
+    _relative_jitter = True
 
     def _jitter_scale(self, covariance) -> float:
         """Relative jitter (class docstring): the mean of ``diag(Kuu)`` unless ``jitter`` was given."""

@@ -184,3 +184,13 @@ def test_grid_start_keeps_to_the_likelihoods_noise_bound_and_names_y_when_it_can
     assert float(likelihood.noise.detach()) <= float(y.var()) * 0.5 + 1e-12
     with pytest.raises(ValueError, match="variance of y"):
         online.grid_start(kernel, likelihood, x, 1e-3 * y)
+
+
+@pytest.mark.parametrize("method", ["ohsgpr", "ovff"])
+def test_float32_runs_agree_with_float64(method):
+    """``--dtype float32``: the same rows as float64 within float32 round-off (sunspots, M = 50, 10 tasks:
+    |ΔNLPD| <= 2e-4, |ΔRMSE| <= 6e-5 for OHSGPR; here irradiance, 4 tasks)."""
+    rows = {dtype: online.run_method("irradiance", method, 30, seed=0, num_tasks=4, first_iters=2, dtype=dtype)[0]
+            for dtype in (torch.float64, torch.float32)}
+    for row64, row32 in zip(rows[torch.float64], rows[torch.float32]):
+        assert abs(row64["nlpd"] - row32["nlpd"]) < 1e-3 and abs(row64["rmse"] - row32["rmse"]) < 1e-4
