@@ -1,4 +1,12 @@
 """gpytorch_hippo: HiPPO recurrent memory and online sparse GPs with long-term memory (thesis ch. 4)."""
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    __version__ = _version("probseq")  # one source: the version in setup.cfg, read from the installed metadata
+except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path without an install
+    __version__ = "0+unknown"
+
 from .gpvae import SVGPVAE, ContinualSVGPVAE, ElasticWeightConsolidation
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
 from .inducing import HiPPOInducingVariables, InducingPoints, InducingVariables
@@ -10,6 +18,7 @@ from .reconstruction import reconstruction_moments, sample_coefficients, sample_
 from .variational import InterdomainVariationalStrategy
 
 __all__ = [
+    "__version__",
     "DISCRETIZATIONS",
     "MEASURES",
     "HiPPO",

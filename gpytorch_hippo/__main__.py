@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from ._optional import require
 from .data import load_solar_ghi
 from .hippo import MEASURES, HiPPO
 
@@ -53,8 +54,7 @@ def reconstruction_errors(memories, times, values, window):
 
 
 def plot(memories, rows, times, values, path):
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -94,6 +94,7 @@ def main(argv=None):
     parser.add_argument("--window", type=float, default=60.0, help="LegT/FouT window and LagT time scale, days")
     parser.add_argument("--no-online", action="store_true", help="skip part 2 (online sparse GPs)")
     args = parser.parse_args(argv)
+    require("matplotlib", "plots", "the demo's figures")
 
     times, ghi = load_solar_ghi("daily")
     values = (ghi - ghi.mean()) / ghi.std()

@@ -4,6 +4,13 @@ Layers (:mod:`gpytorch_sgpa.attention`), attention kernels (:mod:`gpytorch_sgpa.
 Transformers (:mod:`gpytorch_sgpa.transformer`) and the training objective
 (:mod:`gpytorch_sgpa.elbo`).
 """
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    __version__ = _version("probseq")  # one source: the version in setup.cfg, read from the installed metadata
+except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path without an install
+    __version__ = "0+unknown"
 
 from .attention import (
     KernelAttention,
@@ -19,6 +26,7 @@ from .kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_att
 from .transformer import ATTENTION_TYPES, SGPABlock, SGPADecoder, SGPATransformer, SGPAViT, build_attention
 
 __all__ = [
+    "__version__",
     "ATTENTION_TYPES",
     "ExponentialKernel",
     "KernelAttention",

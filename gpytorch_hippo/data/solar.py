@@ -6,6 +6,8 @@ from typing import Tuple
 
 import torch
 
+from .._optional import require
+
 TMY3_FILE = "723170TYA.CSV"  # Greensboro, NC: hourly typical meteorological year, 8760 hours
 
 
@@ -17,10 +19,7 @@ def load_solar_ghi(resolution: str = "daily", dtype: torch.dtype = torch.float64
     """
     if resolution not in ("daily", "hourly"):
         raise ValueError(f"resolution must be 'daily' or 'hourly', got {resolution!r}")
-    try:
-        import pvlib
-    except ImportError as error:  # pragma: no cover - pvlib is a runtime dependency
-        raise ImportError("the solar series needs the 'pvlib' package (pip install pvlib)") from error
+    pvlib = require("pvlib", "data", "the solar series")
     path = os.path.join(os.path.dirname(pvlib.__file__), "data", TMY3_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: reinstall the 'pvlib' package")

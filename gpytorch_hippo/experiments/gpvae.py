@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
+from .._optional import require
 from ..data.weather import WEATHER_SOURCES, load_weather, standardise
 from ..gpvae import METHODS, ContinualSVGPVAE
 
@@ -107,8 +108,7 @@ def summary(rows: List[Dict]) -> List[Dict]:
 def plot(rows: List[Dict], out_dir: str) -> None:
     """Thesis Figs. 4.9/4.10: metric on each learned task vs the number of learned tasks (one panel
     per evaluated task), one line per method (mean over seeds); one figure per metric and ``M``."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -187,6 +187,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    require("matplotlib", "plots", "the runner's figures")  # before hours of training, not after
     os.makedirs(args.out, exist_ok=True)
     rows = run(args, os.path.join(args.out, "gpvae.csv"))
     plot(rows, args.out)

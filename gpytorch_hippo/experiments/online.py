@@ -44,6 +44,7 @@ import torch
 from linear_operator.functions import pivoted_cholesky
 from tqdm.auto import tqdm
 
+from .._optional import require
 from ..baselines import FourierSchedule, HiPPOSchedule, PivotedCholeskySchedule, RandomPointsSchedule, learn_task
 from ..data import DATASETS, load_dataset, split_tasks
 from ..hippo import MEASURES
@@ -313,8 +314,7 @@ def summary(rows: List[dict]) -> str:
 def plot(rows: List[dict], finals: dict, out: str) -> List[str]:
     """NLPD/RMSE vs number of learned tasks (thesis figs. 4.3/4.4) and each method's final predictive
     mean ± 2 sd over the whole series with its inducing inputs marked (fig. 4.5)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -392,6 +392,7 @@ def main(argv=None):
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--out", default="out/online")
     args = parser.parse_args(argv)
+    require("matplotlib", "plots", "the runner's figures")  # before hours of training, not after
     methods = [m for m in args.methods.split(",") if m]
     for method in methods:
         if method not in METHODS + ELBO_METHODS:

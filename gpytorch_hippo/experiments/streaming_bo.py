@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .._optional import require
+
 METHODS = ("ohsgpr", "osgpr", "exact", "svgp")
 COLUMNS = ("method", "seed", "step", "hour", "tilt", "azimuth", "value", "best_value", "regret", "surrogate_seconds", "acquisition_seconds")
 TILT_RANGE, AZIMUTH_RANGE = (0.0, 90.0), (90.0, 270.0)
@@ -49,9 +51,9 @@ class IrradianceObjective:
     """
 
     def __init__(self, first_day: int = 80, min_elevation: float = 10.0):
-        import pvlib
-
         from ..data.solar import TMY3_FILE
+
+        pvlib = require("pvlib", "data", "the irradiance objective")
 
         path = os.path.join(os.path.dirname(pvlib.__file__), "data", TMY3_FILE)
         if not os.path.exists(path):
@@ -250,8 +252,7 @@ def format_table(summary: List[Dict], window: int) -> str:
 
 
 def plot(rows: List[Dict], path: str) -> None:
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -286,6 +287,7 @@ def main(argv=None) -> List[Dict]:
     parser.add_argument("--quick", action="store_true", help="30 steps, 10 initial: a smoke run")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    require("matplotlib", "plots", "the runner's figures")  # before hours of training, not after
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     steps, init = (30, 10) if args.quick else (args.steps, args.init)

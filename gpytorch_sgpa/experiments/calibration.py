@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from .. import metrics
+from .._optional import require
 from ..elbo import KL_WEIGHTINGS
 from ..kernels import KERNEL_INITS
 from ..baselines import EnsembleClassifier, TemperatureScaling, mc_dropout_predict_proba, predict_proba
@@ -464,8 +465,7 @@ def write_csv(rows, path: Path, columns=CSV_COLUMNS) -> None:
 
 def plot_summary(summary, path: Path) -> None:
     """Bar charts (mean ± 2 s.e.) of accuracy, NLL, ECE, MCE, AUROC and AUPR per method."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -506,8 +506,7 @@ def format_shift_table(shift_rows, column: str = "ece") -> str:
 def plot_shift(shift_rows, path: Path) -> None:
     """Accuracy, NLL and ECE vs severity per method (thesis Fig. 3.3 style): the line is the mean
     over corruptions and seeds, the band the range of the per-corruption means."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -587,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> list[dict]:
     args = build_parser().parse_args(argv)
+    require("matplotlib", "plots", "the runner's figures")  # before hours of training, not after
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds)
     config = QUICK_CONFIG if args.quick else ExperimentConfig()

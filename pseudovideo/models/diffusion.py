@@ -16,10 +16,15 @@ later frame, each frame conditioned on the ``C`` most recent generated frames.
 from __future__ import annotations
 
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, UNet2DModel
 from torch import nn
 
+from .._optional import missing
 from .._validation import check_generator, check_int, check_tensor
+
+try:
+    from diffusers import DDIMScheduler, DDPMScheduler, UNet2DModel
+except ImportError as _error:
+    raise missing("diffusers", "video", "pseudovideo.models.diffusion") from _error
 
 OBSERVED, LATENT, ABSENT = 1.0, 0.0, -1.0
 

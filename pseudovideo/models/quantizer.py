@@ -17,9 +17,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from vector_quantize_pytorch import VectorQuantize
-
+from .._optional import missing
 from .._validation import check_int, check_real, check_tensor
+
+try:
+    from vector_quantize_pytorch import VectorQuantize
+except ImportError as _error:
+    raise missing("vector-quantize-pytorch", "video", "pseudovideo.models.quantizer") from _error
 
 
 class QuantizerOutput(NamedTuple):

@@ -17,10 +17,15 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
+from .._optional import missing
 from .._validation import check_int, check_tensor
+
+try:
+    from einops import rearrange
+except ImportError as _error:
+    raise missing("einops", "video", "pseudovideo.models.tokenizer") from _error
 from .quantizer import VectorQuantizer, check_tokens
 
 
