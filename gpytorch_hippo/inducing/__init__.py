@@ -1,4 +1,5 @@
-"""Inducing variables: objects that know their own covariances (see DESIGN.md, "Architecture")."""
+"""Inducing variables: objects that know their own covariances (``Kuu``, ``Kuf``; the interface is
+:class:`~gpytorch_hippo.inducing.base.InducingVariables`), so that one variational strategy serves them all."""
 
 from .base import InducingVariables
 from .fourier import FourierInducingVariables
