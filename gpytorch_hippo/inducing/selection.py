@@ -11,22 +11,48 @@ from __future__ import annotations
 
 import gpytorch
 import torch
-from linear_operator.functions import pivoted_cholesky
 from torch import Tensor
+
+#: candidate sets with at most this many Gram entries (batch included) form ``k(X, X)`` once (128 MiB in float64)
+_GRAM_ENTRIES = 2**24
+_TINY = 1e-300
 
 
 def select_pivoted_cholesky(kernel: gpytorch.kernels.Kernel, candidates: Tensor, num: int) -> Tensor:
-    """Return ``num`` rows of ``candidates`` ``(N, D)`` picked greedily by pivoted Cholesky of ``k(X, X)``.
+    r"""Return ``num`` rows of ``candidates`` ``(N, D)`` picked greedily by pivoted Cholesky of ``k(X, X)``.
 
     The rows come back in pivot order (the first has the largest prior variance, each next one the
-    largest variance conditioned on those before). ``num`` larger than ``N`` raises.
+    largest variance conditioned on those before). A batched kernel gives one selection per batch
+    member, ``(*batch, num, D)``. ``num`` larger than ``N`` raises.
+
+    Only the diagonal and ``num`` columns of ``k(X, X)`` are evaluated, ``O(N num²)`` time and
+    ``O(N num)`` memory: with ``l_m`` the ``m``-th row of the partial factor and ``d`` the residual
+    variances, pivot ``i_m = argmax d``, ``l_m = (k(X, x_{i_m}) - L_{<m}ᵀ L_{<m, i_m}) / \sqrt{d_{i_m}}``,
+    ``d ← d - l_m²``.
     """
     if not isinstance(candidates, Tensor) or candidates.dim() != 2:
         raise ValueError(f"candidates must be a (N, D) tensor, got {getattr(candidates, 'shape', type(candidates))}")
     if not (isinstance(num, int) and 1 <= num <= candidates.shape[0]):
         raise ValueError(f"num must be an int in [1, {candidates.shape[0]}] (number of candidates), got {num!r}")
     with torch.no_grad():
-        gram = kernel(candidates).to_dense()
-        # linear_operator stops early if the residual trace falls under error_tol; we want exactly ``num``.
-        _, pivots = pivoted_cholesky(gram, rank=num, error_tol=0.0, return_pivots=True)
-    return candidates[pivots[..., :num]].clone()
+        residual = kernel(candidates, diag=True).clone()  # (*batch, N)
+        batch_shape = residual.shape[:-1]
+        rows = candidates.expand(*batch_shape, *candidates.shape)
+        # small candidate sets: one Gram matrix, then pure indexing; large ones: one kernel column per pivot
+        gram = kernel(rows).to_dense() if residual.numel() * candidates.shape[0] <= _GRAM_ENTRIES else None
+        factor = residual.new_zeros(*batch_shape, num, candidates.shape[0])
+        pivots = residual.new_zeros(*batch_shape, num, dtype=torch.long)
+        for m in range(num):
+            pivot = residual.argmax(-1, keepdim=True)  # (*batch, 1)
+            pivots[..., m : m + 1] = pivot
+            if gram is None:
+                chosen = torch.take_along_dim(rows, pivot[..., None], dim=-2)  # (*batch, 1, D)
+                column = kernel(rows, chosen).to_dense()[..., 0]  # k(X, x_i): (*batch, N)
+            else:
+                column = torch.take_along_dim(gram, pivot[..., None], dim=-1)[..., 0]
+            previous = torch.take_along_dim(factor[..., :m, :], pivot[..., None], dim=-1)  # (*batch, m, 1)
+            column = column - (factor[..., :m, :] * previous).sum(-2)
+            factor[..., m, :] = column * torch.take_along_dim(residual, pivot, dim=-1).clamp_min(_TINY).rsqrt()
+            residual = residual - factor[..., m, :].square()
+            residual.scatter_(-1, pivot, float("-inf"))  # never chosen twice
+    return torch.take_along_dim(rows, pivots[..., None], dim=-2).clone()

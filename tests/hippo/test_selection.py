@@ -41,3 +41,22 @@ def test_selection_rejects_bad_num():
     kernel = gpytorch.kernels.RBFKernel()
     with pytest.raises(ValueError, match="num"):
         select_pivoted_cholesky(kernel, torch.rand(5, 1), 6)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_column_by_column_selection_equals_the_gram_one(batched, monkeypatch):
+    """Large candidate sets evaluate one kernel column per pivot instead of ``k(X, X)``: same picks,
+    also with a batched kernel (one selection per batch member, as OVC-per-dim)."""
+    from gpytorch_hippo.inducing import selection
+
+    X = torch.rand(80, 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    batch_shape = torch.Size([2]) if batched else torch.Size([])
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch_shape), batch_shape=batch_shape).double()
+    kernel.base_kernel.lengthscale = torch.tensor([[[0.05]], [[0.2]]], dtype=torch.float64) if batched else 0.1
+    with_gram = select_pivoted_cholesky(kernel, X, 15)
+    monkeypatch.setattr(selection, "_GRAM_ENTRIES", 0)
+    by_column = select_pivoted_cholesky(kernel, X, 15)
+    assert torch.equal(with_gram, by_column) and by_column.shape == (*batch_shape, 15, 1)
+    for b in range(2 if batched else 1):
+        gram = kernel(X).to_dense()[b] if batched else kernel(X).to_dense()
+        assert torch.equal(by_column[b] if batched else by_column, X[greedy_max_residual_variance(gram, 15)])
