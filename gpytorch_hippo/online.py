@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import time
 import warnings
 from typing import Optional
 
@@ -40,6 +41,11 @@ from .variational import InterdomainVariationalStrategy, _solve_lower
 __all__ = ["OnlineSGPR", "OnlineELBO"]
 
 _OLD_TASK_BUFFERS = ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_mean")
+
+#: OnlineSGPR's captured-variance check runs on the first task and then whenever the time spent in
+#: updates since its last run reaches its last cost divided by this fraction: it never takes more
+#: than about this fraction of the updates' time, whatever the backend or measure
+CHECK_COST_FRACTION = 0.1
 
 
 
@@ -115,32 +121,41 @@ def _check_finite_result(name: str, *tensors: Tensor) -> None:
         )
 
 
-def _smooth_ratio(precision: Tensor, shift: Tensor, chol: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    r"""The stored ratio ``r(w) = exp(-½ wᵀΛw + wᵀη)`` of a task, averaged over the jitter noise of its
-    inducing variables: ``r̃(w) = E_e[r(w + e)]`` with ``e ~ N(0, E)``, ``E = L'^{-1} diag(noise) L'^{-T} = J Jᵀ``.
+def _smooth_ratio(precision: Tensor, shift: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""The stored ratio ``r(a) = exp(-½ aᵀPa + aᵀh)`` of a task, averaged over the jitter noise of its
+    inducing variables: ``r̃(a) = E_e[r(a + e)]`` with ``e ~ N(0, diag(noise))``.
 
     The jitter is white noise on ``a`` (``a = g + e``, :class:`~gpytorch_hippo.inducing.InducingVariables`),
     so ``q_old(f) / p(f) = E_e[r(g(f) + e)]``: Bui et al.'s ``q_old(a) / p_old(a)`` holds only where ``a``
-    is a function of ``f``. In Gaussian form (Woodbury, ``G Gᵀ = I + JᵀΛJ``)
+    is a function of ``f``. In Gaussian form, with ``D = diag(noise)^{1/2}`` and ``C Cᵀ = I + DPD``,
 
     .. math::
-        Λ̃ = Λ - ΛJ (I + JᵀΛJ)^{-1} JᵀΛ,\qquad η̃ = η - ΛJ (I + JᵀΛJ)^{-1} Jᵀη,\qquad
-        \log \frac{r̃}{r}\Big|_{\text{const}} = -\tfrac12 \log|I + JᵀΛJ| + \tfrac12 (Jᵀη)ᵀ(Jᵀη̃),
+        P̃ = P - PD (I + DPD)^{-1} DP,\qquad h̃ = h - PD (I + DPD)^{-1} Dh,\qquad
+        \log \frac{r̃}{r}\Big|_{\text{const}} = -\tfrac12 \log|I + DPD| + \tfrac12 (Dh)ᵀ(Dh̃),
 
-    so each direction keeps at most the information ``1 / jitter`` instead of the jitter passing on
-    as information about ``f``. Returns ``(Λ̃, η̃, constant)``; ``noise = 0`` leaves ``r`` unchanged.
+    i.e. ``P̃ = (P^{-1} + diag(noise))^{-1}``: each direction keeps at most the information
+    ``1 / jitter`` instead of the jitter passing on as information about ``f``. Returns
+    ``(P̃, h̃, constant)``; ``noise = 0`` leaves ``r`` unchanged.
     """
     if not bool((noise > 0).any()):
         return precision, shift, torch.zeros(shift.shape[:-1], dtype=shift.dtype, device=shift.device)
-    J = _solve_lower(chol, torch.diag_embed(noise.sqrt()))
-    PJ = precision @ J
-    G = psd_safe_cholesky(torch.eye(J.shape[-1], dtype=J.dtype, device=J.device) + J.mT @ PJ)
-    X = _solve_lower(G, PJ.mT)
-    Jt_shift = (J.mT @ shift.unsqueeze(-1)).squeeze(-1)
+    scale = noise.sqrt()
+    scaled = scale.unsqueeze(-1) * precision * scale.unsqueeze(-2)  # DPD
+    C = psd_safe_cholesky(scaled + torch.eye(scaled.shape[-1], dtype=scaled.dtype, device=scaled.device))
+    X = _solve_lower(C, scale.unsqueeze(-1) * precision)  # C^{-1} D P
+    scaled_shift = scale * shift
     smoothed_precision = precision - X.mT @ X
-    smoothed_shift = shift - (X.mT @ _solve_lower(G, Jt_shift.unsqueeze(-1))).squeeze(-1)
-    constant = -G.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * (Jt_shift * (J.mT @ smoothed_shift.unsqueeze(-1)).squeeze(-1)).sum(-1)
+    smoothed_shift = shift - (X.mT @ _solve_lower(C, scaled_shift.unsqueeze(-1))).squeeze(-1)
+    constant = -C.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * (scaled_shift * scale * smoothed_shift).sum(-1)
     return 0.5 * (smoothed_precision + smoothed_precision.mT), smoothed_shift, constant
+
+
+def _unwhiten_ratio(precision: Tensor, shift: Tensor, chol: Tensor) -> tuple[Tensor, Tensor]:
+    """``(L'^{-T} Λ L'^{-1}, L'^{-T} η)``: a ratio ``exp(-½ wᵀΛw + wᵀη)`` in ``w = L'^{-1} z`` written in ``z``."""
+    upper = chol.mT
+    half = torch.linalg.solve_triangular(upper, precision, upper=True)  # L'^{-T} Λ
+    unwhitened = torch.linalg.solve_triangular(upper, half.mT, upper=True)  # L'^{-T} Λ L'^{-1}
+    return 0.5 * (unwhitened + unwhitened.mT), torch.linalg.solve_triangular(upper, shift.unsqueeze(-1), upper=True).squeeze(-1)
 
 
 class OnlineSGPR(gpytorch.Module):
@@ -172,8 +187,16 @@ class OnlineSGPR(gpytorch.Module):
     eigenvalues are ``>= 1``). For the first task the old terms vanish and this is Titsias'
     SGPR bound (thesis eq. after ``optimal_qu_svgp``). With the same inducing inputs and
     hyperparameters throughout, the posterior after any sequence of tasks equals batch SGPR on all
-    data (up to the ``K_uu`` jitter, whose inconsistency is ``O(jitter / λ_min(K_uu))``), and the
-    per-task bounds sum to the batch bound.
+    data, and the per-task bounds sum to the batch bound.
+
+    **The jitter.** ``K'_aa`` includes the jitter of the old variables, white noise ``e`` on them
+    (``a = g(f) + e``, :class:`~gpytorch_hippo.inducing.InducingVariables`). Where the new variables
+    do not share it (HiPPO bases after ``advance``, points that moved), the ratio is averaged over
+    that noise before it is used, ``Λ', η'`` above becoming those of ``E_e[r(g + e)]``
+    (:func:`_smooth_ratio`; ``C`` and ``K_aa`` then exclude the noise, and the bound gains the
+    average's log-normaliser). Taken literally, Bui et al.'s ratio would pass the jitter on as
+    information about ``f`` at every step. The algebra runs in float64 (``_working``) whatever the
+    model's dtype, and the stored summary stays in float64.
 
     After each task the summary ``(Λ', η', L', μ'_a)`` is stored in buffers and frozen deep copies
     of the inducing variables and the mean in :attr:`posterior_inducing_variables` and
@@ -188,10 +211,10 @@ class OnlineSGPR(gpytorch.Module):
     :param covar_module: the GPyTorch kernel ``k``.
     :param likelihood: a homoskedastic ``gpytorch.likelihoods.GaussianLikelihood``.
     :param mean_module: prior mean (default ``ZeroMean``).
-    :param captured_variance_warning: :meth:`update` warns when the inducing variables capture less
-        than this fraction of the prior variance over the inputs seen so far (mean of
-        ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`_warn_if_little_variance_captured`); ``None``
-        disables the check.
+    :param captured_variance_warning: :meth:`update` warns (once) when the inducing variables capture
+        less than this fraction of the prior variance over the inputs seen so far within their reach
+        (mean of ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``), and when a task's inputs lie outside that
+        reach (:meth:`_check_memory`); ``None`` disables both checks.
 
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
     ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
@@ -285,26 +308,28 @@ class OnlineSGPR(gpytorch.Module):
                 _working, (self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean)
             )
             R = _solve_lower(chol, _working(ivs.Kuu_cross(old, kernel)))  # L^{-1} K_ba
-            T = _solve_lower(old_chol, R.mT).mT  # L^{-1} K_ba L'^{-T}
             old_mean_now = old.prior_mean(self.mean_module)
-            delta = -old_prior_mean if old_mean_now is None else _working(old_mean_now) - old_prior_mean
-            delta = _solve_lower(old_chol, delta.unsqueeze(-1)).squeeze(-1)
+            delta = -old_prior_mean if old_mean_now is None else _working(old_mean_now) - old_prior_mean  # μ_a - μ'_a
             old_b_chol = psd_safe_cholesky(old_precision + torch.eye(old_precision.shape[-1], dtype=W.dtype, device=W.device))
             old_c = _solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
+            # the stored ratio in the old variables' own coordinates z = a - μ'_a, averaged over their jitter
             old_kuu = _working(to_dense(old.Kuu(kernel)))
             old_noise = old.unshared_jitter(ivs, old_kuu)
-            old_precision, old_shift, smoothing = _smooth_ratio(old_precision, old_shift, old_chol, old_noise)
-            precision = precision + T @ old_precision @ T.mT
-            old_precision_delta = (old_precision @ delta.unsqueeze(-1)).squeeze(-1)
-            shift = shift + (T @ (old_shift - old_precision_delta).unsqueeze(-1)).squeeze(-1)
-            # residual covariance of the old variables' noise-free part given the new ones, whitened by L'
-            cond = old_kuu - R.mT @ R - torch.diag_embed(old_noise)
-            cond_w = _solve_lower(old_chol, _solve_lower(old_chol, cond).mT)
+            ratio_precision, ratio_shift = _unwhiten_ratio(old_precision, old_shift, old_chol)
+            ratio_precision, ratio_shift, smoothing = _smooth_ratio(ratio_precision, ratio_shift, old_noise)
+            RP = R @ ratio_precision  # T Λ̃ Tᵀ = R P̃ Rᵀ with T = L^{-1} K_ba L'^{-T}
+            precision = precision + RP @ R.mT
+            precision_delta = (ratio_precision @ delta.unsqueeze(-1)).squeeze(-1)
+            shift = shift + (R @ (ratio_shift - precision_delta).unsqueeze(-1)).squeeze(-1)
+            # tr(P̃ cond) with cond = K_aa - Rᵀ R - diag(noise), the residual covariance of the old
+            # variables' noise-free part given the new ones
+            trace = (ratio_precision * old_kuu).sum((-2, -1)) - (RP * R).sum((-2, -1))
+            trace = trace - (ratio_precision.diagonal(dim1=-2, dim2=-1) * old_noise).sum(-1)
             bound = (
                 bound
-                - 0.5 * (old_precision * cond_w).sum((-2, -1))
-                - 0.5 * (delta * old_precision_delta).sum(-1)
-                + (delta * old_shift).sum(-1)
+                - 0.5 * trace
+                - 0.5 * (delta * precision_delta).sum(-1)
+                + (delta * ratio_shift).sum(-1)
                 + old_b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
                 - 0.5 * old_c.square().sum(-1)
                 + smoothing
@@ -341,6 +366,7 @@ class OnlineSGPR(gpytorch.Module):
         :param progress: show a ``tqdm`` bar during optimisation.
         :return: the collapsed online bound of this task at the final hyperparameters.
         """
+        start = time.perf_counter()
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
             raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
@@ -369,7 +395,7 @@ class OnlineSGPR(gpytorch.Module):
         with torch.no_grad():
             bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y)
             _check_finite_result("the online update", bound, precision, shift)
-            self._warn_if_little_variance_captured(train_x)
+            self._check_memory(train_x, chol, time.perf_counter() - start)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
             prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device) if prior_mean is None else _working(prior_mean)
             self.posterior_chol = chol.detach().clone()
@@ -382,37 +408,70 @@ class OnlineSGPR(gpytorch.Module):
         self.last_bound = bound.detach()
         return self.last_bound
 
-    def _warn_if_little_variance_captured(self, train_x: Tensor) -> None:
-        """Warn when the inducing variables keep less than ``captured_variance_warning`` of the prior
-        variance (:meth:`InducingVariables.captured_variance`) over the stream seen so far: for 1-D
-        inputs a 32-point grid from the first input of all tasks to the last one of this task (LegS
-        bases resolve the ends of the stream best and its middle worst, so the task's own inputs would
-        hide a lost past; 32 points keep the check's cost per task from growing with the stream under
-        the Lyapunov backend), else this task's inputs."""
+    def _check_memory(self, train_x: Tensor, chol: Tensor, update_seconds: float) -> None:
+        """Warn, once per model and cause, when the inducing variables cannot hold the stream.
+
+        * Inputs outside the variables' reach (:meth:`InducingVariables.input_support`, e.g. beyond a
+          HiPPO ``t`` after a missed ``advance``): the advice of :meth:`InducingVariables.coverage_advice`.
+        * Less than ``captured_variance_warning`` of the prior variance captured
+          (``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`InducingVariables.captured_variance`) on a
+          32-point grid over the inputs seen so far within that reach (1-D inputs: LegS keeps the
+          ends of the stream best and its middle worst, so the task's own inputs would hide a lost
+          past; a sliding window such as LegT forgets the rest by design), else over this task's
+          inputs. It reuses the update's ``chol(K_uu)`` (one ``K_uf`` of the grid) and runs at most
+          :data:`CHECK_COST_FRACTION` of the updates' time (always on the first task).
+        """
         if self.captured_variance_warning is None:
             return
+        ivs = self.inducing_variables
+        grid = train_x
         if train_x.shape[-1] == 1:
-            low, high = train_x.min().reshape(1), train_x.max().reshape(1)
+            low, high = float(train_x.min()), float(train_x.max())
+            support = ivs.input_support()
+            if support is not None:
+                tolerance = 1e-9 * max(abs(support[0]), abs(support[1]), 1.0)
+                for cause, outside in (("before", low < support[0] - tolerance), ("beyond", high > support[1] + tolerance)):
+                    if outside:
+                        self._warn_once(
+                            cause,
+                            f"this task's inputs span [{low:.6g}, {high:.6g}], outside the reach [{support[0]:.6g}, "
+                            f"{support[1]:.6g}] of the inducing variables: {ivs.coverage_advice(cause)}",
+                        )
             if self.seen_input_range is not None:
-                low, high = torch.minimum(low, self.seen_input_range[:1]), torch.maximum(high, self.seen_input_range[1:])
-            self.seen_input_range = torch.cat([low, high])
-            grid = torch.linspace(low.item(), high.item(), 32, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
-        else:
-            grid = train_x
-        per_point = self.inducing_variables.captured_variance(self.covar_module, grid, reduction="none")
+                low, high = min(low, float(self.seen_input_range[0])), max(high, float(self.seen_input_range[1]))
+            self.seen_input_range = torch.tensor([low, high], dtype=train_x.dtype, device=train_x.device)
+            if support is not None:
+                low, high = max(low, support[0]), min(high, support[1])
+            grid = torch.linspace(low, high, 32 if low <= high else 0, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
+        clock = self.__dict__.setdefault("_check_clock", {"updates": 0.0, "check": 0.0})
+        clock["updates"] += update_seconds
+        if "too few" in self.__dict__.get("_warned_causes", ()) or grid.shape[-2] == 0 or (
+            self.has_posterior and clock["updates"] * CHECK_COST_FRACTION < clock["check"]
+        ):
+            return
+        start = time.perf_counter()
+        W = _solve_lower(chol, _working(ivs.Kuf(self.covar_module, grid)))
+        per_point = W.square().sum(-2) / _working(self.covar_module(grid, diag=True))
         captured = per_point.mean(-1)
-        if (captured < self.captured_variance_warning).any():
+        if bool((captured < self.captured_variance_warning).any()):
             worst = f"{per_point.min().item():.0%} at worst"
-            if train_x.shape[-1] == 1:  # the 1-D grid: say where the memory is thinnest (LegS: mid-stream)
+            if train_x.shape[-1] == 1:
                 worst += f", at x = {grid[per_point.reshape(-1, grid.shape[-2]).min(0).values.argmin(), 0].item():.4g}"
-            warnings.warn(
-                f"the {self.inducing_variables.num_inducing} inducing variables keep only {captured.min().item():.0%} of "
-                f"the prior variance over the inputs seen so far ({worst}; InducingVariables.captured_variance; threshold "
-                f"{self.captured_variance_warning:.0%}): expect underfitting and lost memory there; use more inducing "
-                "variables (HiPPO-LegS: M of about t / lengthscale keeps ~98%)",
-                RuntimeWarning,
-                stacklevel=3,
+            self._warn_once(
+                "too few",
+                f"the {ivs.num_inducing} inducing variables keep only {captured.min().item():.0%} of the prior variance "
+                f"over the inputs seen so far within their reach ({worst}; InducingVariables.captured_variance; "
+                f"threshold {self.captured_variance_warning:.0%}): expect underfitting and lost memory there; "
+                f"{ivs.coverage_advice('too few')}",
             )
+        clock.update(updates=0.0, check=time.perf_counter() - start)
+
+    def _warn_once(self, cause: str, message: str) -> None:
+        """A ``RuntimeWarning`` the first time ``cause`` occurs for this model (later tasks stay quiet)."""
+        warned = self.__dict__.setdefault("_warned_causes", set())
+        if cause not in warned:
+            warned.add(cause)
+            warnings.warn(message + " (warned once per model)", RuntimeWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ posterior
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:
@@ -473,7 +532,9 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
 
     with ``\tilde q(a) = \int p(a | b) q(b) db``. The two ``a`` terms are evaluated together as
     ``E_{\tilde q}[\log q_{old}(a) - \log p_{old}(a)]`` (the entropy of ``\tilde q`` cancels, so
-    a singular ``\tilde q`` -- e.g. ``a = b`` -- is harmless). Like GPyTorch's ``VariationalELBO``
+    a singular ``\tilde q`` -- e.g. ``a = b`` -- is harmless); where the new variables do not share
+    the old ones' jitter, ``\log q_{old}/p_{old}`` is averaged over that jitter noise as in
+    :class:`OnlineSGPR` (:func:`_smooth_ratio`). Like GPyTorch's ``VariationalELBO``
     the value is divided by ``num_data`` (the size of the *current* task), and ``beta`` scales
     the KL-type terms.
 
@@ -589,11 +650,11 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         precision = factor_inv.mT @ factor_inv - eye
         shift = (factor_inv.mT @ scaled).squeeze(-1)
         constant = -factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) - 0.5 * scaled.square().sum((-2, -1))
-        precision, shift, smoothing = _smooth_ratio(precision, shift, prior_chol, noise)
-        mean_w = _solve_lower(prior_chol, (mean - old_prior_mean).unsqueeze(-1))
-        covar_w = _solve_lower(prior_chol, _solve_lower(prior_chol, covar).mT)
-        quadratic = (precision * covar_w).sum((-2, -1)) + (mean_w.mT @ precision @ mean_w).squeeze(-1).squeeze(-1)
-        return -0.5 * quadratic + (shift.unsqueeze(-1) * mean_w).sum((-2, -1)) + constant + smoothing
+        precision, shift = _unwhiten_ratio(precision, shift, prior_chol)  # in z = g - μ'_a
+        precision, shift, smoothing = _smooth_ratio(precision, shift, noise)
+        mean_z = mean - old_prior_mean
+        quadratic = (precision * covar).sum((-2, -1)) + (mean_z * (precision @ mean_z.unsqueeze(-1)).squeeze(-1)).sum(-1)
+        return -0.5 * quadratic + (shift * mean_z).sum(-1) + constant + smoothing
 
     def online_kl_divergence(self) -> Tensor:
         """``KL(q(b)||p(b)) - E_{\\tilde q(a)}[\\log q_{old}(a) - \\log p_{old}(a)]`` (the negated

@@ -100,6 +100,18 @@ class InducingVariables(gpytorch.Module):
             captured = (W.square().sum(-2) / kernel(grid, diag=True)).to(kuu.dtype)
             return captured.mean(-1) if reduction == "mean" else captured
 
+    def input_support(self) -> Optional[tuple[float, float]]:
+        """``(lower, upper)``: the 1-D input range these variables summarise (a HiPPO memory's
+        ``[start, t]`` or window, a Fourier interval), ``None`` where any input is reachable (points)."""
+        return None
+
+    def coverage_advice(self, cause: str) -> str:
+        """What to change when the online models find inputs ``"before"`` or ``"beyond"``
+        :meth:`input_support`, or ``"too few"`` variables to capture them (:meth:`captured_variance`)."""
+        if cause in ("before", "beyond"):
+            return "move or replace the inducing variables so that they reach the new inputs"
+        return "use more inducing variables, or place them where the inputs are (e.g. pivoted Cholesky, inducing.select_pivoted_cholesky)"
+
     def jitter_value(self, dtype: torch.dtype) -> float:
         """The diagonal jitter added by :meth:`Kuu` for matrices of ``dtype`` (see the class docstring)."""
         if self.jitter is not None:

@@ -149,6 +149,14 @@ class FourierInducingVariables(InducingVariables):
             and (other.num_frequencies, other.a, other.b) == (self.num_frequencies, self.a, self.b)
         )
 
+    def input_support(self) -> Optional[tuple[float, float]]:
+        return float(self.a), float(self.b)
+
+    def coverage_advice(self, cause: str) -> str:
+        if cause in ("before", "beyond"):
+            return "the Fourier features live on [a, b]: choose an interval that contains every input of the stream"
+        return "use more frequencies (num_frequencies) or a longer length scale"
+
     def _shares_jitter_with(self, other: InducingVariables) -> Tensor:
         """All of the jitter is shared with the same features (``Kuu_cross`` is ``Kuu``), none otherwise."""
         return torch.tensor(self._same_variables(other))

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from ..hippo import HiPPO
 from .base import InducingVariables
-from .banded import BandedBackend
+from .banded import BandedBackend, _span
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
 from .spectral import SUPPORTED_KERNELS, spectral_parts  # noqa: F401  (re-exported)
@@ -215,6 +215,22 @@ class HiPPOInducingVariables(InducingVariables):
         return f"M={self.num_inducing}, measure={self.measure!r}, t={self.t:g}, method={self.method!r}, input_dim={self.input_dim}"
 
     _relative_jitter = True
+
+    def input_support(self) -> Optional[tuple[float, float]]:
+        """``[lower, t]`` of the bases (1-D inputs; LagT's weights are below ``5e-18`` before ``t - 80 θ``),
+        clipped at ``start``; ``None`` for the multidimensional path memory."""
+        return _span(self) if self.input_dim == 1 else None
+
+    def coverage_advice(self, cause: str) -> str:
+        if cause == "beyond":
+            return "call inducing_variables.advance(t_new) with t_new at or beyond the task's last input before update"
+        if cause == "before":
+            if self.measure in ("legt", "fout"):
+                return f"the window theta = {self.memory.theta:g} is shorter than the task: use a larger theta"
+            return f"pass start= at or before the stream's first input (now {self.start:g})"
+        if self.measure == "legs":
+            return "use more inducing variables (HiPPO-LegS: M of about t / lengthscale keeps ~98%)"
+        return f"use more inducing variables or a shorter window theta (now {self.memory.theta:g}) for measure {self.measure!r}"
 
     def _jitter_scale(self, covariance) -> float:
         """Relative jitter (class docstring): the mean of ``diag(Kuu)`` unless ``jitter`` was given."""

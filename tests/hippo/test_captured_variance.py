@@ -5,7 +5,7 @@ import gpytorch
 import pytest
 import torch
 
-from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, OnlineSGPR
+from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, OnlineSGPR, online
 from gpytorch_hippo.inducing import FourierInducingVariables
 
 DT = torch.float64
@@ -98,3 +98,117 @@ def test_the_warning_names_the_worst_point_of_the_stream():
         model.update(x, torch.sin(x[:, 0]))
     worst_x = float(str(record[0].message).split("at x = ")[1].split(";")[0])
     assert 5.0 < worst_x < 25.0  # mid-stream, not at either end
+
+
+def _stream(num_tasks, size=40.0, n=80, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    tasks = []
+    for k in range(num_tasks):
+        x = torch.sort(k * size + size * torch.rand(n, generator=generator, dtype=DT)).values
+        tasks.append((x, torch.sin(x / 3) + 0.1 * torch.randn(n, generator=generator, dtype=DT)))
+    return tasks
+
+
+def _learn(model, tasks, size=40.0, advance=True):
+    """Learn ``tasks``, the captured-variance check on every task; the RuntimeWarnings raised."""
+    model._check_clock = {"updates": 0.0, "check": 0.0}
+    online.CHECK_COST_FRACTION, fraction = float("inf"), online.CHECK_COST_FRACTION
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always", RuntimeWarning)
+        for k, (x, y) in enumerate(tasks):
+            if k > 0 and advance:
+                model.inducing_variables.advance(size * (k + 1))
+            model.update(x, y)
+    online.CHECK_COST_FRACTION = fraction
+    return [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+
+
+def test_too_few_variables_warn_once_per_model_with_the_legs_rule():
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    model = OnlineSGPR(HiPPOInducingVariables(8, "legs", t=40.0), rbf(1.0), likelihood)
+    messages = _learn(model, _stream(5))  # t / ℓ = 200 with M = 8
+    assert len(messages) == 1 and "keep only" in messages[0] and "M of about t / lengthscale" in messages[0]
+
+
+def test_inputs_beyond_t_name_the_missed_advance_not_more_variables():
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    model = OnlineSGPR(HiPPOInducingVariables(40, "legs", t=40.0), rbf(10.0), likelihood)
+    messages = _learn(model, _stream(3), advance=False)
+    outside = [m for m in messages if "outside the reach" in m]
+    assert len(outside) == 1 and "advance(t_new)" in outside[0]
+    assert all("more inducing variables" not in m for m in outside)
+
+
+def test_a_sliding_window_that_forgets_by_design_does_not_warn():
+    """LegT keeps the last ``theta`` of the stream; the check looks only there (it warned on almost
+    every task when it looked at the whole stream)."""
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    model = OnlineSGPR(HiPPOInducingVariables(40, "legt", t=40.0, theta=40.0), rbf(10.0), likelihood)
+    assert _learn(model, _stream(6)) == []
+
+
+def test_advice_matches_the_kind_of_inducing_variables():
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    points = OnlineSGPR(InducingPoints(torch.linspace(0, 40, 3, dtype=DT), learn=False), rbf(1.0), likelihood)
+    messages = _learn(points, _stream(2), advance=False)
+    assert len(messages) == 1 and "pivoted Cholesky" in messages[0] and "HiPPO" not in messages[0]
+    matern = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5)).to(DT)
+    fourier = OnlineSGPR(FourierInducingVariables(3, 0.0, 80.0), matern, likelihood)
+    messages = _learn(fourier, _stream(2), advance=False)
+    assert len(messages) == 1 and "num_frequencies" in messages[0] and "HiPPO" not in messages[0]
+
+
+@pytest.mark.parametrize("measure", ["legs", "legt"])
+def test_the_check_reuses_the_update_factorisation(measure, monkeypatch):
+    """The check adds one ``Kuf`` on a 32-point grid and no ``Kuu``: its cost does not grow with the
+    stream beyond that of ``Kuf`` (timings: ``benchmarks/captured_variance_cost.py``)."""
+    calls = {"Kuu": 0, "Kuf": []}
+    kuu, kuf = HiPPOInducingVariables.Kuu, HiPPOInducingVariables.Kuf
+
+    def counting_kuu(self, kernel):
+        calls["Kuu"] += 1
+        return kuu(self, kernel)
+
+    def counting_kuf(self, kernel, x):
+        calls["Kuf"].append(x.shape[-2])
+        return kuf(self, kernel, x)
+
+    monkeypatch.setattr(HiPPOInducingVariables, "Kuu", counting_kuu)
+    monkeypatch.setattr(HiPPOInducingVariables, "Kuf", counting_kuf)
+    counts = {}
+    for threshold in (None, 0.9):
+        calls["Kuu"], calls["Kuf"] = 0, []
+        model = OnlineSGPR(HiPPOInducingVariables(20, measure, t=40.0, theta=40.0), rbf(10.0),
+                           gpytorch.likelihoods.GaussianLikelihood().to(DT), captured_variance_warning=threshold)
+        _learn(model, _stream(3))
+        counts[threshold] = (calls["Kuu"], list(calls["Kuf"]))
+    assert counts[0.9][0] == counts[None][0]
+    assert sorted(counts[0.9][1]) == sorted(counts[None][1] + [32] * 3)
+
+
+def test_the_check_takes_at_most_its_share_of_the_update_time(monkeypatch):
+    """On a clock where an update takes 2 s (two ``Kuu``) and the check 3 s, the check runs on the first
+    task and then after every 30 s of updates (``CHECK_COST_FRACTION = 0.1``): tasks 1, 16 and 31 of 40."""
+    now, task, checks = [0.0], [0], []
+    kuu, kuf = HiPPOInducingVariables.Kuu, HiPPOInducingVariables.Kuf
+
+    def slow_kuu(self, kernel):
+        now[0] += 1.0
+        return kuu(self, kernel)
+
+    def slow_kuf(self, kernel, x):
+        if x.shape[-2] == 32:
+            now[0] += 3.0
+            checks.append(task[0])
+        return kuf(self, kernel, x)
+
+    monkeypatch.setattr(online.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(HiPPOInducingVariables, "Kuu", slow_kuu)
+    monkeypatch.setattr(HiPPOInducingVariables, "Kuf", slow_kuf)
+    model = OnlineSGPR(HiPPOInducingVariables(20, "legs", t=40.0), rbf(2000.0), gpytorch.likelihoods.GaussianLikelihood().to(DT))
+    for k, (x, y) in enumerate(_stream(40, n=10)):
+        task[0] = k + 1
+        if k > 0:
+            model.inducing_variables.advance(40.0 * (k + 1))
+        model.update(x, y)
+    assert checks == [1, 16, 31]
