@@ -48,9 +48,13 @@ def check_dtype(x: Tensor, name: str, expected: torch.dtype) -> None:
                         f"convert one of them (e.g. module.to({x.dtype}))")
 
 
-def check_finite(x: Tensor, name: str) -> None:
-    """``ValueError`` if ``x`` holds NaN or infinite values (reads the values)."""
-    if not bool(torch.isfinite(x).all()):
+def check_finite(x: Tensor, name: str, *, allow_negative_infinity: bool = False) -> None:
+    """``ValueError`` if ``x`` holds NaN or infinite values (reads the values); with
+    ``allow_negative_infinity``, ``-inf`` passes (masked logits)."""
+    if allow_negative_infinity:
+        if bool(torch.isnan(x).any() | torch.isposinf(x).any()):
+            raise ValueError(f"{name} contains NaN or +inf values")
+    elif not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
 
 

@@ -148,7 +148,7 @@ class SGPAELBO(gpytorch.Module):
         if targets.dim() == 0 or targets.shape[0] == 0 or targets.numel() == 0:
             raise ValueError(f"targets must hold at least one data point, got shape {tuple(targets.shape)}")
         if _checks_on_host(outputs):
-            check_finite(outputs, "outputs")
+            check_finite(outputs, "outputs", allow_negative_infinity=self.likelihood is None)  # masked logits
         if self.likelihood is None:
             if targets.dim() not in (1, 2) or targets.dtype not in (torch.int64, torch.int32):
                 raise ValueError(

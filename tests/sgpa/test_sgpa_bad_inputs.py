@@ -165,6 +165,9 @@ def test_elbo_input():
         elbo(logits * NAN, kl, labels)
     with pytest.raises(ValueError, match="outputs contains NaN"):
         elbo(logits * INF, kl, labels)
+    masked = logits.detach().clone()
+    masked[..., -1] = -INF  # a class masked out by -inf logits, as F.cross_entropy allows
+    assert torch.isfinite(elbo(masked, kl, labels))
     with pytest.raises(ValueError, match="kl contains NaN"):
         elbo(logits, kl * NAN, labels)
     with pytest.raises(ValueError, match="kl contains NaN"):
