@@ -18,6 +18,7 @@ from typing import Any, Optional
 import gpytorch
 import torch
 from botorch.acquisition.objective import PosteriorTransform
+from botorch.exceptions.errors import BotorchTensorDimensionError
 from botorch.fit import fit_gpytorch_mll
 from botorch.models.model import FantasizeMixin, Model
 from botorch.models.transforms.input import InputTransform
@@ -249,7 +250,11 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         x = x.expand(*torch.broadcast_shapes(x.shape[:-2], self.batch_shape), *x.shape[-2:])
         mvn = self.online(x)
         if isinstance(observation_noise, Tensor):
-            noise = observation_noise.squeeze(-1) if observation_noise.shape[-1:] == (1,) else observation_noise
+            if observation_noise.dim() < 2 or observation_noise.shape[-1] != 1:
+                raise BotorchTensorDimensionError(
+                    f"observation_noise must have shape (*batch, q, 1) (one output), got {tuple(observation_noise.shape)}"
+                )
+            noise = observation_noise.squeeze(-1)
             try:
                 noise = noise.expand(mvn.mean.shape)
             except RuntimeError:
@@ -266,6 +271,12 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             return posterior_transform(posterior)
         return posterior
 
+    def forward(self, X: Tensor) -> MultivariateNormal:
+        """``q(f(X))`` after the input transform, in the model's (transformed) outcome space:
+        GPyTorch's ``model(X)``. BoTorch's acquisitions call :meth:`posterior`."""
+        X = check_tensor(X, "X", dtype=floating_dtype(self.covar_module), min_dim=2)
+        return self.online(self.transform_inputs(X))
+
     def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> "OnlineGPModel":
         """A new model with ``(X, Y)`` absorbed by one online update (no refit; old data not revisited).
 
@@ -278,7 +289,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         if unknown:
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
         _check_X_Y(X, Y, "X", "Y")
-        model = copy.deepcopy(self)
+        model = self._copy()
         x, y = model._to_model_space(X, Y)
         if x.dim() == 2:
             model._move_inducing(x)
@@ -294,7 +305,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             raise ValueError(f"X must have shape (n, d) in observe (streaming data), got {tuple(X.shape)}")
         if self.refit_every is None or (self.num_updates + 1) % self.refit_every != 0:
             return self.condition_on_observations(X, Y)
-        model = copy.deepcopy(self)
+        model = self._copy()
         x, y = model._to_model_space(X, Y)
         model._move_inducing(x)
         model.fit_hyperparameters(x, y, maxiter=model.fit_maxiter)
@@ -317,6 +328,12 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
                 mll.load_state_dict(before)
 
     # ------------------------------------------------------------------ internals
+    def _copy(self) -> "OnlineGPModel":
+        """A deep copy that shares the summary tensors a differentiable (fantasy) update left in the
+        autograd graph (``copy.deepcopy`` refuses those; the copy's next update replaces them)."""
+        in_graph = {id(tensor): tensor for tensor in self.buffers() if tensor.grad_fn is not None}
+        return copy.deepcopy(self, in_graph)
+
     def _to_model_space(self, X: Tensor, Y: Tensor, fit_transforms: bool = False) -> tuple[Tensor, Tensor]:
         """Transformed inputs and targets, broadcast to a common batch shape; ``fit_transforms``
         learns the transforms' statistics from this batch (train mode), later batches reuse them."""
@@ -348,8 +365,9 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         ivs.append_path(x.detach()[order], kernel=self.online.covar_module)
 
     def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor) -> None:
-        with torch.no_grad():
-            self.online.update(x, y, num_iter=0)
+        # fantasies of look-ahead acquisitions carry gradients to the candidate: keep the graph then
+        differentiable = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
+        self.online.update(x, y, num_iter=0, differentiable=differentiable)
         self.num_updates += 1
         if self.keep_data:
             if self._stored_X is None:

@@ -354,6 +354,7 @@ class OnlineSGPR(gpytorch.Module):
         num_iter: int = 0,
         lr: float = 0.01,
         progress: bool = False,
+        differentiable: bool = False,
     ) -> Tensor:
         """Absorb one task.
 
@@ -364,6 +365,11 @@ class OnlineSGPR(gpytorch.Module):
             update is a closed-form computation.
         :param lr: Adam learning rate.
         :param progress: show a ``tqdm`` bar during optimisation.
+        :param differentiable: store the summary as a differentiable function of ``train_x``,
+            ``train_y`` and the hyperparameters (look-ahead acquisitions differentiate a fantasy
+            model's predictions with respect to the candidate); such a model is copied with
+            :func:`copy.deepcopy` only through a memo that shares those tensors. ``False`` (default):
+            the summary is detached, the fast path for streaming.
         :return: the collapsed online bound of this task at the final hyperparameters.
         """
         start = time.perf_counter()
@@ -392,16 +398,19 @@ class OnlineSGPR(gpytorch.Module):
                 _check_finite_result("the online bound during optimisation (try a smaller lr)", loss)
                 loss.backward()
                 optimizer.step()
-        with torch.no_grad():
+        keep = (lambda tensor: tensor.clone()) if differentiable else (lambda tensor: tensor.detach().clone())
+        with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
             bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y)
             _check_finite_result("the online update", bound, precision, shift)
-            self._check_memory(train_x, chol, time.perf_counter() - start)
+            with torch.no_grad():
+                self._check_memory(train_x, chol, time.perf_counter() - start)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
             prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device) if prior_mean is None else _working(prior_mean)
-            self.posterior_chol = chol.detach().clone()
-            self.posterior_precision = precision.detach().clone()
-            self.posterior_shift = shift.detach().clone()
-            self.posterior_prior_mean = prior_mean.detach().expand(shift.shape).clone()
+            self.posterior_chol = keep(chol)
+            self.posterior_precision = keep(precision)
+            self.posterior_shift = keep(shift)
+            self.posterior_prior_mean = keep(prior_mean.expand(shift.shape))
+        with torch.no_grad():
             self.posterior_inducing_variables = _frozen_copy(self.inducing_variables)
             self.posterior_mean_module = _frozen_copy(self.mean_module)
             self.num_tasks += 1
