@@ -22,6 +22,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from .inducing.base import InducingVariables
+from .inducing.points import InducingPoints
 from .nystrom import nystrom_residual
 
 __all__ = ["InterdomainVariationalStrategy"]
@@ -232,6 +233,40 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         mean_u = self._prior_mean_u()
         mean = zeros.expand(*batch_shape, q_shape[-1]) if mean_u is None else (zeros + mean_u).expand(*batch_shape, -1)
         return MultivariateNormal(mean, CholLinearOperator(TriangularLinearOperator(chol)))
+
+    # ------------------------------------------------------------------ GPyTorch's fantasy models
+    @property
+    def has_fantasy_strategy(self) -> bool:
+        """Online variational conditioning needs input locations: point inducing variables only."""
+        return isinstance(self.inducing_variables, InducingPoints)
+
+    @property
+    def pseudo_points(self) -> tuple[Tensor, Tensor]:
+        """``(D_a, ỹ)``: the Gaussian pseudo-observations at the inducing points that ``q(u)`` amounts to,
+        ``D_a = (S^{-1} - K_uu^{-1})^{-1}`` (Maddox et al. 2021), computed exactly as GPyTorch's
+        ``VariationalStrategy`` (whitened) or ``UnwhitenedVariationalStrategy`` does."""
+        if not self.has_fantasy_strategy:
+            raise NotImplementedError(self._no_fantasy_message())
+        self._clear_cache_if_stale()
+        gpytorch_strategy = gpytorch.variational.VariationalStrategy if self.whitened else gpytorch.variational.UnwhitenedVariationalStrategy
+        return gpytorch_strategy.pseudo_points.fget(self)
+
+    def get_fantasy_model(self, inputs: Tensor, targets: Tensor, mean_module=None, covar_module=None, **kwargs):
+        """GPyTorch's online variational conditioning (Maddox et al. 2021): an ``ExactGP`` on the
+        pseudo-observations :attr:`pseudo_points` and ``(inputs, targets)``; point inducing variables
+        only (HiPPO ones raise, naming the online models that condition them)."""
+        if not self.has_fantasy_strategy:
+            raise NotImplementedError(self._no_fantasy_message())
+        if self._explicit_kernel is not None or isinstance(getattr(self.model, "covar_module", None), gpytorch.kernels.Kernel):
+            self._clear_cache_if_stale()  # (without a kernel GPyTorch's own method names the missing module)
+        return super().get_fantasy_model(inputs, targets, mean_module=mean_module, covar_module=covar_module, **kwargs)
+
+    def _no_fantasy_message(self) -> str:
+        return (
+            f"GPyTorch's fantasy models condition an exact GP on pseudo-observations at input locations, which "
+            f"{type(self.inducing_variables).__name__} do not have: condition them online with "
+            "gpytorch_hippo.OnlineSGPR / OnlineELBO, or gpytorch_hippo.botorch.OnlineGPModel.condition_on_observations"
+        )
 
     def kl_divergence(self) -> Tensor:
         """``KL(q(u) || p(u))`` with the current hyperparameters (also right after an optimiser step)."""

@@ -1,0 +1,111 @@
+"""GPyTorch's own ``VariationalTestCase`` (training, evaluation and fantasy-model tests, with batched
+data, inducing points and models) run on ``InterdomainVariationalStrategy`` with point inducing
+variables, whitened and unwhitened, as GPyTorch runs it on its ``VariationalStrategy`` and
+``UnwhitenedVariationalStrategy``; and the fantasy model equal to GPyTorch's."""
+
+import unittest
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.test.variational_test_case import VariationalTestCase
+
+from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, InterdomainVariationalStrategy
+
+
+class _Whitened(InterdomainVariationalStrategy):
+    """GPyTorch's strategy signature ``(model, inducing_points, variational_distribution, learn_inducing_locations)``."""
+
+    whitened_flag = True
+
+    def __init__(self, model, inducing_points, variational_distribution, learn_inducing_locations=True):
+        super().__init__(model, InducingPoints(inducing_points, learn=learn_inducing_locations), variational_distribution,
+                         whitened=self.whitened_flag)
+
+
+class _Unwhitened(_Whitened):
+    whitened_flag = False
+
+
+class TestWhitenedPoints(VariationalTestCase, unittest.TestCase):
+    @property
+    def batch_shape(self):
+        return torch.Size([])
+
+    @property
+    def distribution_cls(self):
+        return gpytorch.variational.CholeskyVariationalDistribution
+
+    @property
+    def mll_cls(self):
+        return gpytorch.mlls.VariationalELBO
+
+    @property
+    def strategy_cls(self):
+        return _Whitened
+
+    def test_training_iteration(self, *args, **kwargs):
+        cg_mock, cholesky_mock, ciq_mock = super().test_training_iteration(*args, **kwargs)
+        self.assertFalse(cg_mock.called)
+        self.assertFalse(ciq_mock.called)
+
+    def test_eval_iteration(self, *args, **kwargs):
+        cg_mock, cholesky_mock, ciq_mock = super().test_eval_iteration(*args, **kwargs)
+        self.assertFalse(cg_mock.called)
+        self.assertFalse(ciq_mock.called)
+
+
+class TestUnwhitenedPoints(TestWhitenedPoints):
+    @property
+    def strategy_cls(self):
+        return _Unwhitened
+
+
+@pytest.mark.parametrize("whitened", [True, False])
+def test_fantasy_model_equals_gpytorchs(whitened):
+    torch.manual_seed(0)
+    Z, X = torch.rand(10, 1, dtype=torch.float64), torch.rand(6, 1, dtype=torch.float64)
+    reference_cls = gpytorch.variational.VariationalStrategy if whitened else gpytorch.variational.UnwhitenedVariationalStrategy
+
+    class SVGP(gpytorch.models.ApproximateGP):
+        def __init__(self, ours):
+            q = gpytorch.variational.CholeskyVariationalDistribution(10)
+            strategy = (InterdomainVariationalStrategy(self, InducingPoints(Z, learn=False), q, whitened=whitened) if ours
+                        else reference_cls(self, Z, q, learn_inducing_locations=False))
+            super().__init__(strategy)
+            self.mean_module, self.covar_module = gpytorch.means.ConstantMean(), gpytorch.kernels.RBFKernel()
+            self.likelihood = gpytorch.likelihoods.GaussianLikelihood()
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    models = [SVGP(ours).double() for ours in (True, False)]
+    state = models[1].state_dict()
+    q = models[1].variational_strategy._variational_distribution
+    q.chol_variational_covar.data = 0.3 * torch.eye(10, dtype=torch.float64) + 0.05 * torch.rand(10, 10, dtype=torch.float64).tril()
+    q.variational_mean.data = torch.randn(10, dtype=torch.float64)
+    models[0].variational_strategy._variational_distribution.load_state_dict(q.state_dict())
+    for model in models:
+        model.variational_strategy.variational_params_initialized.fill_(1)
+        model.eval()
+    test = torch.linspace(0, 1, 7, dtype=torch.float64).unsqueeze(-1)
+    fantasies = [model.get_fantasy_model(X, torch.sin(6 * X[:, 0])) for model in models]
+    with torch.no_grad():
+        ours, reference = (fantasy(test) for fantasy in fantasies)
+    torch.testing.assert_close(ours.mean, reference.mean, rtol=0, atol=1e-10)
+    torch.testing.assert_close(ours.covariance_matrix, reference.covariance_matrix, rtol=0, atol=1e-10)
+
+
+def test_hippo_variables_name_the_online_models_instead():
+    class SVGP(gpytorch.models.ApproximateGP):
+        def __init__(self):
+            q = gpytorch.variational.CholeskyVariationalDistribution(6)
+            super().__init__(InterdomainVariationalStrategy(self, HiPPOInducingVariables(6, "legs", t=1.0), q))
+            self.mean_module, self.covar_module = gpytorch.means.ZeroMean(), gpytorch.kernels.RBFKernel()
+            self.likelihood = gpytorch.likelihoods.GaussianLikelihood()
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    with pytest.raises(NotImplementedError, match="OnlineSGPR"):
+        SVGP().get_fantasy_model(torch.rand(3, 1), torch.rand(3))
