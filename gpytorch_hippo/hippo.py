@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ._validation import check_finite_scalar, check_tensor
+
 MEASURES = ("legs", "legt", "lagt", "fout")
 DISCRETIZATIONS = ("forward_euler", "backward_euler", "bilinear", "zoh")
 
@@ -437,9 +439,7 @@ class HiPPO(nn.Module):
         return times
 
     def _check_signal(self, signal, times: Tensor) -> Tensor:
-        signal = torch.as_tensor(signal, device=self.A.device)
-        if not signal.is_floating_point():
-            signal = signal.double()
+        signal = _floating(signal, "signal", self.A.device)
         if signal.dim() < 1 or signal.shape[-1] != times.shape[0]:
             raise ValueError(
                 f"signal must have shape (..., T) with T = len(times) = {times.shape[0]}, "
@@ -450,9 +450,8 @@ class HiPPO(nn.Module):
     # ----------------------------------------------------------------- recurrence
     def initial_state(self, f0, t0: float = 0.0) -> Tensor:
         """State at the first sample ``t0`` of a stream: ``f_0 e_0`` for LegS, zero otherwise."""
-        f0 = torch.as_tensor(f0, device=self.A.device)
-        if not f0.is_floating_point():
-            f0 = f0.double()
+        f0 = _floating(f0, "f0", self.A.device)
+        t0 = check_finite_scalar(t0, "t0")
         if self.measure == "legs" and t0 < 0:
             raise ValueError(f"t0 must be >= 0 for measure 'legs', got {t0}")
         return f0[..., None] * self._initial_vector().to(f0.dtype)
@@ -464,15 +463,17 @@ class HiPPO(nn.Module):
         (forward Euler, bilinear, zoh, and LegS leaving ``t = 0``).  Streaming a signal with
         ``initial_state`` followed by ``step`` equals one :meth:`scan` to round-off.
         """
+        c = _floating(c, "c", None)  # an integer state steps in float64, not in integers
         if c.shape[-1] != self.M:
             raise ValueError(f"c must have last dimension M = {self.M}, got {tuple(c.shape)}")
+        t_prev, t = check_finite_scalar(t_prev, "t_prev"), check_finite_scalar(t, "t")
         if not t > t_prev:
             raise ValueError(f"t must be greater than t_prev, got t_prev={t_prev}, t={t}")
         if self.measure == "legs" and t_prev < 0:
             raise ValueError(f"t_prev must be >= 0 for measure 'legs', got {t_prev}")
         grid = torch.tensor([float(t_prev), float(t)], dtype=torch.float64, device=c.device)
         Abar, P, Q = (m[0].to(c.dtype) for m in self.step_matrices(grid[:1], grid[1:]))
-        f = torch.as_tensor(f, dtype=c.dtype, device=c.device)
+        f = check_tensor(torch.as_tensor(f, dtype=c.dtype, device=c.device), "f")
         out = c @ Abar.T + f[..., None] * Q
         if bool((P != 0).any()):
             if f_prev is None:
@@ -480,7 +481,7 @@ class HiPPO(nn.Module):
                     f"f_prev (the sample at t_prev) is required by the {self.discretization!r} "
                     f"discretization of measure {self.measure!r}"
                 )
-            f_prev = torch.as_tensor(f_prev, dtype=c.dtype, device=c.device)
+            f_prev = check_tensor(torch.as_tensor(f_prev, dtype=c.dtype, device=c.device), "f_prev")
             out = out + f_prev[..., None] * P
         return out
 
@@ -557,7 +558,7 @@ class HiPPO(nn.Module):
         K, W = self._unrolled(times)
         if initial_state is None:
             initial_state = signal[..., :1] * self._initial_vector().to(signal.dtype)
-        elif initial_state.shape[-1] != self.M:
+        elif _floating(initial_state, "initial_state", None).shape[-1] != self.M:
             raise ValueError(f"initial_state must have last dimension M = {self.M}, got {tuple(initial_state.shape)}")
         return signal @ K.to(signal.dtype) + initial_state @ W.T.to(signal.dtype)
 
@@ -578,21 +579,26 @@ class HiPPO(nn.Module):
 
     def reconstruct(self, c: Tensor, x, t) -> Tensor:
         """``sum_m c_m g_m^{(t)}(x)``: ``c`` (..., M), ``x`` (N,) -> (..., N)."""
+        c = _floating(c, "c", None)
         if c.shape[-1] != self.M:
             raise ValueError(f"c must have last dimension M = {self.M}, got {tuple(c.shape)}")
         basis = self.basis(x, t).to(c.dtype)
         return (basis @ c[..., None])[..., 0]
 
     def _check_points(self, x, t) -> Tuple[Tensor, Tensor]:
-        x = torch.as_tensor(x, device=self.A.device)
-        if not x.is_floating_point():
-            x = x.double()
+        x = _floating(x, "x", self.A.device)
         if x.dim() != 1:
             raise ValueError(f"x must be a 1-D tensor of times, got shape {tuple(x.shape)}")
-        t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+        t = check_tensor(torch.as_tensor(t, dtype=x.dtype, device=x.device), "t")
         if self.measure == "legs" and not (t > 0).all():
             raise ValueError("t must be positive for measure 'legs'")
         return x, t
+
+
+def _floating(value, name: str, device) -> Tensor:
+    """``value`` as a finite floating tensor; integers become float64 (the memory computes in float64)."""
+    value = torch.as_tensor(value, device=device)
+    return check_tensor(value if value.is_floating_point() or value.is_complex() else value.double(), name)
 
 
 def _unique_first(key: Tensor) -> Tuple[Tensor, Tensor, Tensor]:

@@ -25,6 +25,7 @@ import math
 import torch
 from torch import Tensor
 
+from .cost import check_work
 from .spectral import gauss_legendre, spectral_parts
 
 #: ``q(x) e^{-x} < 2e-18`` for ``x = λ r >= 48`` and every ``ν`` in {1/2, 3/2, 5/2}
@@ -75,10 +76,14 @@ class _Panels:
         if window is not None:
             self.first = min(self.count, max(0, math.floor((window[0] - self.lower) / self.width)))
             self.last = max(self.first, min(self.count, math.floor((window[1] - self.lower) / self.width) + 1))
+        # nodes, φ and the weighted φ of the panels formed, and Kuf at the nodes: about 4 x nodes x M values
+        formed = float(self.last - self.first) * self.num_nodes
+        check_work(4 * formed * ivars.num_inducing, "the banded panel rule (4 x nodes x M)", ivars, lengthscale=lengthscale)
         index = torch.arange(self.first, self.last, dtype=torch.float64, device=device)
         left = self.lower + self.width * index
         self.nodes = left[:, None] + self.width * (self.z + 1) / 2  # (P, p), panels first..last-1
-        self.phi_nodes = self.phi(self.nodes.reshape(-1)).reshape(self.last - self.first, self.num_nodes, -1)  # (P, p, M)
+        phi = self.phi(self.nodes.reshape(-1))
+        self.phi_nodes = phi.reshape(self.last - self.first, self.num_nodes, phi.shape[-1])  # (P, p, M); P = 0 allowed
         self.weighted = (self.width / 2) * self.w[:, None] * self.phi_nodes  # the rule's weights folded in
 
     def phi(self, s: Tensor) -> Tensor:

@@ -25,6 +25,7 @@ import torch
 from linear_operator.operators import DiagLinearOperator, LinearOperator, LowRankRootAddedDiagLinearOperator, LowRankRootLinearOperator
 from torch import Tensor
 
+from .._validation import check_tensor, floating_dtype
 from .base import InducingVariables
 
 #: Matérn ν -> (p, c_p): the integral of the RKHS inner product is ``c_p / σ² ∫ (λ + D)^p f (λ + D)^p g``
@@ -88,8 +89,9 @@ class FourierInducingVariables(InducingVariables):
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
         """``φ(x)``, shape ``(*batch, M, N)``; ``kernel`` is checked but not needed (reproducing property)."""
         matern_parameters(kernel)
-        if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-1] != 1:
-            raise ValueError(f"x must have shape (*batch, N, 1), got {tuple(getattr(x, 'shape', ()))}")
+        x = check_tensor(x, "x", dtype=floating_dtype(kernel))  # finite; integers in the kernel's dtype
+        if x.dim() < 2 or x.shape[-1] != 1:
+            raise ValueError(f"x must have shape (*batch, N, 1), got {tuple(x.shape)}")
         if (x < self.a).any() or (x > self.b).any():
             raise ValueError(f"x must lie in the interval [a, b] = [{self.a:g}, {self.b:g}] of the Fourier features")
         omega = self.frequencies(x.dtype, x.device)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..hippo import HiPPO, quadrature_rule
+from .cost import MAX_SPECTRAL_NODES, check_work
 from .spectral import (
     RBF_CUTOFF,
     gauss_legendre,
@@ -90,15 +91,26 @@ class QuadratureBackend:
         the ends of the support) times the kernel.  Uniform panels of 12 nodes -- this backend's
         earlier rule -- missed ``Kuu`` by 27% at ``M = 150``, ``t/ℓ = 8``.
         """
+        panels, nodes_per_panel = self.layout(ivars, kernel)
+        check_work(float(panels) * nodes_per_panel * ivars.num_inducing, "the quadrature rule (nodes x M)", ivars, kernel)
+        nodes, weights = quadrature_rule(ivars.measure, ivars.t, ivars.memory.theta, nodes_per_panel, ivars.start, num_panels=panels)
+        device = ivars.breakpoints.device
+        nodes, weights = nodes.to(device), weights.to(device)
+        return nodes, weights[:, None] * ivars.memory.basis(nodes, ivars.t)
+
+    def layout(self, ivars, kernel) -> tuple[int, int]:
+        """``(panels, nodes per panel)`` of :meth:`rule`."""
         panels, nodes_per_panel = ivars.num_panels, ivars.num_nodes
         if panels is None:
             lower, t = _span(ivars)
             panels = max(1, math.ceil((t - lower) / _shortest_lengthscale(kernel)))
             nodes_per_panel = max(nodes_per_panel, math.ceil(ivars.num_inducing / panels) + 24)
-        nodes, weights = quadrature_rule(ivars.measure, ivars.t, ivars.memory.theta, nodes_per_panel, ivars.start, num_panels=panels)
-        device = ivars.breakpoints.device
-        nodes, weights = nodes.to(device), weights.to(device)
-        return nodes, weights[:, None] * ivars.memory.basis(nodes, ivars.t)
+        return panels, nodes_per_panel
+
+    def size(self, ivars, kernel) -> int:
+        """Number of nodes of :meth:`rule`."""
+        panels, nodes_per_panel = self.layout(ivars, kernel)
+        return panels * nodes_per_panel
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
         nodes, weighted_basis = self.rule(ivars, kernel)
@@ -109,11 +121,16 @@ class QuadratureBackend:
         return torch.cat(blocks, dim=-2).mT
 
     def cross(self, a, b, kernel) -> Tensor:
+        # k(nodes, nodes') has Q Q' entries: that many kernel evaluations, formed a block of rows at a time
+        check_work(float(self.size(a, kernel)) * self.size(b, kernel), "the quadrature Kuu (node pairs)", a, kernel)
         nodes, weighted = self.rule(a, kernel)
         other_nodes, other_weighted = (nodes, weighted) if b is a else self.rule(b, kernel)
         dtype = _kernel_dtype(kernel)
-        K = kernel(nodes[:, None].to(dtype), other_nodes[:, None].to(dtype)).to_dense()
-        cov = weighted.to(dtype).mT @ K @ other_weighted.to(dtype)
+        nodes, other_nodes = nodes[:, None].to(dtype), other_nodes[:, None].to(dtype)
+        weighted, other_weighted = weighted.to(dtype), other_weighted.to(dtype)
+        chunk = max(1, QUADRATURE_CHUNK_ENTRIES // other_nodes.shape[0])
+        cov = sum((weighted[start : start + chunk].mT @ kernel(nodes[start : start + chunk], other_nodes).to_dense()) @ other_weighted
+                  for start in range(0, nodes.shape[0], chunk))
         return (cov + cov.mT) / 2 if b is a else cov
 
 
@@ -142,13 +159,17 @@ class SpectralBackend:
     def _support(self, ivars):
         return hippo_support(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start)
 
-    def _rule(self, kernel, bandwidth: float, num_inducing: int, device) -> tuple[Tensor, Tensor]:
+    def _rule(self, kernel, bandwidth: float, num_inducing: int, device, ivars=None) -> tuple[Tensor, Tensor]:
         """Nodes ``ω_q`` on ``[0, Ω]`` and the differentiable scales ``sqrt(2 w_q S(ω_q))``."""
         _, lengthscale, _ = spectral_parts(kernel)
         # Ω rounded up to a grid of 2^(1/8) steps: while a length scale is trained the nodes, and the
         # cached transforms at them, stay put (a wider Ω only adds negligible spectral tail)
         cutoff = 2 ** (math.ceil(8 * math.log2(RBF_CUTOFF / float(lengthscale.detach()))) / 8)
-        num_nodes = math.ceil(cutoff * bandwidth / 4) + num_inducing + 40
+        estimate = cutoff * bandwidth / 4 + num_inducing + 40
+        # the Gauss-Legendre rule costs O(nodes²) once; the transforms about 5 nodes x M values
+        check_work(estimate, "the spectral rule (frequency nodes)", ivars, kernel, limit=MAX_SPECTRAL_NODES)
+        check_work(5 * estimate * num_inducing, "the spectral features (5 x nodes x M)", ivars, kernel)
+        num_nodes = math.ceil(estimate)
         step = 2 ** max(0, num_nodes.bit_length() - 4)  # round up (< 1/8 more): cached rules serve many tasks
         num_nodes = -(-num_nodes // step) * step
         z, w = gauss_legendre(num_nodes, device=device)
@@ -176,7 +197,7 @@ class SpectralBackend:
     def cross(self, a, b, kernel) -> Tensor:
         (centre_a, half_a), (centre_b, half_b) = self._support(a), self._support(b)
         band = self._bucket(half_a, abs(centre_a - centre_b) + half_a + half_b)
-        omega, scale = self._rule(kernel, band, max(a.num_inducing, b.num_inducing), a.breakpoints.device)
+        omega, scale = self._rule(kernel, band, max(a.num_inducing, b.num_inducing), a.breakpoints.device, a)
         F_a = self._features(a, omega, scale)
         F_b = F_a if b is a else self._features(b, omega, scale)
         return (F_a.mT @ F_b).to(_kernel_dtype(kernel))
@@ -186,7 +207,7 @@ class SpectralBackend:
         times = x[..., 0].double()
         reach = float((times.detach() - centre).abs().max()) if times.numel() else 0.0
         band = self._bucket(half_width, half_width + reach)
-        omega, scale = self._rule(kernel, band, ivars.num_inducing, ivars.breakpoints.device)
+        omega, scale = self._rule(kernel, band, ivars.num_inducing, ivars.breakpoints.device, ivars)
         F = self._features(ivars, omega, scale)
         root = torch.cat([scale, scale])[:, None]
         chunk = max(1, 2**24 // (2 * omega.shape[0]))  # ψ(x) in blocks of <= 2^24 entries: memory O(Q + N M)
@@ -281,11 +302,19 @@ class RecurrenceBackend:
 
     def grid(self, ivars) -> Tensor:
         """Uniform steps of at most ``dt`` between consecutive breakpoints."""
+        bounds = list(zip(ivars.breakpoints[:-1].tolist(), ivars.breakpoints[1:].tolist()))
+        counts = [max(1, (right - left) / ivars.dt - 1e-9) for left, right in bounds]
+        check_work(sum(counts), f"the recurrence grid (steps of dt = {ivars.dt:g})", ivars)
         pieces = [ivars.breakpoints[:1]]
-        for left, right in zip(ivars.breakpoints[:-1].tolist(), ivars.breakpoints[1:].tolist()):
-            steps = max(1, math.ceil((right - left) / ivars.dt - 1e-9))
+        for (left, right), count in zip(bounds, counts):
+            steps = math.ceil(count)
             pieces.append(torch.linspace(left, right, steps + 1, dtype=torch.float64, device=ivars.breakpoints.device)[1:])
         return torch.cat(pieces)
+
+    def _check_steps(self, ivars, steps: int) -> None:
+        """``steps`` of the recurrence form ``M x M`` step matrices and ``2R`` features each."""
+        M = ivars.num_inducing
+        check_work(float(steps) * (M * M + 2 * ivars.num_rff + 2 * M), f"the recurrence over {steps} steps of dt = {ivars.dt:g}", ivars)
 
     def memory(self, ivars, kernel) -> Tensor:
         """``Z`` (2R x M): HiPPO projections of the features along the time grid, resumed from the cache."""
@@ -301,11 +330,13 @@ class RecurrenceBackend:
                 grid = self.grid(ivars)
                 resume = int(torch.nonzero(grid == done[-1])[0])  # carried state: only the new segment
                 segment = grid[resume:]
+                self._check_steps(ivars, segment.shape[0])
                 features = self.features(ivars, kernel, segment[:, None].to(Z.dtype)).mT
                 Z = _fresh_memory(ivars).final_state(features, segment, initial_state=Z)
                 self._cache = (signature, ivars.breakpoints.clone(), Z)
                 return Z
         grid = self.grid(ivars)
+        self._check_steps(ivars, grid.shape[0])
         features = self.features(ivars, kernel, grid[:, None].to(lengthscale.dtype)).mT  # (2R, T)
         Z = ivars.memory.final_state(features, grid)
         if not differentiable:
@@ -316,6 +347,8 @@ class RecurrenceBackend:
         if self.kuf == "rff":
             return (self.features(ivars, kernel, x) @ self.memory(ivars, kernel).to(x.dtype)).mT
         grid = self.grid(ivars)
+        self._check_steps(ivars, grid.shape[0])
+        check_work(float(x[..., 0].numel()) * grid.shape[0], "the recurrence Kuf (inputs x steps)", ivars, kernel)
         K = kernel(x, grid[:, None].to(x.dtype)).to_dense()  # (*batch, N, T): the ODE's input k(x_n, s)
         return ivars.memory.final_state(K, grid).mT
 

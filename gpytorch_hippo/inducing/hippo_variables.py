@@ -45,9 +45,11 @@ from linear_operator import to_dense
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
+from .._validation import check_finite_scalar, check_tensor, floating_dtype
 from ..hippo import HiPPO
 from .base import InducingVariables
 from .banded import BandedBackend, _span
+from .cost import MAX_TIME, kernel_reach, lengthscale_of, support
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
 from .spectral import SUPPORTED_KERNELS, spectral_parts  # noqa: F401  (re-exported)
@@ -140,10 +142,11 @@ class HiPPOInducingVariables(InducingVariables):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if num_panels is not None and (not isinstance(num_panels, int) or num_panels < 1):
             raise ValueError(f"num_panels must be a positive integer or None, got {num_panels!r}")
-        if input_dim == 1 and not float(t) > float(start):
+        t, start = _check_time(t, "t"), _check_time(start, "start")
+        if input_dim == 1 and not t > start:
             raise ValueError(f"t must be greater than start = {start}, got {t}")
-        if dt is not None and not float(dt) > 0:
-            raise ValueError(f"dt must be positive, got {dt!r}")
+        if dt is not None:
+            dt = check_finite_scalar(dt, "dt", positive=True)
         self.memory = HiPPO(measure, num_inducing, theta, discretization)  # validates M, measure, theta
         self.method = method if input_dim == 1 else "recurrence"
         self.input_dim = input_dim
@@ -184,6 +187,7 @@ class HiPPOInducingVariables(InducingVariables):
 
     def _backend_for(self, kernel: gpytorch.kernels.Kernel):
         """The backend that ``method`` selects for ``kernel`` (module docstring)."""
+        lengthscale_of(kernel)  # a clear error for NaN/Inf length scales (diverged hyperparameters)
         if self.input_dim > 1:
             return self._backends["path"]
         if self.method in ("auto", "spectral"):
@@ -244,7 +248,8 @@ class HiPPOInducingVariables(InducingVariables):
         if self.input_dim != 1:
             raise RuntimeError("multidimensional HiPPO inducing variables advance with append_path(x_ordered)")
         self._check_movable("advance(t_new)")
-        if not float(t_new) > self.t:
+        t_new = _check_time(t_new, "t_new")
+        if not t_new > self.t:
             raise ValueError(f"t_new must be greater than the current t = {self.t}, got {t_new}")
         self.breakpoints = torch.cat([self.breakpoints, self.breakpoints.new_tensor([float(t_new)])])
 
@@ -259,9 +264,27 @@ class HiPPOInducingVariables(InducingVariables):
 
     # ------------------------------------------------------------------ the interface
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
-        """``[Kuf]_{mn} = int k(x_n, s) phi_m^{(t)}(s) ds`` (thesis eq. ``kfu_ode``); ``(*batch, M, N)``."""
-        x = self._check_inputs(x)
-        return self._backend_for(kernel).Kuf(self, kernel, x)
+        """``[Kuf]_{mn} = int k(x_n, s) phi_m^{(t)}(s) ds`` (thesis eq. ``kfu_ode``); ``(*batch, M, N)``.
+
+        Exactly zero, whatever the backend, for inputs further than the kernel's reach ``R``
+        (:func:`.cost.kernel_reach`) from the bases' support ``[lower, t]``: ``k(x - s) < 2e-18 σ²``
+        there.  Only the other inputs reach the backend, so forecasts far past ``t`` cost nothing.
+        """
+        x = self._check_inputs(x, dtype=floating_dtype(kernel))
+        backend = self._backend_for(kernel)
+        reach = kernel_reach(kernel) if self.input_dim == 1 else None
+        if reach is None:
+            return backend.Kuf(self, kernel, x)
+        lower, upper = support(self)
+        times = x[..., 0]
+        near = (times >= lower - reach) & (times <= upper + reach)
+        if bool(near.all()):
+            return backend.Kuf(self, kernel, x)
+        out = torch.zeros(*times.shape, self.num_inducing, dtype=x.dtype, device=x.device)
+        if bool(near.any()):
+            values = backend.Kuf(self, kernel, x[near]).mT  # (n_near, M): Kuf is pointwise in x
+            out = out.index_put((near,), values.to(out.dtype))
+        return out.mT
 
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
         """``Kuu`` (eq. ``double_integral_kuu``) plus the jitter of the class docstring."""
@@ -309,7 +332,7 @@ class HiPPOInducingVariables(InducingVariables):
         self._check_movable("append_path(x_ordered)")
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise ValueError(f"step must be a positive integer, got {step!r}")
-        x_ordered = self._check_inputs(x_ordered)
+        x_ordered = self._check_inputs(x_ordered, "x_ordered", dtype=torch.float64)
         if x_ordered.dim() != 2 or x_ordered.shape[0] < 1:
             raise ValueError(f"x_ordered must have shape (N, {self.input_dim}) with N >= 1, got {tuple(x_ordered.shape)}")
         if self.path_pending.shape[0] > 0:
@@ -331,15 +354,13 @@ class HiPPOInducingVariables(InducingVariables):
         self.path_last = self.path_pending[-1:].clone()
 
     # ------------------------------------------------------------------ validation and state
-    def _check_inputs(self, x: Tensor) -> Tensor:
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    def _check_inputs(self, x: Tensor, name: str = "x", dtype: Optional[torch.dtype] = None) -> Tensor:
+        """``x`` as ``(*batch, N, D)``, finite, in ``torch.promote_types(x.dtype, dtype)`` (integers: ``dtype``)."""
+        x = check_tensor(x, name, dtype=dtype)
         if x.dim() == 1 and self.input_dim == 1:
             x = x[:, None]
         if x.dim() < 2 or x.shape[-1] != self.input_dim:
-            raise ValueError(f"x must have shape (*batch, N, {self.input_dim}), got {tuple(x.shape)}")
-        if not torch.isfinite(x).all():
-            raise ValueError("x contains NaN or infinite values")
+            raise ValueError(f"{name} must have shape (*batch, N, {self.input_dim}), got {tuple(x.shape)}")
         return x
 
     def _apply(self, fn, *args, **kwargs):
@@ -357,11 +378,33 @@ class HiPPOInducingVariables(InducingVariables):
         self._make_backends()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _settings(self) -> dict:
+        """Constructor choices whose mismatch would silently change the covariances of a loaded state."""
+        memory = self.memory
+        settings = {
+            "method": self.method, "measure": memory.measure, "num_inducing": memory.M, "theta": memory.theta,
+            "discretization": memory.discretization, "input_dim": self.input_dim, "start": self.start,
+            "jitter": self.jitter, "num_nodes": self.num_nodes, "num_panels": self.num_panels,
+        }
+        if self.method == "recurrence" or self.input_dim > 1:
+            settings.update(num_rff=self.num_rff, features=self.features, kuf=self.kuf)
+        return settings
+
     def get_extra_state(self) -> dict:
-        """The recurrence step is state: its default depends on the ``t`` the set was built with."""
-        return {"dt": self.dt}
+        """The recurrence step (its default depends on the ``t`` the set was built with) and the
+        constructor choices of :meth:`_settings`, checked when the state is loaded."""
+        return {"dt": self.dt, "settings": self._settings()}
 
     def set_extra_state(self, state: dict) -> None:
+        saved = state.get("settings")
+        if saved is not None:  # states saved before the settings were recorded load unchecked
+            current = self._settings()
+            differ = [f"{k}={saved[k]!r} (this object: {current.get(k)!r})" for k in saved if saved[k] != current.get(k)]
+            if differ:
+                raise ValueError(
+                    "the saved HiPPOInducingVariables were built with " + ", ".join(differ)
+                    + "; construct the object with the same arguments before load_state_dict"
+                )
         self.dt = float(state["dt"])
 
     def __getstate__(self):
@@ -374,3 +417,11 @@ def _chi2_draws(num: int, generator: torch.Generator) -> Tensor:
     """Chi-square draws with 1, 3 and 5 degrees of freedom (Matern 1/2, 3/2, 5/2), as sums of squared normals."""
     normals = torch.randn(5, num, generator=generator, dtype=torch.float64) ** 2
     return torch.stack([normals[:1].sum(0), normals[:3].sum(0), normals[:5].sum(0)])
+
+
+def _check_time(value, name: str) -> float:
+    """A finite time of magnitude at most :data:`.cost.MAX_TIME` (beyond it ``t²`` overflows float64)."""
+    value = check_finite_scalar(value, name)
+    if abs(value) > MAX_TIME:
+        raise ValueError(f"{name} must have magnitude at most {MAX_TIME:g} (squared distances overflow beyond), got {value!r}")
+    return value

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .banded import DECAY_RANGE, BandedBackend, _Panels
+from .cost import MAX_ENTRIES
 from .hippo_backends import QuadratureBackend, SpectralBackend
 from .spectral import RBF_CUTOFF, SUPPORTED_KERNELS, gauss_legendre, kernel_signature, spectral_parts
 
@@ -255,6 +256,13 @@ class LyapunovBackend:
         if self._state is not None and self._state[0] == key and self._state[1] == t:
             return self._state[2]
         with torch.no_grad():
+            if self._state is not None and self._state[0] == key and self._state[1] <= t:
+                ell, reach, _ = kernel_scales(kernel)
+                pieces = math.ceil((t - self._state[1]) / (MAX_STEP * ell))
+                # each piece forms its forcing and segment rules (~ (R/ℓ + 32) panels of 24 + M nodes, x M):
+                # a jump too long to carry in bounded time restarts from the exact backend (itself guarded)
+                if pieces * (reach / ell + MAX_STEP / 4) * (FORCING_NODES + ivars.num_inducing) * ivars.num_inducing > MAX_ENTRIES:
+                    self._state = None
             if self._state is None or self._state[0] != key or self._state[1] > t:
                 at = _At(ivars, t, ivars.start)
                 # fresh backends: their caches (spectral transforms, linear in t) would only be

@@ -9,6 +9,7 @@ import torch
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
+from .._validation import check_tensor, floating_dtype
 from .base import InducingVariables
 
 
@@ -34,14 +35,11 @@ class InducingPoints(InducingVariables):
 
     def __init__(self, points: Tensor, learn: bool = True, jitter: Optional[float] = None):
         super().__init__(jitter=jitter)
-        if not isinstance(points, Tensor):
-            raise TypeError(f"points must be a torch.Tensor, got {type(points).__name__}")
+        points = check_tensor(points, "points")  # integers: torch's default floating dtype, as GPyTorch's modules
         if points.dim() == 1:
             points = points.unsqueeze(-1)
         if points.dim() < 2 or points.shape[-2] < 1 or points.shape[-1] < 1:
             raise ValueError(f"points must have shape (*batch, M, D) with M >= 1, got {tuple(points.shape)}")
-        if not torch.isfinite(points).all():
-            raise ValueError("points contains NaN or infinite values")
         points = points.detach().clone()
         if learn:
             self.register_parameter("points", torch.nn.Parameter(points))
@@ -52,21 +50,30 @@ class InducingPoints(InducingVariables):
     def num_inducing(self) -> int:
         return self.points.shape[-2]
 
-    def _check_inputs(self, x: Tensor, name: str) -> None:
+    def _check_inputs(self, x: Tensor, name: str, kernel=None) -> Tensor:
+        """``x`` finite and in the dtype shared with the points and ``kernel`` (``torch.promote_types``)."""
+        x = check_tensor(x, name, dtype=torch.promote_types(self.points.dtype, floating_dtype(kernel, self.points.dtype)))
         if x.dim() < 2 or x.shape[-1] != self.points.shape[-1]:
             raise ValueError(
                 f"{name} must have shape (*batch, N, {self.points.shape[-1]}) to match the inducing points, "
                 f"got {tuple(x.shape)}"
             )
+        return x
+
+    def _checked_points(self, dtype: torch.dtype = None) -> Tensor:
+        """The points, finite (they are trained), in ``dtype`` (differentiably)."""
+        points = check_tensor(self.points, "points")
+        return points if dtype is None or points.dtype == dtype else points.to(dtype)
 
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
         """``k(Z, Z) + jitter I`` (see :class:`InducingVariables` for the jitter policy)."""
-        return self.add_jitter(kernel(self.points))
+        dtype = torch.promote_types(self.points.dtype, floating_dtype(kernel, self.points.dtype))
+        return self.add_jitter(kernel(self._checked_points(dtype)))
 
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
         """``k(Z, x)`` of shape ``(*batch, M, N)``."""
-        self._check_inputs(x, "x")
-        points = self.points
+        x = self._check_inputs(x, "x", kernel)
+        points = self._checked_points(x.dtype)
         batch_shape = torch.broadcast_shapes(points.shape[:-2], x.shape[:-2])
         points = points.expand(*batch_shape, *points.shape[-2:])
         x = x.expand(*batch_shape, *x.shape[-2:])

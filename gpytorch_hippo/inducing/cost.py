@@ -1,0 +1,107 @@
+"""Work estimates of the HiPPO covariance backends, checked before anything is allocated.
+
+Every exact backend's cost grows with the number of kernel length scales its rule must resolve:
+the span of the bases ``[lower, t]`` over ``ℓ`` (LegS bases always cover ``[0, t]``, so Unix
+timestamps with ``start = 0`` give ``t/ℓ ≈ 10⁶-10⁷``), or a length scale collapsing during
+training.  Each backend estimates the values it would form (``nodes × M``, node pairs, recurrence
+steps) and calls :func:`check_work`, which raises :class:`CovarianceCostError` -- with what to
+change -- instead of hanging or exhausting memory.
+
+The reach of a kernel, :func:`kernel_reach`, is the distance beyond which it is below ``2e-18 σ²``
+(RBF ``9.5 ℓ``, Matérn ``48 ℓ/√(2ν)``): inputs further than that from the bases' support have
+zero covariance with them (``Kuf = 0``), whatever the backend.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .spectral import RBF_CUTOFF, spectral_parts
+
+__all__ = ["CovarianceCostError", "MAX_ENTRIES", "MAX_SPECTRAL_NODES", "check_work", "kernel_reach", "support"]
+
+#: most values (float64 entries, or kernel evaluations) one covariance evaluation may form: 1 GiB
+MAX_ENTRIES = 2**27
+#: most frequency nodes of the spectral rule (its Gauss-Legendre nodes cost O(nodes²) once)
+MAX_SPECTRAL_NODES = 2**16
+#: ``|t|`` above this would overflow squared distances (``t² < 1.8e308``)
+MAX_TIME = 1e150
+#: Matérn ``q(x) e^{-x} < 2e-18`` for ``x >= 48`` (as :data:`.banded.DECAY_RANGE`)
+_MATERN_RANGE = 48.0
+#: LagT weights ``|L_m(r)| e^{-r} <= e^{-r/2}`` are below ``5e-18`` beyond ``80 θ`` (as :data:`.banded.LAGT_RANGE`)
+_LAGT_RANGE = 80.0
+
+
+class CovarianceCostError(ValueError):
+    """A covariance evaluation would exceed :data:`MAX_ENTRIES` (or :data:`MAX_SPECTRAL_NODES`)."""
+
+
+def lengthscale_of(kernel) -> Optional[float]:
+    """The shortest length scale of ``kernel`` (``None`` if it has none); ``ValueError`` if it is
+    NaN, infinite or not positive (diverged hyperparameters)."""
+    for module in kernel.modules():
+        lengthscale = getattr(module, "lengthscale", None)
+        if isinstance(lengthscale, torch.Tensor):
+            values = lengthscale.detach()
+            if not bool(torch.isfinite(values).all()) or not bool((values > 0).all()):
+                raise ValueError(
+                    f"kernel lengthscale must be finite and positive, got {values.reshape(-1).tolist()} "
+                    "(diverged hyperparameters?)"
+                )
+            return float(values.min())
+    return None
+
+
+def kernel_reach(kernel) -> Optional[float]:
+    """Distance ``R`` beyond which a 1-D RBF/Matérn ``kernel`` is below ``2e-18 σ²`` (``None``: unknown kernel)."""
+    try:
+        _, lengthscale, nu = spectral_parts(kernel)
+    except (TypeError, ValueError):
+        return None
+    if lengthscale.numel() != 1:
+        return None
+    ell = lengthscale_of(kernel)
+    return (RBF_CUTOFF if nu is None else _MATERN_RANGE / math.sqrt(2 * nu)) * ell
+
+
+def support(ivars) -> tuple[float, float]:
+    """``[lower, t]`` outside which the basis functions ``φ_m = g_m ω`` vanish (LagT: are below
+    ``5e-18``), clipped at the stream start."""
+    t, theta = ivars.t, ivars.memory.theta
+    if ivars.measure == "legs":
+        lower = max(0.0, ivars.start)
+    elif ivars.measure in ("legt", "fout"):
+        lower = max(t - theta, ivars.start)
+    else:
+        lower = max(t - _LAGT_RANGE * theta, ivars.start)
+    return lower, t
+
+
+def check_work(
+    entries: float, what: str, ivars=None, kernel=None, limit: Optional[float] = None, lengthscale: Optional[float] = None
+) -> None:
+    """Raise :class:`CovarianceCostError` if ``entries`` exceeds ``limit`` (default :data:`MAX_ENTRIES`).
+
+    The message gives the span of the bases in length scales and what to change.
+    """
+    limit = MAX_ENTRIES if limit is None else limit
+    if entries <= limit:
+        return
+    detail = ""
+    if ivars is not None and getattr(ivars, "input_dim", 1) == 1:
+        lower, t = support(ivars)
+        detail = f" The bases span [{lower:.6g}, {t:.6g}]"
+        ell = lengthscale if lengthscale is not None else (lengthscale_of(kernel) if kernel is not None else None)
+        if ell is not None:
+            detail += f", {(t - lower) / ell:.3g} kernel length scales (lengthscale = {ell:.3g})"
+        detail += "."
+    raise CovarianceCostError(
+        f"{what} would form about {entries:.3g} values (limit {limit:.3g}).{detail} "
+        "Shift the times so that the stream starts near 0 (x - x[0]: LegS bases always cover [0, t], so "
+        "Unix timestamps with start=0 span decades) or rescale them (e.g. hours instead of seconds); for "
+        "LegT/FouT/LagT pass start= the stream's first time; keep the length scale from collapsing with a "
+        "constraint (e.g. gpytorch.constraints.GreaterThan on the kernel's lengthscale); or, if the work is "
+        "intended, raise gpytorch_hippo.inducing.cost.MAX_ENTRIES."
+    )
