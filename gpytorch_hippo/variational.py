@@ -199,6 +199,21 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             clear_cache_hook(self)
             self._cache_fingerprint = [t.detach().clone() for t in tensors]
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # A checkpoint of GPyTorch's VariationalStrategy / UnwhitenedVariationalStrategy (built with the
+        # same ``whitened``): its ``inducing_points`` are the points of InducingPoints, and it has no
+        # online bookkeeping.
+        if prefix + "inducing_points" in state_dict and isinstance(self.inducing_variables, InducingPoints):
+            state_dict[prefix + "inducing_variables.points"] = state_dict.pop(prefix + "inducing_points")
+            updated = state_dict.pop(prefix + "updated_strategy", None)
+            if updated is not None and not bool(updated):
+                raise RuntimeError(
+                    "this VariationalStrategy checkpoint predates GPyTorch's current whitening (updated_strategy=False): "
+                    "load it into gpytorch.variational.VariationalStrategy once and save it again"
+                )
+            state_dict.setdefault(prefix + "online_task_ended", self.online_task_ended.clone())
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
     def __getstate__(self):
         """Copies and pickles drop the caches: they are recomputed on demand, and train-mode ones
         hold tensors in the autograd graph, which ``copy.deepcopy`` refuses."""

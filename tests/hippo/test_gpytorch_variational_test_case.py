@@ -109,3 +109,40 @@ def test_hippo_variables_name_the_online_models_instead():
 
     with pytest.raises(NotImplementedError, match="OnlineSGPR"):
         SVGP().get_fantasy_model(torch.rand(3, 1), torch.rand(3))
+
+
+@pytest.mark.parametrize("whitened", [True, False])
+def test_a_gpytorch_checkpoint_loads_into_the_interdomain_strategy(whitened):
+    """A trained GPyTorch SVGP's ``state_dict`` loads into the same model built on
+    ``InterdomainVariationalStrategy(InducingPoints)`` and predicts the same."""
+    torch.manual_seed(1)
+    Z = torch.rand(8, 1, dtype=torch.float64)
+    reference_cls = gpytorch.variational.VariationalStrategy if whitened else gpytorch.variational.UnwhitenedVariationalStrategy
+
+    class SVGP(gpytorch.models.ApproximateGP):
+        def __init__(self, ours):
+            q = gpytorch.variational.CholeskyVariationalDistribution(8)
+            strategy = (InterdomainVariationalStrategy(self, InducingPoints(torch.zeros(8, 1)), q, whitened=whitened) if ours
+                        else reference_cls(self, Z, q, learn_inducing_locations=True))
+            super().__init__(strategy)
+            self.mean_module, self.covar_module = gpytorch.means.ConstantMean(), gpytorch.kernels.RBFKernel()
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    reference, ours = SVGP(False).double(), SVGP(True).double()
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    X = torch.rand(30, 1, dtype=torch.float64)
+    y = torch.sin(6 * X[:, 0])
+    optimizer = torch.optim.Adam([*reference.parameters(), *likelihood.parameters()], lr=0.05)
+    elbo = gpytorch.mlls.VariationalELBO(likelihood, reference, num_data=30)
+    for _ in range(20):
+        optimizer.zero_grad()
+        (-elbo(reference(X), y)).backward()
+        optimizer.step()
+    ours.load_state_dict(reference.state_dict())
+    reference.eval(), ours.eval()
+    test = torch.linspace(0, 1, 9, dtype=torch.float64).unsqueeze(-1)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(test).mean, reference(test).mean, rtol=0, atol=1e-10)
+        torch.testing.assert_close(ours(test).variance, reference(test).variance, rtol=0, atol=1e-10)
