@@ -20,7 +20,7 @@ import torch
 
 from .spectral import RBF_CUTOFF, spectral_parts
 
-__all__ = ["CovarianceCostError", "MAX_ENTRIES", "MAX_SPECTRAL_NODES", "check_work", "kernel_reach", "support"]
+__all__ = ["CovarianceCostError", "MAX_ENTRIES", "MAX_SPECTRAL_NODES", "check_work", "kernel_reach"]
 
 #: most values (float64 entries, or kernel evaluations) one covariance evaluation may form: 1 GiB
 MAX_ENTRIES = 2**27
@@ -30,8 +30,6 @@ MAX_SPECTRAL_NODES = 2**16
 MAX_TIME = 1e150
 #: Matérn ``q(x) e^{-x} < 2e-18`` for ``x >= 48`` (as :data:`.banded.DECAY_RANGE`)
 _MATERN_RANGE = 48.0
-#: LagT weights ``|L_m(r)| e^{-r} <= e^{-r/2}`` are below ``5e-18`` beyond ``80 θ`` (as :data:`.banded.LAGT_RANGE`)
-_LAGT_RANGE = 80.0
 
 
 class CovarianceCostError(ValueError):
@@ -66,19 +64,6 @@ def kernel_reach(kernel) -> Optional[float]:
     return (RBF_CUTOFF if nu is None else _MATERN_RANGE / math.sqrt(2 * nu)) * ell
 
 
-def support(ivars) -> tuple[float, float]:
-    """``[lower, t]`` outside which the basis functions ``φ_m = g_m ω`` vanish (LagT: are below
-    ``5e-18``), clipped at the stream start."""
-    t, theta = ivars.t, ivars.memory.theta
-    if ivars.measure == "legs":
-        lower = max(0.0, ivars.start)
-    elif ivars.measure in ("legt", "fout"):
-        lower = max(t - theta, ivars.start)
-    else:
-        lower = max(t - _LAGT_RANGE * theta, ivars.start)
-    return lower, t
-
-
 def check_work(
     entries: float, what: str, ivars=None, kernel=None, limit: Optional[float] = None, lengthscale: Optional[float] = None
 ) -> None:
@@ -91,7 +76,7 @@ def check_work(
         return
     detail = ""
     if ivars is not None and getattr(ivars, "input_dim", 1) == 1:
-        lower, t = support(ivars)
+        lower, t = ivars.input_support()
         detail = f" The bases span [{lower:.6g}, {t:.6g}]"
         ell = lengthscale if lengthscale is not None else (lengthscale_of(kernel) if kernel is not None else None)
         if ell is not None:

@@ -49,7 +49,7 @@ from .._validation import check_finite_scalar, check_tensor, floating_dtype
 from ..hippo import HiPPO
 from .base import InducingVariables
 from .banded import BandedBackend, _span
-from .cost import MAX_TIME, kernel_reach, lengthscale_of, support
+from .cost import MAX_TIME, kernel_reach, lengthscale_of
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
 from .spectral import SUPPORTED_KERNELS, spectral_parts  # noqa: F401  (re-exported)
@@ -275,7 +275,7 @@ class HiPPOInducingVariables(InducingVariables):
         reach = kernel_reach(kernel) if self.input_dim == 1 else None
         if reach is None:
             return backend.Kuf(self, kernel, x)
-        lower, upper = support(self)
+        lower, upper = self.input_support()
         times = x[..., 0]
         near = (times >= lower - reach) & (times <= upper + reach)
         if bool(near.all()):
