@@ -284,3 +284,39 @@ def test_online_elbo_resumes_mid_task_and_after_end_task(kind, interrupt):
     """Saving mid-task (or right after ``end_task`` and the move) and resuming from the saved state in
     fresh objects continues exactly as the uninterrupted run."""
     assert (_train_stream(kind, interrupt=interrupt) - _train_stream(kind)).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("method", ["lyapunov", "spectral"])
+def test_online_sgpr_resumes_a_stream_from_saved_state(method):
+    """Save after task 2 of 4, load into a freshly built OnlineSGPR (the backend's carried state and
+    settings come from the saved state), continue: the same predictions as the uninterrupted stream;
+    loading into a model built with another backend raises."""
+    tasks = [task_data(seed=k, start=2.0 * k, end=2.0 * (k + 1)) for k in range(4)]
+
+    def build():
+        return OnlineSGPR(HiPPOInducingVariables(M, "legs", t=2.0, method=method), make_kernel(),
+                          gpytorch.likelihoods.GaussianLikelihood().to(DT), captured_variance_warning=None)
+
+    def learn(model, first, last):
+        for k in range(first, last):
+            if k > 0:
+                model.inducing_variables.advance(2.0 * (k + 1))
+            model.update(*tasks[k])
+
+    whole = build()
+    learn(whole, 0, 4)
+    interrupted = build()
+    learn(interrupted, 0, 2)
+    saved = copy.deepcopy(interrupted.state_dict())
+    resumed = build()
+    resumed.inducing_variables.advance(4.0)  # a fresh model at the same point of the stream
+    resumed.load_state_dict(saved)
+    learn(resumed, 2, 4)
+    x = torch.linspace(0, 8, 30, dtype=DT)
+    with torch.no_grad():
+        torch.testing.assert_close(resumed(x).mean, whole(x).mean, rtol=0, atol=1e-10)
+        torch.testing.assert_close(resumed(x).variance, whole(x).variance, rtol=0, atol=1e-10)
+    other = OnlineSGPR(HiPPOInducingVariables(M, "legs", t=4.0, method="quadrature"), make_kernel(),
+                       gpytorch.likelihoods.GaussianLikelihood().to(DT))
+    with pytest.raises(ValueError, match="method"):
+        other.load_state_dict(saved)
