@@ -1,4 +1,4 @@
-"""What every benchmark script shares for issue 16: the ``--device {cpu,cuda}`` option and a clock
+"""What every benchmark script shares: the ``--device {cpu,cuda}`` option and a clock
 that waits for the device.
 
 CUDA kernels run asynchronously: reading ``time.perf_counter()`` right after launching them would

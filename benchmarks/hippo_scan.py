@@ -1,4 +1,4 @@
-"""HiPPO memory speed, measured side by side in one run (issue 2).
+"""HiPPO memory speed, measured side by side in one run.
 
 (a) ``HiPPO.scan`` (per-step matrices precomputed once per grid, batched) against a plain
     per-step Python loop over the same math (``HiPPO.step``, which builds each step's matrices

@@ -1,4 +1,4 @@
-"""How far the online runner's task-1 hyperparameter fit gets (issue 11, docs/results.md).
+"""How far the online runner's task-1 hyperparameter fit gets (docs/results.md).
 
 For each series, the exact GP of :func:`gpytorch_hippo.experiments.online.fit_hyperparameters` on
 task 1 of seed 0, started from the runner's ``ℓ = span / 50`` with its 100 Adam steps (lr 0.05),

@@ -158,12 +158,12 @@ class SGPAttention(_MultiHeadAttention):
     ``share_covariance=True``).  ``whitened=True`` (the default; GPyTorch's term, the authors'
     parameterisation) sets ``S_g = L C Cᵀ Lᵀ`` with ``L L ᵀ = K_gg``, so ``C`` parameterises
     ``q`` of the whitened variables ``L⁻¹ u_g`` and stays well scaled whatever ``K_gg``;
-    ``whitened=False`` sets ``S_g = C Cᵀ`` (the package's default before issue 13).  Why the
+    ``whitened=False`` sets ``S_g = C Cᵀ`` (the package's earlier default).  Why the
     default: at the same draw the unwhitened KL of a fresh Fashion-MNIST ViT is 19x the whitened
     one (it pays ``tr(K_gg⁻¹ C Cᵀ)`` for nearly singular ``K_gg``), and trained with the same
     objective the whitened layers reached a lower NLL in 6 of 6 seeds (3 at 8 and 3 at 40 epochs)
     and a higher accuracy in 5 of 6 (the sixth 0.001 lower); ECE and OOD AUROC were worse at 8
-    epochs and mixed at 40 (``docs/results.md``, issue 13).
+    epochs and mixed at 40 (``docs/results.md``).
 
     * ``variant="orthogonal"`` (ODSVGP, eq. ``odsvgp`` / ``dsgp_predictive``):
       ``m_d = K_qa v_a - K_qg K_gg⁻¹ K_ga v_a + K_qg v_g``;

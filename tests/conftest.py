@@ -23,7 +23,7 @@ CUDA_SKIP = pytest.mark.skipif(
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=CUDA_SKIP)])
 def device(request):
-    """Each device test runs on the CPU and, where a GPU is available, on CUDA (issue 16).
+    """Each device test runs on the CPU and, where a GPU is available, on CUDA.
 
     On CUDA, TF32 is switched off for matmuls and cuDNN convolutions during the test (restored
     afterwards): float32 results are then compared with the CPU's at float32 round-off, not at TF32's

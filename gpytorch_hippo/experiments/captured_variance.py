@@ -1,4 +1,4 @@
-"""How much of the prior each task keeps in a HiPPO memory of ``M`` variables (issue 11 §5).
+"""How much of the prior each task keeps in a HiPPO memory of ``M`` variables.
 
 Usage::
 

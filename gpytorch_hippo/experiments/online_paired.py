@@ -1,4 +1,4 @@
-"""Per-seed comparison of the online runner's methods against a reference method (issue 11).
+"""Per-seed comparison of the online runner's methods against a reference method.
 
 Usage::
 

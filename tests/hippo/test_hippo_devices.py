@@ -1,4 +1,4 @@
-"""Issue 16: ``gpytorch_hippo`` follows the device of its inputs and modules.
+"""``gpytorch_hippo`` follows the device of its inputs and modules.
 
 Every test builds the same seeded problem twice -- on the CPU (the reference) and on ``device``
 (the ``device`` fixture of ``tests/conftest.py``: ``cpu``, and ``cuda`` where a GPU is available) --
@@ -250,8 +250,8 @@ def test_interdomain_strategy_with_online_elbo_on_device(device, assert_matches_
 
 def test_strategy_eval_cache_is_rebuilt_for_another_dtype_and_device(device):
     """The eval-mode caches (``chol(Kuu)``, ``q(u)``) of a float32 CPU model are not reused once the
-    model is moved to ``device`` in float64: predictions equal a fresh float64 model's.  (Before
-    issue 16 the fingerprint compared values only -- ``torch.equal`` calls float32 and float64
+    model is moved to ``device`` in float64: predictions equal a fresh float64 model's.  (An earlier
+    fingerprint compared values only -- ``torch.equal`` calls float32 and float64
     copies equal -- and the float32 Cholesky factor was reused; across devices it raised.)"""
     torch.manual_seed(0)
     model = OHSVGP(InducingPoints(torch.linspace(0, 3, 6)[:, None])).float().eval()

@@ -1,4 +1,4 @@
-"""HiPPO interdomain inducing variables (issue 3 §1, §4) against independent references:
+"""HiPPO interdomain inducing variables against independent references:
 adaptive/fixed high-order quadrature written here with scipy special functions, the
 recurrence's convergence as dt -> 0, Monte-Carlo rates of random features, exact path integrals."""
 import copy

@@ -1,4 +1,4 @@
-"""HiPPO memory (issue 2) against independent references: hand-written thesis matrices, scipy
+"""HiPPO memory against independent references: hand-written thesis matrices, scipy
 special functions and adaptive quadrature, scipy's ODE solver, and the recurrence's own
 convergence order."""
 import math

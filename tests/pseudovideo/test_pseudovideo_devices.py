@@ -1,4 +1,4 @@
-"""Issue 16: ``pseudovideo`` follows the device of its inputs and models.
+"""``pseudovideo`` follows the device of its inputs and models.
 
 Each test builds the same seeded model and data on the CPU (the reference) and on ``device``
 (``cpu``, and ``cuda`` where a GPU is available; ``tests/conftest.py``) and checks that the results

@@ -1,4 +1,4 @@
-"""SGPA's training step without graph breaks or host synchronisation (issue 16, part 3).
+"""SGPA's training step without graph breaks or host synchronisation.
 
 ``torch.compile(..., fullgraph=True)`` raises on the first graph break, so these tests fail for any
 data-dependent Python branch (a host synchronisation on a GPU) left in the forward pass and the

@@ -1,4 +1,4 @@
-"""Corrupted test sets (issue 14, part 3): each corruption against an independent reference."""
+"""Corrupted test sets: each corruption against an independent reference."""
 import math
 
 import numpy as np

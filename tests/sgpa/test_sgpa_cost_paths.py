@@ -1,4 +1,4 @@
-"""The cheaper algebraic paths of decoupled SGPA (issue 14, cost target) against the formulas they replaced.
+"""The cheaper algebraic paths of decoupled SGPA against the formulas they replaced.
 
 * ``A = L⁻¹ K_gq`` and ``W_d = L⁻¹ C_d`` are products with ``L⁻¹`` (computed once per head) instead of
   triangular solves broadcast over the batch: the layer's sample and KL must equal those written
@@ -246,10 +246,10 @@ def test_a_forward_pass_reads_the_kernel_hyperparameters_once_and_snapshots_its_
 
 
 def test_an_sgpa_training_step_dispatches_less_than_three_times_the_operators_of_kernel_attention(monkeypatch):
-    """Performance guard (issue 16).  At the thesis's CIFAR scale on a GPU a training step's time is mostly
+    """Performance guard.  At the thesis's CIFAR scale on a GPU a training step's time is mostly
     kernel launches, one per dispatched operator.  Counted as on an accelerator (no host-side checks):
-    forward, loss and backward of a small 2-layer ViT, 3.13x kernel attention's before the reductions of
-    issue 16 and 2.81x after (`benchmarks/sgpa_cost.py --preset cifar --count-ops`, Adam included:
+    forward, loss and backward of a small 2-layer ViT, 3.13x kernel attention's before the operator
+    reductions and 2.81x after (`benchmarks/sgpa_cost.py --preset cifar --count-ops`, Adam included:
     2.86x -> 2.57x).  A change that adds per-layer operators back (hyperparameters read once per use,
     a copy per parameter, the keys' features built per sequence) fails it."""
     for module in (multihead_module, elbo_module, transformer_module):

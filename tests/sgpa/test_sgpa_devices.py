@@ -1,4 +1,4 @@
-"""Issue 16: ``gpytorch_sgpa`` follows the device of its inputs and modules.
+"""``gpytorch_sgpa`` follows the device of its inputs and modules.
 
 Every test builds the same seeded float64 model and inputs (float64 as in the CPU tests of these
 layers) on the CPU -- the reference -- and on ``device`` (``cpu``, and ``cuda`` where a GPU is

@@ -1,4 +1,4 @@
-"""Data-parallel training (issue 14, part 2): one DDP step with 2 gloo processes equals one
+"""Data-parallel training: one DDP step with 2 gloo processes equals one
 single-process step on the same global batch; the global KL is counted once."""
 import os
 import pathlib

@@ -1,5 +1,5 @@
 """SGPA inside a stock ``nn.TransformerEncoder``: ``MultiheadSGPAttention``, ``convert`` and the KL
-collected by ``kl_divergence`` (issue 14, part 1)."""
+collected by ``kl_divergence``."""
 import copy
 
 import pytest

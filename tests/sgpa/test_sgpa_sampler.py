@@ -162,7 +162,7 @@ def test_decomposed_causal_steps_equal_full_recomputation(variant):
 # ---------------------------------------------------------------------------------------- options
 def test_diag_sample_keeps_its_meaning_and_sampler_names_map_onto_it():
     assert SGPA_SAMPLERS == ("diagonal", "full", "decomposed")
-    # issue 14: the decoupled default is "decomposed" (cost); standard SGPA keeps the thesis's "diagonal"
+    # the decoupled default is "decomposed" (cost); standard SGPA keeps the thesis's "diagonal"
     assert _layer().sampler == "decomposed" and not _layer().diag_sample
     assert SGPAttention(D_MODEL, HEADS, mode="standard", max_len=LENGTH).sampler == "diagonal"
     assert _layer(diag_sample=True).sampler == "diagonal"

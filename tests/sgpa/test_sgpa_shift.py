@@ -1,4 +1,4 @@
-"""``--shift`` of the calibration runner (issue 14, part 3) on the seconds-sized digits task."""
+"""``--shift`` of the calibration runner on the seconds-sized digits task."""
 import csv
 from dataclasses import replace
 
