@@ -283,17 +283,23 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         ``X``: ``(*b, n, d)``; ``Y``: ``(*b', n, 1)`` with ``b'`` broadcasting with ``b`` (BoTorch's
         fantasies put the samples in front). The original model is not changed.
         """
-        if kwargs.get("noise") is not None:
-            raise ValueError("noise: OnlineGPModel has a homoskedastic GaussianLikelihood and cannot take per-point noise")
         unknown = sorted(set(kwargs) - {"noise"})
         if unknown:
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
         _check_X_Y(X, Y, "X", "Y")
+        noise = kwargs.get("noise")
+        if noise is not None:
+            noise = check_tensor(noise, "noise", dtype=floating_dtype(self.covar_module))
+            if noise.dim() < 2 or noise.shape[-1] != 1:
+                raise BotorchTensorDimensionError(f"noise must have shape (*batch, n, 1) like Y, got {tuple(noise.shape)}")
+            if hasattr(self, "outcome_transform"):  # noise in the outcome space, as Y: into the model's space
+                _, noise = self.outcome_transform(Y, noise, X=X)
+            noise = noise[..., 0]
         model = self._copy()
         x, y = model._to_model_space(X, Y)
         if x.dim() == 2:
             model._move_inducing(x)
-        model._absorb(X, Y, x, y)
+        model._absorb(X, Y, x, y, noise)
         return model
 
     def observe(self, X: Tensor, Y: Tensor) -> "OnlineGPModel":
@@ -364,10 +370,10 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         order = order_inputs(x.detach(), self.ordering, kernel=self.online.covar_module, start=start)
         ivs.append_path(x.detach()[order], kernel=self.online.covar_module)
 
-    def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor) -> None:
+    def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor, noise: Optional[Tensor] = None) -> None:
         # fantasies of look-ahead acquisitions carry gradients to the candidate: keep the graph then
         differentiable = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
-        self.online.update(x, y, num_iter=0, differentiable=differentiable)
+        self.online.update(x, y, num_iter=0, differentiable=differentiable, noise=noise)
         self.num_updates += 1
         if self.keep_data:
             if self._stored_X is None:
@@ -396,3 +402,6 @@ def _check_X_Y(X, Y, x_name: str, y_name: str) -> None:
         raise ValueError(f"{x_name} contains NaN or infinite values")
     if not torch.isfinite(Y).all():
         raise ValueError(f"{y_name} contains NaN or infinite values")
+
+
+from . import botorch_paths  # noqa: E402,F401  (registers OnlineGPModel with BoTorch's pathwise sampling)

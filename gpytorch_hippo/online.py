@@ -286,21 +286,19 @@ class OnlineSGPR(gpytorch.Module):
         return self.likelihood.noise.squeeze(-1)
 
     # ------------------------------------------------------------------ the bound
-    def _bound_and_posterior(self, x: Tensor, y: Tensor):
-        """Online collapsed bound of absorbing ``(x, y)`` and the optimal ``q(v)`` in natural form."""
+    def _bound_and_posterior(self, x: Tensor, y: Tensor, noise: Optional[Tensor] = None):
+        """Online collapsed bound of absorbing ``(x, y)`` and the optimal ``q(v)`` in natural form;
+        ``noise``: per-point noise variances ``(..., N)`` instead of the likelihood's."""
         kernel, ivs = self.covar_module, self.inducing_variables
         chol = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
         W = _solve_lower(chol, _working(ivs.Kuf(kernel, x)))
-        noise = _working(self._noise())
+        noise = _working(self._noise()[..., None] if noise is None else noise).expand(y.shape)  # σ_i²
         resid = _working(y - self.mean_module(x))
-        num_data = y.shape[-1]
-        precision = (W @ W.mT) / noise[..., None, None]
-        shift = (W @ resid.unsqueeze(-1)).squeeze(-1) / noise[..., None]
-        bound = (
-            -0.5 * num_data * torch.log(2 * math.pi * noise)
-            - 0.5 * resid.square().sum(-1) / noise
-            - 0.5 * nystrom_residual(_working(kernel(x, diag=True)), W).sum(-1) / noise
-        )
+        precision = (W / noise.unsqueeze(-2)) @ W.mT
+        shift = (W @ (resid / noise).unsqueeze(-1)).squeeze(-1)
+        bound = -0.5 * (
+            torch.log(2 * math.pi * noise) + (resid.square() + nystrom_residual(_working(kernel(x, diag=True)), W)) / noise
+        ).sum(-1)
         if self.has_posterior:
             old = self.posterior_inducing_variables
             _check_mean_unchanged(old, self.posterior_mean_module, self.mean_module)
@@ -355,6 +353,7 @@ class OnlineSGPR(gpytorch.Module):
         lr: float = 0.01,
         progress: bool = False,
         differentiable: bool = False,
+        noise: Optional[Tensor] = None,
     ) -> Tensor:
         """Absorb one task.
 
@@ -370,6 +369,9 @@ class OnlineSGPR(gpytorch.Module):
             model's predictions with respect to the candidate); such a model is copied with
             :func:`copy.deepcopy` only through a memo that shares those tensors. ``False`` (default):
             the summary is detached, the fast path for streaming.
+        :param noise: noise variances of these observations, broadcasting to ``train_y``'s shape
+            (BoTorch's ``condition_on_observations(..., noise=...)``), in place of the likelihood's
+            for this task; ``None``: the likelihood's.
         :return: the collapsed online bound of this task at the final hyperparameters.
         """
         start = time.perf_counter()
@@ -377,6 +379,14 @@ class OnlineSGPR(gpytorch.Module):
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
             raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
         lr = check_finite_scalar(lr, "lr", positive=True)
+        if noise is not None:
+            noise = check_tensor(noise, "noise", dtype=train_y.dtype)
+            if not bool((noise > 0).all()):
+                raise ValueError("noise must hold positive variances")
+            try:
+                noise = noise.expand(train_y.shape)
+            except RuntimeError:
+                raise ValueError(f"noise must broadcast to train_y's shape {tuple(train_y.shape)}, got {tuple(noise.shape)}") from None
         if (
             num_iter > 0
             and self.has_posterior
@@ -394,13 +404,13 @@ class OnlineSGPR(gpytorch.Module):
             num_data = train_y.shape[-1]
             for _ in tqdm(range(num_iter), disable=not progress, desc="OnlineSGPR task"):
                 optimizer.zero_grad()
-                loss = -self._bound_and_posterior(train_x, train_y)[0].sum() / num_data
+                loss = -self._bound_and_posterior(train_x, train_y, noise)[0].sum() / num_data
                 _check_finite_result("the online bound during optimisation (try a smaller lr)", loss)
                 loss.backward()
                 optimizer.step()
         keep = (lambda tensor: tensor.clone()) if differentiable else (lambda tensor: tensor.detach().clone())
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
-            bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y)
+            bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y, noise)
             _check_finite_result("the online update", bound, precision, shift)
             with torch.no_grad():
                 self._check_memory(train_x, chol, time.perf_counter() - start)

@@ -123,9 +123,14 @@ class InducingVariables(gpytorch.Module):
         share (class docstring: ``Kuu_cross`` carries the shared part); ``kuu`` is :meth:`Kuu`
         densified. Online updates average the stored task over this noise
         (:func:`gpytorch_hippo.online._smooth_ratio`) so that it never counts as information about ``f``."""
-        variance = self.jitter_value(kuu.dtype) * self._jitter_scale(kuu)
         unshared = ~self._shares_jitter_with(other)
-        return variance * unshared.to(kuu.dtype).expand(kuu.shape[:-1])
+        return self.jitter_variance(kuu) * unshared.to(kuu.dtype)
+
+    def jitter_variance(self, kuu: Tensor) -> Tensor:
+        """Variances ``(*batch, M)`` of the jitter white noise that :meth:`Kuu` adds (``kuu`` is its
+        densified value; for a relative jitter the scale is read off it, an ``O(jitter²)`` difference)."""
+        variance = self.jitter_value(kuu.dtype) * self._jitter_scale(kuu)
+        return torch.full(kuu.shape[:-1], variance, dtype=kuu.dtype, device=kuu.device)
 
     def _shares_jitter_with(self, other: "InducingVariables") -> Tensor:
         """Boolean ``(*batch, M)`` (broadcastable): which of these variables share their jitter noise

@@ -6,6 +6,7 @@ import pytest
 import torch
 from botorch.acquisition import LogExpectedImprovement, UpperConfidenceBound, qKnowledgeGradient
 from botorch.acquisition.logei import qLogNoisyExpectedImprovement
+from botorch.exceptions.errors import BotorchTensorDimensionError
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize, Standardize
@@ -300,7 +301,8 @@ def test_a_fit_that_lowers_the_bound_is_rolled_back(monkeypatch):
         (lambda m, x, y: OnlineGPModel(x, y, InducingPoints(x), refit_every=0), "refit_every"),
         (lambda m, x, y: OnlineGPModel(x, y, InducingPoints(x), ordering="sorted"), "ordering"),
         (lambda m, x, y: m.condition_on_observations(x, y[:5]), "Y"),
-        (lambda m, x, y: m.condition_on_observations(x, y, noise=torch.ones_like(y)), "noise"),
+        (lambda m, x, y: m.condition_on_observations(x, y, noise=-torch.ones_like(y)), "noise"),
+        (lambda m, x, y: m.condition_on_observations(x, y, noise=torch.ones_like(y[:, 0])), "noise"),
         (lambda m, x, y: m.condition_on_observations(x, y, nosie=None), "nosie"),
         (lambda m, x, y: m.posterior(x, output_indices=[1]), "output_indices"),
         (lambda m, x, y: m.posterior(x, observation_noise=torch.ones(3, 1, dtype=DOUBLE)), "observation_noise"),
@@ -310,5 +312,5 @@ def test_a_fit_that_lowers_the_bound_is_rolled_back(monkeypatch):
 def test_bad_input_names_the_argument(call, match):
     x, y = data(6, 12)
     model, _ = fixed_model(InducingPoints(x, learn=False), x, y)
-    with pytest.raises((ValueError, TypeError), match=match):
+    with pytest.raises((ValueError, TypeError, BotorchTensorDimensionError), match=match):
         call(model, x, y)

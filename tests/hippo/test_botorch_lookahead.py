@@ -128,3 +128,30 @@ def test_model_call_and_noise_shapes_follow_botorch():
         ours.posterior(X, observation_noise=torch.full((4,), 0.1, dtype=DOUBLE))  # q, not q x 1
     noisy = ours.posterior(X, observation_noise=torch.full((4, 1), 0.1, dtype=DOUBLE))
     torch.testing.assert_close(noisy.variance, ours.posterior(X).variance + 0.1)
+
+
+def test_conditioning_with_per_point_noise_is_the_exact_gp_with_that_noise():
+    """``condition_on_observations(X, Y, noise=...)`` (BoTorch's fixed-noise conditioning, used by the
+    entropy searches on their optimal samples): with inducing points at all inputs, the exact GP whose
+    new observations carry that noise, written out."""
+    gp, _ = twin_models()
+    x_old, y_old = gp.train_inputs[0], gp.train_targets
+    x_new = torch.tensor([[0.25], [0.8]], dtype=DOUBLE)
+    y_new = torch.tensor([[0.4], [-0.2]], dtype=DOUBLE)
+    noise_new = torch.tensor([[1e-4], [0.3]], dtype=DOUBLE)
+    X = torch.cat([x_old, x_new])
+    ours = OnlineGPModel(x_old, y_old.unsqueeze(-1), InducingPoints(X, learn=False, jitter=1e-10),
+                         covar_module=copy.deepcopy(gp.covar_module), likelihood=copy.deepcopy(gp.likelihood),
+                         mean_module=copy.deepcopy(gp.mean_module), fit_maxiter=0)
+    conditioned = ours.condition_on_observations(x_new, y_new, noise=noise_new)
+    test = torch.linspace(0, 1, 11, dtype=DOUBLE).unsqueeze(-1)
+    with torch.no_grad():
+        kernel, constant = gp.covar_module, gp.mean_module.constant
+        noise = torch.cat([gp.likelihood.noise.expand(len(x_old)), noise_new[:, 0]])
+        K = kernel(X).to_dense() + torch.diag(noise)
+        Ks = kernel(test, X).to_dense()
+        mean = constant + Ks @ torch.linalg.solve(K, torch.cat([y_old, y_new[:, 0]]) - constant)
+        variance = kernel(test, diag=True) - (Ks * torch.linalg.solve(K, Ks.T).T).sum(-1)
+        posterior = conditioned.posterior(test)
+    torch.testing.assert_close(posterior.mean[..., 0], mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(posterior.variance[..., 0], variance, rtol=0, atol=1e-6)
