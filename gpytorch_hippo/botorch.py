@@ -110,7 +110,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     :param mean_module: prior mean (default ``ConstantMean``); learned on the first batch, then
         fixed, because HiPPO inducing variables project ``f - m``.
     :param input_transform: e.g. ``Normalize(d, bounds=...)``; learned bounds are learned from the
-        first batch and then fixed.
+        first batch and then fixed. Inducing points are given in the transformed space (e.g. in the unit
+        cube under ``Normalize``); a set far from every transformed input raises.
     :param outcome_transform: e.g. ``Standardize(m=1)``; statistics from the first batch, then fixed.
     :param fit_maxiter: iterations of the first fit (``0``: keep the hyperparameters as given).
     :param refit_every: refresh the hyperparameters in every ``k``-th :meth:`observe` (``None``: never).
@@ -163,6 +164,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         self.num_updates = 0
         self._stored_X = self._stored_Y = None
         x, y = self._to_model_space(train_X, train_Y, fit_transforms=True)
+        if input_transform is not None:
+            _check_points_near(inducing_variables, x)
         self._move_inducing(x)
         if fit_maxiter > 0:
             self.fit_hyperparameters(x, y, maxiter=fit_maxiter)
@@ -286,6 +289,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         unknown = sorted(set(kwargs) - {"noise"})
         if unknown:
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
+        if isinstance(X, Tensor) and isinstance(Y, Tensor) and X.dim() >= 2 and X.shape[-2] == 0 and Y.shape[-2:] == (0, 1):
+            return self._with_batch_shape(torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2]))  # fantasies of no points
         _check_X_Y(X, Y, "X", "Y")
         noise = kwargs.get("noise")
         if noise is not None:
@@ -334,6 +339,16 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
                 mll.load_state_dict(before)
 
     # ------------------------------------------------------------------ internals
+    def _with_batch_shape(self, batch_shape: torch.Size) -> "OnlineGPModel":
+        """A copy with the same posterior, broadcast to ``batch_shape`` (BoTorch's fantasies of no points)."""
+        model = self._copy()
+        online = model.online
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
+            tensor = getattr(online, name)
+            event = tensor.shape[-2:] if name in ("posterior_chol", "posterior_precision") else tensor.shape[-1:]
+            setattr(online, name, tensor.expand(*torch.broadcast_shapes(batch_shape, tensor.shape[: -len(event)]), *event).clone())
+        return model
+
     def _copy(self) -> "OnlineGPModel":
         """A deep copy that shares the summary tensors a differentiable (fantasy) update left in the
         autograd graph (``copy.deepcopy`` refuses those; the copy's next update replaces them)."""
@@ -383,6 +398,24 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
                 old_x = self._stored_X.expand(*batch, *self._stored_X.shape[-2:])
                 self._stored_X = torch.cat([old_x, x.expand(*batch, *x.shape[-2:])], dim=-2)
                 self._stored_Y = torch.cat([self._stored_Y.expand(*batch, -1), y.expand(*batch, -1)], dim=-1)
+
+
+def _check_points_near(inducing_variables: InducingVariables, x: Tensor) -> None:
+    """Inducing points live in the model's input space, after ``input_transform``: refuse a set of which
+    most points lie outside the transformed inputs' box widened by its size on every side (raw-scale
+    points under ``Normalize``, which would leave the posterior at the prior)."""
+    points = getattr(inducing_variables, "points", None)
+    if not isinstance(points, Tensor) or points.shape[-1] != x.shape[-1]:
+        return
+    low, high = x.min(-2).values, x.max(-2).values
+    span = (high - low).clamp_min(1e-12)
+    near = ((points >= low - span) & (points <= high + span)).all(-1)
+    if near.to(x.dtype).mean() < 0.5:
+        raise ValueError(
+            "inducing_variables: InducingPoints must be given in the model's input space, after input_transform "
+            f"(the first batch spans {low.tolist()} to {high.tolist()} there, e.g. the unit cube for Normalize); "
+            f"{int((~near).sum())} of the {near.numel()} points lie far from it"
+        )
 
 
 class _NoStoredData(AttributeError):

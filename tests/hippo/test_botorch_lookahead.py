@@ -155,3 +155,29 @@ def test_conditioning_with_per_point_noise_is_the_exact_gp_with_that_noise():
         posterior = conditioned.posterior(test)
     torch.testing.assert_close(posterior.mean[..., 0], mean, rtol=0, atol=1e-6)
     torch.testing.assert_close(posterior.variance[..., 0], variance, rtol=0, atol=1e-6)
+
+
+def test_fantasies_of_no_points_keep_the_posterior_with_the_fantasy_batch_shape():
+    from botorch.sampling import SobolQMCNormalSampler as Sampler
+
+    gp, ours = twin_models()
+    fantasy = ours.fantasize(torch.empty(2, 0, 1, dtype=DOUBLE), Sampler(torch.Size([3])))
+    assert fantasy.batch_shape == (3, 2)
+    test = torch.linspace(0, 1, 5, dtype=DOUBLE).unsqueeze(-1)
+    with torch.no_grad():
+        torch.testing.assert_close(fantasy.posterior(test).mean, ours.posterior(test).mean.expand(3, 2, 5, 1))
+    gp.posterior(test)  # (an ExactGP fantasizes only after a prediction)
+    reference = gp.fantasize(torch.empty(2, 0, 1, dtype=DOUBLE), Sampler(torch.Size([3])))
+    assert reference.batch_shape == fantasy.batch_shape
+
+
+def test_inducing_points_on_the_raw_scale_under_normalize_are_refused():
+    from botorch.models.transforms import Normalize
+
+    x = 100 * torch.rand(10, 1, dtype=DOUBLE)
+    y = torch.sin(x / 20)
+    with pytest.raises(ValueError, match="inducing_variables: InducingPoints must be given in the model's input space"):
+        OnlineGPModel(x, y, InducingPoints(torch.linspace(0, 100, 8, dtype=DOUBLE), learn=False),
+                      input_transform=Normalize(1), fit_maxiter=0)
+    OnlineGPModel(x, y, InducingPoints(torch.linspace(0, 1, 8, dtype=DOUBLE), learn=False), input_transform=Normalize(1),
+                  fit_maxiter=0)  # in the transformed space: accepted
