@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from .._optional import require
 
 METHODS = ("ohsgpr", "osgpr", "exact", "svgp")
+ACQUISITIONS = ("ucb", "qkg", "qjes")
 COLUMNS = ("method", "seed", "step", "hour", "tilt", "azimuth", "value", "best_value", "regret", "surrogate_seconds", "acquisition_seconds")
 TILT_RANGE, AZIMUTH_RANGE = (0.0, 90.0), (90.0, 270.0)
 
@@ -151,6 +152,22 @@ class RefittedSurrogate:
         self.model = model.eval()
 
 
+def make_acquisition(name: str, model, bounds: torch.Tensor, t_next: float):
+    """The acquisition ``name`` for the next hour ``t_next`` (the time feature is fixed by the optimiser)."""
+    from botorch.acquisition import UpperConfidenceBound, qKnowledgeGradient
+    from botorch.acquisition.joint_entropy_search import qJointEntropySearch
+    from botorch.acquisition.utils import get_optimal_samples
+
+    if name == "ucb":
+        return UpperConfidenceBound(model, beta=4.0)
+    if name == "qkg":
+        return qKnowledgeGradient(model, num_fantasies=8)
+    hour_bounds = bounds.clone()  # optimal samples of the next hour's function (a sliver: BoTorch clamps to the bounds)
+    hour_bounds[:, 2] = torch.tensor([max(t_next - 1e-6, 0.0), min(t_next + 1e-6, 1.0)], dtype=bounds.dtype)
+    optimal_inputs, optimal_outputs = get_optimal_samples(model, bounds=hour_bounds, num_optima=8)
+    return qJointEntropySearch(model, optimal_inputs=optimal_inputs, optimal_outputs=optimal_outputs)
+
+
 def run(
     steps: int = 220,
     init: int = 20,
@@ -160,11 +177,16 @@ def run(
     noise_std: float = 0.01,
     svgp_maxiter: int = 20,
     progress: bool = True,
+    acquisition: str = "ucb",
 ) -> List[Dict]:
-    """One streaming BO run per method; returns one row per (method, step) with the CSV columns."""
-    from botorch.acquisition import UpperConfidenceBound
+    """One streaming BO run per method; returns one row per (method, step) with the CSV columns.
+    ``acquisition``: ``"ucb"`` (β = 4), ``"qkg"`` (one-shot knowledge gradient, 8 fantasies at the next
+    hour) or ``"qjes"`` (joint entropy search with 8 optimal samples of the next hour; needs pathwise
+    samples: point inducing variables or an exact GP)."""
     from botorch.optim import optimize_acqf
 
+    if acquisition not in ACQUISITIONS:
+        raise ValueError(f"acquisition must be one of {ACQUISITIONS}, got {acquisition!r}")
     if steps <= init:
         raise ValueError(f"steps must exceed init = {init}, got {steps}")
     objective = IrradianceObjective()
@@ -193,10 +215,9 @@ def run(
         for k in tqdm(range(init, steps), desc=method, disable=not progress):
             t_next = _time_feature(hours[k], hours[0], hours[-1])
             start = time.perf_counter()
-            acquisition = UpperConfidenceBound(surrogate.model, beta=4.0)
             candidate, _ = optimize_acqf(
-                acquisition, bounds=bounds, q=1, num_restarts=2, raw_samples=64,
-                fixed_features={2: t_next}, options={"maxiter": 30},
+                make_acquisition(acquisition, surrogate.model, bounds, t_next), bounds=bounds, q=1, num_restarts=2,
+                raw_samples=64, fixed_features={2: t_next}, options={"maxiter": 30},
             )
             acquisition_seconds = time.perf_counter() - start
             x = candidate.detach().numpy()[:, :2].clip(0, 1)
@@ -283,6 +304,8 @@ def main(argv=None) -> List[Dict]:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--num-inducing", type=int, default=32)
     parser.add_argument("--svgp-maxiter", type=int, default=20)
+    parser.add_argument("--acquisition", default="ucb", choices=ACQUISITIONS,
+                        help="UCB, one-shot knowledge gradient or joint entropy search (not for ohsgpr: no pathwise samples)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="30 steps, 10 initial: a smoke run")
     parser.add_argument("--no-progress", action="store_true")
@@ -291,7 +314,8 @@ def main(argv=None) -> List[Dict]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     steps, init = (30, 10) if args.quick else (args.steps, args.init)
-    rows = run(steps, init, args.seed, args.methods, args.num_inducing, svgp_maxiter=args.svgp_maxiter, progress=not args.no_progress)
+    rows = run(steps, init, args.seed, args.methods, args.num_inducing, svgp_maxiter=args.svgp_maxiter,
+               progress=not args.no_progress, acquisition=args.acquisition)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "streaming_bo.csv"), "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)

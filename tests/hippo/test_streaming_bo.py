@@ -51,3 +51,13 @@ def test_bad_arguments():
         streaming_bo.run(steps=5, init=10)
     with pytest.raises(ValueError, match="methods"):
         streaming_bo.run(steps=12, init=10, methods=("gp",))
+    with pytest.raises(ValueError, match="acquisition"):
+        streaming_bo.run(steps=12, init=10, acquisition="ei")
+
+
+@pytest.mark.parametrize("acquisition, methods", [("qkg", ("ohsgpr", "osgpr")), ("qjes", ("osgpr", "exact"))])
+def test_look_ahead_and_entropy_search_steps_run_on_the_online_surrogates(acquisition, methods):
+    rows = streaming_bo.run(steps=12, init=10, methods=methods, acquisition=acquisition, progress=False)
+    assert len(rows) == 2 * len(methods)
+    for row in rows:
+        assert row["regret"] >= 0 and 0 <= row["tilt"] <= 90 and 90 <= row["azimuth"] <= 270
