@@ -300,8 +300,22 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             if hasattr(self, "outcome_transform"):  # noise in the outcome space, as Y: into the model's space
                 _, noise = self.outcome_transform(Y, noise, X=X)
             noise = noise[..., 0]
+        return self._conditioned(X, Y, noise)
+
+    def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Optional[Tensor] = None, **kwargs: Any) -> "OnlineGPModel":
+        """GPyTorch's name for conditioning, as BoTorch's ``ModelListGP.condition_on_observations`` calls it:
+        ``inputs`` ``(*b, n, d)``, ``targets`` ``(*b', n)`` and ``noise`` already in the outcome-transformed space."""
+        if kwargs:
+            raise TypeError(f"get_fantasy_model got unexpected keyword arguments {sorted(kwargs)}")
+        targets = check_tensor(targets, "targets").unsqueeze(-1)
+        _check_X_Y(inputs, targets, "inputs", "targets")
+        if noise is not None:
+            noise = check_tensor(noise, "noise", dtype=floating_dtype(self.covar_module))
+        return self._conditioned(inputs, targets, noise, outcome_transformed=True)
+
+    def _conditioned(self, X: Tensor, Y: Tensor, noise: Optional[Tensor], outcome_transformed: bool = False) -> "OnlineGPModel":
         model = self._copy()
-        x, y = model._to_model_space(X, Y)
+        x, y = model._to_model_space(X, Y, outcome_transformed=outcome_transformed)
         if x.dim() == 2:
             model._move_inducing(x)
         model._absorb(X, Y, x, y, noise)
@@ -355,16 +369,18 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         in_graph = {id(tensor): tensor for tensor in self.buffers() if tensor.grad_fn is not None}
         return copy.deepcopy(self, in_graph)
 
-    def _to_model_space(self, X: Tensor, Y: Tensor, fit_transforms: bool = False) -> tuple[Tensor, Tensor]:
+    def _to_model_space(self, X: Tensor, Y: Tensor, fit_transforms: bool = False,
+                        outcome_transformed: bool = False) -> tuple[Tensor, Tensor]:
         """Transformed inputs and targets, broadcast to a common batch shape; ``fit_transforms``
-        learns the transforms' statistics from this batch (train mode), later batches reuse them."""
+        learns the transforms' statistics from this batch (train mode), later batches reuse them;
+        ``outcome_transformed``: ``Y`` is in the model's outcome space already."""
         if hasattr(self, "input_transform"):
             self.input_transform.train(fit_transforms)
             x = self.input_transform(X)
             self.input_transform.eval()
         else:
             x = X
-        if hasattr(self, "outcome_transform"):
+        if hasattr(self, "outcome_transform") and not outcome_transformed:
             self.outcome_transform.train(fit_transforms)
             Y, _ = self.outcome_transform(Y, X=x)
             self.outcome_transform.eval()

@@ -181,3 +181,33 @@ def test_inducing_points_on_the_raw_scale_under_normalize_are_refused():
                       input_transform=Normalize(1), fit_maxiter=0)
     OnlineGPModel(x, y, InducingPoints(torch.linspace(0, 1, 8, dtype=DOUBLE), learn=False), input_transform=Normalize(1),
                   fit_maxiter=0)  # in the transformed space: accepted
+
+
+def test_several_outputs_through_model_list_gp():
+    """m independent outputs as BoTorch's ``ModelListGP`` of online models: streaming conditioning equals
+    conditioning each output's model, and multi-objective BO (qLogNEHVI) runs."""
+    from botorch.acquisition.multi_objective.logei import qLogNoisyExpectedHypervolumeImprovement
+    from botorch.models import ModelListGP
+    from botorch.models.transforms import Standardize
+    from botorch.optim import optimize_acqf
+
+    generator = torch.Generator().manual_seed(6)
+    X = torch.rand(12, 2, generator=generator, dtype=DOUBLE)
+    Y = torch.stack([torch.sin(3 * X[:, 0]), 5 * torch.cos(3 * X[:, 1])], -1)
+    Z = torch.rand(10, 2, generator=generator, dtype=DOUBLE)
+    models = [OnlineGPModel(X, Y[:, i : i + 1], InducingPoints(Z, learn=False), outcome_transform=Standardize(1), fit_maxiter=10)
+              for i in range(2)]
+    model_list = ModelListGP(*models)
+    X_new, Y_new = torch.rand(3, 2, generator=generator, dtype=DOUBLE), torch.rand(3, 2, generator=generator, dtype=DOUBLE)
+    conditioned = model_list.condition_on_observations([X_new, X_new], Y_new)
+    test = torch.rand(5, 2, generator=generator, dtype=DOUBLE)
+    with torch.no_grad():
+        expected = torch.cat([m.condition_on_observations(X_new, Y_new[:, i : i + 1]).posterior(test).mean
+                              for i, m in enumerate(models)], -1)
+        # (a leading batch of 1, from ModelListGP's outcome transform of a 1-D target, as with SingleTaskGP)
+        torch.testing.assert_close(conditioned.posterior(test).mean.squeeze(0), expected, rtol=0, atol=1e-10)
+    acquisition = qLogNoisyExpectedHypervolumeImprovement(model_list, ref_point=torch.tensor([-1.0, -5.0], dtype=DOUBLE),
+                                                          X_baseline=X, prune_baseline=False)
+    candidates, value = optimize_acqf(acquisition, bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DOUBLE), q=2,
+                                      num_restarts=1, raw_samples=16, options={"maxiter": 5})
+    assert candidates.shape == (2, 2) and torch.isfinite(value)
