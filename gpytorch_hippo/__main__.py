@@ -1,19 +1,29 @@
-"""Main demo: stream a real series through HiPPO memories (``python -m gpytorch_hippo``).
+"""Main demo: what a HiPPO memory keeps that moving inducing points forget (``python -m gpytorch_hippo``).
 
 1. Streams a year of daily solar irradiance (pvlib's TMY3 file) through LegS, LegT, LagT and FouT
    memories, prints the reconstruction error at ``t = T/2`` and ``t = T`` over the whole history
    and over the last ``window`` days, and saves a figure like the thesis's HiPPO figure
    (fig. ``hippo_deterministic``): basis functions, memory state over time, reconstructions.
-2. Learns the same series online in 10 tasks with OHSGPR (HiPPO inducing variables) against the
-   baselines OSGPR (trained inducing points), OVC (pivoted Cholesky) and OVFF (variational Fourier
-   features), printing test NLPD/RMSE over all learned tasks and training time (thesis fig.
-   ``time_series_regression``, table ``wall_time_time_series_prediction``;
-   :mod:`gpytorch_hippo.experiments.online`).
+2. Learns the same series online in 10 tasks (each seen once) with OHSGPR (LegS inducing
+   variables) against OSGPR (inducing points re-drawn from old points and new inputs, then trained),
+   OVC (pivoted-Cholesky points) and OVFF (Fourier features), with ``M = 20`` inducing variables:
+   about twice the number of length scales in the year (the kernel fitted on task 1 has
+   ``ℓ`` ≈ 41 days, ``t/ℓ`` ≈ 9), enough for LegS to keep the whole past (``M = 1.6 t/ℓ`` keeps
+   99.97 % of the prior variance) but fewer than the 292 training inputs, so points that follow the
+   data to each new task leave the old ones.  Prints task 1's test NLPD and RMSE after every task
+   and the time per task, writes ``OUT/results.csv`` (the online runner's columns,
+   :data:`gpytorch_hippo.experiments.online.COLUMNS`) and ``OUT/online_forgetting.png``.  The full
+   comparison (more methods, data sets and ``M``; OVC draws level with OHSGPR on this series) is
+   :mod:`gpytorch_hippo.experiments.online`.
+
+One torch thread by default (``--threads``): these are many small operations, which extra threads
+slow down on a machine that is busy with other work.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 
@@ -87,21 +97,151 @@ def plot(memories, rows, times, values, path):
     plt.close(fig)
 
 
+DATASET = "irradiance"
+METHODS = ("ohsgpr", "osgpr", "ovc", "ovff")
+NAMES = {"ohsgpr": "OHSGPR", "osgpr": "OSGPR", "ovc": "OVC", "ovff": "OVFF"}
+NUM_INDUCING = 20
+STYLES = {"ohsgpr": dict(marker="o", ls="-", lw=2.2, zorder=4), "osgpr": dict(marker="s", ls="-", lw=1.5, zorder=3),
+          "ovc": dict(marker="^", ls="--", lw=1.5, zorder=5), "ovff": dict(marker="v", ls=":", lw=1.5, zorder=2)}
+NUM_TASKS = 10
+FULL_COMPARISON = ("python -m gpytorch_hippo.experiments.online --dataset irradiance "
+                   "--methods ohsgpr,ohsgpr-rff,osgpr,osgpr-fixed,ovc,ovc-optz,ovff --num-inducing 50 --seeds 5")
+
+
+def run_online(seeds, methods=METHODS, num_inducing=NUM_INDUCING, num_tasks=NUM_TASKS):
+    """The online runner's rows (:data:`~gpytorch_hippo.experiments.online.COLUMNS`) and the first
+    seed's final models, with the runner's defaults (task-1 grid-start fit, 100 OSGPR steps per task)."""
+    from .experiments import online
+
+    return online.run(DATASET, methods, num_inducing, list(seeds), progress=False, num_tasks=num_tasks)
+
+
+def task1_curves(rows, method, metric):
+    """``{seed: [metric on task 1's test points after task 1, 2, ...]}``."""
+    curves = {}
+    for r in sorted(rows, key=lambda r: r["task_trained"]):
+        if r["method"] == method and r["task_eval"] == 1:
+            curves.setdefault(r["seed"], []).append(float(r[metric]))
+    return curves
+
+
+def task_times(rows, method):
+    """``{seed: [training seconds of task 1, 2, ...]}`` from the cumulative times."""
+    cumulative = task1_curves(rows, method, "cum_time_s")
+    return {seed: [b - a for a, b in zip([0.0] + c[:-1], c)] for seed, c in cumulative.items()}
+
+
+def _mean(values):
+    return sum(values) / len(values)
+
+
+def forgetting_table(rows) -> str:
+    """Task 1's test RMSE and NLPD after every task (mean over seeds; with several seeds the range
+    after the last task) and the training time per task, one row per method."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    num_seeds = len({r["seed"] for r in rows})
+    num_tasks = max(r["task_trained"] for r in rows)
+    tasks = "".join(f"{k:>6d}" for k in range(1, num_tasks + 1))
+    spread = f"  {'min-max at ' + str(num_tasks):>13s}" if num_seeds > 1 else ""
+    lines = []
+    for metric in ("rmse", "nlpd"):
+        lines.append(f"  {'task-1 ' + metric.upper() + ' after task':22s}{tasks}{spread}")
+        for method in methods:
+            curves = list(task1_curves(rows, method, metric).values())
+            cells = "".join(f"{_mean([c[k] for c in curves]):6.2f}" for k in range(num_tasks))
+            last = [c[-1] for c in curves]
+            extra = f"  {min(last):8.2f}-{max(last):.2f}" if num_seeds > 1 else ""
+            lines.append(f"  {NAMES.get(method, method):22s}{cells}{extra}")
+    lines.append(f"  time per task (s)      {'task 1':>8s} {'task 2':>8s} {'task ' + str(num_tasks):>8s} {'all tasks':>10s}")
+    for method in methods:
+        times = list(task_times(rows, method).values())
+        first, second, last = (_mean([t[k] for t in times]) for k in (0, 1, num_tasks - 1))
+        total = _mean([sum(t) for t in times])
+        lines.append(f"  {NAMES.get(method, method):22s} {first:8.3f} {second:8.3f} {last:8.3f} {total:10.2f}")
+    return "\n".join(lines)
+
+
+def plot_forgetting(rows, finals, path):
+    """Task 1's test NLPD and RMSE against the number of learned tasks (mean over seeds, the seeds'
+    range shaded), and the first seed's predictive mean ± 2 sd over the year after the last task."""
+    matplotlib = require("matplotlib", "plots", "the figures")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig = plt.figure(figsize=(11, 6.5))
+    grid = fig.add_gridspec(2, 2, height_ratios=(1, 1.1))
+    for col, metric in enumerate(("nlpd", "rmse")):
+        ax = fig.add_subplot(grid[0, col])
+        for i, method in enumerate(methods):
+            curves = list(task1_curves(rows, method, metric).values())
+            tasks = list(range(1, len(curves[0]) + 1))
+            style = STYLES.get(method, {})
+            ax.plot(tasks, [_mean(v) for v in zip(*curves)], color=f"C{i}", ms=4, label=NAMES.get(method, method), **style)
+            if len(curves) > 1:  # one thin line per seed
+                for curve in curves:
+                    ax.plot(tasks, curve, color=f"C{i}", lw=0.6, alpha=0.35, ls=style.get("ls", "-"))
+        ax.set(xlabel="number of learned tasks", ylabel=f"test {metric.upper()} on task 1", xticks=tasks)
+        seeds = f" (thick: mean of {len(curves)} seeds; thin: each seed)" if len(curves) > 1 else ""
+        ax.set_title(f"({'ab'[col]}) task 1 {metric.upper()} as the stream goes on{seeds}", fontsize=10)
+    fig.axes[0].legend(fontsize=8)
+    ax = fig.add_subplot(grid[1, :])
+    model, data = next(iter(finals.values()))
+    x = data.x[:, 0]
+    span = (float(x.max()) - float(x.min())) / NUM_TASKS if len(finals) else 0
+    ax.axvspan(float(x.min()), float(x.min()) + span, color="0.92", label="task 1")
+    ax.plot(x, data.y, ".", color="0.5", ms=2)
+    for i, method in enumerate(methods):
+        if method not in ("ohsgpr", "osgpr", "ovc"):
+            continue
+        model, _ = finals[method]
+        model.eval()
+        with torch.no_grad():
+            predictive = model.likelihood(model(data.x))
+        mean, sd = predictive.mean, predictive.variance.sqrt()
+        ax.plot(x, mean, color=f"C{i}", label=NAMES[method], ls=STYLES[method]["ls"], lw=STYLES[method]["lw"],
+                zorder=STYLES[method]["zorder"])
+        if method != "ovc":
+            ax.fill_between(x, mean - 2 * sd, mean + 2 * sd, color=f"C{i}", alpha=0.15)
+        points = getattr(model.posterior_inducing_variables, "points", None)
+        if points is not None:
+            ax.plot(points[:, 0], torch.full_like(points[:, 0], float(data.y.min()) - 0.4 - 0.3 * i), "|", color=f"C{i}", ms=7)
+    seed = rows[0]["seed"]
+    ax.set(xlabel="day", ylabel="standardised GHI")
+    ax.set_title(f"(c) after the last task, seed {seed}: predictive mean (± 2 sd for OHSGPR, OSGPR); | inducing points", fontsize=10)
+    ax.legend(fontsize=8, ncol=4, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="out/demo", help="folder for the PNG")
-    parser.add_argument("--M", type=int, default=32, help="memory size (FouT uses M+1 if M is even)")
+    parser.add_argument("--out", default="out/demo", help="folder for the PNGs and results.csv")
+    parser.add_argument("--M", type=int, default=32, help="memory size of part 1 (FouT uses M+1 if M is even)")
     parser.add_argument("--window", type=float, default=60.0, help="LegT/FouT window and LagT time scale, days")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of part 2 (task split and test points)")
+    parser.add_argument("--quick", action="store_true", help="part 2 with one seed (seed 0)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: the demo's many small operations gain nothing from more, "
+                             "and more slow it down on a busy machine)")
     parser.add_argument("--no-online", action="store_true", help="skip part 2 (online sparse GPs)")
     args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     require("matplotlib", "plots", "the demo's figures")
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
 
     times, ghi = load_solar_ghi("daily")
     values = (ghi - ghi.mean()) / ghi.std()
     memories = build_memories(args.M, args.window)
     rows = reconstruction_errors(memories, times, values, args.window)
 
-    print(f"Daily solar irradiance (pvlib TMY3, Greensboro NC), T = {times.shape[0]} days, standardised; "
+    print(f"1. Daily solar irradiance (pvlib TMY3, Greensboro NC), T = {times.shape[0]} days, standardised; "
           f"M = {args.M}, window = {args.window:g} days, bilinear")
     print("reconstruction RMSE (outside a measure's support the memory predicts the mean, 0)")
     print("                           t = T/2: history  last window |  t = T: history  last window")
@@ -114,11 +254,23 @@ def main(argv=None):
     if not args.no_online:
         from .experiments import online
 
-        print("\nOnline regression of the same series, 10 tasks seen once, 50 inducing variables, seed 0")
-        rows, finals = online.run("irradiance", ("ohsgpr", "osgpr", "ovc", "ovff"), 50, [0], progress=False)
-        online.write_csv(rows, args.out)
-        print(online.summary(rows))
-        print(f"figures: {', '.join(online.plot(rows, finals, args.out))}")
+        seeds = [0] if args.quick else list(range(args.seeds))
+        rows, finals = run_online(seeds)
+        lengthscale = float(finals["ohsgpr"][0].covar_module.base_kernel.lengthscale)
+        span = float(finals["ohsgpr"][1].x.max() - finals["ohsgpr"][1].x.min())
+        which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}, mean over seeds"
+        print(f"\n2. Online regression of the same series: {NUM_TASKS} tasks of ~{span / NUM_TASKS:.0f} days, each seen once, "
+              f"M = {NUM_INDUCING} inducing variables ({which})")
+        print(f"   kernel fitted on task 1 (seed {seeds[0]}): l = {lengthscale:.0f} days, so the year is t/l = "
+              f"{span / lengthscale:.1f} length scales; LegS keeps the whole past with M ~ 2 t/l, "
+              f"points re-drawn from old points and new inputs drift to the newest task")
+        print(forgetting_table(rows))
+        csv_path = online.write_csv(rows, args.out)
+        figure = plot_forgetting(rows, finals, os.path.join(args.out, "online_forgetting.png"))
+        print(f"wrote {csv_path}, {figure}")
+        print(f"The full comparison (7 methods, more seeds, other data sets and M; OVC draws level with OHSGPR on "
+              f"this series): {FULL_COMPARISON} (results in docs/results.md)")
+    print(f"total {time.perf_counter() - started:.0f} s with {args.threads} torch thread(s)")
 
 
 if __name__ == "__main__":
