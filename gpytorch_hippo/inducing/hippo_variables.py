@@ -232,6 +232,8 @@ class HiPPOInducingVariables(InducingVariables):
             if self.measure in ("legt", "fout"):
                 return f"the window theta = {self.memory.theta:g} is shorter than the task: use a larger theta"
             return f"pass start= at or before the stream's first input (now {self.start:g})"
+        if self.input_dim > 1:
+            return "use more inducing variables (the path memory spreads M bases over every ordered input so far)"
         if self.measure == "legs":
             return "use more inducing variables (HiPPO-LegS: M of about t / lengthscale keeps ~98%)"
         return f"use more inducing variables or a shorter window theta (now {self.memory.theta:g}) for measure {self.measure!r}"
