@@ -19,8 +19,9 @@ from .attention import (
     SGPAPosterior,
     SGPAStepState,
     SGPAttention,
+    posterior_mean,
 )
-from .dropin import MultiheadSGPAttention, convert, global_kl_divergence, kl_divergence
+from .dropin import MultiheadSGPAttention, convert, global_kl_divergence, kl_divergence, predict_proba
 from .elbo import SGPAELBO
 from .kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_attention_kernel
 from .transformer import ATTENTION_TYPES, SGPABlock, SGPADecoder, SGPATransformer, SGPAViT, build_attention
@@ -48,4 +49,6 @@ __all__ = [
     "kernel_blocks",
     "kl_divergence",
     "make_attention_kernel",
+    "posterior_mean",
+    "predict_proba",
 ]

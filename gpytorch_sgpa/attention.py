@@ -19,6 +19,7 @@ Shapes inside: ``B`` batch, ``H`` heads, ``L`` length, ``e = d_model / H`` head 
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import NamedTuple
 
@@ -50,6 +51,25 @@ __all__ = [
 SGPA_MODES = ("standard", "decoupled")
 SGPA_VARIANTS = ("orthogonal", "dsvgp")
 
+
+
+#: inside :func:`posterior_mean` every SGPA layer draws zero noise: its output is its posterior mean
+#: (a plain module flag, which torch.compile guards on without a graph break)
+_posterior_mean_active = False
+
+
+@contextlib.contextmanager
+def posterior_mean():
+    """Deterministic SGPA: inside ``with gpytorch_sgpa.posterior_mean(): logits = model(x)`` every
+    :class:`SGPAttention` layer outputs its posterior mean (the noise of the reparameterised sample,
+    eq. ``reparam_dgp``, is zero), so the same input gives the same output; explicit ``noise=``
+    arguments still win. Sampling resumes on exit."""
+    global _posterior_mean_active
+    previous, _posterior_mean_active = _posterior_mean_active, True
+    try:
+        yield
+    finally:
+        _posterior_mean_active = previous
 
 class SGPANoise(NamedTuple):
     """Standard-normal draws behind one SGPA sample (eq. ``reparam_dgp``).
@@ -449,18 +469,25 @@ class SGPAttention(_MultiHeadAttention):
         self._check_result(x, terms.mean, terms.variance, terms.kl)
         return SGPAPosterior(terms.mean, terms.variance, terms.covariance, terms.kl)
 
-    def sample_noise(self, batch_size: int, length: int, dtype=None, device=None) -> SGPANoise:
-        """Draw the standard-normal noise one forward pass of ``batch_size × length`` uses."""
+    def sample_noise(self, batch_size: int, length: int, dtype=None, device=None,
+                     generator: torch.Generator | None = None) -> SGPANoise:
+        """Draw the standard-normal noise one forward pass of ``batch_size × length`` uses (from
+        ``generator`` if given, on its device); zeros inside :func:`posterior_mean`."""
         check_int(batch_size, "batch_size")
         check_int(length, "length")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         dtype = dtype or self.qk_proj.weight.dtype
         device = device or self.qk_proj.weight.device
-        shape = (batch_size, self.num_heads, length, self.head_dim)
-        local = torch.randn(shape, dtype=dtype, device=device)
-        global_ = None
+        shapes = [(batch_size, self.num_heads, length, self.head_dim)]
         if self._uses_global_noise():
-            global_ = torch.randn(batch_size, self.num_heads, self.head_dim, self.num_global, dtype=dtype, device=device)
-        return SGPANoise(local, global_)
+            shapes.append((batch_size, self.num_heads, self.head_dim, self.num_global))
+        if _posterior_mean_active:
+            draws = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+        else:
+            source = device if generator is None else generator.device
+            draws = [torch.randn(shape, dtype=dtype, device=source, generator=generator).to(device) for shape in shapes]
+        return SGPANoise(draws[0], draws[1] if len(draws) > 1 else None)
 
     def _check_noise(self, noise: SGPANoise, batch: int, length: int) -> SGPANoise:
         if not isinstance(noise, SGPANoise):

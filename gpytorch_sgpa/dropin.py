@@ -24,6 +24,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from ._validation import check_int
 from .attention import KernelAttention, SGPAttention
 from .transformer import ATTENTION_TYPES, build_attention
 
@@ -174,6 +175,38 @@ def kl_divergence(module: nn.Module) -> Tensor:
     pass contributes its last call only.
     """
     return _recorded(module, "total")
+
+
+@torch.no_grad()
+def predict_proba(model: nn.Module, *inputs, num_samples: int = 10, **kwargs) -> Tensor:
+    """Class probabilities of any model with SGPA layers, averaged over ``num_samples`` posterior
+    samples: ``mean_s softmax(logits_s)`` with ``logits_s`` from the model's own ``forward(*inputs,
+    **kwargs)`` (a tensor, the first element of a tuple, or an output with ``.logits`` as Hugging
+    Face's). Runs in eval mode (restored afterwards); inside :func:`posterior_mean` one pass suffices."""
+    _sgpa_layers(model)
+    check_int(num_samples, "num_samples")
+    training = model.training
+    model.eval()
+    try:
+        total = None
+        for _ in range(num_samples):
+            probabilities = torch.softmax(_logits(model(*inputs, **kwargs)), dim=-1)
+            total = probabilities if total is None else total + probabilities
+    finally:
+        model.train(training)
+    return total / num_samples
+
+
+def _logits(output) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits
+    raise TypeError(f"the model's forward returned {type(output).__name__}; predict_proba needs logits (a tensor, "
+                    "a tuple whose first element is the logits, or an output with .logits)")
 
 
 def global_kl_divergence(module: nn.Module) -> Tensor:

@@ -413,10 +413,11 @@ class SGPADecoder(_SGPAModel):
                     check_finite(value, f"noise[{index}].{part}")
         return list(noise)
 
-    def sample_noise(self, batch_size: int, length: int) -> list:
-        """Per-layer standard-normal draws of one forward pass (``None`` for non-SGPA layers)."""
-        return [layer.attention.sample_noise(batch_size, length) if isinstance(layer.attention, SGPAttention)
-                else None for layer in self.layers]
+    def sample_noise(self, batch_size: int, length: int, generator: torch.Generator | None = None) -> list:
+        """Per-layer standard-normal draws of one forward pass (``None`` for non-SGPA layers), from
+        ``generator`` if given."""
+        return [layer.attention.sample_noise(batch_size, length, generator=generator)
+                if isinstance(layer.attention, SGPAttention) else None for layer in self.layers]
 
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None, noise: list | None = None):
         self._check_tokens(tokens)
@@ -451,7 +452,9 @@ class SGPADecoder(_SGPAModel):
 
         One posterior sample path per sequence (the SGPA layers draw their global noise once, at the
         first step, and fresh local noise per position); the next token is drawn from
-        ``softmax(logits / temperature)`` or taken as the arg max (``greedy=True``).
+        ``softmax(logits / temperature)`` or taken as the arg max (``greedy=True``). With a
+        ``generator`` every draw (the layers' noise and the tokens) comes from it, so the output
+        depends on the generator's state alone.
         """
         _positive_int("num_tokens", num_tokens)
         check_real(temperature, "temperature", low=0.0, low_open=True)
@@ -461,8 +464,12 @@ class SGPADecoder(_SGPAModel):
         if prompt.shape[1] + num_tokens > self.max_len:
             raise ValueError(f"prompt length + num_tokens = {prompt.shape[1] + num_tokens} exceeds max_len={self.max_len}")
         states, tokens = None, [prompt]
+
+        def noise():
+            return None if generator is None else self.sample_noise(prompt.shape[0], 1, generator=generator)
+
         for t in range(prompt.shape[1]):
-            logits, states = self.forward_step(prompt[:, t], states)
+            logits, states = self.forward_step(prompt[:, t], states, noise=noise())
         for _ in range(num_tokens):
             if greedy:
                 nxt = logits.argmax(-1)
@@ -473,5 +480,5 @@ class SGPADecoder(_SGPAModel):
                 nxt = torch.multinomial(probabilities.to(source), 1, generator=generator).squeeze(1).to(logits.device)
             tokens.append(nxt.unsqueeze(1))
             if len(tokens) - 1 < num_tokens:
-                logits, states = self.forward_step(nxt, states)
+                logits, states = self.forward_step(nxt, states, noise=noise())
         return torch.cat(tokens, dim=1)

@@ -72,7 +72,9 @@ def noise_from_cpu(seed=2):
     original = SGPAttention.sample_noise
     calls = [0]
 
-    def sample_noise(layer, batch_size, length, dtype=None, device=None):
+    def sample_noise(layer, batch_size, length, dtype=None, device=None, generator=None):
+        if generator is not None:  # draws from a CPU generator are the same for every device already
+            return original(layer, batch_size, length, dtype, device, generator=generator)
         calls[0] += 1
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed * 100_000 + calls[0])
