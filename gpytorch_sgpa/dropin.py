@@ -162,6 +162,12 @@ def _recorded(module: nn.Module, part: str) -> Tensor:
         if value is None:
             raise ValueError("an SGPAttention layer of the module has not run a forward pass since it was "
                              "built or copied; run the model's forward before collecting its KL")
+        if torch.is_grad_enabled() and value.grad_fn is None and any(p.requires_grad for p in layer.parameters()):
+            raise RuntimeError(
+                "the KL recorded by an SGPAttention layer comes from a forward pass without gradients (e.g. an "
+                "evaluation pass after the training forward), so a loss built from it would not train the KL: "
+                "collect kl_divergence(model) right after the forward whose logits enter the loss"
+            )
         total = value if total is None else total + value
     return total
 
@@ -172,7 +178,9 @@ def kl_divergence(module: nn.Module) -> Tensor:
 
     Use it right after the forward pass whose ELBO it enters:
     ``elbo(logits, gpytorch_sgpa.kl_divergence(model), y)``.  A layer called several times in one
-    pass contributes its last call only.
+    pass contributes its last call only. Collected with gradients enabled after a forward pass that
+    ran without them (an evaluation pass in between), it raises instead of returning a KL that
+    would not train.
     """
     return _recorded(module, "total")
 

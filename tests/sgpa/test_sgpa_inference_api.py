@@ -78,3 +78,15 @@ def test_generation_depends_on_its_generator_alone():
 
 def test_exported_names():
     assert {"posterior_mean", "predict_proba", "convert", "kl_divergence"} <= set(gpytorch_sgpa.__all__)
+
+
+def test_kl_after_an_evaluation_pass_raises_instead_of_not_training():
+    vit, images = _vit().train(), torch.randn(4, 1, 8, 8)
+    vit(images)
+    gpytorch_sgpa.kl_divergence(vit).backward()  # right after the training forward: fine
+    with torch.no_grad():
+        vit(images)  # an evaluation pass in between
+    with pytest.raises(RuntimeError, match="without gradients"):
+        gpytorch_sgpa.kl_divergence(vit)
+    with torch.no_grad():
+        assert torch.isfinite(gpytorch_sgpa.kl_divergence(vit))  # reading it without gradients is fine
