@@ -304,7 +304,9 @@ def test_readme_dropin_example(run_readme_block):
     model, logits, y, loss = namespace["model"], namespace["logits"], namespace["y"], namespace["loss"]
     layers = [m for m in model.modules() if isinstance(m, SGPAttention)]
     assert len(layers) == 2 and not any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
-    kl = sum(layer.last_kl.total for layer in layers)
-    expected = F.cross_entropy(logits, y) + kl / 10_000  # SGPAELBO's default weighting, all KL / N
+    expected = F.cross_entropy(logits, y) + namespace["kl"] / 10_000  # SGPAELBO's default weighting, all KL / N
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    assert namespace["probabilities"].shape == (8, 3)
+    with torch.no_grad(), gpytorch_sgpa.posterior_mean():
+        torch.testing.assert_close(model(namespace["x"]), namespace["mean_logits"], rtol=0, atol=0)
     assert all(layer.global_inducing_inputs.grad is not None for layer in layers)
