@@ -129,6 +129,11 @@ def _positive_int(name: str, value) -> int:
 class _SGPAModel(nn.Module):
     """Layers, pooling, head and Monte-Carlo prediction shared by the two models."""
 
+    #: ``False``: ``model(x)`` returns the outputs alone, as an ordinary PyTorch classifier, so that
+    #: ``F.cross_entropy(model(x), y) + gpytorch_sgpa.kl_divergence(model) / N`` is the whole loss
+    #: (the layers record their KL); ``True`` (default): ``(outputs, kl_total)``
+    return_kl: bool = True
+
     def __init__(
         self,
         num_classes,
@@ -223,7 +228,13 @@ class _SGPAModel(nn.Module):
         global factors).
         """
         _positive_int("num_samples", num_samples)
-        return torch.stack([self(*inputs, **kwargs)[0] for _ in range(num_samples)])
+        return torch.stack([self._outputs_only(self(*inputs, **kwargs)) for _ in range(num_samples)])
+
+    def _outputs_only(self, result):
+        return result[0] if self.return_kl else result
+
+    def _returned(self, outputs: Tensor, kl: Tensor):
+        return (outputs, kl) if self.return_kl else outputs
 
     def predict_proba(self, *inputs, num_samples: int = 10, **kwargs) -> Tensor:
         """Class probabilities averaged over ``num_samples`` posterior samples, ``(B, num_classes)``."""
@@ -292,7 +303,7 @@ class SGPATransformer(_SGPAModel):
                 check_finite(tokens, "tokens")
         outputs, kl = self._encode(self.embedding(tokens), key_padding_mask)
         self._check_result(tokens, "tokens", outputs, kl)
-        return outputs, kl
+        return self._returned(outputs, kl)
 
 
 class SGPAViT(_SGPAModel):
@@ -343,7 +354,7 @@ class SGPAViT(_SGPAModel):
         patches = self.patch_embedding(images).flatten(2).transpose(1, 2)
         outputs, kl = self._encode(patches, None)
         self._check_result(images, "images", outputs, kl)
-        return outputs, kl
+        return self._returned(outputs, kl)
 
 
 class SGPADecoder(_SGPAModel):
@@ -424,7 +435,7 @@ class SGPADecoder(_SGPAModel):
         h, kl_total = self._run_layers(self.embedding(tokens), key_padding_mask, self._check_noise(noise))
         logits = self.head(self.final_norm(h))
         self._check_result(tokens, "tokens", logits, kl_total)
-        return logits, kl_total
+        return self._returned(logits, kl_total)
 
     def forward_step(self, token: Tensor, states: list | None = None, noise: list | None = None):
         """Logits ``(B, vocab_size)`` after one more token ``(B,)`` and the updated per-layer caches.

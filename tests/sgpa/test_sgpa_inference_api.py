@@ -90,3 +90,22 @@ def test_kl_after_an_evaluation_pass_raises_instead_of_not_training():
         gpytorch_sgpa.kl_divergence(vit)
     with torch.no_grad():
         assert torch.isfinite(gpytorch_sgpa.kl_divergence(vit))  # reading it without gradients is fine
+
+
+def test_package_models_can_return_logits_only_for_an_ordinary_loop():
+    """``return_kl = False``: ``model(x)`` is the logits, the loss is cross-entropy plus the KL that
+    ``kl_divergence`` collects, equal to the default ``(logits, kl)`` route."""
+    import torch.nn.functional as F
+
+    vit, images, labels = _vit().train(), torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 0])
+    torch.manual_seed(7)
+    logits, kl = vit(images)
+    reference = F.cross_entropy(logits, labels) + kl / 100
+    vit.return_kl = False
+    torch.manual_seed(7)
+    logits_only = vit(images)
+    assert isinstance(logits_only, torch.Tensor) and torch.equal(logits_only, logits)
+    loss = F.cross_entropy(logits_only, labels) + gpytorch_sgpa.kl_divergence(vit) / 100
+    torch.testing.assert_close(loss, reference, rtol=0, atol=0)
+    loss.backward()
+    assert vit.predict_proba(images, num_samples=2).shape == (4, 3)
