@@ -54,7 +54,8 @@ def move(model, name, k, args):
     if name.startswith("ohsgpr"):
         model.inducing_variables.advance(float(args.size * (k + 1)))
     elif name == "osgpr-fixed-grid":
-        model.inducing_variables = InducingPoints(torch.linspace(args.size * k, args.size * (k + 1.0), args.num_inducing, dtype=DT), learn=False)
+        points = torch.linspace(args.size * k, args.size * (k + 1.0), args.num_inducing, dtype=DT)
+        model.inducing_variables = InducingPoints(points, learn=False)
 
 
 def main(argv=None):

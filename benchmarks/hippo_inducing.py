@@ -77,7 +77,8 @@ def main():
     kernel.requires_grad_(False)
     kernel.to(args.torch_device)
     dt = 1.0 / args.steps_per_lengthscale
-    print(f"LegS, {args.kernel} l = 1, recurrence dt = {dt:g}, R = {args.num_rff}; seconds for Kuu + Kuf(100 inputs) of the task ending at t"
+    print(f"LegS, {args.kernel} l = 1, recurrence dt = {dt:g}, R = {args.num_rff}; "
+          "seconds for Kuu + Kuf(100 inputs) of the task ending at t"
           f" (device {describe(args.torch_device)})")
     header = f"{'t/l':>6} {'M':>4} | {'spectral':>9} {'quadrature':>10} {'rec-random':>10} {'rec-quad':>9} | {'q/spec':>7} | " \
              f"{'err spec':>9} {'err rec-rand':>12} {'err rec-quad':>12} {'err quad':>9}"

@@ -77,7 +77,7 @@ def main():
     t_loop, last = timed(lambda: python_loop(hippo, signal, times), 1, device)
     err = (last - states[:, -1]).abs().max().item()
     work = args.scan_batch * args.T
-    print("\n(a) scan, batch %d" % args.scan_batch)
+    print(f"\n(a) scan, batch {args.scan_batch}")
     print(f"  per-step matrices for the grid (once): {t_setup:8.3f} s")
     print(f"  scan, cold (incl. matrices)          : {t_scan_cold:8.3f} s  {work / t_scan_cold:12.3e} states*steps/s")
     print(f"  scan, warm (matrices cached)         : {t_scan:8.3f} s  {work / t_scan:12.3e} states*steps/s")
@@ -99,7 +99,7 @@ def main():
 
     t_chunked, reference = timed(chunked_scan, 1, device)
     err = ((final - reference).abs().max() / reference.abs().max()).item()
-    print("\n(b) final state only, batch %d" % args.final_batch)
+    print(f"\n(b) final state only, batch {args.final_batch}")
     print(f"  HiPPO kernel T x M (once per grid)   : {t_kernel:8.3f} s")
     print(f"  final_state (kernel cached)          : {t_final:8.3f} s")
     print(f"  scan in chunks of {args.chunk:<5d}              : {t_chunked:8.3f} s")

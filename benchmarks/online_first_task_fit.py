@@ -38,11 +38,13 @@ def main(argv=None):
             kernel.base_kernel.lengthscale = torch.tensor(init, dtype=torch.float64)
             likelihood = online.fit_hyperparameters(kernel, task.train_x, task.train_y, steps, 0.05, start="given")
             cells.append(f"ℓ0 = {init:.1f}, {steps} steps: ℓ = {kernel.base_kernel.lengthscale.item():.2f}, "
-                         f"noise = {likelihood.noise.item():.3f}, log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}")
+                         f"noise = {likelihood.noise.item():.3f}, "
+                         f"log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}")
         kernel = online.make_kernel("ohsgpr", span)
         likelihood = online.fit_hyperparameters(kernel, task.train_x, task.train_y, 100, 0.05)  # the runner's grid start
         cells.append(f"grid start, 100 steps: ℓ = {kernel.base_kernel.lengthscale.item():.2f}, "
-                     f"noise = {likelihood.noise.item():.3f}, log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}")
+                     f"noise = {likelihood.noise.item():.3f}, "
+                         f"log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}")
         print(f"{name} (task 1: {len(task.train_y)} points): " + " | ".join(cells), flush=True)
 
 

@@ -49,12 +49,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import gpytorch_sgpa.elbo
 import gpytorch_sgpa.multihead
 import gpytorch_sgpa.transformer
-
 from gpytorch_sgpa.attention import SGPA_SAMPLERS
 from gpytorch_sgpa.baselines import mc_dropout_predict_proba, predict_proba
 from gpytorch_sgpa.elbo import SGPAELBO
 from gpytorch_sgpa.transformer import SGPAViT
-
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 

@@ -9,8 +9,7 @@ except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path 
 
 from .gpvae import SVGPVAE, ContinualSVGPVAE, ElasticWeightConsolidation
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
-from .inducing import HiPPOInducingVariables, InducingPoints, InducingVariables
-from .inducing import FourierInducingVariables
+from .inducing import FourierInducingVariables, HiPPOInducingVariables, InducingPoints, InducingVariables
 from .likelihoods import NegativeBinomialLikelihood
 from .online import OnlineELBO, OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs

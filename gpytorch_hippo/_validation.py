@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -18,7 +17,7 @@ from torch import Tensor
 __all__ = ["check_tensor", "check_finite_scalar", "floating_dtype"]
 
 
-def floating_dtype(module: Optional[torch.nn.Module], default: Optional[torch.dtype] = None) -> torch.dtype:
+def floating_dtype(module: torch.nn.Module | None, default: torch.dtype | None = None) -> torch.dtype:
     """The dtype of ``module``'s first floating parameter or buffer, else ``default`` (or torch's default)."""
     if module is not None:
         for tensor in module.parameters():
@@ -35,7 +34,7 @@ def check_tensor(
     name: str,
     *,
     finite: bool = True,
-    dtype: Optional[torch.dtype] = None,
+    dtype: torch.dtype | None = None,
     min_dim: int = 0,
 ) -> Tensor:
     """Return the tensor argument ``name`` checked and in a floating dtype.

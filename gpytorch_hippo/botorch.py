@@ -13,7 +13,7 @@ The non-Gaussian variant over OHSVGP (:class:`~gpytorch_hippo.online.OnlineELBO`
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any
 
 import gpytorch
 import torch
@@ -52,7 +52,7 @@ class OnlineCollapsedMLL(MarginalLogLikelihood):
     :param train_y: its outcome-transformed targets, ``(n,)``.
     """
 
-    def __init__(self, model: "OnlineGPModel", train_x: Tensor, train_y: Tensor):
+    def __init__(self, model: OnlineGPModel, train_x: Tensor, train_y: Tensor):
         if not isinstance(model, OnlineGPModel):
             raise TypeError(f"model must be an OnlineGPModel, got {type(model).__name__}")
         super().__init__(model.likelihood, model)
@@ -127,13 +127,13 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         train_X: Tensor,
         train_Y: Tensor,
         inducing_variables: InducingVariables,
-        covar_module: Optional[gpytorch.kernels.Kernel] = None,
-        likelihood: Optional[gpytorch.likelihoods.GaussianLikelihood] = None,
-        mean_module: Optional[gpytorch.means.Mean] = None,
-        input_transform: Optional[InputTransform] = None,
-        outcome_transform: Optional[OutcomeTransform] = None,
+        covar_module: gpytorch.kernels.Kernel | None = None,
+        likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
+        mean_module: gpytorch.means.Mean | None = None,
+        input_transform: InputTransform | None = None,
+        outcome_transform: OutcomeTransform | None = None,
         fit_maxiter: int = 100,
-        refit_every: Optional[int] = None,
+        refit_every: int | None = None,
         keep_data: bool = False,
         ordering: str = "kernel_max",
     ):
@@ -237,9 +237,9 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     def posterior(
         self,
         X: Tensor,
-        output_indices: Optional[list[int]] = None,
+        output_indices: list[int] | None = None,
         observation_noise: bool | Tensor = False,
-        posterior_transform: Optional[PosteriorTransform] = None,
+        posterior_transform: PosteriorTransform | None = None,
     ) -> GPyTorchPosterior:
         """``q(f(X))`` (or ``q(y(X))`` with ``observation_noise``) for ``X`` of shape ``(*b, q, d)``:
         a ``GPyTorchPosterior`` over ``broadcast(b, batch_shape) x q x 1`` in the outcome space."""
@@ -280,7 +280,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         X = check_tensor(X, "X", dtype=floating_dtype(self.covar_module), min_dim=2)
         return self.online(self.transform_inputs(X))
 
-    def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> "OnlineGPModel":
+    def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> OnlineGPModel:
         """A new model with ``(X, Y)`` absorbed by one online update (no refit; old data not revisited).
 
         ``X``: ``(*b, n, d)``; ``Y``: ``(*b', n, 1)`` with ``b'`` broadcasting with ``b`` (BoTorch's
@@ -302,7 +302,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             noise = noise[..., 0]
         return self._conditioned(X, Y, noise)
 
-    def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Optional[Tensor] = None, **kwargs: Any) -> "OnlineGPModel":
+    def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any) -> OnlineGPModel:
         """GPyTorch's name for conditioning, as BoTorch's ``ModelListGP.condition_on_observations`` calls it:
         ``inputs`` ``(*b, n, d)``, ``targets`` ``(*b', n)`` and ``noise`` already in the outcome-transformed space."""
         if kwargs:
@@ -313,7 +313,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             noise = check_tensor(noise, "noise", dtype=floating_dtype(self.covar_module))
         return self._conditioned(inputs, targets, noise, outcome_transformed=True)
 
-    def _conditioned(self, X: Tensor, Y: Tensor, noise: Optional[Tensor], outcome_transformed: bool = False) -> "OnlineGPModel":
+    def _conditioned(self, X: Tensor, Y: Tensor, noise: Tensor | None, outcome_transformed: bool = False) -> OnlineGPModel:
         model = self._copy()
         x, y = model._to_model_space(X, Y, outcome_transformed=outcome_transformed)
         if x.dim() == 2:
@@ -321,7 +321,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         model._absorb(X, Y, x, y, noise)
         return model
 
-    def observe(self, X: Tensor, Y: Tensor) -> "OnlineGPModel":
+    def observe(self, X: Tensor, Y: Tensor) -> OnlineGPModel:
         """Streaming step: :meth:`condition_on_observations` with an un-batched ``(n, d)`` batch, then,
         every ``refit_every`` batches, hyperparameters refreshed on the new batch's online bound
         before it is absorbed."""
@@ -353,7 +353,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
                 mll.load_state_dict(before)
 
     # ------------------------------------------------------------------ internals
-    def _with_batch_shape(self, batch_shape: torch.Size) -> "OnlineGPModel":
+    def _with_batch_shape(self, batch_shape: torch.Size) -> OnlineGPModel:
         """A copy with the same posterior, broadcast to ``batch_shape`` (BoTorch's fantasies of no points)."""
         model = self._copy()
         online = model.online
@@ -363,7 +363,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             setattr(online, name, tensor.expand(*torch.broadcast_shapes(batch_shape, tensor.shape[: -len(event)]), *event).clone())
         return model
 
-    def _copy(self) -> "OnlineGPModel":
+    def _copy(self) -> OnlineGPModel:
         """A deep copy that shares the summary tensors a differentiable (fantasy) update left in the
         autograd graph (``copy.deepcopy`` refuses those; the copy's next update replaces them)."""
         in_graph = {id(tensor): tensor for tensor in self.buffers() if tensor.grad_fn is not None}
@@ -401,7 +401,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         order = order_inputs(x.detach(), self.ordering, kernel=self.online.covar_module, start=start)
         ivs.append_path(x.detach()[order], kernel=self.online.covar_module)
 
-    def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor, noise: Optional[Tensor] = None) -> None:
+    def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor, noise: Tensor | None = None) -> None:
         # fantasies of look-ahead acquisitions carry gradients to the candidate: keep the graph then
         differentiable = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
         self.online.update(x, y, num_iter=0, differentiable=differentiable, noise=noise)

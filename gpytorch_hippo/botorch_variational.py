@@ -11,7 +11,7 @@ non-Gaussian likelihoods (acquisitions act on the latent function).
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any
 
 import gpytorch
 import torch
@@ -64,8 +64,8 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
         train_Y: Tensor,
         inducing_variables: InducingVariables,
         likelihood: gpytorch.likelihoods.Likelihood,
-        covar_module: Optional[gpytorch.kernels.Kernel] = None,
-        mean_module: Optional[gpytorch.means.Mean] = None,
+        covar_module: gpytorch.kernels.Kernel | None = None,
+        mean_module: gpytorch.means.Mean | None = None,
         num_steps: int = 200,
         lr: float = 0.05,
         fit_hyperparameters: bool = True,
@@ -110,7 +110,7 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
         self.gp.eval(), self.likelihood.eval()
         strategy._clear_cache()
 
-    def observe(self, X: Tensor, Y: Tensor) -> "OnlineVariationalGPModel":
+    def observe(self, X: Tensor, Y: Tensor) -> OnlineVariationalGPModel:
         """A new model with the batch ``(X, Y)`` absorbed (this one unchanged): the finished batch is
         stored (``end_task``), HiPPO variables advance to ``max(X)``, and ``q(u)`` is trained on the
         new batch's online ELBO."""
@@ -123,7 +123,7 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
         model._absorb(X, Y)
         return model
 
-    def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> "OnlineVariationalGPModel":
+    def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> OnlineVariationalGPModel:
         """:meth:`observe` (an iterative online update; fantasies of non-Gaussian data are not provided)."""
         if kwargs:
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {sorted(kwargs)}")
@@ -136,9 +136,9 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
     def posterior(
         self,
         X: Tensor,
-        output_indices: Optional[list[int]] = None,
+        output_indices: list[int] | None = None,
         observation_noise: bool | Tensor = False,
-        posterior_transform: Optional[PosteriorTransform] = None,
+        posterior_transform: PosteriorTransform | None = None,
         **kwargs: Any,
     ) -> GPyTorchPosterior:
         """The latent ``q(f(X))`` for ``X`` of shape ``(*b, q, d)``, as a ``GPyTorchPosterior``."""

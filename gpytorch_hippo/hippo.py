@@ -33,7 +33,7 @@ the projection; for ``t_0 > 0`` it means ``f`` is held at ``f_0`` on ``[0, t_0]`
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -71,7 +71,7 @@ def _check_theta(theta) -> float:
 
 def transition(
     measure: str, M: int, theta: float = 1.0, dtype: torch.dtype = torch.float64
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """Continuous-time HiPPO matrices ``(A, B)`` of ``dc/dt = A(t) c + B(t) f`` (eq. ``hippo_ode``).
 
     For ``"legs"`` the returned ``A`` (M x M) and ``B`` (M,) are the time-invariant parts of
@@ -207,7 +207,7 @@ def quadrature_rule(
     start: float = 0.0,
     dtype: torch.dtype = torch.float64,
     num_panels: int = 1,
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """Nodes ``x_q`` and weights ``w_q`` with ``sum_q w_q h(x_q) ~= int_start^t h(x) omega^{(t)}(x) dx``.
 
     The signal is taken to be zero before ``start`` (``start=-inf`` integrates the whole measure).
@@ -271,7 +271,7 @@ def project(
     return (values * weights) @ basis
 
 
-def _augmented_exponential(A: Tensor, B: Tensor, step: Tensor) -> Tuple[Tensor, Tensor]:
+def _augmented_exponential(A: Tensor, B: Tensor, step: Tensor) -> tuple[Tensor, Tensor]:
     """``exp(step A)`` and ``int_0^step exp(s A) ds B`` from one exponential (Van Loan), batched over ``step``."""
     M = A.shape[-1]
     block = torch.zeros(M + 1, M + 1, dtype=A.dtype, device=A.device)
@@ -313,10 +313,10 @@ class HiPPO(nn.Module):
         A, B = transition(measure, self.M, self.theta)
         self.register_buffer("A", A, persistent=False)
         self.register_buffer("B", B, persistent=False)
-        self._cache_times: Optional[Tensor] = None
-        self._cache_steps: Optional[dict] = None
-        self._cache_kernel: Optional[Tuple[Tensor, Tensor]] = None
-        self._cache_prefix: Optional[Tuple[int, Tuple[Tensor, Tensor]]] = None
+        self._cache_times: Tensor | None = None
+        self._cache_steps: dict | None = None
+        self._cache_kernel: tuple[Tensor, Tensor] | None = None
+        self._cache_prefix: tuple[int, tuple[Tensor, Tensor]] | None = None
 
     def extra_repr(self) -> str:
         return (
@@ -332,7 +332,7 @@ class HiPPO(nn.Module):
             E[0] = 1.0
         return E
 
-    def step_matrices(self, t_prev: Tensor, t: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    def step_matrices(self, t_prev: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Batched ``(Abar, P, Q)`` in float64 for steps ``t_prev -> t`` (1-D tensors of equal length)."""
         A, B = self.A.double(), self.B.double()
         t_prev, t = t_prev.double(), t.double()
@@ -399,7 +399,7 @@ class HiPPO(nn.Module):
         Q = torch.where(mask, first + legendre_one, Q)
         return Abar, P, Q
 
-    def _grid_steps(self, times: Tensor, dtype: torch.dtype = torch.float64) -> Tuple[Tensor, Tensor, Tensor]:
+    def _grid_steps(self, times: Tensor, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
         """Per-step matrices for a time grid in ``dtype``, cached while the grid is unchanged (fast path)."""
         cached = self._cache_times
         if cached is None or not (
@@ -508,7 +508,7 @@ class HiPPO(nn.Module):
                 out[k].addmm_(out[k - 1], AbarT[k - 1])
         return out.permute(1, 0, 2).reshape(*batch_shape, T, self.M)
 
-    def _unrolled(self, times: Tensor) -> Tuple[Tensor, Tensor]:
+    def _unrolled(self, times: Tensor) -> tuple[Tensor, Tensor]:
         """Input kernel ``K`` (T x M) and flow ``W_0`` (M x M): ``c_T = W_0 c_0 + sum_k f_k K_k`` (cached).
 
         Unrolling the linear recurrence gives ``K_j = W_j Q_j + W_{j+1} P_{j+1}`` with
@@ -545,7 +545,7 @@ class HiPPO(nn.Module):
         K[0] += W @ self._initial_vector()
         return K
 
-    def final_state(self, signal, times, initial_state: Optional[Tensor] = None) -> Tensor:
+    def final_state(self, signal, times, initial_state: Tensor | None = None) -> Tensor:
         """Only the last state ``c(t_T)``: one product of the signal with :meth:`kernel`.
 
         ``O(batch T M)`` work instead of the scan's ``O(batch T M^2)``; equals
@@ -585,7 +585,7 @@ class HiPPO(nn.Module):
         basis = self.basis(x, t).to(c.dtype)
         return (basis @ c[..., None])[..., 0]
 
-    def _check_points(self, x, t) -> Tuple[Tensor, Tensor]:
+    def _check_points(self, x, t) -> tuple[Tensor, Tensor]:
         x = _floating(x, "x", self.A.device)
         if x.dim() != 1:
             raise ValueError(f"x must be a 1-D tensor of times, got shape {tuple(x.shape)}")
@@ -601,7 +601,7 @@ def _floating(value, name: str, device) -> Tensor:
     return check_tensor(value if value.is_floating_point() or value.is_complex() else value.double(), name)
 
 
-def _unique_first(key: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+def _unique_first(key: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Unique values of ``key``, the index of one occurrence of each, and the inverse map."""
     unique, inverse = torch.unique(key, return_inverse=True)
     first = torch.zeros(unique.shape[0], dtype=torch.long, device=key.device)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from gpytorch.constraints import Interval, Positive
 from gpytorch.likelihoods.likelihood import _OneDimensionalLikelihood
@@ -33,8 +31,8 @@ class NegativeBinomialLikelihood(_OneDimensionalLikelihood):
 
     def __init__(
         self,
-        dispersion_prior: Optional[Prior] = None,
-        dispersion_constraint: Optional[Interval] = None,
+        dispersion_prior: Prior | None = None,
+        dispersion_constraint: Interval | None = None,
         batch_shape: torch.Size = torch.Size(),
     ):
         super().__init__()

@@ -21,8 +21,9 @@ def nystrom_residual(kxx_diag: Tensor, whitened_cross: Tensor) -> Tensor:
     worst = (residual.detach() + tolerance).min() if residual.numel() else residual.new_zeros(())
     if worst < 0:
         warnings.warn(
-            "negative Nyström residual k(x,x) - Kfu Kuu^-1 Kuf: Kuu and Kuf are inconsistent, e.g. HiPPO kuf='ode' with few random features; predictive variances and the bound are "
-            "unreliable. Use kuf='rff', more features, or method='spectral'/'quadrature'",
+            "negative Nyström residual k(x,x) - Kfu Kuu^-1 Kuf: Kuu and Kuf are inconsistent, e.g. HiPPO kuf='ode' "
+            "with few random features; predictive variances and the bound are unreliable. "
+            "Use kuf='rff', more features, or method='spectral'/'quadrature'",
             RuntimeWarning,
             stacklevel=3,
         )

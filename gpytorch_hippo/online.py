@@ -21,7 +21,6 @@ import itertools
 import math
 import time
 import warnings
-from typing import Optional
 
 import gpytorch
 import torch
@@ -225,8 +224,8 @@ class OnlineSGPR(gpytorch.Module):
         inducing_variables: InducingVariables,
         covar_module: gpytorch.kernels.Kernel,
         likelihood: gpytorch.likelihoods.GaussianLikelihood,
-        mean_module: Optional[gpytorch.means.Mean] = None,
-        captured_variance_warning: Optional[float] = 0.9,
+        mean_module: gpytorch.means.Mean | None = None,
+        captured_variance_warning: float | None = 0.9,
     ):
         super().__init__()
         if captured_variance_warning is not None and not 0 <= captured_variance_warning <= 1:
@@ -286,7 +285,7 @@ class OnlineSGPR(gpytorch.Module):
         return self.likelihood.noise.squeeze(-1)
 
     # ------------------------------------------------------------------ the bound
-    def _bound_and_posterior(self, x: Tensor, y: Tensor, noise: Optional[Tensor] = None):
+    def _bound_and_posterior(self, x: Tensor, y: Tensor, noise: Tensor | None = None):
         """Online collapsed bound of absorbing ``(x, y)`` and the optimal ``q(v)`` in natural form;
         ``noise``: per-point noise variances ``(..., N)`` instead of the likelihood's."""
         kernel, ivs = self.covar_module, self.inducing_variables
@@ -353,7 +352,7 @@ class OnlineSGPR(gpytorch.Module):
         lr: float = 0.01,
         progress: bool = False,
         differentiable: bool = False,
-        noise: Optional[Tensor] = None,
+        noise: Tensor | None = None,
     ) -> Tensor:
         """Absorb one task.
 
@@ -618,7 +617,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     @torch.no_grad()
-    def end_task(self, num_data: Optional[int] = None) -> None:
+    def end_task(self, num_data: int | None = None) -> None:
         """Store ``q_old(a)``, ``chol(K'_aa)``, ``μ'_a`` and the inducing variables at the end of a task.
 
         ``num_data``: size of the *next* task (the ELBO's normaliser), if it differs from this one's.
@@ -654,10 +653,10 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         return -0.5 * (diff.square().sum(-1) + trace + logdet + size * math.log(2 * math.pi))
 
     def _expected_smoothed_log_ratio(self, mean: Tensor, covar: Tensor, noise: Tensor) -> Tensor:
-        """``E_{N(mean, covar)}[\log \tilde r(g)]``: the stored ratio ``r = q_old / p_old`` averaged over
+        """``E_{N(mean, covar)}[\\log \tilde r(g)]``: the stored ratio ``r = q_old / p_old`` averaged over
         the old variables' unshared jitter noise (:func:`_smooth_ratio`), for the moments of their
         noise-free part ``g``. In ``w = L'^{-1}(g - μ'_a)`` with ``K = L'^{-1} chol(S_a)``:
-        ``Λ = K^{-T}K^{-1} - I``, ``η = K^{-T}K^{-1} m_w`` and ``\log r = -½ wᵀΛw + wᵀη - \log|K| - ½ m_wᵀ(KKᵀ)^{-1} m_w``."""
+        ``Λ = K^{-T}K^{-1} - I``, ``η = K^{-T}K^{-1} m_w`` and ``\\log r = -½ wᵀΛw + wᵀη - \\log|K| - ½ m_wᵀ(KKᵀ)^{-1} m_w``."""
         prior_chol, covar_chol, old_mean, old_prior_mean = map(
             _working, (self.old_prior_chol, self.old_covar_chol, self.old_mean, self.old_prior_mean)
         )

@@ -21,7 +21,7 @@ order); with ``start=None`` the origin is used, as in the thesis.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 import gpytorch
 import torch
@@ -97,10 +97,10 @@ def _greedy_kernel_order(x: Tensor, kernel: gpytorch.kernels.Kernel, start: Tens
 
 def order_inputs(
     x: Tensor,
-    criterion: Union[str, Callable[[Tensor], Tensor]] = "random",
-    kernel: Optional[gpytorch.kernels.Kernel] = None,
-    start: Optional[Tensor] = None,
-    generator: Optional[torch.Generator] = None,
+    criterion: str | Callable[[Tensor], Tensor] = "random",
+    kernel: gpytorch.kernels.Kernel | None = None,
+    start: Tensor | None = None,
+    generator: torch.Generator | None = None,
     block_size: int = 1024,
 ) -> Tensor:
     r"""Permutation that puts the inputs of one task into a pseudo-time order (thesis §4.4).

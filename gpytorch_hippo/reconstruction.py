@@ -21,7 +21,7 @@ Inducing variables project the centred process ``f - m`` (see
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import gpytorch
 import torch
@@ -41,7 +41,7 @@ __all__ = ["sample_coefficients", "sample_reconstruction", "reconstruction_momen
 class _Posterior(NamedTuple):
     q_u: MultivariateNormal
     inducing_variables: InducingVariables
-    mean_module: Optional[gpytorch.means.Mean]
+    mean_module: gpytorch.means.Mean | None
 
 
 def _posterior(model) -> _Posterior:
@@ -75,7 +75,7 @@ def _check_x(x) -> Tensor:
     return x
 
 
-def _basis_and_offset(posterior: _Posterior, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+def _basis_and_offset(posterior: _Posterior, x: Tensor) -> tuple[Tensor, Tensor | None]:
     """``G = [g_m^{(t)}(x_n)]`` (``N x M``) and the mean function to add back (or ``None``)."""
     ivs = posterior.inducing_variables
     if not callable(getattr(ivs, "basis", None)):
@@ -102,7 +102,7 @@ def _check_num_samples(num_samples) -> int:
     return num_samples
 
 
-def _sample(q_u: MultivariateNormal, num_samples: int, generator: Optional[torch.Generator]) -> Tensor:
+def _sample(q_u: MultivariateNormal, num_samples: int, generator: torch.Generator | None) -> Tensor:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     mean = q_u.mean
@@ -112,7 +112,7 @@ def _sample(q_u: MultivariateNormal, num_samples: int, generator: Optional[torch
     return mean + (chol @ noise.unsqueeze(-1)).squeeze(-1)
 
 
-def sample_coefficients(model, num_samples: int, generator: Optional[torch.Generator] = None) -> Tensor:
+def sample_coefficients(model, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
     """Draws ``u ~ q(u) = N(m_u, S_u)`` of the model's inducing variables: ``(num_samples, *batch, M)``.
 
     Drawn as ``m_u + chol(S_u) ε`` with ``ε ~ N(0, I)`` from ``generator`` (so a seeded generator gives
@@ -125,7 +125,7 @@ def sample_coefficients(model, num_samples: int, generator: Optional[torch.Gener
     return _sample(_posterior(model).q_u, num_samples, generator)
 
 
-def sample_reconstruction(model, x: Tensor, num_samples: int, generator: Optional[torch.Generator] = None) -> Tensor:
+def sample_reconstruction(model, x: Tensor, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
     r"""Samples of the finite-basis posterior ``f(x) = m(x) + Σ_m u_m g_m^{(t)}(x)``, ``u ~ q(u)``
     (thesis App. C ``appendix:recon``): ``(num_samples, *batch, N)``.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from typing import Optional
 
 import gpytorch
 import torch
@@ -87,7 +86,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         inducing_variables: InducingVariables,
         variational_distribution: gpytorch.variational._VariationalDistribution,
         whitened: bool = True,
-        kernel: Optional[gpytorch.kernels.Kernel] = None,
+        kernel: gpytorch.kernels.Kernel | None = None,
     ):
         if not isinstance(inducing_variables, InducingVariables):
             raise TypeError(
@@ -141,7 +140,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         return kernel
 
     @property
-    def mean_module(self) -> Optional[gpytorch.means.Mean]:
+    def mean_module(self) -> gpytorch.means.Mean | None:
         """``model.mean_module`` if it exists (used for the unwhitened prior mean of ``u``)."""
         mean = getattr(self.model, "mean_module", None)
         return mean if isinstance(mean, gpytorch.means.Mean) else None
@@ -228,7 +227,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         Kuu = to_dense(self.inducing_variables.Kuu(self.kernel))
         return psd_safe_cholesky(Kuu.type(gpytorch.settings._linalg_dtype_cholesky.value()))
 
-    def _prior_mean_u(self) -> Optional[Tensor]:
+    def _prior_mean_u(self) -> Tensor | None:
         return self.inducing_variables.prior_mean(self.mean_module)
 
     # ------------------------------------------------------------------ distributions over u
@@ -263,7 +262,8 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         if not self.has_fantasy_strategy:
             raise NotImplementedError(self._no_fantasy_message())
         self._clear_cache_if_stale()
-        gpytorch_strategy = gpytorch.variational.VariationalStrategy if self.whitened else gpytorch.variational.UnwhitenedVariationalStrategy
+        strategies = gpytorch.variational
+        gpytorch_strategy = strategies.VariationalStrategy if self.whitened else strategies.UnwhitenedVariationalStrategy
         return gpytorch_strategy.pseudo_points.fget(self)
 
     def get_fantasy_model(self, inputs: Tensor, targets: Tensor, mean_module=None, covar_module=None, **kwargs):
@@ -436,7 +436,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         prior_covar: LinearOperator,
         Kuf: Tensor,
         inducing_values: Tensor,
-        variational_inducing_covar: Optional[LinearOperator],
+        variational_inducing_covar: LinearOperator | None,
         data_jitter: bool,
     ) -> MultivariateNormal:
         """``\\int p(f | u) q(u) du`` for targets with prior ``N(prior_mean, prior_covar)`` and ``cov(u, f) = Kuf``."""
@@ -478,7 +478,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         self,
         x: Tensor,
         inducing_values: Tensor,
-        variational_inducing_covar: Optional[LinearOperator] = None,
+        variational_inducing_covar: LinearOperator | None = None,
         diag: bool = True,
         **kwargs,
     ) -> MultivariateNormal:

@@ -28,10 +28,10 @@ from gpytorch.kernels import Kernel
 from linear_operator.utils.errors import NanError
 from torch import Tensor, nn
 
+from ._validation import check_finite, check_int, check_real, check_tensor
 from .decoupled import GlobalFactors, decoupled_kernel_blocks, decoupled_step_sample, decoupled_terms, global_factors
 from .kernels import ExpKernelParameters, dense_kernel, exp_kernel_parameters, make_attention_kernel
 from .mle_attention import KernelAttention, ScaledDotProductAttention
-from ._validation import check_finite, check_int, check_real, check_tensor
 from .multihead import ForwardKL, SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
 from .samplers import SAMPLERS, SGPA_SAMPLERS, PosteriorTerms
 from .standard import standard_step_sample, standard_terms
@@ -114,7 +114,7 @@ class _ForwardFactors:
     def __init__(self, key=None, dtype=None, factors: GlobalFactors | None = None):
         self.key, self.dtype, self.factors = key, dtype, factors
 
-    def track(self) -> "_ForwardFactors":
+    def track(self) -> _ForwardFactors:
         record = weakref.ref(self)  # a strong reference would be a cycle through the autograd graph
 
         def drop(grad):
@@ -127,7 +127,7 @@ class _ForwardFactors:
                 tensor.register_hook(drop)
         return self
 
-    def __deepcopy__(self, memo) -> "_ForwardFactors":
+    def __deepcopy__(self, memo) -> _ForwardFactors:
         return _ForwardFactors()
 
     def __reduce__(self):
@@ -212,8 +212,9 @@ class SGPAttention(_MultiHeadAttention):
     ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
     scale) is added before every Cholesky (escalated where needed by
     :func:`~gpytorch_sgpa.multihead.psd_cholesky`, which on accelerators and under
-    ``torch.compile`` never waits for the device: the training step compiles without graph breaks).  Under ``torch.autocast`` or in half precision the projections run in the low
-    precision and the GP algebra in float32; the output has the input's dtype.
+    ``torch.compile`` never waits for the device: the training step compiles without graph breaks).
+    Under ``torch.autocast`` or in half precision the projections run in the low precision and the GP
+    algebra in float32; the output has the input's dtype.
 
     ``sampler`` is the one sampling knob (:mod:`~gpytorch_sgpa.samplers`): ``"decomposed"``
     (decoupled only, the default there: the global part exact, the residual ``K_qq - Q_qq``

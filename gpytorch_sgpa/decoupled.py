@@ -20,8 +20,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .kernels import (ExpKernelParameters, centred_scaled_inputs, dense_kernel, exp_features, exp_kernel,
-                      exp_kernel_parameters, _blocks, scaled_inputs)
+from .kernels import (
+    ExpKernelParameters,
+    _blocks,
+    centred_scaled_inputs,
+    dense_kernel,
+    exp_features,
+    exp_kernel,
+    exp_kernel_parameters,
+    scaled_inputs,
+)
 from .multihead import _masked_cholesky, _relative_jitter, psd_cholesky
 from .samplers import PosteriorTerms
 

@@ -192,7 +192,7 @@ class ForwardKL:
         self.total = total
         self.global_ = global_
 
-    def __deepcopy__(self, memo) -> "ForwardKL":
+    def __deepcopy__(self, memo) -> ForwardKL:
         return ForwardKL()
 
     def __reduce__(self):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
 from ._optional import missing
 from ._validation import check_int, check_real, check_tensor
 

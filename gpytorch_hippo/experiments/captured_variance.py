@@ -8,9 +8,10 @@ Usage::
 For each seed the series is split as in :mod:`.online` (same tasks, same random test points), the
 RBF hyperparameters are fitted on task 1 as there (:func:`.online.fit_hyperparameters`), and the
 HiPPO inducing variables (LegS unless ``--measure``) at the end of the stream,
-``HiPPOInducingVariables(M, measure, t=t_end)``, report :meth:`~gpytorch_hippo.InducingVariables.captured_variance` at each task's test inputs: the
-fraction ``[K_fu K_uu⁻¹ K_uf]_nn / k(x_n, x_n)`` of the prior variance that OHSGPR's sparse prior
-keeps there after the last task (1: the full GP's prior). Where it is low the online posterior
+``HiPPOInducingVariables(M, measure, t=t_end)``, report
+:meth:`~gpytorch_hippo.InducingVariables.captured_variance` at each task's test inputs: the fraction
+``[K_fu K_uu⁻¹ K_uf]_nn / k(x_n, x_n)`` of the prior variance that OHSGPR's sparse prior keeps
+there after the last task (1: the full GP's prior). Where it is low the online posterior
 cannot hold what that task taught it, whatever the online algebra does. Prints ``t/ℓ`` and a
 Markdown row per ``(seed, M)``; ``--csv`` also writes them
 (``dataset,seed,num_inducing,t_over_lengthscale,task,captured``).
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-from typing import List
 
 import torch
 
@@ -31,7 +31,7 @@ from .online import fit_hyperparameters, make_kernel
 __all__ = ["captured_by_task", "main"]
 
 
-def captured_by_task(dataset: str, num_inducing: List[int], seed: int, num_tasks: int = 10, measure: str = "legs",
+def captured_by_task(dataset: str, num_inducing: list[int], seed: int, num_tasks: int = 10, measure: str = "legs",
                      first_iters: int = 100, lr: float = 0.05) -> tuple[float, dict]:
     """``(t/ℓ, {M: [captured fraction at task k's test inputs, k = 1..num_tasks]})`` for one seed."""
     data = load_dataset(dataset)
@@ -68,7 +68,7 @@ def main(argv=None):
     if min(sizes) < 1 or args.seeds < 1 or args.tasks < 1 or args.first_seed < 0:
         parser.error("--num-inducing, --seeds and --tasks must be positive and --first-seed non-negative")
     rows = []
-    print(f"| seed | t/ℓ | M | " + " | ".join(f"task {k + 1}" for k in range(args.tasks)) + " | mean |")
+    print("| seed | t/ℓ | M | " + " | ".join(f"task {k + 1}" for k in range(args.tasks)) + " | mean |")
     print("| --- " * (args.tasks + 4) + "|")
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         ratio, captured = captured_by_task(args.dataset, sizes, seed, args.tasks, args.measure)

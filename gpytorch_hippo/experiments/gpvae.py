@@ -15,7 +15,6 @@ import argparse
 import csv
 import os
 import time
-from typing import Dict, List, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -47,7 +46,7 @@ def make_tasks(values: torch.Tensor, num_tasks: int, task_hours: int, test_fract
     ]
 
 
-def run(args, csv_path: Optional[str] = None) -> List[Dict]:
+def run(args, csv_path: str | None = None) -> list[dict]:
     """All (seed, M, method) runs, seeds outermost; the CSV (if given) is rewritten after each run so
     that an interrupted experiment keeps its finished runs."""
     torch.set_num_threads(args.threads)
@@ -75,14 +74,14 @@ def run(args, csv_path: Optional[str] = None) -> List[Dict]:
     return rows
 
 
-def write_csv(rows: List[Dict], path: str) -> None:
+def write_csv(rows: list[dict], path: str) -> None:
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
 
 
-def summary(rows: List[Dict]) -> List[Dict]:
+def summary(rows: list[dict]) -> list[dict]:
     """Per method and ``M``, averaged over seeds: the metrics over all tasks after the last task, the
     same tasks just after each was learned, and the change (forgetting, positive = worse)."""
     out = []
@@ -105,7 +104,7 @@ def summary(rows: List[Dict]) -> List[Dict]:
     return out
 
 
-def plot(rows: List[Dict], out_dir: str) -> None:
+def plot(rows: list[dict], out_dir: str) -> None:
     """Thesis Figs. 4.9/4.10: metric on each learned task vs the number of learned tasks (one panel
     per evaluated task), one line per method (mean over seeds); one figure per metric and ``M``."""
     matplotlib = require("matplotlib", "plots", "the figures")

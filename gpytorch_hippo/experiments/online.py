@@ -8,9 +8,10 @@ come from an exact GP fitted to the first task (the best point of a length-scale
 ``--first-iters`` Adam steps; not timed, shared by all methods, as the thesis's "full GP model
 trained over the initial task") and stay fixed
 (``--train-kernel``: every task also trains them on the online bound, ``--first-iters`` steps,
-thesis App. C.4.1). Methods with trainable inducing inputs also train them on task 1. After every task each method is evaluated on the test points of every task
-seen so far. Methods (all :class:`~gpytorch_hippo.online.OnlineSGPR`, differing only in the
-inducing variables, :mod:`gpytorch_hippo.baselines`):
+thesis App. C.4.1). Methods with trainable inducing inputs also train them on task 1. After every
+task each method is evaluated on the test points of every task seen so far. Methods (all
+:class:`~gpytorch_hippo.online.OnlineSGPR`, differing only in the inducing variables,
+:mod:`gpytorch_hippo.baselines`):
 
 * ``ohsgpr``: HiPPO (``--measure``, default LegS) with the fastest exact backend that applies
   (``--hippo-backend``; default ``lyapunov`` for LegS, ``auto`` for the other measures);
@@ -37,7 +38,7 @@ import math
 import os
 import time
 import warnings
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import gpytorch
 import torch
@@ -58,7 +59,7 @@ COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_ev
 
 
 def make_schedule(method: str, num_inducing: int, series_x: torch.Tensor, num_tasks: int, osgpr_iters: int,
-                  measure: str = "legs", hippo_backend: Optional[str] = None):
+                  measure: str = "legs", hippo_backend: str | None = None):
     """The inducing-variable schedule of ``method`` (module docstring); ``hippo_backend`` is the
     exact backend of ``ohsgpr`` (:class:`~gpytorch_hippo.HiPPOInducingVariables`'s ``method``;
     ``None``: ``lyapunov`` for LegS, else ``auto``)."""
@@ -94,7 +95,7 @@ def make_kernel(method: str, span: float) -> gpytorch.kernels.Kernel:
 
 
 def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor, y: torch.Tensor,
-               num_inducing: Optional[int] = None) -> None:
+               num_inducing: int | None = None) -> None:
     """Set ``kernel`` and ``likelihood`` to the best point of a grid by the exact log marginal
     likelihood: 30 length scales log-spaced from the median nearest-neighbour distance of ``x`` to
     its diameter, and 5 noise shares ``f`` of the variance ``v`` of ``y`` (outputscale ``v (1 - f)``,
@@ -181,7 +182,7 @@ def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: tor
     return likelihood
 
 
-def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> Dict[str, float]:
+def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     """Test NLPD and RMSE of the Gaussian predictive (thesis §4.5 metrics)."""
     model.eval()
     with torch.no_grad():
@@ -192,8 +193,8 @@ def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> Dict[str, f
 
 def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_tasks: int = 10, first_iters: int = 100,
                osgpr_iters: int = 100, lr: float = 0.05, train_kernel: bool = False, measure: str = "legs",
-               progress: bool = False, split: Optional[str] = None, svgp_iters: int = 200, first_fit: str = "grid",
-               hippo_backend: Optional[str] = None, dtype: torch.dtype = torch.float64):
+               progress: bool = False, split: str | None = None, svgp_iters: int = 200, first_fit: str = "grid",
+               hippo_backend: str | None = None, dtype: torch.dtype = torch.float64):
     """Rows of :data:`COLUMNS` for one method and seed, the final model and the data (for plots).
     Counts and multidimensional data go to :func:`~.online_elbo.run_elbo_method` (``split``,
     ``svgp_iters``); Gaussian series use the collapsed :class:`OnlineSGPR` methods, in ``dtype``
@@ -238,7 +239,7 @@ def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_task
 
 
 def run(dataset: str, methods: Sequence[str], num_inducing: int, seeds: Sequence[int], progress: bool = True,
-        out: Optional[str] = None, **options):
+        out: str | None = None, **options):
     """All rows, and the final model of each method for the first seed. With ``out``,
     ``out/results.csv`` is rewritten after every (seed, method), so that an interrupted run keeps
     the rows of the methods it finished."""
@@ -254,7 +255,7 @@ def run(dataset: str, methods: Sequence[str], num_inducing: int, seeds: Sequence
     return rows, finals
 
 
-def write_csv(rows: List[dict], out: str) -> str:
+def write_csv(rows: list[dict], out: str) -> str:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "results.csv")
     with open(path, "w", newline="") as handle:
@@ -264,13 +265,13 @@ def write_csv(rows: List[dict], out: str) -> str:
     return path
 
 
-def _over_seen_tasks(rows: List[dict], method: str, metric: str) -> Dict[int, List[float]]:
+def _over_seen_tasks(rows: list[dict], method: str, metric: str) -> dict[int, list[float]]:
     """``task_trained -> [mean over the seen tasks of metric, one per seed]``."""
-    per: Dict[tuple, List[float]] = {}
+    per: dict[tuple, list[float]] = {}
     for r in rows:
         if r["method"] == method:
             per.setdefault((r["task_trained"], r["seed"]), []).append(float(r[metric]))
-    out: Dict[int, List[float]] = {}
+    out: dict[int, list[float]] = {}
     for (task, _), values in sorted(per.items()):
         out.setdefault(task, []).append(sum(values) / len(values))
     return out
@@ -287,7 +288,7 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     return values.mean().item(), half
 
 
-def summary(rows: List[dict]) -> str:
+def summary(rows: list[dict]) -> str:
     """After the last task: NLPD and RMSE over all tasks' test points and cumulative time, mean ± 95 % CI."""
     last = max(r["task_trained"] for r in rows)
     metrics = ("nlpd", "rmse", "ece") if any(r["ece"] != "" for r in rows) else ("nlpd", "rmse")
@@ -311,7 +312,7 @@ def summary(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: List[dict], finals: dict, out: str) -> List[str]:
+def plot(rows: list[dict], finals: dict, out: str) -> list[str]:
     """NLPD/RMSE vs number of learned tasks (thesis figs. 4.3/4.4) and each method's final predictive
     mean ± 2 sd over the whole series with its inducing inputs marked (fig. 4.5)."""
     matplotlib = require("matplotlib", "plots", "the figures")
@@ -349,7 +350,8 @@ def plot(rows: List[dict], finals: dict, out: str) -> List[str]:
         points = getattr(model.posterior_inducing_variables, "points", None)
         if points is not None:
             ax.plot(points[:, 0], torch.full_like(points[:, 0], float(data.y.min()) - 0.3), "k|", ms=8)
-        ax.set_title(f"{method}: predictive mean ± 2 sd after the last task" + (" (| inducing inputs)" if points is not None else ""), fontsize=9)
+        marks = " (| inducing inputs)" if points is not None else ""
+        ax.set_title(f"{method}: predictive mean ± 2 sd after the last task{marks}", fontsize=9)
     axes[-1, 0].set_xlabel("time index")
     fig.tight_layout()
     fig.savefig(paths[1], dpi=110)
@@ -419,7 +421,8 @@ def main(argv=None):
                        first_fit=args.first_fit, hippo_backend=args.hippo_backend, dtype=getattr(torch, args.dtype))
     path = write_csv(rows, args.out)
     plots = plot(rows, finals, args.out)
-    print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s) ({seeds[0]}..{seeds[-1]}); after the last task (mean ± 95% CI):")
+    print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s) ({seeds[0]}..{seeds[-1]}); "
+          "after the last task (mean ± 95% CI):")
     print(summary(rows))
     print(f"wrote {path}, {', '.join(plots)}")
     return rows

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Optional
 
 import gpytorch
 import torch
@@ -57,7 +56,7 @@ def methods_for(data: Dataset) -> tuple:
 
 
 def first_task_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, mean_constant: float, x: torch.Tensor,
-                     y: torch.Tensor, num_inducing: Optional[int] = None) -> None:
+                     y: torch.Tensor, num_inducing: int | None = None) -> None:
     """Start the task-1 hyperparameters at the best point of a grid (the runner's ``--first-fit grid``).
 
     Gaussian targets: :func:`~.online.grid_start` on ``y - mean_constant`` (the exact log marginal
@@ -99,12 +98,13 @@ def _evaluate(model, likelihood, x, y, counts: bool, generator: torch.Generator)
         log_density = likelihood.log_marginal(y, latent)
         f = latent.mean + latent.variance.sqrt() * torch.randn(100, y.shape[0], generator=generator, dtype=y.dtype)
         samples = likelihood(f).sample()
-        mean = likelihood(latent.mean + latent.variance.sqrt() * torch.randn(1000, y.shape[0], generator=generator, dtype=y.dtype)).mean.mean(0)
+        draws = latent.mean + latent.variance.sqrt() * torch.randn(1000, y.shape[0], generator=generator, dtype=y.dtype)
+        mean = likelihood(draws).mean.mean(0)
     model.train()
     return {"nlpd": nlpd_from_log_density(log_density), "rmse": rmse(mean, y), "ece": interval_ece(samples, y)}
 
 
-def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, num_tasks: int, split: Optional[str],
+def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, num_tasks: int, split: str | None,
                     svgp_iters: int = 200, lr: float = 0.01, num_rff: int = 1000, progress: bool = False,
                     first_fit: str = "grid"):
     """Rows of the runner's CSV columns for one method and seed, the final model and its likelihood.

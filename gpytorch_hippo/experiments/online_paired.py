@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 from scipy import stats
 
@@ -37,13 +37,13 @@ def _number(value) -> float:
     return math.nan if value in ("", None) else float(value)
 
 
-def per_seed(rows: Sequence[dict]) -> Dict[str, Dict[int, Dict[str, float]]]:
+def per_seed(rows: Sequence[dict]) -> dict[str, dict[int, dict[str, float]]]:
     """``method -> seed -> {quantity: value}`` after each (method, seed)'s last task (module docstring)."""
-    last: Dict[tuple, int] = {}
+    last: dict[tuple, int] = {}
     for r in rows:
         key = (r["method"], int(r["seed"]))
         last[key] = max(last.get(key, 0), int(r["task_trained"]))
-    out: Dict[str, Dict[int, Dict[str, float]]] = {}
+    out: dict[str, dict[int, dict[str, float]]] = {}
     for (method, seed), final in last.items():
         mine = [r for r in rows if r["method"] == method and int(r["seed"]) == seed and int(r["task_trained"]) == final]
         values = {m: sum(_number(r[m]) for r in mine) / len(mine) for m in ("nlpd", "rmse", "ece")}
@@ -62,7 +62,7 @@ def mean_se(values: Sequence[float]) -> tuple:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
-def paired(reference: Dict[int, Dict[str, float]], other: Dict[int, Dict[str, float]], quantity: str) -> dict:
+def paired(reference: dict[int, dict[str, float]], other: dict[int, dict[str, float]], quantity: str) -> dict:
     """Differences ``other - reference`` over the seeds both have: per seed, mean, s.e., number of
     seeds where ``other`` is lower, and the exact two-sided sign-test p-value of the non-zero ones."""
     seeds = sorted(set(reference) & set(other))
@@ -119,7 +119,7 @@ def main(argv=None) -> str:
     parser.add_argument("csv", nargs="+", help="results.csv files of the online runner (rows are concatenated)")
     parser.add_argument("--reference", default=None, help="method the others are paired against (default ohsgpr/ohsvgp)")
     args = parser.parse_args(argv)
-    rows: List[dict] = []
+    rows: list[dict] = []
     for path in args.csv:
         with open(path) as handle:
             rows += list(csv.DictReader(handle))

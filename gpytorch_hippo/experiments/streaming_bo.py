@@ -31,7 +31,6 @@ import math
 import os
 import time
 import warnings
-from typing import Dict, List
 
 import numpy as np
 import torch
@@ -178,7 +177,7 @@ def run(
     svgp_maxiter: int = 20,
     progress: bool = True,
     acquisition: str = "ucb",
-) -> List[Dict]:
+) -> list[dict]:
     """One streaming BO run per method; returns one row per (method, step) with the CSV columns.
     ``acquisition``: ``"ucb"`` (β = 4), ``"qkg"`` (one-shot knowledge gradient, 8 fantasies at the next
     hour) or ``"qjes"`` (joint entropy search with 8 optimal samples of the next hour; needs pathwise
@@ -197,7 +196,7 @@ def run(
     initial_x = generator.random((init, 2))
     noise = generator.normal(0.0, noise_std, size=steps)
     bounds = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)  # (tilt, azimuth, time)
-    rows: List[Dict] = []
+    rows: list[dict] = []
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"methods must be among {METHODS}, got {method!r}")
@@ -235,7 +234,7 @@ def run(
     return rows
 
 
-def summarise(rows: List[Dict], window: int = 20) -> List[Dict]:
+def summarise(rows: list[dict], window: int = 20) -> list[dict]:
     """Per method: mean regret over all BO steps and over the last ``window``, and the surrogate time
     per step over the first and last ``window`` BO steps (first step excluded: it holds the first fit)."""
     summary = []
@@ -257,7 +256,7 @@ def summarise(rows: List[Dict], window: int = 20) -> List[Dict]:
     return summary
 
 
-def format_table(summary: List[Dict], window: int) -> str:
+def format_table(summary: list[dict], window: int) -> str:
     header = (
         f"| method | mean regret (kW/m²) | regret, last {window} | surrogate s/step, first {window} | "
         f"surrogate s/step, last {window} | growth | exact / method, last {window} | acquisition s/step |"
@@ -272,7 +271,7 @@ def format_table(summary: List[Dict], window: int) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: List[Dict], path: str) -> None:
+def plot(rows: list[dict], path: str) -> None:
     matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -295,7 +294,7 @@ def plot(rows: List[Dict], path: str) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> List[Dict]:
+def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="out/streaming_bo")
     parser.add_argument("--steps", type=int, default=220)

@@ -16,7 +16,6 @@ encoder and decoder; they differ only in the latent GPs' inducing variables betw
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
 
 import gpytorch
 import torch
@@ -74,8 +73,8 @@ class ContinualSVGPVAE:
         self.dtype = dtype
         self.generator = torch.Generator().manual_seed(seed)
         self.seed = seed
-        self.model: Optional[SVGPVAE] = None
-        self.ewc: Optional[ElasticWeightConsolidation] = None
+        self.model: SVGPVAE | None = None
+        self.ewc: ElasticWeightConsolidation | None = None
         self.num_tasks = 0
         self._last_time = -math.inf
 
@@ -86,7 +85,7 @@ class ContinualSVGPVAE:
         kernel.base_kernel.lengthscale = self.lengthscale
         return kernel.to(self.dtype)
 
-    def _points(self, kernel: gpytorch.kernels.Kernel, old_points: Optional[Tensor], times: Tensor) -> InducingPoints:
+    def _points(self, kernel: gpytorch.kernels.Kernel, old_points: Tensor | None, times: Tensor) -> InducingPoints:
         candidates = times.reshape(-1, 1)
         if old_points is not None:
             candidates = torch.cat([old_points.reshape(-1, 1), candidates])
@@ -118,7 +117,7 @@ class ContinualSVGPVAE:
             strategy.inducing_variables = self._points(strategy.kernel, old, times).to(self.dtype)
 
     # ------------------------------------------------------------------ one task
-    def fit_task(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> None:
+    def fit_task(self, times: Tensor, y: Tensor, mask: Tensor | None = None) -> None:
         """Train on one task (its ``times``, ``y`` with NaN or ``mask=False`` at unobserved
         entries), then store it: EWC's Fisher and anchor, the GP's ``q_old``."""
         times, y = times.to(self.dtype), y.to(self.dtype)
@@ -126,7 +125,9 @@ class ContinualSVGPVAE:
             self._build(times)
         else:
             if not float(times[0]) > self._last_time:
-                raise ValueError(f"times of a new task must start after the previous task's end {self._last_time:g}, got {float(times[0]):g}")
+                raise ValueError(
+                    f"times of a new task must start after the previous task's end {self._last_time:g}, got {float(times[0]):g}"
+                )
             self._move_inducing_variables(times)
         model = self.model
         model.train()
@@ -142,7 +143,7 @@ class ContinualSVGPVAE:
         self._last_time = float(times[-1])
         self.num_tasks += 1
 
-    def _end_task(self, times: Tensor, y: Tensor, mask: Optional[Tensor]) -> None:
+    def _end_task(self, times: Tensor, y: Tensor, mask: Tensor | None) -> None:
         model = self.model
         chunks = [slice(i, i + self.fisher_chunk) for i in range(0, times.shape[0], self.fisher_chunk)]
         masks = [None] * len(chunks) if mask is None else [mask[c] for c in chunks]
@@ -155,7 +156,7 @@ class ContinualSVGPVAE:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self, times: Tensor, y_observed: Tensor, y_test: Tensor, num_samples: int = 100) -> Dict[str, float]:
+    def evaluate(self, times: Tensor, y_observed: Tensor, y_test: Tensor, num_samples: int = 100) -> dict[str, float]:
         """NLPD, RMSE and interval ECE on the finite entries of ``y_test``, with ``q(u)`` encoded
         from the finite entries of ``y_observed`` (NaN elsewhere); the predictive of an entry is the
         mixture over ``num_samples`` latent draws of ``N(φ(f_t)_d, σ_d²)``."""

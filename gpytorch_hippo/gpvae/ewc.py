@@ -4,7 +4,7 @@ tasks, weighted by the diagonal of the Fisher information estimated on each fini
 
 from __future__ import annotations
 
-from typing import Iterable, List
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
@@ -12,7 +12,7 @@ from torch import Tensor
 __all__ = ["ElasticWeightConsolidation", "fisher_diagonal"]
 
 
-def fisher_diagonal(parameters: List[torch.nn.Parameter], sample_log_likelihoods: Iterable[Tensor]) -> List[Tensor]:
+def fisher_diagonal(parameters: list[torch.nn.Parameter], sample_log_likelihoods: Iterable[Tensor]) -> list[Tensor]:
     r"""Empirical Fisher diagonal ``F = Σ_n (∂ log p(y_n | θ) / ∂θ)^2`` over the given samples.
 
     :param parameters: the parameters ``θ``.
@@ -63,19 +63,19 @@ class ElasticWeightConsolidation(torch.nn.Module):
             self.register_buffer(f"anchor_{index}", torch.zeros_like(p))
             self.register_buffer(f"fisher_{index}", torch.zeros_like(p))
 
-    def _buffers_for(self, kind: str) -> List[Tensor]:
+    def _buffers_for(self, kind: str) -> list[Tensor]:
         return [getattr(self, f"{kind}_{index}") for index, _ in enumerate(self.protected.parameters())]
 
     @property
-    def anchors(self) -> List[Tensor]:
+    def anchors(self) -> list[Tensor]:
         return self._buffers_for("anchor")
 
     @property
-    def fisher(self) -> List[Tensor]:
+    def fisher(self) -> list[Tensor]:
         return self._buffers_for("fisher")
 
     @torch.no_grad()
-    def consolidate(self, task_fisher: List[Tensor]) -> None:
+    def consolidate(self, task_fisher: list[Tensor]) -> None:
         """Add a finished task's Fisher diagonal (from :func:`fisher_diagonal`) and anchor at ``θ``."""
         parameters = list(self.protected.parameters())
         if len(task_fisher) != len(parameters) or any(f.shape != p.shape for f, p in zip(task_fisher, parameters)):

@@ -11,7 +11,7 @@ whose ``q(u^l)`` is the closed form of the pseudo-observations (App. C); a decod
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import gpytorch
 import torch
@@ -161,7 +161,7 @@ class SVGPVAE(gpytorch.Module):
         return self.raw_noise_constraint.transform(self.raw_noise)
 
     # ------------------------------------------------------------------ inputs
-    def _check(self, times: Tensor, y: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    def _check(self, times: Tensor, y: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         if not isinstance(times, Tensor) or times.dim() != 1 or times.shape[0] < 1:
             raise ValueError(f"times must be a 1-D tensor of length T >= 1, got {getattr(times, 'shape', type(times))}")
         if not torch.isfinite(times).all() or (times.shape[0] > 1 and not (times[1:] > times[:-1]).all()):
@@ -207,7 +207,7 @@ class SVGPVAE(gpytorch.Module):
         strategy._variational_distribution.set(mean, root)
         strategy.variational_params_initialized.fill_(1)
 
-    def encode_posterior(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    def encode_posterior(self, times: Tensor, y: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Encode ``(times, y, mask)``, set ``q(u)`` from it; returns ``(ỹ, ṽ, mask)``."""
         times, y, mask = self._check(times, y, mask)
         pseudo_mean, pseudo_var = self.encode(y, mask)
@@ -237,7 +237,7 @@ class SVGPVAE(gpytorch.Module):
         fit, kl, log_prior = self.gp_objective(q_f, pseudo_mean, noise=pseudo_var)
         return fit.sum() * num_data, (fit - kl + log_prior).sum() * num_data, q_f
 
-    def elbo_terms(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None, num_samples: int = 1) -> SVGPVAETerms:
+    def elbo_terms(self, times: Tensor, y: Tensor, mask: Tensor | None = None, num_samples: int = 1) -> SVGPVAETerms:
         """The SVGPVAE ELBO of one (whole) task (thesis App. C), with ``num_samples`` reparameterised
         draws of ``f_t`` from its marginal ``q(f_t)`` for the reconstruction term."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -253,7 +253,7 @@ class SVGPVAE(gpytorch.Module):
 
     # ------------------------------------------------------------------ prediction
     @torch.no_grad()
-    def predictive_samples(self, times: Tensor, y: Tensor, mask: Optional[Tensor] = None, num_samples: int = 100) -> Tensor:
+    def predictive_samples(self, times: Tensor, y: Tensor, mask: Tensor | None = None, num_samples: int = 100) -> Tensor:
         """Draws of the decoded mean ``φ(f_t)``, ``(S, T, D)``, with ``q(u)`` encoded from the
         observed entries of ``y``; the predictive of ``y_t`` is their mixture with noise ``σ²``."""
         self.encode_posterior(times, y, mask)

@@ -8,8 +8,6 @@ online objectives never need to know which kind they are working with.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import gpytorch
 import torch
 from linear_operator import to_linear_operator
@@ -51,14 +49,14 @@ class InducingVariables(gpytorch.Module):
     overrides this with ``m(Z)`` so that ``u = f(Z)`` exactly as in GPyTorch.
     """
 
-    jitter: Optional[float] = None
+    jitter: float | None = None
     #: the default jitter is relative to ``mean(diag K_uu)`` (:meth:`_jitter_scale`) and then the same
     #: for every dtype (the float64 value): the online algebra factorises ``K_uu`` in float64
     _relative_jitter: bool = False
     #: set by a variational strategy whose ``q(u)`` lives on these variables (see :meth:`_check_movable`)
-    _variational_owner: Optional[str] = None
+    _variational_owner: str | None = None
 
-    def __init__(self, jitter: Optional[float] = None):
+    def __init__(self, jitter: float | None = None):
         super().__init__()
         if jitter is not None and not (float(jitter) >= 0.0):
             raise ValueError(f"jitter must be a non-negative float or None, got {jitter!r}")
@@ -100,7 +98,7 @@ class InducingVariables(gpytorch.Module):
             captured = (W.square().sum(-2) / kernel(grid, diag=True)).to(kuu.dtype)
             return captured.mean(-1) if reduction == "mean" else captured
 
-    def input_support(self) -> Optional[tuple[float, float]]:
+    def input_support(self) -> tuple[float, float] | None:
         """``(lower, upper)``: the 1-D input range these variables summarise (a HiPPO memory's
         ``[start, t]`` or window, a Fourier interval), ``None`` where any input is reachable (points)."""
         return None
@@ -118,7 +116,7 @@ class InducingVariables(gpytorch.Module):
             return self.jitter
         return gpytorch.settings.variational_cholesky_jitter.value(dtype=torch.float64 if self._relative_jitter else dtype)
 
-    def unshared_jitter(self, other: "InducingVariables", kuu: Tensor) -> Tensor:
+    def unshared_jitter(self, other: InducingVariables, kuu: Tensor) -> Tensor:
         """Variances ``(*batch, M)`` of the jitter noise of these variables that ``other`` does not
         share (class docstring: ``Kuu_cross`` carries the shared part); ``kuu`` is :meth:`Kuu`
         densified. Online updates average the stored task over this noise
@@ -132,7 +130,7 @@ class InducingVariables(gpytorch.Module):
         variance = self.jitter_value(kuu.dtype) * self._jitter_scale(kuu)
         return torch.full(kuu.shape[:-1], variance, dtype=kuu.dtype, device=kuu.device)
 
-    def _shares_jitter_with(self, other: "InducingVariables") -> Tensor:
+    def _shares_jitter_with(self, other: InducingVariables) -> Tensor:
         """Boolean ``(*batch, M)`` (broadcastable): which of these variables share their jitter noise
         with a variable of ``other``. By default all of them when ``other`` is the same set (same type
         and state, e.g. a frozen copy), none otherwise; subclasses that share some refine this."""
@@ -164,11 +162,11 @@ class InducingVariables(gpytorch.Module):
                 "instead, which carries q(u) forward"
             )
 
-    def prior_mean(self, mean_module: Optional[gpytorch.means.Mean]) -> Optional[Tensor]:
+    def prior_mean(self, mean_module: gpytorch.means.Mean | None) -> Tensor | None:
         """Prior mean ``E[u]`` of shape ``(*batch, M)``, or ``None`` when it is zero (the default)."""
         return None
 
-    def Kuu_cross(self, other: "InducingVariables", kernel: gpytorch.kernels.Kernel) -> Tensor:
+    def Kuu_cross(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel) -> Tensor:
         """Prior cross-covariance ``cov(u, u')`` between this set (``M``) and ``other`` (``M'``).
 
         Resolved by double dispatch: ``self._cross_covariance(other, kernel)`` is tried first, then
@@ -191,7 +189,7 @@ class InducingVariables(gpytorch.Module):
             result = result.mT
         return result
 
-    def _cross_covariance(self, other: "InducingVariables", kernel: gpytorch.kernels.Kernel):
+    def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):
         """``cov(u_self, u_other)`` or ``NotImplemented`` (hook of :meth:`Kuu_cross`)."""
         from .points import InducingPoints
 

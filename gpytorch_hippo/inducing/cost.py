@@ -14,7 +14,6 @@ zero covariance with them (``Kuf = 0``), whatever the backend.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -36,7 +35,7 @@ class CovarianceCostError(ValueError):
     """A covariance evaluation would exceed :data:`MAX_ENTRIES` (or :data:`MAX_SPECTRAL_NODES`)."""
 
 
-def lengthscale_of(kernel) -> Optional[float]:
+def lengthscale_of(kernel) -> float | None:
     """The shortest length scale of ``kernel`` (``None`` if it has none); ``ValueError`` if it is
     NaN, infinite or not positive (diverged hyperparameters)."""
     for module in kernel.modules():
@@ -52,7 +51,7 @@ def lengthscale_of(kernel) -> Optional[float]:
     return None
 
 
-def kernel_reach(kernel) -> Optional[float]:
+def kernel_reach(kernel) -> float | None:
     """Distance ``R`` beyond which a 1-D RBF/Matérn ``kernel`` is below ``2e-18 σ²`` (``None``: unknown kernel)."""
     try:
         _, lengthscale, nu = spectral_parts(kernel)
@@ -65,7 +64,7 @@ def kernel_reach(kernel) -> Optional[float]:
 
 
 def check_work(
-    entries: float, what: str, ivars=None, kernel=None, limit: Optional[float] = None, lengthscale: Optional[float] = None
+    entries: float, what: str, ivars=None, kernel=None, limit: float | None = None, lengthscale: float | None = None
 ) -> None:
     """Raise :class:`CovarianceCostError` if ``entries`` exceeds ``limit`` (default :data:`MAX_ENTRIES`).
 

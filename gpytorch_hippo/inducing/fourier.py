@@ -18,7 +18,6 @@ sin ω_1 (x-a), ..., sin ω_K (x-a))``, ``ω_k = 2πk / (b - a)``. By the reprod
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import gpytorch
 import torch
@@ -66,7 +65,7 @@ class FourierInducingVariables(InducingVariables):
     are the same variables (``Kuu_cross = Kuu``) and OVFF needs no move between tasks.
     """
 
-    def __init__(self, num_frequencies: int, a: float, b: float, jitter: Optional[float] = None):
+    def __init__(self, num_frequencies: int, a: float, b: float, jitter: float | None = None):
         super().__init__(jitter=jitter)
         if not isinstance(num_frequencies, int) or isinstance(num_frequencies, bool) or num_frequencies < 0:
             raise ValueError(f"num_frequencies must be a non-negative int, got {num_frequencies!r}")
@@ -151,7 +150,7 @@ class FourierInducingVariables(InducingVariables):
             and (other.num_frequencies, other.a, other.b) == (self.num_frequencies, self.a, self.b)
         )
 
-    def input_support(self) -> Optional[tuple[float, float]]:
+    def input_support(self) -> tuple[float, float] | None:
         return float(self.a), float(self.b)
 
     def coverage_advice(self, cause: str) -> str:

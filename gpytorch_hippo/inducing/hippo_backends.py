@@ -30,6 +30,7 @@ breakpoints, spectral samples); a backend holds only caches.
 from __future__ import annotations
 
 import math
+
 import torch
 from torch import Tensor
 
@@ -44,7 +45,6 @@ from .spectral import (
     rbf_spectral_density,
     spectral_parts,
 )
-
 
 #: largest block of ``k(x, nodes)`` that :meth:`QuadratureBackend.Kuf` forms at once
 QUADRATURE_CHUNK_ENTRIES = 2**24

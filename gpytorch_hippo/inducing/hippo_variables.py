@@ -37,8 +37,6 @@ tasks was built with their length scale, and a changed length scale then raises 
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import gpytorch
 import torch
 from linear_operator import to_dense
@@ -47,8 +45,8 @@ from torch import Tensor
 
 from .._validation import check_finite_scalar, check_tensor, floating_dtype
 from ..hippo import HiPPO
-from .base import InducingVariables
 from .banded import BandedBackend, _span
+from .base import InducingVariables
 from .cost import MAX_TIME, kernel_reach, lengthscale_of
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
@@ -108,16 +106,16 @@ class HiPPOInducingVariables(InducingVariables):
         theta: float = 1.0,
         method: str = "auto",
         num_rff: int = 1000,
-        dt: Optional[float] = None,
+        dt: float | None = None,
         input_dim: int = 1,
         discretization: str = "bilinear",
         num_nodes: int = 12,
-        num_panels: Optional[int] = None,
+        num_panels: int | None = None,
         start: float = 0.0,
-        jitter: Optional[float] = None,
+        jitter: float | None = None,
         seed: int = 0,
-        kuf: Optional[str] = None,
-        features: Optional[str] = None,
+        kuf: str | None = None,
+        features: str | None = None,
     ):
         super().__init__(jitter=jitter)
         if method not in METHODS:
@@ -220,7 +218,7 @@ class HiPPOInducingVariables(InducingVariables):
 
     _relative_jitter = True
 
-    def input_support(self) -> Optional[tuple[float, float]]:
+    def input_support(self) -> tuple[float, float] | None:
         """``[lower, t]`` of the bases (1-D inputs; LagT's weights are below ``5e-18`` before ``t - 80 θ``),
         clipped at ``start``; ``None`` for the multidimensional path memory."""
         return _span(self) if self.input_dim == 1 else None
@@ -313,7 +311,7 @@ class HiPPOInducingVariables(InducingVariables):
         """All of the jitter is shared with the same variables (``Kuu_cross`` adds it), none otherwise."""
         return torch.tensor(isinstance(other, HiPPOInducingVariables) and self._same_variables(other))
 
-    def _same_variables(self, other: "HiPPOInducingVariables") -> bool:
+    def _same_variables(self, other: HiPPOInducingVariables) -> bool:
         return (
             other.memory.extra_repr() == self.memory.extra_repr()
             and torch.equal(other.breakpoints[-1:], self.breakpoints[-1:])
@@ -321,7 +319,7 @@ class HiPPOInducingVariables(InducingVariables):
         )
 
     # ------------------------------------------------------------------ multidimensional path (§4.4)
-    def append_path(self, x_ordered: Tensor, step: int = 1, kernel: Optional[gpytorch.kernels.Kernel] = None) -> None:
+    def append_path(self, x_ordered: Tensor, step: int = 1, kernel: gpytorch.kernels.Kernel | None = None) -> None:
         """Extend the path with a task's ordered inputs at times ``t + k dt, t + 2k dt, ...`` (``k = step``).
 
         Uses every ``step``-th input (thesis §4.4: a multiple of ``dt`` as the step).  The previous
@@ -356,7 +354,7 @@ class HiPPOInducingVariables(InducingVariables):
         self.path_last = self.path_pending[-1:].clone()
 
     # ------------------------------------------------------------------ validation and state
-    def _check_inputs(self, x: Tensor, name: str = "x", dtype: Optional[torch.dtype] = None) -> Tensor:
+    def _check_inputs(self, x: Tensor, name: str = "x", dtype: torch.dtype | None = None) -> Tensor:
         """``x`` as ``(*batch, N, D)``, finite, in ``torch.promote_types(x.dtype, dtype)`` (integers: ``dtype``)."""
         x = check_tensor(x, name, dtype=dtype)
         if x.dim() == 1 and self.input_dim == 1:

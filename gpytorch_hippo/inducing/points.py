@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import gpytorch
 import torch
 from linear_operator.operators import LinearOperator
@@ -33,7 +31,7 @@ class InducingPoints(InducingVariables):
     to round-off.
     """
 
-    def __init__(self, points: Tensor, learn: bool = True, jitter: Optional[float] = None):
+    def __init__(self, points: Tensor, learn: bool = True, jitter: float | None = None):
         super().__init__(jitter=jitter)
         points = check_tensor(points, "points")  # integers: torch's default floating dtype, as GPyTorch's modules
         if points.dim() == 1:
@@ -79,7 +77,7 @@ class InducingPoints(InducingVariables):
         x = x.expand(*batch_shape, *x.shape[-2:])
         return kernel(points, x).to_dense()
 
-    def prior_mean(self, mean_module: Optional[gpytorch.means.Mean]) -> Optional[Tensor]:
+    def prior_mean(self, mean_module: gpytorch.means.Mean | None) -> Tensor | None:
         """``m(Z)``, so that ``u = f(Z)`` including the mean (GPyTorch's convention); ``None`` without a mean."""
         if mean_module is None or isinstance(mean_module, gpytorch.means.ZeroMean):
             return None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional, Tuple
 
 import gpytorch
 import numpy as np
@@ -30,7 +29,7 @@ SUPPORTED_KERNELS = "RBFKernel or MaternKernel (nu = 0.5, 1.5, 2.5), optionally 
 RBF_CUTOFF = 9.5
 
 
-def spectral_parts(kernel: gpytorch.kernels.Kernel) -> Tuple[Tensor, Tensor, Optional[float]]:
+def spectral_parts(kernel: gpytorch.kernels.Kernel) -> tuple[Tensor, Tensor, float | None]:
     """``(outputscale, lengthscale (D,), nu)`` of a supported stationary kernel (``nu=None``: RBF)."""
     outputscale = None
     base = kernel
@@ -75,7 +74,7 @@ def rbf_spectral_density(kernel: gpytorch.kernels.Kernel, omega: Tensor) -> Tens
 
 
 @functools.lru_cache(maxsize=32)
-def _gauss_legendre_numpy(n: int) -> Tuple[np.ndarray, np.ndarray]:
+def _gauss_legendre_numpy(n: int) -> tuple[np.ndarray, np.ndarray]:
     k = np.arange(1, n + 1)
     x = np.cos(np.pi * (k - 0.25) / (n + 0.5))  # Tricomi's initial guesses, then Newton on P_n
     for _ in range(100):
@@ -91,7 +90,7 @@ def _gauss_legendre_numpy(n: int) -> Tuple[np.ndarray, np.ndarray]:
     return x[::-1].copy(), weights[::-1].copy()
 
 
-def _legendre_pair(n: int, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _legendre_pair(n: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(P_{n-1}(x), P_n(x))`` by the three-term recurrence."""
     p_prev, p = np.ones_like(x), x.copy()
     for j in range(2, n + 1):
@@ -99,7 +98,7 @@ def _legendre_pair(n: int, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return (p_prev, p) if n >= 1 else (p, p_prev)
 
 
-def gauss_legendre(n: int, device=None) -> Tuple[Tensor, Tensor]:
+def gauss_legendre(n: int, device=None) -> tuple[Tensor, Tensor]:
     """``n``-point Gauss-Legendre nodes and weights on ``[-1, 1]`` (float64), O(n^2) by Newton's method, cached."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an integer >= 2, got {n!r}")
@@ -137,7 +136,7 @@ def spherical_jn(M: int, x: Tensor) -> Tensor:
     return torch.stack(values, dim=-1)
 
 
-def hippo_support(measure: str, M: int, theta: float, t: float, start: float) -> Optional[Tuple[float, float]]:
+def hippo_support(measure: str, M: int, theta: float, t: float, start: float) -> tuple[float, float] | None:
     """``(c, h)``, centre and half-width of the basis functions' support, or ``None`` where
     :func:`hippo_transform` has no closed form (a support clipped by the stream start)."""
     if measure in ("legs", "legt"):

@@ -1,6 +1,6 @@
 """Calibration baselines of thesis ch. 3: MC dropout, temperature scaling, deep / SGPA ensembles."""
 from .ensemble import EnsembleClassifier
-from .mc_dropout import mc_dropout_predict_proba, dropout_enabled
+from .mc_dropout import dropout_enabled, mc_dropout_predict_proba
 from .prediction import predict_proba
 from .temperature import TemperatureScaling
 

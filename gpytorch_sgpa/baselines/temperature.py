@@ -31,7 +31,7 @@ class TemperatureScaling(torch.nn.Module):
             if (labels < 0).any() or (labels >= logits.shape[1]).any():
                 raise ValueError(f"labels must lie in [0, {logits.shape[1]})")
 
-    def fit(self, logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 100) -> "TemperatureScaling":
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 100) -> TemperatureScaling:
         """Fit ``T`` on held-out ``logits`` (``N x C``) and integer ``labels`` (``N``); returns ``self``."""
         self._check(logits, labels)
         if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:

@@ -111,7 +111,7 @@ class Vocabulary:
         self.stoi = {token: index for index, token in enumerate(self.itos)}
 
     @classmethod
-    def build(cls, sentences, min_freq: int = 1, max_size: int | None = None) -> "Vocabulary":
+    def build(cls, sentences, min_freq: int = 1, max_size: int | None = None) -> Vocabulary:
         """The ``max_size`` most frequent tokens seen at least ``min_freq`` times (ties: first seen)."""
         if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
             raise ValueError(f"min_freq must be a positive integer, got {min_freq!r}")

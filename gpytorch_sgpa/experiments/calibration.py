@@ -20,9 +20,10 @@ as in App. B.4) and optimiser (Adam, learning rate decaying linearly to a tenth)
 does for CIFAR (App. B.4), SGPA networks start from the ``mle-kernel`` network of the same seed
 after ``--mle-init-epochs`` epochs and train the remaining epochs with the ELBO, so every method
 sees ``--epochs`` epochs in total (when no requested method evaluates the ``mle-kernel`` network,
-it is trained only for those ``--mle-init-epochs`` epochs, with the same learning-rate schedule). As in the thesis (App. B.4) every network's checkpoint is
-selected on validation accuracy after each epoch (``--no-select-on-validation``: the final epoch);
-the SGPA networks' KL (``kl_total`` on the first validation batch, eval mode) is recorded after
+it is trained only for those ``--mle-init-epochs`` epochs, with the same learning-rate schedule).
+As in the thesis (App. B.4) every network's checkpoint is selected on validation accuracy after
+each epoch (``--no-select-on-validation``: the final epoch); the SGPA networks' KL (``kl_total`` on
+the first validation batch, eval mode) is recorded after
 the MLE initialisation (``kl_init``) and at the selected checkpoint (``kl_final``).
 On a shared CPU pass ``--threads 1``: oversubscribed OpenMP threads slow training several-fold.
 Data-parallel: ``torchrun --nproc-per-node N -m gpytorch_sgpa.experiments.calibration ...`` trains
@@ -55,8 +56,6 @@ import torch
 
 from .. import metrics
 from .._optional import require
-from ..elbo import KL_WEIGHTINGS
-from ..kernels import KERNEL_INITS
 from ..baselines import EnsembleClassifier, TemperatureScaling, mc_dropout_predict_proba, predict_proba
 from ..baselines.prediction import logits_of
 from ..data import (
@@ -72,6 +71,8 @@ from ..data import (
     split_indices,
 )
 from ..data.text import binary_sentiment
+from ..elbo import KL_WEIGHTINGS
+from ..kernels import KERNEL_INITS
 from . import distributed
 from .training import Split, predict_in_batches, train_classifier
 

@@ -39,8 +39,8 @@ from ..attention import SGPA_SAMPLERS
 from ..data import Vocabulary, load_vader_snippets, split_indices, tokenize
 from ..elbo import IGNORE_INDEX, KL_WEIGHTINGS, SGPAELBO
 from ..transformer import SGPADecoder
-from .calibration import format_table, parse_seeds, summarize, write_csv
 from . import distributed
+from .calibration import format_table, parse_seeds, summarize, write_csv
 from .training import Split, train_classifier
 
 __all__ = ["METHODS", "CSV_COLUMNS", "LMConfig", "encode_for_lm", "evaluate_lm", "run", "main"]

@@ -35,7 +35,7 @@ class Split:
         kwargs = {} if self.padding_mask is None else {"key_padding_mask": self.padding_mask[index]}
         return self.features[index], kwargs, self.labels[index]
 
-    def subset(self, index) -> "Split":
+    def subset(self, index) -> Split:
         return Split(self.features[index], self.labels[index],
                      None if self.padding_mask is None else self.padding_mask[index])
 

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from ..augment import METHODS, make_pseudo_video
 from ..data import DATASETS, load_images

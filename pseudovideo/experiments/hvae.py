@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from ..data import DATASETS, load_images
 from ..metrics import default_classifier, inception_score

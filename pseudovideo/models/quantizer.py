@@ -17,8 +17,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from .._optional import missing
-from .._validation import check_int, check_real, check_tensor
+from .._validation import check_real, check_tensor
 
 try:
     from vector_quantize_pytorch import VectorQuantize

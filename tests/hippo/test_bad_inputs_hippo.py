@@ -17,7 +17,7 @@ from gpytorch_hippo._validation import check_finite_scalar, check_tensor, floati
 from gpytorch_hippo.hippo import HiPPO
 from gpytorch_hippo.inducing import FourierInducingVariables, HiPPOInducingVariables, InducingPoints
 from gpytorch_hippo.inducing.banded import BandedBackend
-from gpytorch_hippo.inducing.cost import CovarianceCostError, kernel_reach
+from gpytorch_hippo.inducing.cost import kernel_reach
 
 
 @pytest.fixture(autouse=True)

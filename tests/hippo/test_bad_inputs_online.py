@@ -63,7 +63,10 @@ def test_update_names_the_bad_argument(kind, bad, match):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("lr, match", [(INF, "lr must be a finite"), (NAN, "lr must be a finite"), (0.0, "lr must be positive"), (True, "lr must be a real")])
+@pytest.mark.parametrize(
+    "lr, match",
+    [(INF, "lr must be a finite"), (NAN, "lr must be a finite"), (0.0, "lr must be positive"), (True, "lr must be a real")],
+)
 def test_update_rejects_a_bad_learning_rate(kind, lr, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make_sgpr(kind).update(*data(), num_iter=2, lr=lr)
@@ -127,6 +130,7 @@ def test_online_elbo_names_the_bad_target(bad, match):
 
 def test_botorch_posterior_names_a_nan_candidate():
     x, y = data()
-    model = OnlineGPModel(x.unsqueeze(-1) / 4, y.unsqueeze(-1), InducingPoints(torch.linspace(0, 1, 6, dtype=DT), learn=False), fit_maxiter=0)
+    points = InducingPoints(torch.linspace(0, 1, 6, dtype=DT), learn=False)
+    model = OnlineGPModel(x.unsqueeze(-1) / 4, y.unsqueeze(-1), points, fit_maxiter=0)
     with pytest.raises(ValueError, match="X contains NaN"):
         model.posterior(torch.tensor([[[0.5], [NAN]]], dtype=DT))

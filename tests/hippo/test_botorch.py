@@ -122,7 +122,8 @@ def test_time_inputs_advance_one_dimensional_hippo_variables():
 
 
 def single_task_gp(x, y, outcome_transform=None, **kwargs):
-    gp = SingleTaskGP(outcome_transform=outcome_transform, train_X=x, train_Y=y, covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=2), **kwargs)
+    kernel = gpytorch.kernels.RBFKernel(ard_num_dims=2)
+    gp = SingleTaskGP(outcome_transform=outcome_transform, train_X=x, train_Y=y, covar_module=kernel, **kwargs)
     set_hyperparameters(gp.covar_module, gp.likelihood, gp.mean_module)
     return gp.eval()
 

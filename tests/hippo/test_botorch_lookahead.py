@@ -5,7 +5,6 @@ sparse posterior to equal the exact one, and finite differences."""
 
 import copy
 
-import gpytorch
 import pytest
 import torch
 from botorch.acquisition import qKnowledgeGradient

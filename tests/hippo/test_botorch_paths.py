@@ -1,7 +1,6 @@
 """Pathwise posterior samples of OnlineGPModel: registered with BoTorch's dispatchers, their mean and
 covariance equal the model's posterior (Monte Carlo), and the acquisitions built on them run."""
 
-import gpytorch
 import pytest
 import torch
 from botorch.acquisition.joint_entropy_search import qJointEntropySearch

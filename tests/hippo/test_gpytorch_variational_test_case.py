@@ -80,7 +80,6 @@ def test_fantasy_model_equals_gpytorchs(whitened):
             return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
     models = [SVGP(ours).double() for ours in (True, False)]
-    state = models[1].state_dict()
     q = models[1].variational_strategy._variational_distribution
     q.chol_variational_covar.data = 0.3 * torch.eye(10, dtype=torch.float64) + 0.05 * torch.rand(10, 10, dtype=torch.float64).tril()
     q.variational_mean.data = torch.randn(10, dtype=torch.float64)

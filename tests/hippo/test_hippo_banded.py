@@ -62,7 +62,10 @@ def rel(a, b):
 
 @pytest.mark.parametrize(
     "measure, theta, M, nu",
-    [("legs", 1.0, 8, 0.5), ("legs", 1.0, 8, 1.5), ("legs", 1.0, 8, 2.5), ("legt", 6.0, 8, 0.5), ("lagt", 0.7, 8, 0.5), ("fout", 6.0, 9, 0.5)],
+    [
+        ("legs", 1.0, 8, 0.5), ("legs", 1.0, 8, 1.5), ("legs", 1.0, 8, 2.5),
+        ("legt", 6.0, 8, 0.5), ("lagt", 0.7, 8, 0.5), ("fout", 6.0, 9, 0.5),
+    ],
 )
 def test_kuf_matches_adaptive_quadrature(measure, theta, M, nu):
     ivars = HiPPOInducingVariables(M, measure, t=10.0, theta=theta)

@@ -15,7 +15,6 @@ from gpytorch_hippo.hippo import HiPPO
 from gpytorch_hippo.inducing import HiPPOInducingVariables, InducingPoints
 
 
-
 @pytest.fixture(autouse=True)
 def float64_by_default():
     """float64 for this module only (a module-level switch would leak into other test files)."""

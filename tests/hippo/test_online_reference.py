@@ -238,7 +238,8 @@ def test_online_elbo_old_term_uses_the_old_prior(kind, whitened):
     x2, y2 = data(2, 1.5, 4.0, 25)
     ours_a, ours_b, a, b, new, _ = two_sets(kind)
     if kind == "points":  # one variational distribution: same M for both sets here
-        ours_b, b = InducingPoints(torch.linspace(0.9, 4.1, 6, dtype=DT), learn=False, jitter=0.0), Points(torch.linspace(0.9, 4.1, 6, dtype=DT))
+        z_b = torch.linspace(0.9, 4.1, 6, dtype=DT)
+        ours_b, b = InducingPoints(z_b, learn=False, jitter=0.0), Points(z_b)
     model = SVGP(ours_a, whitened).to(DT)
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
     set_hyperparameters(model.covar_module, model.mean_module, likelihood, OLD)

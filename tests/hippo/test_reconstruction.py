@@ -135,7 +135,8 @@ def test_app_c_identities_q_u_is_the_projection_of_the_posterior_gp():
     q_u = model.inducing_posterior()
     nodes, weights = quadrature_rule("legs", T_END, num_nodes=200)
     M = 10
-    legendre = np.stack([math.sqrt(2 * m + 1) * np.polynomial.legendre.legval(2 * nodes.numpy() / T_END - 1, np.eye(M)[m]) for m in range(M)], -1)
+    scaled = 2 * nodes.numpy() / T_END - 1
+    legendre = np.stack([math.sqrt(2 * m + 1) * np.polynomial.legendre.legval(scaled, np.eye(M)[m]) for m in range(M)], -1)
     phi = torch.as_tensor(legendre) * weights[:, None]  # quadrature weights times g_m ω
     with torch.no_grad():
         posterior_f = model(nodes.unsqueeze(-1))

@@ -6,8 +6,7 @@ import scipy.linalg
 import torch
 from torch import nn
 
-from pseudovideo.metrics import (ImageClassifier, PenultimateFeatures, default_classifier, frechet_distance,
-                                 inception_score, psnr)
+from pseudovideo.metrics import ImageClassifier, PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
 
 
 class LinearFeatures(nn.Module):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.variational import CholeskyVariationalDistribution, UnwhitenedVariationalStrategy
+from sgpa_layer_fixtures import BATCH, D_MODEL, HEADS, LENGTH, NUM_GLOBAL, TIGHT, E, _heads, _inputs, _layer, _step_through
 from torch.distributions import MultivariateNormal as TorchMVN
 from torch.distributions import kl_divergence
 
@@ -26,8 +27,6 @@ from gpytorch_sgpa.attention import (
     SGPAttention,
 )
 from gpytorch_sgpa.kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_attention_kernel
-
-from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer, _step_through
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,19 @@ import torch
 from torch import nn
 
 import gpytorch_sgpa
-from gpytorch_sgpa import (SGPAELBO, KernelAttention, MultiheadSGPAttention, ScaledDotProductAttention, SGPADecoder,
-                           SGPANoise, SGPATransformer, SGPAttention, SGPAViT, evaluate_kernel, kernel_blocks)
+from gpytorch_sgpa import (
+    SGPAELBO,
+    KernelAttention,
+    MultiheadSGPAttention,
+    ScaledDotProductAttention,
+    SGPADecoder,
+    SGPANoise,
+    SGPATransformer,
+    SGPAttention,
+    SGPAViT,
+    evaluate_kernel,
+    kernel_blocks,
+)
 from gpytorch_sgpa.data import corrupt
 
 D, HEADS, LENGTH, BATCH = 8, 2, 5, 2

@@ -13,6 +13,7 @@ import copy
 import gpytorch
 import pytest
 import torch
+from sgpa_layer_fixtures import BATCH, D_MODEL, HEADS, LENGTH, NUM_GLOBAL, TIGHT, E, _heads, _inputs, _layer
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpytorch_sgpa.attention as attention_module
@@ -22,7 +23,6 @@ import gpytorch_sgpa.kernels as kernels_module
 import gpytorch_sgpa.multihead as multihead_module
 import gpytorch_sgpa.transformer as transformer_module
 from gpytorch_sgpa import SGPAELBO, SGPAViT
-from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer
 
 
 def _solve_formula(layer, x, global_inputs, noise):

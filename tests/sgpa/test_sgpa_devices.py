@@ -16,7 +16,7 @@ import copy
 import pytest
 import torch
 
-from gpytorch_sgpa import SGPADecoder, SGPAELBO, SGPANoise, SGPAttention, SGPAViT
+from gpytorch_sgpa import SGPAELBO, SGPADecoder, SGPANoise, SGPAttention, SGPAViT
 from gpytorch_sgpa.baselines import predict_proba
 from gpytorch_sgpa.metrics import classification_metrics, regression_metrics
 

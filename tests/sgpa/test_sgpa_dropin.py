@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gpytorch_sgpa
-from gpytorch_sgpa import MultiheadSGPAttention, SGPAELBO, SGPAttention, SGPANoise, convert, kl_divergence
+from gpytorch_sgpa import SGPAELBO, MultiheadSGPAttention, SGPANoise, SGPAttention, convert, kl_divergence
 
 
 class StockClassifier(nn.Module):

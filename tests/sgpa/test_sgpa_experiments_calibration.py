@@ -7,7 +7,7 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
 
-from gpytorch_sgpa.experiments.calibration import QUICK_CONFIG, CSV_COLUMNS, _Runner, load_task, main
+from gpytorch_sgpa.experiments.calibration import CSV_COLUMNS, QUICK_CONFIG, _Runner, load_task, main
 
 
 @pytest.fixture(scope="module")

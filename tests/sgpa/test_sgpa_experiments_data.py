@@ -4,6 +4,7 @@ import gzip
 import numpy as np
 import pytest
 import torch
+from vader_fixtures import fake_vader_sdist
 
 from gpytorch_sgpa.data import (
     Vocabulary,
@@ -15,7 +16,6 @@ from gpytorch_sgpa.data import (
     tokenize,
 )
 from gpytorch_sgpa.data.text import binary_sentiment
-from vader_fixtures import fake_vader_sdist
 
 
 def _write_idx(path, array):

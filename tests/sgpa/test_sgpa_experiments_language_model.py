@@ -4,13 +4,13 @@ import math
 
 import pytest
 import torch
+from vader_fixtures import fake_vader_corpora
 
 from gpytorch_sgpa import SGPADecoder, metrics
 from gpytorch_sgpa.data import Vocabulary
 from gpytorch_sgpa.elbo import IGNORE_INDEX
 from gpytorch_sgpa.experiments import language_model as lm
 from gpytorch_sgpa.experiments.training import mle_loss
-from vader_fixtures import fake_vader_corpora
 
 
 def _vocabulary():

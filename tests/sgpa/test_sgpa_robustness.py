@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpytorch_sgpa import SGPAELBO, SGPADecoder, SGPAttention
-from gpytorch_sgpa.attention import SGPA_SAMPLERS, KernelAttention, SGPANoise, ScaledDotProductAttention
+from gpytorch_sgpa.attention import SGPA_SAMPLERS, KernelAttention, ScaledDotProductAttention, SGPANoise
 
 D_MODEL, HEADS, NUM_GLOBAL, LENGTH, BATCH = 64, 4, 32, 12, 3
 

@@ -12,12 +12,12 @@ import math
 import gpytorch
 import pytest
 import torch
+from sgpa_layer_fixtures import BATCH, D_MODEL, HEADS, LENGTH, NUM_GLOBAL, TIGHT, E, _heads, _inputs, _layer, _step_through
 
-from gpytorch_sgpa import SGPAELBO, SGPATransformer, SGPAViT, SGPAttention
+from gpytorch_sgpa import SGPAELBO, SGPATransformer, SGPAttention, SGPAViT
 from gpytorch_sgpa.attention import SGPA_SAMPLERS, SGPANoise
 from gpytorch_sgpa.kernels import evaluate_kernel
 
-from sgpa_layer_fixtures import BATCH, D_MODEL, E, HEADS, LENGTH, NUM_GLOBAL, TIGHT, _heads, _inputs, _layer, _step_through
 NUM_SAMPLES = 20000
 
 

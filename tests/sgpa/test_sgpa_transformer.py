@@ -1,14 +1,13 @@
 """SGPA Transformers and the ELBO against hand compositions and closed forms."""
 
+import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import copy
-
-from gpytorch_sgpa import SGPAELBO, SGPATransformer, SGPAViT, SGPAttention
+from gpytorch_sgpa import SGPAELBO, SGPATransformer, SGPAttention, SGPAViT
 from gpytorch_sgpa.elbo import KL_WEIGHTINGS
 from gpytorch_sgpa.transformer import ATTENTION_TYPES, build_attention
 
