@@ -23,6 +23,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
+# Lint (also run by the test suite): the ruff configuration in pyproject.toml.
+.PHONY: lint
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
 clean:
 	rm -rf $(VENV) out *.egg-info
 

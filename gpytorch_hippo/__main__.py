@@ -90,7 +90,8 @@ def plot(memories, rows, times, values, path):
             fit = reconstruct_on_support(memory, rows[measure][1][k], past, times[k])
             ax.plot(past, fit, color=f"C{i}", lw=1.2, label=measure)
         ax.axvline(times[k].item(), color="k", lw=0.5)
-        ax.set(title=f"{label}: reconstructions $\\hat y^{{(t)}}(x)$", xlabel="x (days)", ylim=(values.min().item() - 1, values.max().item() + 1))
+        ax.set(title=f"{label}: reconstructions $\\hat y^{{(t)}}(x)$", xlabel="x (days)",
+               ylim=(values.min().item() - 1, values.max().item() + 1))
         ax.legend(fontsize=7, ncol=5)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -9,8 +9,8 @@ import pvlib
 import torch
 
 from gpytorch_hippo.__main__ import main
-from gpytorch_hippo.experiments.online import COLUMNS
 from gpytorch_hippo.data import load_solar_ghi
+from gpytorch_hippo.experiments.online import COLUMNS
 from gpytorch_hippo.hippo import HiPPO
 
 
