@@ -5,9 +5,9 @@ Bui et al. (2017), thesis §4.2.2: with HiPPO inducing variables it is OHSGPR, w
 OSGPR. New observations enter through :meth:`OnlineGPModel.condition_on_observations`, one online
 update that touches only the new batch and the stored summary ``q(u)``; old data are never
 revisited and, by default, not stored. :class:`OnlineCollapsedMLL` exposes the collapsed online
-bound to ``botorch.fit.fit_gpytorch_mll``.
-
-The non-Gaussian variant over OHSVGP (:class:`~gpytorch_hippo.online.OnlineELBO`) is not provided.
+bound to ``botorch.fit.fit_gpytorch_mll``. An ``(n, m)`` target gives ``m`` independent outputs
+(:class:`~gpytorch_hippo.botorch_multioutput.MultiOutputOnlineGPModel`); non-Gaussian observations
+have :class:`~gpytorch_hippo.botorch_variational.OnlineVariationalGPModel` over OHSVGP.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .inducing.hippo_variables import HiPPOInducingVariables
 from .online import OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs
 
-__all__ = ["OnlineGPModel", "OnlineCollapsedMLL"]
+__all__ = ["OnlineGPModel", "OnlineCollapsedMLL", "MultiOutputOnlineGPModel"]
 
 
 class OnlineCollapsedMLL(MarginalLogLikelihood):
@@ -103,8 +103,9 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     and returns a model with that batch shape.
 
     :param train_X: first batch of inputs, ``(n, d)``.
-    :param train_Y: its targets, ``(n, 1)``.
-    :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
+    :param train_Y: its targets, ``(n, 1)``, or ``(n, m)`` for ``m`` independent outputs.
+    :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables` (with
+        ``m`` outputs: one set, copied per output, or a sequence of ``m`` sets).
     :param covar_module: GPyTorch kernel (default: ``SingleTaskGP``'s RBF with a dimension-scaled prior).
     :param likelihood: homoskedastic ``GaussianLikelihood`` (default: ``SingleTaskGP``'s).
     :param mean_module: prior mean (default ``ConstantMean``); learned on the first batch, then
@@ -112,7 +113,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     :param input_transform: e.g. ``Normalize(d, bounds=...)``; learned bounds are learned from the
         first batch and then fixed. Inducing points are given in the transformed space (e.g. in the unit
         cube under ``Normalize``); a set far from every transformed input raises.
-    :param outcome_transform: e.g. ``Standardize(m=1)``; statistics from the first batch, then fixed.
+    :param outcome_transform: e.g. ``Standardize(m=1)`` (``Standardize(m=m)`` with ``m`` outputs);
+        statistics from the first batch, then fixed.
     :param fit_maxiter: iterations of the first fit (``0``: keep the hyperparameters as given).
     :param refit_every: refresh the hyperparameters in every ``k``-th :meth:`observe` (``None``: never).
         Multidimensional HiPPO variables keep their path memory in features of the first length
@@ -121,6 +123,11 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         (``False``, the default, stores nothing but the online summary).
     :param ordering: criterion of :func:`~gpytorch_hippo.ordering.order_inputs` for path variables.
     """
+
+    def __new__(cls, train_X: Tensor | None = None, train_Y: Tensor | None = None, *args: Any, **kwargs: Any):
+        if cls is OnlineGPModel and isinstance(train_Y, Tensor) and train_Y.dim() >= 2 and train_Y.shape[-1] > 1:
+            cls = MultiOutputOnlineGPModel
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -438,15 +445,18 @@ class _NoStoredData(AttributeError):
     """``train_inputs``/``train_targets`` of a model that keeps no data (so ``hasattr`` is ``False``)."""
 
 
-def _check_X_Y(X, Y, x_name: str, y_name: str) -> None:
-    """BoTorch's shapes: ``X`` of ``(*b, n, d)``, ``Y`` of ``(*b', n, 1)``, finite."""
+def _check_X_Y(X, Y, x_name: str, y_name: str, num_outputs: int = 1) -> None:
+    """BoTorch's shapes: ``X`` of ``(*b, n, d)``, ``Y`` of ``(*b', n, m)``, finite."""
     for name, value in ((x_name, X), (y_name, Y)):
         if not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if X.dim() < 2 or X.shape[-2] < 1:
         raise ValueError(f"{x_name} must have shape (*batch, n, d) with n >= 1, got {tuple(X.shape)}")
-    if Y.dim() < 2 or Y.shape[-1] != 1 or Y.shape[-2] != X.shape[-2]:
-        raise ValueError(f"{y_name} must have shape (*batch, {X.shape[-2]}, 1) to match {x_name}, got {tuple(Y.shape)}")
+    if Y.dim() < 2 or Y.shape[-1] != num_outputs or Y.shape[-2] != X.shape[-2]:
+        raise ValueError(
+            f"{y_name} must have shape (*batch, {X.shape[-2]}, {num_outputs}) to match {x_name} and the model's outputs, "
+            f"got {tuple(Y.shape)}"
+        )
     if not torch.isfinite(X).all():
         raise ValueError(f"{x_name} contains NaN or infinite values")
     if not torch.isfinite(Y).all():
@@ -454,3 +464,4 @@ def _check_X_Y(X, Y, x_name: str, y_name: str) -> None:
 
 
 from . import botorch_paths  # noqa: E402,F401  (registers OnlineGPModel with BoTorch's pathwise sampling)
+from .botorch_multioutput import MultiOutputOnlineGPModel  # noqa: E402
