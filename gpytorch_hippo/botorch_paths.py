@@ -1,23 +1,29 @@
-"""Pathwise posterior samples of :class:`~gpytorch_hippo.botorch.OnlineGPModel` for BoTorch.
+r"""Pathwise posterior samples of :class:`~gpytorch_hippo.botorch.OnlineGPModel` for BoTorch.
 
 Registered with BoTorch's pathwise dispatchers, so that ``draw_matheron_paths``,
 ``get_matheron_path_model``, ``get_optimal_samples`` and the acquisitions built on them
 (Thompson sampling through paths, ``qJointEntropySearch``, ``qPredictiveEntropySearch``,
 ``qLowerBoundMaxValueEntropy`` with optimal samples) run on the online surrogate. Matheron's rule
-(Wilson et al. 2020) with the stored ``q(u)`` in place of data, for point inducing variables
-``u = f(Z) + e`` (``e`` the ``K_uu`` jitter):
+(Wilson et al. 2020) with the stored ``q(u)`` in place of data, for inducing variables
+``u = g(f) + e`` (``g`` linear, ``e`` the ``K_uu`` jitter):
 
 .. math::
-    (f \\mid u)(\\cdot) = f(\\cdot) + k(\\cdot, Z)\\,K_{uu}^{-1}\\,(u - f(Z) - e),
-    \\qquad u \\sim q(u),\\quad f \\sim GP(m, k)\\ \\text{by random Fourier features},
+    (f \mid u)(\cdot) = f(\cdot) + K_{\cdot u}\,K_{uu}^{-1}\,(u - g(f) - e),
+    \qquad u \sim q(u),\quad f \sim GP(m, k)\ \text{by Fourier features},
 
 whose mean and covariance are those of the online posterior ``q(f)`` (up to the features' error).
+Inducing points: ``g(f) = f(Z)`` on BoTorch's own prior paths. HiPPO variables:
+``g(f) = \int f(s)\,\phi(s)\,ds``; the prior path ``f = m + \psi^\top w`` uses Fourier features
+``\psi`` whose projections ``Z = \int \psi(s)\,\phi(s)\,ds`` are known, so ``g(f) = Z^\top w``:
+the variables' own random features along the path (inputs of several dimensions), or, for time
+inputs, random features whose projections are the closed-form transforms ``\hat c(\omega)`` of
+:mod:`gpytorch_hippo.inducing.spectral`.
 """
 
 from __future__ import annotations
 
 import torch
-from botorch.sampling.pathwise.features import KernelEvaluationMap
+from botorch.sampling.pathwise.features import FeatureMap
 from botorch.sampling.pathwise.paths import GeneralizedLinearPath
 from botorch.sampling.pathwise.posterior_samplers import DrawMatheronPaths, MatheronPath
 from botorch.sampling.pathwise.prior_samplers import DrawKernelFeaturePaths, _draw_kernel_feature_paths_fallback
@@ -29,56 +35,142 @@ from linear_operator import to_dense
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Size, Tensor
 
+from ._validation import floating_dtype
 from .botorch import OnlineGPModel
+from .inducing.base import InducingVariables
+from .inducing.hippo_backends import FourierFeatures
+from .inducing.hippo_variables import HiPPOInducingVariables
 from .inducing.points import InducingPoints
+from .inducing.spectral import hippo_support, hippo_transform
 
 
-def _stored_points(model: OnlineGPModel) -> Tensor:
-    """The inputs ``Z`` of the stored task's point inducing variables (model space), or a named error."""
-    variables = model.online.posterior_inducing_variables
-    if not isinstance(variables, InducingPoints):
+def _stored_variables(model: OnlineGPModel) -> InducingVariables:
+    """The stored task's inducing variables, or a named error for what paths do not cover."""
+    if model.num_outputs > 1:
         raise NotImplementedError(
-            f"pathwise samples of OnlineGPModel need point inducing variables; {type(variables).__name__} are "
-            "projections of f whose prior paths the random features do not give: use InducingPoints, or "
-            "posterior-based acquisitions"
+            f"pathwise samples of a {model.num_outputs}-output OnlineGPModel: put single-output OnlineGPModels "
+            "in a ModelListGP, whose paths BoTorch draws per model"
         )
     if len(model.batch_shape) > 0:
         raise NotImplementedError(f"pathwise samples of a batched (fantasy) OnlineGPModel, batch_shape {tuple(model.batch_shape)}")
-    return variables.points
+    variables = model.online.posterior_inducing_variables
+    if not isinstance(variables, (InducingPoints, HiPPOInducingVariables)):
+        raise NotImplementedError(
+            f"pathwise samples of OnlineGPModel need InducingPoints or HiPPOInducingVariables, got {type(variables).__name__}"
+        )
+    return variables
+
+
+class _CrossCovarianceMap(FeatureMap):
+    """``x -> K_{xu}`` (``(*b, n, M)``): the feature map of the Matheron update for any inducing variables."""
+
+    def __init__(self, variables: InducingVariables, kernel, input_transform=None):
+        super().__init__()
+        self.variables, self.kernel, self.input_transform, self.output_transform = variables, kernel, input_transform, None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return to_dense(self.variables.Kuf(self.kernel, x)).mT
+
+    @property
+    def num_outputs(self) -> int:
+        return self.variables.num_inducing
+
+    @property
+    def batch_shape(self) -> Size:
+        return Size()
+
+
+class _HiPPOFourierMap(FeatureMap):
+    """``ψ(x) = sqrt(a) [cos(Wx), sin(Wx)]`` with ``k(x, x') ≈ ψ(x)ᵀψ(x')`` and the HiPPO projections
+    ``Z = ∫ ψ(s) φ(s) ds`` (``2R x M``) of the same features (module docstring)."""
+
+    def __init__(self, variables: HiPPOInducingVariables, kernel):
+        super().__init__()
+        self.input_transform, self.output_transform = None, None
+        if variables.input_dim > 1:  # the variables' own random features, projected along the path
+            backend = variables._backend_for(kernel)
+            frequencies, weights = backend.features.frequencies_and_weights(variables, kernel)
+            self.projections = backend.memory(variables, kernel)
+        else:
+            support = hippo_support(variables.measure, variables.num_inducing, variables.memory.theta, variables.t, variables.start)
+            if support is None:
+                raise NotImplementedError(
+                    f"pathwise samples of HiPPO variables with measure {variables.measure!r} whose support is clipped by "
+                    f"the stream start ({variables.start}): their projections of Fourier features have no closed form"
+                )
+            frequencies, weights = FourierFeatures("random").frequencies_and_weights(variables, kernel)
+            frequencies = frequencies.abs()  # k(r) = E cos(ωr) is even in ω: |ω| gives the same kernel
+            omega = frequencies[:, 0].double()
+            chat = torch.polar(torch.ones_like(omega), omega * support[0])[:, None] * hippo_transform(
+                variables.measure, variables.num_inducing, variables.memory.theta, variables.t, variables.start, omega
+            )
+            root = weights.double().sqrt()[:, None]
+            self.projections = torch.cat([root * chat.real, root * chat.imag])
+        self.frequencies, self.root = frequencies.detach(), weights.detach().sqrt()
+
+    def forward(self, x: Tensor) -> Tensor:
+        phase = x @ self.frequencies.to(x.dtype).mT
+        root = self.root.to(x.dtype)
+        return torch.cat([root * torch.cos(phase), root * torch.sin(phase)], dim=-1)
+
+    @property
+    def num_outputs(self) -> int:
+        return 2 * self.frequencies.shape[0]
+
+    @property
+    def batch_shape(self) -> Size:
+        return Size()
 
 
 @DrawKernelFeaturePaths.register(OnlineGPModel)
 def _prior_paths(model: OnlineGPModel, **kwargs) -> GeneralizedLinearPath:
-    return _draw_kernel_feature_paths_fallback(
-        num_inputs=_stored_points(model).shape[-1],
-        mean_module=model.mean_module,
-        covar_module=model.covar_module,
-        input_transform=get_input_transform(model),
-        output_transform=get_output_transform(model),
-        **kwargs,
-    )
+    variables = _stored_variables(model)
+    if isinstance(variables, InducingPoints):
+        return _draw_kernel_feature_paths_fallback(
+            num_inputs=variables.points.shape[-1],
+            mean_module=model.mean_module,
+            covar_module=model.covar_module,
+            input_transform=get_input_transform(model),
+            output_transform=get_output_transform(model),
+            **kwargs,
+        )
+    sample_shape = kwargs.get("sample_shape", Size())
+    feature_map = _HiPPOFourierMap(variables, model.covar_module)
+    dtype = floating_dtype(model.covar_module)
+    weight = torch.randn(*sample_shape, feature_map.num_outputs, dtype=dtype, device=feature_map.projections.device)
+    return GeneralizedLinearPath(feature_map=feature_map, weight=weight, bias_module=model.mean_module,
+                                 input_transform=get_input_transform(model), output_transform=get_output_transform(model))
+
+
+def _prior_values_of_u(model: OnlineGPModel, prior_paths: GeneralizedLinearPath) -> Tensor:
+    """``g(f)`` of the prior paths: ``f(Z)`` for inducing points, ``E[u] + Zᵀ w`` for HiPPO variables."""
+    variables = model.online.posterior_inducing_variables
+    if isinstance(variables, InducingPoints):
+        return prior_paths.forward(variables.points)
+    values = prior_paths.weight @ prior_paths.feature_map.projections.to(prior_paths.weight.dtype)
+    mean = variables.prior_mean(model.mean_module)
+    return values if mean is None else values + mean.to(values.dtype)
 
 
 @GaussianUpdate.register(OnlineGPModel, (Likelihood, type(None)))
 def _update_paths(model: OnlineGPModel, likelihood, *, sample_values: Tensor, **ignore) -> GeneralizedLinearPath:
-    """``k(·, Z) K_uu^{-1} (u - f(Z) - e)`` with ``u ~ q(u)``, ``e ~ N(0, jitter I)``, for prior values ``f(Z)``."""
-    points = _stored_points(model)
-    variables, kernel = model.online.posterior_inducing_variables, model.covar_module
+    """``K_{·u} K_uu^{-1} (u - g(f) - e)`` with ``u ~ q(u)``, ``e ~ N(0, jitter I)``, for prior values ``g(f)``."""
+    variables, kernel = _stored_variables(model), model.covar_module
     kuu = to_dense(variables.Kuu(kernel)).to(sample_values.dtype)
     chol = psd_safe_cholesky(kuu)
     jitter = variables.jitter_variance(kuu)
-    sample_shape = sample_values.shape[:-1]
-    targets = model.online.inducing_posterior().rsample(sample_shape).to(sample_values.dtype)
+    targets = model.online.inducing_posterior().rsample(sample_values.shape[:-1]).to(sample_values.dtype)
     noise = jitter.sqrt() * torch.randn_like(sample_values)
     weight = torch.cholesky_solve((targets - sample_values - noise).unsqueeze(-1), chol).squeeze(-1)
-    feature_map = KernelEvaluationMap(kernel=kernel, points=points, input_transform=get_input_transform(model))
+    feature_map = _CrossCovarianceMap(variables, kernel, input_transform=get_input_transform(model))
     return GeneralizedLinearPath(feature_map=feature_map, weight=weight)
 
 
 @DrawMatheronPaths.register(OnlineGPModel)
 def _matheron_paths(model: OnlineGPModel, *, sample_shape: Size, prior_sampler, update_strategy) -> MatheronPath:
-    points = _stored_points(model)  # in the transformed input space, as BoTorch assumes for inducing points
+    _stored_variables(model)  # in the transformed input space, as BoTorch assumes for inducing variables
     with delattr_ctx(model, "outcome_transform"):
         prior_paths = prior_sampler(model=model, sample_shape=sample_shape)
-        update_paths = update_strategy(model=model, sample_values=prior_paths.forward(points))
+        update_paths = update_strategy(model=model, sample_values=_prior_values_of_u(model, prior_paths))
     return MatheronPath(prior_paths=prior_paths, update_paths=update_paths, output_transform=get_output_transform(model))
+

@@ -6,6 +6,7 @@ import torch
 from botorch.acquisition.joint_entropy_search import qJointEntropySearch
 from botorch.acquisition.utils import get_optimal_samples
 from botorch.models.transforms import Normalize, Standardize
+from botorch.sampling import SobolQMCNormalSampler
 from botorch.sampling.pathwise import draw_matheron_paths, get_matheron_path_model
 
 from gpytorch_hippo import HiPPOInducingVariables, InducingPoints
@@ -59,8 +60,69 @@ def test_optimal_samples_and_joint_entropy_search_run_on_the_online_model():
     assert values.shape == (5,) and torch.isfinite(values).all()
 
 
-def test_hippo_variables_name_what_pathwise_samples_need():
-    t = torch.linspace(0, 1, 20, dtype=DOUBLE).unsqueeze(-1)
-    model = OnlineGPModel(t, torch.sin(6 * t), HiPPOInducingVariables(8, "legs", t=1.0), fit_maxiter=0)
-    with pytest.raises(NotImplementedError, match="InducingPoints"):
-        draw_matheron_paths(model, sample_shape=torch.Size([2]))
+def mc_moments(model, X, num_paths=8192):
+    paths = draw_matheron_paths(model, sample_shape=torch.Size([num_paths]))
+    with torch.no_grad():
+        samples = paths(X)  # (num_paths, n)
+    return paths, samples.mean(0), samples.std(0) / num_paths**0.5, torch.cov(samples.T)
+
+
+@pytest.mark.parametrize("method", ["auto", "lyapunov", "quadrature"])
+def test_hippo_time_paths_have_the_posterior_mean_and_covariance(method):
+    """Time inputs (OHSGPR on a stream): the prior paths' HiPPO projections are the closed-form transforms
+    of their Fourier features, so 8,192 paths give the posterior's mean (within 4.5 standard errors) and
+    covariance (within 5 % of the largest variance: the features' error; a sign error in the transforms'
+    imaginary part gives errors 50x the variance)."""
+    torch.manual_seed(4)
+    generator = torch.Generator().manual_seed(5)
+    t = torch.linspace(0, 3, 40, dtype=DOUBLE).unsqueeze(-1)
+    y = torch.sin(3 * t) + 0.1 * torch.randn(40, 1, generator=generator, dtype=DOUBLE)
+    model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(12, "legs", t=1.5, method=method), fit_maxiter=20)
+    model = model.observe(t[20:], y[20:])  # the variables advance to t = 3
+    X = torch.linspace(0, 3.2, 7, dtype=DOUBLE).unsqueeze(-1)  # inside and beyond the stream
+    _, mean, error, covariance = mc_moments(model, X)
+    with torch.no_grad():
+        posterior = model.posterior(X)
+    expected = posterior.distribution.covariance_matrix
+    assert ((mean - posterior.mean[..., 0]).abs() < 4.5 * error).all()
+    assert (covariance - expected).abs().max() < 0.05 * expected.diagonal().max()
+
+
+def test_hippo_path_variables_paths_equal_the_posterior_of_their_feature_model():
+    """Several input dimensions: the variables are projections of their own random features ψ along the
+    input path, and the prior paths use those features; so the paths' covariance is the posterior's with
+    the prior term k(X, X) replaced by ψ(X)ψ(X)ᵀ, to Monte-Carlo error (1 % of the variance)."""
+    torch.manual_seed(6)
+    generator = torch.Generator().manual_seed(7)
+    x = torch.rand(30, 2, generator=generator, dtype=DOUBLE)
+    y = torch.sin(4 * x[:, :1]) + torch.cos(3 * x[:, 1:])
+    model = OnlineGPModel(x[:15], y[:15], HiPPOInducingVariables(10, input_dim=2, num_rff=1000, seed=1),
+                          input_transform=Normalize(2), fit_maxiter=20)
+    model = model.condition_on_observations(x[15:], y[15:])
+    X = torch.rand(6, 2, generator=generator, dtype=DOUBLE)
+    paths, mean, error, covariance = mc_moments(model, X)
+    with torch.no_grad():
+        posterior = model.posterior(X)
+        x_model = model.transform_inputs(X)
+        features = paths.paths["prior_paths"].feature_map(x_model)
+        expected = posterior.distribution.covariance_matrix - model.covar_module(x_model).to_dense() + features @ features.mT
+    assert ((mean - posterior.mean[..., 0]).abs() < 4.5 * error).all()
+    assert (covariance - expected).abs().max() < 0.02 * expected.diagonal().max()
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DOUBLE)
+    optimal_inputs, optimal_outputs = get_optimal_samples(model, bounds=bounds, num_optima=3)
+    jes = qJointEntropySearch(model, optimal_inputs=optimal_inputs, optimal_outputs=optimal_outputs)
+    assert torch.isfinite(jes(torch.rand(4, 1, 2, dtype=DOUBLE))).all()
+
+
+def test_what_paths_do_not_cover_raises_named_errors():
+    t = torch.linspace(0.5, 1, 20, dtype=DOUBLE).unsqueeze(-1)
+    clipped = OnlineGPModel(t, torch.sin(6 * t), HiPPOInducingVariables(8, "legs", t=1.0, start=0.5), fit_maxiter=0)
+    with pytest.raises(NotImplementedError, match="closed form"):
+        draw_matheron_paths(clipped, sample_shape=torch.Size([2]))
+    x = torch.rand(10, 2, dtype=DOUBLE)
+    two_outputs = OnlineGPModel(x, torch.rand(10, 2, dtype=DOUBLE), InducingPoints(x[:5], learn=False), fit_maxiter=0)
+    with pytest.raises(NotImplementedError, match="ModelListGP"):
+        draw_matheron_paths(two_outputs, sample_shape=torch.Size([2]))
+    fantasies = model_2d().fantasize(x[:1], sampler=SobolQMCNormalSampler(torch.Size([2])))
+    with pytest.raises(NotImplementedError, match="batched"):
+        draw_matheron_paths(fantasies, sample_shape=torch.Size([2]))
