@@ -12,6 +12,7 @@ try:
 except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path without an install
     __version__ = "0+unknown"
 
+from .adapters import register_adapter
 from .attention import (
     KernelAttention,
     ScaledDotProductAttention,
@@ -51,4 +52,5 @@ __all__ = [
     "make_attention_kernel",
     "posterior_mean",
     "predict_proba",
+    "register_adapter",
 ]

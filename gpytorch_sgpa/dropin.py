@@ -8,7 +8,8 @@ r"""SGPA inside a user's own PyTorch Transformer (thesis ch. 3 without the packa
   :class:`torch.nn.TransformerEncoderLayer` (stacked by :class:`torch.nn.TransformerEncoder`);
 * :func:`convert` swaps the ``nn.MultiheadAttention`` modules of an existing model for such
   adapters initialised from the trained weights (the thesis starts SGPA from an MLE network,
-  App. B.4);
+  App. B.4), and the self-attention of Hugging Face and timm models for the adapters of
+  :mod:`gpytorch_sgpa.adapters`;
 * :func:`kl_divergence` / :func:`global_kl_divergence` sum, after a forward pass, the KL terms of
   every SGPA layer of a module tree, so the caller's ``forward`` keeps its signature;
   :class:`~gpytorch_sgpa.elbo.SGPAELBO` takes the first and reads the second itself.
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import check_int
-from .attention import KernelAttention, SGPAttention
+from .attention import SGPAttention
 from .transformer import ATTENTION_TYPES, build_attention
 
 __all__ = ["MultiheadSGPAttention", "convert", "global_kl_divergence", "kl_divergence"]
@@ -266,25 +267,30 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
 
 
 def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> nn.Module:
-    r"""Swap, in place, the attention modules of ``module`` for :class:`MultiheadSGPAttention`\ s and
+    r"""Swap, in place, the self-attention modules of ``module`` for kernel or SGPA adapters and
     return ``module`` (or the replacement when ``module`` is itself an attention module).
 
-    Converted: every :class:`torch.nn.MultiheadAttention`, and every kernel-attention adapter
-    (``MultiheadSGPAttention`` holding :class:`KernelAttention`) when ``attention`` is not
-    ``"kernel"``: the thesis's path, MLE kernel attention first, then SGPA from its weights.
+    Converted: every module whose type has an adapter (:mod:`gpytorch_sgpa.adapters`, most specific
+    class first; :func:`~gpytorch_sgpa.register_adapter` adds one): ``nn.MultiheadAttention`` (→
+    :class:`MultiheadSGPAttention`; in ``nn.TransformerDecoderLayer`` the self-attention only, causal
+    by default, the cross-attention left as it is), the self-attention of Hugging Face BERT-style
+    encoders, ViT and GPT-2 and of timm's ViT; and every kernel-attention adapter when ``attention``
+    is not ``"kernel"``: the thesis's path, MLE kernel attention first, then SGPA from its weights.
     ``attention`` and ``attention_kwargs`` are those of :class:`MultiheadSGPAttention` (e.g.
-    ``num_global=32``, ``variant``-bearing names ``"sgpa-dsvgp"``, ``sampler="decomposed"``,
-    ``causal=True`` for a causal model); ``dropout`` and ``batch_first`` default to the replaced
-    module's.
+    ``num_global=32``, ``"sgpa-dsvgp"``, ``sampler="decomposed"``, ``causal=True`` for a causal
+    model); ``dropout``, ``batch_first`` and the causal structure default to the replaced module's.
+    Forward hooks and pre-hooks of a replaced module move to its replacement, which has the same
+    call convention.
 
     Initialisation: from kernel attention, ``W_qk``, ``W_v``, the output projection and the kernel
     hyperparameters are copied, so with the posterior collapsed to its mean standard SGPA and
     DSVGP reproduce the kernel-attention outputs exactly (orthogonal SGPA adds its global
-    correction, eq. ``odsvgp``).  From ``nn.MultiheadAttention`` (softmax attention, separate
-    ``W_q``, ``W_k``): ``W_qk = (W_q + W_k) / 2``, ``W_v`` and the output projection are copied and
-    the input-projection biases are dropped (kernel and SGPA attention have none); the function
-    computed changes (softmax → kernel), so fine-tune afterwards.  SGPA variational parameters
-    start as in :class:`SGPAttention`.
+    correction, eq. ``odsvgp``).  From softmax attention (separate ``W_q``, ``W_k``):
+    ``W_qk = (W_q + W_k) / 2``, ``W_v`` and the output path are copied; the function computed
+    changes (softmax → kernel), so fine-tune afterwards.  The shared query/key bias is dropped (a
+    stationary kernel does not see a common shift of queries and keys); the value bias is kept by
+    the adapters of :mod:`gpytorch_sgpa.adapters` and dropped for ``nn.MultiheadAttention`` (its
+    adapter's layer has none).  SGPA variational parameters start as in :class:`SGPAttention`.
 
     ``nn.TransformerEncoder``\ s in the tree get ``use_nested_tensor = False``: their nested-tensor
     inference path would bypass the new attention modules.
@@ -293,32 +299,48 @@ def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> n
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
+    from . import adapters
 
-    def replacement(child: nn.Module) -> nn.Module | None:
-        if isinstance(child, nn.MultiheadAttention):
-            return _from_multihead(child, attention, dict(attention_kwargs))
-        if isinstance(child, MultiheadSGPAttention) and isinstance(child.attention, KernelAttention) \
-                and attention != "kernel":
-            return _from_kernel_adapter(child, attention, dict(attention_kwargs))
-        return None
+    def replacement(child: nn.Module, defaults: dict) -> nn.Module | None:
+        adapter = adapters.adapter_for(child)
+        if adapter is None:
+            return None
+        new = adapter(child, attention, **{**defaults, **attention_kwargs})
+        if new is not None and not isinstance(new, nn.Module):
+            raise TypeError(f"the adapter of {type(child).__name__} returned {type(new).__name__}, not an nn.Module")
+        if new is not None and new is not child:
+            _move_hooks(child, new)
+        return new
 
-    root = replacement(module)
+    root = replacement(module, {})
     if root is not None:
         return root
-    converted = {}  # id(old) -> new: a module shared by several parents stays shared
+    replaced = {}  # id(old) -> (old, new): a module shared by several parents stays shared
     for parent in list(module.modules()):
         if isinstance(parent, nn.TransformerEncoder):
             parent.use_nested_tensor = False
         for name, child in list(parent._modules.items()):  # named_children() would skip repeats
             if child is None:
                 continue
-            if id(child) not in converted:
-                new = replacement(child)
+            if id(child) not in replaced:
+                defaults = adapters.child_defaults(parent, name)
+                new = None if defaults is None else replacement(child, defaults)
                 if new is None:
                     continue
-                converted[id(child)] = new
-            setattr(parent, name, converted[id(child)])
-    if not converted:
-        raise ValueError(f"{type(module).__name__} holds no nn.MultiheadAttention (nor kernel attention to "
-                         f"turn into {attention!r}) to convert")
+                replaced[id(child)] = (child, new)
+            setattr(parent, name, replaced[id(child)][1])
+    if not replaced:
+        raise ValueError(f"{type(module).__name__} holds no nn.MultiheadAttention nor other self-attention with an "
+                         f"adapter (nor kernel attention to turn into {attention!r}) to convert")
+    adapters.record_attentions(module, replaced)
     return module
+
+
+def _move_hooks(old: nn.Module, new: nn.Module) -> None:
+    """Give ``new`` the forward hooks and pre-hooks of ``old`` (the same dicts, so their handles still
+    remove them)."""
+    for name in ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                 "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"):
+        hooks = getattr(old, name, None)
+        if hooks:
+            setattr(new, name, hooks)

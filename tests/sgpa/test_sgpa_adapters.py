@@ -1,0 +1,446 @@
+"""``convert`` on the self-attention of Hugging Face BERT, ViT and GPT-2 models, timm's ``Attention``,
+``nn.Transformer`` and a user's own type (``register_adapter``): kernel outputs against a computation
+by hand from the original weights, masks, causality, the key/value cache of ``generate``, attention
+maps and one ELBO step per family."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gpytorch_sgpa
+from gpytorch_sgpa import adapters, convert, kl_divergence, posterior_mean, predict_proba, register_adapter
+
+
+def _transformers():
+    """The ``transformers`` module (the ``zoo`` extra); the test skips without it."""
+    return pytest.importorskip("transformers")
+
+
+def _bert(implementation="sdpa", cls="BertForSequenceClassification", config_cls="BertConfig", seed=0):
+    transformers = _transformers()
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        vocab_size=100, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config._attn_implementation = implementation
+    return getattr(transformers, cls)(config)
+
+
+def _vit(seed=0):
+    torch.manual_seed(seed)
+    config = _transformers().ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=8,
+                       patch_size=4, num_channels=1, num_labels=3)
+    return _transformers().ViTForImageClassification(config)
+
+
+def _gpt2(implementation="sdpa", seed=0):
+    torch.manual_seed(seed)
+    config = _transformers().GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0,
+                        eos_token_id=1, pad_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config._attn_implementation = implementation
+    return _transformers().GPT2LMHeadModel(config)
+
+
+def _kernel_by_hand(x, weight_q, weight_k, weight_v, bias_v, num_heads, allowed):
+    """``concat_h K_h v_h`` with the default kernel as initialised (RBF, lengthscale ``sqrt(e)``,
+    output scale 1), ``W_qk = (W_q + W_k) / 2`` and ``v = x W_vᵀ + b_v``; ``allowed``: bool
+    ``(B, L, L)`` or ``None``."""
+    batch, length, d_model = x.shape
+    e = d_model // num_heads
+    q = (x @ (0.5 * (weight_q + weight_k)).T).view(batch, length, num_heads, e).transpose(1, 2)
+    v = (x @ weight_v.T + (0 if bias_v is None else bias_v)).view(batch, length, num_heads, e).transpose(1, 2)
+    gram = torch.exp(-0.5 * (q[:, :, :, None, :] - q[:, :, None, :, :]).square().sum(-1) / e)
+    if allowed is not None:
+        gram = gram * allowed[:, None]
+    return (gram @ v).transpose(1, 2).reshape(batch, length, d_model), gram
+
+
+def _capture(module):
+    """The positional input and the output of every call of ``module``."""
+    calls = []
+    module.register_forward_hook(lambda m, args, output: calls.append((args[0].detach(), output)))
+    return calls
+
+
+# --------------------------------------------------------------------------- kernel attention against a hand computation
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_bert_kernel_conversion_matches_kernel_attention_by_hand(implementation):
+    """Through the model's own forward (its padding mask as sdpa's bool or eager's additive float
+    mask): the converted self-attention computes kernel attention from the original W_q, W_k, W_v
+    and value bias, and output_attentions returns that Gram matrix."""
+    model = _bert(implementation).double().eval()
+    original = copy.deepcopy(model.bert.encoder.layer[1].attention.self)
+    convert(model, attention="kernel")
+    adapter = model.bert.encoder.layer[1].attention.self
+    assert isinstance(adapter, adapters.BertSelfAttentionAdapter)
+    calls = _capture(adapter)
+    ids = torch.randint(2, 100, (3, 6))
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    mask[2, 5:] = 0
+    with torch.no_grad():
+        output = model(ids, attention_mask=mask, output_attentions=True)
+    (x, (context, weights)), = calls
+    allowed = mask.bool()[:, None, :].expand(3, 6, 6)
+    expected, gram = _kernel_by_hand(x, original.query.weight, original.key.weight, original.value.weight,
+                                     original.value.bias, 4, allowed)
+    valid = mask.bool()
+    torch.testing.assert_close(context[valid], expected[valid], rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(weights, gram, rtol=1e-8, atol=1e-8)
+    assert len(output.attentions) == 2 and output.attentions[1] is weights
+
+
+def test_vit_and_gpt2_kernel_conversion_keep_the_output_projection():
+    """ViT's o_proj and GPT-2's c_proj (a Conv1D, weights stored transposed) stay after the heads;
+    GPT-2's fused c_attn is split into W_q, W_k, W_v (its causal structure in the hand computation)."""
+    vit = _vit().double().eval()
+    original = copy.deepcopy(vit.vit.layers[0].attention)
+    convert(vit, attention="kernel")
+    calls = _capture(vit.vit.layers[0].attention)
+    with torch.no_grad():
+        vit(torch.randn(2, 1, 8, 8, dtype=torch.float64))
+    (x, (output, _)), = calls
+    context, _ = _kernel_by_hand(x, original.q_proj.weight, original.k_proj.weight, original.v_proj.weight,
+                                 original.v_proj.bias, 4, None)
+    torch.testing.assert_close(output, original.o_proj(context), rtol=1e-8, atol=1e-8)
+
+    gpt2 = _gpt2().double().eval()
+    original = copy.deepcopy(gpt2.transformer.h[1].attn)
+    convert(gpt2, attention="kernel")
+    calls = _capture(gpt2.transformer.h[1].attn)
+    with torch.no_grad():
+        gpt2(torch.randint(2, 50, (2, 5)))
+    (x, (output, _)), = calls
+    weight_q, weight_k, weight_v = original.c_attn.weight.T.split(32)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 5, 5)
+    context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, original.c_attn.bias[64:], 4, causal)
+    torch.testing.assert_close(output, original.c_proj(context), rtol=1e-8, atol=1e-8)
+
+
+def test_roberta_converts_like_bert():
+    model = _bert(cls="RobertaForSequenceClassification", config_cls="RobertaConfig")
+    convert(model, attention="kernel")
+    layers = [m for m in model.modules() if isinstance(m, adapters.BertSelfAttentionAdapter)]
+    assert len(layers) == 2
+    assert model(torch.randint(2, 100, (2, 5))).logits.shape == (2, 3)
+
+
+def test_kernel_then_sgpa_posterior_mean_equals_the_kernel_model():
+    """The thesis's path on a Hugging Face model: kernel attention, then DSVGP from it; with the
+    noise at zero the DSVGP sample is K_qk v, the kernel model's output."""
+    model = _bert().double().eval()
+    convert(model, attention="kernel")
+    ids = torch.randint(2, 100, (2, 6))
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+    convert(model, attention="sgpa-dsvgp", num_global=4)
+    layers = [m for m in model.modules() if isinstance(m, gpytorch_sgpa.SGPAttention)]
+    assert len(layers) == 2 and layers[0].v_proj.bias is not None
+    with torch.no_grad():
+        sampled = model(ids, attention_mask=mask).logits
+        with posterior_mean():
+            collapsed = model(ids, attention_mask=mask).logits
+    assert (sampled - expected).abs().max() > 1e-4
+    torch.testing.assert_close(collapsed, expected, rtol=1e-8, atol=1e-8)
+
+
+# --------------------------------------------------------------------------- masks and causality
+def test_padded_tokens_do_not_reach_the_other_positions():
+    """Same noise draws (same seed), different contents of the padded tokens: the SGPA model's
+    hidden states at the other positions do not change, those at the padded ones do."""
+    model = convert(_bert(cls="BertModel").double(), num_global=4).eval()
+    ids = torch.randint(2, 100, (2, 7))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    changed = ids.clone()
+    changed[1, 4:] = torch.randint(2, 100, (3,))
+    with torch.no_grad():
+        torch.manual_seed(1)
+        first = model(ids, attention_mask=mask).last_hidden_state
+        torch.manual_seed(1)
+        second = model(changed, attention_mask=mask).last_hidden_state
+    valid = mask.bool()
+    torch.testing.assert_close(second[valid], first[valid], rtol=1e-9, atol=1e-9)
+    assert (second[~valid] - first[~valid]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_gpt2_output_at_t_does_not_depend_on_later_tokens(sampling):
+    model = convert(_gpt2().double(), num_global=4).eval()
+    ids = torch.randint(2, 50, (2, 8))
+    later = ids.clone()
+    later[:, 5:] = torch.randint(2, 50, (2, 3))
+    with torch.no_grad():
+        if sampling:
+            torch.manual_seed(1)
+            first = model(ids).logits
+            torch.manual_seed(1)
+            second = model(later).logits
+        else:
+            with posterior_mean():
+                first, second = model(ids).logits, model(later).logits
+    torch.testing.assert_close(second[:, :5], first[:, :5], rtol=1e-9, atol=1e-9)
+    assert (second[:, 5:] - first[:, 5:]).abs().max() > 1e-4
+
+
+def test_masks_that_are_not_padding_raise():
+    model = convert(_bert(cls="BertModel"), attention="kernel")
+    adapter = model.encoder.layer[0].attention.self
+    x = torch.randn(2, 5, 32)
+    band = torch.ones(5, 5, dtype=torch.bool).triu(-1).tril(1).expand(2, 1, 5, 5)  # a sliding window
+    with pytest.raises(ValueError, match="padding mask"):
+        adapter(x, attention_mask=band)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 1, 5, 5)  # causal mask, non-causal layer
+    with pytest.raises(ValueError, match="causal=True"):
+        adapter(x, attention_mask=causal)
+    with pytest.raises(ValueError, match="additive biases"):
+        adapter(x, attention_mask=torch.full((2, 1, 5, 5), -0.5))
+    with pytest.raises(ValueError, match="encoder_hidden_states"):
+        adapter(x, encoder_hidden_states=x)
+
+
+# --------------------------------------------------------------------------- generation with the key/value cache
+@pytest.mark.parametrize("attention, kwargs", [("kernel", {}), ("sgpa", {"num_global": 4}),
+                                               ("sgpa", {"num_global": 4, "sampler": "diagonal"})])
+def test_gpt2_generate_with_cache_equals_without(attention, kwargs, monkeypatch):
+    """Inside posterior_mean, greedy generation with the cache (new positions from the cached
+    projections) gives the tokens and scores of generation without it (whole prefix every step);
+    the left-padded prompt exercises the padding mask on both paths."""
+    model = convert(_gpt2().double(), attention=attention, **kwargs).eval()
+    rows = []
+    original = adapters._cached_rows
+    monkeypatch.setattr(adapters, "_cached_rows", lambda *args: rows.append(1) or original(*args))
+    prompt = torch.randint(2, 50, (2, 4))
+    mask = torch.ones(2, 4, dtype=torch.long)
+    mask[1, :2] = 0
+    prompt[1, :2] = 1
+    results = {}
+    with torch.no_grad(), posterior_mean():
+        for use_cache in (True, False):
+            results[use_cache] = model.generate(prompt, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                                use_cache=use_cache, output_scores=True, return_dict_in_generate=True)
+    assert len(rows) == 2 * 5  # two layers, five steps after the prompt: the cached path ran
+    assert torch.equal(results[True].sequences, results[False].sequences)
+    for cached, uncached in zip(results[True].scores, results[False].scores):
+        torch.testing.assert_close(cached, uncached, rtol=1e-9, atol=1e-9)
+
+
+def test_gpt2_generate_samples_with_the_cache():
+    model = convert(_gpt2(), num_global=4).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        tokens = model.generate(torch.randint(2, 50, (2, 3)), max_new_tokens=4, do_sample=True, use_cache=True)
+    assert tokens.shape == (2, 7)
+
+
+def test_standard_sgpa_refuses_the_cache_with_a_clear_error():
+    model = convert(_gpt2(), attention="sgpa-standard", max_len=16).eval()
+    with torch.no_grad(), pytest.raises(ValueError, match="use_cache=False"):
+        model.generate(torch.randint(2, 50, (1, 3)), max_new_tokens=2, do_sample=False, use_cache=True)
+    with torch.no_grad():
+        assert model.generate(torch.randint(2, 50, (1, 3)), max_new_tokens=2, do_sample=False,
+                              use_cache=False).shape == (1, 5)
+
+
+# --------------------------------------------------------------------------- attention maps
+def test_output_attentions_are_the_weights_of_the_posterior_mean():
+    """DSVGP's posterior mean is W v with W = K_qk: the returned weights times the values give the
+    context of the adapter inside posterior_mean; hooks installed before the conversion (a model
+    that already returned attentions) are moved to the new modules."""
+    model = _bert(cls="BertModel").double().eval()
+    ids = torch.randint(2, 100, (2, 6))
+    mask = torch.tensor([[1] * 6, [1] * 5 + [0]])
+    with torch.no_grad():
+        model(ids, attention_mask=mask, output_attentions=True)  # installs the recording hooks
+    convert(model, attention="sgpa-dsvgp", num_global=4)
+    adapter = model.encoder.layer[0].attention.self
+    calls = _capture(adapter)
+    with torch.no_grad(), posterior_mean():
+        output = model(ids, attention_mask=mask, output_attentions=True)
+    (x, (context, weights)), = calls
+    assert len(output.attentions) == 2 and output.attentions[0] is weights
+    layer = adapter.attention
+    values = layer._split(layer.v_proj(x))
+    torch.testing.assert_close(context, layer._merge(weights @ values), rtol=1e-8, atol=1e-8)
+    assert torch.all(weights[1, :, :, 5] == 0)  # the padded key
+    with torch.no_grad():
+        assert model(ids, attention_mask=mask).attentions is None
+
+
+# --------------------------------------------------------------------------- nn.Transformer
+def test_transformer_encoder_decoder_converts_self_attention_and_keeps_cross_attention():
+    torch.manual_seed(0)
+    model = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32,
+                           dropout=0.0, batch_first=True)
+    cross = [layer.multihead_attn for layer in model.decoder.layers]
+    convert(model, num_global=4)
+    for layer, original in zip(model.decoder.layers, cross):
+        assert layer.multihead_attn is original and type(original) is nn.MultiheadAttention
+        assert isinstance(layer.self_attn, gpytorch_sgpa.MultiheadSGPAttention) and layer.self_attn.causal
+    assert not model.encoder.layers[0].self_attn.causal
+    src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    later = tgt.clone()
+    later[:, 3] = torch.randn(2, 16)
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    model.eval()
+    with torch.no_grad(), posterior_mean():
+        first = model(src, tgt, tgt_mask=mask)
+        second = model(src, later, tgt_mask=mask)
+    torch.testing.assert_close(second[:, :3], first[:, :3], rtol=1e-5, atol=1e-6)
+    assert (second[:, 3] - first[:, 3]).abs().max() > 1e-3
+
+
+# --------------------------------------------------------------------------- a user's own type, timm's layout
+class TimmLikeAttention(nn.Module):
+    """A stand-in with the attribute layout of timm's ``Attention`` (fused qkv, per-head q/k norms,
+    output norm, projection), softmax attention in its own forward."""
+
+    def __init__(self, dim=16, num_heads=2):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=True)
+        self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
+        self.attn_drop = nn.Dropout(0.0)
+        self.norm = nn.Identity()
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+
+    def forward(self, x, attn_mask=None, is_causal=False):
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(x).reshape(batch, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        return self.proj(out.transpose(1, 2).reshape(batch, length, dim))
+
+
+class TinyViT(nn.Module):
+    def __init__(self, attention_type=TimmLikeAttention):
+        super().__init__()
+        self.embed = nn.Linear(4, 16)
+        self.blocks = nn.ModuleList([attention_type() for _ in range(2)])
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x, attn_mask=None):
+        h = self.embed(x)
+        for block in self.blocks:
+            h = h + block(h, attn_mask=attn_mask)
+        return self.head(h.mean(1))
+
+
+def test_register_adapter_for_a_user_type(monkeypatch):
+    """The timm adapter registered for a user's class: the kernel output is W_qk/W_v kernel attention
+    followed by the module's own proj; a padding mask in timm's convention (bool, True = attend)."""
+    monkeypatch.setattr(adapters, "_BY_TYPE", dict(adapters._BY_TYPE))
+    torch.manual_seed(0)
+    model = TinyViT().double()
+    with pytest.raises(ValueError, match="no nn.MultiheadAttention"):
+        convert(model)
+    register_adapter(TimmLikeAttention, adapters.from_timm_attention)
+    original = copy.deepcopy(model.blocks[0])
+    convert(model, attention="kernel")
+    assert all(isinstance(block, adapters.TimmAttentionAdapter) for block in model.blocks)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    keep[1, 3:] = False
+    with torch.no_grad():
+        output = model.blocks[0](x, attn_mask=keep[:, None, None, :])  # broadcast over the queries, as sdpa
+        weight_q, weight_k, weight_v = original.qkv.weight.split(16)
+        context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, original.qkv.bias[32:], 2,
+                                     keep[:, None, :].expand(2, 5, 5))
+    valid = keep
+    torch.testing.assert_close(output[valid], original.proj(context)[valid], rtol=1e-8, atol=1e-8)
+
+
+def test_the_most_specific_registered_type_wins(monkeypatch):
+    monkeypatch.setattr(adapters, "_BY_TYPE", dict(adapters._BY_TYPE))
+
+    class Special(nn.MultiheadAttention):
+        pass
+
+    chosen = []
+    register_adapter(Special, lambda module, attention, **kwargs: chosen.append(module) or nn.Identity())
+    model = nn.ModuleDict({"plain": nn.MultiheadAttention(8, 2), "special": Special(8, 2)})
+    convert(model, attention="kernel")
+    assert isinstance(model["special"], nn.Identity) and len(chosen) == 1
+    assert isinstance(model["plain"], gpytorch_sgpa.MultiheadSGPAttention)
+    with pytest.raises(TypeError, match="nn.Module"):
+        register_adapter(int, adapters.from_timm_attention)
+
+
+def test_timm_vision_transformer_converts():
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except Exception as error:  # timm imports torchvision, whose wheels may not match the CPU torch
+        pytest.skip(f"timm does not import here: {type(error).__name__}: {error}")
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=2,
+                              num_heads=2, mlp_ratio=2.0).double()
+    original = copy.deepcopy(model.blocks[0].attn)
+    convert(model, attention="kernel")
+    calls = _capture(model.blocks[0].attn)
+    with torch.no_grad():
+        model(torch.randn(2, 1, 8, 8, dtype=torch.float64))
+    (x, output), = calls
+    weight_q, weight_k, weight_v = original.qkv.weight.split(16)
+    bias_v = None if original.qkv.bias is None else original.qkv.bias[32:]
+    context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, bias_v, 2, None)
+    torch.testing.assert_close(output, original.proj(original.norm(context)), rtol=1e-8, atol=1e-8)
+    _elbo_step(model, lambda: model(torch.randn(4, 1, 8, 8)), torch.tensor([0, 1, 2, 0]), (torch.randn(4, 1, 8, 8),))
+
+
+# --------------------------------------------------------------------------- one ELBO step per family
+def _elbo_step(model, forward, labels, inputs, kwargs=None):
+    """Convert to SGPA, one step of ``cross-entropy + KL / N``: finite loss, the global inducing
+    inputs of every layer moved; ``predict_proba`` gives distributions."""
+    convert(model, num_global=4, variational_init_std=0.1)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    logits = forward()
+    logits = logits if isinstance(logits, torch.Tensor) else logits.logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)) + kl_divergence(model) / 1000
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss)
+    global_names = [name for name, p in model.named_parameters() if "global_inducing_inputs" in name]
+    assert global_names and all(not torch.equal(dict(model.named_parameters())[name], before[name])
+                                for name in global_names)
+    probabilities = predict_proba(model, *inputs, num_samples=3, **(kwargs or {}))
+    torch.testing.assert_close(probabilities.sum(-1), torch.ones(probabilities.shape[:-1]), rtol=0, atol=1e-5)
+
+
+def test_elbo_step_bert():
+    model = _bert()
+    ids, mask = torch.randint(2, 100, (4, 6)), torch.ones(4, 6, dtype=torch.long)
+    mask[0, 4:] = 0
+    _elbo_step(model, lambda: model(ids, attention_mask=mask), torch.tensor([0, 1, 2, 0]), (ids,),
+               {"attention_mask": mask})
+
+
+def test_elbo_step_vit():
+    model = _vit()
+    images = torch.randn(4, 1, 8, 8)
+    _elbo_step(model, lambda: model(images), torch.tensor([0, 1, 2, 0]), (images,))
+
+
+def test_elbo_step_gpt2():
+    model = _gpt2()
+    ids = torch.randint(2, 50, (3, 6))
+    _elbo_step(model, lambda: model(ids).logits[:, :-1], ids[:, 1:], (ids,))
+
+
+def test_elbo_step_transformer_and_user_type(monkeypatch):
+    torch.manual_seed(0)
+    transformer = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=32, batch_first=True)
+    src, tgt = torch.randn(3, 5, 16), torch.randn(3, 4, 16)
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    _elbo_step(transformer, lambda: transformer(src, tgt, tgt_mask=mask)[..., :3], torch.tensor([[0, 1, 2, 0]] * 3),
+               (src, tgt), {"tgt_mask": mask})
+    monkeypatch.setattr(adapters, "_BY_TYPE", dict(adapters._BY_TYPE))
+    register_adapter(TimmLikeAttention, adapters.from_timm_attention)
+    model = TinyViT()
+    x = torch.randn(4, 5, 4)
+    _elbo_step(model, lambda: model(x), torch.tensor([0, 1, 2, 0]), (x,))
