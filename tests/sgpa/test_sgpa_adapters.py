@@ -444,3 +444,20 @@ def test_elbo_step_transformer_and_user_type(monkeypatch):
     model = TinyViT()
     x = torch.randn(4, 5, 4)
     _elbo_step(model, lambda: model(x), torch.tensor([0, 1, 2, 0]), (x,))
+
+
+def test_readme_hugging_face_example(run_readme_block):
+    """The README's Hugging Face example runs: no softmax self-attention is left, the loss is
+    cross-entropy plus KL / N recomputed here, and the class probabilities are distributions."""
+    _transformers()
+    torch.manual_seed(0)
+    namespace = run_readme_block("BertForSequenceClassification")
+    bert = namespace["bert"]
+    assert not [m for m in bert.modules() if type(m).__name__ == "BertSelfAttention"]
+    layers = [m for m in bert.modules() if isinstance(m, gpytorch_sgpa.SGPAttention)]
+    assert len(layers) == 2 and all(layer.global_inducing_inputs.grad is not None for layer in layers)
+    expected = F.cross_entropy(namespace["logits"], namespace["labels"]) + namespace["kl"] / 10_000
+    torch.testing.assert_close(namespace["loss"], expected, rtol=1e-6, atol=1e-6)
+    probabilities = namespace["probabilities"]
+    assert probabilities.shape == (8, 3)
+    torch.testing.assert_close(probabilities.sum(-1), torch.ones(8), rtol=0, atol=1e-5)
