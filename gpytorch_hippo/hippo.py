@@ -1,15 +1,28 @@
-"""HiPPO recurrent memory (thesis §2.1.2 and Appendix A).
+r"""HiPPO recurrent memory (thesis §2.1.2 and Appendix A).
 
 A memory state ``c(t) in R^M`` holds the coefficients of the optimal projection of a signal's
 history onto time-varying bases ``g_m^{(t)}`` orthonormal under a measure ``omega^{(t)}``
-(eqs. ``hippo_orthonormal``, ``hippo_coef``).  It evolves by the linear ODE
-``dc/dt = A(t) c + B(t) f(t)`` (eq. ``hippo_ode``), which is discretised here into the
-recurrence ``c_k = Abar_k c_{k-1} + P_k f_{k-1} + Q_k f_k``.
+(thesis eqs. (2.6), (2.7)).  It evolves by the linear ODE of thesis eq. (2.10),
+
+.. math::
+
+    c_m(t) = \int_{-\infty}^{t} f(x)\, g_m^{(t)}(x)\, \omega^{(t)}(x)\, \mathrm{d}x,
+    \qquad
+    \frac{\mathrm{d}}{\mathrm{d}t} c(t) = A(t)\, c(t) + B(t)\, f(t),
+
+which is discretised here into the recurrence ``c_k = Abar_k c_{k-1} + P_k f_{k-1} + Q_k f_k``.
+For LegS (thesis eqs. (2.14), (2.15)),
+
+.. math::
+
+    A(t) = \frac{A}{t}, \quad
+    [A]_{mk} = \begin{cases} -\sqrt{(2m+1)(2k+1)} & m > k \\ -(m+1) & m = k \\ 0 & m < k \end{cases},
+    \qquad B(t) = \frac{B}{t}, \quad [B]_m = \sqrt{2m+1}.
 
 Measures (``transition`` returns the matrices of the ODE exactly as written below):
 
 * ``"legs"``  uniform on ``[0, t]``, scaled Legendre; ``A(t) = A/t``, ``B(t) = B/t``
-  (eqs. ``hippo_matrix_a``, ``hippo_matrix_b``).  Keeps the whole history.
+  (thesis eqs. (2.14), (2.15)).  Keeps the whole history.
 * ``"legt"``  uniform on the window ``[t - theta, t]``, Legendre; ``A = -A_legt/theta``,
   ``B = sqrt(2m+1)/theta`` (App. A).  The ODE replaces the value leaving the window,
   ``f(t - theta)``, by its reconstruction from the memory, so it only approximates the exact
@@ -41,7 +54,9 @@ from torch import Tensor, nn
 
 from ._validation import check_finite_scalar, check_tensor
 
+#: The HiPPO measures (``measure=``): scaled Legendre, translated Legendre, translated Laguerre, Fourier.
 MEASURES = ("legs", "legt", "lagt", "fout")
+#: The discretisations of the HiPPO ODE (``discretization=``); ``zoh`` is the exact zero-order hold.
 DISCRETIZATIONS = ("forward_euler", "backward_euler", "bilinear", "zoh")
 
 __all__ = ["MEASURES", "DISCRETIZATIONS", "transition", "HiPPO", "project", "quadrature_rule"]
@@ -72,10 +87,10 @@ def _check_theta(theta) -> float:
 def transition(
     measure: str, M: int, theta: float = 1.0, dtype: torch.dtype = torch.float64
 ) -> tuple[Tensor, Tensor]:
-    """Continuous-time HiPPO matrices ``(A, B)`` of ``dc/dt = A(t) c + B(t) f`` (eq. ``hippo_ode``).
+    """Continuous-time HiPPO matrices ``(A, B)`` of ``dc/dt = A(t) c + B(t) f`` (thesis eq. (2.10)).
 
     For ``"legs"`` the returned ``A`` (M x M) and ``B`` (M,) are the time-invariant parts of
-    ``A(t) = A/t`` and ``B(t) = B/t`` (eqs. ``hippo_matrix_a``, ``hippo_matrix_b``).  For the other
+    ``A(t) = A/t`` and ``B(t) = B/t`` (thesis eqs. (2.14), (2.15)).  For the other
     measures they are ``A(t)`` and ``B(t)`` themselves (App. A; ``theta`` is the window length of
     LegT/FouT and the time scale of LagT).  FouT is in the real cos/sin form described in the
     module docstring.
@@ -257,7 +272,7 @@ def project(
     num_nodes: int = 200,
     start: float = 0.0,
 ) -> Tensor:
-    """Exact HiPPO coefficients ``c_m(t) = int fn(x) g_m^{(t)}(x) omega^{(t)}(x) dx`` (eq. ``hippo_coef``).
+    """Exact HiPPO coefficients ``c_m(t) = int fn(x) g_m^{(t)}(x) omega^{(t)}(x) dx`` (thesis eq. (2.7)).
 
     Computed by Gauss quadrature (see :func:`quadrature_rule`); ``fn`` maps a float64 tensor of
     times ``(Q,)`` to values ``(..., Q)``.  Returns ``(..., M)`` in float64.  This is the reference
@@ -282,7 +297,7 @@ def _augmented_exponential(A: Tensor, B: Tensor, step: Tensor) -> tuple[Tensor, 
 
 
 class HiPPO(nn.Module):
-    """HiPPO memory: discretised ODE ``dc/dt = A(t) c + B(t) f`` (eq. ``hippo_ode``).
+    """HiPPO memory: discretised ODE ``dc/dt = A(t) c + B(t) f`` (thesis eq. (2.10)).
 
     Each step from ``t_{k-1}`` to ``t_k`` (``h = t_k - t_{k-1}``, non-uniform allowed) is
     ``c_k = Abar_k c_{k-1} + P_k f_{k-1} + Q_k f_k``:

@@ -21,7 +21,7 @@ class NegativeBinomialLikelihood(_OneDimensionalLikelihood):
 
     so ``E[y|f] = e^f`` and ``Var[y|f] = \mu + \mu^2 / r``; the learnable dispersion ``r > 0``
     (``total_count`` of ``torch.distributions.NegativeBinomial``) recovers the Poisson as
-    ``r -> ∞``. ``expected_log_prob`` (the ELL term of thesis eq. ``online_elbo``) uses
+    ``r -> ∞``. ``expected_log_prob`` (the ELL term of thesis eq. (4.6)) uses
     GPyTorch's 1-D Gauss-Hermite quadrature.
 
     :param dispersion_prior: optional prior on ``r``.

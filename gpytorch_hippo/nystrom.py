@@ -8,7 +8,7 @@ from torch import Tensor
 
 
 def nystrom_residual(kxx_diag: Tensor, whitened_cross: Tensor) -> Tensor:
-    """``diag(K_XX - Q_XX)`` with ``Q_XX = Wᵀ W``, ``W = L⁻¹ K_uX`` (thesis eq. ``q_predictive_svgp``).
+    """``diag(K_XX - Q_XX)`` with ``Q_XX = Wᵀ W``, ``W = L⁻¹ K_uX`` (thesis eq. (2.36)).
 
     It is a conditional variance, so it must be ``>= 0``.  Exact covariances (spectral, quadrature,
     points) and Fourier-feature pairs that share their features keep it so up to round-off; an

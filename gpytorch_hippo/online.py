@@ -1,10 +1,10 @@
-"""Online sparse GPs (Bui, Nguyen & Turner 2017), thesis §4.2.2 ``sec:online_gp``.
+"""Online sparse GPs (Bui, Nguyen & Turner 2017), thesis §4.2.2.
 
 Two objectives, both working with any :class:`~gpytorch_hippo.inducing.InducingVariables`:
 
 * :class:`OnlineSGPR` -- Gaussian likelihood, collapsed online bound with the closed-form optimal
   ``q(u)``. With HiPPO inducing variables this is OHSGPR, with inducing points OSGPR.
-* :class:`OnlineELBO` -- any likelihood, uncollapsed online ELBO (thesis eq. ``online_elbo``)
+* :class:`OnlineELBO` -- any likelihood, uncollapsed online ELBO (thesis eq. (4.6))
   for a GPyTorch ``ApproximateGP`` with
   :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`: OHSVGP / OSVGP.
 
@@ -30,7 +30,7 @@ from linear_operator import to_dense
 from linear_operator.operators import MatmulLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ._validation import check_finite_scalar, check_tensor, floating_dtype
 from .inducing.base import InducingVariables
@@ -161,7 +161,7 @@ class OnlineSGPR(gpytorch.Module):
     r"""Collapsed online sparse GP regression (OSGPR / OHSGPR), Bui et al. (2017), thesis §4.2.2.
 
     Each call of :meth:`update` absorbs one task ``(X, y)``. For a Gaussian likelihood the online
-    ELBO (thesis eq. ``online_elbo``) is maximised in closed form over ``q(b)``. Writing
+    ELBO (thesis eq. (4.6)) is maximised in closed form over ``q(b)``. Writing
     ``L = chol(K_bb)``, ``v = L^{-1}(b - μ_b)``, ``W = L^{-1} K_bX`` and, for the old inducing
     variables, ``L' = chol(K'_aa)`` (old hyperparameters), the ratio ``q_old(a) / p_old(a)`` is a
     Gaussian factor ``exp(-½ w^T Λ' w + w^T η' + c')`` in ``w = L'^{-1}(a - μ'_a)``. Under the new
@@ -184,7 +184,7 @@ class OnlineSGPR(gpytorch.Module):
     which is Bui et al.'s collapsed bound (their ``D_a^{-1} = S_a^{-1} - K'^{-1}_{aa}`` is
     ``L'^{-T} Λ' L'^{-1}`` here; nothing is inverted but triangular factors and ``B``, whose
     eigenvalues are ``>= 1``). For the first task the old terms vanish and this is Titsias'
-    SGPR bound (thesis eq. after ``optimal_qu_svgp``). With the same inducing inputs and
+    SGPR bound (the bound that follows thesis eq. (2.40)). With the same inducing inputs and
     hyperparameters throughout, the posterior after any sequence of tasks equals batch SGPR on all
     data, and the per-task bounds sum to the batch bound.
 
@@ -338,7 +338,7 @@ class OnlineSGPR(gpytorch.Module):
         return bound.to(y.dtype), precision, shift, chol
 
     def log_bound(self, train_x: Tensor, train_y: Tensor) -> Tensor:
-        """Collapsed online bound (thesis eq. ``online_elbo`` at the optimal ``q(u)``) of absorbing
+        """Collapsed online bound (thesis eq. (4.6) at the optimal ``q(u)``) of absorbing
         ``(train_x, train_y)`` into the current summary, with the current hyperparameters. The state
         is not changed; differentiable with respect to the hyperparameters."""
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
@@ -511,7 +511,7 @@ class OnlineSGPR(gpytorch.Module):
         return MultivariateNormal(mean, factor @ factor.mT)
 
     def forward(self, x: Tensor) -> MultivariateNormal:
-        """Latent ``q(f(x))`` (thesis eq. ``q_predictive_svgp`` with the optimal ``q(u)``)."""
+        """Latent ``q(f(x))`` (thesis eq. (2.36) with the optimal ``q(u)``)."""
         x = check_tensor(x, "x", dtype=floating_dtype(self.covar_module), min_dim=1)
         if x.dim() == 1:
             x = x.unsqueeze(-1)
@@ -542,7 +542,7 @@ class OnlineSGPR(gpytorch.Module):
 
 
 class OnlineELBO(_ApproximateMarginalLogLikelihood):
-    r"""Online ELBO of Bui et al. (2017) for any likelihood, thesis eq. ``online_elbo``:
+    r"""Online ELBO of Bui et al. (2017) for any likelihood, thesis eq. (4.6):
 
     .. math::
         \mathcal L^o = \sum_i E_{q(f_i)}[\log p(y_i | f_i)]
@@ -564,7 +564,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
     ``state_dict``, moved by ``.to``). Then move HiPPO inducing variables with
     ``model.variational_strategy.advance(t_new)`` or ``.append_path(x_ordered)`` (both refused
     before :meth:`end_task`) or replace point ones. Before the first :meth:`end_task` this is the
-    plain SVGP ELBO (thesis eq. ``elbo_svgp``). With HiPPO inducing variables this trains OHSVGP,
+    plain SVGP ELBO (thesis eq. (2.38)). With HiPPO inducing variables this trains OHSVGP,
     with inducing points OSVGP.
 
     A mean function may change between tasks with point inducing variables (``μ'_a`` is stored
@@ -676,7 +676,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
 
     def online_kl_divergence(self) -> Tensor:
         """``KL(q(b)||p(b)) - E_{\\tilde q(a)}[\\log q_{old}(a) - \\log p_{old}(a)]`` (the negated
-        non-likelihood terms of eq. ``online_elbo``), shaped like the strategy's KL."""
+        non-likelihood terms of thesis eq. (4.6)), shaped like the strategy's KL."""
         kl = self.model.variational_strategy.kl_divergence()
         if not self.has_old_task:
             return kl

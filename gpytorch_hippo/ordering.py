@@ -1,9 +1,9 @@
-"""Pseudo-time orders for inputs without a natural order (thesis §4.4 ``sec:multi_dim``).
+"""Pseudo-time orders for inputs without a natural order (thesis §4.4).
 
 HiPPO inducing variables for multidimensional inputs integrate along a path ``x(s)`` through input
-space: the ``i``-th input of a task is placed at time ``i Δt`` (thesis eq. ``multi_dim_hippo_kfu``).
+space: the ``i``-th input of a task is placed at time ``i Δt`` (thesis eq. (4.18)).
 When the data of a task has no time order (continual learning on i.i.d. inputs) one must be made
-up, and the quality of OHSVGP depends on it (thesis Fig. ``decision_boundary_moon``).
+up, and the quality of OHSVGP depends on it (thesis Fig. 4.2).
 :func:`order_inputs` implements the criteria of the thesis:
 
 * ``"random"`` (OHSVGP-rand): a random permutation;
@@ -30,6 +30,7 @@ from torch import Tensor
 
 __all__ = ["ORDERING_CRITERIA", "order_inputs"]
 
+#: The named criteria of :func:`order_inputs` (``criterion=``); a callable scoring the inputs is also accepted.
 ORDERING_CRITERIA = ("random", "kernel_max", "kernel_min")
 
 

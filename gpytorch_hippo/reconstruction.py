@@ -1,10 +1,10 @@
-r"""Finite-basis reconstruction of the posterior OHSGPR / OHSVGP (thesis App. C ``appendix:recon``).
+r"""Finite-basis reconstruction of the posterior OHSGPR / OHSVGP (thesis App. C.2).
 
 If ``f ~ q_t(f)`` is the posterior of a sparse GP with HiPPO inducing variables
 ``u_m^{(t)} = ∫ f(x) φ_m^{(t)}(x) dx``, ``φ_m^{(t)} = g_m^{(t)} ω^{(t)}``, then the HiPPO
 coefficients of ``f`` are distributed exactly as ``q(u^{(t)}) = N(m_u, S_u)`` (App. C). Truncating
 the expansion of ``f`` in the orthonormal bases gives the finite-basis approximation of the
-posterior (thesis §4.3, Fig. ``figure1`` (e)):
+posterior (thesis §4.3, Fig. 4.1):
 
 .. math::
     f(x) \approx \sum_{m=1}^M u_m^{(t)} g_m^{(t)}(x), \qquad u^{(t)} \sim q(u^{(t)}),
@@ -127,7 +127,7 @@ def sample_coefficients(model, num_samples: int, generator: torch.Generator | No
 
 def sample_reconstruction(model, x: Tensor, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
     r"""Samples of the finite-basis posterior ``f(x) = m(x) + Σ_m u_m g_m^{(t)}(x)``, ``u ~ q(u)``
-    (thesis App. C ``appendix:recon``): ``(num_samples, *batch, N)``.
+    (thesis App. C.2): ``(num_samples, *batch, N)``.
 
     :param model: an :class:`~gpytorch_hippo.online.OnlineSGPR` or an ``ApproximateGP`` with
         :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`, whose inducing variables

@@ -1,4 +1,4 @@
-"""One variational strategy for every kind of inducing variable (thesis §4.2.1 and §2 ``svgp_back``)."""
+"""One variational strategy for every kind of inducing variable (thesis §4.2.1 and §2.3.2)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     r"""Sparse variational GP with arbitrary (interdomain) inducing variables.
 
     For inducing variables ``u`` with ``q(u) = N(m_u, S_u)`` the approximate posterior at inputs
-    ``X`` is (thesis eq. ``q_predictive_svgp``, with ``K_ZZ, K_XZ`` replaced by the interdomain
+    ``X`` is (thesis eq. (2.36), with ``K_ZZ, K_XZ`` replaced by the interdomain
     ``K_uu, K_fu`` of §4.2.1)
 
     .. math::
@@ -57,7 +57,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     computed as ``W = L^{-1} K_{uX}`` with ``L = chol(K_{uu})``. With ``whitened=True`` the
     variational distribution is over ``v = L^{-1}(u - \mu_u)`` and the prior is ``N(0, I)``;
     with ``whitened=False`` it is over ``u`` itself and the prior is ``N(\mu_u, K_{uu})``. The
-    ELBO's KL term is ``KL(q || prior)`` (thesis eq. ``elbo_svgp``).
+    ELBO's KL term is ``KL(q || prior)`` (thesis eq. (2.38)).
 
     With :class:`~gpytorch_hippo.inducing.InducingPoints` this is exactly GPyTorch's
     ``VariationalStrategy`` (``whitened=True``) or ``UnwhitenedVariationalStrategy``
@@ -304,7 +304,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         return MultivariateNormal(mean, root @ root.mT)
 
     def inducing_marginal(self, other: InducingVariables) -> MultivariateNormal:
-        """``\\tilde q(u') = \\int p(u' | u) q(u) du`` for another set ``u'`` (thesis eq. ``online_elbo``).
+        """``\\tilde q(u') = \\int p(u' | u) q(u) du`` for another set ``u'`` (thesis eq. (4.6)).
 
         Uses ``cov(u, u') = inducing_variables.Kuu_cross(other, kernel)`` and the prior
         ``N(other.prior_mean, other.Kuu(kernel))``; returns a full covariance.
@@ -326,7 +326,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     def advance(self, t_new: float) -> None:
         """Move HiPPO inducing variables (time inputs) to ``t_new`` and carry ``q(u)`` forward.
 
-        The new ``q(u')`` is ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis eq. ``online_elbo``), so
+        The new ``q(u')`` is ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis eq. (4.6)), so
         the posterior is the one of the finished task seen through the moved variables (exactly, in
         the Gaussian family of the variational distribution: a mean-field ``q`` keeps the marginals).
         The inducing variables refuse ``advance`` themselves while this strategy owns them. With an
@@ -347,7 +347,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     def replace_inducing_variables(self, inducing_variables: InducingVariables) -> None:
         """Use other inducing variables, of any number (e.g. OSVGP's re-drawn points), and carry
         ``q(u)`` to them as :meth:`advance` does: ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis
-        eq. ``online_elbo``). When their number changes the variational distribution is rebuilt
+        thesis eq. (4.6)). When their number changes the variational distribution is rebuilt
         (same class, batch shape and ``mean_init_std``), so optimisers must be built anew.
         Assigning ``variational_strategy.inducing_variables`` directly keeps the old ``q(u)``
         parameters as they are, and needs the same number of inducing variables."""

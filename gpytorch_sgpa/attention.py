@@ -7,7 +7,7 @@ returns ``(output, kl)``:
 * ``key_padding_mask``: optional bool ``(batch, L)``, ``True`` marks a padded position.  Padded
   positions never influence the outputs at the other positions nor the KL;
 * ``global_inputs``: only used by decoupled :class:`SGPAttention` (ignored elsewhere): the global
-  inducing inputs after the block's feature map, ``G_φ(Z_g)`` of eq. ``fhl``, shaped
+  inducing inputs after the block's feature map, ``G_φ(Z_g)`` of thesis eq. (3.16), shaped
   ``(num_heads, num_global, d_model)``.  When omitted the layer's own parameter
   ``global_inducing_inputs`` is used as is (``G_φ`` = identity);
 * ``kl``: scalar tensor, the KL term of the layer averaged over the sequences of the batch and
@@ -48,7 +48,9 @@ __all__ = [
     "SGPA_SAMPLERS",
 ]
 
+#: The posteriors of :class:`SGPAttention` (``mode=``): amortised keys only, or with global inducing inputs.
 SGPA_MODES = ("standard", "decoupled")
+#: The decoupled posteriors of :class:`SGPAttention` (``variant=``).
 SGPA_VARIANTS = ("orthogonal", "dsvgp")
 
 
@@ -62,7 +64,7 @@ _posterior_mean_active = False
 def posterior_mean():
     """Deterministic SGPA: inside ``with gpytorch_sgpa.posterior_mean(): logits = model(x)`` every
     :class:`SGPAttention` layer outputs its posterior mean (the noise of the reparameterised sample,
-    eq. ``reparam_dgp``, is zero), so the same input gives the same output; explicit ``noise=``
+    thesis eq. (3.17), is zero), so the same input gives the same output; explicit ``noise=``
     arguments still win. Sampling resumes on exit."""
     global _posterior_mean_active
     previous, _posterior_mean_active = _posterior_mean_active, True
@@ -72,13 +74,13 @@ def posterior_mean():
         _posterior_mean_active = previous
 
 class SGPANoise(NamedTuple):
-    """Standard-normal draws behind one SGPA sample (eq. ``reparam_dgp``).
+    """Standard-normal draws behind one SGPA sample (thesis eq. (3.17)).
 
     ``local``: ``(B, H, L, e)``, one per position and output dimension.  ``global_``:
     ``(B, H, e, M)`` or ``None``; only used by the decoupled mode with ``sampler="full"``
     (``diag_sample=False``), where the sample is
     ``m + chol(K_qq - K_qg K_gg⁻¹ K_gq) ε_local + K_qg K_gg⁻¹ C_d ε_global`` and ``S_g = C Cᵀ``
-    (exact draw from ``N(m_d, Σ_d)`` of eq. ``odsvgp``), and with ``sampler="decomposed"``, where
+    (exact draw from ``N(m_d, Σ_d)`` of thesis eq. (3.15)), and with ``sampler="decomposed"``, where
     it is ``m + sqrt(diag(K_qq - K_qg K_gg⁻¹ K_gq)) ⊙ ε_local + K_qg K_gg⁻¹ C_d ε_global``.
     """
 
@@ -160,20 +162,20 @@ class SGPAttention(_MultiHeadAttention):
     r"""Sparse Gaussian process attention (thesis ch. 3): each head's output is an SVGP posterior.
 
     Queries and amortised keys share the projection ``W_qk`` (``q = k_a = s W_qk``), values are
-    ``v_a = s W_v`` (eq. ``fhl``); the head outputs are sampled by reparameterisation
-    (eq. ``reparam_dgp``) and combined by the output projection (eq. ``combine_heads``).
+    ``v_a = s W_v`` (thesis eq. (3.16)); the head outputs are sampled by reparameterisation
+    (thesis eq. (3.17)) and combined by the output projection (thesis eq. (2.4)).
 
-    ``mode="standard"`` (eq. ``fpost``): inducing inputs are the amortised keys only, the
+    ``mode="standard"`` (thesis eq. (3.4)): inducing inputs are the amortised keys only, the
     variational covariance is input dependent, ``S = L_S L_Sᵀ`` with row ``i`` of ``L_S`` the
     projection ``s_i W_s`` (strictly lower part; diagonal through ``exp``), tied across output
     dimensions; it needs ``max_len`` (``W_s`` has one column per position).  Since queries equal
-    keys, eq. ``fpost`` reduces exactly to mean ``K_qk v`` and covariance ``S``; the KL (App. B.1.1
+    keys, thesis eq. (3.4) reduces exactly to mean ``K_qk v`` and covariance ``S``; the KL (App. B.1.1
     with ``v = K⁻¹ m_u``) needs one Cholesky of ``K_kk`` per sequence and head.
 
     ``mode="decoupled"``: ``M = num_global`` global inducing inputs ``Z_g`` per head, a parameter
     in the layer's input space (``global_inducing_inputs``, ``(H, M, d_model)``); the keys are
     ``k_g = G_φ(Z_g) W_qk`` where ``G_φ(Z_g)`` is passed as ``global_inputs`` by the model
-    (eq. ``fhl``).  Variational parameters ``v_g`` (``(H, M, e)``) and ``C`` lower triangular,
+    (thesis eq. (3.16)).  Variational parameters ``v_g`` (``(H, M, e)``) and ``C`` lower triangular,
     exp-diagonal, one per output dimension (``(H, e, M, M)``; one per head with
     ``share_covariance=True``).  ``whitened=True`` (the default; GPyTorch's term, the authors'
     parameterisation) sets ``S_g = L C Cᵀ Lᵀ`` with ``L L ᵀ = K_gg``, so ``C`` parameterises
@@ -185,9 +187,9 @@ class SGPAttention(_MultiHeadAttention):
     and a higher accuracy in 5 of 6 (the sixth 0.001 lower); ECE and OOD AUROC were worse at 8
     epochs and mixed at 40 (``docs/results.md``).
 
-    * ``variant="orthogonal"`` (ODSVGP, eq. ``odsvgp`` / ``dsgp_predictive``):
+    * ``variant="orthogonal"`` (ODSVGP, thesis eqs. (3.15), (3.14)):
       ``m_d = K_qa v_a - K_qg K_gg⁻¹ K_ga v_a + K_qg v_g``;
-    * ``variant="dsvgp"`` (eq. ``naivedsvgp``): ``m_d = K_qa v_a``;
+    * ``variant="dsvgp"`` (thesis eq. (B.14)): ``m_d = K_qa v_a``;
     * both: ``Σ_d = K_qq + K_qg K_gg⁻¹ (S_g,d - K_gg) K_gg⁻¹ K_gq``.
 
     KL (App. B.1.2, including the constant ``-M/2`` per dimension so it is the exact KL):
@@ -352,7 +354,7 @@ class SGPAttention(_MultiHeadAttention):
         return lower.tril(-1) + torch.diag_embed(log_diag.exp())
 
     def global_keys(self, global_inputs: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
-        """``k_g = G_φ(Z_g) W_qk`` per head (eq. ``fhl``), ``(H, M, e)``."""
+        """``k_g = G_φ(Z_g) W_qk`` per head (thesis eq. (3.16)), ``(H, M, e)``."""
         inputs = self._global_inputs(global_inputs)
         weight = self.qk_proj.weight.view(self.num_heads, self.head_dim, self.d_model)
         if dtype is not None:
@@ -462,7 +464,7 @@ class SGPAttention(_MultiHeadAttention):
         global_inputs: Tensor | None = None,
         full_covariance: bool = False,
     ) -> SGPAPosterior:
-        """Posterior of each head's output at the queries (eq. ``fpost`` / ``odsvgp`` / ``naivedsvgp``)."""
+        """Posterior of each head's output at the queries (thesis eqs. (3.4), (3.15), (B.14))."""
         self._check_input(x, key_padding_mask)
         with _no_autocast(x):
             params = exp_kernel_parameters(self.kernel, _gp_dtype(x.dtype))
@@ -517,7 +519,7 @@ class SGPAttention(_MultiHeadAttention):
         global_inputs: Tensor | None = None,
         noise: SGPANoise | None = None,
     ):
-        """One reparameterised sample of the layer output and the batch-mean KL (eq. ``reparam_dgp``).
+        """One reparameterised sample of the layer output and the batch-mean KL (thesis eq. (3.17)).
 
         The KL (and its global part) is also kept in ``last_kl`` until the next call, for
         :func:`gpytorch_sgpa.kl_divergence` to collect without a change to the caller's ``forward``.

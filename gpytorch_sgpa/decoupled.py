@@ -1,4 +1,4 @@
-r"""Decoupled SGPA posterior (thesis eqs. ``odsvgp`` / ``naivedsvgp``, KL of App. B.1.2).
+r"""Decoupled SGPA posterior (thesis eqs. (3.15), (B.14), KL of App. B.1.2).
 
 Notation of the code: ``L`` with ``L Lᵀ = K_gg + jitter I`` (one per head, shared by the batch),
 ``A = L⁻¹ K_gq`` (so ``K_qg K_gg⁻¹ K_gq = AᵀA``), ``W_d = L⁻¹ C_d`` (unwhitened ``S_g = C Cᵀ``) or

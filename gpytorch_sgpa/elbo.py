@@ -1,4 +1,4 @@
-r"""Training objective for SGPA Transformers, eq. ``elbo`` (derivation in App. B.1.2).
+r"""Training objective for SGPA Transformers, thesis eq. (3.18) (derivation in App. B.1.2).
 
 Per data point (sequence) the objective is the Monte-Carlo expected log-likelihood minus the
 weighted KL, ``ELBO = ELL - w_t · KL_weighted`` with
@@ -43,13 +43,16 @@ from .multihead import _checks_on_host
 
 __all__ = ["SGPAELBO", "LIKELIHOODS", "IGNORE_INDEX", "KL_WEIGHTINGS"]
 
+#: The likelihoods of :class:`SGPAELBO` (``likelihood=``).
 LIKELIHOODS = ("categorical", "gaussian", "laplace")
+#: How :class:`SGPAELBO` weighs the KL terms (``kl_weighting=``; module docstring).
 KL_WEIGHTINGS = ("decomposed", "all-over-n", "authors")
-IGNORE_INDEX = -100  # token targets to skip (padding), as in torch.nn.functional.cross_entropy
+#: Token targets to skip (padding), as in :func:`torch.nn.functional.cross_entropy`.
+IGNORE_INDEX = -100
 
 
 class SGPAELBO(gpytorch.Module):
-    """ELBO per sequence of an SGPA model (eq. ``elbo``) with linear KL annealing.
+    """ELBO per sequence of an SGPA model (thesis eq. (3.18)) with linear KL annealing.
 
     ``value = elbo(outputs, kl, targets)`` (train with ``(-value).backward()``): ``outputs`` are logits ``(..., B, C)`` or regression
     outputs ``(..., B, D)`` where leading dimensions index Monte-Carlo samples; ``kl`` is the

@@ -25,7 +25,9 @@ from .multihead import _checks_on_host
 
 __all__ = ["ExponentialKernel", "KERNEL_INITS", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
 
+#: The kernels :func:`make_attention_kernel` builds by name.
 KERNEL_NAMES = ("rbf", "exponential", "matern12", "matern32", "matern52")
+#: The initialisations of :func:`make_attention_kernel` (``init=``).
 KERNEL_INITS = ("sdp", "authors")
 
 
@@ -61,7 +63,7 @@ def make_attention_kernel(kernel: str | Kernel, head_dim: int, num_heads: int, i
     it is evaluated by its own ``forward``; its output scale sets the Cholesky jitter), returned
     as is.  ``init="sdp"``: lengthscales start at ``head_dim ** 0.5`` (RBF, Matérn) and
     ``head_dim ** 0.25`` (exponential, so that ``q·k/σ² = q·k/√d`` as in scaled dot-product
-    attention, eq. ``sdp``), output scales at 1.  ``init="authors"``: the SGPA authors' public
+    attention, thesis eq. (3.1)), output scales at 1.  ``init="authors"``: the SGPA authors' public
     code, ``log ℓ_j ~ N(0, 1)`` and ``σ_f² = 1`` (RBF, Matérn), ``log ℓ_j ~ N(4, 1)`` and
     ``σ_f² = e⁻⁴`` (exponential), drawn from torch's global generator.
     """

@@ -1,5 +1,5 @@
-"""Maximum-likelihood attention baselines: scaled dot-product (eq. ``sdp``) and kernel attention
-(eq. ``kattn``), with the call signature of every layer (see :mod:`gpytorch_sgpa.attention`)."""
+"""Maximum-likelihood attention baselines: scaled dot-product (thesis eq. (3.1)) and kernel attention
+(thesis eq. (3.2)), with the call signature of every layer (see :mod:`gpytorch_sgpa.attention`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ __all__ = ["ScaledDotProductAttention", "KernelAttention"]
 
 
 class ScaledDotProductAttention(_MultiHeadAttention):
-    r"""Multi-head scaled dot-product attention, eq. ``sdp``: ``softmax(q kᵀ/√d_k) v`` (MLE baseline).
+    r"""Multi-head scaled dot-product attention, thesis eq. (3.1): ``softmax(q kᵀ/√d_k) v`` (MLE baseline).
 
-    Separate query/key/value projections, head outputs combined by eq. ``combine_heads``;
+    Separate query/key/value projections, head outputs combined by thesis eq. (2.4);
     ``dropout`` acts on the attention weights (MC dropout keeps it active at test time).
     Returns ``(output, kl)`` with ``kl = 0``.
     """
@@ -59,7 +59,7 @@ class ScaledDotProductAttention(_MultiHeadAttention):
 
 
 class KernelAttention(_MultiHeadAttention):
-    r"""Multi-head kernel attention, eq. ``kattn``: ``F = K_{qk} v`` (MLE baseline).
+    r"""Multi-head kernel attention, thesis eq. (3.2): ``F = K_{qk} v`` (MLE baseline).
 
     Queries and keys share one projection ``W_qk`` (Tsai et al., 2019) so that ``K_{qk}`` is a
     symmetric kernel's Gram matrix; ``kernel`` is ``"rbf"`` (ARD-RBF) or ``"exponential"``, one

@@ -1,5 +1,5 @@
-"""Samplers of an SGPA layer's head outputs: one reparameterised draw (eq. ``reparam_dgp``) from the
-posterior terms of the standard (eq. ``fpost``) or decoupled (eq. ``odsvgp``) posterior.
+"""Samplers of an SGPA layer's head outputs: one reparameterised draw (thesis eq. (3.17)) from the
+posterior terms of the standard (thesis eq. (3.4)) or decoupled (thesis eq. (3.15)) posterior.
 
 * ``"diagonal"``: each position independently from its marginal ``N(m_d(q), Σ_d(q, q))`` (the
   diagonalised covariance of the thesis's sampler, App. B.4); ``O(B H L e M²)`` for the marginal
@@ -8,7 +8,7 @@ posterior terms of the standard (eq. ``fpost``) or decoupled (eq. ``odsvgp``) po
   ``m + chol(K_qq - Q_qq) ε + A C_d ε_g`` with ``A = K_qg K_gg⁻¹``, ``Q_qq = A K_gg Aᵀ`` (one
   ``L × L`` Cholesky per sequence and head, shared by the output dimensions),
   ``O(B H (L³ + L² e + L M e + e M²))``;
-* ``"decomposed"`` (decoupled only): eq. ``odsvgp`` written as ``Σ_d = (K_qq - Q_qq) + A S_g,d Aᵀ``;
+* ``"decomposed"`` (decoupled only): thesis eq. (3.15) written as ``Σ_d = (K_qq - Q_qq) + A S_g,d Aᵀ``;
   ``f_d(q) = m_d(q) + A_q C_d ε_d + sqrt(k(q, q) - Q_qq(q, q)) ξ_{q,d}`` with ``ε_d ~ N(0, I_M)``
   drawn once per sequence and ``ξ`` iid.  The marginals are exact (``ε`` and ``ξ`` independent);
   the residual's off-diagonal is dropped.  ``O(B H (e M² + L M e))`` on top of the mean's solve.
@@ -55,7 +55,7 @@ def diagonal_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Ten
 
 
 def full_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
-    """Full covariance ``m + L ξ`` with ``L`` the posterior's square-root factor (eq. ``reparam_dgp``)."""
+    """Full covariance ``m + L ξ`` with ``L`` the posterior's square-root factor (thesis eq. (3.17))."""
     return terms.mean + terms.chol_factor.matmul(local)
 
 
@@ -64,5 +64,7 @@ def decomposed_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> T
     return torch.addcmul(terms.mean, terms.residual_variance.unsqueeze(-1).clamp_min(jitter).sqrt(), local)
 
 
+#: Each sampler's function, by name.
 SAMPLERS = {"diagonal": diagonal_sample, "full": full_sample, "decomposed": decomposed_sample}
+#: The sampler names an SGPA layer accepts (``sampler=``).
 SGPA_SAMPLERS = tuple(SAMPLERS)

@@ -1,7 +1,7 @@
-r"""Standard SGPA posterior (thesis eq. ``fpost``, KL of App. B.1.1): the inducing inputs are the
+r"""Standard SGPA posterior (thesis eq. (3.4), KL of App. B.1.1): the inducing inputs are the
 amortised keys only and the variational covariance is input dependent.
 
-``q = k_a`` (shared projection), so eq. ``fpost`` reduces to mean ``K_qk v_a`` and covariance
+``q = k_a`` (shared projection), so thesis eq. (3.4) reduces to mean ``K_qk v_a`` and covariance
 ``S = L_S L_Sᵀ``, with row ``i`` of ``L_S`` the projection ``s_i W_s`` (strictly lower part;
 diagonal through ``exp``), tied across output dimensions.  The functions take the
 :class:`~gpytorch_sgpa.attention.SGPAttention` layer whose parameters they read.
@@ -17,7 +17,7 @@ from .samplers import PosteriorTerms
 
 
 def standard_cov_factor(layer, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-    """``L_S`` of eq. ``fpost`` (input-dependent Cholesky factor), ``(B, H, L, L)``."""
+    """``L_S`` of thesis eq. (3.4) (input-dependent Cholesky factor), ``(B, H, L, L)``."""
     batch, length, _ = x.shape
     if length > layer.max_len:
         raise ValueError(f"sequence length {length} exceeds max_len={layer.max_len} of mode='standard'")

@@ -3,9 +3,9 @@ r"""Transformers built from (sparse Gaussian process) attention layers (thesis �
 Layer ``l`` maps ``F^{l-1}`` to ``F^l``:
 
 * ``s = G_φ(F^{l-1}) = LayerNorm(F + MLP(F))`` with a 2-layer MLP (the deep-kernel feature map of
-  eq. ``fhl``); for decoupled SGPA the same ``G_φ`` (without dropout) maps the layer's global
+  thesis eq. (3.16)); for decoupled SGPA the same ``G_φ`` (without dropout) maps the layer's global
   inducing inputs ``Z_g`` and the result is passed to the attention as ``global_inputs``;
-* ``F^l = s + attention(s)`` where the attention returns a posterior sample (eq. ``reparam_dgp``)
+* ``F^l = s + attention(s)`` where the attention returns a posterior sample (thesis eq. (3.17))
   and its KL.
 
 Outputs are mean-pooled over the non-padded positions, layer-normalised and mapped by a linear
@@ -26,7 +26,9 @@ from .multihead import _checks_on_host, _MultiHeadAttention
 
 __all__ = ["ATTENTION_TYPES", "TASKS", "build_attention", "SGPABlock", "SGPADecoder", "SGPATransformer", "SGPAViT"]
 
+#: The attention layers :func:`build_attention` builds (``attention=``).
 ATTENTION_TYPES = ("sgpa", "sgpa-dsvgp", "sgpa-standard", "kernel", "sdp")
+#: The output heads of the models (``task=``).
 TASKS = ("classification", "regression")
 
 
@@ -84,7 +86,7 @@ class SGPABlock(nn.Module):
         self.attention = attention
 
     def feature_map(self, f: Tensor, apply_dropout: bool = True) -> Tensor:
-        """``G_φ(f) = LayerNorm(f + W₂ σ(W₁ f))`` (eq. ``fhl``)."""
+        """``G_φ(f) = LayerNorm(f + W₂ σ(W₁ f))`` (thesis eq. (3.16))."""
         hidden = self.activation(self.linear1(f))
         if apply_dropout:
             hidden = self.dropout(hidden)

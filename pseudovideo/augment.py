@@ -27,12 +27,14 @@ import torch.nn.functional as F
 from ._random import randn
 from ._validation import check_generator, check_int, check_real, check_tensor
 
+#: Each method's default parameters.
 DEFAULT_PARAMS = {
     "blur": {"rate": 0.05, "kernel_size": 11},
     "heat": {"min_std": 0.5, "max_std": 20.0, "noise_std": 0.01},
     "markov_first": {"beta_start": 1e-4, "beta_end": 0.05},
     "markov_high": {"beta_start": 1e-4, "beta_end": 0.05},
 }
+#: The pseudo-video methods of :func:`make_pseudo_video` (``method=``).
 METHODS = tuple(DEFAULT_PARAMS)
 
 

@@ -5,7 +5,7 @@ For ``x ~ N(mu, Sigma)`` both Markov builders give frames that are linear in ``x
 ``Cov(z_r, z_s) = a_r a_s Sigma + (b_r . b_s) I``, which the eigenvectors of ``Sigma`` diagonalise:
 along an eigenvector with eigenvalue ``lambda`` the frames have the ``T x T`` covariance
 ``C(lambda) = lambda a a^T + B B^T``. The minimum MSE of predicting ``z_T`` from frames ``S``
-(thesis eq. ``recon_ineq`` / Theorem 5.1, attained by ``E[z_T | z_S]``) is, since Gaussian
+(thesis eq. (5.9) / Theorem 5.1, attained by ``E[z_T | z_S]``) is, since Gaussian
 conditional variances do not depend on the observed values,
 
     L*(S) = E[tr Var(z_T | z_S)] = sum_lambda  C_TT - C_TS C_SS^{-1} C_ST.

@@ -25,6 +25,7 @@
 
 # %%
 import os
+import warnings
 
 import gpytorch
 import matplotlib.pyplot as plt
@@ -57,6 +58,8 @@ def task(k):
 # ## Streaming the tasks
 # Hyperparameters are trained on the first task only (`num_iter` Adam steps), then fixed. Before each later
 # task OHSGPR moves its bases to the task's end; OSGPR moves its points into the task.
+# A model whose inducing variables keep too little of the prior variance over the inputs seen so
+# far says so with a `RuntimeWarning` (`InducingVariables.captured_variance`); the cell prints it.
 
 # %%
 models = {
@@ -71,7 +74,11 @@ for k in range(num_tasks):
                 model.inducing_variables.advance(span * (k + 1))
             else:
                 model.inducing_variables = InducingPoints(torch.linspace(span * k, span * (k + 1), M, dtype=torch.float64), learn=False)
-        model.update(times[task(k)], y[task(k)], num_iter=(10 if SMALL else 30) if k == 0 else 0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            model.update(times[task(k)], y[task(k)], num_iter=(10 if SMALL else 30) if k == 0 else 0)
+        for warning in caught:
+            print(f"{name}, task {k + 1}: {warning.message}")
         model.eval()
         with torch.no_grad():
             predictive = model.likelihood(model(times))

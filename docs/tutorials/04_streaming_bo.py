@@ -22,6 +22,7 @@
 
 # %%
 import os
+import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -54,14 +55,18 @@ x0 = rng.random((INIT, 2))
 X = torch.tensor(np.c_[x0, [time_of(k) for k in range(INIT)]])
 Y = torch.tensor([objective(x0[k : k + 1], hours[k])[0] for k in range(INIT)]).unsqueeze(-1)
 inducing = HiPPOInducingVariables(32, "legs", input_dim=3, num_rff=1000)  # OHSGPR
-model = OnlineGPModel(X, Y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=50)
+with warnings.catch_warnings(record=True) as caught:  # printed below, with the loop's
+    warnings.simplefilter("always", RuntimeWarning)
+    model = OnlineGPModel(X, Y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=50)
 print("length scales (tilt, azimuth, time):", model.covar_module.lengthscale.detach().numpy().round(3))
 
 # %% [markdown]
 # ## The loop: acquire, observe, update
 # `condition_on_observations` returns the updated model (the old one is left as it was, which
 # is what BoTorch's fantasies rely on). The acquisition is maximised over the angles with the time
-# fixed at the next hour.
+# fixed at the next hour. The cell ends with the model's `RuntimeWarning`s, if any: a model whose
+# inducing variables keep too little of the prior variance over the inputs seen so far says so
+# (`InducingVariables.captured_variance`).
 
 # %%
 bounds = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
@@ -76,8 +81,13 @@ for k in range(INIT, STEPS):
     chosen.append(x[0])
     best_angles.append(objective.grid[grid_values.argmax()])
     regret.append(max(grid_values.max(), value) - value)
-    model = model.condition_on_observations(candidate.detach(), torch.tensor([[value]]))
+    with warnings.catch_warnings(record=True) as step_warnings:
+        warnings.simplefilter("always", RuntimeWarning)
+        model = model.condition_on_observations(candidate.detach(), torch.tensor([[value]]))
+    caught += step_warnings
 print(f"{model.num_updates} updates; mean regret {np.mean(regret):.3f} kW/m^2")
+for warning in caught:
+    print("warning:", warning.message)
 
 # %%
 chosen, best_angles = np.array(chosen), np.array(best_angles)

@@ -19,6 +19,7 @@ from .._optional import require
 from .solar import load_solar_ghi
 
 SPEECH_DIR = "/usr/share/pocketsphinx/test/data/librivox"
+#: The names :func:`load_dataset` accepts.
 DATASETS = ("irradiance", "irradiance-hourly", "sunspots", "sunspots-monthly", "speech", "deaths", "concrete", "diabetes")
 SPLITS = ("time", "first-dim", "l2")
 

@@ -5,8 +5,8 @@ Usage::
     python -m gpytorch_hippo.experiments.captured_variance --dataset sunspots-monthly \\
         --num-inducing 50,150,250 --seeds 3
 
-For each seed the series is split as in :mod:`.online` (same tasks, same random test points), the
-RBF hyperparameters are fitted on task 1 as there (:func:`.online.fit_hyperparameters`), and the
+For each seed the series is split as in :mod:`gpytorch_hippo.experiments.online` (same tasks, same random test points), the
+RBF hyperparameters are fitted on task 1 as there (:func:`gpytorch_hippo.experiments.online.fit_hyperparameters`), and the
 HiPPO inducing variables (LegS unless ``--measure``) at the end of the stream,
 ``HiPPOInducingVariables(M, measure, t=t_end)``, report
 :meth:`~gpytorch_hippo.InducingVariables.captured_variance` at each task's test inputs: the fraction

@@ -1,5 +1,5 @@
-"""Continual SVGPVAE on hourly multivariate weather (thesis §4.5.3, Figs. ``era_nlpd_fullres`` /
-``era_rmse_fullres``): OHSVGP vs OSVGP, OVC and OVC-per-dim, all with EWC on the networks.
+"""Continual SVGPVAE on hourly multivariate weather (thesis §4.5.3, Figs. 4.12 and
+4.13): OHSVGP vs OSVGP, OVC and OVC-per-dim, all with EWC on the networks.
 
 The first ``--num-tasks x --task-hours`` hours of the series are standardised per column and cut
 into consecutive tasks; a random ``--test-fraction`` of the observed entries of every task is held
@@ -17,7 +17,7 @@ import os
 import time
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .._optional import require
 from ..data.weather import WEATHER_SOURCES, load_weather, standardise

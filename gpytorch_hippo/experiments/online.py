@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import gpytorch
 import torch
 from linear_operator.functions import pivoted_cholesky
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .._optional import require
 from ..baselines import FourierSchedule, HiPPOSchedule, PivotedCholeskySchedule, RandomPointsSchedule, learn_task

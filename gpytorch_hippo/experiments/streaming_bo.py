@@ -34,7 +34,7 @@ import warnings
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .._optional import require
 
@@ -180,8 +180,8 @@ def run(
 ) -> list[dict]:
     """One streaming BO run per method; returns one row per (method, step) with the CSV columns.
     ``acquisition``: ``"ucb"`` (β = 4), ``"qkg"`` (one-shot knowledge gradient, 8 fantasies at the next
-    hour) or ``"qjes"`` (joint entropy search with 8 optimal samples of the next hour; needs pathwise
-    samples: point inducing variables or an exact GP)."""
+    hour) or ``"qjes"`` (joint entropy search with 8 optimal samples of the next hour, drawn from
+    pathwise samples of every surrogate)."""
     from botorch.optim import optimize_acqf
 
     if acquisition not in ACQUISITIONS:
@@ -304,7 +304,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--num-inducing", type=int, default=32)
     parser.add_argument("--svgp-maxiter", type=int, default=20)
     parser.add_argument("--acquisition", default="ucb", choices=ACQUISITIONS,
-                        help="UCB, one-shot knowledge gradient or joint entropy search (not for ohsgpr: no pathwise samples)")
+                        help="UCB, one-shot knowledge gradient or joint entropy search")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="30 steps, 10 initial: a smoke run")
     parser.add_argument("--no-progress", action="store_true")

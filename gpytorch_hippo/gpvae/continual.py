@@ -29,6 +29,7 @@ from .model import SVGPVAE, LatentGP
 
 __all__ = ["METHODS", "ContinualSVGPVAE"]
 
+#: The continual-learning methods of :class:`ContinualSVGPVAE` (``method=``).
 METHODS = ("ohsvgp", "osvgp", "ovc", "ovc-per-dim")
 
 

@@ -1,4 +1,4 @@
-"""SVGPVAE (Jazbec et al. 2021) with any inducing variables, thesis App. C ``appendix:gpvae``.
+"""SVGPVAE (Jazbec et al. 2021) with any inducing variables, thesis App. C.3.
 
 An encoder maps each observation ``y_t`` (with missing entries masked) to Gaussian
 pseudo-observations ``(ỹ_t^l, ṽ_t^l)`` of ``L`` latent channels; every channel is a GP over time
@@ -126,7 +126,7 @@ class SVGPVAE(gpytorch.Module):
 
     The GP part ``L_H`` is computed by :class:`~gpytorch_hippo.online.OnlineELBO` (pseudo-likelihood
     ``FixedNoiseGaussianLikelihood`` with noise ``ṽ``): on the first task it is the Hensman ELBO;
-    after ``gp_objective.end_task()`` its KL becomes the online KL of thesis eq. ``online_elbo``,
+    after ``gp_objective.end_task()`` its KL becomes the online KL of thesis eq. (4.6),
     which ties ``q(u)`` of the new task to the stored posterior of the old ones.
 
     :param observation_dim: ``D``.

@@ -7,12 +7,12 @@ beyond ``r = 48/λ``.  Its spectral density is rational, so the frequency rule o
 the same integrals are evaluated here in time, where the kernel's two properties make a composite
 Gauss-Legendre rule exact to round-off and banded:
 
-* ``Kuf[m](x) = ∫ φ_m(s) k(x - s) ds`` (``φ_m = g_m ω``, thesis eq. ``hippo_kuf``) on uniform
+* ``Kuf[m](x) = ∫ φ_m(s) k(x - s) ds`` (``φ_m = g_m ω``, thesis eq. (4.9)) on uniform
   panels of width ``≤ 2ℓ``.  On a panel not containing ``x`` the integrand is analytic (it equals
   one branch of ``k``), so ``p`` nodes per panel converge exponentially; the panel containing ``x``
   is split at ``x`` into two such pieces.  Panels further than ``48/λ`` from ``x`` are skipped:
   each ``x`` costs ``O(M ℓ/w · p)`` whatever ``t`` is.
-* ``Kuu[m, n] = ∫ φ_m(s) Kuf[n](s) ds`` (eq. ``double_integral_kuu``): ``Kuf[n]`` is analytic
+* ``Kuu[m, n] = ∫ φ_m(s) Kuf[n](s) ds`` (thesis eq. (4.11)): ``Kuf[n]`` is analytic
   inside the support (a convolution of the kink with an analytic function), so the same panel rule
   integrates it; ``Kuu`` costs ``O((t/ℓ) p² M + Q M²)``, linear in ``t/ℓ``.
 * ``Kuu_cross`` between two sets: the same outer integral over the first set's support, with extra

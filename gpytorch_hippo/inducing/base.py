@@ -26,7 +26,7 @@ class InducingVariables(gpytorch.Module):
       ``(*batch, N, D)`` (batch dimensions broadcast like GPyTorch's);
 
     and may override :meth:`Kuu_cross` (covariance with another set, needed by the online
-    updates of thesis eq. ``online_elbo`` when old and new inducing variables differ) and
+    updates of thesis eq. (4.6) when old and new inducing variables differ) and
     :meth:`prior_mean`.
 
     **Jitter policy.** :meth:`Kuu` returns ``K_uu + jitter * I`` with

@@ -18,7 +18,7 @@ breakpoints, spectral samples); a backend holds only caches.
 * :class:`PathBackend` (thesis §4.4, multidimensional inputs): the random-feature memory along the
   ordered input path.
 * :class:`~.lyapunov.LyapunovBackend` (beyond the thesis; exact, LegS, RBF and Matérn): the LegS
-  ODE ``dc/dt = (A c + B f(t)) / t`` (eqs. ``hippo_ode``, ``hippo_matrix_a``, ``hippo_matrix_b``) is
+  ODE ``dc/dt = (A c + B f(t)) / t`` (thesis eqs. (2.10), (2.14), (2.15)) is
   time-invariant in ``τ = log t``, so ``Kuu = cov(c)`` obeys the Lyapunov ODE
   ``dK/dτ = A K + K Aᵀ + B kᵀ + k Bᵀ`` with ``k(t) = Kuf(t, x = t)``, and ``cov(c(t_a), c(t_b))`` the
   ODE ``dC/dτ_b = C Aᵀ + Kuf(t_a, x = t_b) Bᵀ``.  Integrated exactly over a step by variation of
@@ -76,7 +76,7 @@ def _span(ivars) -> tuple[float, float]:
 
 
 class QuadratureBackend:
-    """Composite Gauss-Legendre quadrature in time of ``Kuf`` and the double integral ``Kuu`` (eq. ``double_integral_kuu``)."""
+    """Composite Gauss-Legendre quadrature in time of ``Kuf`` and the double integral ``Kuu`` (thesis eq. (4.11))."""
 
     name = "quadrature"
 
@@ -288,7 +288,7 @@ class FourierFeatures:
 
 
 class RecurrenceBackend:
-    """The thesis's recurrence (eqs. ``kfu_ode``, ``kuu_ode_rff``) for time inputs, features carried across ``advance``."""
+    """The thesis's recurrence (eq. (4.10) and §4.3.2) for time inputs, features carried across ``advance``."""
 
     name = "recurrence"
 

@@ -1,4 +1,4 @@
-"""HiPPO bases as interdomain inducing variables (thesis §4.3, ``sec:hippo_inter``).
+"""HiPPO bases as interdomain inducing variables (thesis §4.3.1).
 
 ``u_m^{(t)} = int f(x) phi_m^{(t)}(x) dx`` with ``phi_m^{(t)} = g_m^{(t)} omega^{(t)}`` the HiPPO
 basis times its measure (:mod:`gpytorch_hippo.hippo`).  As for HiPPO memories, the integrals run
@@ -15,7 +15,7 @@ argument, ``method``:
 * ``"quadrature"``: exact composite Gauss-Legendre in time, any kernel, cost quadratic in
   ``t / lengthscale``.
 * ``"recurrence"`` (the thesis): ``Kuu`` from Fourier features projected by the HiPPO recurrence
-  (eq. ``kuu_ode_rff``), carried across :meth:`HiPPOInducingVariables.advance`.
+  (thesis §4.3.2), carried across :meth:`HiPPOInducingVariables.advance`.
 * ``"lyapunov"`` (beyond the thesis; LegS, RBF or Matérn): exact, ``Kuu`` carried across
   :meth:`HiPPOInducingVariables.advance` by the Lyapunov ODE of the LegS coefficients integrated
   exactly over each step (:mod:`.lyapunov`), ``Kuf`` by a local rule: the cost per task does not
@@ -264,7 +264,7 @@ class HiPPOInducingVariables(InducingVariables):
 
     # ------------------------------------------------------------------ the interface
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
-        """``[Kuf]_{mn} = int k(x_n, s) phi_m^{(t)}(s) ds`` (thesis eq. ``kfu_ode``); ``(*batch, M, N)``.
+        """``[Kuf]_{mn} = int k(x_n, s) phi_m^{(t)}(s) ds`` (thesis eq. (4.10)); ``(*batch, M, N)``.
 
         Exactly zero, whatever the backend, for inputs further than the kernel's reach ``R``
         (:func:`.cost.kernel_reach`) from the bases' support ``[lower, t]``: ``k(x - s) < 2e-18 σ²``
@@ -287,7 +287,7 @@ class HiPPOInducingVariables(InducingVariables):
         return out.mT
 
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
-        """``Kuu`` (eq. ``double_integral_kuu``) plus the jitter of the class docstring."""
+        """``Kuu`` (thesis eq. (4.11)) plus the jitter of the class docstring."""
         return self.add_jitter(self._backend_for(kernel).cross(self, self, kernel))
 
     def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):

@@ -1,7 +1,7 @@
 """Exact LegS covariances carried forward in time at a cost per step that does not grow with ``t``.
 
 HiPPO-LegS coefficients ``c(t) = ∫_start^t f(s) φ(s, t) ds`` obey ``dc/dt = (A c + B f(t)) / t``
-(thesis eqs. ``hippo_ode``, ``hippo_matrix_a``, ``hippo_matrix_b``; ``A``, ``B`` as returned by
+(thesis eqs. (2.10), (2.14), (2.15); ``A``, ``B`` as returned by
 :func:`gpytorch_hippo.hippo.transition`, ``A`` lower triangular with eigenvalues ``-1 .. -M``), so in
 ``τ = log t`` the ODE is time-invariant, ``dc/dτ = A c + B f(e^τ)``.  For a GP prior ``f`` this gives
 
@@ -73,7 +73,7 @@ def rbf_function(kernel):
 
 
 def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
-    """``Kuf[m](x) = ∫ k(x - s) φ_m(s, t) ds`` (thesis eq. ``hippo_kuf``) at ``times`` (N,) -> (N, M).
+    """``Kuf[m](x) = ∫ k(x - s) φ_m(s, t) ds`` (thesis eq. (4.9)) at ``times`` (N,) -> (N, M).
 
     Only ``s`` within the kernel's reach of ``x`` contributes, so the rule is local: Matérn through
     :meth:`BandedBackend.local_kuf` (panels split at the kink), RBF by the same composite
@@ -146,7 +146,7 @@ def forcing(ivars, kernel, t_a: float, t_b: float) -> Tensor:
 
 
 def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
-    """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (eq. ``double_integral_kuu`` on ``[t_a, t_b]`` alone).
+    """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (thesis eq. (4.11) on ``[t_a, t_b]`` alone).
 
     Matérn: the banded backend on that support.  RBF: :func:`segment_rule` in both variables (the
     integrand is analytic), ``D = Wᵀ (k(nodes, nodes) W)`` with ``k`` banded: the panel pairs within

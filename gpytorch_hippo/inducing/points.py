@@ -1,4 +1,4 @@
-"""Ordinary inducing points ``u = f(Z)`` (the SVGP/SGPR inducing variables, thesis §2 ``svgp_back``)."""
+"""Ordinary inducing points ``u = f(Z)`` (the SVGP/SGPR inducing variables, thesis §2.3.2)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class InducingPoints(InducingVariables):
 
     ``Kuu = k(Z, Z) + jitter I`` and ``Kuf = k(Z, X)``; with these,
     :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy` is GPyTorch's
-    ``VariationalStrategy`` (thesis eq. ``q_predictive_svgp``) and
+    ``VariationalStrategy`` (thesis eq. (2.36)) and
     :class:`~gpytorch_hippo.online.OnlineSGPR` is OSGPR of Bui et al. (2017).
 
     :param points: inducing inputs ``Z`` of shape ``(*batch, M, D)`` (or ``(M,)`` for 1-D inputs).

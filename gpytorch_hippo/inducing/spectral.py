@@ -10,7 +10,7 @@ projection of a complex exponential.  Then
 Both integrands are even in ``ω`` up to conjugation, so a rule ``(ω_q, w_q)`` on ``[0, Ω]`` with
 weights ``2 w_q S(ω_q)`` gives real features ``F = sqrt(2 w S) [Re ĉ; Im ĉ]`` (``2Q x M``) and
 ``ψ(x) = sqrt(2 w S) [cos ωx; sin ωx]`` with ``Kuu = Fᵀ F'`` and ``Kuf = Fᵀ ψ(x)`` -- the
-structure of random Fourier features (thesis eq. ``kuu_ode_rff``) with deterministic nodes.
+structure of random Fourier features (thesis §4.3.2) with deterministic nodes.
 """
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from torch import Tensor
 
 __all__ = ["CORRUPTIONS", "SEVERITIES", "SEVERITY_PARAMETERS", "corrupt", "gaussian_blur", "rotate"]
 
+#: Each corruption's parameter at severities 1 to 5.
 SEVERITY_PARAMETERS = {
     "gaussian_noise": (0.08, 0.12, 0.18, 0.26, 0.38),
     "blur": (0.5, 0.75, 1.0, 1.5, 2.0),
@@ -38,7 +39,9 @@ SEVERITY_PARAMETERS = {
     "rotation": (15.0, 30.0, 45.0, 60.0, 75.0),
     "pixelate": (0.5, 0.43, 0.36, 0.29, 0.21),
 }
+#: The corruptions :func:`corrupt` applies.
 CORRUPTIONS = tuple(SEVERITY_PARAMETERS)
+#: The severities :func:`corrupt` accepts.
 SEVERITIES = (1, 2, 3, 4, 5)
 
 

@@ -45,7 +45,9 @@ from .training import Split, train_classifier
 
 __all__ = ["METHODS", "CSV_COLUMNS", "LMConfig", "encode_for_lm", "evaluate_lm", "run", "main"]
 
+#: The methods the runner compares (``--methods``).
 METHODS = ("mle-sdp", "mle-kernel", "mcd", "sgpa")
+#: The columns of the CSV the runner writes.
 CSV_COLUMNS = ("dataset", "method", "seed", "token_nll", "perplexity", "accuracy", "ece", "mce",
                "shift_token_nll", "shift_ece", "train_s_per_epoch", "infer_s_per_batch", "world_size")
 METRIC_COLUMNS = CSV_COLUMNS[3:-1]

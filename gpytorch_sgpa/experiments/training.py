@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ..baselines.prediction import logits_of
 from . import distributed
@@ -60,7 +60,7 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     """Adam with a learning rate decaying linearly to ``lr / 10`` (thesis App. B.4); returns s/epoch.
 
     Without ``elbo`` the loss is :func:`mle_loss` of the logits (MLE, with the model's dropout);
-    with it, the loss is ``-elbo(logits, kl, labels)`` (thesis eq. ``elbo``, one sample per input).
+    with it, the loss is ``-elbo(logits, kl, labels)`` (thesis eq. (3.18), one sample per input).
     ``on_epoch_end(epoch, model)`` (epochs counted from 1) is called untimed after each epoch.
     ``stop_after = k`` stops after ``k`` of the ``epochs`` epochs, with the learning-rate schedule of
     all ``epochs`` (so the model equals that of the full run after ``k`` epochs).

@@ -7,7 +7,7 @@ frame), ``0`` latent (being denoised), ``-1`` absent (zeros). It is trained on t
 * initial: frames ``1..C`` latent (generated jointly), the last slot absent;
 * step ``t`` (``t = C+1..T``): frames ``t-C..t-1`` observed, frame ``t`` latent,
 
-with the epsilon-prediction loss of DDPM (thesis eq. ``diffusion_loss``) on latent slots only; tasks
+with the epsilon-prediction loss of DDPM (thesis eq. (5.2)) on latent slots only; tasks
 are drawn in proportion to their use at sampling time (1 initial chain, ``T - C`` step chains).
 With ``num_frames = 1`` (``context = 0``) this is exactly an image DDPM of the same UNet, the
 thesis's 1-frame baseline. Sampling runs the reverse chain once for the initial block and once per

@@ -4,7 +4,7 @@ Latents ``z_1..z_T`` have the image's shape. The generative model is shared by b
 
     p(z_T) = N(m, diag s^2),  p(z_{t-1} | z_t) = N(z_t + f_theta(z_t, t), sigma_t^2 I),  p(x | z_1) = Bernoulli(g_theta(z_1)),
 
-(the residual mean of Rissanen et al.'s decoder), and the negative ELBO (thesis eq. ``have_loss``) is
+(the residual mean of Rissanen et al.'s decoder), and the negative ELBO (thesis eq. (5.1)) is
 ``-E_q[log p(x|z_1) + sum_t log p(z_{t-1}|z_t) + log p(z_T) - log q(z_{1:T}|x)]``. Encoders:
 
 * ``"heat"``: ``q(z_t | x) = N(F_h(tau_t) x, sigma_h^2 I)`` independently over ``t`` (the frames of

@@ -1,4 +1,4 @@
-"""Vector quantisation and the VQ-VAE loss (thesis §5.3, eqs. ``quantization`` and ``vqvae_loss``).
+"""Vector quantisation and the VQ-VAE loss (thesis §5.3, eqs. (5.5) and (5.6)).
 
 The nearest-code search, the codebook storage and the replacement of dead codes come from
 ``vector_quantize_pytorch.VectorQuantize`` (learnable codebook, no EMA update, no rotation trick);

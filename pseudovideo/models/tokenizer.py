@@ -8,7 +8,7 @@ tokens of shape ``(T/2, H/4, W/4)``; the decoder mirrors the encoder (temporal, 
 and maps each token back to its tubelet of pixels. ``ImageTokenizer`` is the 1-frame case: 4x4
 patches, spatial layers only, tokens ``(H/4, W/4)``.
 
-Training minimises eq. ``vqvae_loss`` with a Gaussian likelihood, i.e. the pixel MSE plus the
+Training minimises thesis eq. (5.6) with a Gaussian likelihood, i.e. the pixel MSE plus the
 quantiser's codebook and commitment terms. Phenaki's adversarial and perceptual losses are not used.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ class VideoTokenizer(nn.Module):
     """C-ViViT VQ tokenizer: ``(B, T, C, H, W)`` videos <-> ``(B, T/tubelet_frames, H/p, W/p)`` tokens.
 
     ``dim``/``heads``: Transformer width; ``code_dim``: width of the code vectors; ``codebook_size``
-    ``K`` (1024 in the thesis) and ``beta`` the commitment weight of eq. ``vqvae_loss``.
+    ``K`` (1024 in the thesis) and ``beta`` the commitment weight of thesis eq. (5.6).
     """
 
     def __init__(self, num_frames: int, image_size: int, channels: int = 1, patch_size: int = 4,
@@ -129,7 +129,7 @@ class VideoTokenizer(nn.Module):
         return self.quantizer.codebook_size
 
     def forward(self, videos: torch.Tensor) -> TokenizerOutput:
-        """Encode, quantise and decode ``videos``; the loss is eq. ``vqvae_loss`` with a Gaussian likelihood."""
+        """Encode, quantise and decode ``videos``; the loss is thesis eq. (5.6) with a Gaussian likelihood."""
         quantized = self.quantizer(self.features(videos))
         reconstruction = self._pixels(quantized.quantized)
         reconstruction_loss = F.mse_loss(reconstruction, videos)
@@ -137,7 +137,7 @@ class VideoTokenizer(nn.Module):
                                reconstruction_loss, quantized.loss, quantized.perplexity)
 
     def encode(self, videos: torch.Tensor) -> torch.Tensor:
-        """The int64 tokens ``(B, *token_shape)`` of ``videos`` (eq. ``quantization``); the codebook is not updated."""
+        """The int64 tokens ``(B, *token_shape)`` of ``videos`` (thesis eq. (5.5)); the codebook is not updated."""
         return self.quantizer(self.features(videos), update_codebook=False).indices
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
