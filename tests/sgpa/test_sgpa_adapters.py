@@ -205,25 +205,42 @@ def test_masks_that_are_not_padding_raise():
                                                ("sgpa", {"num_global": 4, "sampler": "diagonal"})])
 def test_gpt2_generate_with_cache_equals_without(attention, kwargs, monkeypatch):
     """Inside posterior_mean, greedy generation with the cache (new positions from the cached
-    projections) gives the tokens and scores of generation without it (whole prefix every step);
-    the left-padded prompt exercises the padding mask on both paths."""
+    projections) gives the tokens and scores of generation without it (whole prefix every step):
+    for a left-padded batch (the model passes a padding mask at every step) and an unpadded one
+    (no mask: the adapter builds the causal structure of the new positions itself)."""
     model = convert(_gpt2().double(), attention=attention, **kwargs).eval()
     rows = []
     original = adapters._cached_rows
     monkeypatch.setattr(adapters, "_cached_rows", lambda *args: rows.append(1) or original(*args))
     prompt = torch.randint(2, 50, (2, 4))
-    mask = torch.ones(2, 4, dtype=torch.long)
-    mask[1, :2] = 0
+    padded = torch.ones(2, 4, dtype=torch.long)
+    padded[1, :2] = 0
     prompt[1, :2] = 1
-    results = {}
+    for mask in (padded, torch.ones(2, 4, dtype=torch.long)):
+        results = {}
+        with torch.no_grad(), posterior_mean():
+            for use_cache in (True, False):
+                results[use_cache] = model.generate(prompt, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                                    use_cache=use_cache, output_scores=True,
+                                                    return_dict_in_generate=True)
+        assert torch.equal(results[True].sequences, results[False].sequences)
+        for cached, uncached in zip(results[True].scores, results[False].scores):
+            torch.testing.assert_close(cached, uncached, rtol=1e-9, atol=1e-9)
+    assert len(rows) == 2 * 2 * 5  # two prompts, two layers, five steps after the prompt: the cached path ran
+
+
+def test_gpt2_left_padding_equals_the_unpadded_sequence():
+    """A left-padded sequence (with its position ids) gives the logits of the same tokens alone:
+    the padded keys are out of the causal layers' conditioning set."""
+    model = convert(_gpt2().double(), num_global=4).eval()
+    ids = torch.randint(2, 50, (1, 5))
+    padded = torch.cat([torch.ones(1, 2, dtype=torch.long), ids], dim=1)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad(), posterior_mean():
-        for use_cache in (True, False):
-            results[use_cache] = model.generate(prompt, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                                use_cache=use_cache, output_scores=True, return_dict_in_generate=True)
-    assert len(rows) == 2 * 5  # two layers, five steps after the prompt: the cached path ran
-    assert torch.equal(results[True].sequences, results[False].sequences)
-    for cached, uncached in zip(results[True].scores, results[False].scores):
-        torch.testing.assert_close(cached, uncached, rtol=1e-9, atol=1e-9)
+        alone = model(ids).logits
+        together = model(padded, attention_mask=mask, position_ids=positions).logits
+    torch.testing.assert_close(together[:, 2:], alone, rtol=1e-9, atol=1e-9)
 
 
 def test_gpt2_generate_samples_with_the_cache():
@@ -461,3 +478,44 @@ def test_readme_hugging_face_example(run_readme_block):
     probabilities = namespace["probabilities"]
     assert probabilities.shape == (8, 3)
     torch.testing.assert_close(probabilities.sum(-1), torch.ones(8), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_gpt2_several_new_tokens_at_once_with_the_cache(implementation):
+    """A prompt in two chunks through the cache (the second chunk's queries at offset positions)
+    gives the logits of one uncached pass, inside posterior_mean."""
+    model = convert(_gpt2(implementation).double(), num_global=4).eval()
+    ids = torch.randint(2, 50, (2, 7))
+    with torch.no_grad(), posterior_mean():
+        whole = model(ids, use_cache=False).logits
+        first = model(ids[:, :3], use_cache=True)
+        second = model(ids[:, 3:], past_key_values=first.past_key_values, use_cache=True)
+    torch.testing.assert_close(first.logits, whole[:, :3], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(second.logits, whole[:, 3:], rtol=1e-9, atol=1e-9)
+    # the same through one adapter called without a mask (the causal structure of the new positions
+    # at offset 3 is then the adapter's own)
+    adapter = model.transformer.h[0].attn
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    cache = _transformers().DynamicCache(config=model.config)
+    with torch.no_grad(), posterior_mean():
+        whole, _ = adapter(x)
+        adapter(x[:, :3], cache=cache)
+        rest, _ = adapter(x[:, 3:], cache=cache)
+    torch.testing.assert_close(rest, whole[:, 3:], rtol=1e-9, atol=1e-9)
+
+
+def test_bfloat16_model_keeps_its_dtype_and_follows_the_float32_one():
+    """Weights and activations in bfloat16 (the GP algebra in float32): the hidden states (mean
+    magnitude about 0.8) keep the dtype and, inside posterior_mean, stay within bfloat16 rounding of
+    those of the same model in float32, for both mask formats."""
+    model = convert(_bert(cls="BertModel"), num_global=4).eval()
+    ids = torch.randint(2, 100, (2, 6))
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    with torch.no_grad(), posterior_mean():
+        reference = model(ids, attention_mask=mask).last_hidden_state
+        low = copy.deepcopy(model).to(torch.bfloat16)
+        for implementation in ("sdpa", "eager"):
+            low.config._attn_implementation = implementation
+            hidden = low(ids, attention_mask=mask).last_hidden_state
+            assert hidden.dtype == torch.bfloat16
+            torch.testing.assert_close(hidden.float(), reference, rtol=0.05, atol=0.05)
