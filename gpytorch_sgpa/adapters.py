@@ -37,6 +37,7 @@ are to dot-product attention; the sample adds the posterior noise to ``m``.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 
 import torch
@@ -48,7 +49,12 @@ from .multihead import _gp_dtype, _relative_jitter
 from .transformer import ATTENTION_TYPES, build_attention
 
 __all__ = [
+    "BertSelfAttentionAdapter",
+    "GPT2AttentionAdapter",
     "SelfAttentionAdapter",
+    "TimmAttentionAdapter",
+    "ViTAttentionAdapter",
+    "adapter_for",
     "from_bert_self_attention",
     "from_gpt2_attention",
     "from_timm_attention",
@@ -330,6 +336,8 @@ class BertSelfAttentionAdapter(SelfAttentionAdapter):
         self.config = config
 
     def forward(self, hidden_states: Tensor, attention_mask=None, cache=None, **kwargs):
+        """``(context, weights)``: the heads' outputs ``(B, L, d_model)`` and, with
+        ``output_attentions``, the kernel weights ``(B, H, L, L_k)`` of the posterior mean."""
         cache = kwargs.pop("past_key_values", cache)
         if kwargs.get("encoder_hidden_states") is not None:
             raise ValueError("a converted self-attention module got encoder_hidden_states (cross-attention)")
@@ -347,6 +355,7 @@ class ViTAttentionAdapter(SelfAttentionAdapter):
         self.config = config
 
     def forward(self, hidden_states: Tensor, attention_mask=None, **kwargs):
+        """``(o_proj(context), weights)`` as :meth:`BertSelfAttentionAdapter.forward`."""
         _no_head_mask(kwargs)
         context, weights = self.attend(hidden_states, attention_mask, None, _output_attentions(self, kwargs))
         return self.output(context), weights
@@ -367,6 +376,8 @@ class GPT2AttentionAdapter(SelfAttentionAdapter):
 
     def forward(self, hidden_states: Tensor, cache=None, attention_mask=None, encoder_hidden_states=None,
                 encoder_attention_mask=None, output_attentions=False, **kwargs):
+        """``(resid_dropout(c_proj(context)), weights)``; ``cache`` (or ``past_key_values``) as
+        ``GPT2Attention`` takes it."""
         cache = kwargs.pop("past_key_values", cache)
         if encoder_hidden_states is not None:
             raise ValueError("a converted self-attention module got encoder_hidden_states (cross-attention)")
@@ -386,6 +397,7 @@ class TimmAttentionAdapter(SelfAttentionAdapter):
         self.norm, self.gate, self.proj_drop = norm, gate, proj_drop
 
     def forward(self, x: Tensor, attn_mask=None, is_causal: bool = False):
+        """``proj_drop(proj(norm(context) ⊙ σ(gate(x))))`` (no gate: ``proj_drop(proj(norm(context)))``)."""
         if is_causal and not self.causal:
             raise ValueError("is_causal=True for a layer built with causal=False: convert with causal=True")
         if not is_causal and attn_mask is None and self.causal:
@@ -497,6 +509,8 @@ def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.M
     weights with forward hooks on the attention modules' classes, installed at the first request.
     Hooks already on a replaced module were moved to its replacement by ``convert``; where the model
     has not installed them yet, the same recording hook goes on the replacement now."""
+    if "transformers" not in sys.modules:  # then no model of it is in the tree; do not import it
+        return
     try:
         from transformers.modeling_utils import PreTrainedModel
         from transformers.utils.output_capturing import (
@@ -504,7 +518,7 @@ def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.M
             OutputRecorder,
             install_output_capuring_hook,
         )
-    except ImportError:  # transformers not installed (then no model of it is in the tree) or another layout
+    except ImportError:  # another layout of transformers' internals: attention maps are then not recorded
         return
     originals = {id(new): old for old, new in replaced.values()}
     for model in root.modules():
