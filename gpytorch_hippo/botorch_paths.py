@@ -22,6 +22,8 @@ inputs, random features whose projections are the closed-form transforms ``\hat 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from botorch.sampling.pathwise.features import FeatureMap
 from botorch.sampling.pathwise.paths import GeneralizedLinearPath
@@ -66,6 +68,9 @@ class _CrossCovarianceMap(FeatureMap):
 
     def __init__(self, variables: InducingVariables, kernel, input_transform=None):
         super().__init__()
+        # a frozen copy of the kernel: paths are differentiated in x only, and backends reuse their caches
+        # (a HiPPO path memory, say) only for kernels without gradients
+        kernel = copy.deepcopy(kernel).requires_grad_(False)
         self.variables, self.kernel, self.input_transform, self.output_transform = variables, kernel, input_transform, None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -108,10 +113,17 @@ class _HiPPOFourierMap(FeatureMap):
             self.projections = torch.cat([root * chat.real, root * chat.imag])
         self.frequencies, self.root = frequencies.detach(), weights.detach().sqrt()
 
+        self._last = None  # (x, its version, grad mode, ψ(x)): the update path reuses the prior path's ψ(x)
+
     def forward(self, x: Tensor) -> Tensor:
+        last = self._last
+        if last is not None and last[0] is x and last[1] == x._version and last[2] == torch.is_grad_enabled():
+            return last[3]
         phase = x @ self.frequencies.to(x.dtype).mT
         root = self.root.to(x.dtype)
-        return torch.cat([root * torch.cos(phase), root * torch.sin(phase)], dim=-1)
+        features = torch.cat([root * torch.cos(phase), root * torch.sin(phase)], dim=-1)
+        self._last = (x, x._version, torch.is_grad_enabled(), features)
+        return features
 
     @property
     def num_outputs(self) -> int:
@@ -120,6 +132,34 @@ class _HiPPOFourierMap(FeatureMap):
     @property
     def batch_shape(self) -> Size:
         return Size()
+
+
+class _ProjectedFeatureMap(FeatureMap):
+    """``x -> ψ(x) Z = K_{xu}`` for HiPPO variables on a path, whose ``Kuf`` is exactly this product."""
+
+    def __init__(self, features: _HiPPOFourierMap):
+        super().__init__()
+        self.features, self.input_transform, self.output_transform = features, None, None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.features(x) @ self.features.projections.to(x.dtype)
+
+    @property
+    def num_outputs(self) -> int:
+        return self.features.projections.shape[-1]
+
+    @property
+    def batch_shape(self) -> Size:
+        return Size()
+
+
+def _hippo_prior_paths(model: OnlineGPModel, sample_shape: Size, input_transform=None, output_transform=None) -> GeneralizedLinearPath:
+    """``m + ψᵀ w``, ``w ~ N(0, I)``, on the features of :class:`_HiPPOFourierMap`."""
+    feature_map = _HiPPOFourierMap(model.online.posterior_inducing_variables, model.covar_module)
+    dtype = floating_dtype(model.covar_module)
+    weight = torch.randn(*sample_shape, feature_map.num_outputs, dtype=dtype, device=feature_map.projections.device)
+    return GeneralizedLinearPath(feature_map=feature_map, weight=weight, bias_module=model.mean_module,
+                                 input_transform=input_transform, output_transform=output_transform)
 
 
 @DrawKernelFeaturePaths.register(OnlineGPModel)
@@ -134,12 +174,7 @@ def _prior_paths(model: OnlineGPModel, **kwargs) -> GeneralizedLinearPath:
             output_transform=get_output_transform(model),
             **kwargs,
         )
-    sample_shape = kwargs.get("sample_shape", Size())
-    feature_map = _HiPPOFourierMap(variables, model.covar_module)
-    dtype = floating_dtype(model.covar_module)
-    weight = torch.randn(*sample_shape, feature_map.num_outputs, dtype=dtype, device=feature_map.projections.device)
-    return GeneralizedLinearPath(feature_map=feature_map, weight=weight, bias_module=model.mean_module,
-                                 input_transform=get_input_transform(model), output_transform=get_output_transform(model))
+    return _hippo_prior_paths(model, kwargs.get("sample_shape", Size()), get_input_transform(model), get_output_transform(model))
 
 
 def _prior_values_of_u(model: OnlineGPModel, prior_paths: GeneralizedLinearPath) -> Tensor:
@@ -155,22 +190,39 @@ def _prior_values_of_u(model: OnlineGPModel, prior_paths: GeneralizedLinearPath)
 @GaussianUpdate.register(OnlineGPModel, (Likelihood, type(None)))
 def _update_paths(model: OnlineGPModel, likelihood, *, sample_values: Tensor, **ignore) -> GeneralizedLinearPath:
     """``K_{·u} K_uu^{-1} (u - g(f) - e)`` with ``u ~ q(u)``, ``e ~ N(0, jitter I)``, for prior values ``g(f)``."""
-    variables, kernel = _stored_variables(model), model.covar_module
+    feature_map = _CrossCovarianceMap(_stored_variables(model), model.covar_module, input_transform=get_input_transform(model))
+    return GeneralizedLinearPath(feature_map=feature_map, weight=_update_weight(model, sample_values))
+
+
+def _update_weight(model: OnlineGPModel, sample_values: Tensor) -> Tensor:
+    """``K_uu^{-1} (u - g(f) - e)`` (``sample_shape x M``) of the Matheron update."""
+    variables, kernel = model.online.posterior_inducing_variables, model.covar_module
     kuu = to_dense(variables.Kuu(kernel)).to(sample_values.dtype)
     chol = psd_safe_cholesky(kuu)
     jitter = variables.jitter_variance(kuu)
     targets = model.online.inducing_posterior().rsample(sample_values.shape[:-1]).to(sample_values.dtype)
     noise = jitter.sqrt() * torch.randn_like(sample_values)
-    weight = torch.cholesky_solve((targets - sample_values - noise).unsqueeze(-1), chol).squeeze(-1)
-    feature_map = _CrossCovarianceMap(variables, kernel, input_transform=get_input_transform(model))
-    return GeneralizedLinearPath(feature_map=feature_map, weight=weight)
+    return torch.cholesky_solve((targets - sample_values - noise).unsqueeze(-1), chol).squeeze(-1)
 
 
 @DrawMatheronPaths.register(OnlineGPModel)
 def _matheron_paths(model: OnlineGPModel, *, sample_shape: Size, prior_sampler, update_strategy) -> MatheronPath:
-    _stored_variables(model)  # in the transformed input space, as BoTorch assumes for inducing variables
-    with delattr_ctx(model, "outcome_transform"):
-        prior_paths = prior_sampler(model=model, sample_shape=sample_shape)
-        update_paths = update_strategy(model=model, sample_values=_prior_values_of_u(model, prior_paths))
-    return MatheronPath(prior_paths=prior_paths, update_paths=update_paths, output_transform=get_output_transform(model))
+    variables = _stored_variables(model)  # in the transformed input space, as BoTorch assumes for inducing variables
+    output_transform = get_output_transform(model)
+    if isinstance(variables, InducingPoints):
+        with delattr_ctx(model, "outcome_transform"):
+            prior_paths = prior_sampler(model=model, sample_shape=sample_shape)
+            update_paths = update_strategy(model=model, sample_values=_prior_values_of_u(model, prior_paths))
+        return MatheronPath(prior_paths=prior_paths, update_paths=update_paths, output_transform=output_transform)
+    # HiPPO variables: both paths see the same transformed inputs, so that on a path (several input
+    # dimensions) the update K_xu = ψ(x) Z reuses the prior's ψ(x): one feature evaluation per call
+    prior_paths = _hippo_prior_paths(model, sample_shape)
+    weight = _update_weight(model, _prior_values_of_u(model, prior_paths))
+    if variables.input_dim > 1:
+        cross_covariance = _ProjectedFeatureMap(prior_paths.feature_map)
+    else:
+        cross_covariance = _CrossCovarianceMap(variables, model.covar_module)
+    update_paths = GeneralizedLinearPath(feature_map=cross_covariance, weight=weight)
+    return MatheronPath(prior_paths=prior_paths, update_paths=update_paths, input_transform=get_input_transform(model),
+                        output_transform=output_transform)
 

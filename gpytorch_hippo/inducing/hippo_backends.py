@@ -268,13 +268,13 @@ class FourierFeatures:
         ell = lengthscale.double().expand(dims)
         axes, axis_weights = [], []
         for d in range(dims):
-            cutoff = RBF_CUTOFF / float(ell[d].detach())
-            low = 0.0 if d == 0 else -cutoff
-            half = (cutoff - low) / 2
-            omega = low + half * (z + 1)
-            density = ell[d] / math.sqrt(2 * math.pi) * torch.exp(-0.5 * (omega * ell[d]) ** 2)
-            axes.append(omega)
-            axis_weights.append(half * w * density)
+            # nodes ω = Ω_d u at fixed u: the rule moves with ℓ_d, so the features are a function of x/ℓ
+            # and their gradient in ℓ is that of the values computed (L-BFGS needs the two to agree);
+            # the weights Ω_d (1 - low)/2 w S_d(Ω_d u) do not depend on ℓ_d
+            low = 0.0 if d == 0 else -1.0
+            u = low + (1 - low) / 2 * (z + 1)
+            axes.append(RBF_CUTOFF / ell[d] * u)
+            axis_weights.append(RBF_CUTOFF * (1 - low) / 2 * w * torch.exp(-0.5 * (RBF_CUTOFF * u) ** 2) / math.sqrt(2 * math.pi))
         grid = torch.cartesian_prod(*axes).reshape(-1, dims)
         weights = torch.cartesian_prod(*axis_weights).reshape(-1, dims).prod(-1)
         return grid.to(lengthscale.dtype), (2 * outputscale.double() * weights).to(lengthscale.dtype)
