@@ -403,7 +403,8 @@ def test_timm_vision_transformer_converts():
     bias_v = None if original.qkv.bias is None else original.qkv.bias[32:]
     context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, bias_v, 2, None)
     torch.testing.assert_close(output, original.proj(original.norm(context)), rtol=1e-8, atol=1e-8)
-    _elbo_step(model, lambda: model(torch.randn(4, 1, 8, 8)), torch.tensor([0, 1, 2, 0]), (torch.randn(4, 1, 8, 8),))
+    images = torch.randn(4, 1, 8, 8, dtype=torch.float64)
+    _elbo_step(model, lambda: model(images), torch.tensor([0, 1, 2, 0]), (images,))
 
 
 # --------------------------------------------------------------------------- one ELBO step per family
@@ -425,7 +426,7 @@ def _elbo_step(model, forward, labels, inputs, kwargs=None):
     assert global_names and all(not torch.equal(dict(model.named_parameters())[name], before[name])
                                 for name in global_names)
     probabilities = predict_proba(model, *inputs, num_samples=3, **(kwargs or {}))
-    torch.testing.assert_close(probabilities.sum(-1), torch.ones(probabilities.shape[:-1]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(probabilities.sum(-1), torch.ones_like(probabilities[..., 0]), rtol=0, atol=1e-5)
 
 
 def test_elbo_step_bert():
