@@ -5,6 +5,8 @@ import os
 import pathlib
 import pkgutil
 
+from sphinx.ext import autosummary
+
 project = "probseq"
 author = "probseq contributors"
 extensions = [
@@ -41,6 +43,9 @@ PACKAGES = ("gpytorch_hippo", "gpytorch_sgpa", "pseudovideo")
 autosummary_generate = True
 autosummary_ignore_module_all = True  # a module page documents what the module defines, not what it imports
 autosummary_imported_members = False
+# The summary of a name in a table is its docstring's first sentence; "thesis eq. (4.6)" and
+# "thesis ch. 4" end none.
+autosummary.WELL_KNOWN_ABBREVIATIONS += ("eq.", "eqs.", "ch.", "App.", "Fig.", "Figs.", "cf.")
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_class_signature = "mixed"

@@ -54,7 +54,7 @@ from torch import Tensor, nn
 
 from ._validation import check_finite_scalar, check_tensor
 
-#: The HiPPO measures (``measure=``): scaled Legendre, translated Legendre, translated Laguerre, Fourier.
+#: The HiPPO measures (``measure=``), in order scaled Legendre, translated Legendre, translated Laguerre and Fourier.
 MEASURES = ("legs", "legt", "lagt", "fout")
 #: The discretisations of the HiPPO ODE (``discretization=``); ``zoh`` is the exact zero-order hold.
 DISCRETIZATIONS = ("forward_euler", "backward_euler", "bilinear", "zoh")

@@ -542,7 +542,7 @@ class OnlineSGPR(gpytorch.Module):
 
 
 class OnlineELBO(_ApproximateMarginalLogLikelihood):
-    r"""Online ELBO of Bui et al. (2017) for any likelihood, thesis eq. (4.6):
+    r"""Online ELBO of Bui et al. (2017) for any likelihood (thesis eq. (4.6)).
 
     .. math::
         \mathcal L^o = \sum_i E_{q(f_i)}[\log p(y_i | f_i)]
