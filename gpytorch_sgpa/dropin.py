@@ -279,8 +279,8 @@ def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> n
     ``attention`` and ``attention_kwargs`` are those of :class:`MultiheadSGPAttention` (e.g.
     ``num_global=32``, ``"sgpa-dsvgp"``, ``sampler="decomposed"``, ``causal=True`` for a causal
     model); ``dropout``, ``batch_first`` and the causal structure default to the replaced module's.
-    Forward hooks and pre-hooks of a replaced module move to its replacement, which has the same
-    call convention.
+    A replacement starts in the training or evaluation mode of the module it replaces, and forward
+    hooks and pre-hooks of that module move to it (it has the same call convention).
 
     Initialisation: from kernel attention, ``W_qk``, ``W_v``, the output projection and the kernel
     hyperparameters are copied, so with the posterior collapsed to its mean standard SGPA and
@@ -308,8 +308,10 @@ def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> n
         new = adapter(child, attention, **{**defaults, **attention_kwargs})
         if new is not None and not isinstance(new, nn.Module):
             raise TypeError(f"the adapter of {type(child).__name__} returned {type(new).__name__}, not an nn.Module")
-        if new is not None and new is not child:
-            _move_hooks(child, new)
+        if new is not None:
+            new.train(child.training)  # an evaluation-mode model stays in evaluation mode (dropout off)
+            if new is not child:
+                _move_hooks(child, new)
         return new
 
     root = replacement(module, {})

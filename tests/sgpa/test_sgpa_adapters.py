@@ -18,11 +18,12 @@ def _transformers():
     return pytest.importorskip("transformers")
 
 
-def _bert(implementation="sdpa", cls="BertForSequenceClassification", config_cls="BertConfig", seed=0):
+def _bert(implementation="sdpa", cls="BertForSequenceClassification", config_cls="BertConfig", seed=0, **options):
     transformers = _transformers()
     torch.manual_seed(seed)
-    config = getattr(transformers, config_cls)(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                        vocab_size=100, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    options = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, **options}
+    config = getattr(transformers, config_cls)(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                               intermediate_size=64, vocab_size=100, num_labels=3, **options)
     config._attn_implementation = implementation
     return getattr(transformers, cls)(config)
 
@@ -34,10 +35,11 @@ def _vit(seed=0):
     return _transformers().ViTForImageClassification(config)
 
 
-def _gpt2(implementation="sdpa", seed=0):
+def _gpt2(implementation="sdpa", seed=0, **options):
     torch.manual_seed(seed)
+    options = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, **options}
     config = _transformers().GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0,
-                        eos_token_id=1, pad_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                                        eos_token_id=1, pad_token_id=1, **options)
     config._attn_implementation = implementation
     return _transformers().GPT2LMHeadModel(config)
 
@@ -260,6 +262,33 @@ def test_standard_sgpa_refuses_the_cache_with_a_clear_error():
                               use_cache=False).shape == (1, 5)
 
 
+def test_decoders_with_cross_attention_keep_it_and_cache_their_self_attention():
+    """GPT-2 and BERT built with cross-attention (attention dropout on, the models in evaluation
+    mode): only the self-attention converts, causal, and starts in evaluation mode; the cross-
+    attention modules stay; two chunks through the encoder-decoder cache give the logits of one
+    uncached pass inside posterior_mean."""
+    gpt2 = _gpt2(add_cross_attention=True, attn_pdrop=0.5).double().eval()
+    bert = _bert(cls="BertLMHeadModel", is_decoder=True, add_cross_attention=True,
+                 attention_probs_dropout_prob=0.5).double().eval()
+    cross = [gpt2.transformer.h[0].crossattention, bert.bert.encoder.layer[0].crossattention]
+    convert(gpt2, num_global=4)
+    convert(bert, num_global=4)
+    assert cross == [gpt2.transformer.h[0].crossattention, bert.bert.encoder.layer[0].crossattention]
+    assert type(cross[0]).__name__ == "GPT2Attention" and type(cross[1].self).__name__ == "BertCrossAttention"
+    encoded = torch.randn(2, 5, 32, dtype=torch.float64)
+    ids = torch.randint(2, 50, (2, 6))
+    for model in (gpt2, bert):
+        layers = [m for m in model.modules() if isinstance(m, adapters.SelfAttentionAdapter)]
+        assert len(layers) == 2 and all(layer.causal and not layer.training for layer in layers)
+        with torch.no_grad(), posterior_mean():
+            whole = model(ids, encoder_hidden_states=encoded, use_cache=False).logits
+            first = model(ids[:, :4], encoder_hidden_states=encoded, use_cache=True)
+            assert type(first.cache).__name__ == "EncoderDecoderCache"
+            second = model(ids[:, 4:], encoder_hidden_states=encoded, cache=first.cache, use_cache=True)
+        torch.testing.assert_close(first.logits, whole[:, :4], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(second.logits, whole[:, 4:], rtol=1e-9, atol=1e-9)
+
+
 # --------------------------------------------------------------------------- attention maps
 def test_output_attentions_are_the_weights_of_the_posterior_mean():
     """DSVGP's posterior mean is W v with W = K_qk: the returned weights times the values give the
@@ -291,10 +320,11 @@ def test_transformer_encoder_decoder_converts_self_attention_and_keeps_cross_att
     model = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32,
                            dropout=0.0, batch_first=True)
     cross = [layer.multihead_attn for layer in model.decoder.layers]
-    convert(model, num_global=4)
+    convert(model.eval(), num_global=4)
     for layer, original in zip(model.decoder.layers, cross):
         assert layer.multihead_attn is original and type(original) is nn.MultiheadAttention
         assert isinstance(layer.self_attn, gpytorch_sgpa.MultiheadSGPAttention) and layer.self_attn.causal
+        assert not layer.self_attn.training  # the evaluation mode of the replaced module
     assert not model.encoder.layers[0].self_attn.causal
     src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
     later = tgt.clone()
@@ -490,7 +520,7 @@ def test_gpt2_several_new_tokens_at_once_with_the_cache(implementation):
     with torch.no_grad(), posterior_mean():
         whole = model(ids, use_cache=False).logits
         first = model(ids[:, :3], use_cache=True)
-        second = model(ids[:, 3:], past_key_values=first.past_key_values, use_cache=True)
+        second = model(ids[:, 3:], cache=first.cache, use_cache=True)
     torch.testing.assert_close(first.logits, whole[:, :3], rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(second.logits, whole[:, 3:], rtol=1e-9, atol=1e-9)
     # the same through one adapter called without a mask (the causal structure of the new positions
