@@ -229,6 +229,10 @@ def test_gpt2_generate_with_cache_equals_without(attention, kwargs, monkeypatch)
         for cached, uncached in zip(results[True].scores, results[False].scores):
             torch.testing.assert_close(cached, uncached, rtol=1e-9, atol=1e-9)
     assert len(rows) == 2 * 2 * 5  # two prompts, two layers, five steps after the prompt: the cached path ran
+    with torch.no_grad(), posterior_mean():  # beam search reorders the cache between steps
+        beams = [model.generate(prompt, max_new_tokens=4, num_beams=3, do_sample=False, use_cache=use_cache)
+                 for use_cache in (True, False)]
+    assert torch.equal(beams[0], beams[1])
 
 
 def test_gpt2_left_padding_equals_the_unpadded_sequence():
