@@ -4,6 +4,7 @@ import inspect
 import os
 import pathlib
 import pkgutil
+import sys
 
 from sphinx.ext import autosummary
 
@@ -12,7 +13,6 @@ author = "probseq contributors"
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
-    "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
     "sphinx-mathjax-offline",
@@ -41,6 +41,10 @@ templates_path = ["_templates"]
 # the module that defines it.
 PACKAGES = ("gpytorch_hippo", "gpytorch_sgpa", "pseudovideo")
 autosummary_generate = True
+# Every cross-reference must resolve (-W turns a broken one into an error), except those to private
+# helpers, which docstrings may name without the site documenting them.
+nitpicky = True
+nitpick_ignore_regex = [(r"py:.*", r"(.*\.)?_[A-Za-z]\w*(\..*)?")]
 autosummary_ignore_module_all = True  # a module page documents what the module defines, not what it imports
 autosummary_imported_members = False
 # The summary of a name in a table is its docstring's first sentence; "thesis eq. (4.6)" and
@@ -49,14 +53,15 @@ autosummary.WELL_KNOWN_ABBREVIATIONS += ("eq.", "eqs.", "ch.", "App.", "Fig.", "
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_class_signature = "mixed"
-napoleon_numpy_docstring = False
 
-# Cross-references into the libraries probseq builds on. The inventories are bundled in
-# docs/_intersphinx/ (see the README there), so the build needs no network.
+# Cross-references into Python and the libraries probseq builds on. The inventories are bundled in
+# docs/_intersphinx/ (docs/_intersphinx/build_inventories.py says where each comes from), so the
+# build needs no network.
 _INV = pathlib.Path(__file__).resolve().parent / "_intersphinx"
 intersphinx_mapping = {
     name: (url, (str(_INV / f"{name}.inv"),))
     for name, url in {
+        "python": "https://docs.python.org/3/",
         "torch": "https://docs.pytorch.org/docs/stable/",
         "gpytorch": "https://docs.gpytorch.ai/en/stable/",
         "botorch": "https://botorch.readthedocs.io/en/latest/",
@@ -180,34 +185,79 @@ ALIASES = {
 }
 
 
-def _alias(target: str) -> str | None:
+# Names in the signatures of other libraries' methods (``Kernel.__init__``) that autodoc leaves bare
+BARE_NAMES = {
+    "Tensor": "torch.Tensor", "nn.Module": "torch.nn.Module",
+    "Prior": "gpytorch.priors.Prior", "Interval": "gpytorch.constraints.Interval",
+}
+
+
+def _documented_path(obj) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}" if _is_ours(obj) else _public_path(obj)
+
+
+def _alias(target: str, module: str | None = None) -> str | None:
     """The documented name of a cross-reference target that is an alias: an exported name of a
-    probseq package, or another library's object by its defining module
-    (``gpytorch.kernels.kernel.Kernel``, ``torch._C.Generator``) rather than its public path."""
-    target = {"Tensor": "torch.Tensor", "nn.Module": "torch.nn.Module"}.get(target, target)
+    probseq package (``gpytorch_hippo.HiPPO``), another library's object by its defining module
+    (``gpytorch.kernels.kernel.Kernel``, ``torch._C.Generator``) rather than its public path, or a
+    name imported into ``module``, the module of the docstring (``SGPAttention``, ``Prior``)."""
+    if target.startswith("builtins."):
+        return target.removeprefix("builtins.")
+    target = BARE_NAMES.get(target, target)
     parts = target.split(".")
-    for i in range(len(parts), 1, -1):
-        head = ".".join(parts[:i])
-        if head in ALIASES:
-            return ".".join([ALIASES[head], *parts[i:]])
-    if parts[0] in PACKAGES:
-        return None
+    for i in range(len(parts), 0, -1):
+        prefixes = ("", f"{module}.", f"{module.split('.')[0]}.") if module else ("",)
+        for head in (prefix + ".".join(parts[:i]) for prefix in prefixes):
+            if head in ALIASES:
+                return ".".join([ALIASES[head], *parts[i:]])
+    starts = []  # (object, index of the next part): the longest importable module, or ``module``
     for i in range(len(parts) - 1, 0, -1):
         try:
-            obj = importlib.import_module(".".join(parts[:i]))
+            starts.append((importlib.import_module(".".join(parts[:i])), i))
+            break
         except ImportError:
             continue
-        for attr in parts[i:]:
+    if module:
+        starts.append((importlib.import_module(module), 0))
+    for obj, i in starts:
+        named, rest = None, parts[i:]
+        for j, attr in enumerate(parts[i:]):
             obj = getattr(obj, attr, None)
-        if inspect.isclass(obj) or inspect.isfunction(obj):
-            return _public_path(obj)
-        return None
+            if obj is None:
+                break
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                named, rest = obj, parts[i + j + 1:]
+        else:
+            if named is not None:
+                return ".".join([_documented_path(named), *rest])
     return None
+
+
+def _own_docstring_only(app, what, name, obj, options, lines):
+    """A method that overrides another library's without a docstring of its own (``forward``,
+    ``train``) shows no text rather than the overridden method's (PyTorch's ``Module.forward``)."""
+    if what not in ("method", "property") or getattr(obj, "__doc__", None) or not lines:
+        return
+    module_name, _, qualname = name.rpartition(".")
+    while module_name and module_name not in sys.modules:
+        module_name, _, head = module_name.rpartition(".")
+        qualname = f"{head}.{qualname}"
+    owner = sys.modules.get(module_name)
+    for part in qualname.split(".")[:-1]:
+        owner = getattr(owner, part, None)
+    attr = qualname.rsplit(".", 1)[-1]
+    for cls in getattr(owner, "__mro__", ())[1:]:
+        if attr in vars(cls) and getattr(vars(cls)[attr], "__doc__", None):
+            if not _is_ours(cls):
+                lines.clear()
+            return
 
 
 def _resolve_alias(app, env, node, contnode):
     """Runs after intersphinx: resolves the aliases of :func:`_alias`, in this site or another."""
-    if node.get("refdomain") != "py" or (target := _alias(node["reftarget"])) in (None, node["reftarget"]):
+    if node.get("refdomain") != "py":
+        return None
+    if (target := _alias(node["reftarget"], node.get("py:module"))) in (None, node["reftarget"]):
         return None
     from sphinx.ext.intersphinx import missing_reference
 
@@ -221,4 +271,5 @@ def _resolve_alias(app, env, node, contnode):
 def setup(app):
     app.connect("autodoc-process-bases", _public_bases)
     app.connect("autodoc-skip-member", _skip_module_state)
+    app.connect("autodoc-process-docstring", _own_docstring_only)
     app.connect("missing-reference", _resolve_alias, priority=900)

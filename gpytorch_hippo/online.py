@@ -252,7 +252,9 @@ class OnlineSGPR(gpytorch.Module):
         self.covar_module = covar_module
         self.likelihood = likelihood
         self.mean_module = mean_module
+        #: Frozen copy of the inducing variables that the stored summary refers to (``None`` before the first task).
         self.posterior_inducing_variables = None
+        #: Frozen copy of the mean function of the stored summary (``None`` before the first task, or without a mean).
         self.posterior_mean_module = None
         for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean"):
             self.register_buffer(name, None)

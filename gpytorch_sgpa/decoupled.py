@@ -103,7 +103,7 @@ def decoupled_kernel_blocks(kernel, params: ExpKernelParameters | None, queries:
 def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_mean, causal, key_padding_mask,
                     factors: GlobalFactors, full_covariance: bool, sampler: str | None,
                     global_noise: Tensor | None, params: ExpKernelParameters | None = None) -> PosteriorTerms:
-    """Mean, KL and what ``sampler`` (``None``: :meth:`posterior`) needs, from ``K_qq`` (``gram``)
+    """Mean, KL and what ``sampler`` (``None``: :meth:`~gpytorch_sgpa.attention.SGPAttention.posterior`) needs, from ``K_qq`` (``gram``)
     and ``K_qg`` (``cross``).
 
     With ``global_noise`` ``ε`` (``(B, H, e, M)``) the mean already holds the correlated global part

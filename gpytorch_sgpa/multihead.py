@@ -203,10 +203,10 @@ class ForwardKL:
 class SGPAStepState:
     """Key/value cache of a causal attention layer for autoregressive prediction.
 
-    Created by the first ``forward_step`` call of a causal :class:`SGPAttention`,
-    :class:`KernelAttention` or :class:`ScaledDotProductAttention` and updated in place by the
-    following ones (the maximum-likelihood layers use ``keys`` and ``values`` only).  ``length``
-    tokens have been processed.
+    Created by the first ``forward_step`` call of a causal :class:`~gpytorch_sgpa.attention.SGPAttention`,
+    :class:`~gpytorch_sgpa.attention.KernelAttention` or :class:`~gpytorch_sgpa.attention.ScaledDotProductAttention`
+    and updated in place by the following ones (the maximum-likelihood layers use ``keys`` and
+    ``values`` only).  ``length`` tokens have been processed.
     """
 
     keys: Tensor  # (B, H, t, e)

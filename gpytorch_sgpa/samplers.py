@@ -29,7 +29,7 @@ __all__ = ["PosteriorTerms", "SAMPLERS", "SGPA_SAMPLERS"]
 
 
 class PosteriorTerms(NamedTuple):
-    """What a posterior hands to :meth:`SGPAttention.posterior` and to the samplers.
+    """What a posterior hands to :meth:`~gpytorch_sgpa.attention.SGPAttention.posterior` and to the samplers.
 
     ``mean`` ``(B, H, L, e)`` (for the decoupled ``"full"``/``"decomposed"`` samplers it already
     holds the correlated global part ``Aᵀ W_d ε_d`` of the sample); ``variance`` ``(B, H, L, e)``

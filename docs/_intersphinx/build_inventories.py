@@ -11,8 +11,9 @@ project's own site uses (PyTorch's ``generated/torch.nn.Module.html#torch.nn.Mod
 NumPy's ``reference/generated/numpy.ndarray.html#numpy.ndarray``, ...). A project whose
 inventory already exists is left alone unless it is named on the command line.
 
-The bundled ``scipy.inv`` is SciPy's own inventory (of its 1.10 documentation, as the Debian
-package ``python-scipy-doc`` ships it); the others were written offline by this script.
+The bundled ``python.inv`` and ``scipy.inv`` are the projects' own inventories (of the Python 3.11
+and SciPy 1.10 documentation, as the Debian packages ``python3.11-doc`` and ``python-scipy-doc``
+ship them); the others were written offline by this script.
 """
 import argparse
 import importlib
@@ -93,6 +94,8 @@ GPYTORCH_PAGES = {
 
 def gpytorch_entries() -> list[Entry]:
     out: list[Entry] = [("gpytorch.Module", "class", "module.html#gpytorch.Module")]
+    for name in ("_VariationalStrategy", "_VariationalDistribution"):  # documented base classes
+        out.append((f"gpytorch.variational.{name}", "class", f"variational.html#gpytorch.variational.{name}"))
     for sub, page in GPYTORCH_PAGES.items():
         module = importlib.import_module(f"gpytorch.{sub}")
         for name, obj, role in _classes_and_functions(module):

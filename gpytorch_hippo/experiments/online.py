@@ -55,6 +55,7 @@ from .online_elbo import ELBO_METHODS, run_elbo_method
 
 METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
 HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact ones; ohsgpr-rff is the recurrence
+#: The columns of the CSV the runner writes.
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
 
 

@@ -105,7 +105,8 @@ class InducingVariables(gpytorch.Module):
 
     def coverage_advice(self, cause: str) -> str:
         """What to change when the online models find inputs ``"before"`` or ``"beyond"``
-        :meth:`input_support`, or ``"too few"`` variables to capture them (:meth:`captured_variance`)."""
+        :meth:`input_support`, or ``"too few"`` variables to capture them
+        (:meth:`~gpytorch_hippo.inducing.base.InducingVariables.captured_variance`)."""
         if cause in ("before", "beyond"):
             return "move or replace the inducing variables so that they reach the new inputs"
         return "use more inducing variables, or place them where the inputs are (e.g. pivoted Cholesky, inducing.select_pivoted_cholesky)"
@@ -172,7 +173,7 @@ class InducingVariables(gpytorch.Module):
         Resolved by double dispatch: ``self._cross_covariance(other, kernel)`` is tried first, then
         ``other._cross_covariance(self, kernel)`` transposed. The default ``_cross_covariance``
         knows that point inducing variables are evaluations, ``cov(u, f(Z')) = Kuf(kernel, Z')``,
-        so every implementation of :meth:`Kuf` pairs with :class:`InducingPoints` for free. A new
+        so every implementation of :meth:`Kuf` pairs with :class:`~gpytorch_hippo.inducing.points.InducingPoints` for free. A new
         pair of interdomain types overrides ``_cross_covariance`` in one of them (adding the jitter
         on the variables the two sets share, see the class docstring). Returns a dense ``(*batch, M, M')`` tensor.
         """

@@ -78,9 +78,11 @@ from .training import Split, predict_in_batches, train_classifier
 
 METHODS = ("mle-sdp", "mle-kernel", "mcd", "ts", "de", "sgpa", "sgpa-dsvgp", "sgpa-standard", "sgpae")
 DATASETS = ("fashion_mnist", "vader", "digits")
+#: The columns of the in-distribution CSV the runner writes.
 CSV_COLUMNS = ("dataset", "method", "seed", "accuracy", "nll", "ece", "mce", "auroc", "aupr",
                "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final", "world_size")
 METRIC_COLUMNS = CSV_COLUMNS[3:11]
+#: The columns of the CSV of the corrupted test sets.
 SHIFT_COLUMNS = ("dataset", "method", "seed", "corruption", "severity", "accuracy", "nll", "ece")
 
 # Which trained network each method evaluates: (network family, ensemble?).
