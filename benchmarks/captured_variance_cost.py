@@ -70,6 +70,7 @@ def main(argv=None):
     x, y = stream(args)
     print(f"{args.tasks} tasks x {args.size} samples, RBF lengthscale {args.lengthscale:g}, M = {args.num_inducing}, one thread")
     print(f"{'method':18s} {'s/update first 10':>17s} {'check first 10':>14s} {'s/update last 10':>16s} {'check last 10':>13s}  warnings")
+    fractions = {}
     for name in args.methods.split(","):
         models, times = {}, {None: [], 0.9: []}
         messages = []
@@ -96,6 +97,8 @@ def main(argv=None):
         extra = lambda part: (check[part].sum() - base[part].sum()) / base[part].sum()
         print(f"{name:18s} {base[first].mean():17.4f} {extra(first):14.1%} {base[last].mean():16.4f} {extra(last):13.1%}  "
               f"{len(messages)}: {'; '.join(messages)[:100]}")
+        fractions[name] = float(extra(slice(None)))
+    return fractions  # the check's extra time over all tasks, as a fraction of the updates without it
 
 
 if __name__ == "__main__":

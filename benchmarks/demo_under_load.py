@@ -95,6 +95,7 @@ def main(argv=None):
         print(f"| {count} | {_seconds(idle, 'wall')} | {_seconds(idle, 'cpu')} | {_seconds(loaded, 'wall')} | "
               f"{_seconds(loaded, 'cpu')} | {ratio} |")
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    return {count: (float("inf") if loaded.get("stopped") else loaded["wall"] / idle["wall"]) for count, idle, loaded in table}
 
 
 if __name__ == "__main__":

@@ -140,6 +140,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle)
+    return results
 
 
 if __name__ == "__main__":
