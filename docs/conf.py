@@ -235,7 +235,10 @@ def _alias(target: str, module: str | None = None) -> str | None:
 
 def _own_docstring_only(app, what, name, obj, options, lines):
     """A method that overrides another library's without a docstring of its own (``forward``,
-    ``train``) shows no text rather than the overridden method's (PyTorch's ``Module.forward``)."""
+    ``train``) shows no text rather than the overridden method's (PyTorch's ``Module.forward``);
+    a named tuple's field, none rather than "Alias for field number 0"."""
+    if lines and " ".join(lines).strip().startswith("Alias for field number"):
+        lines.clear()
     if what not in ("method", "property") or getattr(obj, "__doc__", None) or not lines:
         return
     module_name, _, qualname = name.rpartition(".")
