@@ -59,10 +59,8 @@ data: $(STAMP)
 
 # API reference and tutorials (Sphinx + myst-nb); the tutorials are executed, at full size unless
 # PROBSEQ_TUTORIAL_SIZE=small (MPLBACKEND is unset so that the kernel shows the plots inline). Warnings are errors.
-# docs/api/ holds the module pages autosummary generates (git-ignored); removed first so that none is stale.
 .PHONY: docs
 docs: $(STAMP)
-	rm -rf docs/api
 	env -u MPLBACKEND PROBSEQ_DOCS_EXECUTE=force $(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 # What a GPU lease needs beside the checkout (benchmarks/gpu_session.sh): the pure-Python wheels the

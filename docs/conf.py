@@ -177,6 +177,15 @@ def _skip_module_state(app, what, name, obj, skip, options):
     return True if what == "class" and name == "training" else None
 
 
+def _prune_stale_pages() -> None:
+    """Remove the generated page of a module that no longer exists (docs/api/ is git-ignored)."""
+    modules = {module.__name__ for module in _public_modules()}
+    for page in (pathlib.Path(__file__).resolve().parent / "api").glob("*.rst"):
+        if page.stem not in modules:
+            page.unlink(missing_ok=True)
+
+
+_prune_stale_pages()
 MAIN_API = _main_api()
 autosummary_context = {"main_api": MAIN_API, "inherited_members": _inherited_members()}
 # ``gpytorch_hippo.HiPPO`` (what users import) -> ``gpytorch_hippo.hippo.HiPPO`` (where it is documented)
