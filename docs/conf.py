@@ -42,7 +42,7 @@ templates_path = ["_templates"]
 PACKAGES = ("gpytorch_hippo", "gpytorch_sgpa", "pseudovideo")
 autosummary_generate = True
 # Every cross-reference must resolve (-W turns a broken one into an error), except those to private
-# helpers, which docstrings may name without the site documenting them.
+# names (``_smooth_ratio``), which docstrings may mention without the site documenting them.
 nitpicky = True
 nitpick_ignore_regex = [(r"py:.*", r"(.*\.)?_[A-Za-z]\w*(\..*)?")]
 autosummary_ignore_module_all = True  # a module page documents what the module defines, not what it imports
