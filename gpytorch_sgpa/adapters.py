@@ -29,10 +29,11 @@ Masks: padding and, for a causal layer, the causal structure; given as Hugging F
 (``None``, 4-D bool ``True`` = attend, or additive float ``0`` / very negative) or as timm does
 (bool ``True`` = attend, or additive float ``0`` / ``-inf``).  Any other mask (sliding windows,
 packed sequences, additive biases) raises.  Attention weights (``output_attentions=True``) are
-the kernel weights ``W`` of the posterior mean, ``m = W v + Aᵀ Lᵀ v_g`` (eq. ``odsvgp``):
-``W = K_qk`` (kernel attention, DSVGP, standard SGPA) or ``K_qk - K_qg K_gg⁻¹ K_gk`` (orthogonal
-SGPA), zero where the mask blocks, shaped ``(batch, heads, L_q, L_k)``: what ``softmax`` weights
-are to dot-product attention; the sample adds the posterior noise to ``m``.
+the kernel weights ``W`` of the posterior mean, ``m = W v + γ Aᵀ Lᵀ v_g`` (eq. ``odsvgp``; ``γ``
+the layer's mean gate, 1 without one): ``W = K_qk`` (kernel attention, DSVGP, standard SGPA) or
+``K_qk - γ K_qg K_gg⁻¹ K_gk`` (orthogonal SGPA), zero where the mask blocks, shaped
+``(batch, heads, L_q, L_k)``: what ``softmax`` weights are to dot-product attention; the sample adds
+the posterior noise to ``m``.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KernelAttention, SGPAttention
+from .decoupled import mean_gate
 from .kernels import dense_kernel
 from .multihead import _gp_dtype, _relative_jitter
 from .transformer import ATTENTION_TYPES, build_attention
@@ -113,9 +115,20 @@ class _IdentityProjection(nn.Module):
         return x
 
 
+def _bias(linear: nn.Module, rows: slice | None = None) -> Tensor | None:
+    bias = getattr(linear, "bias", None)
+    if bias is None:
+        return None
+    bias = bias.detach()
+    return bias if rows is None else bias[rows]
+
+
 def _kernel_layer(attention: str, d_model: int, num_heads: int, weight_q: Tensor, weight_k: Tensor, weight_v: Tensor,
-                  bias_v: Tensor | None, kwargs: dict) -> nn.Module:
-    """A kernel/SGPA layer with ``W_qk = (W_q + W_k) / 2``, ``W_v``, ``b_v`` and no output projection."""
+                  bias_v: Tensor | None, kwargs: dict, bias_q: Tensor | None = None,
+                  bias_k: Tensor | None = None) -> nn.Module:
+    """A kernel/SGPA layer with ``W_qk = (W_q + W_k) / 2``, ``W_v``, ``b_v`` and no output projection;
+    the softmax projections ``(W_q, b_q, W_k, b_k)`` stay on it while ``convert`` runs (for
+    ``calibration_inputs``)."""
     if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
     layer = build_attention(attention, d_model, num_heads, attention_kwargs=kwargs)
@@ -129,6 +142,7 @@ def _kernel_layer(attention: str, d_model: int, num_heads: int, weight_q: Tensor
         layer.v_proj.weight.copy_(weight_v)
         if bias_v is not None:
             layer.v_proj.bias.copy_(bias_v)
+    layer._softmax_query_key = (weight_q, bias_q, weight_k, bias_k)
     return layer
 
 
@@ -186,8 +200,8 @@ def _padding(allowed: Tensor | None, causal: bool) -> Tensor | None:
 def _mean_weights(layer: nn.Module, queries: Tensor, keys: Tensor, allowed: Tensor | None):
     """``(W, g)`` of the posterior mean ``m = W v + g`` at ``queries`` given the amortised ``keys``
     (``(B, H, L, e)``, the GP dtype): ``W = K_qk`` (kernel attention, DSVGP, standard SGPA) or
-    ``K_qk - A_qᵀ A_k`` (orthogonal, ``A = L⁻¹ K_g·``) zeroed where ``allowed`` is ``False``;
-    ``g = A_qᵀ Lᵀ v_g`` (orthogonal) or ``None``; with the global factors (or ``None``) and ``A_q``."""
+    ``K_qk - γ A_qᵀ A_k`` (orthogonal, ``A = L⁻¹ K_g·``, ``γ`` the mean gate or 1) zeroed where
+    ``allowed`` is ``False``; ``g = γ A_qᵀ Lᵀ v_g`` (orthogonal) or ``None``; with the global factors (or ``None``) and ``A_q``."""
     weights = dense_kernel(layer.kernel, queries, keys)
     offset = factors = whitened = None
     if isinstance(layer, SGPAttention) and layer.mode == "decoupled":
@@ -195,8 +209,13 @@ def _mean_weights(layer: nn.Module, queries: Tensor, keys: Tensor, allowed: Tens
         whitened = factors.chol_inverse.matmul(dense_kernel(layer.kernel, queries, factors.keys).transpose(-2, -1))
         if layer.variant == "orthogonal":
             whitened_keys = factors.chol_inverse.matmul(dense_kernel(layer.kernel, keys, factors.keys).transpose(-2, -1))
-            weights = weights - whitened.transpose(-2, -1).matmul(whitened_keys)
-            offset = whitened.transpose(-2, -1).matmul(factors.whitened_values)
+            global_values = factors.whitened_values
+            gate = mean_gate(layer, queries.dtype)  # γ of m = K_qk v + γ Aᵀ (Lᵀ v_g - A_k v)
+            shrink = whitened.transpose(-2, -1).matmul(whitened_keys)
+            if gate is not None:
+                shrink, global_values = gate * shrink, gate * global_values
+            weights = weights - shrink
+            offset = whitened.transpose(-2, -1).matmul(global_values)
     if allowed is not None:
         weights = weights.masked_fill(~allowed, 0.0)
     return weights, offset, factors, whitened
@@ -299,14 +318,24 @@ class SelfAttentionAdapter(nn.Module):
             raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
         kwargs.setdefault("dropout", source.dropout.p)
         kwargs.setdefault("causal", source.causal)
+        _keep_function(attention, kwargs)
         bias = source.v_proj.bias
         weight = source.qk_proj.weight.detach()
         layer = _kernel_layer(attention, source.d_model, source.num_heads, weight, weight, source.v_proj.weight.detach(),
                               None if bias is None else bias.detach(), kwargs)
+        del layer._softmax_query_key  # already kernel attention: no softmax to calibrate against
         layer.kernel = copy.deepcopy(source.kernel)
         layer.kernel_name = source.kernel_name
         self.attention = layer
         return self
+
+
+def _keep_function(attention: str, kwargs: dict) -> None:
+    """Default of a conversion from kernel attention: orthogonal SGPA starts at mean gate ``γ = 0``,
+    where its posterior mean is the kernel attention's output (see
+    :class:`~gpytorch_sgpa.attention.SGPAttention`); ``mean_gate=None`` gives the thesis's mean."""
+    if attention == "sgpa":
+        kwargs.setdefault("mean_gate", 0.0)
 
 
 def _cache_of(cache):
@@ -422,7 +451,8 @@ def from_bert_self_attention(module: nn.Module, attention: str = "sgpa", **kwarg
     kwargs.setdefault("causal", bool(getattr(module, "is_causal", False)))
     value_bias = None if module.value.bias is None else module.value.bias.detach()
     layer = _kernel_layer(attention, d_model, module.num_attention_heads, module.query.weight.detach(),
-                          module.key.weight.detach(), module.value.weight.detach(), value_bias, kwargs)
+                          module.key.weight.detach(), module.value.weight.detach(), value_bias, kwargs,
+                          _bias(module.query), _bias(module.key))
     return BertSelfAttentionAdapter(layer, module.config, getattr(module, "layer_idx", None))
 
 
@@ -435,7 +465,8 @@ def from_vit_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> 
     kwargs.setdefault("causal", bool(getattr(module, "is_causal", False)))
     value_bias = None if module.v_proj.bias is None else module.v_proj.bias.detach()
     layer = _kernel_layer(attention, d_model, module.num_attention_heads, module.q_proj.weight.detach(),
-                          module.k_proj.weight.detach(), module.v_proj.weight.detach(), value_bias, kwargs)
+                          module.k_proj.weight.detach(), module.v_proj.weight.detach(), value_bias, kwargs,
+                          _bias(module.q_proj), _bias(module.k_proj))
     return ViTAttentionAdapter(layer, module.o_proj, module.config)
 
 
@@ -451,7 +482,8 @@ def from_gpt2_attention(module: nn.Module, attention: str = "sgpa", **kwargs) ->
     value_bias = None if bias is None else bias.detach()[2 * d_model:]
     kwargs.setdefault("dropout", module.attn_dropout.p)
     kwargs.setdefault("causal", True)
-    layer = _kernel_layer(attention, d_model, module.num_heads, weight_q, weight_k, weight_v, value_bias, kwargs)
+    layer = _kernel_layer(attention, d_model, module.num_heads, weight_q, weight_k, weight_v, value_bias, kwargs,
+                          _bias(module.c_attn, slice(0, d_model)), _bias(module.c_attn, slice(d_model, 2 * d_model)))
     return GPT2AttentionAdapter(layer, nn.Sequential(module.c_proj, module.resid_dropout), module.config,
                                 module.layer_idx)
 
@@ -472,7 +504,8 @@ def from_timm_attention(module: nn.Module, attention: str = "sgpa", **kwargs) ->
     bias = module.qkv.bias
     value_bias = None if bias is None else bias.detach()[2 * attn_dim:]
     kwargs.setdefault("dropout", module.attn_drop.p)
-    layer = _kernel_layer(attention, d_model, module.num_heads, weight_q, weight_k, weight_v, value_bias, kwargs)
+    layer = _kernel_layer(attention, d_model, module.num_heads, weight_q, weight_k, weight_v, value_bias, kwargs,
+                          _bias(module.qkv, slice(0, attn_dim)), _bias(module.qkv, slice(attn_dim, 2 * attn_dim)))
     return TimmAttentionAdapter(layer, module.norm, getattr(module, "gate", None), module.proj, module.proj_drop)
 
 

@@ -192,6 +192,22 @@ class SGPAttention(_MultiHeadAttention):
     * ``variant="dsvgp"`` (thesis eq. (B.14)): ``m_d = K_qa v_a``;
     * both: ``Σ_d = K_qq + K_qg K_gg⁻¹ (S_g,d - K_gg) K_gg⁻¹ K_gq``.
 
+    ``mean_gate`` (orthogonal only; ``None``, the default, is the thesis's mean): a learnable
+    per-head ``γ`` (``global_mean_gate``, ``(H,)``, starting at ``mean_gate``) with
+    ``m_d = K_qa v_a + γ K_qg (v_g - K_gg⁻¹ K_ga v_a)``.  This is the mean of eq. (3.15) with the
+    global mean parameter ``ṽ_g = γ v_g + (1 - γ) K_gg⁻¹ K_ga v_a`` in place of ``v_g`` (expand
+    ``K_qg ṽ_g - K_qg K_gg⁻¹ K_ga v_a``), so for every ``γ`` the layer is an orthogonally decoupled
+    posterior with ``Σ_d`` unchanged, and its KL below, with ``ṽ_g`` for ``v_g``, is exact:
+    ``v_g,dᵀ K_gg v_g,d`` becomes ``ṽ_g,dᵀ K_gg ṽ_g,d = ‖γ Lᵀ v_g,d + (1 - γ) L⁻¹ K_ga v_a,d‖²``, of
+    which ``γ² ‖Lᵀ v_g,d‖²`` is global and the rest per sequence.  ``γ = 1`` is eq. (3.15);
+    ``γ = 0`` gives ``m_d = K_qa v_a``, the kernel attention's output, whatever ``Z_g`` and ``v_g``:
+    why :func:`~gpytorch_sgpa.convert` starts SGPA from kernel attention at ``mean_gate=0``.  An
+    input-independent ``v_g`` cannot cancel the correction ``K_qg (v_g - K_gg⁻¹ K_ga v_a)`` for all
+    inputs, since ``K_gg⁻¹ K_ga v_a`` varies with the sequence (only ``K_qg = 0``, global keys far
+    from every query, would, and there the likelihood's gradients of ``Z_g``, ``v_g`` vanish); at
+    ``γ = 0`` instead ``∂m_d/∂γ = K_qg (v_g - K_gg⁻¹ K_ga v_a) ≠ 0``, so the first ELBO step moves
+    ``γ`` and from then on ``v_g`` and ``Z_g`` get the likelihood's gradients.
+
     KL (App. B.1.2, including the constant ``-M/2`` per dimension so it is the exact KL):
     ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + tr(K_gg⁻¹ S_g,d) - log|S_g,d| + log|K_gg| - M]``,
     which whitened is ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + ‖C_d‖²_F - log|C_d C_dᵀ| - M]``
@@ -252,6 +268,7 @@ class SGPAttention(_MultiHeadAttention):
         sampler: str | None = None,
         whitened: bool = True,
         kernel_init: str = "sdp",
+        mean_gate: float | None = None,
     ):
         super().__init__(d_model, num_heads, dropout, causal)
         if not isinstance(mode, str) or mode not in SGPA_MODES:
@@ -263,6 +280,11 @@ class SGPAttention(_MultiHeadAttention):
         if not isinstance(whitened, bool):
             raise TypeError(f"whitened must be a bool, got {type(whitened).__name__}")
         check_real(variational_init_std, "variational_init_std", low=0.0, low_open=True)
+        if mean_gate is not None:
+            check_real(mean_gate, "mean_gate")
+            if mode != "decoupled" or variant != "orthogonal":
+                raise ValueError("mean_gate needs mode='decoupled' and variant='orthogonal' (the only posterior "
+                                 "mean with a global correction)")
         if sampler is None and diag_sample is None:
             sampler = "decomposed" if mode == "decoupled" else "diagonal"
         elif sampler is None:
@@ -307,6 +329,10 @@ class SGPAttention(_MultiHeadAttention):
                 self.global_values = None
             self.global_chol_lower = nn.Parameter(std * torch.randn(heads, cov_dims, num_global, num_global))
             self.global_chol_log_diag = nn.Parameter(std * torch.randn(heads, cov_dims, num_global))
+        if mean_gate is None:
+            self.global_mean_gate = None
+        else:
+            self.global_mean_gate = nn.Parameter(torch.full((heads,), float(mean_gate)))
         self.share_covariance = share_covariance
         self._cache = None
         self._forward_factors = _ForwardFactors()
@@ -326,6 +352,19 @@ class SGPAttention(_MultiHeadAttention):
     def _uses_global_noise(self) -> bool:
         return self.mode == "decoupled" and self.sampler in ("full", "decomposed")
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # a state dict saved without the mean gate holds the thesis's mean
+        # (γ = 1); one saved with it gives a layer built without it the gate
+        key = prefix + "global_mean_gate"
+        if self.global_mean_gate is not None and key not in state_dict:
+            state_dict[key] = torch.ones_like(self.global_mean_gate)
+        elif self.global_mean_gate is None and key in state_dict and getattr(self, "global_values", None) is not None:
+            reference = self.global_values
+            self.global_mean_gate = nn.Parameter(reference.new_ones(self.num_heads))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     # ------------------------------------------------------------------ caching
     def train(self, mode: bool = True):
         self._cache = None
@@ -342,6 +381,8 @@ class SGPAttention(_MultiHeadAttention):
         tensors = [self.qk_proj.weight, self.global_inducing_inputs, self.global_chol_lower, self.global_chol_log_diag]
         if self.global_values is not None:
             tensors.append(self.global_values)
+        if self.global_mean_gate is not None:
+            tensors.append(self.global_mean_gate)
         return tensors + list(self.kernel.parameters())
 
     # ------------------------------------------------------------------ pieces

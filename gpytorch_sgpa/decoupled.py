@@ -4,11 +4,13 @@ Notation of the code: ``L`` with ``L Lᵀ = K_gg + jitter I`` (one per head, sha
 ``A = L⁻¹ K_gq`` (so ``K_qg K_gg⁻¹ K_gq = AᵀA``), ``W_d = L⁻¹ C_d`` (unwhitened ``S_g = C Cᵀ``) or
 ``W_d = C_d`` (whitened ``S_g = L C Cᵀ Lᵀ``), so that ``K_qg K_gg⁻¹ S_g,d K_gg⁻¹ K_gq = (W_dᵀ A)ᵀ (W_dᵀ A)``.
 
-* mean (orthogonal): ``K_qa v_a - Aᵀ A v_a + Aᵀ (Lᵀ v_g)``; (dsvgp): ``K_qa v_a``;
+* mean (orthogonal): ``K_qa v_a - Aᵀ A v_a + Aᵀ (Lᵀ v_g)``, with the layer's per-head mean gate
+  ``γ`` ``K_qa v_a + γ Aᵀ (Lᵀ v_g - A v_a)``; (dsvgp): ``K_qa v_a``;
 * covariance: ``Σ_d = (K_qq - AᵀA) + (W_dᵀ A)ᵀ (W_dᵀ A)``;
 * KL: ``½ Σ_d [v_a,dᵀ B v_a,d + ‖Lᵀ v_g,d‖² + ‖W_d‖²_F - log|S_g,d| + log|K_gg| - M]`` with
   ``B = K_aa - AᵀA`` (orthogonal) or ``K_aa`` (dsvgp); the global part (everything but
-  ``v_aᵀ B v_a``) is :class:`GlobalFactors` ``.kl``.
+  ``v_aᵀ B v_a``) is :class:`GlobalFactors` ``.kl``; with the gate ``‖Lᵀ v_g‖²`` is
+  ``‖γ Lᵀ v_g + (1 - γ) A v_a‖²``, its part ``γ² ‖Lᵀ v_g‖²`` global, the rest per sequence.
 
 The functions take the :class:`~gpytorch_sgpa.attention.SGPAttention` layer whose parameters they read.
 """
@@ -84,9 +86,17 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
     kl = cov_kl * layer.head_dim if layer.share_covariance else cov_kl
     if layer.global_values is not None:
         whitened_values = chol.transpose(-2, -1).matmul(layer.global_values.to(dtype))
-        kl = kl + whitened_values.square().sum((-2, -1))
+        value_kl = whitened_values.square().sum((-2, -1))
+        gate = mean_gate(layer, dtype)
+        kl = kl + (value_kl if gate is None else gate.reshape(-1).square() * value_kl)
     return GlobalFactors(keys, chol, chol_inverse, whitened_cov_factor, whitened_values, 0.5 * kl,
                          key_features, centre)
+
+
+def mean_gate(layer, dtype: torch.dtype) -> Tensor | None:
+    """The layer's per-head mean gate ``γ`` as ``(H, 1, 1)`` in ``dtype``, or ``None`` (``γ = 1``)."""
+    gate = getattr(layer, "global_mean_gate", None)
+    return None if gate is None else gate.to(dtype).reshape(-1, 1, 1)
 
 
 def decoupled_kernel_blocks(kernel, params: ExpKernelParameters | None, queries: Tensor, factors: GlobalFactors):
@@ -119,15 +129,28 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
     amortised_kl = (values * gram_values).sum((-3, -2, -1))
     if layer.variant == "orthogonal":
         whitened_values = whitened.matmul(values)  # A v_a, (B, H, M, e)
+        gate = mean_gate(layer, values.dtype)  # γ, (H, 1, 1), or None for γ = 1
         if causal is not None:
-            mean = conditional.masked_fill(~causal, 0.0).matmul(values)
-            own = factors.whitened_values
+            if gate is None:
+                mean = conditional.masked_fill(~causal, 0.0).matmul(values)
+                own = factors.whitened_values
+            else:  # (K_qq - γ AᵀA) v_a, masked, + γ Aᵀ Lᵀ v_g
+                shrunk = gram - gate * whitened.transpose(-2, -1).matmul(whitened)
+                mean = shrunk.masked_fill(~causal, 0.0).matmul(values)
+                own = gate * factors.whitened_values
         else:
             mean = gram_values
             own = factors.whitened_values - whitened_values  # Lᵀ v_g - A v_a
+            if gate is not None:
+                own = gate * own
         # own first: the sum is then contiguous, and the product below needs no copy of it
         coefficient = own if coefficient is None else own + coefficient
-        amortised_kl = amortised_kl - whitened_values.square().sum((-3, -2, -1))
+        if gate is None:
+            amortised_kl = amortised_kl - whitened_values.square().sum((-3, -2, -1))
+        else:  # ‖γ w + (1 - γ) A v_a‖² - ‖A v_a‖² - γ² ‖w‖² with w = Lᵀ v_g (γ² ‖w‖² is global)
+            amortised_kl = amortised_kl - (gate * (2.0 - gate) * whitened_values.square()).sum((-3, -2, -1))
+            cross_term = (gate * (1.0 - gate) * factors.whitened_values * whitened_values).sum((-3, -2, -1))
+            amortised_kl = torch.add(amortised_kl, cross_term, alpha=2.0)
     else:
         mean = amortised_mean
     if coefficient is not None:
@@ -163,8 +186,11 @@ def decoupled_step_sample(layer, query, value, gram_row, mean, state) -> Tensor:
     whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # (B,H,M,1)
     if layer.variant == "orthogonal":
         state.projected_values = state.projected_values + whitened.matmul(value)
-        mean = mean - whitened.transpose(-2, -1).matmul(state.projected_values)
-        mean = mean + whitened.transpose(-2, -1).matmul(factors.whitened_values)
+        correction = factors.whitened_values - state.projected_values  # Lᵀ v_g - A v_a over the prefix
+        gate = mean_gate(layer, mean.dtype)
+        if gate is not None:
+            correction = gate * correction
+        mean = mean + whitened.transpose(-2, -1).matmul(correction)
     self_cov = gram_row[..., -1:]  # k(q_t, q_t), (B, H, 1, 1)
     conditional_tt = self_cov - whitened.square().sum(-2, keepdim=True)
     jitter = _relative_jitter(layer.kernel, conditional_tt.dtype)

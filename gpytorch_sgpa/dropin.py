@@ -26,7 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import check_int
+from .adapters import _keep_function
 from .attention import SGPAttention
+from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections
 from .transformer import ATTENTION_TYPES, build_attention
 
 __all__ = ["MultiheadSGPAttention", "convert", "global_kl_divergence", "kl_divergence"]
@@ -106,6 +108,22 @@ class MultiheadSGPAttention(nn.Module):
     @property
     def causal(self) -> bool:
         return self.attention.causal
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # convert keeps the value bias of nn.MultiheadAttention (``v_proj`` has one), which 0.1.0
+        # dropped: a state dict saved by 0.1.0 holds none, which is a zero bias; one saved with it
+        # gives a layer built without a bias (a plain constructor call) its bias.
+        key = prefix + "attention.v_proj.bias"
+        v_proj = getattr(self.attention, "v_proj", None)
+        if isinstance(v_proj, nn.Linear):
+            if v_proj.bias is not None and key not in state_dict and prefix + "attention.v_proj.weight" in state_dict:
+                state_dict[key] = torch.zeros_like(v_proj.bias)
+            elif v_proj.bias is None and key in state_dict:
+                weight = v_proj.weight
+                v_proj.bias = nn.Parameter(weight.new_zeros(weight.shape[0]))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def _wants_causal(self, attn_mask: Tensor | None, is_causal: bool, length: int, device) -> bool:
         if attn_mask is None:
@@ -234,17 +252,25 @@ def _split_in_projection(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor, Te
 
 def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) -> MultiheadSGPAttention:
     weight_q, weight_k, weight_v = _split_in_projection(mha)
+    bias_v = None if mha.in_proj_bias is None else mha.in_proj_bias.detach()[2 * mha.embed_dim:]
     kwargs.setdefault("dropout", mha.dropout)
     adapter = MultiheadSGPAttention(mha.embed_dim, mha.num_heads, batch_first=mha.batch_first,
                                     attention=attention, **kwargs)
     layer = adapter.attention
     if not hasattr(layer, "qk_proj"):
         raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
+    if bias_v is not None:
+        layer.v_proj = nn.Linear(mha.embed_dim, mha.embed_dim)
     with torch.no_grad():
         layer.qk_proj.weight.copy_(0.5 * (weight_q + weight_k))
         layer.v_proj.weight.copy_(weight_v)
+        if bias_v is not None:
+            layer.v_proj.bias.copy_(bias_v)
         layer.out_proj.load_state_dict(mha.out_proj.state_dict())
-    return adapter.to(device=weight_v.device, dtype=weight_v.dtype)
+    adapter.to(device=weight_v.device, dtype=weight_v.dtype)
+    bias_q, bias_k = (None, None) if mha.in_proj_bias is None else mha.in_proj_bias.detach().chunk(3)[:2]
+    layer._softmax_query_key = (weight_q, bias_q, weight_k, bias_k)  # for calibration_inputs, while convert runs
+    return adapter
 
 
 def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dict) -> MultiheadSGPAttention:
@@ -253,10 +279,13 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
         raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
     kwargs.setdefault("dropout", source.dropout.p)
     kwargs.setdefault("causal", source.causal)
+    _keep_function(attention, kwargs)
     adapter = MultiheadSGPAttention(old.embed_dim, old.num_heads, batch_first=old.batch_first,
                                     attention=attention, **kwargs)
     layer = adapter.attention
     weight = source.qk_proj.weight
+    if source.v_proj.bias is not None:
+        layer.v_proj = nn.Linear(old.embed_dim, old.embed_dim)
     adapter.to(device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         for name in ("qk_proj", "v_proj", "out_proj"):
@@ -266,7 +295,7 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
     return adapter
 
 
-def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> nn.Module:
+def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None, **attention_kwargs) -> nn.Module:
     r"""Swap, in place, the self-attention modules of ``module`` for kernel or SGPA adapters and
     return ``module`` (or the replacement when ``module`` is itself an attention module).
 
@@ -282,15 +311,31 @@ def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> n
     A replacement starts in the training or evaluation mode of the module it replaces, and forward
     hooks and pre-hooks of that module move to it (it has the same call convention).
 
-    Initialisation: from kernel attention, ``W_qk``, ``W_v``, the output projection and the kernel
-    hyperparameters are copied, so with the posterior collapsed to its mean standard SGPA and
-    DSVGP reproduce the kernel-attention outputs exactly (orthogonal SGPA adds its global
-    correction, eq. ``odsvgp``).  From softmax attention (separate ``W_q``, ``W_k``):
-    ``W_qk = (W_q + W_k) / 2``, ``W_v`` and the output path are copied; the function computed
-    changes (softmax → kernel), so fine-tune afterwards.  The shared query/key bias is dropped (a
-    stationary kernel does not see a common shift of queries and keys); the value bias is kept by
-    the adapters of :mod:`gpytorch_sgpa.adapters` and dropped for ``nn.MultiheadAttention`` (its
-    adapter's layer has none).  SGPA variational parameters start as in :class:`SGPAttention`.
+    Initialisation from kernel attention (the thesis's path, App. B.4): ``W_qk``, ``W_v`` (and its
+    bias), the output projection and the kernel hyperparameters are copied, and the converted model
+    computes the kernel network's function: inside :func:`posterior_mean` its outputs are the
+    kernel network's, for every variant.  Standard SGPA and DSVGP: their posterior mean is
+    ``K_qk v_a`` (eqs. ``fpost``, B.14).  Orthogonal SGPA (the default): its mean
+    ``K_qa v_a + K_qg (v_g - K_gg⁻¹ K_ga v_a)`` (eq. ``odsvgp``) carries a correction that no
+    parameter ``v_g`` cancels for every input (``K_gg⁻¹ K_ga v_a`` varies with the sequence), so the
+    layer gets a learnable per-head mean gate ``γ``, ``m = K_qa v_a + γ K_qg (v_g - K_gg⁻¹ K_ga v_a)``,
+    started at ``γ = 0`` (``mean_gate=0.0``; ``mean_gate=None`` gives the thesis's ungated mean).  For
+    every ``γ`` this is eq. ``odsvgp`` with the global mean parameter ``γ v_g + (1 - γ) K_gg⁻¹ K_ga v_a``,
+    whose KL the layer computes (:class:`~gpytorch_sgpa.attention.SGPAttention`), and at ``γ = 0``
+    ``∂m/∂γ ≠ 0``: the first ELBO step moves ``γ``, then ``v_g`` and ``Z_g`` get the likelihood's
+    gradients.  SGPA's other variational parameters start as in :class:`SGPAttention`.
+
+    From softmax attention (separate ``W_q``, ``W_k``): ``W_qk = (W_q + W_k) / 2``, ``W_v`` with its
+    bias and the output path are copied; the shared query/key bias is dropped (a stationary kernel
+    does not see a common shift of queries and keys).  The function computed changes (softmax →
+    kernel), so fine-tune afterwards.  The kernel's scale: by default the ``kernel_init`` rule of
+    :func:`~gpytorch_sgpa.kernels.make_attention_kernel`; with ``calibration_inputs`` (what the model is
+    called with: a tensor, a tuple of positional arguments or a dict of keyword arguments; a batch of
+    training inputs) each layer's length and output scales are set, per head, so that the spread of
+    the kernel's log-weights over the keys equals that of the trained logits ``q·k/√d`` and a query's
+    weights sum to 1 in geometric mean, as softmax weights do (:mod:`gpytorch_sgpa.kernel_scale`).
+    State dicts of converted ``nn.MultiheadAttention`` saved by 0.1.0, which dropped the value bias,
+    still load (as a zero bias).
 
     ``nn.TransformerEncoder``\ s in the tree get ``use_nested_tensor = False``: their nested-tensor
     inference path would bypass the new attention modules.
@@ -316,7 +361,7 @@ def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> n
 
     root = replacement(module, {})
     if root is not None:
-        return root
+        return _finish(root, calibration_inputs)
     replaced = {}  # id(old) -> (old, new): a module shared by several parents stays shared
     for parent in list(module.modules()):
         if isinstance(parent, nn.TransformerEncoder):
@@ -335,6 +380,16 @@ def convert(module: nn.Module, attention: str = "sgpa", **attention_kwargs) -> n
         raise ValueError(f"{type(module).__name__} holds no nn.MultiheadAttention nor other self-attention with an "
                          f"adapter (nor kernel attention to turn into {attention!r}) to convert")
     adapters.record_attentions(module, replaced)
+    return _finish(module, calibration_inputs)
+
+
+def _finish(module: nn.Module, calibration_inputs) -> nn.Module:
+    """Calibrate the kernels' scales if asked, then drop the softmax projections kept for it."""
+    try:
+        if calibration_inputs is not None:
+            calibrate_kernel_scales(module, calibration_inputs)
+    finally:
+        forget_softmax_projections(module)
     return module
 
 

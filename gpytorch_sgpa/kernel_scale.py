@@ -1,0 +1,157 @@
+r"""The kernel's scale of a layer converted from softmax attention, chosen from the trained network's
+attention logits (``convert(..., calibration_inputs=...)``).
+
+Softmax attention weighs key ``j`` for query ``i`` by ``exp(s_ij) / Σ_j' exp(s_ij')`` with the logits
+``s_ij = (x_i W_qᵀ + b_q) · (x_j W_kᵀ + b_k) / √e`` of each head; a kernel layer by
+``σ_f² exp(a_ij)`` with ``a_ij = log k(q_i, q_j) / σ_f²``, e.g. ``-‖q_i - q_j‖² / (2ℓ²)`` (RBF) or
+``q_i · q_j / ℓ²`` (exponential).  Per head, on the calibration batch:
+
+* length scale: ``ℓ`` (every ARD dimension alike) such that the spread of the kernel's
+  log-weights over the keys equals that of the softmax logits,
+  ``mean_i std_j a_ij = mean_i std_j s_ij``; for RBF and exponential ``a`` scales as ``1/ℓ²``, so
+  ``ℓ² ← ℓ² · spread(a) / spread(s)`` is exact in one step (Matérn: repeated until it settles);
+* output scale: ``σ_f²`` such that a query's weights sum to 1 in geometric mean over the queries,
+  ``log σ_f² = -mean_i log Σ_j exp(a_ij)``, as softmax weights do.
+
+Layers are calibrated in the order the model calls them, each on the inputs it gets from the layers
+before it, already calibrated (one forward pass per layer, without gradients, in evaluation mode,
+SGPA at its posterior mean).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from torch import Tensor, nn
+
+from .kernels import ExponentialKernel
+
+__all__ = ["calibrate_kernel_scales"]
+
+_STASH = "_softmax_query_key"
+
+
+def _log_weights(base, queries: Tensor) -> Tensor:
+    """``log k(q_i, q_j)`` of the base kernel, ``(B, H, L, L)``, for ``queries`` ``(B, H, L, e)``."""
+    scaled = queries / base.lengthscale.to(queries.dtype).unsqueeze(0)  # lengthscale (H, 1, e)
+    if isinstance(base, ExponentialKernel):
+        return scaled.matmul(scaled.transpose(-2, -1))
+    distance = torch.cdist(scaled, scaled)
+    if isinstance(base, RBFKernel):
+        return -0.5 * distance.square()
+    if isinstance(base, MaternKernel):
+        root = math.sqrt(2 * base.nu) * distance
+        if base.nu == 0.5:
+            return -root
+        polynomial = 1 + root if base.nu == 1.5 else 1 + root + root.square() / 3
+        return polynomial.log() - root
+    raise ValueError(f"calibration_inputs supports RBF, exponential and Matérn kernels, not {type(base).__name__}")
+
+
+def _spread(values: Tensor, allowed: Tensor) -> Tensor:
+    """Per head: the mean over queries (with at least two allowed keys) of the standard deviation of
+    ``values`` over the allowed keys; ``values`` ``(B, H, L, L)``, ``allowed`` ``(B, 1, L, L)``."""
+    weight = allowed.to(values.dtype)
+    count = weight.sum(-1)  # (B, 1, L)
+    mean = (values * weight).sum(-1) / count.clamp_min(1)
+    variance = ((values - mean.unsqueeze(-1)).square() * weight).sum(-1) / count.clamp_min(1)
+    rows = (count >= 2).to(values.dtype).expand_as(variance)
+    return (variance.sqrt() * rows).sum((0, 2)) / rows.sum((0, 2)).clamp_min(1)
+
+
+def _heads(layer, projected: Tensor) -> Tensor:
+    batch, length, _ = projected.shape
+    return projected.view(batch, length, layer.num_heads, layer.head_dim).transpose(1, 2)
+
+
+@torch.no_grad()
+def _calibrate_layer(layer: nn.Module, x: Tensor, key_padding_mask: Tensor | None) -> None:
+    kernel = layer.kernel
+    if not isinstance(kernel, ScaleKernel):
+        raise ValueError("calibration_inputs needs the layer's kernel to be a gpytorch ScaleKernel")
+    weight_q, bias_q, weight_k, bias_k = getattr(layer, _STASH)
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    x = x.to(dtype)
+    batch, length, _ = x.shape
+    allowed = torch.ones(batch, 1, length, length, dtype=torch.bool, device=x.device)
+    if key_padding_mask is not None:
+        valid = ~key_padding_mask
+        allowed = allowed & valid[:, None, None, :] & valid[:, None, :, None]
+    if layer.causal:
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+    q = _heads(layer, nn.functional.linear(x, weight_q.to(dtype), None if bias_q is None else bias_q.to(dtype)))
+    k = _heads(layer, nn.functional.linear(x, weight_k.to(dtype), None if bias_k is None else bias_k.to(dtype)))
+    target = _spread(q.matmul(k.transpose(-2, -1)) / math.sqrt(layer.head_dim), allowed)  # (H,)
+    queries = _heads(layer, layer.qk_proj(x.to(layer.qk_proj.weight.dtype)).to(dtype))
+    base = kernel.base_kernel
+    lengthscale = base.lengthscale.detach().to(dtype).mean(-1, keepdim=True)  # (H, 1, 1)
+    steps = 1 if isinstance(base, (RBFKernel, ExponentialKernel)) else 20
+    for _ in range(steps):
+        base.lengthscale = lengthscale.expand_as(base.lengthscale)
+        current = _spread(_log_weights(base, queries), allowed)
+        ratio = (current / target.clamp_min(1e-12)).clamp(1e-6, 1e6)
+        lengthscale = lengthscale * ratio.sqrt().view(-1, 1, 1)
+    base.lengthscale = lengthscale.expand_as(base.lengthscale)
+    log_weights = _log_weights(base, queries).masked_fill(~allowed, float("-inf"))
+    row_mass = torch.logsumexp(log_weights, dim=-1)  # (B, H, L)
+    rows = allowed.any(-1).to(dtype).expand_as(row_mass)
+    mean_log_mass = (row_mass.nan_to_num(0.0, neginf=0.0) * rows).sum((0, 2)) / rows.sum((0, 2)).clamp_min(1)
+    kernel.outputscale = (-mean_log_mass).exp()
+    if hasattr(layer, "clear_cache"):
+        layer.clear_cache()
+
+
+def _call(model: nn.Module, inputs):
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def calibrate_kernel_scales(model: nn.Module, inputs) -> int:
+    """Set the length and output scales of every layer of ``model`` that ``convert`` has just built
+    from softmax attention (see the module's docstring); ``inputs``: what ``model`` is called with
+    (a tensor, a tuple of positional arguments, or a dict of keyword arguments).  Returns the number
+    of layers calibrated."""
+    from .attention import posterior_mean
+
+    layers = [m for m in model.modules() if getattr(m, _STASH, None) is not None]
+    if not layers:
+        raise ValueError("calibration_inputs needs layers converted from softmax attention (their query and key "
+                         "projections set the scale); kernel attention keeps its trained kernel")
+    training = model.training
+    model.eval()
+    done: set[int] = set()
+    try:
+        while len(done) < len(layers):
+            seen: list[tuple[nn.Module, Tensor, Tensor | None]] = []
+
+            def record(module, args, kwargs):
+                if id(module) not in done and not any(m is module for m, _, _ in seen):
+                    x = args[0] if args else kwargs["x"]
+                    seen.append((module, x, kwargs.get("key_padding_mask", args[1] if len(args) > 1 else None)))
+
+            handles = [layer.register_forward_pre_hook(record, with_kwargs=True) for layer in layers]
+            try:
+                with torch.no_grad(), posterior_mean():
+                    _call(model, inputs)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            if not seen:
+                raise ValueError("the model's forward on calibration_inputs did not call every converted layer")
+            layer, x, padding = seen[0]  # the first layer not yet calibrated, on calibrated inputs
+            _calibrate_layer(layer, x, padding)
+            done.add(id(layer))
+    finally:
+        model.train(training)
+    return len(layers)
+
+
+def forget_softmax_projections(model: nn.Module) -> None:
+    """Drop what ``convert`` kept of the softmax projections for the calibration."""
+    for module in model.modules():
+        if _STASH in module.__dict__:
+            del module.__dict__[_STASH]
