@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from .attention import KernelAttention, SGPAttention
 from .decoupled import mean_gate
+from .kernel_scale import mark_for_placement
 from .kernels import dense_kernel
 from .multihead import _gp_dtype, _relative_jitter
 from .transformer import ATTENTION_TYPES, build_attention
@@ -324,6 +325,7 @@ class SelfAttentionAdapter(nn.Module):
         layer = _kernel_layer(attention, source.d_model, source.num_heads, weight, weight, source.v_proj.weight.detach(),
                               None if bias is None else bias.detach(), kwargs)
         del layer._softmax_query_key  # already kernel attention: no softmax to calibrate against
+        mark_for_placement(layer)
         layer.kernel = copy.deepcopy(source.kernel)
         layer.kernel_name = source.kernel_name
         self.attention = layer

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ._validation import check_int
 from .adapters import _keep_function
 from .attention import SGPAttention
-from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections
+from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections, mark_for_placement
 from .transformer import ATTENTION_TYPES, build_attention
 
 __all__ = ["MultiheadSGPAttention", "convert", "global_kl_divergence", "kl_divergence"]
@@ -292,6 +292,7 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
             getattr(layer, name).load_state_dict(getattr(source, name).state_dict())
     layer.kernel = copy.deepcopy(source.kernel)
     layer.kernel_name = source.kernel_name
+    mark_for_placement(layer)
     return adapter
 
 
@@ -334,6 +335,8 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     training inputs) each layer's length and output scales are set, per head, so that the spread of
     the kernel's log-weights over the keys equals that of the trained logits ``q·k/√d`` and a query's
     weights sum to 1 in geometric mean, as softmax weights do (:mod:`gpytorch_sgpa.kernel_scale`).
+    From kernel attention to decoupled SGPA, ``calibration_inputs`` places each head's global
+    inducing inputs on tokens of the layer's inputs (the mean is unchanged: the gate is 0).
     State dicts of converted ``nn.MultiheadAttention`` saved by 0.1.0, which dropped the value bias,
     still load (as a zero bias).
 

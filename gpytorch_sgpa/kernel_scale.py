@@ -13,6 +13,11 @@ Softmax attention weighs key ``j`` for query ``i`` by ``exp(s_ij) / Σ_j' exp(s_
 * output scale: ``σ_f²`` such that a query's weights sum to 1 in geometric mean over the queries,
   ``log σ_f² = -mean_i log Σ_j exp(a_ij)``, as softmax weights do.
 
+Decoupled SGPA built from kernel attention: the global inducing inputs ``Z_g`` of each head are
+``M`` tokens drawn without replacement from the layer's inputs on the batch (not padding), where
+the global keys then explain the queries' prior variance (``K_qg K_gg⁻¹ K_gq ≈ K_qq``); the
+posterior mean stays the kernel network's, as the mean gate is 0 whatever ``Z_g``.
+
 Layers are calibrated in the order the model calls them, each on the inputs it gets from the layers
 before it, already calibrated (one forward pass per layer, without gradients, in evaluation mode,
 SGPA at its posterior mean).
@@ -27,9 +32,16 @@ from torch import Tensor, nn
 
 from .kernels import ExponentialKernel
 
-__all__ = ["calibrate_kernel_scales"]
+__all__ = ["calibrate_kernel_scales", "forget_softmax_projections", "mark_for_placement"]
 
 _STASH = "_softmax_query_key"
+_PLACE = "_global_inputs_from_data"
+
+
+def mark_for_placement(layer: nn.Module) -> None:
+    """Let ``calibration_inputs`` place the global inducing inputs of a decoupled SGPA ``layer``."""
+    if getattr(layer, "mode", None) == "decoupled":
+        layer.__dict__[_PLACE] = True
 
 
 def _log_weights(base, queries: Tensor) -> Tensor:
@@ -102,6 +114,17 @@ def _calibrate_layer(layer: nn.Module, x: Tensor, key_padding_mask: Tensor | Non
         layer.clear_cache()
 
 
+@torch.no_grad()
+def _place_global_inputs(layer: nn.Module, x: Tensor, key_padding_mask: Tensor | None) -> None:
+    tokens = x.reshape(-1, x.shape[-1]) if key_padding_mask is None else x[~key_padding_mask]
+    heads, num_global, _ = layer.global_inducing_inputs.shape
+    if tokens.shape[0] < num_global:
+        raise ValueError(f"calibration_inputs hold {tokens.shape[0]} tokens, fewer than num_global={num_global}")
+    chosen = torch.stack([torch.randperm(tokens.shape[0], device=tokens.device)[:num_global] for _ in range(heads)])
+    layer.global_inducing_inputs.copy_(tokens[chosen].to(layer.global_inducing_inputs.dtype))
+    layer.clear_cache()
+
+
 def _call(model: nn.Module, inputs):
     if isinstance(inputs, dict):
         return model(**inputs)
@@ -112,15 +135,17 @@ def _call(model: nn.Module, inputs):
 
 def calibrate_kernel_scales(model: nn.Module, inputs) -> int:
     """Set the length and output scales of every layer of ``model`` that ``convert`` has just built
-    from softmax attention (see the module's docstring); ``inputs``: what ``model`` is called with
+    from softmax attention, and the global inducing inputs of decoupled SGPA it has just built from
+    kernel attention (see the module's docstring); ``inputs``: what ``model`` is called with
     (a tensor, a tuple of positional arguments, or a dict of keyword arguments).  Returns the number
     of layers calibrated."""
     from .attention import posterior_mean
 
-    layers = [m for m in model.modules() if getattr(m, _STASH, None) is not None]
+    layers = [m for m in model.modules() if getattr(m, _STASH, None) is not None or _PLACE in m.__dict__]
     if not layers:
         raise ValueError("calibration_inputs needs layers converted from softmax attention (their query and key "
-                         "projections set the scale); kernel attention keeps its trained kernel")
+                         "projections set the scale) or decoupled SGPA from kernel attention (global inducing "
+                         "inputs); kernel attention keeps its trained kernel")
     training = model.training
     model.eval()
     done: set[int] = set()
@@ -143,7 +168,10 @@ def calibrate_kernel_scales(model: nn.Module, inputs) -> int:
             if not seen:
                 raise ValueError("the model's forward on calibration_inputs did not call every converted layer")
             layer, x, padding = seen[0]  # the first layer not yet calibrated, on calibrated inputs
-            _calibrate_layer(layer, x, padding)
+            if getattr(layer, _STASH, None) is not None:
+                _calibrate_layer(layer, x, padding)
+            if _PLACE in layer.__dict__:
+                _place_global_inputs(layer, x, padding)
             done.add(id(layer))
     finally:
         model.train(training)
@@ -153,5 +181,5 @@ def calibrate_kernel_scales(model: nn.Module, inputs) -> int:
 def forget_softmax_projections(model: nn.Module) -> None:
     """Drop what ``convert`` kept of the softmax projections for the calibration."""
     for module in model.modules():
-        if _STASH in module.__dict__:
-            del module.__dict__[_STASH]
+        for name in (_STASH, _PLACE):
+            module.__dict__.pop(name, None)

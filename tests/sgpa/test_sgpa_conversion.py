@@ -229,8 +229,26 @@ def test_calibration_matches_the_spread_and_mass_of_the_softmax_logits():
     assert not torch.equal(layer.kernel.outputscale, default.encoder.layers[0].self_attn.attention.kernel.outputscale)
     sgpa = convert(copy.deepcopy(softmax), attention="sgpa", num_global=4, calibration_inputs=(x,))
     assert isinstance(sgpa.encoder.layers[1].self_attn.attention, SGPAttention)
-    with pytest.raises(ValueError, match="softmax"):
-        convert(kernel_model, attention="sgpa", num_global=4, calibration_inputs=x)
+    with pytest.raises(ValueError, match="softmax"):  # standard SGPA from kernel attention: nothing to calibrate
+        convert(copy.deepcopy(kernel_model), attention="sgpa-standard", max_len=6, calibration_inputs=x)
+
+
+def test_calibration_places_the_global_inducing_inputs_on_the_layers_inputs(trained_kernel_model):
+    x, _ = _data(16, seed=2)
+    torch.manual_seed(8)
+    sgpa = convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8, calibration_inputs=x)
+    layers = [m for m in sgpa.modules() if isinstance(m, SGPAttention)]
+    inputs = []
+    handles = [layer.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for layer in layers]
+    with torch.no_grad(), posterior_mean():
+        collapsed = sgpa(x)
+    for handle in handles:
+        handle.remove()
+    for layer, seen in zip(layers, inputs):
+        tokens = seen.reshape(-1, seen.shape[-1])
+        for head in layer.global_inducing_inputs.detach():  # each a token of the layer's input
+            assert (head[:, None, :] == tokens[None]).all(-1).any(-1).all()
+    torch.testing.assert_close(collapsed, trained_kernel_model(x).detach(), rtol=0, atol=1e-5)
 
 
 def test_calibration_of_a_hugging_face_model():
