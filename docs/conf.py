@@ -29,6 +29,10 @@ nb_custom_formats = {".py": ["jupytext.reads", {"fmt": "py:percent"}]}
 nb_execution_mode = os.environ.get("PROBSEQ_DOCS_EXECUTE", "off")
 nb_execution_timeout = 3600
 nb_execution_raise_on_error = True
+# The kernels that execute the tutorials inherit this environment: no progress bars, and no
+# "IProgress not found" warning from tqdm.auto (which Hugging Face libraries import) in the pages.
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore:IProgress not found"]))
 exclude_patterns = ["_build", "conf.py", "_intersphinx"]
 myst_heading_anchors = 3
 html_theme = "alabaster"
