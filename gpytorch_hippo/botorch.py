@@ -44,7 +44,7 @@ __all__ = ["OnlineGPModel", "OnlineCollapsedMLL", "MultiOutputOnlineGPModel"]
 
 class OnlineCollapsedMLL(MarginalLogLikelihood):
     """The collapsed online bound of absorbing ``(train_x, train_y)`` into ``model``'s stored summary
-    (:meth:`OnlineSGPR.log_bound`, thesis eq. ``online_elbo`` at the optimal ``q(u)``) plus the log
+    (:meth:`OnlineSGPR.log_bound`, thesis eq. (4.6) at the optimal ``q(u)``) plus the log
     priors of the hyperparameters, divided by the batch size, as ``fit_gpytorch_mll`` expects.
 
     :param model: an :class:`OnlineGPModel`.

@@ -3,7 +3,7 @@
 :class:`OnlineVariationalGPModel` is the counterpart of :class:`~gpytorch_hippo.botorch.OnlineGPModel`
 for any GPyTorch likelihood (``BernoulliLikelihood`` for pass/fail observations,
 :class:`~gpytorch_hippo.likelihoods.NegativeBinomialLikelihood` for counts): each batch is absorbed by
-maximising the online ELBO (thesis eq. ``online_elbo``) over ``q(u)`` with Adam, old batches are
+maximising the online ELBO (thesis eq. (4.6)) over ``q(u)`` with Adam, old batches are
 never revisited, and ``posterior`` is the latent ``q(f(X))`` -- BoTorch's convention for models with
 non-Gaussian likelihoods (acquisitions act on the latent function).
 """

@@ -12,7 +12,7 @@ __all__ = ["NegativeBinomialLikelihood"]
 
 
 class NegativeBinomialLikelihood(_OneDimensionalLikelihood):
-    r"""Negative binomial likelihood for over-dispersed counts (the COVID deaths task, thesis §4.5).
+    r"""Negative binomial likelihood for over-dispersed counts (the COVID deaths task, thesis §4.6).
 
     .. math::
         p(y \mid f) = \frac{\Gamma(y + r)}{\Gamma(r)\, y!}

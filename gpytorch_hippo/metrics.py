@@ -1,4 +1,4 @@
-"""Predictive metrics of the online-learning experiments (thesis §4.5, "Evaluations & metrics").
+"""Predictive metrics of the online-learning experiments (thesis §4.6, "Evaluations & metrics").
 
 ``nlpd`` and ``rmse`` are the thesis's NLPD/RMSE; ``interval_ece`` is its interval calibration
 error from predictive samples (10 central intervals ``c_k = 0.05, 0.15, ..., 0.95``, empirical

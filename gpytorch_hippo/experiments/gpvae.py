@@ -1,4 +1,4 @@
-"""Continual SVGPVAE on hourly multivariate weather (thesis §4.5.3, Figs. 4.12 and
+"""Continual SVGPVAE on hourly multivariate weather (thesis §4.6.3, Figs. 4.12 and
 4.13): OHSVGP vs OSVGP, OVC and OVC-per-dim, all with EWC on the networks.
 
 The first ``--num-tasks x --task-hours`` hours of the series are standardised per column and cut

@@ -1,4 +1,4 @@
-"""Online regression of real series, task by task: OHSGPR against OSGPR, OVC and OVFF (thesis §4.5,
+"""Online regression of real series, task by task: OHSGPR against OSGPR, OVC and OVFF (thesis §4.6,
 figs. ``time_series_regression``/``time_series_reg_rmse``/``illustration_forgetting``, table
 ``wall_time_time_series_prediction``).
 
@@ -184,7 +184,7 @@ def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: tor
 
 
 def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Test NLPD and RMSE of the Gaussian predictive (thesis §4.5 metrics)."""
+    """Test NLPD and RMSE of the Gaussian predictive (thesis §4.6 metrics)."""
     model.eval()
     with torch.no_grad():
         predictive = model.likelihood(model(x))
@@ -363,7 +363,7 @@ def plot(rows: list[dict], finals: dict, out: str) -> list[str]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="irradiance", choices=DATASETS)
-    parser.add_argument("--split", default=None, choices=("first-dim", "l2"), help="task split of multidimensional data (§4.5.2)")
+    parser.add_argument("--split", default=None, choices=("first-dim", "l2"), help="task split of multidimensional data (§4.6.2)")
     parser.add_argument("--svgp-iters", type=int, default=200, help="Adam steps per task of the OnlineELBO methods")
     parser.add_argument("--methods", default="ohsgpr,osgpr,ovc,ovff")
     parser.add_argument("--num-inducing", type=int, default=50)

@@ -1,4 +1,4 @@
-"""Continual SVGPVAE on a stream of tasks (thesis §4.5.3): OHSVGP, OSVGP, OVC and OVC-per-dim.
+"""Continual SVGPVAE on a stream of tasks (thesis §4.6.3): OHSVGP, OSVGP, OVC and OVC-per-dim.
 
 All four share the model (:class:`~gpytorch_hippo.gpvae.SVGPVAE`), the online GP objective
 (:class:`~gpytorch_hippo.online.OnlineELBO`, its ``end_task`` after every task) and EWC on the

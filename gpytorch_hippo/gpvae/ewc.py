@@ -1,4 +1,4 @@
-"""Elastic weight consolidation (Kirkpatrick et al. 2017) for the SVGPVAE's networks (thesis §4.5.3,
+"""Elastic weight consolidation (Kirkpatrick et al. 2017) for the SVGPVAE's networks (thesis §4.6.3,
 App. C): a quadratic penalty that keeps the encoder and decoder near their values after earlier
 tasks, weighted by the diagonal of the Fisher information estimated on each finished task."""
 

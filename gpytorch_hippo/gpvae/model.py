@@ -103,7 +103,7 @@ class SVGPVAETerms(NamedTuple):
 
 
 def _mlp(in_dim: int, hidden_dim: int, out_dim: int) -> torch.nn.Sequential:
-    """The thesis's two-layer MLP (§4.5.3)."""
+    """The thesis's two-layer MLP (§4.6.3)."""
     return torch.nn.Sequential(
         torch.nn.Linear(in_dim, hidden_dim),
         torch.nn.Tanh(),

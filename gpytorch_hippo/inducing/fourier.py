@@ -1,4 +1,4 @@
-"""Variational Fourier features (VFF, Hensman, Durrande & Solin 2018): the OVFF baseline (thesis §4.5).
+"""Variational Fourier features (VFF, Hensman, Durrande & Solin 2018): the OVFF baseline (thesis §4.6).
 
 The inducing variables are RKHS inner products ``u_m = <φ_m, f>_H`` of a Matérn GP restricted to a
 fixed interval ``[a, b]`` with the Fourier basis ``φ = (1, cos ω_1 (x-a), ..., cos ω_K (x-a),

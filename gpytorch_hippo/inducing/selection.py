@@ -3,7 +3,7 @@
 OVC re-selects its inducing points at every task from the old inducing inputs together with the
 new task's inputs: the greedy pivots of a partial pivoted Cholesky of ``k(X, X)`` are the inputs
 whose residual prior variance (given the points already chosen) is largest (Harbrecht et al.
-2012; the thesis's OVC baseline, §4.5). This module only selects; the online update that follows
+2012; the thesis's OVC baseline, §4.6). This module only selects; the online update that follows
 is the shared :class:`~gpytorch_hippo.online.OnlineSGPR` / :class:`~gpytorch_hippo.online.OnlineELBO`.
 """
 

@@ -104,7 +104,7 @@ def test_math_and_cross_references_need_no_network(site):
 
 
 # Docstrings still citing LaTeX labels of the thesis, to be rewritten like the others.
-LABELLED = {"gpytorch_sgpa/dropin.py", "gpytorch_sgpa/adapters.py", "gpytorch_hippo/botorch.py", "gpytorch_hippo/botorch_variational.py"}
+LABELLED = {"gpytorch_sgpa/dropin.py", "gpytorch_sgpa/adapters.py"}
 
 
 def test_docstrings_name_no_thesis_labels():

@@ -1,4 +1,4 @@
-"""Continual SVGPVAE (thesis §4.5.3): on a two-task stream HiPPO inducing variables keep task 1's
+"""Continual SVGPVAE (thesis §4.6.3): on a two-task stream HiPPO inducing variables keep task 1's
 reconstruction while a few inducing points, re-drawn for task 2, forget it; the trainer's
 bookkeeping (EWC anchors, the stored GP task, errors)."""
 import pytest
