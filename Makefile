@@ -32,29 +32,38 @@ clean:
 	rm -rf $(VENV) out *.egg-info
 
 # Optional data for the experiments (not needed by the demo or the tests): the `data` extra, the
-# vaderSentiment source archive (from PyPI, any system) and two folders that Debian/Ubuntu packages fill.
-# Without apt-get it prints where those files come from and where the loaders look for them.
+# vaderSentiment source archive (from PyPI, any system) and two folders that Debian/Ubuntu packages fill
+# (the loaders read these fixed paths). Without apt-get, and with a folder still missing, it prints which
+# files the loaders need and where they look for them, and fails.
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
+FASHION_MNIST_FILES := train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz
 SPEECH_DIR := /usr/share/pocketsphinx/test/data/librivox
+HAVE_FASHION_MNIST := $(foreach file,$(FASHION_MNIST_FILES),test -f $(FASHION_MNIST_DIR)/$(file) &&) true
+HAVE_SPEECH := ls $(SPEECH_DIR)/*.wav >/dev/null 2>&1
 SUDO := $(shell test "$$(id -u)" = 0 || echo sudo)
 
 data: $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e ".[data]"
 	test -f $(HOME)/.cache/probseq/vaderSentiment-3.3.2.tar.gz || $(PY) -m pip download -q --no-binary :all: --no-deps vaderSentiment==3.3.2 -d $(HOME)/.cache/probseq
-	@if test -d $(FASHION_MNIST_DIR) && test -d $(SPEECH_DIR); then \
+	@if $(HAVE_FASHION_MNIST) && $(HAVE_SPEECH); then \
 		echo "make data: Fashion-MNIST ($(FASHION_MNIST_DIR)) and the LibriVox clips ($(SPEECH_DIR)) are in place"; \
 	elif command -v apt-get >/dev/null 2>&1; then \
-		test -d $(FASHION_MNIST_DIR) || $(SUDO) apt-get install -y dataset-fashion-mnist || exit 1; \
-		test -d $(SPEECH_DIR) || $(SUDO) apt-get install -y pocketsphinx-testdata || exit 1; \
+		$(HAVE_FASHION_MNIST) || $(SUDO) apt-get install -y dataset-fashion-mnist || exit 1; \
+		$(HAVE_SPEECH) || $(SUDO) apt-get install -y pocketsphinx-testdata || exit 1; \
 	else \
-		echo "make data: installed the 'data' extra and the vaderSentiment archive; no apt-get on this system, so"; \
-		echo "  get these files by hand (only the experiments that use them need them):"; \
-		test -d $(FASHION_MNIST_DIR) || echo "  - Fashion-MNIST (Fashion-MNIST experiments): the four files train-images-idx3-ubyte.gz,"; \
-		test -d $(FASHION_MNIST_DIR) || echo "    train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz of the"; \
-		test -d $(FASHION_MNIST_DIR) || echo "    Fashion-MNIST data set (Debian package dataset-fashion-mnist) in $(FASHION_MNIST_DIR)/"; \
-		test -d $(SPEECH_DIR) || echo "  - speech (the 'speech' series): the LibriVox .wav clips of pocketsphinx's test data"; \
-		test -d $(SPEECH_DIR) || echo "    (folder test/data/librivox of the pocketsphinx sources; Debian package pocketsphinx-testdata)"; \
-		test -d $(SPEECH_DIR) || echo "    in $(SPEECH_DIR)/"; \
+		echo "make data: installed the 'data' extra and the vaderSentiment archive, but there is no apt-get here to" >&2; \
+		echo "install the files below; put them in place by hand (only the experiments named need them):" >&2; \
+		$(HAVE_FASHION_MNIST) || { \
+		echo "- Fashion-MNIST (gpytorch_sgpa.data.load_fashion_mnist, pseudovideo.data.load_images('fashion_mnist'), the" >&2; \
+		echo "  SGPA calibration experiments): the four gzipped IDX files of the Fashion-MNIST release" >&2; \
+		echo "  ($(FASHION_MNIST_FILES);" >&2; \
+		echo "  Debian package dataset-fashion-mnist) in $(FASHION_MNIST_DIR)/" >&2; \
+		echo "  (load_fashion_mnist(root=FOLDER) reads another folder; the other loaders read only this one)" >&2; }; \
+		$(HAVE_SPEECH) || { \
+		echo "- speech (gpytorch_hippo.data.load_speech, load_dataset('speech')): the LibriVox .wav clips of pocketsphinx's" >&2; \
+		echo "  test data (folder test/data/librivox of the pocketsphinx sources; Debian package pocketsphinx-testdata)," >&2; \
+		echo "  in $(SPEECH_DIR)/; the loader reads the first *.wav by name: 16 kHz, mono, >= 19,000 samples" >&2; }; \
+		exit 1; \
 	fi
 
 # API reference and tutorials (Sphinx + myst-nb); the tutorials are executed, at full size unless

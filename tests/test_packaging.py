@@ -1,11 +1,13 @@
 """The distribution as users install it: one version for the three packages, a core install that
-imports no optional package, modules that need an extra name it, and (against an installed wheel)
-every source file shipped."""
+imports no optional package, modules that need an extra name it, (against an installed wheel) every
+source file shipped; the metadata (Python versions as CI tests them, license, keywords, project URLs,
+CITATION.cff), and ``make data`` on a system without apt-get."""
 import importlib
 import importlib.metadata
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -100,3 +102,109 @@ def test_an_installed_wheel_holds_every_source_file():
     sources = {path.relative_to(REPO).as_posix() for package in PACKAGES for path in (REPO / package).rglob("*")
                if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".typed")}
     assert sources - shipped == set(), "source files missing from the installed package"
+
+
+def _metadata():
+    return importlib.metadata.metadata("probseq")
+
+
+def _ci_python_versions():
+    """The Python versions CI's wheel check runs on: 3.11 (``make test``'s and the first wheel check's) and
+    ``OTHER_PYTHON_VERSIONS`` of ``.ci/run``."""
+    ci_run = REPO / ".ci" / "run"
+    if not ci_run.is_file():
+        pytest.skip("no .ci/run next to the tests")
+    match = re.search(r'^OTHER_PYTHON_VERSIONS="([^"]*)"', ci_run.read_text(), flags=re.M)
+    assert match, ".ci/run sets no OTHER_PYTHON_VERSIONS"
+    return {"3.11", *match.group(1).split()}
+
+
+def test_the_classifiers_list_the_python_versions_ci_tests_and_requires_python_matches():
+    classifiers = _metadata().get_all("Classifier")
+    listed = {c.rsplit(" :: ", 1)[1] for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    assert listed == _ci_python_versions() == {"3.11", "3.12"}, listed
+    lowest = min(listed, key=lambda version: tuple(map(int, version.split("."))))
+    assert _metadata().get("Requires-Python") == f">={lowest}"  # 3.10 is out: botorch>=0.18.1 requires 3.11
+    assert {"Operating System :: OS Independent", "Topic :: Scientific/Engineering"} <= set(classifiers)
+
+
+def test_ci_runs_the_wheel_check_on_each_other_version_or_says_it_skipped():
+    assert "3.12" in _ci_python_versions()
+    text = (REPO / ".ci" / "run").read_text()
+    assert "3.10" in text  # why 3.10 is not tested
+    assert 'variable=PYTHON${version/./}' in text and "python$version" in text  # $PYTHON312, else python3.12
+    assert re.search(r'echo "== wheel check on Python \$version skipped', text)
+    assert re.search(r'^\s+check_wheel "\$python" "\$version"$', text, flags=re.M)
+
+
+def test_license_keywords_and_project_urls_in_the_metadata():
+    metadata = _metadata()
+    assert metadata.get("License-Expression") == "MIT"
+    assert not [c for c in metadata.get_all("Classifier") if c.startswith("License ::")]  # superseded by the expression
+    assert metadata.get("Author")
+    keywords = {word.strip().lower() for word in metadata.get("Keywords", "").split(",")}
+    assert {"gaussian processes", "gpytorch", "botorch", "hippo", "transformers"} <= keywords
+    urls = dict(entry.split(", ", 1) for entry in metadata.get_all("Project-URL") or [])
+    assert set(urls) <= {"Documentation", "Source", "Issue tracker", "Changelog", "Thesis"}, urls
+    assert all(url.startswith("https://") for url in urls.values()), urls
+
+
+def test_citation_cff_agrees_with_the_metadata():
+    citation = REPO / "CITATION.cff"
+    if not citation.is_file():
+        pytest.skip("no CITATION.cff next to the tests")
+    text = citation.read_text(encoding="utf-8")
+
+    def top(key):
+        match = re.search(rf"^{key}:\s*(.+)$", text, flags=re.M)
+        return match and match.group(1).strip().strip('"')
+
+    metadata = _metadata()
+    assert top("cff-version") == "1.2.0"
+    assert top("message") and top("title") and top("type") == "software"
+    assert top("version") == metadata.get("Version")
+    assert top("license") == metadata.get("License-Expression")
+    authors = re.search(r"^authors:\n((?:  .*\n)+)", text, flags=re.M).group(1)
+    assert re.findall(r"name: (.+)", authors) == [metadata.get("Author")]
+    cff_keywords = re.search(r"^keywords:\n((?:  - .*\n)+)", text, flags=re.M).group(1)
+    assert {word.strip().lower() for word in re.findall(r"- (.+)", cff_keywords)} == {
+        word.strip().lower() for word in metadata.get("Keywords", "").split(",")}
+    urls = dict(entry.split(", ", 1) for entry in metadata.get_all("Project-URL") or [])
+    for key, label in (("repository-code", "Source"), ("url", "Documentation")):
+        if top(key) or label in urls:
+            assert top(key) == urls.get(label), (key, label)
+
+
+def test_make_data_without_apt_get_names_the_missing_files_and_fails(tmp_path):
+    make = shutil.which("make")
+    if make is None or not (REPO / "Makefile").is_file():
+        pytest.skip("no make, or no Makefile next to the tests")
+    bin_dir = tmp_path / "bin"  # a PATH without apt-get
+    bin_dir.mkdir()
+    for tool in ("sh", "ls", "id", "true", "test"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    (tmp_path / ".cache" / "probseq").mkdir(parents=True)
+    (tmp_path / ".cache" / "probseq" / "vaderSentiment-3.3.2.tar.gz").touch()
+    stamp = tmp_path / "installed"
+    stamp.touch()  # newer than setup.cfg: the venv is not built; PY=true skips the pip steps
+    fashion, speech = tmp_path / "fashion-mnist", tmp_path / "librivox"
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
+    environment.update(PATH=str(bin_dir), HOME=str(tmp_path))
+    variables = [f"STAMP={stamp}", "PY=true", f"FASHION_MNIST_DIR={fashion}", f"SPEECH_DIR={speech}"]
+    run = lambda: subprocess.run([make, "-s", "-C", str(REPO), "data", *variables], capture_output=True, text=True,
+                                 timeout=60, env=environment)
+    result = run()
+    assert result.returncode != 0, result.stdout + result.stderr
+    for needed in ("no apt-get", f"{fashion}/", "t10k-labels-idx1-ubyte.gz", "dataset-fashion-mnist", f"{speech}/", "*.wav",
+                   "pocketsphinx-testdata"):
+        assert needed in result.stderr, (needed, result.stderr)
+    fashion.mkdir()
+    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        (fashion / name).touch()
+    result = run()
+    assert result.returncode != 0 and "dataset-fashion-mnist" not in result.stderr and "pocketsphinx-testdata" in result.stderr
+    speech.mkdir()
+    (speech / "clip.wav").touch()
+    result = run()
+    assert result.returncode == 0 and "in place" in result.stdout, result.stdout + result.stderr
