@@ -38,12 +38,14 @@ the posterior noise to ``m``.
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+from ._validation import check_real
 from .attention import KernelAttention, SGPAttention
 from .decoupled import mean_gate
 from .kernel_scale import mark_for_placement
@@ -319,25 +321,42 @@ class SelfAttentionAdapter(nn.Module):
             raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
         kwargs.setdefault("dropout", source.dropout.p)
         kwargs.setdefault("causal", source.causal)
-        _keep_function(attention, kwargs)
+        cov_init = _keep_function(attention, kwargs)
         bias = source.v_proj.bias
         weight = source.qk_proj.weight.detach()
         layer = _kernel_layer(attention, source.d_model, source.num_heads, weight, weight, source.v_proj.weight.detach(),
                               None if bias is None else bias.detach(), kwargs)
         del layer._softmax_query_key  # already kernel attention: no softmax to calibrate against
-        mark_for_placement(layer)
-        layer.kernel = copy.deepcopy(source.kernel)
-        layer.kernel_name = source.kernel_name
+        _finish_from_kernel(layer, source, cov_init)
         self.attention = layer
         return self
 
 
-def _keep_function(attention: str, kwargs: dict) -> None:
-    """Default of a conversion from kernel attention: orthogonal SGPA starts at mean gate ``γ = 0``,
-    where its posterior mean is the kernel attention's output (see
-    :class:`~gpytorch_sgpa.attention.SGPAttention`); ``mean_gate=None`` gives the thesis's mean."""
+def _keep_function(attention: str, kwargs: dict) -> float | None:
+    """Defaults of a conversion from kernel attention, which keep the kernel network's function:
+    orthogonal SGPA starts at mean gate ``γ = 0``, where its posterior mean is the kernel attention's
+    output (:class:`~gpytorch_sgpa.attention.SGPAttention`; ``mean_gate=None``: the thesis's mean);
+    decoupled SGPA's global covariance starts at ``C = c I`` with ``c = global_cov_init`` (popped from
+    ``kwargs``, default 0.1; ``None``: the random start of ``variational_init_std``), i.e. whitened
+    ``S_g = c² K_gg``, so the samples start near the mean.  Returns ``c``."""
     if attention == "sgpa":
         kwargs.setdefault("mean_gate", 0.0)
+    cov_init = kwargs.pop("global_cov_init", 0.1)
+    if cov_init is not None:
+        check_real(cov_init, "global_cov_init", low=0.0, low_open=True)
+    return cov_init
+
+
+def _finish_from_kernel(layer: nn.Module, source: KernelAttention, cov_init: float | None) -> None:
+    """Copy the trained kernel into ``layer``, start its global covariance at ``cov_init · I`` and let
+    ``calibration_inputs`` place its global inducing inputs."""
+    layer.kernel = copy.deepcopy(source.kernel)
+    layer.kernel_name = source.kernel_name
+    if cov_init is not None and getattr(layer, "mode", None) == "decoupled":
+        with torch.no_grad():
+            layer.global_chol_lower.zero_()
+            layer.global_chol_log_diag.fill_(math.log(cov_init))
+    mark_for_placement(layer)
 
 
 def _cache_of(cache):

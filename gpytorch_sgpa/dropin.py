@@ -20,15 +20,13 @@ map ``G_φ`` (eq. ``fhl``); in an adapter they are parameters in the attention's
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import Tensor, nn
 
 from ._validation import check_int
-from .adapters import _keep_function
+from .adapters import _finish_from_kernel, _keep_function
 from .attention import SGPAttention
-from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections, mark_for_placement
+from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections
 from .transformer import ATTENTION_TYPES, build_attention
 
 __all__ = ["MultiheadSGPAttention", "convert", "global_kl_divergence", "kl_divergence"]
@@ -279,7 +277,7 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
         raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
     kwargs.setdefault("dropout", source.dropout.p)
     kwargs.setdefault("causal", source.causal)
-    _keep_function(attention, kwargs)
+    cov_init = _keep_function(attention, kwargs)
     adapter = MultiheadSGPAttention(old.embed_dim, old.num_heads, batch_first=old.batch_first,
                                     attention=attention, **kwargs)
     layer = adapter.attention
@@ -290,9 +288,7 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
     with torch.no_grad():
         for name in ("qk_proj", "v_proj", "out_proj"):
             getattr(layer, name).load_state_dict(getattr(source, name).state_dict())
-    layer.kernel = copy.deepcopy(source.kernel)
-    layer.kernel_name = source.kernel_name
-    mark_for_placement(layer)
+    _finish_from_kernel(layer, source, cov_init)
     return adapter
 
 
@@ -324,7 +320,10 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     every ``γ`` this is eq. ``odsvgp`` with the global mean parameter ``γ v_g + (1 - γ) K_gg⁻¹ K_ga v_a``,
     whose KL the layer computes (:class:`~gpytorch_sgpa.attention.SGPAttention`), and at ``γ = 0``
     ``∂m/∂γ ≠ 0``: the first ELBO step moves ``γ``, then ``v_g`` and ``Z_g`` get the likelihood's
-    gradients.  SGPA's other variational parameters start as in :class:`SGPAttention`.
+    gradients.  The global covariance of decoupled SGPA starts at ``C = c I`` (whitened, the default:
+    ``S_g = c² K_gg``) with ``c = global_cov_init``, default 0.1, so the samples start near the mean;
+    ``global_cov_init=None`` keeps the random start of ``variational_init_std``.  SGPA's other
+    variational parameters start as in :class:`SGPAttention`.
 
     From softmax attention (separate ``W_q``, ``W_k``): ``W_qk = (W_q + W_k) / 2``, ``W_v`` with its
     bias and the output path are copied; the shared query/key bias is dropped (a stationary kernel

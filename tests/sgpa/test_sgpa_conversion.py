@@ -76,12 +76,20 @@ def test_every_variant_keeps_the_trained_kernel_network(trained_kernel_model, at
             assert (sgpa(x, mask) - expected).abs().max() > 1e-3  # the posterior still has spread
 
 
-def test_the_thesis_mean_without_the_gate_changes_the_function(trained_kernel_model):
-    """``mean_gate=None``: the orthogonal correction with random global values is far from zero."""
+def test_the_thesis_start_without_the_gate_changes_the_function(trained_kernel_model):
+    """``mean_gate=None``: the orthogonal correction with random global values is far from zero;
+    ``global_cov_init=None``: the random covariance instead of ``C = 0.1 I``."""
     x, _ = _data(16, seed=1)
     torch.manual_seed(1)
-    ungated = convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8, mean_gate=None)
-    assert all(m.global_mean_gate is None for m in ungated.modules() if isinstance(m, SGPAttention))
+    default = convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8)
+    for layer in (m for m in default.modules() if isinstance(m, SGPAttention)):
+        torch.testing.assert_close(layer.global_cov_factor(), 0.1 * torch.eye(8).expand(2, 8, 8, 8))
+    ungated = convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8, mean_gate=None,
+                      global_cov_init=None)
+    assert all(m.global_mean_gate is None and m.global_chol_lower.abs().sum() > 0
+               for m in ungated.modules() if isinstance(m, SGPAttention))
+    with pytest.raises(ValueError, match="global_cov_init"):
+        convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8, global_cov_init=0.0)
     with torch.no_grad(), posterior_mean():
         assert (ungated(x) - trained_kernel_model(x)).abs().max() > 1e-2
 
