@@ -275,3 +275,33 @@ def test_calibration_of_a_hugging_face_model():
     convert(model, attention="sgpa", num_global=4)  # then SGPA, keeping the calibrated kernel network
     with torch.no_grad(), posterior_mean():
         torch.testing.assert_close(model(ids, attention_mask=mask).logits, kernel_logits, rtol=0, atol=1e-5)
+
+
+def test_gated_gpt2_generates_the_same_with_and_without_the_cache():
+    """The key/value cache of a converted GPT-2 (new positions from cached projections) follows the
+    mean gate: inside posterior_mean greedy scores equal those of the uncached pass, at γ = 0 those
+    of the kernel network, and at other γ too."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(9)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0,
+                                     eos_token_id=1, pad_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config._attn_implementation = "sdpa"
+    model = convert(transformers.GPT2LMHeadModel(config).double().eval(), attention="kernel")
+    prompt = torch.randint(2, 50, (2, 4))
+
+    def scores(use_cache):
+        with torch.no_grad(), posterior_mean():
+            out = model.generate(prompt, max_new_tokens=4, do_sample=False, use_cache=use_cache, output_scores=True,
+                                 return_dict_in_generate=True)
+        return torch.stack(out.scores)
+
+    kernel_scores = scores(False)
+    convert(model, attention="sgpa", num_global=4)
+    torch.testing.assert_close(scores(True), kernel_scores, rtol=1e-9, atol=1e-9)
+    layers = [m for m in model.modules() if isinstance(m, SGPAttention)]
+    with torch.no_grad():
+        for layer in layers:
+            layer.global_mean_gate.copy_(torch.tensor([0.4, 1.0, -0.5, 2.0], dtype=torch.float64))
+    gated = scores(False)
+    assert (gated - kernel_scores).abs().max() > 1e-4
+    torch.testing.assert_close(scores(True), gated, rtol=1e-9, atol=1e-9)
