@@ -259,13 +259,13 @@ def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) ->
         raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
     if bias_v is not None:
         layer.v_proj = nn.Linear(mha.embed_dim, mha.embed_dim)
+    adapter.to(device=weight_v.device, dtype=weight_v.dtype)  # first: the copies keep every digit
     with torch.no_grad():
         layer.qk_proj.weight.copy_(0.5 * (weight_q + weight_k))
         layer.v_proj.weight.copy_(weight_v)
         if bias_v is not None:
             layer.v_proj.bias.copy_(bias_v)
         layer.out_proj.load_state_dict(mha.out_proj.state_dict())
-    adapter.to(device=weight_v.device, dtype=weight_v.dtype)
     bias_q, bias_k = (None, None) if mha.in_proj_bias is None else mha.in_proj_bias.detach().chunk(3)[:2]
     layer._softmax_query_key = (weight_q, bias_q, weight_k, bias_k)  # for calibration_inputs, while convert runs
     return adapter

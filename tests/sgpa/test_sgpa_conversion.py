@@ -305,3 +305,13 @@ def test_gated_gpt2_generates_the_same_with_and_without_the_cache():
     gated = scores(False)
     assert (gated - kernel_scores).abs().max() > 1e-4
     torch.testing.assert_close(scores(True), gated, rtol=1e-9, atol=1e-9)
+
+
+def test_float64_multihead_weights_are_copied_to_the_last_digit():
+    torch.manual_seed(10)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).double()
+    layer = convert(mha, attention="kernel").attention
+    weight_q, weight_k, weight_v = mha.in_proj_weight.detach().chunk(3)
+    assert layer.qk_proj.weight.dtype == torch.float64
+    torch.testing.assert_close(layer.qk_proj.weight, 0.5 * (weight_q + weight_k), rtol=0, atol=0)
+    torch.testing.assert_close(layer.v_proj.weight, weight_v, rtol=0, atol=0)
