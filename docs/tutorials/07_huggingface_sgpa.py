@@ -100,10 +100,13 @@ evaluate("softmax attention (MLE)", softmax_probs)
 # ## 2. Kernel attention from its weights
 # `convert` replaces every BERT self-attention module in place by an adapter with the same call
 # signature (masks, `output_attentions`), built from the trained query, key and value weights; the
-# rest of the network is untouched. A short fine-tune lets the network adapt to the kernel.
+# rest of the network is untouched. `calibration_inputs`, a batch of training inputs as the model is
+# called, sets each head's kernel scale from the trained network's attention logits. The attention
+# function changes (softmax to kernel), so a short fine-tune lets the network adapt to it.
 
 # %%
-gpytorch_sgpa.convert(model, attention="kernel")
+calibration = dict(input_ids=ids[train[:256]], attention_mask=attention_mask[train[:256]])
+gpytorch_sgpa.convert(model, attention="kernel", calibration_inputs=calibration)
 adapters = [module for module in model.modules() if isinstance(module, SelfAttentionAdapter)]
 assert len(adapters) == config.num_hidden_layers  # one per BERT layer, nothing else touched
 with torch.no_grad():
@@ -115,11 +118,16 @@ with torch.no_grad():
 # %% [markdown]
 # ## 3. Sparse GP attention, trained on the ELBO
 # The second conversion turns the kernel layers into decoupled SGPA layers with 16 global
-# inducing keys per head. The training loss is the ordinary cross-entropy plus one KL term per
-# sentence, the model's own `forward` is unchanged.
+# inducing keys per head (placed on tokens of the calibration batch). It keeps the function: the
+# posterior mean of every SGPA layer is the kernel layer's output, checked below. The training loss
+# is the ordinary cross-entropy plus one KL term per sentence; the model's own `forward` is unchanged.
 
 # %%
-gpytorch_sgpa.convert(model, num_global=16)
+with torch.no_grad():
+    kernel_logits = logits_of(model, test)
+gpytorch_sgpa.convert(model, num_global=16, calibration_inputs=calibration)
+with torch.no_grad(), gpytorch_sgpa.posterior_mean():
+    torch.testing.assert_close(logits_of(model, test), kernel_logits, rtol=1e-4, atol=1e-4)
 fit(model, EPOCHS, kl=True)
 with torch.no_grad():
     sgpa_probs = gpytorch_sgpa.predict_proba(model, input_ids=ids[test], attention_mask=attention_mask[test],
