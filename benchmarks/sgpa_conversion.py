@@ -40,13 +40,13 @@ from gpytorch_sgpa.data.images import load_fashion_mnist
 class PatchViT(nn.Module):
     """7 x 7 patches → linear embedding + learned positions → ``nn.TransformerEncoder`` → mean pool → head."""
 
-    def __init__(self, d_model=64, num_heads=4, num_layers=2, patch=7, image=28, num_classes=10):
+    def __init__(self, d_model=64, num_heads=4, num_layers=2, patch=7, image=28, num_classes=10, dropout=0.0):
         super().__init__()
         self.patch = patch
         tokens = (image // patch) ** 2
         self.embed = nn.Linear(patch * patch, d_model)
         self.position = nn.Parameter(0.02 * torch.randn(1, tokens, d_model))
-        layer = nn.TransformerEncoderLayer(d_model, num_heads, dim_feedforward=2 * d_model, dropout=0.0,
+        layer = nn.TransformerEncoderLayer(d_model, num_heads, dim_feedforward=2 * d_model, dropout=dropout,
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)

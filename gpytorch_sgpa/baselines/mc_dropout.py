@@ -9,11 +9,17 @@ from .prediction import _check_num_samples, logits_of
 
 _DROPOUT_TYPES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
                   torch.nn.AlphaDropout)
+# PyTorch's Transformer modules take a fused inference path in eval mode that skips their dropout
+# (and nn.MultiheadAttention applies its attention dropout only in training mode): MC dropout runs
+# them in training mode, which changes nothing else in them (no batch statistics)
+_FAST_PATH_TYPES = (torch.nn.TransformerEncoder, torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer,
+                    torch.nn.MultiheadAttention)
 
 
 @contextlib.contextmanager
 def dropout_enabled(model: torch.nn.Module):
-    """Evaluation mode everywhere except dropout modules, which sample masks; modes restored on exit.
+    """Evaluation mode everywhere except dropout modules, which sample masks, and PyTorch's Transformer
+    modules, whose eval-mode fast path would skip their dropout; modes restored on exit.
 
     Raises ``ValueError`` if ``model`` has no dropout module with ``p > 0`` (MC dropout would then
     silently return the deterministic prediction).
@@ -23,8 +29,9 @@ def dropout_enabled(model: torch.nn.Module):
         raise ValueError("model has no dropout module with p > 0; MC dropout needs one (build it with dropout > 0)")
     modes = {module: module.training for module in model.modules()}
     model.eval()
-    for module in dropouts:
-        module.train()
+    for module in model.modules():
+        if isinstance(module, _DROPOUT_TYPES + _FAST_PATH_TYPES):
+            module.training = True
     try:
         yield model
     finally:

@@ -116,3 +116,18 @@ def test_predict_proba_restores_training_mode():
     probs = predict_proba(model, torch.randn(3, 4), num_samples=2)
     assert model.training
     assert torch.allclose(probs.sum(-1), torch.ones(3))
+
+
+def test_mc_dropout_samples_pytorch_transformer_layers():
+    """nn.TransformerEncoderLayer's eval-mode fast path skips its dropout: MC dropout must still sample
+    (before, every pass of an nn.TransformerEncoder classifier returned the deterministic prediction)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.2, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2).eval()
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        deterministic = encoder(x)
+        with dropout_enabled(encoder):
+            first, second = encoder(x), encoder(x)
+    assert not torch.allclose(first, second) and not torch.allclose(first, deterministic)
+    assert not encoder.training and not encoder.layers[0].training and not encoder.layers[0].self_attn.training
