@@ -1,4 +1,4 @@
-"""Image DDPM vs autoregressive video diffusion on pseudo videos (thesis Table 5.2), CPU-sized.
+"""Image DDPM vs autoregressive video diffusion on pseudo videos (thesis Table 5.3), CPU-sized.
 
 ``python -m pseudovideo.experiments.diffusion --dataset fashion_mnist --frames 1,4,8
 --augmentation markov_first,markov_high,blur --seeds S --out DIR [--quick]``

@@ -1,4 +1,4 @@
-"""VQ tokenizers and token priors on blur pseudo videos (thesis §5.3, Table 5.1), CPU-sized.
+"""VQ tokenizers and token priors on blur pseudo videos (thesis §5.3, Table 5.2), CPU-sized.
 
 ``python -m pseudovideo.experiments.tokens --dataset fashion_mnist --model tokenizer,ar,masked
 --frames 1,8,18 --seeds S --out DIR [--quick]``
