@@ -68,17 +68,21 @@ def assert_matches_cpu(device):
 
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+#: the README and the guides it links to: their python blocks are the usage examples users copy
+USAGE_PAGES = (README, *sorted((README.parent / "docs" / "guide").glob("*.md")))
 
 
 @pytest.fixture
 def run_readme_block():
-    """``run(marker)``: execute the one README python block containing ``marker``; its namespace."""
+    """``run(marker)``: execute the one python block of the README or a guide page that contains
+    ``marker``; its namespace."""
 
     def run(marker: str) -> dict:
-        blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if marker in b]
-        assert len(blocks) == 1, f"expected one README python block containing {marker!r}, found {len(blocks)}"
+        blocks = [(page, b) for page in USAGE_PAGES
+                  for b in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S) if marker in b]
+        assert len(blocks) == 1, f"expected one python block containing {marker!r} in the README and guides, found {len(blocks)}"
         namespace = {}
-        exec(compile(blocks[0], str(README), "exec"), namespace)
+        exec(compile(blocks[0][1], str(blocks[0][0]), "exec"), namespace)
         return namespace
 
     return run
