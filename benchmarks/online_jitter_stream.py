@@ -30,6 +30,7 @@ import torch
 
 from gpytorch_hippo import HiPPOInducingVariables, OnlineSGPR
 from gpytorch_hippo.inducing.base import InducingVariables
+from gpytorch_hippo.metrics import gaussian_nlpd, rmse
 
 DT = torch.float64
 
@@ -61,8 +62,7 @@ def kernel_and_likelihood(lengthscale: float, noise: float):
 
 def scores(predictive, y_test):
     mean, variance = predictive.mean, predictive.variance
-    nlpd = (0.5 * torch.log(2 * math.pi * variance) + 0.5 * (y_test - mean).square() / variance).mean().item()
-    return nlpd, (mean - y_test).square().mean().sqrt().item(), variance.mean().item()
+    return gaussian_nlpd(mean, variance, y_test), rmse(mean, y_test), variance.mean().item()
 
 
 def exact_reference(args, data):

@@ -29,10 +29,9 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
-from sgpa_conversion import PatchViT
+from sgpa_conversion import PatchViT, _epoch
 
-from gpytorch_sgpa import SGPAELBO, convert, kl_divergence, predict_proba
+from gpytorch_sgpa import SGPAELBO, convert, predict_proba
 from gpytorch_sgpa.baselines import TemperatureScaling, mc_dropout_predict_proba
 from gpytorch_sgpa.data.images import load_fashion_mnist, load_mnist_ood
 from gpytorch_sgpa.metrics import accuracy, calibration_errors, negative_log_likelihood, ood_detection_scores
@@ -42,15 +41,10 @@ HIGHER_IS_BETTER = {"accuracy": True, "nll": False, "ece": False, "ood_auroc": T
 
 
 def train(model, images, labels, epochs, generator, lr, batch_size=100, elbo=None):
+    """``epochs`` of Adam on cross-entropy, or on the negative ELBO, with the conversion benchmark's epoch loop."""
     optimizer = torch.optim.Adam(model.parameters() if elbo is None else elbo.parameters(), lr=lr)
     for _ in range(epochs):
-        model.train()
-        for index in torch.randperm(len(labels), generator=generator).split(batch_size):
-            logits = model(images[index])
-            loss = F.cross_entropy(logits, labels[index]) if elbo is None else -elbo(logits, kl_divergence(model), labels[index])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        _epoch(model, images, labels, optimizer, generator, batch_size, elbo=elbo)
     return model.eval()
 
 
