@@ -45,6 +45,7 @@ the projection; for ``t_0 > 0`` it means ``f`` is held at ``f_0`` on ``[0, t_0]`
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -132,18 +133,40 @@ def _fout_edge_values(M: int) -> Tensor:
     return e
 
 
-def _legendre(z: Tensor, M: int) -> Tensor:
-    """``P_0..P_{M-1}`` at ``z`` by the three-term recurrence; shape ``(*z.shape, M)``.
+@functools.lru_cache(maxsize=64)
+def _normalized_legendre_coefficients(M: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(γ, c)`` of the recurrence of :func:`_normalized_legendre`, one multiply-add per degree.
+
+    ``q_n = sqrt(2n + 1) P_n`` obeys ``q_{n+1} = α_n z q_n - β_n q_{n-1}`` (Bonnet's recurrence
+    rescaled: ``α_n = sqrt((2n + 1)(2n + 3))/(n + 1)``, ``β_n = n sqrt((2n + 3)/(2n - 1))/(n + 1)``).
+    With ``q_n = c_n r_n``, ``c_0 = c_1 = 1`` and ``c_{n+1} = β_n c_{n-1}`` it becomes
+    ``r_{n+1} = γ_n z r_n - r_{n-1}``, ``γ_n = α_n c_n / c_{n+1}``; ``c_n`` stays within ``[1, 2/sqrt(π)]``.
+    """
+    c = [1.0, 1.0]
+    gamma = []
+    for n in range(1, M - 1):
+        c.append(n * math.sqrt((2 * n + 3) / (2 * n - 1)) / (n + 1) * c[n - 1])
+        gamma.append(math.sqrt((2 * n + 1) * (2 * n + 3)) / (n + 1) * c[n] / c[n + 1])
+    return np.array(gamma), np.array(c[:M])
+
+
+def _normalized_legendre(z: Tensor, M: int, scale: Tensor | None = None) -> Tensor:
+    """``sqrt(2n + 1) P_n(z)``, ``n = 0 .. M - 1``, by the three-term recurrence; shape ``(*z.shape, M)``;
+    ``scale`` (broadcasting to ``z``): every degree multiplied by it, folded into the recurrence's start
+    (it is linear), e.g. a quadrature rule's weights, without a second array of the result's size.
 
     Without autograd on the CPU the ``M`` steps run in NumPy (the same operations, in place, so the
     values are identical): a step costs about a microsecond there instead of tens as small torch
-    operations (3-5x faster at ``M = 100``; it keeps the Lyapunov backend's step cheap)."""
-    if _plain_cpu_values(z):
-        return torch.from_numpy(_legendre_numpy(z.detach().numpy(), M))
-    out = [torch.ones_like(z), z]
-    for n in range(1, M - 1):  # the operations of _legendre_numpy, in its order: equal to the bit
-        out.append(z * ((2 * n + 1) / (n + 1)) * out[n] - out[n - 1] * (n / (n + 1)))
-    return torch.stack(out[:M], dim=-1)
+    operations (it keeps the Lyapunov backend's step cheap)."""
+    if _plain_cpu_values(z) and (scale is None or _plain_cpu_values(scale)):
+        scale = None if scale is None else scale.detach().to(z.dtype).numpy()
+        return torch.from_numpy(_normalized_legendre_numpy(z.detach().numpy(), M, scale))
+    gamma, c = _normalized_legendre_coefficients(M)
+    first = torch.ones_like(z) if scale is None else scale.to(z.dtype).expand(z.shape)
+    out = [first, z * math.sqrt(3.0) * first]
+    for n, g in enumerate(gamma.tolist(), start=1):
+        out.append(z * g * out[n] - out[n - 1])  # _normalized_legendre_numpy's operations, in its order
+    return torch.stack(out[:M], dim=-1) * torch.as_tensor(c, dtype=z.dtype, device=z.device)
 
 
 def _plain_cpu_values(z: Tensor) -> bool:
@@ -157,21 +180,24 @@ def _plain_cpu_values(z: Tensor) -> bool:
     )
 
 
-def _legendre_numpy(z: np.ndarray, M: int) -> np.ndarray:
-    """:func:`_legendre`'s recurrence on a NumPy array, ``P_{n+1} = a_n z P_n - b_n P_{n-1}`` with
-    ``a_n = (2n + 1)/(n + 1)``, ``b_n = n/(n + 1)``: four in-place operations per degree (the cost is
-    per-call overhead for the few hundred nodes of a panel rule), ``(*z.shape, M)``."""
+def _normalized_legendre_numpy(z: np.ndarray, M: int, scale: np.ndarray | None = None) -> np.ndarray:
+    """:func:`_normalized_legendre` on a NumPy array: three in-place operations per degree (the cost
+    is per-call overhead for the few hundred nodes of a panel rule).  The degrees are computed as rows
+    and returned as a transposed view ``(*z.shape, M)`` (no copy; matrix products take it as it is)."""
+    gamma, c = _normalized_legendre_coefficients(M)
     out = np.empty((M,) + z.shape, dtype=z.dtype)
-    out[0] = 1
+    out[0] = 1 if scale is None else scale
     if M > 1:
-        out[1] = z
-    scaled = np.empty_like(z)
-    for n in range(1, M - 1):
-        np.multiply(z, (2 * n + 1) / (n + 1), out=scaled)
-        scaled *= out[n]
-        np.multiply(out[n - 1], n / (n + 1), out=out[n + 1])
-        np.subtract(scaled, out[n + 1], out=out[n + 1])
-    return np.ascontiguousarray(np.moveaxis(out, 0, -1))
+        np.multiply(z, math.sqrt(3.0), out=out[1])
+        if scale is not None:
+            out[1] *= out[0]
+    for n, g in enumerate(gamma.tolist(), start=1):
+        row = out[n + 1]
+        np.multiply(z, g, out=row)
+        row *= out[n]
+        row -= out[n - 1]
+    out *= c.astype(z.dtype).reshape((M,) + (1,) * z.ndim)
+    return np.moveaxis(out, 0, -1)
 
 
 def _laguerre(s: Tensor, M: int) -> Tensor:
@@ -187,11 +213,9 @@ def _basis(measure: str, M: int, theta: float, x: Tensor, t: Tensor) -> Tensor:
     x = x.reshape(*([1] * t.dim()), -1)
     t = t[..., None]
     if measure == "legs":
-        root = torch.sqrt(2 * torch.arange(M, dtype=x.dtype, device=x.device) + 1)
-        return root * _legendre(2 * x / t - 1, M)
+        return _normalized_legendre(2 * x / t - 1, M)
     if measure == "legt":
-        root = torch.sqrt(2 * torch.arange(M, dtype=x.dtype, device=x.device) + 1)
-        return root * _legendre(2 * (x - t) / theta + 1, M)
+        return _normalized_legendre(2 * (x - t) / theta + 1, M)
     if measure == "lagt":
         return _laguerre((t - x) / theta, M)
     phase = 2 * math.pi * (t - x) / theta
@@ -592,6 +616,21 @@ class HiPPO(nn.Module):
         """``omega^{(t)}(x)`` for ``x`` (N,) and ``t`` scalar or (...) -> (..., N)."""
         x, t = self._check_points(x, t)
         return _measure_density(self.measure, self.theta, x, t)
+
+    def _basis_at(self, x: Tensor, t: float, scale: Tensor | None = None) -> Tensor:
+        """:meth:`basis` without its input checks, for the package's quadrature rules (``x`` a float
+        tensor ``(N,)`` of nodes on the memory's device, ``t`` a float they have validated); ``scale``
+        ``(N,)``: the rows multiplied by it (folded into the Legendre recurrence: no second array)."""
+        if self.measure == "legs":
+            return _normalized_legendre(2 * x / t - 1, self.M, scale)
+        if self.measure == "legt":
+            return _normalized_legendre(2 * (x - t) / self.theta + 1, self.M, scale)
+        basis = _basis(self.measure, self.M, self.theta, x, torch.tensor(t, dtype=x.dtype, device=x.device))
+        return basis if scale is None else basis * scale[:, None]
+
+    def _density_at(self, x: Tensor, t: float) -> Tensor:
+        """:meth:`measure_density` without its input checks (as :meth:`_basis_at`)."""
+        return _measure_density(self.measure, self.theta, x, torch.tensor(t, dtype=x.dtype, device=x.device))
 
     def reconstruct(self, c: Tensor, x, t) -> Tensor:
         """``sum_m c_m g_m^{(t)}(x)``: ``c`` (..., M), ``x`` (N,) -> (..., N)."""

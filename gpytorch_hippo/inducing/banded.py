@@ -20,6 +20,7 @@ Gauss-Legendre rule exact to round-off and banded:
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -82,9 +83,15 @@ class _Panels:
         index = torch.arange(self.first, self.last, dtype=torch.float64, device=device)
         left = self.lower + self.width * index
         self.nodes = left[:, None] + self.width * (self.z + 1) / 2  # (P, p), panels first..last-1
-        phi = self.phi(self.nodes.reshape(-1))
-        self.phi_nodes = phi.reshape(self.last - self.first, self.num_nodes, phi.shape[-1])  # (P, p, M); P = 0 allowed
-        self.weighted = (self.width / 2) * self.w[:, None] * self.phi_nodes  # the rule's weights folded in
+        density = ivars.memory._density_at(self.nodes.reshape(-1), ivars.t)
+        scale = ((self.width / 2) * self.w * density.reshape(self.nodes.shape)).reshape(-1)
+        weighted = ivars.memory._basis_at(self.nodes.reshape(-1), ivars.t, scale)  # φ with the rule's weights folded in
+        self.weighted = weighted.reshape(self.last - self.first, self.num_nodes, ivars.num_inducing)  # (P, p, M); P = 0 allowed
+
+    @functools.cached_property
+    def phi_nodes(self) -> Tensor:
+        """``φ_m`` at the nodes, ``(P, p, M)`` (formed when a rule needs it without the weights)."""
+        return self.phi(self.nodes.reshape(-1)).reshape(self.weighted.shape)
 
     def phi(self, s: Tensor) -> Tensor:
         """``φ_m(s) = g_m^{(t)}(s) ω^{(t)}(s)`` for ``s`` (N,) -> (N, M)."""

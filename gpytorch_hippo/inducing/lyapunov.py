@@ -29,11 +29,14 @@ of earlier steps are damped, not amplified.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
+from ..hippo import _normalized_legendre
 from .banded import DECAY_RANGE, BandedBackend, _Panels
 from .cost import MAX_ENTRIES
 from .hippo_backends import QuadratureBackend, SpectralBackend
@@ -97,17 +100,25 @@ def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
 
 
 def _rbf_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) -> Tensor:
-    """:func:`local_kuf` for an RBF kernel with the panels of ``[min(times) - 2R, max(times) + 2R]``."""
-    panels = _Panels(at, ell / 2, at.breakpoints.device, window=(float(times.min()) - 2 * reach, float(times.max()) + 2 * reach))
+    """:func:`local_kuf` for an RBF kernel with the panels of ``[min(times) - R, max(times) + R]``.
+
+    Nodes in panel ``j ± (band + 1)`` are at least ``band`` panel widths ``>= R`` from an input in
+    panel ``j``; the inputs go in blocks of ``band + 1`` consecutive panels, each block one kernel
+    matrix and one product with the weighted basis (few Python steps; at most 1.5x the banded work).
+    """
+    panels = _Panels(at, ell / 2, at.breakpoints.device, window=(float(times.min()) - reach, float(times.max()) + reach))
     out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
-    band = math.ceil(reach / panels.width) + 1
+    band = math.ceil(reach / panels.width)
+    block = band + 1
     index = torch.floor((times - panels.lower) / panels.width).long()
     weighted, values = panels.weighted.to(dtype), rbf_function(kernel)
-    for j in torch.unique(index).tolist():
-        first, last = max(panels.first, j - band), min(panels.last, j + band + 1)
+    blocks = torch.div(index - panels.first + band, block, rounding_mode="floor")
+    for b in torch.unique(blocks).tolist():
+        low = panels.first - band + b * block  # the block's panels: low .. low + block - 1
+        first, last = max(panels.first, low - band), min(panels.last, low + block + band)
         if first >= last:
             continue
-        rows = (index == j).nonzero().squeeze(-1)
+        rows = (blocks == b).nonzero().squeeze(-1)
         nodes = panels.nodes[first - panels.first : last - panels.first].reshape(-1)
         K = values(times[rows, None] - nodes).to(dtype)
         out[rows] = K @ weighted[first - panels.first : last - panels.first].reshape(-1, at.num_inducing)
@@ -120,33 +131,38 @@ def propagator(memory, t_a: float, t_b: float) -> Tensor:
     M = memory.M
     z, w = gauss_legendre(M + 2, device=memory.A.device)
     x = t_a * (z + 1) / 2
-    both = memory.basis(torch.cat([x, x * (t_a / t_b)]), t_a)  # g(x/t_a) and g(x/t_b)
-    return (t_a / t_b) * (both[M + 2 :] * (w / 2)[:, None]).mT @ both[: M + 2]
+    scale = torch.cat([torch.ones_like(w), (t_a / t_b) * w / 2])
+    both = memory._basis_at(torch.cat([x, x * (t_a / t_b)]), t_a, scale)  # g(x/t_a) and the weighted g(x/t_b)
+    return both[M + 2 :].mT @ both[: M + 2]
 
 
 def forcing(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     """``X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx = cov(c(t_a), d)`` (M x M), over ``x <= t_a + R`` only.
 
-    Composite Gauss-Legendre in ``x``: ``Kuf(t_a, x)`` is analytic for ``x > t_a`` (one branch of the
-    kernel) and ``φ(·, t_b)`` a polynomial whose zeros crowd ``t_b`` (hence ``M / sqrt(t_b / ℓ)``
-    extra nodes, as in :class:`~.banded._Panels`).
+    Composite Gauss-Legendre in ``x`` on panels of ``<= ℓ``: ``Kuf(t_a, x)`` is analytic for ``x > t_a``
+    (one branch of the kernel) and ``φ(·, t_b)`` a degree ``M - 1`` polynomial, ``P_{M-1}(cos θ)``
+    with ``θ = arccos(2x/t_b - 1)``, so a panel spanning ``Δθ`` holds about ``M Δθ / π`` of its zeros:
+    ``M Δθ`` nodes (π per zero) beyond the kernel's, at most the end-panel count ``M / sqrt(t_b / ℓ)``
+    of :class:`~.banded._Panels` (zeros crowd ``t_b``; away from it far fewer nodes are needed).
     """
     ell, reach, _ = kernel_scales(kernel)
     high = min(t_b, t_a + reach)
     count = max(1, math.ceil((high - t_a) / ell))
-    num_nodes = FORCING_NODES + math.ceil(ivars.num_inducing / math.sqrt(max(1.0, t_b / ell)))
-    z, w = gauss_legendre(num_nodes, device=ivars.breakpoints.device)
     half = (high - t_a) / (2 * count)
+    angle = [math.acos(min(1.0, max(-1.0, 2 * (t_a + 2 * half * k) / t_b - 1))) for k in range(count + 1)]
+    zeros = ivars.num_inducing * max(a - b for a, b in zip(angle, angle[1:]))
+    num_nodes = FORCING_NODES + math.ceil(min(zeros, ivars.num_inducing / math.sqrt(max(1.0, t_b / ell))))
+    z, w = gauss_legendre(num_nodes, device=ivars.breakpoints.device)
     left = t_a + 2 * half * torch.arange(count, dtype=torch.float64, device=z.device)
     nodes = (left[:, None] + half * (z + 1)).reshape(-1)
     weights = (half * w).repeat(count)
     kuf = local_kuf(_At(ivars, t_a, ivars.start), kernel, nodes, torch.float64)
-    phi = ivars.memory.basis(nodes, t_b) / t_b
-    return kuf.mT @ (weights[:, None] * phi)
+    return kuf.mT @ ivars.memory._basis_at(nodes, t_b, weights / t_b)
 
 
-def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
-    """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (thesis eq. (4.11) on ``[t_a, t_b]`` alone).
+def segment_covariance(ivars, kernel, t_a: float, t_b: float, lower: float | None = None) -> Tensor:
+    """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (thesis eq. (4.11) on ``[t_a, t_b]`` alone); ``lower``: the
+    support's start that sets the node density (default the variables' ``start``, clipped at 0).
 
     Matérn: the banded backend on that support.  RBF: :func:`segment_rule` in both variables (the
     integrand is analytic), ``D = Wᵀ (k(nodes, nodes) W)`` with ``k`` banded: the panel pairs within
@@ -156,10 +172,10 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     if nu is not None:
         segment = _At(ivars, t_b, t_a)
         return ivars._backends["banded"].cross(segment, segment, kernel).double()
-    nodes, weighted = segment_rule(ivars, t_a, t_b, 4 * ell)
+    nodes, weighted = segment_rule(ivars, t_a, t_b, 4 * ell, lower)
     values = rbf_function(kernel)
     count, p = nodes.shape
-    band = math.ceil(reach / ((t_b - t_a) / count)) + 1  # panel pairs further apart see k = 0
+    band = math.ceil(reach / ((t_b - t_a) / count))  # nodes of panels further apart are >= R apart: k = 0
     W = weighted.reshape(count * p, ivars.num_inducing)
     KW = torch.empty_like(W)  # k(nodes, nodes) W, one block row of the banded k at a time
     for i in range(count):
@@ -170,7 +186,7 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     return (D + D.mT) / 2
 
 
-def segment_rule(ivars, t_a: float, t_b: float, width: float) -> tuple[Tensor, Tensor]:
+def segment_rule(ivars, t_a: float, t_b: float, width: float, lower: float | None = None) -> tuple[Tensor, Tensor]:
     """Composite Gauss-Legendre on ``[t_a, t_b]``: nodes ``(P, p)`` and ``w φ(nodes, t_b)`` ``(P, p, M)``.
 
     Panels of at most ``width``; ``p = 24 + M sqrt(w / (t_b - lower))`` nodes, the density that
@@ -179,13 +195,29 @@ def segment_rule(ivars, t_a: float, t_b: float, width: float) -> tuple[Tensor, T
     """
     count = max(1, math.ceil((t_b - t_a) / width))
     half = (t_b - t_a) / (2 * count)
-    lower = max(0.0, ivars.start)
+    lower = max(0.0, ivars.start) if lower is None else lower
     p = FORCING_NODES + math.ceil(ivars.num_inducing * math.sqrt(2 * half / (t_b - lower)))
     z, w = gauss_legendre(p, device=ivars.breakpoints.device)
     left = t_a + 2 * half * torch.arange(count, dtype=torch.float64, device=z.device)
     nodes = left[:, None] + half * (z + 1)
-    phi = ivars.memory.basis(nodes.reshape(-1), t_b) / t_b
-    return nodes, (half * w).repeat(count)[:, None].mul(phi).reshape(count, p, -1)
+    weighted = ivars.memory._basis_at(nodes.reshape(-1), t_b, (half * w / t_b).repeat(count))
+    return nodes, weighted.reshape(count, p, -1)
+
+
+def segment_reexpansion(memory, t_a: float, t_b: float) -> Tensor:
+    """``T`` with ``g(x, t_b) = T g(x - t_a, L)`` on ``[t_a, t_b]``, ``L = t_b - t_a``: the bases at
+    ``t_b`` in the segment's own LegS bases (both degree ``M - 1``; ``T = (1/L) ∫ g(x, t_b) g(x - t_a, L)ᵀ dx``
+    by an exact ``M + 1``-node Gauss-Legendre rule).  By stationarity the segment's coefficients have
+    the covariance ``Kuu`` of a LegS set at ``t = L`` started at 0, so ``D = (L / t_b)² T Kuu(L) Tᵀ``."""
+    z, half_w, segment_basis = _segment_nodes(memory.M, memory.A.device)
+    return memory._basis_at(t_a + (t_b - t_a) * (z + 1) / 2, t_b, half_w).mT @ segment_basis
+
+
+@functools.lru_cache(maxsize=8)
+def _segment_nodes(M: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """``(z, w/2, g(z))`` of the ``M + 1``-node Gauss-Legendre rule: the segment's own bases at its nodes do not depend on ``L``."""
+    z, w = gauss_legendre(M + 1, device=device)
+    return z, w / 2, _normalized_legendre(z, M)
 
 
 def exact_backend(at, kernel, backends: dict):
@@ -212,6 +244,14 @@ class LyapunovBackend:
     def __init__(self):
         self._state = None  # (key, t, K(t)) float64, detached
         self._step = None  # (key, t_a, t_b, K(t_a), X, Φ) of the last single-piece step
+        self._segment_length = None  # (key, L, Kuu(L) of a LegS set started at 0, or None) of the last step
+
+    def __deepcopy__(self, memo) -> LyapunovBackend:
+        """A copy sharing the cached tensors: they are never changed in place (each step stores new
+        ones), so a snapshot of the inducing variables (one per online task) need not copy them."""
+        copied = LyapunovBackend()
+        copied.__dict__.update(self.__dict__)
+        return copied
 
     @staticmethod
     def check(ivars, kernel) -> None:
@@ -220,12 +260,13 @@ class LyapunovBackend:
             raise ValueError(f"method='lyapunov' needs measure='legs' (its ODE is LegS's), got measure={ivars.measure!r}")
         if ivars.input_dim != 1:
             raise ValueError(f"method='lyapunov' needs input_dim=1 (time inputs), got input_dim={ivars.input_dim}")
-        try:
-            _, lengthscale, _ = spectral_parts(kernel)
-        except TypeError as error:
-            raise TypeError(f"method='lyapunov': kernel must be {SUPPORTED_KERNELS}, got {type(kernel).__name__}") from error
-        if lengthscale.numel() != 1:
-            raise ValueError(f"method='lyapunov': kernel must have one length scale (1-D), got {lengthscale.numel()}")
+        base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel  # the types spectral_parts reads,
+        if not (isinstance(base, RBFKernel) or (isinstance(base, MaternKernel) and base.nu in (0.5, 1.5, 2.5))):
+            raise TypeError(f"method='lyapunov': kernel must be {SUPPORTED_KERNELS}, got {type(kernel).__name__}")
+        if base.raw_lengthscale.numel() != 1:  # without running the constraints' transforms on every call
+            raise ValueError(f"method='lyapunov': kernel must have one length scale (1-D), got {base.raw_lengthscale.numel()}")
+        if isinstance(kernel, ScaleKernel) and kernel.raw_outputscale.numel() != 1:
+            raise ValueError("batched kernels are not supported by HiPPOInducingVariables (outputscale has batch dims)")
 
     def supports(self, ivars, kernel) -> bool:
         try:
@@ -242,13 +283,29 @@ class LyapunovBackend:
     def _key(ivars, kernel) -> tuple:
         return kernel_signature(kernel) + (ivars.num_inducing, ivars.start, str(ivars.breakpoints.device))
 
-    def _step_once(self, ivars, kernel, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor, Tensor]:
+    def _step_once(self, ivars, kernel, key: tuple, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor, Tensor]:
         """``(K(t_b), X, Φ)`` from ``K(t_a)`` (module docstring)."""
         Phi = propagator(ivars.memory, t_a, t_b)
         X = forcing(ivars, kernel, t_a, t_b)
         cross = Phi @ X
-        K_b = Phi @ K_a @ Phi.mT + cross + cross.mT + segment_covariance(ivars, kernel, t_a, t_b)
+        K_b = Phi @ K_a @ Phi.mT + cross + cross.mT + self._segment(ivars, kernel, key, t_a, t_b)
         return (K_b + K_b.mT) / 2, X, Phi
+
+    def _segment(self, ivars, kernel, key: tuple, t_a: float, t_b: float) -> Tensor:
+        """``D`` of the step ``t_a -> t_b``.  A stream of tasks of one length ``L`` (to a few ulps of
+        ``t_b``, the precision of the times themselves) keeps ``Kuu(L)`` of a LegS set started at 0 and
+        forms ``D = (L/t_b)² T Kuu(L) Tᵀ`` (:func:`segment_reexpansion`, ``O(M³)``) instead of the
+        segment's quadrature; a length seen once is integrated directly."""
+        length = t_b - t_a
+        seen = self._segment_length
+        if seen is None or seen[0] != key or abs(seen[1] - length) > 8 * torch.finfo(torch.float64).eps * t_b:
+            self._segment_length = (key, length, None)
+            return segment_covariance(ivars, kernel, t_a, t_b)
+        if seen[2] is None:  # the second step of this length: keep the segment's Kuu from now on
+            self._segment_length = seen = (key, seen[1], segment_covariance(ivars, kernel, 0.0, seen[1], lower=0.0))
+        T = segment_reexpansion(ivars.memory, t_a, t_b)
+        D = (length / t_b) ** 2 * (T @ seen[2] @ T.mT)
+        return (D + D.mT) / 2
 
     def state(self, ivars, kernel, t: float) -> Tensor:
         """``K(t)`` (float64, no gradient), integrated forward from the carried state."""
@@ -275,7 +332,7 @@ class LyapunovBackend:
                 pieces = max(1, math.ceil((t - t_now) / (MAX_STEP * ell)))
                 for k in range(1, pieces + 1):
                     t_next = t if k == pieces else t_now + (t - t_now) * k / pieces
-                    K_next, X, Phi = self._step_once(ivars, kernel, t_now, K, t_next)
+                    K_next, X, Phi = self._step_once(ivars, kernel, key, t_now, K, t_next)
                     self._step = (key, t_now, t_next, K, X, Phi) if pieces == 1 else None
                     t_now, K = t_next, K_next
         self._state = (key, t, K)

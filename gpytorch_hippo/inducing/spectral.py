@@ -73,7 +73,7 @@ def rbf_spectral_density(kernel: gpytorch.kernels.Kernel, omega: Tensor) -> Tens
     return outputscale.double() * ell / math.sqrt(2 * math.pi) * torch.exp(-0.5 * (omega * ell) ** 2)
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=1024)  # the rules of a long stream use a few hundred sizes
 def _gauss_legendre_numpy(n: int) -> tuple[np.ndarray, np.ndarray]:
     k = np.arange(1, n + 1)
     x = np.cos(np.pi * (k - 0.25) / (n + 0.5))  # Tricomi's initial guesses, then Newton on P_n
