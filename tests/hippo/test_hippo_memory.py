@@ -98,6 +98,20 @@ def test_bases_equal_scipy_special_functions():
         np.testing.assert_allclose(HiPPO("lagt", 6, theta).basis(x, t)[:, m], lagt, rtol=1e-12, atol=1e-12)
 
 
+def test_high_degree_bases_equal_scipy_and_fold_a_row_scale():
+    """M = 400 (the rescaled recurrence's coefficients over many degrees) against scipy's P_n, and the
+    quadrature rules' folded row scale equal to scaling afterwards (a wrong c_n or γ_n shows at 1e-3)."""
+    t, M = 3.0, 400
+    x = torch.linspace(0.0, t, 257, dtype=torch.float64)
+    z = (2 * x / t - 1).numpy()
+    reference = np.stack([SQ(2 * m + 1) * scipy.special.eval_legendre(m, z) for m in range(M)], axis=-1)
+    hippo = HiPPO("legs", M)
+    np.testing.assert_allclose(hippo.basis(x, t).numpy(), reference, rtol=0, atol=1e-10 * np.abs(reference).max())
+    scale = torch.rand(257, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    scaled = hippo.basis(x, t) * scale[:, None]
+    torch.testing.assert_close(hippo._basis_at(x, t, scale), scaled, rtol=0, atol=1e-12 * float(scaled.abs().max()))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("measure", ["legs", "legt"])
 def test_bases_without_autograd_equal_the_differentiable_path(measure, dtype):

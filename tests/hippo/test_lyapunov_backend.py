@@ -156,6 +156,27 @@ def test_changed_lengthscale_invalidates_the_state():
     assert _rel(ivars.Kuu(kernel).to_dense(), _reference(M, 7.0, "spectral").Kuu(kernel).to_dense()) < TOL
 
 
+@pytest.mark.parametrize("nu", [None, 1.5])
+def test_equal_length_tasks_reuse_the_segment_covariance_exactly(nu):
+    """Steps of one length form D = (L/t_b)² T Kuu(L) Tᵀ from a kept Kuu(L) (M = 120, t/ℓ up to 150):
+    equal to the exact backend; a length within a few ulps of t (times such as 0.1 k) still reuses
+    it, a changed length scale or a new length does not (a stale Kuu(L) would be off by 1e-2 or more)."""
+    M, kernel = 120, _kernel(nu, lengthscale=1.0)
+    ivars, old = _carried(M, kernel, 30.0, [60.0, 90.0, 120.0, 150.0])
+    backend = ivars._backends["lyapunov"]
+    assert backend._segment_length[2] is not None  # the kept Kuu(L) served the later steps
+    ref = _reference(M, 150.0, "auto")
+    assert _rel(ivars.Kuu(kernel).to_dense(), ref.Kuu(kernel).to_dense()) < TOL
+    assert _rel(ivars.Kuu_cross(old, kernel), ref.Kuu_cross(_reference(M, 120.0, "auto"), kernel)) < TOL
+    kernel.base_kernel.lengthscale = 0.8  # the kept Kuu(L) belongs to ℓ = 1
+    for t in (180.0, 210.0, 232.0):  # two steps of 30 at the new ℓ, then a new length
+        ivars.advance(t)
+        assert _rel(ivars.Kuu(kernel).to_dense(), _reference(M, t, "auto").Kuu(kernel).to_dense()) < TOL
+    small, _ = _carried(16, kernel, 0.1, [0.1 * k for k in range(2, 9)])  # 0.30000000000000004 - 0.2, ...
+    assert small._backends["lyapunov"]._segment_length[2] is not None
+    assert _rel(small.Kuu(kernel).to_dense(), _reference(16, small.t, "auto").Kuu(kernel).to_dense()) < TOL
+
+
 def test_cross_with_a_set_without_state_and_backwards():
     """The earlier set need not be a snapshot (no cache), and a state behind t restarts exactly."""
     M, kernel = 12, _kernel()
