@@ -11,7 +11,7 @@ from __future__ import annotations
 import gpytorch
 import torch
 from linear_operator import to_linear_operator
-from linear_operator.operators import LinearOperator
+from linear_operator.operators import DenseLinearOperator, LinearOperator
 from torch import Tensor
 
 
@@ -148,9 +148,13 @@ class InducingVariables(gpytorch.Module):
         return 1.0
 
     def add_jitter(self, covariance: LinearOperator | Tensor) -> LinearOperator:
-        """Return ``covariance + jitter * I`` following the jitter policy of this set."""
-        covariance = to_linear_operator(covariance)
-        return covariance.add_jitter(self.jitter_value(covariance.dtype) * self._jitter_scale(covariance))
+        """Return ``covariance + jitter * I`` following the jitter policy of this set (a dense
+        ``covariance`` stays dense: the same values as linear_operator's added diagonal, formed once)."""
+        jitter = self.jitter_value(covariance.dtype) * self._jitter_scale(covariance)
+        if isinstance(covariance, Tensor):
+            eye = torch.eye(covariance.shape[-1], dtype=covariance.dtype, device=covariance.device)
+            return DenseLinearOperator(covariance + jitter * eye)
+        return to_linear_operator(covariance).add_jitter(jitter)
 
     def _check_movable(self, step: str) -> None:
         """Refuse to move these variables in place (``step``, e.g. ``"advance(t_new)"``) while a

@@ -125,26 +125,29 @@ def _rbf_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) 
     return out
 
 
+def _weighted_bases(memory, rules: list[tuple[Tensor, float, Tensor]]) -> list[Tensor]:
+    """``w ⊙ g(x, t)`` (rows ``x``, ``(N, M)``) for several rules ``(x, t, w)`` in one Legendre recurrence
+    (LegS: ``g(x, t) = q(2x/t - 1)``), whose cost at the sizes of a step is mostly per call."""
+    z = torch.cat([2 * x / t - 1 for x, t, _ in rules])
+    values = _normalized_legendre(z, memory.M, torch.cat([w for _, _, w in rules]))
+    return list(values.split([x.shape[0] for x, _, _ in rules]))
+
+
+def _propagator_rules(memory, t_a: float, t_b: float) -> list[tuple[Tensor, float, Tensor]]:
+    z, w = gauss_legendre(memory.M + 2, device=memory.A.device)
+    x = t_a * (z + 1) / 2
+    return [(x, t_a, torch.ones_like(w)), (x * (t_a / t_b), t_a, (t_a / t_b) * w / 2)]  # g(x/t_a), weighted g(x/t_b)
+
+
 def propagator(memory, t_a: float, t_b: float) -> Tensor:
     """``Φ = e^{A log(t_b/t_a)}`` as the exact re-expansion ``φ(x, t_b) = Φ φ(x, t_a)``, ``x <= t_a``:
     ``Φ = (t_a/t_b) ∫_0^1 g(z t_a/t_b) g(z)ᵀ dz`` by an exact Gauss-Legendre rule (module docstring)."""
-    M = memory.M
-    z, w = gauss_legendre(M + 2, device=memory.A.device)
-    x = t_a * (z + 1) / 2
-    scale = torch.cat([torch.ones_like(w), (t_a / t_b) * w / 2])
-    both = memory._basis_at(torch.cat([x, x * (t_a / t_b)]), t_a, scale)  # g(x/t_a) and the weighted g(x/t_b)
-    return both[M + 2 :].mT @ both[: M + 2]
+    g, weighted = _weighted_bases(memory, _propagator_rules(memory, t_a, t_b))
+    return weighted.mT @ g
 
 
-def forcing(ivars, kernel, t_a: float, t_b: float) -> Tensor:
-    """``X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx = cov(c(t_a), d)`` (M x M), over ``x <= t_a + R`` only.
-
-    Composite Gauss-Legendre in ``x`` on panels of ``<= ℓ``: ``Kuf(t_a, x)`` is analytic for ``x > t_a``
-    (one branch of the kernel) and ``φ(·, t_b)`` a degree ``M - 1`` polynomial, ``P_{M-1}(cos θ)``
-    with ``θ = arccos(2x/t_b - 1)``, so a panel spanning ``Δθ`` holds about ``M Δθ / π`` of its zeros:
-    ``M Δθ`` nodes (π per zero) beyond the kernel's, at most the end-panel count ``M / sqrt(t_b / ℓ)``
-    of :class:`~.banded._Panels` (zeros crowd ``t_b``; away from it far fewer nodes are needed).
-    """
+def _forcing_rule(ivars, kernel, t_a: float, t_b: float) -> tuple[Tensor, float, Tensor]:
+    """The nodes, ``t_b`` and weights (with ``1/t_b`` of ``φ``) of :func:`forcing`'s rule in ``x``."""
     ell, reach, _ = kernel_scales(kernel)
     high = min(t_b, t_a + reach)
     count = max(1, math.ceil((high - t_a) / ell))
@@ -154,10 +157,23 @@ def forcing(ivars, kernel, t_a: float, t_b: float) -> Tensor:
     num_nodes = FORCING_NODES + math.ceil(min(zeros, ivars.num_inducing / math.sqrt(max(1.0, t_b / ell))))
     z, w = gauss_legendre(num_nodes, device=ivars.breakpoints.device)
     left = t_a + 2 * half * torch.arange(count, dtype=torch.float64, device=z.device)
-    nodes = (left[:, None] + half * (z + 1)).reshape(-1)
-    weights = (half * w).repeat(count)
-    kuf = local_kuf(_At(ivars, t_a, ivars.start), kernel, nodes, torch.float64)
-    return kuf.mT @ ivars.memory._basis_at(nodes, t_b, weights / t_b)
+    return (left[:, None] + half * (z + 1)).reshape(-1), t_b, (half * w / t_b).repeat(count)
+
+
+def forcing(ivars, kernel, t_a: float, t_b: float, rule=None, weighted_basis: Tensor | None = None) -> Tensor:
+    """``X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx = cov(c(t_a), d)`` (M x M), over ``x <= t_a + R`` only.
+
+    Composite Gauss-Legendre in ``x`` on panels of ``<= ℓ``: ``Kuf(t_a, x)`` is analytic for ``x > t_a``
+    (one branch of the kernel) and ``φ(·, t_b)`` a degree ``M - 1`` polynomial, ``P_{M-1}(cos θ)``
+    with ``θ = arccos(2x/t_b - 1)``, so a panel spanning ``Δθ`` holds about ``M Δθ / π`` of its zeros:
+    ``M Δθ`` nodes (π per zero) beyond the kernel's, at most the end-panel count ``M / sqrt(t_b / ℓ)``
+    of :class:`~.banded._Panels` (zeros crowd ``t_b``; away from it far fewer nodes are needed).
+    ``rule``, ``weighted_basis``: that rule and its weighted ``φ`` when the caller formed them already.
+    """
+    rule = _forcing_rule(ivars, kernel, t_a, t_b) if rule is None else rule
+    if weighted_basis is None:
+        (weighted_basis,) = _weighted_bases(ivars.memory, [rule])
+    return local_kuf(_At(ivars, t_a, ivars.start), kernel, rule[0], torch.float64).mT @ weighted_basis
 
 
 def segment_covariance(ivars, kernel, t_a: float, t_b: float, lower: float | None = None) -> Tensor:
@@ -204,13 +220,19 @@ def segment_rule(ivars, t_a: float, t_b: float, width: float, lower: float | Non
     return nodes, weighted.reshape(count, p, -1)
 
 
-def segment_reexpansion(memory, t_a: float, t_b: float) -> Tensor:
+def _reexpansion_rule(memory, t_a: float, t_b: float) -> tuple[Tensor, float, Tensor]:
+    z, half_w, _ = _segment_nodes(memory.M, memory.A.device)
+    return t_a + (t_b - t_a) * (z + 1) / 2, t_b, half_w
+
+
+def segment_reexpansion(memory, t_a: float, t_b: float, weighted_basis: Tensor | None = None) -> Tensor:
     """``T`` with ``g(x, t_b) = T g(x - t_a, L)`` on ``[t_a, t_b]``, ``L = t_b - t_a``: the bases at
     ``t_b`` in the segment's own LegS bases (both degree ``M - 1``; ``T = (1/L) ∫ g(x, t_b) g(x - t_a, L)ᵀ dx``
     by an exact ``M + 1``-node Gauss-Legendre rule).  By stationarity the segment's coefficients have
     the covariance ``Kuu`` of a LegS set at ``t = L`` started at 0, so ``D = (L / t_b)² T Kuu(L) Tᵀ``."""
-    z, half_w, segment_basis = _segment_nodes(memory.M, memory.A.device)
-    return memory._basis_at(t_a + (t_b - t_a) * (z + 1) / 2, t_b, half_w).mT @ segment_basis
+    if weighted_basis is None:
+        (weighted_basis,) = _weighted_bases(memory, [_reexpansion_rule(memory, t_a, t_b)])
+    return weighted_basis.mT @ _segment_nodes(memory.M, memory.A.device)[2]
 
 
 @functools.lru_cache(maxsize=8)
@@ -284,28 +306,37 @@ class LyapunovBackend:
         return kernel_signature(kernel) + (ivars.num_inducing, ivars.start, str(ivars.breakpoints.device))
 
     def _step_once(self, ivars, kernel, key: tuple, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor, Tensor]:
-        """``(K(t_b), X, Φ)`` from ``K(t_a)`` (module docstring)."""
-        Phi = propagator(ivars.memory, t_a, t_b)
-        X = forcing(ivars, kernel, t_a, t_b)
+        """``(K(t_b), X, Φ)`` from ``K(t_a)`` (module docstring); the bases of the propagator, the
+        forcing and the segment's re-expansion in one recurrence."""
+        memory, segment_kuu = ivars.memory, self._segment_kuu(ivars, kernel, key, t_a, t_b)
+        rules = _propagator_rules(memory, t_a, t_b) + [_forcing_rule(ivars, kernel, t_a, t_b)]
+        if segment_kuu is not None:
+            rules.append(_reexpansion_rule(memory, t_a, t_b))
+        bases = _weighted_bases(memory, rules)
+        Phi = bases[1].mT @ bases[0]
+        X = forcing(ivars, kernel, t_a, t_b, rules[2], bases[2])
+        if segment_kuu is None:
+            D = segment_covariance(ivars, kernel, t_a, t_b)
+        else:
+            T = segment_reexpansion(memory, t_a, t_b, bases[3])
+            D = ((t_b - t_a) / t_b) ** 2 * (T @ segment_kuu @ T.mT)
         cross = Phi @ X
-        K_b = Phi @ K_a @ Phi.mT + cross + cross.mT + self._segment(ivars, kernel, key, t_a, t_b)
+        K_b = Phi @ K_a @ Phi.mT + cross + cross.mT + D
         return (K_b + K_b.mT) / 2, X, Phi
 
-    def _segment(self, ivars, kernel, key: tuple, t_a: float, t_b: float) -> Tensor:
-        """``D`` of the step ``t_a -> t_b``.  A stream of tasks of one length ``L`` (to a few ulps of
-        ``t_b``, the precision of the times themselves) keeps ``Kuu(L)`` of a LegS set started at 0 and
-        forms ``D = (L/t_b)² T Kuu(L) Tᵀ`` (:func:`segment_reexpansion`, ``O(M³)``) instead of the
-        segment's quadrature; a length seen once is integrated directly."""
+    def _segment_kuu(self, ivars, kernel, key: tuple, t_a: float, t_b: float) -> Tensor | None:
+        """``Kuu(L)`` of a LegS set started at 0 for the step's length ``L``, or ``None``: the step's
+        ``D`` is then integrated directly.  A stream of tasks of one length (to a few ulps of ``t_b``,
+        the precision of the times themselves) keeps it from the second such step on and forms
+        ``D = (L/t_b)² T Kuu(L) Tᵀ`` (:func:`segment_reexpansion`, ``O(M³)``) instead of the segment's quadrature."""
         length = t_b - t_a
         seen = self._segment_length
         if seen is None or seen[0] != key or abs(seen[1] - length) > 8 * torch.finfo(torch.float64).eps * t_b:
             self._segment_length = (key, length, None)
-            return segment_covariance(ivars, kernel, t_a, t_b)
-        if seen[2] is None:  # the second step of this length: keep the segment's Kuu from now on
+            return None
+        if seen[2] is None:
             self._segment_length = seen = (key, seen[1], segment_covariance(ivars, kernel, 0.0, seen[1], lower=0.0))
-        T = segment_reexpansion(ivars.memory, t_a, t_b)
-        D = (length / t_b) ** 2 * (T @ seen[2] @ T.mT)
-        return (D + D.mT) / 2
+        return seen[2]
 
     def state(self, ivars, kernel, t: float) -> Tensor:
         """``K(t)`` (float64, no gradient), integrated forward from the carried state."""
