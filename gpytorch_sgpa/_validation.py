@@ -48,13 +48,22 @@ def check_dtype(x: Tensor, name: str, expected: torch.dtype) -> None:
                         f"convert one of them (e.g. module.to({x.dtype}))")
 
 
+def all_finite(x: Tensor) -> bool:
+    """Whether every value of ``x`` is finite: one reduction (a sum of finite values is finite or
+    overflows to ±inf, never NaN; NaN and ±inf propagate), the elementwise test only when the sum
+    is not finite (overflow or a non-finite value), so large activations are never misreported."""
+    if x.numel() == 0 or bool(torch.isfinite(x.detach().sum())):
+        return True
+    return bool(torch.isfinite(x).all())
+
+
 def check_finite(x: Tensor, name: str, *, allow_negative_infinity: bool = False) -> None:
     """``ValueError`` if ``x`` holds NaN or infinite values (reads the values); with
     ``allow_negative_infinity``, ``-inf`` passes (masked logits)."""
     if allow_negative_infinity:
         if bool(torch.isnan(x).any() | torch.isposinf(x).any()):
             raise ValueError(f"{name} contains NaN or +inf values")
-    elif not bool(torch.isfinite(x).all()):
+    elif not all_finite(x):
         raise ValueError(f"{name} contains NaN or infinite values")
 
 
@@ -62,7 +71,7 @@ def check_finite_result(results, x: Tensor, name: str) -> None:
     """``ValueError`` if any of ``results`` is not finite although the input ``x`` was: ``x`` then
     overflows the computation in its dtype (or the module's parameters are not finite)."""
     for result in results:
-        if isinstance(result, Tensor) and result.is_floating_point() and not bool(torch.isfinite(result).all()):
+        if isinstance(result, Tensor) and result.is_floating_point() and not all_finite(result):
             if not x.is_floating_point():
                 raise ValueError(f"the result for these {name} is not finite: the module's parameters are not finite")
             largest = float(x.detach().abs().max())

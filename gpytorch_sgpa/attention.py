@@ -567,9 +567,10 @@ class SGPAttention(_MultiHeadAttention):
         """
         self._check_input(x, key_padding_mask)
         batch, length, _ = x.shape
-        if noise is None:
+        if noise is None:  # drawn here: finite and of the right shapes, nothing to check
             noise = self.sample_noise(batch, length, x.dtype, x.device)
-        noise = self._check_noise(noise, batch, length)
+        else:
+            noise = self._check_noise(noise, batch, length)
         dtype = _gp_dtype(x.dtype)
         local = noise.local.to(dtype)
         global_noise = noise.global_.to(dtype) if self._uses_global_noise() else None

@@ -93,6 +93,22 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
                          key_features, centre)
 
 
+class _RowSquares(torch.autograd.Function):
+    """``Σ_j x_ij²`` over the last dimension, with the backward ``2 x ⊙ g`` as one product over ``x``
+    (autograd's ``x * x`` takes two products and a sum of that size, ``x.square()`` three passes;
+    the backward is itself differentiable)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return (x * x).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return x * (2 * grad).unsqueeze(-1)
+
+
 def mean_gate(layer, dtype: torch.dtype) -> Tensor | None:
     """The layer's per-head mean gate ``γ`` as ``(H, 1, 1)`` in ``dtype``, or ``None`` (``γ = 1``)."""
     gate = getattr(layer, "global_mean_gate", None)
@@ -119,23 +135,25 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
     With ``global_noise`` ``ε`` (``(B, H, e, M)``) the mean already holds the correlated global part
     of the sample, ``Aᵀ W_d ε_d``: it shares the one product with ``Aᵀ`` the orthogonal mean needs.
     """
-    whitened = factors.chol_inverse.matmul(cross.transpose(-2, -1))  # A = L⁻¹ K_gq, (B, H, M, L)
+    # Aᵀ = K_qg L⁻ᵀ, (B, H, L, M): in this layout the product, the row sums of squares and their
+    # backward passes are cheaper than with A itself (benchmarks/sgpa_cost.py --profile)
+    whitened_t = cross.matmul(factors.chol_inverse.transpose(-2, -1))
     conditional = None
     if causal is not None or full_covariance or sampler == "full":  # K_qq - AᵀA
-        conditional = gram - whitened.transpose(-2, -1).matmul(whitened)
+        conditional = gram - whitened_t.matmul(whitened_t.transpose(-2, -1))
     coefficient = None  # everything multiplied by Aᵀ, gathered in one (B, H, M, e) coefficient
     if global_noise is not None:  # W_d ε_d
         coefficient = torch.einsum("hdmn,bhdn->bhmd", factors.whitened_cov_factor, global_noise)
     amortised_kl = (values * gram_values).sum((-3, -2, -1))
     if layer.variant == "orthogonal":
-        whitened_values = whitened.matmul(values)  # A v_a, (B, H, M, e)
+        whitened_values = whitened_t.transpose(-2, -1).matmul(values)  # A v_a, (B, H, M, e)
         gate = mean_gate(layer, values.dtype)  # γ, (H, 1, 1), or None for γ = 1
         if causal is not None:
             if gate is None:
                 mean = conditional.masked_fill(~causal, 0.0).matmul(values)
                 own = factors.whitened_values
             else:  # (K_qq - γ AᵀA) v_a, masked, + γ Aᵀ Lᵀ v_g
-                shrunk = gram - gate * whitened.transpose(-2, -1).matmul(whitened)
+                shrunk = gram - gate * whitened_t.matmul(whitened_t.transpose(-2, -1))
                 mean = shrunk.masked_fill(~causal, 0.0).matmul(values)
                 own = gate * factors.whitened_values
         else:
@@ -145,16 +163,17 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
                 own = gate * own
         # own first: the sum is then contiguous, and the product below needs no copy of it
         coefficient = own if coefficient is None else own + coefficient
+        squares = whitened_values * whitened_values  # (x * x: its backward is cheaper than square's)
         if gate is None:
-            amortised_kl = amortised_kl - whitened_values.square().sum((-3, -2, -1))
+            amortised_kl = amortised_kl - squares.sum((-3, -2, -1))
         else:  # ‖γ w + (1 - γ) A v_a‖² - ‖A v_a‖² - γ² ‖w‖² with w = Lᵀ v_g (γ² ‖w‖² is global)
-            amortised_kl = amortised_kl - (gate * (2.0 - gate) * whitened_values.square()).sum((-3, -2, -1))
+            amortised_kl = amortised_kl - (gate * (2.0 - gate) * squares).sum((-3, -2, -1))
             cross_term = (gate * (1.0 - gate) * factors.whitened_values * whitened_values).sum((-3, -2, -1))
             amortised_kl = torch.add(amortised_kl, cross_term, alpha=2.0)
     else:
         mean = amortised_mean
     if coefficient is not None:
-        mean = mean + whitened.transpose(-2, -1).matmul(coefficient)
+        mean = mean + whitened_t.matmul(coefficient)
     global_kl = factors.kl.sum()
     kl = torch.add(global_kl, amortised_kl, alpha=0.5)
     variance = covariance = chol_factor = residual = None
@@ -166,10 +185,10 @@ def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_
             self_cov = params.outputscale.unsqueeze(-1).expand(*queries.shape[:-1])
         else:  # backward cheaper than through the diagonal of K_qq
             self_cov = dense_kernel(layer.kernel, queries, diag=True)
-        residual = self_cov - whitened.square().sum(-2)
+        residual = self_cov - _RowSquares.apply(whitened_t)
     else:
-        projected = torch.einsum("hdmn,bhml->bhdnl", factors.whitened_cov_factor, whitened)  # (B,H,e|1,M,L)
-        variance = (gram.diagonal(dim1=-2, dim2=-1) - whitened.square().sum(-2)).unsqueeze(-2)
+        projected = torch.einsum("hdmn,bhlm->bhdnl", factors.whitened_cov_factor, whitened_t)  # (B,H,e|1,M,L)
+        variance = (gram.diagonal(dim1=-2, dim2=-1) - _RowSquares.apply(whitened_t)).unsqueeze(-2)
         variance = (variance + projected.square().sum(-2)).transpose(-2, -1).expand_as(mean)
         if full_covariance:
             covariance = conditional.unsqueeze(2) + projected.transpose(-2, -1).matmul(projected)
