@@ -344,8 +344,8 @@ class LyapunovBackend:
         if self._state is not None and self._state[0] == key and self._state[1] == t:
             return self._state[2]
         with torch.no_grad():
+            ell, reach, _ = kernel_scales(kernel)
             if self._state is not None and self._state[0] == key and self._state[1] <= t:
-                ell, reach, _ = kernel_scales(kernel)
                 pieces = math.ceil((t - self._state[1]) / (MAX_STEP * ell))
                 # each piece forms its forcing and segment rules (~ (R/ℓ + 32) panels of 24 + M nodes, x M):
                 # a jump too long to carry in bounded time restarts from the exact backend (itself guarded)
@@ -359,7 +359,6 @@ class LyapunovBackend:
                 K = exact_backend(at, kernel, fresh).cross(at, at, kernel).double()
             else:
                 t_now, K = self._state[1], self._state[2]
-                ell, _, _ = kernel_scales(kernel)
                 pieces = max(1, math.ceil((t - t_now) / (MAX_STEP * ell)))
                 for k in range(1, pieces + 1):
                     t_next = t if k == pieces else t_now + (t - t_now) * k / pieces
