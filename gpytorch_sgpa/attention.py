@@ -239,7 +239,7 @@ class SGPAttention(_MultiHeadAttention):
     diagonalised, so the marginals are exact), ``"diagonal"`` (the thesis's: independent
     marginals, App. B.4; the default of ``mode="standard"``) or ``"full"`` (the full covariance).
     Why the default differs from the thesis: at 49 tokens and 32 global keys a training step with
-    ``"diagonal"`` costs 3.5–5x one of MLE kernel attention on CPU and ``"decomposed"`` 1.4–1.5x,
+    ``"diagonal"`` costs 3.5–5x one of MLE kernel attention on CPU and ``"decomposed"`` 1.3–1.4x,
     with the same calibration after 40 epochs on Fashion-MNIST (``docs/results.md``);
     ``sampler="diagonal"`` gives the thesis's sampler.  ``diag_sample`` is an alias kept for
     compatibility: with ``sampler=None`` it means ``"diagonal"`` (``True``) or ``"full"``

@@ -24,8 +24,10 @@ beyond ``t_a`` (RBF ``9.5 ℓ``, Matérn ``48 ℓ/√(2ν)``), so ``X`` needs ``
 and ``Kuf`` itself only ``s`` within ``R`` of ``x`` (:func:`local_kuf`): both cost ``O(M)`` per
 point whatever ``t`` is.  ``D`` is an exact backend (banded for Matérn, quadrature for RBF) on the
 new segment ``[t_a, t_b]`` alone, whose cost depends on ``t_b - t_a``, not on ``t``; long steps are
-cut into pieces of at most :data:`MAX_STEP` length scales.  ``‖Φ‖₂ <= sqrt(t_a / t_b)``, so errors
-of earlier steps are damped, not amplified.
+cut into pieces of at most :data:`MAX_STEP` length scales.  By stationarity ``D`` is also the ``Kuu``
+of a LegS set over ``[0, L]`` (``L = t_b - t_a``) seen through the re-expansion ``T`` of the bases at
+``t_b`` in the segment's own bases, ``D = (L/t_b)² T Kuu(L) Tᵀ``: a stream of equal-length tasks keeps
+``Kuu(L)``.  ``‖Φ‖₂ <= sqrt(t_a / t_b)``, so errors of earlier steps are damped, not amplified.
 """
 from __future__ import annotations
 
@@ -282,7 +284,7 @@ class LyapunovBackend:
             raise ValueError(f"method='lyapunov' needs measure='legs' (its ODE is LegS's), got measure={ivars.measure!r}")
         if ivars.input_dim != 1:
             raise ValueError(f"method='lyapunov' needs input_dim=1 (time inputs), got input_dim={ivars.input_dim}")
-        base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel  # the types spectral_parts reads,
+        base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel  # what spectral_parts accepts,
         if not (isinstance(base, RBFKernel) or (isinstance(base, MaternKernel) and base.nu in (0.5, 1.5, 2.5))):
             raise TypeError(f"method='lyapunov': kernel must be {SUPPORTED_KERNELS}, got {type(kernel).__name__}")
         if base.raw_lengthscale.numel() != 1:  # without running the constraints' transforms on every call
