@@ -91,10 +91,14 @@ def _gauss_legendre_numpy(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _legendre_pair(n: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(P_{n-1}(x), P_n(x))`` by the three-term recurrence."""
-    p_prev, p = np.ones_like(x), x.copy()
+    """``(P_{n-1}(x), P_n(x))`` by the three-term recurrence (in place, three buffers)."""
+    p_prev, p, following = np.ones_like(x), x.copy(), np.empty_like(x)
     for j in range(2, n + 1):
-        p_prev, p = p, ((2 * j - 1) * x * p - (j - 1) * p_prev) / j
+        np.multiply(x, p, out=following)
+        following *= (2 * j - 1) / j
+        p_prev *= (j - 1) / j
+        following -= p_prev
+        p_prev, p, following = p, following, p_prev
     return (p_prev, p) if n >= 1 else (p, p_prev)
 
 
