@@ -108,7 +108,7 @@ def _rbf_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) 
     panel ``j``; the inputs go in blocks of ``band + 1`` consecutive panels, each block one kernel
     matrix and one product with the weighted basis (few Python steps; at most 1.5x the banded work).
     """
-    panels = _Panels(at, ell / 2, at.breakpoints.device, window=(float(times.min()) - reach, float(times.max()) + reach))
+    panels = _window_panels(at, ell, (float(times.min()) - reach, float(times.max()) + reach))
     out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
     band = math.ceil(reach / panels.width)
     block = band + 1
@@ -125,6 +125,25 @@ def _rbf_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) 
         K = values(times[rows, None] - nodes).to(dtype)
         out[rows] = K @ weighted[first - panels.first : last - panels.first].reshape(-1, at.num_inducing)
     return out
+
+
+def _window_panels(at, ell: float, window: tuple[float, float]) -> _Panels:
+    """The panels of ``at``'s support meeting ``window``, from the Lyapunov backend's last panels
+    when those are of the same set (``t``, ``start``, ``M``) and length scale and cover the window:
+    a task's ``Kuf`` at its inputs leaves the panels up to ``t`` that the next step's forcing needs."""
+    backend = at._backends.get("lyapunov") if isinstance(at._backends, dict) else None
+    key = (at.t, at.start, at.num_inducing, ell, str(at.breakpoints.device))
+    cached = getattr(backend, "_panels", None)
+    if cached is not None and cached[0] == key:
+        panels = cached[1]
+        first = min(panels.count, max(0, math.floor((window[0] - panels.lower) / panels.width)))
+        last = max(first, min(panels.count, math.floor((window[1] - panels.lower) / panels.width) + 1))
+        if panels.first <= first and last <= panels.last:
+            return panels
+    panels = _Panels(at, ell / 2, at.breakpoints.device, window=window)
+    if isinstance(backend, LyapunovBackend):
+        backend._panels = (key, panels)
+    return panels
 
 
 def _weighted_bases(memory, rules: list[tuple[Tensor, float, Tensor]]) -> list[Tensor]:
@@ -269,6 +288,7 @@ class LyapunovBackend:
         self._state = None  # (key, t, K(t)) float64, detached
         self._step = None  # (key, t_a, t_b, K(t_a), X, Φ) of the last single-piece step
         self._segment_length = None  # (key, L, Kuu(L) of a LegS set started at 0, or None) of the last step
+        self._panels = None  # ((t, start, M, ℓ, device), _Panels) of the last local Kuf rule
 
     def __deepcopy__(self, memo) -> LyapunovBackend:
         """A copy sharing the cached tensors: they are never changed in place (each step stores new
