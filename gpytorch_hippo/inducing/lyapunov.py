@@ -286,7 +286,7 @@ class LyapunovBackend:
 
     def __init__(self):
         self._state = None  # (key, t, K(t)) float64, detached
-        self._step = None  # (key, t_a, t_b, K(t_a), X, Φ) of the last single-piece step
+        self._step = None  # (key, t_a, t_b, C(t_a, t_b)) of the last single-piece step
         self._segment_length = None  # (key, L, Kuu(L) of a LegS set started at 0, or None) of the last step
         self._panels = None  # ((t, start, M, ℓ, device), _Panels) of the last local Kuf rule
 
@@ -327,9 +327,10 @@ class LyapunovBackend:
     def _key(ivars, kernel) -> tuple:
         return kernel_signature(kernel) + (ivars.num_inducing, ivars.start, str(ivars.breakpoints.device))
 
-    def _step_once(self, ivars, kernel, key: tuple, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor, Tensor]:
-        """``(K(t_b), X, Φ)`` from ``K(t_a)`` (module docstring); the bases of the propagator, the
-        forcing and the segment's re-expansion in one recurrence."""
+    def _step_once(self, ivars, kernel, key: tuple, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor]:
+        """``(K(t_b), C(t_a, t_b))`` from ``K(t_a)`` (module docstring): ``K(t_b) = Φ C + (Φ X)ᵀ + D``
+        with ``C = K(t_a) Φᵀ + X``; the bases of the propagator, the forcing and the segment's
+        re-expansion in one recurrence."""
         memory, segment_kuu = ivars.memory, self._segment_kuu(ivars, kernel, key, t_a, t_b)
         rules = _propagator_rules(memory, t_a, t_b) + [_forcing_rule(ivars, kernel, t_a, t_b)]
         if segment_kuu is not None:
@@ -342,9 +343,9 @@ class LyapunovBackend:
         else:
             T = segment_reexpansion(memory, t_a, t_b, bases[3])
             D = ((t_b - t_a) / t_b) ** 2 * (T @ segment_kuu @ T.mT)
-        cross = Phi @ X
-        K_b = Phi @ K_a @ Phi.mT + cross + cross.mT + D
-        return (K_b + K_b.mT) / 2, X, Phi
+        C = K_a @ Phi.mT + X
+        K_b = Phi @ C + (Phi @ X).mT + D
+        return (K_b + K_b.mT) / 2, C
 
     def _segment_kuu(self, ivars, kernel, key: tuple, t_a: float, t_b: float) -> Tensor | None:
         """``Kuu(L)`` of a LegS set started at 0 for the step's length ``L``, or ``None``: the step's
@@ -384,8 +385,8 @@ class LyapunovBackend:
                 pieces = max(1, math.ceil((t - t_now) / (MAX_STEP * ell)))
                 for k in range(1, pieces + 1):
                     t_next = t if k == pieces else t_now + (t - t_now) * k / pieces
-                    K_next, X, Phi = self._step_once(ivars, kernel, key, t_now, K, t_next)
-                    self._step = (key, t_now, t_next, K, X, Phi) if pieces == 1 else None
+                    K_next, C = self._step_once(ivars, kernel, key, t_now, K, t_next)
+                    self._step = (key, t_now, t_next, C) if pieces == 1 else None
                     t_now, K = t_next, K_next
         self._state = (key, t, K)
         return K
@@ -409,12 +410,11 @@ class LyapunovBackend:
         lo, hi = (a, b) if a.t < b.t else (b, a)
         key = self._key(lo, kernel)
         if self._step is not None and self._step[:3] == (key, lo.t, hi.t):
-            K_lo, X, Phi = self._step[3:]
+            C = self._step[3]
         else:
             with torch.no_grad():
-                K_lo, X = self._earlier(lo, kernel), forcing(lo, kernel, lo.t, hi.t)
-                Phi = propagator(lo.memory, lo.t, hi.t)
-        C = K_lo @ Phi.mT + X  # cov(u_lo, u_hi)
+                X, Phi = forcing(lo, kernel, lo.t, hi.t), propagator(lo.memory, lo.t, hi.t)
+                C = self._earlier(lo, kernel) @ Phi.mT + X  # cov(u_lo, u_hi)
         return (C if lo is a else C.mT).to(dtype)
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
