@@ -177,6 +177,17 @@ def test_equal_length_tasks_reuse_the_segment_covariance_exactly(nu):
     assert _rel(small.Kuu(kernel).to_dense(), _reference(16, small.t, "auto").Kuu(kernel).to_dense()) < TOL
 
 
+def test_kuf_after_a_lengthscale_change_at_the_same_t_uses_new_panels():
+    """The local Kuf rule keeps the panels of its last call for the next step's forcing; at the same t
+    a ten times shorter length scale needs ten times narrower panels (old ones: errors of 1e-2 or more)."""
+    M, kernel = 24, _kernel(lengthscale=1.0)
+    ivars, _ = _carried(M, kernel, 5.0, [10.0, 15.0])
+    x = torch.linspace(9.0, 15.0, 25, dtype=torch.float64)[:, None]
+    ivars.Kuf(kernel, x)
+    kernel.base_kernel.lengthscale = 0.1
+    assert _rel(ivars.Kuf(kernel, x), _reference(M, 15.0, "spectral").Kuf(kernel, x)) < TOL
+
+
 def test_cross_with_a_set_without_state_and_backwards():
     """The earlier set need not be a snapshot (no cache), and a state behind t restarts exactly."""
     M, kernel = 12, _kernel()
