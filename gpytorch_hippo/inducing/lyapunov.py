@@ -131,7 +131,7 @@ def _window_panels(at, ell: float, window: tuple[float, float]) -> _Panels:
     """The panels of ``at``'s support meeting ``window``, from the Lyapunov backend's last panels
     when those are of the same set (``t``, ``start``, ``M``) and length scale and cover the window:
     a task's ``Kuf`` at its inputs leaves the panels up to ``t`` that the next step's forcing needs."""
-    backend = at._backends.get("lyapunov") if isinstance(at._backends, dict) else None
+    backend = at._backends.get("lyapunov")
     key = (at.t, at.start, at.num_inducing, ell, str(at.breakpoints.device))
     cached = getattr(backend, "_panels", None)
     if cached is not None and cached[0] == key:
