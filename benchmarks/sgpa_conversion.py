@@ -12,7 +12,11 @@ attention on a subset of Fashion-MNIST (the Debian package's files, read offline
 * (c+) the same with ``calibration_inputs``: the global inducing inputs on tokens of each layer's
   inputs;
 * (c0) (c) with ``mean_gate=None, global_cov_init=None``: the thesis's mean and random variational
-  parameters (App. B.4), for contrast.
+  parameters (App. B.4), for contrast;
+* (d) softmax → orthogonal SGPA in one step with ``calibration_inputs`` (at conversion its
+  posterior mean is (b)'s starting point, before (b)'s fine-tuning);
+* (d0) softmax → SGPA in one step from the thesis's start (``mean_gate=None, global_cov_init=None``,
+  default kernel scale).
 
 Each is evaluated right after conversion and after 1, 2, 3 epochs of fine-tuning (cross-entropy
 for kernel attention, the ELBO for SGPA), on the test subset: accuracy and NLL (SGPA: the mean of
@@ -136,6 +140,14 @@ def run_seed(seed, data, args):
     thesis = convert(copy.deepcopy(calibrated), attention="sgpa", num_global=args.num_global, mean_gate=None,
                      global_cov_init=None)
     fine_tune("(c0) (b)→SGPA, thesis start", thesis, True, args.fine_tune)
+    torch.manual_seed(seed)
+    direct = convert(copy.deepcopy(softmax), attention="sgpa", num_global=args.num_global,
+                     calibration_inputs=calibration)
+    fine_tune("(d) softmax→SGPA, calibrated", direct, True, args.fine_tune)
+    torch.manual_seed(seed)
+    direct_thesis = convert(copy.deepcopy(softmax), attention="sgpa", num_global=args.num_global, mean_gate=None,
+                            global_cov_init=None)
+    fine_tune("(d0) softmax→SGPA, thesis start", direct_thesis, True, args.fine_tune)
     print(f"seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
     return rows
 

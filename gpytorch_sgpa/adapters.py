@@ -129,11 +129,12 @@ def _bias(linear: nn.Module, rows: slice | None = None) -> Tensor | None:
 def _kernel_layer(attention: str, d_model: int, num_heads: int, weight_q: Tensor, weight_k: Tensor, weight_v: Tensor,
                   bias_v: Tensor | None, kwargs: dict, bias_q: Tensor | None = None,
                   bias_k: Tensor | None = None) -> nn.Module:
-    """A kernel/SGPA layer with ``W_qk = (W_q + W_k) / 2``, ``W_v``, ``b_v`` and no output projection;
-    the softmax projections ``(W_q, b_q, W_k, b_k)`` stay on it while ``convert`` runs (for
-    ``calibration_inputs``)."""
+    """A kernel/SGPA layer with ``W_qk = (W_q + W_k) / 2``, ``W_v``, ``b_v`` and no output projection,
+    SGPA started at the kernel layer's function (``_sgpa_start``); the softmax projections
+    ``(W_q, b_q, W_k, b_k)`` stay on it while ``convert`` runs (for ``calibration_inputs``)."""
     if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
+    cov_init = _sgpa_start(attention, kwargs)
     layer = build_attention(attention, d_model, num_heads, attention_kwargs=kwargs)
     if not hasattr(layer, "qk_proj"):
         raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
@@ -145,6 +146,7 @@ def _kernel_layer(attention: str, d_model: int, num_heads: int, weight_q: Tensor
         layer.v_proj.weight.copy_(weight_v)
         if bias_v is not None:
             layer.v_proj.bias.copy_(bias_v)
+    _start_at_mean(layer, cov_init)
     layer._softmax_query_key = (weight_q, bias_q, weight_k, bias_k)
     return layer
 
@@ -321,24 +323,26 @@ class SelfAttentionAdapter(nn.Module):
             raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
         kwargs.setdefault("dropout", source.dropout.p)
         kwargs.setdefault("causal", source.causal)
-        cov_init = _keep_function(attention, kwargs)
         bias = source.v_proj.bias
         weight = source.qk_proj.weight.detach()
         layer = _kernel_layer(attention, source.d_model, source.num_heads, weight, weight, source.v_proj.weight.detach(),
                               None if bias is None else bias.detach(), kwargs)
         del layer._softmax_query_key  # already kernel attention: no softmax to calibrate against
-        _finish_from_kernel(layer, source, cov_init)
+        _copy_kernel(layer, source)
         self.attention = layer
         return self
 
 
-def _keep_function(attention: str, kwargs: dict) -> float | None:
-    """Defaults of a conversion from kernel attention, which keep the kernel network's function:
-    orthogonal SGPA starts at mean gate ``γ = 0``, where its posterior mean is the kernel attention's
-    output (:class:`~gpytorch_sgpa.attention.SGPAttention`; ``mean_gate=None``: the thesis's mean);
-    decoupled SGPA's global covariance starts at ``C = c I`` with ``c = global_cov_init`` (popped from
-    ``kwargs``, default 0.1; ``None``: the random start of ``variational_init_std``), i.e. whitened
-    ``S_g = c² K_gg``, so the samples start near the mean.  Returns ``c``."""
+def _sgpa_start(attention: str, kwargs: dict) -> float | None:
+    """Defaults of a conversion to SGPA (from softmax or kernel attention) that start it at the kernel
+    layer's function: orthogonal SGPA at mean gate ``γ = 0``, where its posterior mean is kernel
+    attention's output ``K_qa v_a`` (:class:`~gpytorch_sgpa.attention.SGPAttention`;
+    ``mean_gate=None``: the thesis's mean); decoupled SGPA's global covariance at ``C = c I`` with
+    ``c = global_cov_init`` (popped from ``kwargs``, default 0.1; ``None``: the random start of
+    ``variational_init_std``), i.e. whitened ``S_g = c² K_gg``, so the samples start near the mean.
+    Returns ``c`` (``None`` for kernel attention, whose ``kwargs`` are left as they are)."""
+    if not attention.startswith("sgpa"):
+        return None
     if attention == "sgpa":
         kwargs.setdefault("mean_gate", 0.0)
     cov_init = kwargs.pop("global_cov_init", 0.1)
@@ -347,16 +351,20 @@ def _keep_function(attention: str, kwargs: dict) -> float | None:
     return cov_init
 
 
-def _finish_from_kernel(layer: nn.Module, source: KernelAttention, cov_init: float | None) -> None:
-    """Copy the trained kernel into ``layer``, start its global covariance at ``cov_init · I`` and let
+def _start_at_mean(layer: nn.Module, cov_init: float | None) -> None:
+    """Start a decoupled SGPA ``layer``'s global covariance at ``cov_init · I`` (whitened) and let
     ``calibration_inputs`` place its global inducing inputs."""
-    layer.kernel = copy.deepcopy(source.kernel)
-    layer.kernel_name = source.kernel_name
     if cov_init is not None and getattr(layer, "mode", None) == "decoupled":
         with torch.no_grad():
             layer.global_chol_lower.zero_()
             layer.global_chol_log_diag.fill_(math.log(cov_init))
     mark_for_placement(layer)
+
+
+def _copy_kernel(layer: nn.Module, source: KernelAttention) -> None:
+    """Give ``layer`` the trained kernel of the kernel-attention layer it is converted from."""
+    layer.kernel = copy.deepcopy(source.kernel)
+    layer.kernel_name = source.kernel_name
 
 
 def _cache_of(cache):

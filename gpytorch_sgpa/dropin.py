@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import check_int
-from .adapters import _finish_from_kernel, _keep_function
+from .adapters import _copy_kernel, _sgpa_start, _start_at_mean
 from .attention import SGPAttention
 from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections
 from .transformer import ATTENTION_TYPES, build_attention
@@ -252,6 +252,7 @@ def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) ->
     weight_q, weight_k, weight_v = _split_in_projection(mha)
     bias_v = None if mha.in_proj_bias is None else mha.in_proj_bias.detach()[2 * mha.embed_dim:]
     kwargs.setdefault("dropout", mha.dropout)
+    cov_init = _sgpa_start(attention, kwargs)
     adapter = MultiheadSGPAttention(mha.embed_dim, mha.num_heads, batch_first=mha.batch_first,
                                     attention=attention, **kwargs)
     layer = adapter.attention
@@ -266,6 +267,7 @@ def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) ->
         if bias_v is not None:
             layer.v_proj.bias.copy_(bias_v)
         layer.out_proj.load_state_dict(mha.out_proj.state_dict())
+    _start_at_mean(layer, cov_init)
     bias_q, bias_k = (None, None) if mha.in_proj_bias is None else mha.in_proj_bias.detach().chunk(3)[:2]
     layer._softmax_query_key = (weight_q, bias_q, weight_k, bias_k)  # for calibration_inputs, while convert runs
     return adapter
@@ -277,7 +279,7 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
         raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
     kwargs.setdefault("dropout", source.dropout.p)
     kwargs.setdefault("causal", source.causal)
-    cov_init = _keep_function(attention, kwargs)
+    cov_init = _sgpa_start(attention, kwargs)
     adapter = MultiheadSGPAttention(old.embed_dim, old.num_heads, batch_first=old.batch_first,
                                     attention=attention, **kwargs)
     layer = adapter.attention
@@ -288,7 +290,8 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
     with torch.no_grad():
         for name in ("qk_proj", "v_proj", "out_proj"):
             getattr(layer, name).load_state_dict(getattr(source, name).state_dict())
-    _finish_from_kernel(layer, source, cov_init)
+    _copy_kernel(layer, source)
+    _start_at_mean(layer, cov_init)
     return adapter
 
 
@@ -328,14 +331,17 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     From softmax attention (separate ``W_q``, ``W_k``): ``W_qk = (W_q + W_k) / 2``, ``W_v`` with its
     bias and the output path are copied; the shared query/key bias is dropped (a stationary kernel
     does not see a common shift of queries and keys).  The function computed changes (softmax →
-    kernel), so fine-tune afterwards.  The kernel's scale: by default the ``kernel_init`` rule of
+    kernel), so fine-tune afterwards.  Converted to SGPA in one step, a layer starts as from kernel
+    attention (mean gate 0, ``global_cov_init``): its posterior mean is the kernel network that
+    ``convert(..., attention="kernel")`` builds with the same ``calibration_inputs``; the measured
+    recipe fine-tunes that kernel network before SGPA (see the README).  The kernel's scale: by default the ``kernel_init`` rule of
     :func:`~gpytorch_sgpa.kernels.make_attention_kernel`; with ``calibration_inputs`` (what the model is
     called with: a tensor, a tuple of positional arguments or a dict of keyword arguments; a batch of
     training inputs) each layer's length and output scales are set, per head, so that the spread of
     the kernel's log-weights over the keys equals that of the trained logits ``q·k/√d`` and a query's
     weights sum to 1 in geometric mean, as softmax weights do (:mod:`gpytorch_sgpa.kernel_scale`).
-    From kernel attention to decoupled SGPA, ``calibration_inputs`` places each head's global
-    inducing inputs on tokens of the layer's inputs (the mean is unchanged: the gate is 0).
+    To decoupled SGPA, ``calibration_inputs`` also places each head's global inducing inputs on
+    tokens of the layer's inputs (the mean is unchanged: the gate is 0).
     State dicts of converted ``nn.MultiheadAttention`` saved by 0.1.0, which dropped the value bias,
     still load (as a zero bias).
 

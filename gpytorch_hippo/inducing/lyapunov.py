@@ -328,9 +328,10 @@ class LyapunovBackend:
         return kernel_signature(kernel) + (ivars.num_inducing, ivars.start, str(ivars.breakpoints.device))
 
     def _step_once(self, ivars, kernel, key: tuple, t_a: float, K_a: Tensor, t_b: float) -> tuple[Tensor, Tensor]:
-        """``(K(t_b), C(t_a, t_b))`` from ``K(t_a)`` (module docstring): ``K(t_b) = Φ C + (Φ X)ᵀ + D``
-        with ``C = K(t_a) Φᵀ + X``; the bases of the propagator, the forcing and the segment's
-        re-expansion in one recurrence."""
+        """``(K(t_b), C(t_a, t_b))`` from ``K(t_a)`` (module docstring): with ``C = K(t_a) Φᵀ + X``,
+        ``K(t_b) = sym(Φ (C + X)) + D`` (``sym(Y) = (Y + Yᵀ)/2``; ``Φ K(t_a) Φᵀ`` is symmetric, so this is
+        ``Φ K Φᵀ + Φ X + Xᵀ Φᵀ + D`` with two products by ``Φ`` instead of three); the bases of the
+        propagator, the forcing and the segment's re-expansion in one recurrence."""
         memory, segment_kuu = ivars.memory, self._segment_kuu(ivars, kernel, key, t_a, t_b)
         rules = _propagator_rules(memory, t_a, t_b) + [_forcing_rule(ivars, kernel, t_a, t_b)]
         if segment_kuu is not None:
@@ -344,7 +345,7 @@ class LyapunovBackend:
             T = segment_reexpansion(memory, t_a, t_b, bases[3])
             D = ((t_b - t_a) / t_b) ** 2 * (T @ segment_kuu @ T.mT)
         C = K_a @ Phi.mT + X
-        K_b = Phi @ C + (Phi @ X).mT + D
+        K_b = Phi @ (C + X) + D
         return (K_b + K_b.mT) / 2, C
 
     def _segment_kuu(self, ivars, kernel, key: tuple, t_a: float, t_b: float) -> Tensor | None:

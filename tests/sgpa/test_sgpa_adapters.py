@@ -3,6 +3,7 @@
 by hand from the original weights, masks, causality, the key/value cache of ``generate``, attention
 maps and one ELBO step per family."""
 import copy
+import os
 
 import pytest
 import torch
@@ -423,6 +424,8 @@ def test_timm_vision_transformer_converts():
     try:
         from timm.models.vision_transformer import VisionTransformer
     except Exception as error:  # timm imports torchvision, whose wheels may not match the CPU torch
+        if os.environ.get("PROBSEQ_REQUIRE_TIMM"):  # CI's check with a matching torch/torchvision pair
+            raise
         pytest.skip(f"timm does not import here: {type(error).__name__}: {error}")
     torch.manual_seed(0)
     model = VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=2,

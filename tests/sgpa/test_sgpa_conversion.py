@@ -94,6 +94,57 @@ def test_the_thesis_start_without_the_gate_changes_the_function(trained_kernel_m
         assert (ungated(x) - trained_kernel_model(x)).abs().max() > 1e-2
 
 
+@pytest.fixture(scope="module")
+def trained_softmax_model():
+    torch.manual_seed(3)
+    x, y = _data()
+    model = _train(Classifier(), x, y)
+    with torch.no_grad():
+        assert (model(x).argmax(-1) == y).float().mean() > 0.8
+    return model
+
+
+@pytest.mark.parametrize("attention, kwargs", VARIANTS)
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_softmax_to_sgpa_in_one_step_starts_at_the_kernel_network(trained_softmax_model, attention, kwargs, calibrated):
+    """``convert(softmax, "sgpa")`` is ``convert(softmax, "kernel")`` at its posterior mean, with the
+    same kernel scales (``calibration_inputs``) and the gated, near-mean start; ``mean_gate=None,
+    global_cov_init=None`` is the thesis's start, a different function."""
+    x, _ = _data(16, seed=4)
+    calibration = {"calibration_inputs": _data(32, seed=5)[0]} if calibrated else {}
+    kernel = convert(copy.deepcopy(trained_softmax_model), attention="kernel", **calibration)
+    torch.manual_seed(4)
+    sgpa = convert(copy.deepcopy(trained_softmax_model), attention=attention, **kwargs, **calibration)
+    layers = [m for m in sgpa.modules() if isinstance(m, SGPAttention)]
+    assert len(layers) == 2
+    with torch.no_grad():
+        expected = kernel(x)
+        with posterior_mean():
+            torch.testing.assert_close(sgpa(x), expected, rtol=0, atol=1e-5)
+        assert (sgpa(x) - expected).abs().max() > 1e-3  # samples still spread around it
+    if attention == "sgpa":
+        thesis = convert(copy.deepcopy(trained_softmax_model), attention="sgpa", mean_gate=None, global_cov_init=None,
+                         **kwargs, **calibration)
+        with torch.no_grad(), posterior_mean():
+            assert (thesis(x) - expected).abs().max() > 1e-2
+
+
+def test_softmax_to_sgpa_in_one_step_for_a_hugging_face_model():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(11)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     vocab_size=100, num_labels=3, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    model = transformers.BertForSequenceClassification(config).eval()
+    ids = torch.randint(2, 100, (4, 6))
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 6, [1] * 5 + [0]])
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    kernel = convert(copy.deepcopy(model), attention="kernel", calibration_inputs=inputs)
+    sgpa = convert(copy.deepcopy(model), attention="sgpa", num_global=4, calibration_inputs=inputs)
+    with torch.no_grad(), posterior_mean():
+        torch.testing.assert_close(sgpa(**inputs).logits, kernel(**inputs).logits, rtol=0, atol=1e-5)
+
+
 def test_elbo_fine_tuning_moves_the_gate_then_the_global_parameters(trained_kernel_model):
     """At γ = 0 the likelihood's gradient reaches γ; after one step it reaches v_g and Z_g too (no saddle)."""
     x, y = _data()

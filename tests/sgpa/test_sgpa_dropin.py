@@ -125,11 +125,13 @@ def test_converted_stock_classifier_trains_with_the_elbo():
         value = elbo(model(x[index]), kl_divergence(model), y[index])
         optimizer.zero_grad()
         (-value).backward()
-        if step == 0:
-            layer = next(m for m in model.modules() if isinstance(m, SGPAttention))
-            for parameter in (layer.global_inducing_inputs, layer.global_chol_lower, layer.global_values,
+        layer = next(m for m in model.modules() if isinstance(m, SGPAttention))
+        if step == 0:  # converted at mean gate 0: the gate gets the likelihood's gradient, v_g not yet
+            for parameter in (layer.global_mean_gate, layer.global_inducing_inputs, layer.global_chol_lower,
                               layer.kernel.raw_outputscale):
                 assert parameter.grad is not None and parameter.grad.abs().sum() > 0
+        if step == 1:  # the gate has moved: v_g reaches the mean
+            assert layer.global_values.grad.abs().sum() > 0
         optimizer.step()
     final = full_data_elbo()
     accuracy = float((model(x).argmax(-1) == y).float().mean())
