@@ -30,6 +30,8 @@ negative.
 
 from __future__ import annotations
 
+import math
+
 import gpytorch
 import torch
 import torch.nn.functional as F
@@ -71,6 +73,15 @@ class SGPAELBO(gpytorch.Module):
     forward pass (:func:`gpytorch_sgpa.global_kl_divergence`); pass ``kl`` =
     :func:`gpytorch_sgpa.kl_divergence` of the model then.
 
+    ``beta``: the KL weight ``β`` (a number >= 0), or ``"auto"`` (categorical likelihood only): at the
+    first call ``β = min(1, 0.1 P log C / KL_weighted)``, fixed from then on (and saved with the state
+    dict as ``chosen_beta``), so that the KL term starts at a tenth of the cross-entropy ``P log C`` of a
+    uniform prediction over ``C`` classes (``P``: scored positions per sequence, 1 for class labels).
+    Use it to fine-tune a converted model: its KL per sequence is the RKHS norm of the trained
+    attention outputs, ``R = KL / (N log C)`` times the cross-entropy of a uniform prediction, and with
+    ``β = 1`` fine-tuning loses accuracy once ``R`` reaches about 10 (a ViT-B on ImageNet) and most of
+    it at ``R`` in the hundreds (a ViT-B on 50,000 images); measured in ``benchmarks/sgpa_kl_weight.py``.
+
     The annealing counter advances by one at each call made with the model in training mode and
     gradients enabled.
 
@@ -86,7 +97,7 @@ class SGPAELBO(gpytorch.Module):
         self,
         model: nn.Module,
         num_data: int,
-        beta: float = 1.0,
+        beta: float | str = 1.0,
         anneal_steps: int = 0,
         likelihood: str | Likelihood | None = None,
         kl_weighting: str = "all-over-n",
@@ -96,7 +107,11 @@ class SGPAELBO(gpytorch.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
             raise ValueError(f"num_data must be a positive int, got {num_data!r}")
-        check_real(beta, "beta", low=0.0)
+        if isinstance(beta, str):
+            if beta != "auto":
+                raise ValueError(f"beta must be a number >= 0 or 'auto', got {beta!r}")
+        else:
+            check_real(beta, "beta", low=0.0)
         if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 0:
             raise ValueError(f"anneal_steps must be an int >= 0, got {anneal_steps!r}")
         if not isinstance(kl_weighting, str) or kl_weighting not in KL_WEIGHTINGS:
@@ -127,11 +142,32 @@ class SGPAELBO(gpytorch.Module):
             self.likelihood = likelihood
         else:
             raise TypeError(f"likelihood must be a string or a gpytorch Likelihood, got {type(likelihood).__name__}")
+        if beta == "auto" and self.likelihood is not None:
+            raise ValueError("beta='auto' sets β from a uniform prediction's cross-entropy, so it needs the categorical "
+                             f"likelihood, not {self.likelihood_name!r}; pass a number")
         self.model = model
         self.num_data = num_data
-        self.beta = float(beta)
+        self.auto_beta = beta == "auto"
+        self.beta = float("nan") if self.auto_beta else float(beta)
         self.anneal_steps = anneal_steps
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
+        if self.auto_beta:  # β once set (NaN before the first call), saved with the state dict
+            self.register_buffer("chosen_beta", torch.tensor(float("nan"), dtype=torch.float64))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if self.auto_beta:
+            self.beta = float(self.chosen_beta)
+
+    def _choose_beta(self, outputs: Tensor, targets: Tensor, weighted_kl: Tensor) -> None:
+        """``beta="auto"``: ``β = min(1, 0.1 P log C / KL_weighted)`` from the first call, so that
+        the KL term starts at a tenth of a uniform prediction's cross-entropy (``P``: scored positions
+        per sequence, 1 for class labels; ``C``: classes)."""
+        positions = float((targets != IGNORE_INDEX).sum(-1).double().mean()) if targets.dim() == 2 else 1.0
+        uniform = positions * math.log(outputs.shape[-1])
+        kl_term = float(weighted_kl.detach())
+        self.beta = 1.0 if kl_term <= 0.0 else min(1.0, 0.1 * uniform / kl_term)
+        self.chosen_beta.fill_(self.beta)
 
     @property
     def kl_weight(self) -> float:
@@ -210,7 +246,12 @@ class SGPAELBO(gpytorch.Module):
         check_tensor(kl, "kl", floating=True)
         if _checks_on_host(kl):
             check_finite(kl, "kl")
+        training = self.model.training and torch.is_grad_enabled()
+        expected = self.expected_log_likelihood(outputs, targets).mean()
+        weighted_kl = self.weighted_kl(kl)
+        if self.auto_beta and math.isnan(self.beta):
+            self._choose_beta(outputs, targets, weighted_kl)
         weight = self._kl_weight(kl.dtype)
-        if self.model.training and torch.is_grad_enabled():
+        if training:
             self.num_updates += 1
-        return self.expected_log_likelihood(outputs, targets).mean() - weight * self.weighted_kl(kl)
+        return expected - weight * weighted_kl

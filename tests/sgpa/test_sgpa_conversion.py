@@ -366,3 +366,41 @@ def test_float64_multihead_weights_are_copied_to_the_last_digit():
     assert layer.qk_proj.weight.dtype == torch.float64
     torch.testing.assert_close(layer.qk_proj.weight, 0.5 * (weight_q + weight_k), rtol=0, atol=0)
     torch.testing.assert_close(layer.v_proj.weight, weight_v, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_data", [10, 1_000_000])
+def test_auto_beta_puts_the_first_kl_term_at_a_tenth_of_a_uniform_cross_entropy(trained_kernel_model, num_data):
+    """``beta="auto"``: β = min(1, 0.1 log C · N / KL) from the first call (a KL far above log C is cut
+    to 0.1 log C; a small one keeps β = 1), then fixed, and restored from the state dict."""
+    x, y = _data(32, seed=6)
+    torch.manual_seed(6)
+    model = convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8).train()
+    elbo = SGPAELBO(model, num_data=num_data, beta="auto")
+    assert math.isnan(elbo.kl_weight)
+    logits = model(x)
+    kl = kl_divergence(model)
+    value = elbo(logits, kl, y)
+    expected_beta = min(1.0, 0.1 * math.log(3) * num_data / float(kl.detach()))
+    assert elbo.kl_weight == pytest.approx(expected_beta, rel=1e-6)
+    assert (expected_beta < 1.0) == (num_data == 10)
+    ell = torch.log_softmax(logits, -1).gather(1, y[:, None]).mean()
+    torch.testing.assert_close(value, ell - expected_beta * kl / num_data)
+    logits = model(x[:8])  # another batch, another KL: β stays
+    elbo(logits, kl_divergence(model), y[:8])
+    assert elbo.kl_weight == pytest.approx(expected_beta, rel=1e-6)
+    restored = SGPAELBO(copy.deepcopy(model), num_data=num_data, beta="auto")
+    restored.load_state_dict(elbo.state_dict())
+    assert restored.kl_weight == elbo.kl_weight
+
+
+def test_auto_beta_counts_the_scored_positions_of_sequences_and_refuses_other_likelihoods(trained_kernel_model):
+    model = copy.deepcopy(trained_kernel_model)
+    elbo = SGPAELBO(model, num_data=100, beta="auto")
+    logits = torch.zeros(2, 5, 7)
+    tokens = torch.tensor([[1, 2, 3, -100, -100], [1, 2, 3, 4, 5]])  # 3 and 5 scored positions: P = 4
+    elbo(logits, torch.tensor(1e6), tokens)
+    assert elbo.kl_weight == pytest.approx(0.1 * 4 * math.log(7) * 100 / 1e6, rel=1e-12)
+    with pytest.raises(ValueError, match="categorical"):
+        SGPAELBO(model, num_data=100, beta="auto", likelihood="gaussian")
+    with pytest.raises(ValueError, match="'auto'"):
+        SGPAELBO(model, num_data=100, beta="automatic")

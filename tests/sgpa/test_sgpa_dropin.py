@@ -1,6 +1,7 @@
 """SGPA inside a stock ``nn.TransformerEncoder``: ``MultiheadSGPAttention``, ``convert`` and the KL
 collected by ``kl_divergence``."""
 import copy
+import math
 
 import pytest
 import torch
@@ -306,7 +307,9 @@ def test_readme_dropin_example(run_readme_block):
     model, logits, y, loss = namespace["model"], namespace["logits"], namespace["y"], namespace["loss"]
     layers = [m for m in model.modules() if isinstance(m, SGPAttention)]
     assert len(layers) == 2 and not any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
-    expected = F.cross_entropy(logits, y) + namespace["kl"] / 10_000  # SGPAELBO's default weighting, all KL / N
+    kl, beta = namespace["kl"].detach(), namespace["elbo"].kl_weight  # beta="auto": β chosen at that first call
+    assert beta == pytest.approx(min(1.0, 0.1 * math.log(3) * 10_000 / float(kl)), rel=1e-6)
+    expected = F.cross_entropy(logits, y) + beta * namespace["kl"] / 10_000  # all KL / N, weighted by β
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
     assert namespace["probabilities"].shape == (8, 3)
     with torch.no_grad(), gpytorch_sgpa.posterior_mean():
