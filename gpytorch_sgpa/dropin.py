@@ -334,10 +334,10 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     kernel), so fine-tune afterwards.  Converted to SGPA in one step, a layer starts as from kernel
     attention (mean gate 0, ``global_cov_init``): its posterior mean is the kernel network that
     ``convert(..., attention="kernel")`` builds with the same ``calibration_inputs``; the measured
-    recipe fine-tunes that kernel network before SGPA (see the README).  The kernel's scale: by default the ``kernel_init`` rule of
-    :func:`~gpytorch_sgpa.kernels.make_attention_kernel`; with ``calibration_inputs`` (what the model is
-    called with: a tensor, a tuple of positional arguments or a dict of keyword arguments; a batch of
-    training inputs) each layer's length and output scales are set, per head, so that the spread of
+    recipe fine-tunes that kernel network before SGPA (see the README).  The kernel's scale: by
+    default the ``kernel_init`` rule of :func:`~gpytorch_sgpa.kernels.make_attention_kernel`; with
+    ``calibration_inputs`` (what the model is called with: a tensor, a tuple of positional arguments
+    or a dict of keyword arguments; a batch of training inputs) each layer's length and output scales are set, per head, so that the spread of
     the kernel's log-weights over the keys equals that of the trained logits ``q·k/√d`` and a query's
     weights sum to 1 in geometric mean, as softmax weights do (:mod:`gpytorch_sgpa.kernel_scale`).
     To decoupled SGPA, ``calibration_inputs`` also places each head's global inducing inputs on

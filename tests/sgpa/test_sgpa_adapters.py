@@ -420,13 +420,45 @@ def test_the_most_specific_registered_type_wins(monkeypatch):
         register_adapter(int, adapters.from_timm_attention)
 
 
-def test_timm_vision_transformer_converts():
+def _vision_transformer_class(package: str):
+    """``VisionTransformer`` of timm or torchvision; both import torchvision, whose wheels may not match
+    the installed torch: then skipped with the reason, except in CI's check with a matching pair
+    (``PROBSEQ_REQUIRE_TORCHVISION`` set), where it fails."""
     try:
-        from timm.models.vision_transformer import VisionTransformer
-    except Exception as error:  # timm imports torchvision, whose wheels may not match the CPU torch
-        if os.environ.get("PROBSEQ_REQUIRE_TIMM"):  # CI's check with a matching torch/torchvision pair
+        if package == "timm":
+            from timm.models.vision_transformer import VisionTransformer
+        else:
+            from torchvision.models import VisionTransformer
+    except Exception as error:
+        if os.environ.get("PROBSEQ_REQUIRE_TORCHVISION"):
             raise
-        pytest.skip(f"timm does not import here: {type(error).__name__}: {error}")
+        pytest.skip(f"{package} does not import here: {type(error).__name__}: {error}")
+    return VisionTransformer
+
+
+def test_torchvision_vision_transformer_converts():
+    """torchvision's ViT (its blocks call ``nn.MultiheadAttention`` with ``need_weights=False``):
+    kernel attention by hand from the trained in-projection, then one ELBO step."""
+    VisionTransformer = _vision_transformer_class("torchvision")
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=8, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                              num_classes=3).double().eval()
+    original = copy.deepcopy(model.encoder.layers[0].self_attention)
+    convert(model, attention="kernel")
+    calls = _capture(model.encoder.layers[0].self_attention)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 8, 8, dtype=torch.float64))
+    (x, (output, weights)), = calls
+    weight_q, weight_k, weight_v = original.in_proj_weight.split(16)
+    context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, original.in_proj_bias[32:], 2, None)
+    torch.testing.assert_close(output, original.out_proj(context), rtol=1e-8, atol=1e-8)
+    assert weights is None
+    images = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    _elbo_step(model, lambda: model(images), torch.tensor([0, 1, 2, 0]), (images,))
+
+
+def test_timm_vision_transformer_converts():
+    VisionTransformer = _vision_transformer_class("timm")
     torch.manual_seed(0)
     model = VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=2,
                               num_heads=2, mlp_ratio=2.0).double()
