@@ -337,9 +337,10 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     recipe fine-tunes that kernel network before SGPA (see the README).  The kernel's scale: by
     default the ``kernel_init`` rule of :func:`~gpytorch_sgpa.kernels.make_attention_kernel`; with
     ``calibration_inputs`` (what the model is called with: a tensor, a tuple of positional arguments
-    or a dict of keyword arguments; a batch of training inputs) each layer's length and output scales are set, per head, so that the spread of
-    the kernel's log-weights over the keys equals that of the trained logits ``q·k/√d`` and a query's
-    weights sum to 1 in geometric mean, as softmax weights do (:mod:`gpytorch_sgpa.kernel_scale`).
+    or a dict of keyword arguments; a batch of training inputs) each layer's length and output scales
+    are set, per head, so that the spread of the kernel's log-weights over the keys equals that of the
+    trained logits ``q·k/√d`` and a query's weights sum to 1 in geometric mean, as softmax weights do
+    (:mod:`gpytorch_sgpa.kernel_scale`).
     To decoupled SGPA, ``calibration_inputs`` also places each head's global inducing inputs on
     tokens of the layer's inputs (the mean is unchanged: the gate is 0).
     State dicts of converted ``nn.MultiheadAttention`` saved by 0.1.0, which dropped the value bias,

@@ -454,6 +454,8 @@ def test_torchvision_vision_transformer_converts():
     torch.testing.assert_close(output, original.out_proj(context), rtol=1e-8, atol=1e-8)
     assert weights is None
     images = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    with torch.no_grad():  # torchvision starts its head at zero (no gradient reaches the encoder); a trained one is not
+        model.heads.head.weight.normal_(std=0.1)
     _elbo_step(model, lambda: model(images), torch.tensor([0, 1, 2, 0]), (images,))
 
 
