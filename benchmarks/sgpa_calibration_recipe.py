@@ -87,19 +87,24 @@ def run_seed(seed, data, args) -> dict:
     return results
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a run of the recipe on Fashion-MNIST, shared with ``sgpa_kl_weight.py``."""
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--train", type=int, default=6000)
-    parser.add_argument("--val", type=int, default=1000)
     parser.add_argument("--test", type=int, default=2000)
-    parser.add_argument("--epochs", type=int, default=5, help="softmax training epochs before the methods part")
-    parser.add_argument("--fine-tune", type=int, default=3, help="epochs per recipe stage (softmax gets twice as many)")
+    parser.add_argument("--epochs", type=int, default=5, help="softmax training epochs before conversion")
+    parser.add_argument("--fine-tune", type=int, default=3, help="epochs per recipe stage")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--num-global", type=int, default=16)
     parser.add_argument("--num-samples", type=int, default=10)
     parser.add_argument("--calibration", type=int, default=500, help="images in the calibration batch")
     parser.add_argument("--threads", type=int, default=1)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_recipe_arguments(parser)
+    parser.add_argument("--val", type=int, default=1000)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     images, labels = load_fashion_mnist("train")

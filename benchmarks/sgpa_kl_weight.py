@@ -39,7 +39,7 @@ import statistics
 import time
 
 import torch
-from sgpa_calibration_recipe import in_chunks, train
+from sgpa_calibration_recipe import add_recipe_arguments, in_chunks, train
 from sgpa_conversion import PatchViT
 
 from gpytorch_sgpa import SGPAELBO, convert, kl_divergence, predict_proba
@@ -102,18 +102,9 @@ def run_seed(seed, data, args) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_recipe_arguments(parser)
     parser.add_argument("--ratios", type=float, nargs="+", default=[10.0, 100.0, 700.0],
                         help="KL₀ / (N log C) to reproduce (ViT-B: about 10 on ImageNet, 700 on 50,000 images)")
-    parser.add_argument("--train", type=int, default=6000)
-    parser.add_argument("--test", type=int, default=2000)
-    parser.add_argument("--epochs", type=int, default=5, help="softmax training epochs")
-    parser.add_argument("--fine-tune", type=int, default=3, help="epochs of each fine-tuning stage")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--num-global", type=int, default=16)
-    parser.add_argument("--num-samples", type=int, default=10)
-    parser.add_argument("--calibration", type=int, default=500, help="images in the calibration batch")
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     images, labels = load_fashion_mnist("train")

@@ -129,16 +129,21 @@ def test_softmax_to_sgpa_in_one_step_starts_at_the_kernel_network(trained_softma
             assert (thesis(x) - expected).abs().max() > 1e-2
 
 
-def test_softmax_to_sgpa_in_one_step_for_a_hugging_face_model():
+def _bert_classifier(seed):
+    """A small random BERT classifier (no dropout, evaluation mode) and a padded batch of its inputs."""
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(11)
+    torch.manual_seed(seed)
     config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                      vocab_size=100, num_labels=3, hidden_dropout_prob=0.0,
                                      attention_probs_dropout_prob=0.0)
     model = transformers.BertForSequenceClassification(config).eval()
     ids = torch.randint(2, 100, (4, 6))
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 6, [1] * 5 + [0]])
-    inputs = {"input_ids": ids, "attention_mask": mask}
+    return model, {"input_ids": ids, "attention_mask": mask}
+
+
+def test_softmax_to_sgpa_in_one_step_for_a_hugging_face_model():
+    model, inputs = _bert_classifier(11)
     kernel = convert(copy.deepcopy(model), attention="kernel", calibration_inputs=inputs)
     sgpa = convert(copy.deepcopy(model), attention="sgpa", num_global=4, calibration_inputs=inputs)
     with torch.no_grad(), posterior_mean():
@@ -311,15 +316,9 @@ def test_calibration_places_the_global_inducing_inputs_on_the_layers_inputs(trai
 
 
 def test_calibration_of_a_hugging_face_model():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(7)
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                     vocab_size=100, num_labels=3, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
-    model = transformers.BertForSequenceClassification(config).eval()
-    ids = torch.randint(2, 100, (4, 6))
-    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 6, [1] * 5 + [0]])
-    convert(model, attention="kernel", calibration_inputs={"input_ids": ids, "attention_mask": mask})
+    model, inputs = _bert_classifier(7)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    convert(model, attention="kernel", calibration_inputs=inputs)
     kernels = [m.kernel for m in model.modules() if isinstance(m, gpytorch_sgpa.KernelAttention)]
     assert len(kernels) == 2 and all(not torch.allclose(k.outputscale, torch.ones(4)) for k in kernels)
     kernel_logits = model(ids, attention_mask=mask).logits
