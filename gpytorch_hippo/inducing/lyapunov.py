@@ -376,11 +376,18 @@ class LyapunovBackend:
                 if pieces * (reach / ell + MAX_STEP / 4) * (FORCING_NODES + ivars.num_inducing) * ivars.num_inducing > MAX_ENTRIES:
                     self._state = None
             if self._state is None or self._state[0] != key or self._state[1] > t:
-                at = _At(ivars, t, ivars.start)
-                # fresh backends: their caches (spectral transforms, linear in t) would only be
-                # copied along with every snapshot of the inducing variables
-                fresh = {"spectral": SpectralBackend(), "banded": BandedBackend(), "quadrature": QuadratureBackend()}
-                K = exact_backend(at, kernel, fresh).cross(at, at, kernel).double()
+                if t - ivars.start <= MAX_STEP * ell:
+                    # a support of at most MAX_STEP length scales (a stream's first task): the segment
+                    # rule on [start, t], exact and cheaper than the spectral or banded backend; by
+                    # stationarity it is also the Kuu(L) that equal-length steps after it keep
+                    K = segment_covariance(ivars, kernel, ivars.start, t, lower=ivars.start)
+                    self._segment_length = (key, t - ivars.start, K)
+                else:
+                    at = _At(ivars, t, ivars.start)
+                    # fresh backends: their caches (spectral transforms, linear in t) would only be
+                    # copied along with every snapshot of the inducing variables
+                    fresh = {"spectral": SpectralBackend(), "banded": BandedBackend(), "quadrature": QuadratureBackend()}
+                    K = exact_backend(at, kernel, fresh).cross(at, at, kernel).double()
             else:
                 t_now, K = self._state[1], self._state[2]
                 pieces = max(1, math.ceil((t - t_now) / (MAX_STEP * ell)))
