@@ -163,11 +163,18 @@ class SGPAELBO(gpytorch.Module):
     def _choose_beta(self, outputs: Tensor, targets: Tensor, weighted_kl: Tensor) -> None:
         """``beta="auto"``: ``β = min(1, 0.1 P log C / KL_weighted)`` from the first call, so that
         the KL term starts at a tenth of a uniform prediction's cross-entropy (``P``: scored positions
-        per sequence, 1 for class labels; ``C``: classes)."""
-        positions = float((targets != IGNORE_INDEX).sum(-1).double().mean()) if targets.dim() == 2 else 1.0
-        uniform = positions * math.log(outputs.shape[-1])
-        kl_term = float(weighted_kl.detach())
-        self.beta = 1.0 if kl_term <= 0.0 else min(1.0, 0.1 * uniform / kl_term)
+        per sequence, 1 for class labels; ``C``: classes).  Under ``torch.distributed`` the batch means
+        are those of the global batch (summed over the ranks), so every rank chooses the same ``β``."""
+        rows = targets.shape[0]
+        positions = (targets != IGNORE_INDEX).sum() if targets.dim() == 2 else rows
+        totals = torch.stack([weighted_kl.detach().double() * rows,
+                              torch.as_tensor(positions, dtype=torch.float64, device=weighted_kl.device),
+                              torch.tensor(float(rows), dtype=torch.float64, device=weighted_kl.device)])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(totals)
+        kl_term, positions, rows = totals.tolist()
+        uniform = positions / rows * math.log(outputs.shape[-1])
+        self.beta = 1.0 if kl_term <= 0.0 else min(1.0, 0.1 * uniform * rows / kl_term)
         self.chosen_beta.fill_(self.beta)
 
     @property

@@ -1,6 +1,6 @@
 """One SGPA training step on a fixed global batch, run by ``test_sgpa_distributed.py`` under torchrun
-(``python ddp_step_worker.py OUT``, 2 ranks) and in-process (1 rank); rank 0 saves the parameters
-and gradients after the step to ``OUT``.
+(``python ddp_step_worker.py OUT [auto]``, 2 ranks; ``auto``: ``SGPAELBO(beta="auto")``) and in-process
+(1 rank); rank 0 saves the parameters, the gradients and the KL weight after the step to ``OUT``.
 
 Common random numbers: each SGPA layer's noise for the whole global batch comes from a generator of
 its own; a rank uses the rows of its shard, so both runs draw the same noise for every example.
@@ -34,8 +34,8 @@ def _shared_noise(layer_index: int, rank: int, world_size: int):
     return sample_noise
 
 
-def run_step():
-    """Build the model and data (same on every rank), train one step; ``(model, elbo)``."""
+def run_step(beta=1.0):
+    """Build the model and data (same on every rank), train one step with the ELBO's ``beta``; ``(model, elbo)``."""
     rank, world_size = distributed.world()
     torch.manual_seed(SEED)
     images = torch.rand(GLOBAL_BATCH, 1, 8, 8, dtype=torch.float64)
@@ -46,7 +46,7 @@ def run_step():
     for index, layer in enumerate(layers):
         layer.sample_noise = _shared_noise(index, rank, world_size).__get__(layer)
     # num_data well below the usual so that the global KL / N weighs on the gradients
-    elbo = SGPAELBO(model, num_data=20)
+    elbo = SGPAELBO(model, num_data=20, beta=beta)
     train_classifier(model, Split(images, labels), epochs=1, batch_size=GLOBAL_BATCH, lr=1e-2, elbo=elbo,
                      seed=SEED, progress=False)
     return model, elbo
@@ -58,7 +58,8 @@ def snapshot(model) -> dict:
 
 if __name__ == "__main__":
     distributed.init_from_environment()
-    trained, _ = run_step()
+    trained, trained_elbo = run_step("auto" if sys.argv[2:] == ["auto"] else 1.0)
     if distributed.is_main():
-        torch.save({"world_size": distributed.world()[1], "state": snapshot(trained)}, sys.argv[1])
+        torch.save({"world_size": distributed.world()[1], "state": snapshot(trained), "kl_weight": trained_elbo.kl_weight},
+                   sys.argv[1])
     torch.distributed.destroy_process_group()

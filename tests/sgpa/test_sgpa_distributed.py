@@ -24,11 +24,15 @@ def _torchrun(args, tmp_path, timeout=300, env=None):  # ~15 s unloaded; the sha
     return result
 
 
-def test_two_process_step_equals_single_process_step(tmp_path):
-    _torchrun([str(HERE / "ddp_step_worker.py"), str(tmp_path / "ddp.pt")], tmp_path)
+@pytest.mark.parametrize("beta", [1.0, "auto"])
+def test_two_process_step_equals_single_process_step(tmp_path, beta):
+    """Also with ``beta="auto"``: both ranks choose the β of the global batch (not of their shard)."""
+    _torchrun([str(HERE / "ddp_step_worker.py"), str(tmp_path / "ddp.pt"), str(beta)], tmp_path)
     saved = torch.load(tmp_path / "ddp.pt")
     assert saved["world_size"] == 2
-    model, elbo = ddp_step_worker.run_step()
+    model, elbo = ddp_step_worker.run_step(beta)
+    assert saved["kl_weight"] == pytest.approx(elbo.kl_weight, rel=1e-12)
+    assert (elbo.kl_weight < 1.0) == (beta == "auto")
     single = ddp_step_worker.snapshot(model)
     assert single.keys() == saved["state"].keys()
     for name, (parameter, gradient) in single.items():
