@@ -167,14 +167,12 @@ class SGPAELBO(gpytorch.Module):
         are those of the global batch (summed over the ranks), so every rank chooses the same ``β``."""
         rows = targets.shape[0]
         positions = (targets != IGNORE_INDEX).sum() if targets.dim() == 2 else rows
-        totals = torch.stack([weighted_kl.detach().double() * rows,
-                              torch.as_tensor(positions, dtype=torch.float64, device=weighted_kl.device),
-                              torch.tensor(float(rows), dtype=torch.float64, device=weighted_kl.device)])
+        totals = torch.stack([weighted_kl.detach().double() * rows,  # summed over the batch's sequences
+                              torch.as_tensor(positions, dtype=torch.float64, device=weighted_kl.device)])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(totals)
-        kl_term, positions, rows = totals.tolist()
-        uniform = positions / rows * math.log(outputs.shape[-1])
-        self.beta = 1.0 if kl_term <= 0.0 else min(1.0, 0.1 * uniform * rows / kl_term)
+        kl_term, positions = totals.tolist()
+        self.beta = 1.0 if kl_term <= 0.0 else min(1.0, 0.1 * positions * math.log(outputs.shape[-1]) / kl_term)
         self.chosen_beta.fill_(self.beta)
 
     @property
