@@ -198,6 +198,16 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             clear_cache_hook(self)
             self._cache_fingerprint = [t.detach().clone() for t in tensors]
 
+    def _forget_variational_distribution(self) -> None:
+        """Drop only the memo of ``q(u)`` after its parameters were set (initialisation), and record the
+        new values: the prior and ``chol(K_uu)`` depend on the kernel and the inducing variables only, so
+        they stay cached (GPyTorch's count of Cholesky factorisations per pass)."""
+        cache = getattr(self, "_memoize_cache", {})
+        self._memoize_cache = {
+            key: value for key, value in cache.items() if (key[0] if isinstance(key, tuple) else key) != "variational_distribution_memo"
+        }
+        self._cache_fingerprint = [t.detach().clone() for t in self._watched_tensors()]
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # A checkpoint of GPyTorch's VariationalStrategy / UnwhitenedVariationalStrategy (built with the
         # same ``whitened``): its ``inducing_points`` are the points of InducingPoints, and it has no
@@ -512,8 +522,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         if not self.variational_params_initialized.item():
             self._variational_distribution.initialize_variational_distribution(self.prior_distribution)
             self.variational_params_initialized.fill_(1)
-            if not self.training:
-                self._clear_cache_if_stale()
+            self._forget_variational_distribution()
         q = self.variational_distribution
         if isinstance(q, MultivariateNormal):
             covar = q.lazy_covariance_matrix
