@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import gpytorch
 import torch
@@ -374,7 +375,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         inducing_variables._variational_owner = type(self).__name__
         old = self._variational_distribution
         if old.shape()[-1] != inducing_variables.num_inducing:
-            reference = next(iter(old.parameters()), None)
+            reference = next(itertools.chain(old.parameters(), old.buffers()), None)
             fresh = type(old)(inducing_variables.num_inducing, batch_shape=old.batch_shape, mean_init_std=old.mean_init_std)
             self._variational_distribution = fresh if reference is None else fresh.to(reference)
             self.variational_params_initialized.fill_(0)

@@ -48,8 +48,9 @@ class _PointsSchedule(InducingSchedule):
         raise NotImplementedError
 
     def _points(self, candidates: Tensor, kernel, generator) -> InducingPoints:
-        """``min(M, number of candidates)`` points: a first task smaller than ``M`` gets all its inputs,
-        and the set grows to ``M`` over the next tasks."""
+        """At most ``min(M, number of candidates)`` points: a first task smaller than ``M`` gets all its
+        inputs, and the set grows to ``M`` over the next tasks (pivoted Cholesky stops earlier once the
+        chosen points explain the kernel on every candidate)."""
         num = min(self.num_inducing, candidates.shape[0])
         return InducingPoints(self._choose(candidates, num, kernel, generator), learn=self.num_iter > 0)
 
@@ -75,8 +76,9 @@ class RandomPointsSchedule(_PointsSchedule):
 
 
 class PivotedCholeskySchedule(_PointsSchedule):
-    """OVC (Maddox et al. 2021; thesis §4.6): the ``M`` greedy pivots of ``k(C, C)`` over the candidates
-    ``C`` = old points ∪ new inputs (:func:`~gpytorch_hippo.inducing.select_pivoted_cholesky`), fixed
+    """OVC (Maddox et al. 2021; thesis §4.6): at most ``M`` greedy pivots of ``k(C, C)`` over the candidates
+    ``C`` = old points ∪ new inputs (:func:`~gpytorch_hippo.inducing.select_pivoted_cholesky`, which stops
+    when the residual variance is exhausted), fixed
     (OVC, as Chang et al. 2023) or optimised for ``num_iter`` steps (OVC-optZ)."""
 
     def _choose(self, candidates, num, kernel, generator):

@@ -1,16 +1,23 @@
-"""Continual SVGPVAE on a stream of tasks (thesis §4.6.3): OHSVGP, OSVGP, OVC and OVC-per-dim.
+"""Continual SVGPVAE on a stream of tasks (thesis §4.6.3, App. C.3): OHSVGP, OSVGP, OVC and OVC-per-dim.
 
-All four share the model (:class:`~gpytorch_hippo.gpvae.SVGPVAE`), the online GP objective
-(:class:`~gpytorch_hippo.online.OnlineELBO`, its ``end_task`` after every task) and EWC on the
-encoder and decoder; they differ only in the latent GPs' inducing variables between tasks:
+All four share the model (:class:`~gpytorch_hippo.gpvae.SVGPVAE`) and its objective, the SVGPVAE ELBO
+of Jazbec et al. (2021) -- ``q(u)`` amortised, computed in closed form from the current task's
+encodings, with its KL to the prior ``p(u)`` -- plus EWC on the encoder and decoder. The kernel
+hyperparameters are trained on the first task and kept fixed thereafter, as in the thesis. Nothing
+about ``q(u)`` is stored between tasks: the memory is in the EWC-protected networks and the inducing
+variables. The variants differ only in those inducing variables between tasks:
 
 * ``ohsvgp``: HiPPO-LegS inducing variables over ``[start, t]``, advanced to each task's end
   (``InterdomainVariationalStrategy.advance``);
 * ``osvgp``: ``M`` learnable inducing points, re-drawn at random for each task from the old points
   and the new task's times (Bui et al. 2017's initialisation), shared by the ``L`` channels;
-* ``ovc``: ``M`` fixed points chosen by pivoted Cholesky from the old points and the new times
+* ``ovc``: at most ``M`` fixed points chosen by pivoted Cholesky from the old points and the new times
   (:func:`~gpytorch_hippo.inducing.selection.select_pivoted_cholesky`), shared by the channels;
-* ``ovc-per-dim``: the same with one kernel and one set of ``M`` points per latent channel.
+* ``ovc-per-dim``: the same with one kernel and one set of points per latent channel.
+
+Two departures from the thesis are options: ``online_kl=True`` adds the online-ELBO term of the
+non-amortised models (thesis eq. (4.6)), ``KL(q̃(a) ‖ q_old(a))`` against the ``q(u)`` encoded from
+the whole finished task, and ``retrain_kernel=True`` trains the kernel on every task.
 """
 
 from __future__ import annotations
@@ -47,11 +54,17 @@ class ContinualSVGPVAE:
     :param ewc_strength: EWC's ``λ`` (``1`` is the Laplace approximation's weight).
     :param fisher_chunk: time points per sample of the empirical Fisher.
     :param seed: seeds the networks, the inducing-point draws and the reparameterisation.
+    :param dtype: of the networks and the GP.
+    :param online_kl: add the online-ELBO term ``KL(q̃(a) ‖ q_old(a))`` with ``q_old`` encoded from each
+        finished task (module docstring; ``False``, the default, is the thesis's objective).
+    :param retrain_kernel: train the kernel hyperparameters on every task (``False``, the default: on
+        the first task only, as the thesis).
     """
 
     def __init__(self, method: str, observation_dim: int, latent_dim: int = 4, num_inducing: int = 20,
                  lengthscale: float = 1.0, hidden_dim: int = 32, num_iter: int = 200, lr: float = 0.005,
-                 ewc_strength: float = 1.0, fisher_chunk: int = 16, seed: int = 0, dtype: torch.dtype = torch.float64):
+                 ewc_strength: float = 1.0, fisher_chunk: int = 16, seed: int = 0, dtype: torch.dtype = torch.float64,
+                 online_kl: bool = False, retrain_kernel: bool = False):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         for name, value in (("latent_dim", latent_dim), ("num_inducing", num_inducing), ("fisher_chunk", fisher_chunk)):
@@ -72,6 +85,8 @@ class ContinualSVGPVAE:
         self.ewc_strength = ewc_strength
         self.fisher_chunk = fisher_chunk
         self.dtype = dtype
+        self.online_kl = bool(online_kl)
+        self.retrain_kernel = bool(retrain_kernel)
         self.generator = torch.Generator().manual_seed(seed)
         self.seed = seed
         self.model: SVGPVAE | None = None
@@ -106,7 +121,7 @@ class ContinualSVGPVAE:
         else:
             inducing = self._points(kernel, None, times)
         latent_gp = LatentGP(inducing.to(self.dtype), kernel, self.latent_dim)
-        self.model = SVGPVAE(self.observation_dim, latent_gp, hidden_dim=self.hidden_dim).to(self.dtype)
+        self.model = SVGPVAE(self.observation_dim, latent_gp, hidden_dim=self.hidden_dim, online_kl=self.online_kl).to(self.dtype)
         self.ewc = ElasticWeightConsolidation([self.model.encoder, self.model.decoder], self.ewc_strength)
 
     def _move_inducing_variables(self, times: Tensor) -> None:
@@ -115,12 +130,13 @@ class ContinualSVGPVAE:
             strategy.advance(float(times[-1]))
         else:
             old = strategy.inducing_variables.points.detach()
-            strategy.inducing_variables = self._points(strategy.kernel, old, times).to(self.dtype)
+            strategy.replace_inducing_variables(self._points(strategy.kernel, old, times).to(self.dtype))
 
     # ------------------------------------------------------------------ one task
     def fit_task(self, times: Tensor, y: Tensor, mask: Tensor | None = None) -> None:
         """Train on one task (its ``times``, ``y`` with NaN or ``mask=False`` at unobserved
-        entries), then store it: EWC's Fisher and anchor, the GP's ``q_old``."""
+        entries), then store EWC's Fisher and anchor (and, with ``online_kl``, the GP's ``q_old``).
+        After the first task the kernel is frozen unless ``retrain_kernel``."""
         times, y = times.to(self.dtype), y.to(self.dtype)
         if self.model is None:
             self._build(times)
@@ -132,7 +148,9 @@ class ContinualSVGPVAE:
             self._move_inducing_variables(times)
         model = self.model
         model.train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=self.lr)
+        if self.num_tasks == 1 and not self.retrain_kernel:
+            model.latent_gp.covar_module.requires_grad_(False)
+        optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=self.lr)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed * 1000 + self.num_tasks)
             for _ in range(self.num_iter):
@@ -151,9 +169,10 @@ class ContinualSVGPVAE:
         parameters = list(self.ewc.protected.parameters())
         samples = (model.elbo_terms(times[c], y[c], m).reconstruction for c, m in zip(chunks, masks))
         self.ewc.consolidate(fisher_diagonal(parameters, samples))
-        with torch.no_grad():
-            model.encode_posterior(times, y, mask)
-            model.gp_objective.end_task()
+        if self.online_kl:
+            with torch.no_grad():
+                model.encode_posterior(times, y, mask)
+                model.gp_objective.end_task()
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()

@@ -36,8 +36,8 @@ class EncodedVariationalDistribution(gpytorch.variational._VariationalDistributi
     every new encoding (it drops them when a watched buffer changes) and ``state_dict`` skips them.
     """
 
-    def __init__(self, num_inducing: int, batch_shape: torch.Size = torch.Size([])):
-        super().__init__(num_inducing, batch_shape, mean_init_std=0.0)
+    def __init__(self, num_inducing: int, batch_shape: torch.Size = torch.Size([]), mean_init_std: float = 0.0):
+        super().__init__(num_inducing, batch_shape, mean_init_std=mean_init_std)
         self.register_buffer("dtype_anchor", torch.zeros(0))  # carries dtype/device through .to()
         self.register_buffer("encoded_mean", None, persistent=False)
         self.register_buffer("encoded_root", None, persistent=False)
@@ -91,8 +91,8 @@ class LatentGP(gpytorch.models.ApproximateGP):
 class SVGPVAETerms(NamedTuple):
     """The terms of the SVGPVAE ELBO (thesis App. C), each summed over time and channels.
 
-    ``elbo = reconstruction - pseudo_fit + gp_elbo``, where ``gp_elbo`` is the (online) "Hensman"
-    ELBO ``L_H`` of the latent GPs on the pseudo-observations and ``pseudo_fit`` is its data term
+    ``elbo = reconstruction - pseudo_fit + gp_elbo``, where ``gp_elbo`` is the "Hensman" ELBO ``L_H``
+    of the latent GPs on the pseudo-observations (online with ``online_kl=True``) and ``pseudo_fit`` is its data term
     ``Σ_t E_q log N(ỹ_t | f_t, ṽ_t)``.
     """
 
@@ -124,18 +124,23 @@ class SVGPVAE(gpytorch.Module):
     ``m = K_uu S^{-1} K_uf ṽ^{-1} ỹ``, ``A = K_uu S^{-1} K_uu``, ``S = K_uu + K_uf ṽ^{-1} K_fu``
     (since ``S = L_u B L_u^T``).
 
-    The GP part ``L_H`` is computed by :class:`~gpytorch_hippo.online.OnlineELBO` (pseudo-likelihood
-    ``FixedNoiseGaussianLikelihood`` with noise ``ṽ``): on the first task it is the Hensman ELBO;
-    after ``gp_objective.end_task()`` its KL becomes the online KL of thesis eq. (4.6),
-    which ties ``q(u)`` of the new task to the stored posterior of the old ones.
+    The GP part ``L_H`` (pseudo-likelihood ``FixedNoiseGaussianLikelihood`` with noise ``ṽ``) is the
+    Hensman ELBO ``Σ_t E_q log N(ỹ_t | f_t, ṽ_t) - KL(q(u) ‖ p(u))``, GPyTorch's ``VariationalELBO``
+    (the thesis, App. C.3, after Jazbec et al. 2021). With ``online_kl=True`` it is
+    :class:`~gpytorch_hippo.online.OnlineELBO` instead, and after ``gp_objective.end_task()`` its KL
+    becomes the online KL of thesis eq. (4.6), which ties ``q(u)`` of the new task to a stored
+    posterior of the old ones (a departure from the thesis, whose continual SVGPVAE keeps its memory in
+    the EWC-protected networks and the inducing variables only).
 
     :param observation_dim: ``D``.
     :param latent_gp: the :class:`LatentGP` (fixes ``L`` and the inducing variables).
     :param hidden_dim: width of the two-layer MLP encoder and decoder.
     :param min_pseudo_variance: lower bound added to the encoder's ``ṽ``.
+    :param online_kl: use the online ELBO for the GP part (see above; default ``False``, the thesis).
     """
 
-    def __init__(self, observation_dim: int, latent_gp: LatentGP, hidden_dim: int = 64, min_pseudo_variance: float = 1e-3):
+    def __init__(self, observation_dim: int, latent_gp: LatentGP, hidden_dim: int = 64, min_pseudo_variance: float = 1e-3,
+                 online_kl: bool = False):
         super().__init__()
         for name, value in (("observation_dim", observation_dim), ("hidden_dim", hidden_dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -153,7 +158,8 @@ class SVGPVAE(gpytorch.Module):
         self.register_parameter("raw_noise", torch.nn.Parameter(torch.full((observation_dim,), -2.0)))
         self.register_constraint("raw_noise", gpytorch.constraints.GreaterThan(1e-4))
         pseudo_likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(torch.ones(1), learn_additional_noise=False)
-        self.gp_objective = OnlineELBO(pseudo_likelihood, latent_gp, num_data=1, combine_terms=False)
+        objective = OnlineELBO if online_kl else gpytorch.mlls.VariationalELBO
+        self.gp_objective = objective(pseudo_likelihood, latent_gp, num_data=1, combine_terms=False)
 
     @property
     def noise(self) -> Tensor:
@@ -229,7 +235,7 @@ class SVGPVAE(gpytorch.Module):
     def gp_terms(self, times: Tensor, pseudo_mean: Tensor, pseudo_var: Tensor) -> tuple[Tensor, Tensor, MultivariateNormal]:
         """``(pseudo_fit, gp_elbo, q(f))`` of the latent GPs with ``q(u)`` set from the pseudo-observations
         ``(ỹ, ṽ)`` (each ``(L, T)``): ``pseudo_fit = Σ_{l,t} E_q log N(ỹ | f, ṽ)`` and ``gp_elbo`` its
-        (online) Hensman ELBO ``Σ_l L_H^l``, computed by :class:`~gpytorch_hippo.online.OnlineELBO`."""
+        Hensman ELBO ``Σ_l L_H^l`` (online with ``online_kl=True``), computed by :attr:`gp_objective`."""
         self.set_posterior(times, pseudo_mean, pseudo_var)
         q_f = self.latent_gp(self._latent_inputs(times))
         num_data = times.shape[0]
