@@ -8,7 +8,9 @@ is the image DDPM (augmentation ``none``). Context windows: ``C = T // 2`` (2 fo
 Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,fid,is,psnr,train_s``), sample
 grids and generated videos (``DIR/samples_*.png``) and the training pseudo videos
 (``DIR/pseudo_videos_*.png``), and prints the table. Metrics use the last frame of each sample, in
-``[0, 1]`` after clipping the sampler's output (as DDPM samplers do), against held-out images:
+``[0, 1]`` (clipped for display and metrics only: the frames fed back as context are the sampler's
+output; ``--clip-sample`` chooses whether the sampler itself clips, by default only for the image
+model and blur, whose training frames lie in ``[-1, 1]``), against held-out images:
 
 * ``fid``/``is``: FID and Inception Score with the cached dataset classifier's features/logits
   (``pseudovideo.metrics.default_classifier``), not InceptionV3;
@@ -30,7 +32,7 @@ from tqdm import tqdm
 from ..augment import METHODS, make_pseudo_video
 from ..data import DATASETS, load_images
 from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
-from ..models.diffusion import AutoregressiveVideoDiffusion
+from ..models.diffusion import PREDICTION_TYPES, AutoregressiveVideoDiffusion, default_clip_sample
 from ..plots import save_image_grid, save_video_rows
 from . import add_seed_arguments, seed_range
 
@@ -55,6 +57,12 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--sampling-steps", type=int, default=20, help="DDIM steps per generated frame")
     parser.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 28x28 -> 14x14)")
     parser.add_argument("--channels", default="16,32,32", help="UNet block widths (one per resolution)")
+    parser.add_argument("--clip-sample", choices=("auto", "on", "off"), default="auto",
+                        help="clip predicted frames to [-1, 1] while sampling; auto: only for the image model "
+                             "and blur, whose training frames lie in [-1, 1] (the results recorded before this "
+                             "option existed were sampled with clipping on for every model)")
+    parser.add_argument("--prediction-type", choices=PREDICTION_TYPES, default="epsilon",
+                        help="what the UNet predicts (epsilon: the thesis's eq. (5.2))")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
     args = parser.parse_args(argv)
@@ -96,8 +104,10 @@ def build_videos(images, frames, augmentation, generator):
 def run_model(args, train, held_out, size, frames, augmentation, seed, classifier, out):
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
+    clip = default_clip_sample(augmentation) if args.clip_sample == "auto" else args.clip_sample == "on"
     model = AutoregressiveVideoDiffusion(frames, frames // 2, channels=train.shape[1], image_size=train.shape[-1],
-                                         block_out_channels=args.channels)
+                                         block_out_channels=args.channels, clip_sample=clip,
+                                         prediction_type=args.prediction_type)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     start = time.perf_counter()
     model.train()
@@ -116,7 +126,7 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
            "is": inception_score(last, classifier), "psnr": ""}
     if frames > 1:
         truth = build_videos(held_out[: args.samples], frames, augmentation, generator)
-        predicted = model.predict_next_frame(truth[:, -1 - model.context:-1], args.sampling_steps, generator)
+        predicted = model.sample_next_frame(truth[:, -1 - model.context:-1], args.sampling_steps, generator)
         row["psnr"] = float(psnr(to_image_space(predicted, size), to_image_space(truth[:, -1], size)))
     name = f"{frames}frame_{augmentation}_seed{seed}"
     save_image_grid(last[:32], out / f"samples_{name}.png")

@@ -12,13 +12,24 @@ are drawn in proportion to their use at sampling time (1 initial chain, ``T - C`
 With ``num_frames = 1`` (``context = 0``) this is exactly an image DDPM of the same UNet, the
 thesis's 1-frame baseline. Sampling runs the reverse chain once for the initial block and once per
 later frame, each frame conditioned on the ``C`` most recent generated frames.
+
+Clipping. diffusers' DDPM/DDIM schedulers clip the predicted clean sample ``x_0`` to
+``[-1, 1]`` by default; that is right for images in ``[-1, 1]`` but wrong for Gaussian-noise pseudo
+frames, of which a large share lies outside ``[-1, 1]`` in training (``z_s = sqrt(1 - beta) z_{s+1} +
+sqrt(beta) eps``). Clipping is therefore an explicit argument, ``clip_sample``, off by default;
+:func:`default_clip_sample` gives the right choice per builder (on only where every training frame
+lies in ``[-1, 1]``: the image model and blur). Generated frames are returned exactly as the
+sampler produced them and fed back as context unchanged.
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
 
 from .._optional import missing
+from .._random import randn
 from .._validation import check_generator, check_int, check_tensor
 
 try:
@@ -28,13 +39,33 @@ except ImportError as _error:
 
 OBSERVED, LATENT, ABSENT = 1.0, 0.0, -1.0
 
+#: Whether the sampler may clip predicted frames to ``[-1, 1]`` for each builder's training videos
+#: (``"none"``: the image model): only where every training frame of ``[-1, 1]`` images lies in
+#: ``[-1, 1]`` (blur is a convex combination of pixels; heat adds noise; the Markov builders add a
+#: Gaussian of variance up to ``1 - prod(1 - beta)``).
+PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
+CLIP_SAMPLE = {"none": True, "blur": True, "heat": False, "markov_first": False, "markov_high": False}
+
+
+def default_clip_sample(augmentation: str) -> bool:
+    """``CLIP_SAMPLE[augmentation]``: the right ``clip_sample`` for a model trained on that builder."""
+    if not isinstance(augmentation, str) or augmentation not in CLIP_SAMPLE:
+        raise ValueError(f"augmentation must be one of {tuple(CLIP_SAMPLE)}, got {augmentation!r}")
+    return CLIP_SAMPLE[augmentation]
+
 
 class AutoregressiveVideoDiffusion(nn.Module):
     """p(z_1..z_T) = p(z_1..z_C) prod_t p(z_t | z_{t-C..t-1}), every factor a DDPM of one shared UNet."""
 
     def __init__(self, num_frames: int, context: int, channels: int = 1, image_size: int = 32,
                  block_out_channels: tuple[int, ...] = (32, 64, 64), layers_per_block: int = 1,
-                 num_train_timesteps: int = 1000):
+                 num_train_timesteps: int = 1000, clip_sample: bool = False, prediction_type: str = "epsilon"):
+        """``clip_sample``: clip the predicted clean frames to ``[-1, 1]`` while sampling (diffusers'
+        ``clip_sample``); leave it off unless every training frame lies in ``[-1, 1]``
+        (:func:`default_clip_sample`). ``prediction_type``: what the UNet predicts, as in diffusers:
+        ``"epsilon"`` the noise (thesis eq. (5.2)), ``"sample"`` the clean frames ``x_0``, or
+        ``"v_prediction"`` ``v = sqrt(abar_t) eps - sqrt(1 - abar_t) x_0`` (Salimans & Ho), whose errors
+        the sampler does not amplify by ``1 / sqrt(abar_t)`` at high noise levels."""
         super().__init__()
         if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
             raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
@@ -45,6 +76,10 @@ class AutoregressiveVideoDiffusion(nn.Module):
         check_int(channels, "channels")
         check_int(image_size, "image_size")
         check_int(num_train_timesteps, "num_train_timesteps", low=2)
+        if prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
+        if not isinstance(clip_sample, bool):
+            raise TypeError(f"clip_sample must be a bool, got {type(clip_sample).__name__}")
         if image_size % 2 ** (len(block_out_channels) - 1):
             raise ValueError(f"image_size {image_size} must be divisible by 2^(levels-1) = "
                              f"{2 ** (len(block_out_channels) - 1)}; pad the images")
@@ -56,7 +91,8 @@ class AutoregressiveVideoDiffusion(nn.Module):
             down_block_types=("DownBlock2D",) * len(block_out_channels),
             up_block_types=("UpBlock2D",) * len(block_out_channels), norm_num_groups=8,
         )
-        self.scheduler = DDPMScheduler(num_train_timesteps=num_train_timesteps, beta_schedule="squaredcos_cap_v2")
+        self.scheduler = DDPMScheduler(num_train_timesteps=num_train_timesteps, beta_schedule="squaredcos_cap_v2",
+                                       clip_sample=clip_sample, prediction_type=prediction_type)
 
     @property
     def num_tasks(self) -> int:
@@ -75,7 +111,11 @@ class AutoregressiveVideoDiffusion(nn.Module):
         return frame, state
 
     def training_loss(self, videos: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Mean squared epsilon error on latent slots, ``videos`` ``(B, T, C, H, W)`` in ``[-1, 1]``."""
+        """Mean squared error of the UNet's prediction on latent slots (thesis eq. (5.2) for ``"epsilon"``).
+
+        ``videos`` ``(B, T, C, H, W)``: pseudo videos of images in ``[-1, 1]``. The target is the noise
+        ``eps``, the clean frames, or ``v`` by ``prediction_type``.
+        """
         self._check_videos(videos)
         check_generator(generator)
         batch, device = videos.shape[0], videos.device
@@ -86,14 +126,18 @@ class AutoregressiveVideoDiffusion(nn.Module):
         timesteps = torch.randint(0, self.scheduler.config.num_train_timesteps, (batch,), generator=generator).to(device)
         noisy = self.scheduler.add_noise(clean, noise, timesteps)
         prediction = self._predict_noise(noisy, clean, state, timesteps)
+        target = self._target(clean, noise, timesteps)
         latent = (state == LATENT)[:, :, None, None, None].to(clean.dtype)
-        per_slot = (prediction - noise).pow(2).mean(dim=(2, 3, 4), keepdim=True)
+        per_slot = (prediction - target).pow(2).mean(dim=(2, 3, 4), keepdim=True)
         return (per_slot * latent).sum() / latent.sum()
 
     @torch.no_grad()
     def sample(self, num_samples: int, num_inference_steps: int = 50, generator: torch.Generator | None = None,
                batch_size: int = 256) -> torch.Tensor:
-        """Videos ``(N, T, C, H, W)`` (unclipped model space), frames generated autoregressively with DDIM."""
+        """Videos ``(N, T, C, H, W)`` in model space, frames generated autoregressively with DDIM (eta = 0).
+
+        Clipped to ``[-1, 1]`` only if the model was built with ``clip_sample=True``; returned in the
+        dtype and on the device of the model's parameters."""
         check_int(num_samples, "num_samples")
         check_int(num_inference_steps, "num_inference_steps")
         check_int(batch_size, "batch_size")
@@ -103,9 +147,11 @@ class AutoregressiveVideoDiffusion(nn.Module):
         return torch.cat(chunks)
 
     @torch.no_grad()
-    def predict_next_frame(self, context_frames: torch.Tensor, num_inference_steps: int = 50,
+    def sample_next_frame(self, context_frames: torch.Tensor, num_inference_steps: int = 50,
                            generator: torch.Generator | None = None) -> torch.Tensor:
-        """A sample of ``z_t`` given the ``C`` previous frames ``(B, C, channels, H, W)``."""
+        """A draw of ``z_t ~ p(z_t | z_{t-C..t-1})`` given the ``C`` previous frames ``(B, C, channels, H, W)``.
+
+        A sample, not the conditional mean ``E[z_t | context]`` (average several draws to estimate that)."""
         if self.num_frames == 1:
             raise ValueError("an image model (num_frames=1) has no context frames to condition on")
         check_tensor(context_frames, "context_frames", floating=True)
@@ -121,16 +167,23 @@ class AutoregressiveVideoDiffusion(nn.Module):
         window = torch.cat([context_frames, torch.zeros_like(context_frames[:, :1])], dim=1)
         return self._reverse_chain(window, state, num_inference_steps, generator)[:, -1]
 
+    def predict_next_frame(self, context_frames: torch.Tensor, num_inference_steps: int = 50,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
+        """Deprecated name of :meth:`sample_next_frame` (it returns a sample, not a prediction)."""
+        warnings.warn("predict_next_frame is deprecated: it draws a sample; call sample_next_frame",
+                      DeprecationWarning, stacklevel=2)
+        return self.sample_next_frame(context_frames, num_inference_steps, generator)
+
     def _sample_batch(self, batch, steps, generator):
         device = next(self.parameters()).device
         shape = (batch, self.slots, self.channels, self.image_size, self.image_size)
-        window = torch.zeros(shape, device=device)
+        window = torch.zeros(shape, dtype=self._dtype(), device=device)
         tasks = torch.zeros(batch, dtype=torch.long, device=device)
         _, state = self.task_windows(tasks)
         initial = self._reverse_chain(window, state, steps, generator)
         frames = list(initial.unbind(1)) if self.num_frames == 1 else list(initial[:, :self.context].unbind(1))
         while len(frames) < self.num_frames:
-            frames.append(self.predict_next_frame(torch.stack(frames[-self.context:], 1), steps, generator))
+            frames.append(self.sample_next_frame(torch.stack(frames[-self.context:], 1), steps, generator))
         return torch.stack(frames, 1)
 
     def _reverse_chain(self, window, state, steps, generator):
@@ -138,13 +191,14 @@ class AutoregressiveVideoDiffusion(nn.Module):
         scheduler = DDIMScheduler.from_config(self.scheduler.config)
         scheduler.set_timesteps(steps)
         latent = (state == LATENT)[:, :, None, None, None]
-        noise = torch.randn(window.shape, generator=generator, dtype=window.dtype, device="cpu").to(window.device)
+        # drawn in float32 whatever the model's dtype: a seeded generator gives the same chain in every dtype
+        noise = randn(window.shape, generator, torch.float32, window.device).to(window.dtype)
         sample = torch.where(latent, noise, window)
         for timestep in scheduler.timesteps:
             timesteps = torch.full((len(window),), int(timestep), device=window.device)
             prediction = self._predict_noise(sample, window, state, timesteps)
             stepped = scheduler.step(prediction, timestep, sample).prev_sample
-            sample = torch.where(latent, stepped, window)
+            sample = torch.where(latent, stepped.to(window.dtype), window)
         return sample
 
     def _predict_noise(self, noisy, clean, state, timesteps):
@@ -155,6 +209,14 @@ class AutoregressiveVideoDiffusion(nn.Module):
         indicator = state[:, :, None, None].to(clean.dtype).expand(-1, -1, height, width)
         stacked = torch.cat([inputs.reshape(batch, slots * channels, height, width), indicator], dim=1)
         return self.unet(stacked, timesteps).sample.view(batch, slots, channels, height, width)
+
+    def _target(self, clean, noise, timesteps):
+        kind = self.scheduler.config.prediction_type
+        if kind == "epsilon":
+            return noise
+        if kind == "sample":
+            return clean
+        return self.scheduler.get_velocity(clean, noise, timesteps)
 
     def _draw_tasks(self, batch, generator):
         """Task 0 (initial block) once per ``T - C`` step tasks, as at sampling time."""

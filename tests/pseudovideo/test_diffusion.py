@@ -50,7 +50,7 @@ def test_conditioning_is_learned():
         loss.backward()
         optimizer.step()
     context = torch.cat([torch.ones(16, 1, 1, 4, 4), -torch.ones(16, 1, 1, 4, 4)])
-    predicted = model.eval().predict_next_frame(context, 20, torch.Generator().manual_seed(1))
+    predicted = model.eval().sample_next_frame(context, 20, torch.Generator().manual_seed(1))
     # a tiny, briefly trained model only leans towards the answer (+1 / -1): the group means differ by
     # 0.34 here; were the context ignored the difference would be 0 with s.d. ~0.1 (16 samples a group)
     assert predicted[:16].mean() - predicted[16:].mean() > 0.25
@@ -78,7 +78,7 @@ def test_bad_calls_are_named():
     with pytest.raises(ValueError, match="videos"):
         model.training_loss(torch.zeros(2, 3, 1, 4, 4))
     with pytest.raises(ValueError, match="context_frames"):
-        model.predict_next_frame(torch.zeros(2, 1, 1, 4, 4))
+        model.sample_next_frame(torch.zeros(2, 1, 1, 4, 4))
     with pytest.raises(ValueError, match="image_size"):
         AutoregressiveVideoDiffusion(2, 1, image_size=6, block_out_channels=(8, 16, 16))
 

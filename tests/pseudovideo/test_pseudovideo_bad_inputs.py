@@ -144,11 +144,11 @@ def test_diffusion_videos(videos, error):
 def test_diffusion_sampling_arguments():
     model = _diffusion()
     with pytest.raises(ValueError, match="context_frames contains NaN"):
-        model.predict_next_frame(VIDEOS[:, :1] * NAN, 2)
+        model.sample_next_frame(VIDEOS[:, :1] * NAN, 2)
     with pytest.raises(ValueError, match="context_frames must have shape"):
-        model.predict_next_frame(VIDEOS[:, :1, :, :4, :4], 2)
+        model.sample_next_frame(VIDEOS[:, :1, :, :4, :4], 2)
     with pytest.raises(ValueError, match="num_inference_steps"):
-        model.predict_next_frame(VIDEOS[:, :1], 0)
+        model.sample_next_frame(VIDEOS[:, :1], 0)
     with pytest.raises(ValueError, match="num_inference_steps"):
         model.sample(1, 0)
     with pytest.raises(ValueError, match="num_samples"):

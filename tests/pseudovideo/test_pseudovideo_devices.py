@@ -6,8 +6,9 @@ live on ``device`` and equal the CPU's.  Random draws come from seeded CPU gener
 package accepts for tensors on any device (draws are made where the generator lives, then moved),
 so both runs use the same numbers.  Models run in float64 where they support it (tolerance
 ``1e-9``: a few layers of float64 convolutions and attention, round-off ``~1e-14``); the
-diffusion model's sampler builds float32 windows, so it runs in float32 (TF32 is off on CUDA, see
-the ``device`` fixture): tolerance ``1e-4`` relative for a few float32 UNet passes.  Sampled tokens
+diffusion model runs in float32 here, as it is trained (TF32 is off on CUDA, see the ``device``
+fixture): tolerance ``1e-4`` relative for a few float32 UNet passes (its float64 and bfloat16
+sampling are tested in ``test_diffusion_sampling.py``).  Sampled tokens
 are compared exactly (a float64 probability would have to sit within round-off of a draw to flip).
 """
 import pytest
