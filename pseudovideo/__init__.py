@@ -13,6 +13,8 @@ except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path 
     __version__ = "0+unknown"
 
 from .augment import METHODS, make_pseudo_video
+from .scaling import to_data_range, to_model_range
 from .theory import context_gain_table, min_mse, optimal_predictor
 
-__all__ = ["__version__", "METHODS", "make_pseudo_video", "min_mse", "optimal_predictor", "context_gain_table"]
+__all__ = ["__version__", "METHODS", "make_pseudo_video", "min_mse", "optimal_predictor", "context_gain_table",
+           "to_model_range", "to_data_range"]

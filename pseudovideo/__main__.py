@@ -13,6 +13,7 @@ import torch
 from .augment import METHODS, make_pseudo_video
 from .data import load_images
 from .plots import save_video_rows
+from .scaling import to_data_range, to_model_range
 from .theory import context_gain_table
 
 
@@ -26,16 +27,16 @@ def main(argv=None) -> list[tuple]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    scaled = 2 * images[:1].double() - 1  # the noise schedules are meant for [-1, 1] images
+    scaled = to_model_range(images[:1].double())  # the noise schedules are meant for [-1, 1] images
     generator = torch.Generator().manual_seed(0)
     videos = {}
     for method in METHODS:
         video = make_pseudo_video(scaled, 8, method, generator=generator)[0]
-        videos[method] = ((video + 1) / 2).float()
+        videos[method] = to_data_range(video).float()
     save_video_rows(videos, out / "pseudo_videos.png")
     print(f"{dataset}: 8-frame pseudo videos ({', '.join(METHODS)}) -> {out / 'pseudo_videos.png'}")
 
-    covariance = torch.cov((2 * images - 1).flatten(1).double().T)
+    covariance = torch.cov(to_model_range(images).flatten(1).double().T)
     rows = context_gain_table(covariance, range(2, 9))
     print(f"\nTheorem 5.4.1 on {dataset} pixels (Gaussian with their empirical covariance, [-1, 1] scale):")
     print("minimum MSE of predicting z_T from z_{T-1} alone vs from all of z_1..z_{T-1}")

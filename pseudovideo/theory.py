@@ -14,12 +14,11 @@ Frames are numbered as in the thesis: ``1`` is the most corrupted, ``T`` the ima
 """
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable
 
 import torch
 
-from ._validation import check_tensor
+from ._validation import check_int, check_tensor
 from .augment import DEFAULT_PARAMS, markov_betas
 
 GAUSSIAN_METHODS = ("markov_first", "markov_high")
@@ -31,8 +30,7 @@ def frame_coefficients(num_frames: int, method: str, beta_start: float = 1e-4, b
     Built from §5.4's recursions written on the coefficients, ``z_T = x`` having ``a = 1, B = 0``.
     """
     _check_method(method)
-    if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 2:
-        raise ValueError(f"num_frames must be an integer >= 2, got {num_frames!r}")
+    check_int(num_frames, "num_frames", low=2)
     betas = markov_betas(num_frames, beta_start, beta_end)
     signal = [torch.tensor(1.0, dtype=torch.float64)]
     noise = [torch.zeros(num_frames - 1, dtype=torch.float64)]
@@ -113,8 +111,7 @@ def context_gain_table(covariance: torch.Tensor, frame_counts: Iterable[int], me
     rows = []
     for method in methods:
         for num_frames in frame_counts:
-            if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 2:
-                raise ValueError(f"frame_counts must hold integers >= 2, got {num_frames!r}")
+            check_int(num_frames, "frame_counts entries", low=2)
             previous_only = min_mse(covariance, num_frames, method, [num_frames - 1], **params).item()
             all_earlier = min_mse(covariance, num_frames, method, range(1, num_frames), **params).item()
             # nothing left to predict (a zero covariance): the earlier frames cannot help either
@@ -143,8 +140,7 @@ def _check_given(given, num_frames: int) -> list[int]:
     for s in given:
         if isinstance(s, torch.Tensor) and s.dim() == 0 and not s.is_floating_point():
             s = s.item()
-        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
-            raise TypeError(f"given must hold integer frame numbers, got {s!r}")
+        check_int(s, "given frame numbers", low=None)
     given = sorted(set(int(s) for s in given))
     if any(not 1 <= s < num_frames for s in given):
         raise ValueError(f"given frames must lie in 1..{num_frames - 1} (frames before z_T), got {given}")

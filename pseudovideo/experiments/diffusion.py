@@ -34,6 +34,7 @@ from ..data import DATASETS, load_images
 from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
 from ..models.diffusion import PREDICTION_TYPES, AutoregressiveVideoDiffusion, default_clip_sample
 from ..plots import save_image_grid, save_video_rows
+from ..scaling import to_model_range
 from . import add_seed_arguments, seed_range
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "train_s"]
@@ -88,7 +89,7 @@ def to_model_space(images: torch.Tensor, downsample: int) -> torch.Tensor:
     pooled = F.avg_pool2d(images, downsample) if downsample > 1 else images
     size = pooled.shape[-1]
     pad = (-size) % 4
-    return F.pad(2 * pooled - 1, (pad // 2, pad - pad // 2, pad // 2, pad - pad // 2), value=-1.0)
+    return F.pad(to_model_range(pooled), (pad // 2, pad - pad // 2, pad // 2, pad - pad // 2), value=-1.0)
 
 
 def to_image_space(frames: torch.Tensor, size: int) -> torch.Tensor:

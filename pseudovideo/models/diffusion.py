@@ -31,6 +31,7 @@ from torch import nn
 from .._optional import missing
 from .._random import randn
 from .._validation import check_generator, check_int, check_tensor
+from ..scaling import check_model_range
 
 try:
     from diffusers import DDIMScheduler, DDPMScheduler, UNet2DModel
@@ -67,8 +68,7 @@ class AutoregressiveVideoDiffusion(nn.Module):
         ``"v_prediction"`` ``v = sqrt(abar_t) eps - sqrt(1 - abar_t) x_0`` (Salimans & Ho), whose errors
         the sampler does not amplify by ``1 / sqrt(abar_t)`` at high noise levels."""
         super().__init__()
-        if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
-            raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
+        check_int(num_frames, "num_frames")
         if num_frames == 1 and context != 0:
             raise ValueError(f"an image model (num_frames=1) has context 0, got context={context!r}")
         if num_frames > 1 and not (isinstance(context, int) and 1 <= context < num_frames):
@@ -231,3 +231,4 @@ class AutoregressiveVideoDiffusion(nn.Module):
         if videos.dim() != 5 or tuple(videos.shape[1:]) != expected:
             raise ValueError(f"videos must have shape (B, {', '.join(map(str, expected))}), got {tuple(videos.shape)}")
         check_tensor(videos, "videos", non_empty=True, finite=True, dtype=self._dtype())
+        check_model_range(videos[:, -1], "videos' last frames (the images)")

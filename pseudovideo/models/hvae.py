@@ -53,8 +53,7 @@ class HeatHVAE(nn.Module):
         super().__init__()
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
-        if isinstance(num_latents, bool) or not isinstance(num_latents, int) or num_latents < 1:
-            raise ValueError(f"num_latents must be a positive integer, got {num_latents!r}")
+        check_int(num_latents, "num_latents")
         for name, value in (("channels", channels), ("width", width), ("image_size", image_size)):
             check_int(value, name)
         max_std = check_real(max_std, "max_std", low=0.5)  # the heat encoder's blur widths run from 0.5 pixels

@@ -40,16 +40,15 @@ class TokenPrior(nn.Module):
     def __init__(self, codebook_size: int, token_shape: tuple[int, ...], dim: int = 64, heads: int = 4,
                  layers: int = 4):
         super().__init__()
-        if isinstance(codebook_size, bool) or not isinstance(codebook_size, int) or codebook_size < 2:
-            raise ValueError(f"codebook_size must be an integer >= 2, got {codebook_size!r}")
+        check_int(codebook_size, "codebook_size", low=2)
         if not isinstance(token_shape, (tuple, list, torch.Size)):
             raise ValueError(f"token_shape must be a tuple of positive integers, got {token_shape!r}")
         token_shape = tuple(token_shape)
-        if not token_shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in token_shape):
+        if not token_shape:
             raise ValueError(f"token_shape must be a tuple of positive integers, got {token_shape!r}")
+        token_shape = tuple(check_int(n, "token_shape entries") for n in token_shape)
         for name, value in [("dim", dim), ("heads", heads), ("layers", layers)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(value, name)
         if dim % heads:
             raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
         self.codebook_size, self.token_shape = codebook_size, token_shape
@@ -80,8 +79,7 @@ class TokenPrior(nn.Module):
         return tokens.long().reshape(tokens.shape[0], self.length)
 
     def _check_sampling(self, num_samples, temperature):
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        check_int(num_samples, "num_samples")
         check_real(temperature, "temperature", low=0.0, low_open=True)
 
 
@@ -154,8 +152,7 @@ class MaskedTokenPrior(TokenPrior):
                generator: torch.Generator | None = None, choice_temperature: float = 4.5) -> torch.Tensor:
         """``(num_samples, *token_shape)`` tokens by ``steps`` rounds of MaskGIT decoding (module docstring)."""
         self._check_sampling(num_samples, temperature)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        check_int(steps, "steps")
         check_real(choice_temperature, "choice_temperature", low=0.0)
         check_generator(generator)
         device = self.position.device

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._optional import missing
-from .._validation import check_real, check_tensor
+from .._validation import check_int, check_real, check_tensor
 
 try:
     from vector_quantize_pytorch import VectorQuantize
@@ -43,10 +43,8 @@ class VectorQuantizer(nn.Module):
 
     def __init__(self, dim: int, codebook_size: int = 1024, beta: float = 0.25, dead_code_threshold: float = 2.0):
         super().__init__()
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        if isinstance(codebook_size, bool) or not isinstance(codebook_size, int) or codebook_size < 2:
-            raise ValueError(f"codebook_size must be an integer >= 2, got {codebook_size!r}")
+        check_int(dim, "dim")
+        check_int(codebook_size, "codebook_size", low=2)
         beta = check_real(beta, "beta (commitment weight)", low=0.0, low_open=True)
         dead_code_threshold = check_real(dead_code_threshold, "dead_code_threshold", low=0.0)
         self.dim, self.codebook_size, self.beta = dim, codebook_size, beta

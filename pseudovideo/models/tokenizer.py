@@ -21,6 +21,7 @@ from torch import nn
 
 from .._optional import missing
 from .._validation import check_int, check_tensor
+from ..scaling import check_model_range
 
 try:
     from einops import rearrange
@@ -95,8 +96,7 @@ class VideoTokenizer(nn.Module):
         for name, value in [("num_frames", num_frames), ("image_size", image_size), ("channels", channels),
                             ("patch_size", patch_size), ("tubelet_frames", tubelet_frames), ("dim", dim),
                             ("heads", heads), ("code_dim", code_dim)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(value, name)
         if image_size % patch_size:
             raise ValueError(f"image_size ({image_size}) must be a multiple of patch_size ({patch_size})")
         if num_frames % tubelet_frames:
@@ -179,7 +179,8 @@ class VideoTokenizer(nn.Module):
         if videos.dim() != len(self.input_shape) + 1 or tuple(videos.shape[1:]) != self.input_shape:
             raise ValueError(f"videos must have shape (B, {', '.join(map(str, self.input_shape))}), "
                              f"got {tuple(videos.shape)}")
-        return check_tensor(videos, "videos", non_empty=True, finite=True)
+        check_tensor(videos, "videos", non_empty=True, finite=True)
+        return check_model_range(videos, "videos")
 
 
 class ImageTokenizer(VideoTokenizer):

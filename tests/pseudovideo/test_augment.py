@@ -94,7 +94,7 @@ def test_generator_makes_noisy_methods_deterministic(method):
     ((torch.ones(2, 1, 8, 8, dtype=torch.int64), 4, "blur"), {}, TypeError, "images"),
     ((np.zeros((2, 1, 8, 8)), 4, "blur"), {}, TypeError, "images"),
     ((torch.rand(2, 1, 8, 8), 1, "blur"), {}, ValueError, "num_frames"),
-    ((torch.rand(2, 1, 8, 8), 2.0, "blur"), {}, ValueError, "num_frames"),
+    ((torch.rand(2, 1, 8, 8), 2.0, "blur"), {}, TypeError, "num_frames"),
     ((torch.rand(2, 1, 8, 8), 4, "noise"), {}, ValueError, "method"),
     ((torch.rand(2, 1, 8, 8), 4, "blur"), {"beta_end": 0.1}, ValueError, "beta_end"),
     ((torch.rand(2, 1, 8, 8), 4, "blur"), {"kernel_size": 4}, ValueError, "kernel_size"),

@@ -34,7 +34,7 @@ def test_non_finite_images(method, value):
     ("blur", {"rate": 1e6}, ValueError, "rate"),  # exp(rate t) overflows
     ("blur", {"rate": True}, TypeError, "rate"),
     ("blur", {"rate": None}, TypeError, "rate"),
-    ("blur", {"kernel_size": True}, ValueError, "kernel_size"),
+    ("blur", {"kernel_size": True}, TypeError, "kernel_size"),
     ("heat", {"max_std": INF}, ValueError, "max_std"),
     ("heat", {"noise_std": NAN}, ValueError, "noise_std"),
     ("heat", {"noise_std": INF}, ValueError, "noise_std"),
