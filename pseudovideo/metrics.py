@@ -1,15 +1,29 @@
-"""Image metrics: PSNR, FID and Inception Score through ``torchmetrics`` with a pluggable network.
+"""Image metrics: PSNR, and FID and Inception Score through ``torchmetrics`` with a pluggable network.
 
 No InceptionV3 weights ship with this package and nothing is downloaded, so by default the feature
 network is a small CNN classifier trained once per dataset and cached
-(``~/.cache/probseq/pseudovideo``): report the numbers as e.g. "FID (Fashion-MNIST classifier
+(``~/.cache/probseq/pseudovideo``, keyed by a hash of its training data; its held-out accuracy is
+``classifier.test_accuracy``): report the numbers as e.g. "FID (Fashion-MNIST classifier
 features)", never as Inception FID. Any ``nn.Module`` mapping images to features (FID) or logits
-(IS) can be passed instead. Images are ``(N, C, H, W)`` floats in ``[0, 1]``.
+(IS) can be passed instead, as the second argument of both.
+
+One API for the three metrics: images are ``(N, C, H, W)`` floats in ``[0, 1]``; each function
+returns a Python ``float``; images are fed to the network ``batch_size`` at a time. FID and IS also
+accept an iterable of ``(n, C, H, W)`` batches (a ``DataLoader``, or a generator that samples a
+batch at a time), so that 50,000 generated images never need to exist at once: FID keeps only the
+feature sums ``sum f`` and ``sum f f^T`` (torchmetrics' states, ``d + d^2`` numbers in float64),
+IS the ``N x classes`` logits. Too few samples for the statistic (FID with ``n <= d`` features,
+whose sample covariance is then singular; IS with fewer than two images per split) give a
+:class:`MetricReliabilityWarning`; fewer than two images, ``splits > n`` or pixels outside
+``[0, 1]`` a ``ValueError``.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -19,15 +33,24 @@ from ._optional import missing
 from ._validation import check_int, check_real, check_tensor
 
 try:
-    from torchmetrics.functional.image import peak_signal_noise_ratio
     from torchmetrics.image.fid import FrechetInceptionDistance
     from torchmetrics.image.inception import InceptionScore
 except ImportError as _error:
     raise missing("torchmetrics", "video", "pseudovideo.metrics") from _error
 
 
-def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
-    """Mean over images of ``10 log10(data_range^2 / MSE_image)`` (thesis §5.3 reconstruction metric)."""
+class MetricReliabilityWarning(UserWarning):
+    """A metric computed from too few samples (or an implausible ``data_range``) to be trusted."""
+
+
+def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0, batch_size: int = 1024) -> float:
+    """Mean over images of ``10 log10(data_range^2 / MSE_image)`` (thesis §5.3 reconstruction metric).
+
+    ``data_range`` is the width of the range the pixels live in (1 for ``[0, 1]``, 2 for ``[-1, 1]``,
+    255 for 8-bit). A ``ValueError`` if ``target`` spans more than ``data_range``; a
+    :class:`MetricReliabilityWarning` if it spans less than a quarter of it (e.g. ``[0, 1]`` images
+    with ``data_range=255``, which adds 48 dB).
+    """
     check_tensor(preds, "preds")
     check_tensor(target, "target")
     if preds.shape != target.shape or preds.dim() != 4:
@@ -36,7 +59,20 @@ def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> 
     check_tensor(preds, "preds", non_empty=True, finite=True)
     check_tensor(target, "target", finite=True)
     data_range = check_real(data_range, "data_range", low=0.0, low_open=True)
-    return peak_signal_noise_ratio(preds, target, data_range=data_range, dim=(1, 2, 3))
+    check_int(batch_size, "batch_size")
+    span = float(target.max() - target.min())
+    if span > data_range * (1 + 1e-6):
+        raise ValueError(f"target spans [{float(target.min()):.4g}, {float(target.max()):.4g}], wider than "
+                         f"data_range={data_range:g}: pass the width of the pixels' range")
+    if span < data_range / 4:
+        warnings.warn(f"target spans only {span:.4g} of data_range={data_range:g}: is data_range the width of the "
+                      "range the pixels live in (1 for [0, 1], 2 for [-1, 1], 255 for 8-bit)?",
+                      MetricReliabilityWarning, stacklevel=2)
+    total = 0.0
+    for pred_batch, target_batch in zip(preds.split(batch_size), target.split(batch_size)):
+        mse = (pred_batch.double() - target_batch.double()).pow(2).mean(dim=(1, 2, 3))
+        total += float((10 * torch.log10(data_range ** 2 / mse)).sum())
+    return total / len(preds)
 
 
 class ImageClassifier(nn.Module):
@@ -51,6 +87,8 @@ class ImageClassifier(nn.Module):
         )
         self.head = nn.Linear(num_features, num_classes)
         self.num_features = num_features
+        #: accuracy on held-out images where :func:`default_classifier` measured it, else ``None``
+        self.test_accuracy: float | None = None
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         return self.body(images)
@@ -71,33 +109,82 @@ class PenultimateFeatures(nn.Module):
         return self.classifier.features(images)
 
 
-def frechet_distance(real: torch.Tensor, fake: torch.Tensor, feature: nn.Module) -> float:
-    """FID ``||mu_r - mu_f||^2 + tr(S_r + S_f - 2 (S_r S_f)^{1/2})`` of ``feature`` outputs (torchmetrics)."""
-    _check_images(real, "real")
-    _check_images(fake, "fake")
-    metric = FrechetInceptionDistance(feature=feature, normalize=True).to(real.device)  # states beside the features
+def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256) -> float:
+    """FID ``||mu_r - mu_f||^2 + tr(S_r + S_f - 2 (S_r S_f)^{1/2})`` of ``feature`` outputs (torchmetrics).
+
+    ``real``, ``fake``: ``(N, C, H, W)`` tensors in ``[0, 1]`` or iterables of such batches; the
+    means and covariances come from streamed sums (``mu = sum f / n``, ``S = (sum f f^T - n mu mu^T) /
+    (n - 1)``), so memory does not grow with ``N``. A :class:`MetricReliabilityWarning` if either set
+    has no more images than ``feature`` has dimensions. ``feature`` maps images to ``(N, d)``
+    features; an :class:`ImageClassifier` (the network :func:`inception_score` takes) stands for its
+    penultimate features.
+    """
+    _check_network(feature, "feature")
+    check_int(batch_size, "batch_size")
+    for images, name in ((real, "real"), (fake, "fake")):
+        if isinstance(images, torch.Tensor):  # check both sets before the first features are computed
+            _check_images(images, name)
+    if isinstance(feature, ImageClassifier):
+        feature = PenultimateFeatures(feature)
+    metric = None
+    for is_real, images, name in ((True, real, "real"), (False, fake, "fake")):
+        for batch in _batches(images, name, batch_size):
+            if metric is None:  # the states live beside the features, on the first batch's device
+                metric = FrechetInceptionDistance(feature=feature, normalize=True).to(batch.device)
+            with torch.no_grad():
+                metric.update(batch, real=is_real)
+    counts = {"real": int(metric.real_features_num_samples), "fake": int(metric.fake_features_num_samples)}
+    dimension = metric.real_features_sum.numel()
+    for name, count in counts.items():
+        if count < 2:
+            raise ValueError(f"{name} needs at least 2 images, got {count}")
+        if count <= dimension:
+            warnings.warn(f"FID from {count} {name} images of {dimension}-dimensional features: the feature "
+                          "covariance is singular and FID strongly biased; use well over "
+                          f"{dimension} images (the thesis's protocol: 50,000)", MetricReliabilityWarning, stacklevel=2)
     with torch.no_grad():
-        metric.update(real, real=True)
-        metric.update(fake, real=False)
         return float(metric.compute())
 
 
-def inception_score(images: torch.Tensor, classifier: nn.Module, splits: int = 10, seed: int = 0) -> float:
-    """IS ``exp E_x KL(p(y|x) || p(y))`` averaged over ``splits`` (torchmetrics; ``seed`` fixes the split)."""
-    _check_images(images, "images")
+def inception_score(images, feature: nn.Module | None = None, splits: int = 10, seed: int = 0,
+                    batch_size: int = 256, *, classifier: nn.Module | None = None) -> float:
+    """IS ``exp E_x KL(p(y|x) || p(y))`` averaged over ``splits`` (torchmetrics; ``seed`` fixes the split).
+
+    ``feature`` maps images to class logits (``classifier=`` is its former, deprecated name);
+    ``images`` is an ``(N, C, H, W)`` tensor in ``[0, 1]`` or an iterable of such batches. A
+    ``ValueError`` if ``splits > N`` (a split of one image scores exactly 1); a
+    :class:`MetricReliabilityWarning` if some split has fewer than two images.
+    """
+    if classifier is not None:
+        if feature is not None:
+            raise TypeError("pass the logit network once: as feature (classifier= is its deprecated name)")
+        warnings.warn("inception_score(classifier=...) is deprecated: pass the network as feature",
+                      DeprecationWarning, stacklevel=2)
+        feature = classifier
+    _check_network(feature, "feature")
     check_int(splits, "splits")
     check_int(seed, "seed", low=None)
+    check_int(batch_size, "batch_size")
+    metric = None
     with warnings.catch_warnings():  # torchmetrics warns that IS buffers features, and of std() for one split
         warnings.simplefilter("ignore", UserWarning)
-        return _inception_score(images, classifier, splits, seed)
-
-
-def _inception_score(images, classifier, splits, seed) -> float:
-    metric = InceptionScore(feature=classifier, splits=splits).to(images.device)
-    with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(seed)
-        metric.update(images)
-        return float(metric.compute()[0])
+        for batch in _batches(images, "images", batch_size):
+            if metric is None:
+                metric = InceptionScore(feature=feature, splits=splits).to(batch.device)
+            with torch.no_grad():
+                metric.update(batch)
+        count = sum(len(f) for f in metric.features)
+        if count < 2:
+            raise ValueError(f"images needs at least 2 images, got {count}")
+        if splits > count:
+            raise ValueError(f"splits={splits} exceeds the number of images ({count}): each split needs images")
+        with torch.no_grad(), torch.random.fork_rng():
+            torch.manual_seed(seed)
+            score = float(metric.compute()[0])
+    if count < 2 * splits:
+        warnings.warn(f"IS with {splits} splits of {count} images: splits of one image score exactly 1; use "
+                      f"splits <= {count // 2}", MetricReliabilityWarning, stacklevel=2)
+    return score
 
 
 def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3, seed: int = 0,
@@ -128,30 +215,78 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3
 def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None, downsample: int = 1) -> ImageClassifier:
     """The cached classifier for ``dataset`` (see ``pseudovideo.data``), trained on first use (~1 min).
 
-    ``downsample`` > 1 trains it on images average-pooled by that factor (the CPU-sized experiments).
+    Trained on up to 20,000 training images (Fashion-MNIST's train split; for the one-split sets,
+    the first 80 % of a fixed permutation) and scored on held-out ones (Fashion-MNIST's test split,
+    2,000 images; else the other 20 %): ``classifier.test_accuracy``. The cache file is named by a
+    SHA-256 hash of the training images, labels and settings, so a changed data set or loader
+    retrains instead of loading a stale network. ``downsample`` > 1 trains it on images
+    average-pooled by that factor (the CPU-sized experiments).
     """
     from .data import load_images
 
     check_int(downsample, "downsample")
-    name = f"{dataset}_classifier.pt" if downsample == 1 else f"{dataset}_x{downsample}_classifier.pt"
-    cache = Path(cache_dir or Path.home() / ".cache" / "probseq" / "pseudovideo") / name
-    images, labels = load_images(dataset, limit=20_000)
-    images = nn.functional.avg_pool2d(images, downsample) if downsample > 1 else images
-    if cache.is_file():
-        classifier = ImageClassifier(in_channels=images.shape[1], num_classes=int(labels.max()) + 1)
-        classifier.load_state_dict(torch.load(cache, weights_only=True))
+    (train, train_labels), (test, test_labels) = _classifier_data(dataset, load_images)
+    if downsample > 1:
+        train, test = nn.functional.avg_pool2d(train, downsample), nn.functional.avg_pool2d(test, downsample)
+    digest = hashlib.sha256()
+    for part in (f"{dataset}|{downsample}|epochs=3|seed=0".encode(), train.numpy().tobytes(), train_labels.numpy().tobytes()):
+        digest.update(part)
+    cache = Path(cache_dir or Path.home() / ".cache" / "probseq" / "pseudovideo")
+    weights = cache / f"{dataset}_x{downsample}_{digest.hexdigest()[:16]}.pt"
+    record = weights.with_suffix(".json")
+    num_classes = int(train_labels.max()) + 1
+    if weights.is_file() and record.is_file():
+        classifier = ImageClassifier(in_channels=train.shape[1], num_classes=num_classes)
+        classifier.load_state_dict(torch.load(weights, weights_only=True))
+        classifier.test_accuracy = json.loads(record.read_text())["test_accuracy"]
         return classifier.eval()
-    classifier = train_classifier(images, labels)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(classifier.state_dict(), cache)
+    classifier = train_classifier(train, train_labels)
+    with torch.no_grad():
+        classifier.test_accuracy = float((classifier(test).argmax(1) == test_labels).double().mean())
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save(classifier.state_dict(), weights)
+    record.write_text(json.dumps({"dataset": dataset, "downsample": downsample, "train_images": len(train),
+                                  "test_images": len(test), "test_accuracy": classifier.test_accuracy}))
     return classifier
 
 
-def _check_images(images, name: str) -> None:
+def _classifier_data(dataset, load_images):
+    if dataset == "fashion_mnist":
+        return load_images(dataset, "train", limit=20_000), load_images(dataset, "test", limit=2_000)
+    images, labels = load_images(dataset, limit=20_000)
+    cut = len(images) * 4 // 5
+    return (images[:cut], labels[:cut]), (images[cut:], labels[cut:])
+
+
+def _check_images(images, name: str, at_least: int = 2) -> None:
     if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.is_floating_point():
         raise TypeError(f"{name} must be a floating (N, C, H, W) tensor")
-    if len(images) < 2:
-        raise ValueError(f"{name} needs at least 2 images, got {len(images)}")
+    if len(images) < at_least:
+        raise ValueError(f"{name} needs at least {at_least} images, got {len(images)}")
     check_tensor(images, name, non_empty=True, finite=True)
     if images.min() < 0 or images.max() > 1:
         raise ValueError(f"{name} must lie in [0, 1], got range [{images.min():.3g}, {images.max():.3g}]")
+
+
+def _batches(images, name: str, batch_size: int) -> Iterator[torch.Tensor]:
+    """Checked ``(n, C, H, W)`` batches: a tensor split into ``batch_size`` rows, or the batches of an iterable."""
+    if isinstance(images, torch.Tensor):
+        _check_images(images, name)
+        yield from images.split(batch_size)
+        return
+    if not isinstance(images, Iterable):
+        raise TypeError(f"{name} must be a floating (N, C, H, W) tensor or an iterable of such batches, "
+                        f"got {type(images).__name__}")
+    empty = True
+    for batch in images:
+        _check_images(batch, f"{name} (a batch)", at_least=1)
+        empty = False
+        yield from batch.split(batch_size)
+    if empty:
+        raise ValueError(f"{name} needs at least 2 images, got an empty iterable")
+
+
+def _check_network(network, name: str) -> None:
+    if not isinstance(network, nn.Module):
+        raise TypeError(f"{name} must be an nn.Module mapping (N, C, H, W) images to (N, d) outputs, "
+                        f"got {type(network).__name__}")

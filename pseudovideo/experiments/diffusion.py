@@ -5,7 +5,8 @@
 
 Every model shares one UNet architecture, optimiser and number of training steps; the 1-frame model
 is the image DDPM (augmentation ``none``). Context windows: ``C = T // 2`` (2 for 4 frames, 4 for 8).
-Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,fid,is,psnr,train_s``), sample
+Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,fid,is,psnr,train_s,classifier_accuracy``,
+the last the metric classifier's held-out accuracy), sample
 grids and generated videos (``DIR/samples_*.png``) and the training pseudo videos
 (``DIR/pseudo_videos_*.png``), and prints the table. Metrics use the last frame of each sample, in
 ``[0, 1]`` (clipped for display and metrics only: the frames fed back as context are the sampler's
@@ -37,7 +38,7 @@ from ..plots import save_image_grid, save_video_rows
 from ..scaling import to_model_range
 from . import add_seed_arguments, seed_range
 
-COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "train_s"]
+COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "train_s", "classifier_accuracy"]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "batch_size": 8, "channels": "8,16"}
 
 
@@ -124,7 +125,7 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
     last = to_image_space(videos[:, -1], size)
     real = to_image_space(held_out[: args.samples], size)
     row = {"fid": frechet_distance(real, last, PenultimateFeatures(classifier)),
-           "is": inception_score(last, classifier), "psnr": ""}
+           "is": inception_score(last, classifier, splits=min(10, len(last) // 2)), "psnr": ""}
     if frames > 1:
         truth = build_videos(held_out[: args.samples], frames, augmentation, generator)
         predicted = model.sample_next_frame(truth[:, -1 - model.context:-1], args.sampling_steps, generator)
@@ -136,7 +137,7 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
                         out / f"samples_{name}_videos.png")
     model_name = "image_ddpm" if frames == 1 else "video_diffusion"
     return {"model": model_name, "frames": frames, "augmentation": augmentation, "seed": seed,
-            "train_s": round(train_s, 1), **row}
+            "train_s": round(train_s, 1), "classifier_accuracy": classifier.test_accuracy, **row}
 
 
 def experiment_images(args):

@@ -24,7 +24,7 @@ from ..models.hvae import ENCODERS, HeatHVAE
 from ..plots import save_image_grid
 from . import add_seed_arguments, seed_range
 
-COLUMNS = ["dataset", "encoder", "latents", "seed", "is", "train_s"]
+COLUMNS = ["dataset", "encoder", "latents", "seed", "is", "train_s", "classifier_accuracy"]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "batch_size": 8, "latents": 3, "width": 8}
 
 
@@ -88,7 +88,8 @@ def main(argv=None) -> list[dict]:
                 samples = model.sample(args.samples, generator)
                 save_image_grid(samples[:32], out / f"hvae_samples_{encoder}_seed{seed}.png")
                 row = {"dataset": args.dataset, "encoder": encoder, "latents": args.latents, "seed": seed,
-                       "is": inception_score(samples, classifier), "train_s": round(train_s, 1)}
+                       "is": inception_score(samples, classifier, splits=min(10, len(samples) // 2)),
+                       "train_s": round(train_s, 1), "classifier_accuracy": classifier.test_accuracy}
                 writer.writerow(row)
                 handle.flush()
                 rows.append(row)

@@ -42,7 +42,8 @@ from ..plots import save_image_grid, save_video_rows
 from . import add_seed_arguments, seed_range
 from .diffusion import experiment_images, to_image_space
 
-COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s", "params", "perplexity"]
+COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s", "params", "perplexity",
+           "classifier_accuracy"]
 MODELS = ("tokenizer", "ar", "masked")
 QUICK = {"train_images": 64, "tokenizer_steps": 2, "prior_steps": 2, "samples": 16, "batch_size": 4, "dim": 16,
          "prior_dim": 16, "codebook_size": 32, "masked_steps": 2}
@@ -157,7 +158,8 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
         return tokenizer(train_videos[torch.randint(0, len(train), (args.batch_size,), generator=generator)]).loss
 
     train_s = optimise(tokenizer, tokenizer_loss, args.tokenizer_steps, args, f"{frames}-frame tokenizer")
-    base = {"dataset": args.dataset, "frames": frames, "augmentation": augmentation, "seed": seed}
+    base = {"dataset": args.dataset, "frames": frames, "augmentation": augmentation, "seed": seed,
+            "classifier_accuracy": classifier.test_accuracy}
     rows = []
     name = f"{frames}frames_seed{seed}"
     real = to_image_space(held_out, size)
@@ -165,9 +167,10 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
     if "tokenizer" in args.model:
         tokens = in_batches(tokenizer.encode, held_out_videos)
         reconstruction = to_image_space(last_frame(in_batches(tokenizer.decode, tokens), frames), size)
-        rows.append({**base, "model": "tokenizer", "psnr": float(psnr(reconstruction, real)),
+        rows.append({**base, "model": "tokenizer", "psnr": psnr(reconstruction, real),
                      "fid": frechet_distance(real, reconstruction, feature),
-                     "is": inception_score(reconstruction, classifier), "train_s": round(train_s, 1),
+                     "is": inception_score(reconstruction, classifier, splits=min(10, len(reconstruction) // 2)),
+                     "train_s": round(train_s, 1),
                      "params": count_parameters(tokenizer),
                      "perplexity": float(codebook_perplexity(tokens, args.codebook_size))})
         save_image_grid(torch.cat([real[:16], reconstruction[:16]]), out / f"reconstructions_{name}.png")
@@ -191,7 +194,7 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
         videos = in_batches(tokenizer.decode, tokens)
         samples = to_image_space(last_frame(videos, frames), size)
         rows.append({**base, "model": model_name, "psnr": "", "fid": frechet_distance(real, samples, feature),
-                     "is": inception_score(samples, classifier), "train_s": round(prior_s, 1),
+                     "is": inception_score(samples, classifier, splits=min(10, len(samples) // 2)), "train_s": round(prior_s, 1),
                      "params": count_parameters(prior),
                      "perplexity": float(codebook_perplexity(tokens, args.codebook_size))})
         save_image_grid(samples[:32], out / f"samples_{model_name}_{name}.png")

@@ -88,19 +88,28 @@ def test_psnr_is_the_mean_of_per_image_psnr():
     noise_std = torch.tensor([0.01, 0.05, 0.1, 0.2], dtype=torch.float64).view(4, 1, 1, 1)
     preds = target + noise_std * torch.randn(4, 1, 8, 8, generator=generator, dtype=torch.float64)
     per_image = 10 * torch.log10(1 / (preds - target).pow(2).mean(dim=(1, 2, 3)))
-    torch.testing.assert_close(psnr(preds, target), per_image.mean())
-    torch.testing.assert_close(psnr(2 * preds, 2 * target, data_range=2.0), per_image.mean())
+    assert isinstance(psnr(preds, target), float)
+    assert abs(psnr(preds, target) - float(per_image.mean())) < 1e-10
+    assert abs(psnr(2 * preds, 2 * target, data_range=2.0) - float(per_image.mean())) < 1e-10
+    assert abs(psnr(preds, target, batch_size=3) - float(per_image.mean())) < 1e-10  # batches of 3 and 1
 
 
 def test_default_classifier_is_trained_once_then_loaded_from_cache(tmp_path):
     classifier = default_classifier("digits", cache_dir=tmp_path)
     from pseudovideo.data import load_images
 
-    images, labels = load_images("digits")
-    accuracy = (classifier(images).argmax(1) == labels).double().mean()
+    images, labels = load_images("digits", limit=20_000)  # the classifier's fixed permutation
+    held_out = len(images) * 4 // 5  # the classifier never saw the last 20 % of the fixed permutation
+    accuracy = (classifier(images[held_out:]).argmax(1) == labels[held_out:]).double().mean()
     assert accuracy > 0.6  # three epochs of a small CNN on 8x8 digits (chance: 0.1)
+    assert abs(classifier.test_accuracy - float(accuracy)) < 1e-12
     cached = default_classifier("digits", cache_dir=tmp_path)
     torch.testing.assert_close(cached(images[:50]), classifier(images[:50]))
+    assert cached.test_accuracy == classifier.test_accuracy
+    (weights,) = tmp_path.glob("digits_x1_*.pt")  # named by a hash of the training data
+    assert len(weights.stem.split("_")[-1]) == 16 and weights.with_suffix(".json").is_file()
+    default_classifier("digits", cache_dir=tmp_path, downsample=2)  # other data: another file, not the stale one
+    assert len(list(tmp_path.glob("digits_x*.pt"))) == 2
     # the metric's features separate digits from their pixel-shuffled copies far more than two halves of digits
     feature = PenultimateFeatures(classifier)
     shuffled = images[:, :, torch.randperm(8)][:, :, :, torch.randperm(8)]
@@ -113,6 +122,7 @@ def test_default_classifier_is_trained_once_then_loaded_from_cache(tmp_path):
     (lambda: frechet_distance(torch.rand(4, 16), torch.rand(4, 1, 4, 4), ImageClassifier()), TypeError, "real"),
     (lambda: frechet_distance(torch.rand(4, 1, 4, 4), 2 * torch.rand(4, 1, 4, 4), ImageClassifier()),
      ValueError, r"fake must lie in \[0, 1\]"),
+    (lambda: frechet_distance(torch.rand(4, 1, 4, 4), torch.rand(4, 1, 4, 4), "features"), TypeError, "feature"),
     (lambda: inception_score(torch.rand(1, 1, 4, 4), ImageClassifier()), ValueError, "at least 2"),
 ])
 def test_bad_input_is_named(call, error, match):
