@@ -9,7 +9,7 @@ except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path 
 
 from .gpvae import SVGPVAE, ContinualSVGPVAE, ElasticWeightConsolidation
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
-from .inducing import FourierInducingVariables, HiPPOInducingVariables, InducingPoints, InducingVariables
+from .inducing import FourierInducingVariables, HiPPOInducingVariables, InducingPoints, InducingVariables, InputsOutsideSupportError
 from .likelihoods import NegativeBinomialLikelihood
 from .online import OnlineELBO, OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs
@@ -25,6 +25,7 @@ __all__ = [
     "quadrature_rule",
     "transition",
     "InducingVariables",
+    "InputsOutsideSupportError",
     "InducingPoints",
     "HiPPOInducingVariables",
     "FourierInducingVariables",

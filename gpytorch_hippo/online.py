@@ -212,8 +212,9 @@ class OnlineSGPR(gpytorch.Module):
     :param mean_module: prior mean (default ``ZeroMean``).
     :param captured_variance_warning: :meth:`update` warns (once) when the inducing variables capture
         less than this fraction of the prior variance over the inputs seen so far within their reach
-        (mean of ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``), and when a task's inputs lie outside that
-        reach (:meth:`_check_memory`); ``None`` disables both checks.
+        (mean of ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`_check_memory`); ``None`` disables the
+        check. A task's inputs outside that reach (e.g. beyond a HiPPO ``t`` after a forgotten
+        ``advance``) always raise :class:`~gpytorch_hippo.inducing.InputsOutsideSupportError`.
 
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
     ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
@@ -344,6 +345,7 @@ class OnlineSGPR(gpytorch.Module):
         ``(train_x, train_y)`` into the current summary, with the current hyperparameters. The state
         is not changed; differentiable with respect to the hyperparameters."""
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
+        self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
         return self._bound_and_posterior(train_x, train_y)[0]
 
     def update(
@@ -377,6 +379,7 @@ class OnlineSGPR(gpytorch.Module):
         """
         start = time.perf_counter()
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
+        self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
             raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
         lr = check_finite_scalar(lr, "lr", positive=True)
@@ -429,13 +432,11 @@ class OnlineSGPR(gpytorch.Module):
         return self.last_bound
 
     def _check_memory(self, train_x: Tensor, chol: Tensor, update_seconds: float) -> None:
-        """Warn, once per model and cause, when the inducing variables cannot hold the stream.
-
-        * Inputs outside the variables' reach (:meth:`InducingVariables.input_support`, e.g. beyond a
-          HiPPO ``t`` after a missed ``advance``): the advice of :meth:`InducingVariables.coverage_advice`.
-        * Less than ``captured_variance_warning`` of the prior variance captured
-          (``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`InducingVariables.captured_variance`) on a
-          32-point grid over the inputs seen so far within that reach (1-D inputs: LegS keeps the
+        """Warn, once per model, when the inducing variables cannot hold the stream: less than
+        ``captured_variance_warning`` of the prior variance captured
+        (``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`InducingVariables.captured_variance`) on a
+        32-point grid over the inputs seen so far within their reach (inputs outside it are refused by
+        :meth:`update` before this check: :class:`~gpytorch_hippo.inducing.InputsOutsideSupportError`; 1-D inputs: LegS keeps the
           ends of the stream best and its middle worst, so the task's own inputs would hide a lost
           past; a sliding window such as LegT forgets the rest by design), else over this task's
           inputs. It reuses the update's ``chol(K_uu)`` (one ``K_uf`` of the grid) and runs at most
@@ -448,15 +449,6 @@ class OnlineSGPR(gpytorch.Module):
         if train_x.shape[-1] == 1:
             low, high = float(train_x.min()), float(train_x.max())
             support = ivs.input_support()
-            if support is not None:
-                tolerance = 1e-9 * max(abs(support[0]), abs(support[1]), 1.0)
-                for cause, outside in (("before", low < support[0] - tolerance), ("beyond", high > support[1] + tolerance)):
-                    if outside:
-                        self._warn_once(
-                            cause,
-                            f"this task's inputs span [{low:.6g}, {high:.6g}], outside the reach [{support[0]:.6g}, "
-                            f"{support[1]:.6g}] of the inducing variables: {ivs.coverage_advice(cause)}",
-                        )
             if self.seen_input_range is not None:
                 low, high = min(low, float(self.seen_input_range[0])), max(high, float(self.seen_input_range[1]))
             self.seen_input_range = torch.tensor([low, high], dtype=train_x.dtype, device=train_x.device)

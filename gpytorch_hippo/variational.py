@@ -510,6 +510,8 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         self.inducing_variables._variational_owner = type(self).__name__  # also after a replacement
         if prior:
             return self.model.forward(x, **kwargs)
+        if self.training:  # training data the inducing variables cannot reach would be lost silently
+            self.inducing_variables.check_inputs_within_support(x)
         # train mode: a fresh graph every forward; the fingerprint lets later readers of the same step
         # (kl_divergence, inducing_posterior) reuse it, and refill after an optimiser step
         self._clear_cache_if_stale(force=self.training)

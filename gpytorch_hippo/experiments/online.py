@@ -71,11 +71,12 @@ def make_schedule(method: str, num_inducing: int, series_x: torch.Tensor, num_ta
     if hippo_backend == "lyapunov" and measure != "legs":
         raise ValueError(f"hippo_backend 'lyapunov' needs measure 'legs', got {measure!r}")
     span = float(series_x.max() - series_x.min())
+    spacing = span / max(series_x.shape[0] - 1, 1)
     if method in ("ohsgpr", "ohsgpr-rff"):
-        options = {"theta": span / num_tasks} if measure != "legs" else {}
+        # a window of one task's length, plus the half gaps to its neighbours: every input of a task lies in it
+        options = {"theta": span / num_tasks + 2 * spacing} if measure != "legs" else {}
         options["method"] = hippo_backend
         if method == "ohsgpr-rff":
-            spacing = span / max(series_x.shape[0] - 1, 1)
             options.update(method="recurrence", dt=spacing / 4, num_rff=1000, kuf="rff")
         return HiPPOSchedule(num_inducing, measure, start=float(series_x.min()), **options)
     if method in ("osgpr", "osgpr-fixed"):

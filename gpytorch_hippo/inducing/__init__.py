@@ -1,10 +1,17 @@
 """Inducing variables: objects that know their own covariances (``Kuu``, ``Kuf``; the interface is
 :class:`~gpytorch_hippo.inducing.base.InducingVariables`), so that one variational strategy serves them all."""
 
-from .base import InducingVariables
+from .base import InducingVariables, InputsOutsideSupportError
 from .fourier import FourierInducingVariables
 from .hippo_variables import HiPPOInducingVariables
 from .points import InducingPoints
 from .selection import select_pivoted_cholesky
 
-__all__ = ["InducingVariables", "InducingPoints", "HiPPOInducingVariables", "select_pivoted_cholesky", "FourierInducingVariables"]
+__all__ = [
+    "InducingVariables",
+    "InputsOutsideSupportError",
+    "InducingPoints",
+    "HiPPOInducingVariables",
+    "select_pivoted_cholesky",
+    "FourierInducingVariables",
+]

@@ -15,6 +15,12 @@ from linear_operator.operators import DenseLinearOperator, LinearOperator
 from torch import Tensor
 
 
+class InputsOutsideSupportError(ValueError):
+    """Training inputs lie outside the input range the inducing variables summarise
+    (:meth:`InducingVariables.input_support`): the model could not learn from them -- their
+    covariance with the inducing variables is zero or truncated -- so they would be lost silently."""
+
+
 class InducingVariables(gpytorch.Module):
     r"""Abstract set of ``M`` inducing variables ``u = (u_1, ..., u_M)`` of a GP ``f ~ GP(m, k)``.
 
@@ -102,6 +108,25 @@ class InducingVariables(gpytorch.Module):
         """``(lower, upper)``: the 1-D input range these variables summarise (a HiPPO memory's
         ``[start, t]`` or window, a Fourier interval), ``None`` where any input is reachable (points)."""
         return None
+
+    def check_inputs_within_support(self, x: Tensor, what: str = "training inputs") -> None:
+        """Raise :class:`InputsOutsideSupportError` if 1-D inputs ``x`` ``(*batch, N, 1)`` lie before or
+        beyond :meth:`input_support` (by more than round-off of ``x``'s dtype), naming the fix
+        (:meth:`coverage_advice`: e.g. ``advance(t)`` or ``start=`` for HiPPO bases). Online models call
+        it on every task's training inputs; predictions outside the support stay allowed (forecasting)."""
+        support = self.input_support()
+        if support is None or x.shape[-1] != 1 or x.numel() == 0:
+            return
+        low, high = float(x.detach().min()), float(x.detach().max())
+        relative = max(1e-9, 8 * torch.finfo(x.dtype).eps) if x.is_floating_point() else 1e-9
+        tolerance = relative * max(abs(support[0]), abs(support[1]), 1.0)
+        for cause, outside in (("before", low < support[0] - tolerance), ("beyond", high > support[1] + tolerance)):
+            if outside:
+                raise InputsOutsideSupportError(
+                    f"the {what} span [{low:.9g}, {high:.9g}], {cause} the range [{support[0]:.9g}, {support[1]:.9g}] "
+                    f"that the {type(self).__name__} summarise, so the model cannot learn from them: "
+                    f"{self.coverage_advice(cause)}"
+                )
 
     def coverage_advice(self, cause: str) -> str:
         """What to change when the online models find inputs ``"before"`` or ``"beyond"``

@@ -74,8 +74,9 @@ def check_work(
     if entries <= limit:
         return
     detail = ""
-    if ivars is not None and getattr(ivars, "input_dim", 1) == 1:
-        lower, t = ivars.input_support()
+    support = ivars.input_support() if ivars is not None and getattr(ivars, "input_dim", 1) == 1 else None
+    if support is not None:
+        lower, t = support
         detail = f" The bases span [{lower:.6g}, {t:.6g}]"
         ell = lengthscale if lengthscale is not None else (lengthscale_of(kernel) if kernel is not None else None)
         if ell is not None:

@@ -229,6 +229,8 @@ class HiPPOInducingVariables(InducingVariables):
         if cause == "before":
             if self.measure in ("legt", "fout"):
                 return f"the window theta = {self.memory.theta:g} is shorter than the task: use a larger theta"
+            if self.measure == "legs" and self.start <= 0:
+                return "LegS bases cover [0, t]: shift the times so that the stream starts at 0 or later (x - x[0])"
             return f"pass start= at or before the stream's first input (now {self.start:g})"
         if self.input_dim > 1:
             return "use more inducing variables (the path memory spreads M bases over every ordered input so far)"

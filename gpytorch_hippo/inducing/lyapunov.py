@@ -39,7 +39,7 @@ from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
 from ..hippo import _normalized_legendre
-from .banded import DECAY_RANGE, BandedBackend, _Panels
+from .banded import DECAY_RANGE, BandedBackend, _Panels, _span
 from .cost import MAX_ENTRIES
 from .hippo_backends import QuadratureBackend, SpectralBackend
 from .spectral import RBF_CUTOFF, SUPPORTED_KERNELS, gauss_legendre, kernel_signature, spectral_parts
@@ -48,6 +48,8 @@ from .spectral import RBF_CUTOFF, SUPPORTED_KERNELS, gauss_legendre, kernel_sign
 MAX_STEP = 128.0
 #: Gauss-Legendre nodes per panel of the rules of ``X`` and ``D`` beyond what the basis needs (the kernel's variation)
 FORCING_NODES = 24
+#: widest span of inputs (in kernel reaches) whose ``Kuf`` one panel rule forms (:func:`local_kuf`)
+CHUNK_REACHES = 64.0
 
 
 class _At:
@@ -62,6 +64,10 @@ class _At:
         self.t, self.start = float(t), float(start)
         self._backends = ivars._backends
         self.breakpoints = torch.tensor([self.start, self.t], dtype=torch.float64, device=ivars.breakpoints.device)
+
+    def input_support(self) -> tuple[float, float]:
+        """``[lower, t]`` of these bases (as :meth:`HiPPOInducingVariables.input_support`)."""
+        return _span(self)
 
 
 def kernel_scales(kernel) -> tuple[float, float, object]:
@@ -90,8 +96,13 @@ def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
     ell, reach, nu = kernel_scales(kernel)
     out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
     order = torch.argsort(times)
-    gaps = (times[order[1:]] - times[order[:-1]]) > 4 * reach
-    for rows in torch.tensor_split(order, (gaps.nonzero().squeeze(-1) + 1).tolist()):
+    ordered = times[order]
+    gaps = (ordered[1:] - ordered[:-1]) > 4 * reach
+    # dense inputs over a long stretch (a prediction grid over the whole stream) go in chunks of at most
+    # CHUNK_REACHES reaches, so that each chunk's panels stay within the cost guard's budget
+    chunk = torch.div(ordered - ordered[:1], CHUNK_REACHES * reach, rounding_mode="floor")
+    cuts = gaps | (chunk[1:] != chunk[:-1])
+    for rows in torch.tensor_split(order, (cuts.nonzero().squeeze(-1) + 1).tolist()):
         if rows.numel() == 0:
             continue
         if nu is not None:

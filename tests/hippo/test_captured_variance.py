@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, OnlineSGPR, online
-from gpytorch_hippo.inducing import FourierInducingVariables
+from gpytorch_hippo.inducing import FourierInducingVariables, InputsOutsideSupportError
 
 DT = torch.float64
 
@@ -113,13 +113,15 @@ def _learn(model, tasks, size=40.0, advance=True):
     """Learn ``tasks``, the captured-variance check on every task; the RuntimeWarnings raised."""
     model._check_clock = {"updates": 0.0, "check": 0.0}
     online.CHECK_COST_FRACTION, fraction = float("inf"), online.CHECK_COST_FRACTION
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always", RuntimeWarning)
-        for k, (x, y) in enumerate(tasks):
-            if k > 0 and advance:
-                model.inducing_variables.advance(size * (k + 1))
-            model.update(x, y)
-    online.CHECK_COST_FRACTION = fraction
+    try:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always", RuntimeWarning)
+            for k, (x, y) in enumerate(tasks):
+                if k > 0 and advance:
+                    model.inducing_variables.advance(size * (k + 1))
+                model.update(x, y)
+    finally:
+        online.CHECK_COST_FRACTION = fraction
     return [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
 
 
@@ -130,13 +132,13 @@ def test_too_few_variables_warn_once_per_model_with_the_legs_rule():
     assert len(messages) == 1 and "keep only" in messages[0] and "M of about t / lengthscale" in messages[0]
 
 
-def test_inputs_beyond_t_name_the_missed_advance_not_more_variables():
+def test_inputs_beyond_t_raise_naming_the_missed_advance_not_more_variables():
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
     model = OnlineSGPR(HiPPOInducingVariables(40, "legs", t=40.0), rbf(10.0), likelihood)
-    messages = _learn(model, _stream(3), advance=False)
-    outside = [m for m in messages if "outside the reach" in m]
-    assert len(outside) == 1 and "advance(t_new)" in outside[0]
-    assert all("more inducing variables" not in m for m in outside)
+    with pytest.raises(InputsOutsideSupportError, match=r"advance\(t_new\)") as error:
+        _learn(model, _stream(3), advance=False)
+    assert "more inducing variables" not in str(error.value)
+    assert model.num_tasks.item() == 1  # the refused task left the model as it was
 
 
 def test_a_sliding_window_that_forgets_by_design_does_not_warn():

@@ -68,4 +68,5 @@ def test_the_stored_summary_stays_in_float64(module):
     dtype = torch.float32 if module == "float" else DT
     model.update(x[:50].to(dtype), y[:50].to(dtype))
     assert model.posterior_precision.dtype == model.posterior_chol.dtype == DT
+    model.inducing_variables.advance(100.0)
     assert model.log_bound(x[50:].to(dtype), y[50:].to(dtype)).dtype == dtype
