@@ -9,8 +9,9 @@ variables. The variants differ only in those inducing variables between tasks:
 
 * ``ohsvgp``: HiPPO-LegS inducing variables over ``[start, t]``, advanced to each task's end
   (``InterdomainVariationalStrategy.advance``);
-* ``osvgp``: ``M`` learnable inducing points, re-drawn at random for each task from the old points
-  and the new task's times (Bui et al. 2017's initialisation), shared by the ``L`` channels;
+* ``osvgp``: ``M`` learnable inducing points (all the times of a first task shorter than that),
+  re-drawn at random for each task from the old points and the new task's times (Bui et al. 2017's
+  initialisation), shared by the ``L`` channels;
 * ``ovc``: at most ``M`` fixed points chosen by pivoted Cholesky from the old points and the new times
   (:func:`~gpytorch_hippo.inducing.selection.select_pivoted_cholesky`), shared by the channels;
 * ``ovc-per-dim``: the same with one kernel and one set of points per latent channel.
@@ -105,12 +106,11 @@ class ContinualSVGPVAE:
         candidates = times.reshape(-1, 1)
         if old_points is not None:
             candidates = torch.cat([old_points.reshape(-1, 1), candidates])
-        if candidates.shape[0] < self.num_inducing:
-            raise ValueError(f"num_inducing={self.num_inducing} exceeds the {candidates.shape[0]} candidate inputs")
+        num = min(self.num_inducing, candidates.shape[0])  # a first task shorter than M: all its times, then up to M
         if self.method == "osvgp":
-            pick = torch.randperm(candidates.shape[0], generator=self.generator)[: self.num_inducing]
+            pick = torch.randperm(candidates.shape[0], generator=self.generator)[:num]
             return InducingPoints(candidates[pick].sort(dim=0).values.clone(), learn=True)
-        chosen = select_pivoted_cholesky(kernel, candidates, self.num_inducing)
+        chosen = select_pivoted_cholesky(kernel, candidates, num)
         return InducingPoints(chosen.sort(dim=-2).values.clone(), learn=False)
 
     def _build(self, times: Tensor) -> None:

@@ -167,5 +167,15 @@ def test_bad_input_names_the_argument():
     times, y = task(1)
     with pytest.raises(ValueError, match="y_test"):
         trainer.evaluate(times, y, torch.full_like(y, float("nan")))
-    with pytest.raises(ValueError, match="num_inducing=50 exceeds"):
-        ContinualSVGPVAE("osvgp", D, num_inducing=50, hidden_dim=8, num_iter=1).fit_task(*task(0))
+
+
+
+def test_points_start_with_every_time_of_a_short_first_task_and_grow_to_m():
+    trainer = ContinualSVGPVAE("osvgp", D, latent_dim=2, num_inducing=50, hidden_dim=8, num_iter=1)
+    trainer.fit_task(*task(0))
+    strategy = trainer.model.latent_gp.variational_strategy
+    points = strategy.inducing_variables.points.detach()[:, 0]
+    assert points.shape == (T,) and (points - task(0)[0]).abs().max() < 0.01  # all T = 40 times (one Adam step moved them)
+    trainer.fit_task(*task(1))
+    assert strategy.inducing_variables.num_inducing == 50
+    assert strategy._variational_distribution.shape() == torch.Size([2, 50])
