@@ -1,8 +1,10 @@
 """Pseudo videos (thesis ch. 5): an image as the last frame of a video of its own corruptions.
 
 ``augment`` builds pseudo videos, ``theory`` gives Theorem 5.4.1's minimum MSE in closed form for
-Gaussian images, ``metrics`` wraps torchmetrics' PSNR/FID/IS with a pluggable feature network, and
-``models`` holds the image/video diffusion models and the HVAE of §5.2.1.
+Gaussian images, ``scaling`` maps images to and from the ``[-1, 1]`` the builders assume,
+``metrics`` wraps torchmetrics' FID/IS (and PSNR) with a pluggable feature network, ``models``
+holds the image/video diffusion models (diffusers models) and the HVAE of §5.2.1, and
+``pipelines`` a diffusers pipeline that samples the video model with any scheduler.
 """
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version

@@ -1,5 +1,8 @@
 """Runners of the chapter-5 experiments (diffusion, HVAE, VQ tokens) and their shared options."""
 import argparse
+from contextlib import contextmanager
+
+from torch import nn
 
 
 def add_seed_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,3 +19,36 @@ def seed_range(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ran
     if args.first_seed < 0:
         parser.error(f"--first-seed must be >= 0, got {args.first_seed}")
     return range(args.first_seed, args.first_seed + args.seeds)
+
+
+def add_ema_argument(parser: argparse.ArgumentParser) -> None:
+    """``--ema-decay D``: evaluate an exponential moving average of the weights (diffusers' ``EMAModel``)."""
+    parser.add_argument("--ema-decay", type=float, default=0.0,
+                        help="sample from an exponential moving average of the weights with this decay (diffusers' "
+                             "EMAModel: the first step copies the weights, step k > 1 averages with decay min(D, k / (9 + k))); "
+                             "0 (default): the trained weights")
+
+
+def make_ema(model: nn.Module, decay: float):
+    """diffusers' ``EMAModel`` of ``model``'s parameters, or ``None`` for ``decay == 0``."""
+    if not 0.0 <= decay < 1.0:
+        raise ValueError(f"--ema-decay must lie in [0, 1), got {decay}")
+    if decay == 0.0:
+        return None
+    from diffusers.training_utils import EMAModel
+
+    return EMAModel(model.parameters(), decay=decay)
+
+
+@contextmanager
+def ema_weights(model: nn.Module, ema):
+    """Inside the block ``model`` holds the averaged weights (``ema`` from :func:`make_ema`); then its own."""
+    if ema is None:
+        yield model
+        return
+    ema.store(model.parameters())
+    ema.copy_to(model.parameters())
+    try:
+        yield model
+    finally:
+        ema.restore(model.parameters())

@@ -36,7 +36,7 @@ from ..metrics import PenultimateFeatures, default_classifier, frechet_distance,
 from ..models.diffusion import PREDICTION_TYPES, AutoregressiveVideoDiffusion, default_clip_sample
 from ..plots import save_image_grid, save_video_rows
 from ..scaling import to_model_range
-from . import add_seed_arguments, seed_range
+from . import add_ema_argument, add_seed_arguments, ema_weights, make_ema, seed_range
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "train_s", "classifier_accuracy"]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "batch_size": 8, "channels": "8,16"}
@@ -65,6 +65,11 @@ def parse_arguments(argv=None) -> argparse.Namespace:
                              "option existed were sampled with clipping on for every model)")
     parser.add_argument("--prediction-type", choices=PREDICTION_TYPES, default="epsilon",
                         help="what the UNet predicts (epsilon: the thesis's eq. (5.2))")
+    add_ema_argument(parser)
+    parser.add_argument("--save-models", action="store_true",
+                        help="save each trained model (its EMA weights with --ema-decay) with save_pretrained to "
+                             "DIR/model_<frames>frame_<augmentation>_seed<seed>/ (reload: "
+                             "AutoregressiveVideoDiffusion.from_pretrained)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
     args = parser.parse_args(argv)
@@ -111,6 +116,7 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
                                          block_out_channels=args.channels, clip_sample=clip,
                                          prediction_type=args.prediction_type)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    ema = make_ema(model, args.ema_decay)
     start = time.perf_counter()
     model.train()
     for _ in tqdm(range(args.steps), desc=f"{frames}-frame {augmentation}", disable=args.quiet, leave=False):
@@ -119,8 +125,15 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if ema is not None:
+            ema.step(model.parameters())
     train_s = time.perf_counter() - start
     model.eval()
+    with ema_weights(model, ema):
+        return evaluate(args, model, held_out, size, frames, augmentation, seed, classifier, out, generator, train_s)
+
+
+def evaluate(args, model, held_out, size, frames, augmentation, seed, classifier, out, generator, train_s):
     videos = model.sample(args.samples, args.sampling_steps, generator)
     last = to_image_space(videos[:, -1], size)
     real = to_image_space(held_out[: args.samples], size)
@@ -131,6 +144,8 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
         predicted = model.sample_next_frame(truth[:, -1 - model.context:-1], args.sampling_steps, generator)
         row["psnr"] = float(psnr(to_image_space(predicted, size), to_image_space(truth[:, -1], size)))
     name = f"{frames}frame_{augmentation}_seed{seed}"
+    if args.save_models:
+        model.save_pretrained(out / f"model_{name}")
     save_image_grid(last[:32], out / f"samples_{name}.png")
     if frames > 1:
         save_video_rows({f"sample {i}": to_image_space(videos[i], size) for i in range(4)},

@@ -13,6 +13,14 @@ With ``num_frames = 1`` (``context = 0``) this is exactly an image DDPM of the s
 thesis's 1-frame baseline. Sampling runs the reverse chain once for the initial block and once per
 later frame, each frame conditioned on the ``C`` most recent generated frames.
 
+The model is a diffusers ``ModelMixin``/``ConfigMixin``: ``save_pretrained(dir)`` writes its
+config (every constructor argument, hence also its training noise schedule) and weights,
+``AutoregressiveVideoDiffusion.from_pretrained(dir)`` rebuilds it, and
+:class:`pseudovideo.pipelines.PseudoVideoPipeline` samples it with any diffusers scheduler. Its
+UNet takes windows with indicator channels, not plain images: passed to diffusers' own
+``DDPMPipeline``/``DDIMPipeline`` (whose noise fills the indicator channels) it raises
+:class:`IndicatorChannelsError` instead of returning images with the wrong channel count.
+
 Clipping. diffusers' DDPM/DDIM schedulers clip the predicted clean sample ``x_0`` to
 ``[-1, 1]`` by default; that is right for images in ``[-1, 1]`` but wrong for Gaussian-noise pseudo
 frames, of which a large share lies outside ``[-1, 1]`` in training (``z_s = sqrt(1 - beta) z_{s+1} +
@@ -26,7 +34,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch import nn
 
 from .._optional import missing
 from .._random import randn
@@ -34,7 +41,8 @@ from .._validation import check_generator, check_int, check_tensor
 from ..scaling import check_model_range
 
 try:
-    from diffusers import DDIMScheduler, DDPMScheduler, UNet2DModel
+    from diffusers import ConfigMixin, DDIMScheduler, DDPMScheduler, ModelMixin, UNet2DModel
+    from diffusers.configuration_utils import register_to_config
 except ImportError as _error:
     raise missing("diffusers", "video", "pseudovideo.models.diffusion") from _error
 
@@ -48,6 +56,29 @@ PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
 CLIP_SAMPLE = {"none": True, "blur": True, "heat": False, "markov_first": False, "markov_high": False}
 
 
+class IndicatorChannelsError(ValueError):
+    """The UNet of :class:`AutoregressiveVideoDiffusion` got input whose indicator channels are not slot
+    states (``1`` observed, ``0`` latent, ``-1`` absent): e.g. from diffusers' ``DDPMPipeline``."""
+
+
+class WindowUNet2DModel(UNet2DModel):
+    """diffusers' ``UNet2DModel`` for a window of frame slots: its last ``num_indicator_channels`` input
+    channels must hold slot states, which it checks (a plain image pipeline fills them with noise)."""
+
+    num_indicator_channels = 0
+
+    def forward(self, sample, timestep, *args, **kwargs):
+        if self.num_indicator_channels:
+            indicator = sample[:, -self.num_indicator_channels:]
+            if not bool(((indicator == OBSERVED) | (indicator == LATENT) | (indicator == ABSENT)).all()):
+                raise IndicatorChannelsError(
+                    f"this UNet's last {self.num_indicator_channels} input channels are slot indicators (1 observed, "
+                    "0 latent, -1 absent), not image channels: it is the denoiser of an AutoregressiveVideoDiffusion "
+                    "and cannot run in diffusers' DDPMPipeline/DDIMPipeline; sample it with "
+                    "pseudovideo.pipelines.PseudoVideoPipeline(model, scheduler) or model.sample(...)")
+        return super().forward(sample, timestep, *args, **kwargs)
+
+
 def default_clip_sample(augmentation: str) -> bool:
     """``CLIP_SAMPLE[augmentation]``: the right ``clip_sample`` for a model trained on that builder."""
     if not isinstance(augmentation, str) or augmentation not in CLIP_SAMPLE:
@@ -55,18 +86,22 @@ def default_clip_sample(augmentation: str) -> bool:
     return CLIP_SAMPLE[augmentation]
 
 
-class AutoregressiveVideoDiffusion(nn.Module):
+class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
     """p(z_1..z_T) = p(z_1..z_C) prod_t p(z_t | z_{t-C..t-1}), every factor a DDPM of one shared UNet."""
 
+    @register_to_config
     def __init__(self, num_frames: int, context: int, channels: int = 1, image_size: int = 32,
                  block_out_channels: tuple[int, ...] = (32, 64, 64), layers_per_block: int = 1,
-                 num_train_timesteps: int = 1000, clip_sample: bool = False, prediction_type: str = "epsilon"):
+                 num_train_timesteps: int = 1000, clip_sample: bool = False, prediction_type: str = "epsilon",
+                 beta_schedule: str = "squaredcos_cap_v2"):
         """``clip_sample``: clip the predicted clean frames to ``[-1, 1]`` while sampling (diffusers'
         ``clip_sample``); leave it off unless every training frame lies in ``[-1, 1]``
         (:func:`default_clip_sample`). ``prediction_type``: what the UNet predicts, as in diffusers:
         ``"epsilon"`` the noise (thesis eq. (5.2)), ``"sample"`` the clean frames ``x_0``, or
         ``"v_prediction"`` ``v = sqrt(abar_t) eps - sqrt(1 - abar_t) x_0`` (Salimans & Ho), whose errors
-        the sampler does not amplify by ``1 / sqrt(abar_t)`` at high noise levels."""
+        the sampler does not amplify by ``1 / sqrt(abar_t)`` at high noise levels. ``beta_schedule``:
+        the training noise schedule, any of diffusers' names (``"squaredcos_cap_v2"``, the cosine
+        schedule, or ``"linear"``, the thesis's DDPM schedule, ...)."""
         super().__init__()
         check_int(num_frames, "num_frames")
         if num_frames == 1 and context != 0:
@@ -85,14 +120,19 @@ class AutoregressiveVideoDiffusion(nn.Module):
                              f"{2 ** (len(block_out_channels) - 1)}; pad the images")
         self.num_frames, self.context, self.channels, self.image_size = num_frames, context, channels, image_size
         self.slots = context + 1
-        self.unet = UNet2DModel(
+        block_out_channels = tuple(block_out_channels)
+        self.unet = WindowUNet2DModel(
             sample_size=image_size, in_channels=self.slots * (channels + 1), out_channels=self.slots * channels,
             block_out_channels=block_out_channels, layers_per_block=layers_per_block,
             down_block_types=("DownBlock2D",) * len(block_out_channels),
             up_block_types=("UpBlock2D",) * len(block_out_channels), norm_num_groups=8,
         )
-        self.scheduler = DDPMScheduler(num_train_timesteps=num_train_timesteps, beta_schedule="squaredcos_cap_v2",
-                                       clip_sample=clip_sample, prediction_type=prediction_type)
+        self.unet.num_indicator_channels = self.slots
+        try:
+            self.scheduler = DDPMScheduler(num_train_timesteps=num_train_timesteps, beta_schedule=beta_schedule,
+                                           clip_sample=clip_sample, prediction_type=prediction_type)
+        except NotImplementedError as error:
+            raise ValueError(f"beta_schedule {beta_schedule!r} is not one of diffusers' schedules") from error
 
     @property
     def num_tasks(self) -> int:
@@ -142,7 +182,8 @@ class AutoregressiveVideoDiffusion(nn.Module):
         check_int(num_inference_steps, "num_inference_steps")
         check_int(batch_size, "batch_size")
         check_generator(generator)
-        chunks = [self._sample_batch(min(batch_size, num_samples - start), num_inference_steps, generator)
+        scheduler = DDIMScheduler.from_config(self.scheduler.config)
+        chunks = [self._sample_batch(min(batch_size, num_samples - start), scheduler, num_inference_steps, generator)
                   for start in range(0, num_samples, batch_size)]
         return torch.cat(chunks)
 
@@ -162,10 +203,8 @@ class AutoregressiveVideoDiffusion(nn.Module):
         check_tensor(context_frames, "context_frames", non_empty=True, finite=True, dtype=self._dtype())
         check_int(num_inference_steps, "num_inference_steps")
         check_generator(generator)
-        batch = len(context_frames)
-        state = torch.tensor([OBSERVED] * self.context + [LATENT], device=context_frames.device).expand(batch, -1)
-        window = torch.cat([context_frames, torch.zeros_like(context_frames[:, :1])], dim=1)
-        return self._reverse_chain(window, state, num_inference_steps, generator)[:, -1]
+        scheduler = DDIMScheduler.from_config(self.scheduler.config)
+        return self._next_frame(context_frames, scheduler, num_inference_steps, generator)
 
     def predict_next_frame(self, context_frames: torch.Tensor, num_inference_steps: int = 50,
                            generator: torch.Generator | None = None) -> torch.Tensor:
@@ -174,31 +213,49 @@ class AutoregressiveVideoDiffusion(nn.Module):
                       DeprecationWarning, stacklevel=2)
         return self.sample_next_frame(context_frames, num_inference_steps, generator)
 
-    def _sample_batch(self, batch, steps, generator):
-        device = next(self.parameters()).device
+    @property
+    def num_chains(self) -> int:
+        """Reverse chains per generated video: the initial block, then one per later frame."""
+        return self.num_tasks
+
+    def _sample_batch(self, batch, scheduler, steps, generator, step_options=None, progress=None):
+        """``batch`` videos, every chain run by ``scheduler`` (``step_options``: extra ``step`` arguments)."""
         shape = (batch, self.slots, self.channels, self.image_size, self.image_size)
-        window = torch.zeros(shape, dtype=self._dtype(), device=device)
-        tasks = torch.zeros(batch, dtype=torch.long, device=device)
+        window = torch.zeros(shape, dtype=self._dtype(), device=self.device)
+        tasks = torch.zeros(batch, dtype=torch.long, device=self.device)
         _, state = self.task_windows(tasks)
-        initial = self._reverse_chain(window, state, steps, generator)
+        initial = self._reverse_chain(window, state, scheduler, steps, generator, step_options, progress)
         frames = list(initial.unbind(1)) if self.num_frames == 1 else list(initial[:, :self.context].unbind(1))
         while len(frames) < self.num_frames:
-            frames.append(self.sample_next_frame(torch.stack(frames[-self.context:], 1), steps, generator))
+            context = torch.stack(frames[-self.context:], 1)
+            frames.append(self._next_frame(context, scheduler, steps, generator, step_options, progress))
         return torch.stack(frames, 1)
 
-    def _reverse_chain(self, window, state, steps, generator):
-        """DDIM (eta = 0) from pure noise in the latent slots; observed slots stay clean."""
-        scheduler = DDIMScheduler.from_config(self.scheduler.config)
-        scheduler.set_timesteps(steps)
+    def _next_frame(self, context_frames, scheduler, steps, generator, step_options=None, progress=None):
+        batch = len(context_frames)
+        state = torch.tensor([OBSERVED] * self.context + [LATENT], device=context_frames.device).expand(batch, -1)
+        window = torch.cat([context_frames, torch.zeros_like(context_frames[:, :1])], dim=1)
+        return self._reverse_chain(window, state, scheduler, steps, generator, step_options, progress)[:, -1]
+
+    def _reverse_chain(self, window, state, scheduler, steps, generator, step_options=None, progress=None):
+        """The scheduler's reverse chain from noise in the latent slots; observed slots stay clean.
+
+        Any diffusers scheduler: ``x_T = init_noise_sigma * eps``, then per timestep the UNet sees
+        ``scale_model_input(x_t)`` and ``step`` gives ``x_{t-1}`` (DDIM's ``eta``, DDPM's ancestral
+        noise drawn by ``generator``). ``set_timesteps`` restarts multistep schedulers' history.
+        """
+        scheduler.set_timesteps(steps, device=window.device)
         latent = (state == LATENT)[:, :, None, None, None]
         # drawn in float32 whatever the model's dtype: a seeded generator gives the same chain in every dtype
         noise = randn(window.shape, generator, torch.float32, window.device).to(window.dtype)
-        sample = torch.where(latent, noise, window)
+        sample = torch.where(latent, noise * scheduler.init_noise_sigma, window)
         for timestep in scheduler.timesteps:
             timesteps = torch.full((len(window),), int(timestep), device=window.device)
-            prediction = self._predict_noise(sample, window, state, timesteps)
-            stepped = scheduler.step(prediction, timestep, sample).prev_sample
+            prediction = self._predict_noise(scheduler.scale_model_input(sample, timestep), window, state, timesteps)
+            stepped = scheduler.step(prediction, timestep, sample, **(step_options or {})).prev_sample
             sample = torch.where(latent, stepped.to(window.dtype), window)
+            if progress is not None:
+                progress.update()
         return sample
 
     def _predict_noise(self, noisy, clean, state, timesteps):
