@@ -30,6 +30,7 @@ from .models.diffusion import AutoregressiveVideoDiffusion
 from .scaling import to_data_range
 
 try:
+    import diffusers
     from diffusers import DiffusionPipeline
     from diffusers.schedulers.scheduling_utils import SchedulerMixin
     from diffusers.utils import BaseOutput
@@ -56,7 +57,7 @@ class PseudoVideoPipeline(DiffusionPipeline):
 
     model_cpu_offload_seq = "model"
 
-    def __init__(self, model: AutoregressiveVideoDiffusion, scheduler: SchedulerMixin):
+    def __init__(self, model: AutoregressiveVideoDiffusion, scheduler: diffusers.SchedulerMixin):
         super().__init__()
         if not isinstance(model, AutoregressiveVideoDiffusion):
             raise TypeError(f"model must be an AutoregressiveVideoDiffusion, got {type(model).__name__}")
