@@ -12,7 +12,9 @@ have :class:`~gpytorch_hippo.botorch_variational.OnlineVariationalGPModel` over 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 from typing import Any
 
 import gpytorch
@@ -148,28 +150,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         _check_X_Y(train_X, train_Y, "train_X", "train_Y")
         if train_X.dim() != 2:
             raise ValueError(f"train_X must have shape (n, d), got {tuple(train_X.shape)}")
-        for name, value, allow_none in (("fit_maxiter", fit_maxiter, False), ("refit_every", refit_every, True)):
-            if value is None and allow_none:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "fit_maxiter" else 1):
-                raise ValueError(f"{name} must be a {'non-negative' if name == 'fit_maxiter' else 'positive'} int, got {value!r}")
-        if ordering not in ORDERING_CRITERIA:
-            raise ValueError(f"ordering must be one of {ORDERING_CRITERIA}, got {ordering!r}")
-        dim = train_X.shape[-1]
-        if covar_module is None:
-            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
-        if likelihood is None:
-            likelihood = get_gaussian_likelihood_with_lognormal_prior()
-        if mean_module is None:
-            mean_module = gpytorch.means.ConstantMean()
-        self.online = OnlineSGPR(inducing_variables, covar_module, likelihood, mean_module).to(train_X)
-        if input_transform is not None:
-            self.input_transform = input_transform.to(train_X)
-        if outcome_transform is not None:
-            self.outcome_transform = outcome_transform.to(train_X)
-        self.fit_maxiter, self.refit_every, self.keep_data, self.ordering = fit_maxiter, refit_every, keep_data, ordering
-        self.num_updates = 0
-        self._stored_X = self._stored_Y = None
+        self._setup(train_X, inducing_variables, covar_module, likelihood, mean_module, input_transform, outcome_transform,
+                    fit_maxiter, refit_every, keep_data, ordering)
         x, y = self._to_model_space(train_X, train_Y, fit_transforms=True)
         if input_transform is not None:
             _check_points_near(inducing_variables, x)
@@ -179,6 +161,36 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         self.online.mean_module.requires_grad_(False)
         self._absorb(train_X, train_Y, x, y)
         self.eval()
+
+    def _setup(self, reference: Tensor, inducing_variables, covar_module, likelihood, mean_module, input_transform,
+               outcome_transform, fit_maxiter, refit_every, keep_data, ordering) -> None:
+        """The modules and settings (no data): ``reference`` gives ``d``, the dtype and the device."""
+        for name, value, allow_none in (("fit_maxiter", fit_maxiter, False), ("refit_every", refit_every, True)):
+            if value is None and allow_none:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "fit_maxiter" else 1):
+                raise ValueError(f"{name} must be a {'non-negative' if name == 'fit_maxiter' else 'positive'} int, got {value!r}")
+        if ordering not in ORDERING_CRITERIA:
+            raise ValueError(f"ordering must be one of {ORDERING_CRITERIA}, got {ordering!r}")
+        dim = reference.shape[-1]
+        if covar_module is None:
+            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        if likelihood is None:
+            likelihood = get_gaussian_likelihood_with_lognormal_prior()
+        if mean_module is None:
+            mean_module = gpytorch.means.ConstantMean()
+        self.online = OnlineSGPR(inducing_variables, covar_module, likelihood, mean_module).to(reference)
+        if input_transform is not None:
+            self.input_transform = input_transform.to(reference)
+        if outcome_transform is not None:
+            self.outcome_transform = outcome_transform.to(reference)
+        self.fit_maxiter, self.refit_every, self.keep_data, self.ordering = fit_maxiter, refit_every, keep_data, ordering
+        #: number of batches absorbed (schedules ``refit_every``; in the ``state_dict``)
+        self.register_buffer("num_updates", torch.tensor(0, device=reference.device))
+        for name in ("stored_inputs", "stored_targets", "stored_noise"):  # keep_data=True: all data, model space
+            self.register_buffer(name, None)
+        self._posterior_hyperparameters = None
+        self._internal_refit = False
 
     # ------------------------------------------------------------------ BoTorch's model contract
     @property
@@ -223,9 +235,131 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         return self._stored_data("train_targets")[1]
 
     def _stored_data(self, name: str) -> tuple[Tensor, Tensor]:
-        if self._stored_X is None:
-            raise _NoStoredData(f"{name}: this OnlineGPModel keeps no data (keep_data=False), only the online summary q(u)")
-        return self._stored_X, self._stored_Y
+        if self.stored_inputs is None:
+            raise _NoStoredData(
+                f"{name}: this OnlineGPModel keeps no data (keep_data=False), only the online summary q(u), so BoTorch's "
+                "fit_gpytorch_mll(ExactMarginalLogLikelihood(...)) and training loops over train_inputs have nothing to fit: "
+                "refresh the hyperparameters on a new batch with model.observe(X, Y) and refit_every=k, or "
+                "model.fit_hyperparameters(x, y); or build the model with keep_data=True"
+            )
+        return self.stored_inputs, self.stored_targets
+
+    # ------------------------------------------------------------------ hyperparameters and the stored posterior
+    def _hyperparameter_tensors(self) -> list[Tensor]:
+        modules = (self.online.covar_module, self.online.likelihood, self.online.mean_module)
+        return [t for module in modules for t in itertools.chain(module.parameters(), module.buffers())]
+
+    def _hyperparameters_changed(self) -> bool:
+        """Whether the kernel, likelihood or mean changed since the stored posterior was computed."""
+        snapshot, tensors = self._posterior_hyperparameters, self._hyperparameter_tensors()
+        if snapshot is None:
+            return False
+        return len(snapshot) != len(tensors) or any(
+            a.shape != b.shape or not torch.equal(a, b.detach()) for a, b in zip(snapshot, tensors)
+        )
+
+    def _record_hyperparameters(self) -> None:
+        self._posterior_hyperparameters = [t.detach().clone() for t in self._hyperparameter_tensors()]
+
+    def train(self, mode: bool = True) -> OnlineGPModel:
+        """GPyTorch's modes. Returning to eval mode after the hyperparameters were changed outside the
+        model's own updates (BoTorch's ``fit_gpytorch_mll`` with an ``ExactMarginalLogLikelihood``, a
+        torch training loop, ``load_hyperparameters``) recomputes the stored posterior from the kept data
+        (``keep_data=True``) with the new hyperparameters, so that it equals a fresh model's; without kept
+        data the stored ``q(u)`` is carried to them as the online update carries it (Bui et al. 2017)."""
+        super().train(mode)
+        if not mode and not self._internal_refit and self.stored_inputs is not None and self._hyperparameters_changed():
+            self.refresh_posterior()
+        return self
+
+    def refresh_posterior(self) -> None:
+        """Recompute the stored posterior from all kept data (``keep_data=True``) with the current
+        hyperparameters, as one batch: the posterior of a fresh model built on that data."""
+        inputs, targets = self._stored_data("refresh_posterior")
+        noise = self.stored_noise
+        if noise is not None:
+            noise = torch.where(torch.isnan(noise), self.likelihood.noise.detach().squeeze(-1).expand_as(noise), noise)
+        with torch.no_grad():
+            self.online.reset_posterior()
+            self.online.update(inputs, targets, num_iter=0, noise=noise)
+        self._record_hyperparameters()
+
+    def load_hyperparameters(self, state_dict: dict) -> None:
+        """Warm start (BoTorch tutorials' ``model.load_state_dict(old_model.state_dict())``): load the kernel,
+        likelihood, mean and transform parameters of ``state_dict`` and keep this model's data and posterior
+        (recomputed from the kept data with the loaded hyperparameters when ``keep_data=True``)."""
+        summary = ("online.posterior", "online.num_tasks", "online.seen_input_range", "online.inducing_variables", "num_updates",
+                   "stored_")
+        hyperparameters = {k: v for k, v in state_dict.items() if not k.startswith(summary)}
+        with self._own_update():
+            result = super().load_state_dict(hyperparameters, strict=False)
+        unexpected = [k for k in result.unexpected_keys if not k.startswith(summary)]
+        if unexpected:
+            raise RuntimeError(f"unexpected keys in state_dict: {unexpected}")
+        self.eval()
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Restore a checkpoint: hyperparameters, posterior summary, counters and kept data together.
+
+        A model that already holds a posterior refuses a checkpoint with another one (BoTorch's warm
+        start would otherwise replace this model's observations by the checkpoint's silently): warm-start
+        with :meth:`load_hyperparameters`, or rebuild a checkpointed model with :meth:`from_state_dict`."""
+        has_summary = any(key.startswith("online.posterior_") for key in state_dict)
+        if has_summary and self.online.has_posterior and not self._same_posterior(state_dict):
+            raise ValueError(
+                "load_state_dict would replace this model's posterior (and its observations) by the checkpoint's: "
+                "to warm-start the hyperparameters keep this model's data with model.load_hyperparameters(state_dict); "
+                "to restore the checkpointed model use OnlineGPModel.from_state_dict(state_dict, ...)"
+            )
+        with self._own_update():
+            result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if has_summary:  # the loaded posterior belongs to the loaded hyperparameters
+            self._record_hyperparameters()
+        return result
+
+    def _same_posterior(self, state_dict: dict) -> bool:
+        own = self.online.state_dict(prefix="online.")
+        keys = [k for k in own if k.startswith("online.posterior_") and isinstance(own[k], Tensor)] + ["online.num_tasks"]
+        return all(
+            k in state_dict and state_dict[k].shape == own[k].shape and torch.equal(state_dict[k].to(own[k]), own[k])
+            for k in keys
+        )
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        for name in ("stored_inputs", "stored_targets", "stored_noise"):
+            if prefix + name in state_dict and getattr(self, name) is None:
+                setattr(self, name, torch.empty_like(state_dict[prefix + name]))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        state_dict: dict,
+        inducing_variables: InducingVariables,
+        covar_module: gpytorch.kernels.Kernel | None = None,
+        likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
+        mean_module: gpytorch.means.Mean | None = None,
+        input_transform: InputTransform | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+        **options: Any,
+    ) -> OnlineGPModel:
+        """Rebuild a checkpointed model without its training data: the same modules (or defaults) as
+        when it was built, then its ``state_dict`` (posterior, hyperparameters, counters, kept data).
+        ``options``: ``fit_maxiter``, ``refit_every``, ``keep_data``, ``ordering`` as in the constructor."""
+        reference = state_dict["online.posterior_shift"]
+        lengthscale = state_dict.get("online.covar_module.raw_lengthscale")
+        if covar_module is None and lengthscale is None:
+            raise ValueError("from_state_dict: pass covar_module= (the checkpoint's kernel has no length scale to read d from)")
+        dim = lengthscale.shape[-1] if lengthscale is not None else 1
+        settings = {"fit_maxiter": 100, "refit_every": None, "keep_data": False, "ordering": "kernel_max", **options}
+        model = cls.__new__(cls)
+        super(OnlineGPModel, model).__init__()
+        model._setup(reference.new_zeros(dim), inducing_variables, covar_module, likelihood, mean_module, input_transform,
+                     outcome_transform, **settings)
+        model.online.mean_module.requires_grad_(False)  # fixed after the first batch, as in the constructor
+        model.load_state_dict(state_dict)
+        model.eval()
+        return model
 
     def __getattr__(self, name: str):
         try:
@@ -282,9 +416,14 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         return posterior
 
     def forward(self, X: Tensor) -> MultivariateNormal:
-        """``q(f(X))`` after the input transform, in the model's (transformed) outcome space:
-        GPyTorch's ``model(X)``. BoTorch's acquisitions call :meth:`posterior`."""
+        """GPyTorch's ``model(X)``. Eval mode: ``q(f(X))`` after the input transform, in the model's
+        (transformed) outcome space; BoTorch's acquisitions call :meth:`posterior`. Train mode, as an
+        ``ExactGP``: the prior ``N(m(X), k(X, X))`` at model-space inputs such as :attr:`train_inputs`, so that
+        ``ExactMarginalLogLikelihood`` (``fit_gpytorch_mll``, a torch training loop) is the exact marginal
+        likelihood of the kept data; back in eval mode the stored posterior is recomputed (:meth:`train`)."""
         X = check_tensor(X, "X", dtype=floating_dtype(self.covar_module), min_dim=2)
+        if self.training:
+            return MultivariateNormal(self.mean_module(X), self.covar_module(X))
         return self.online(self.transform_inputs(X))
 
     def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> OnlineGPModel:
@@ -353,11 +492,14 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         with torch.no_grad():
             start = mll()
         before = {key: value.clone() for key, value in mll.state_dict().items()}
-        fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": maxiter}})
-        self.eval()
-        with torch.no_grad():
-            if not mll() >= start:
-                mll.load_state_dict(before)
+        with self._own_update():  # the online refit: the stored q(u) is carried to the new hyperparameters
+            fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": maxiter}})
+            self.eval()
+            with torch.no_grad():
+                if not mll() >= start:
+                    mll.load_state_dict(before)
+        if self.online.has_posterior:
+            self._record_hyperparameters()
 
     # ------------------------------------------------------------------ internals
     def _with_batch_shape(self, batch_shape: torch.Size) -> OnlineGPModel:
@@ -411,16 +553,31 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor, noise: Tensor | None = None) -> None:
         # fantasies of look-ahead acquisitions carry gradients to the candidate: keep the graph then
         differentiable = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
+        if self._hyperparameters_changed() and self.stored_inputs is not None:
+            self.refresh_posterior()  # hyperparameters set by hand since the last batch: the kept data first
         self.online.update(x, y, num_iter=0, differentiable=differentiable, noise=noise)
+        self._record_hyperparameters()
         self.num_updates += 1
         if self.keep_data:
-            if self._stored_X is None:
-                self._stored_X, self._stored_Y = x.detach().clone(), y.detach().clone()
+            point_noise = torch.full_like(y, float("nan")) if noise is None else noise.detach().expand(y.shape)
+            if self.stored_inputs is None:
+                self.stored_inputs, self.stored_targets = x.detach().clone(), y.detach().clone()
+                self.stored_noise = point_noise.clone()
             else:
-                batch = torch.broadcast_shapes(self._stored_Y.shape[:-1], y.shape[:-1])
-                old_x = self._stored_X.expand(*batch, *self._stored_X.shape[-2:])
-                self._stored_X = torch.cat([old_x, x.expand(*batch, *x.shape[-2:])], dim=-2)
-                self._stored_Y = torch.cat([self._stored_Y.expand(*batch, -1), y.expand(*batch, -1)], dim=-1)
+                batch = torch.broadcast_shapes(self.stored_targets.shape[:-1], y.shape[:-1])
+                old_x = self.stored_inputs.expand(*batch, *self.stored_inputs.shape[-2:])
+                self.stored_inputs = torch.cat([old_x, x.detach().expand(*batch, *x.shape[-2:])], dim=-2)
+                self.stored_targets = torch.cat([self.stored_targets.expand(*batch, -1), y.detach().expand(*batch, -1)], dim=-1)
+                self.stored_noise = torch.cat([self.stored_noise.expand(*batch, -1), point_noise.expand(*batch, -1)], dim=-1)
+
+    @contextlib.contextmanager
+    def _own_update(self):
+        """The model's own hyperparameter changes (online refits, loading): no recomputation on ``eval()``."""
+        previous, self._internal_refit = self._internal_refit, True
+        try:
+            yield
+        finally:
+            self._internal_refit = previous
 
 
 def _check_points_near(inducing_variables: InducingVariables, x: Tensor) -> None:

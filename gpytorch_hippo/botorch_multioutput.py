@@ -23,6 +23,7 @@ import gpytorch
 import torch
 from botorch.acquisition.objective import PosteriorTransform
 from botorch.exceptions.errors import BotorchTensorDimensionError
+from botorch.models.model import Model
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.posteriors.gpytorch import GPyTorchPosterior
@@ -96,6 +97,14 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         )
         self.fit_maxiter, self.refit_every, self.keep_data, self.ordering = fit_maxiter, refit_every, keep_data, ordering
         self.eval()
+
+    def train(self, mode: bool = True) -> MultiOutputOnlineGPModel:
+        """GPyTorch's modes; each output refreshes its own stored posterior (:meth:`OnlineGPModel.train`)."""
+        return Model.train(self, mode)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``torch.nn.Module``'s loading of every output's state."""
+        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
 
     # ------------------------------------------------------------------ BoTorch's model contract
     @property

@@ -269,6 +269,14 @@ class OnlineSGPR(gpytorch.Module):
         """Whether at least one task has been absorbed."""
         return self.posterior_chol is not None
 
+    def reset_posterior(self) -> None:
+        """Forget every absorbed task: back to the prior (hyperparameters and inducing variables kept)."""
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range"):
+            setattr(self, name, None)
+        self.posterior_inducing_variables = None
+        self.posterior_mean_module = None
+        self.num_tasks.zero_()
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # The summary buffers and the frozen inducing copy exist only after a task: allocate them so
         # that a fresh model can load the state of a trained one.

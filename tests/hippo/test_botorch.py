@@ -245,10 +245,14 @@ def test_state_dict_reload_and_float32():
     x, y = data(15, 10)
     model, _ = fixed_model(InducingPoints(x[:6], learn=False, jitter=1e-4), x[:8], y[:8])
     model = model.condition_on_observations(x[8:], y[8:])
-    fresh, _ = fixed_model(InducingPoints(x[:6], learn=False, jitter=1e-4), x[:3], y[:3])
-    fresh.load_state_dict(model.state_dict())
+    fresh = OnlineGPModel.from_state_dict(
+        model.state_dict(), InducingPoints(x[:6], learn=False, jitter=1e-4), covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=2),
+        likelihood=gpytorch.likelihoods.GaussianLikelihood(), mean_module=gpytorch.means.ConstantMean(),
+    )
+    assert fresh.num_updates.item() == model.num_updates.item() == 2
     test = torch.rand(5, 2, dtype=DOUBLE)
     torch.testing.assert_close(fresh.posterior(test).mean, model.posterior(test).mean)
+    torch.testing.assert_close(fresh.posterior(test).variance, model.posterior(test).variance)
     # the same model (same jitter) in float32: round-off only
     single, _ = fixed_model(InducingPoints(x[:6].float(), learn=False, jitter=1e-4), x.float()[:8], y.float()[:8])
     single = single.condition_on_observations(x.float()[8:], y.float()[8:])

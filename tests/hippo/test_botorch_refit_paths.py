@@ -1,0 +1,147 @@
+"""BoTorch's fitting and loading paths on ``OnlineGPModel`` never leave a stale posterior: after
+``fit_gpytorch_mll(ExactMarginalLogLikelihood(...))``, a torch training loop over ``train_inputs``, a
+warm start or a checkpoint, the posterior equals a fresh model's with the same hyperparameters and data
+(it used to keep the ``q(u)`` of the old hyperparameters, or the checkpoint's observations)."""
+import copy
+
+import gpytorch
+import pytest
+import torch
+from botorch.fit import fit_gpytorch_mll
+from gpytorch.mlls import ExactMarginalLogLikelihood
+
+from gpytorch_hippo import HiPPOInducingVariables, InducingPoints
+from gpytorch_hippo.botorch import OnlineGPModel
+
+DT = torch.float64
+
+
+def data(n, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 2, generator=generator, dtype=DT)
+    y = torch.sin(6 * x[:, :1]) * torch.cos(4 * x[:, 1:]) + 0.05 * torch.randn(n, 1, generator=generator, dtype=DT)
+    return x, y
+
+
+def points():
+    return InducingPoints(torch.rand(12, 2, generator=torch.Generator().manual_seed(5), dtype=DT), learn=False)
+
+
+def modules():
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2))
+    return dict(covar_module=kernel, likelihood=gpytorch.likelihoods.GaussianLikelihood(), mean_module=gpytorch.means.ConstantMean())
+
+
+def streamed(x, y, split=10, **kwargs):
+    """A model built on the first ``split`` points, then conditioned on the rest."""
+    model = OnlineGPModel(x[:split], y[:split], points(), **modules(), fit_maxiter=0, **kwargs)
+    return model.condition_on_observations(x[split:], y[split:])
+
+
+def fresh_like(model, x, y):
+    """A model built on all of ``(x, y)`` at once with ``model``'s hyperparameters (no fit)."""
+    return OnlineGPModel(x, y, copy.deepcopy(model.inducing_variables), covar_module=copy.deepcopy(model.covar_module),
+                         likelihood=copy.deepcopy(model.likelihood), mean_module=copy.deepcopy(model.mean_module), fit_maxiter=0)
+
+
+def assert_same_posterior(model, reference, atol=1e-9):
+    test = torch.rand(7, 2, generator=torch.Generator().manual_seed(9), dtype=DT)
+    ours, theirs = model.posterior(test), reference.posterior(test)
+    torch.testing.assert_close(ours.mean, theirs.mean, rtol=0, atol=atol)
+    torch.testing.assert_close(ours.variance, theirs.variance, rtol=0, atol=atol)
+
+
+def test_fit_gpytorch_mll_with_the_exact_marginal_likelihood_refreshes_the_posterior():
+    x, y = data(20)
+    model = streamed(x, y, keep_data=True)
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    model.train()
+    objective = mll(model(*model.train_inputs), model.train_targets)
+    # the objective is GPyTorch's exact marginal likelihood of all kept data
+    exact = gpytorch.models.ExactGP(x, y[:, 0], copy.deepcopy(model.likelihood))
+    exact.forward = lambda inputs: gpytorch.distributions.MultivariateNormal(model.mean_module(inputs), model.covar_module(inputs))
+    exact.train()
+    reference = ExactMarginalLogLikelihood(exact.likelihood, exact)(exact(x), y[:, 0])
+    torch.testing.assert_close(objective, reference, rtol=0, atol=1e-10)
+    before = model.covar_module.base_kernel.lengthscale.detach().clone()
+    fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 30}})
+    assert not torch.equal(before, model.covar_module.base_kernel.lengthscale)
+    assert_same_posterior(model, fresh_like(model, x, y))
+
+
+def test_a_torch_training_loop_over_train_inputs_refreshes_the_posterior():
+    """BoTorch's tutorial "fit a model with a torch optimizer", verbatim in its steps."""
+    x, y = data(20, seed=1)
+    model = streamed(x, y, keep_data=True)
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    optimizer = torch.optim.Adam([{"params": model.parameters()}], lr=0.1)
+    model.train()
+    for _ in range(20):
+        optimizer.zero_grad()
+        output = model(*model.train_inputs)
+        loss = -mll(output, model.train_targets)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    assert_same_posterior(model, fresh_like(model, x, y))
+
+
+def test_hippo_variables_refresh_over_the_whole_stream():
+    t = torch.linspace(0, 4, 40, dtype=DT).unsqueeze(-1)
+    y = torch.sin(3 * t)
+    kernel = gpytorch.kernels.RBFKernel()
+    kernel.lengthscale = 0.4
+    model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(20, "legs", t=2.0), covar_module=kernel,
+                          mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0, keep_data=True)
+    model = model.condition_on_observations(t[20:], y[20:])
+    model.covar_module.lengthscale = 0.6  # set by hand: the next posterior is recomputed from the kept data
+    other_kernel = gpytorch.kernels.RBFKernel()
+    other_kernel.lengthscale = 0.6
+    reference = OnlineGPModel(t, y, HiPPOInducingVariables(20, "legs", t=4.0), covar_module=other_kernel,
+                              likelihood=copy.deepcopy(model.likelihood), mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0)
+    test = torch.linspace(0, 4, 9, dtype=DT).unsqueeze(-1)
+    torch.testing.assert_close(model.posterior(test).mean, reference.posterior(test).mean, rtol=0, atol=1e-8)
+
+
+def test_without_kept_data_the_exact_fit_names_what_to_call():
+    x, y = data(20)
+    model = streamed(x, y)
+    with pytest.raises(AttributeError, match="keep_data=True") as error:
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    assert "observe" in str(error.value) and "fit_hyperparameters" in str(error.value)
+
+
+def test_a_warm_start_is_refused_by_load_state_dict_and_done_by_load_hyperparameters():
+    x, y = data(20, seed=2)
+    old = OnlineGPModel(x[:5], y[:5], points(), **modules(), fit_maxiter=20, keep_data=True)
+    new = streamed(x, y, keep_data=True)
+    with pytest.raises(ValueError, match="load_hyperparameters"):
+        new.load_state_dict(old.state_dict())
+    new.load_hyperparameters(old.state_dict())
+    torch.testing.assert_close(new.covar_module.base_kernel.lengthscale, old.covar_module.base_kernel.lengthscale)
+    assert new.num_updates.item() == 2 and new.train_targets.shape == (20,)  # its own data and counter
+    assert_same_posterior(new, fresh_like(old, x, y))
+
+
+def test_a_checkpoint_rebuilds_without_data_and_refits_on_the_same_schedule():
+    x, y = data(30, seed=3)
+    model = OnlineGPModel(x[:10], y[:10], points(), **modules(), fit_maxiter=5, refit_every=2)
+    model = model.observe(x[10:15], y[10:15])  # update 2: refit
+    checkpoint = copy.deepcopy(model.state_dict())
+    resumed = OnlineGPModel.from_state_dict(checkpoint, points(), **modules(), fit_maxiter=5, refit_every=2)
+    assert resumed.num_updates.item() == 2
+    assert_same_posterior(resumed, model, atol=0)
+    for start in (15, 20, 25):  # updates 3 (no refit), 4 (refit), 5
+        model = model.observe(x[start:start + 5], y[start:start + 5])
+        resumed = resumed.observe(x[start:start + 5], y[start:start + 5])
+    torch.testing.assert_close(resumed.covar_module.base_kernel.lengthscale, model.covar_module.base_kernel.lengthscale)
+    assert_same_posterior(resumed, model, atol=1e-12)
+
+
+def test_the_same_checkpoint_loads_into_its_own_model():
+    """fit_gpytorch_mll's roll-back and a reload of the model's own state are not warm starts."""
+    x, y = data(15)
+    model = streamed(x, y)
+    state = copy.deepcopy(model.state_dict())
+    model.load_state_dict(state)
+    assert_same_posterior(model, streamed(x, y), atol=0)
