@@ -15,7 +15,8 @@ Writing ``z_T = x`` and building backwards, ``t = 1, ..., T-1``:
 * ``"markov_high"`` (§5.4): ``z_{T-t} = sqrt(1-beta_t) mean(z_{T-t+1}, ..., z_T) + sqrt(beta_t) eps``.
 
 For both Markov methods ``beta_t`` is linear from ``beta_start`` (1e-4) to ``beta_end`` (0.05) over
-``t = 1, ..., T-1``; the images must be on the scale the noise is meant for, ``[-1, 1]`` as in the thesis: the noisy methods
+``t = 1, ..., T-1``, or any schedule given as ``betas`` (``T - 1`` values in ``(0, 1)``, ``betas[0]``
+building ``z_{T-1}``); the images must be on the scale the noise is meant for, ``[-1, 1]`` as in the thesis: the noisy methods
 raise a ``ValueError`` for images far outside it (root-mean-square pixel above 3, e.g. 8-bit pixels); map images from the
 loaders' ``[0, 1]`` with :func:`pseudovideo.to_model_range`.
 """
@@ -34,8 +35,8 @@ from .scaling import check_model_range
 DEFAULT_PARAMS = {
     "blur": {"rate": 0.05, "kernel_size": 11},
     "heat": {"min_std": 0.5, "max_std": 20.0, "noise_std": 0.01},
-    "markov_first": {"beta_start": 1e-4, "beta_end": 0.05},
-    "markov_high": {"beta_start": 1e-4, "beta_end": 0.05},
+    "markov_first": {"beta_start": 1e-4, "beta_end": 0.05, "betas": None},
+    "markov_high": {"beta_start": 1e-4, "beta_end": 0.05, "betas": None},
 }
 #: The pseudo-video methods of :func:`make_pseudo_video` (``method=``).
 METHODS = tuple(DEFAULT_PARAMS)
@@ -59,7 +60,7 @@ def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, genera
             noise = randn(images.shape, generator, images.dtype, images.device)
             frames.append(heat_dissipation(images, _heat_time(std)) + settings["noise_std"] * noise)
     else:
-        betas = markov_betas(num_frames, settings["beta_start"], settings["beta_end"])
+        betas = markov_betas(num_frames, settings["beta_start"], settings["beta_end"], settings["betas"])
         total = images  # running sum of the frames built so far: markov_high's mean in O(1) per frame
         for beta in betas.tolist():
             previous = frames[-1] if method == "markov_first" else total / len(frames)
@@ -74,11 +75,25 @@ def _heat_time(std: float) -> float:
     return std * std / 2 if std < 1e150 else math.inf
 
 
-def markov_betas(num_frames: int, beta_start: float, beta_end: float) -> torch.Tensor:
-    """``beta_t`` for ``t = 1, ..., T-1``: linear from ``beta_start`` to ``beta_end`` (§5.4, float64)."""
+def markov_betas(num_frames: int, beta_start: float, beta_end: float, betas=None) -> torch.Tensor:
+    """``beta_t`` for ``t = 1, ..., T-1`` (float64): ``betas`` if given (a sequence or 1-D tensor of
+    ``T - 1`` values in ``(0, 1)``), else linear from ``beta_start`` to ``beta_end`` (§5.4)."""
     check_int(num_frames, "num_frames", low=2)
-    beta_start, beta_end = check_betas(beta_start, beta_end)
-    return torch.linspace(beta_start, beta_end, num_frames - 1, dtype=torch.float64)
+    if betas is None:
+        beta_start, beta_end = check_betas(beta_start, beta_end)
+        return torch.linspace(beta_start, beta_end, num_frames - 1, dtype=torch.float64)
+    if isinstance(betas, (str, bytes)):
+        raise TypeError(f"betas must be a sequence of numbers, got {type(betas).__name__}")
+    try:
+        schedule = torch.as_tensor(betas, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"betas must be a sequence of numbers, got {type(betas).__name__}") from error
+    if schedule.shape != (num_frames - 1,):
+        raise ValueError(f"betas must hold num_frames - 1 = {num_frames - 1} values (one per corrupted frame), "
+                         f"got shape {tuple(schedule.shape)}")
+    if not bool(((schedule > 0) & (schedule < 1)).all()):
+        raise ValueError(f"betas must lie in (0, 1), got {schedule.tolist()}")
+    return schedule
 
 
 def check_betas(beta_start, beta_end) -> tuple[float, float]:
@@ -171,4 +186,5 @@ def _check_arguments(images, num_frames, method, params, generator) -> dict:
         settings["noise_std"] = check_real(settings["noise_std"], "noise_std", low=0.0)
     else:
         settings["beta_start"], settings["beta_end"] = check_betas(settings["beta_start"], settings["beta_end"])
+        markov_betas(num_frames, settings["beta_start"], settings["beta_end"], settings["betas"])  # checks betas
     return settings
