@@ -12,6 +12,16 @@ def test_readme_pseudovideo_example(run_readme_block):
     b = 1e-4
     torch.testing.assert_close(namespace["previous_only"], (eigenvalues * b / ((1 - b) * eigenvalues + b)).sum())
     assert namespace["all_earlier"] < namespace["previous_only"]
+    assert namespace["method"] == "markov_high" and 0.003 < namespace["gain"] < 0.005  # printed: 0.39%
+
+
+def test_guide_pipeline_example(run_readme_block):
+    """The guide's train / save / reload / sample / score example: what it prints is what it computed."""
+    namespace = run_readme_block("PseudoVideoPipeline(model, DDPMScheduler")
+    videos = namespace["videos"]
+    assert videos.shape == (8, 4, 1, 8, 8) and 0 <= videos.min() and videos.max() <= 1
+    assert namespace["model"].config.clip_sample is False and namespace["fid"] > 0
+    assert 0.5 < namespace["classifier"].test_accuracy <= 1
 
 
 def test_readme_tokenizer_example(run_readme_block):
