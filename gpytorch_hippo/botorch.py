@@ -22,14 +22,17 @@ import torch
 from botorch.acquisition.objective import PosteriorTransform
 from botorch.exceptions.errors import BotorchTensorDimensionError
 from botorch.fit import fit_gpytorch_mll
+from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin, Model
 from botorch.models.transforms.input import InputTransform
-from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
+from botorch.models.utils.assorted import validate_input_scaling
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
 )
 from botorch.posteriors.gpytorch import GPyTorchPosterior
+from botorch.utils.types import DEFAULT, _DefaultType
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.mlls import MarginalLogLikelihood
 from linear_operator.operators import DiagLinearOperator
@@ -38,10 +41,11 @@ from torch import Tensor
 from ._validation import check_tensor, floating_dtype
 from .inducing.base import InducingVariables
 from .inducing.hippo_variables import HiPPOInducingVariables
+from .inducing.points import InducingPoints
 from .online import OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs
 
-__all__ = ["OnlineGPModel", "OnlineCollapsedMLL", "MultiOutputOnlineGPModel"]
+__all__ = ["OnlineGPModel", "OnlineCollapsedMLL", "MultiOutputOnlineGPModel", "default_inducing_points", "DEFAULT_NUM_INDUCING"]
 
 
 class OnlineCollapsedMLL(MarginalLogLikelihood):
@@ -52,16 +56,18 @@ class OnlineCollapsedMLL(MarginalLogLikelihood):
     :param model: an :class:`OnlineGPModel`.
     :param train_x: the batch in the model's (input-transformed) space, ``(n, d)``.
     :param train_y: its outcome-transformed targets, ``(n,)``.
+    :param noise: known noise variances of the batch in the outcome-transformed space, ``(n,)`` (``None``:
+        the likelihood's).
     """
 
-    def __init__(self, model: OnlineGPModel, train_x: Tensor, train_y: Tensor):
+    def __init__(self, model: OnlineGPModel, train_x: Tensor, train_y: Tensor, noise: Tensor | None = None):
         if not isinstance(model, OnlineGPModel):
             raise TypeError(f"model must be an OnlineGPModel, got {type(model).__name__}")
         super().__init__(model.likelihood, model)
-        self.train_x, self.train_y = train_x, train_y
+        self.train_x, self.train_y, self.noise = train_x, train_y, noise
 
     def forward(self, function_dist=None, target=None, **kwargs) -> Tensor:
-        bound = self.model.online.log_bound(self.train_x, self.train_y)
+        bound = self.model.online.log_bound(self.train_x, self.train_y, noise=self.noise)
         for _, module, prior, closure, _ in self.model.named_priors():  # the likelihood is inside the model
             bound = bound + prior.log_prob(closure(module)).sum()
         return bound / self.train_y.shape[-1]
@@ -104,10 +110,22 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     move them). A t-batched conditioning (BoTorch's fantasies) keeps the inducing variables fixed
     and returns a model with that batch shape.
 
+    Built as BoTorch's ``SingleTaskGP``: ``OnlineGPModel(train_X, train_Y)`` or, with known noise,
+    ``OnlineGPModel(train_X, train_Y, train_Yvar)``, with the same default kernel, likelihood and mean,
+    ``Standardize`` as the default outcome transform and BoTorch's input warnings (float32 inputs, inputs
+    outside the unit cube, unstandardised outcomes). The former positional form
+    ``OnlineGPModel(train_X, train_Y, inducing_variables)`` keeps working.
+
     :param train_X: first batch of inputs, ``(n, d)``.
     :param train_Y: its targets, ``(n, 1)``, or ``(n, m)`` for ``m`` independent outputs.
+    :param train_Yvar: known observation noise variances, the shape of ``train_Y`` (``None``: the noise is
+        learned). The model then takes the noise of later batches with them (``observe(X, Y, Yvar)``,
+        ``condition_on_observations(X, Y, noise=Yvar)``); the likelihood's noise is fixed at the first
+        batch's mean, for ``posterior(X, observation_noise=True)`` and fantasies without noise.
     :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables` (with
-        ``m`` outputs: one set, copied per output, or a sequence of ``m`` sets).
+        ``m`` outputs: one set, copied per output, or a sequence of ``m`` sets); default:
+        :func:`default_inducing_points` (a Sobol design of ``num_inducing`` fixed points in the unit cube,
+        or in the first batch's box when the inputs are not scaled to it).
     :param covar_module: GPyTorch kernel (default: ``SingleTaskGP``'s RBF with a dimension-scaled prior).
     :param likelihood: homoskedastic ``GaussianLikelihood`` (default: ``SingleTaskGP``'s).
     :param mean_module: prior mean (default ``ConstantMean``); learned on the first batch, then
@@ -115,8 +133,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     :param input_transform: e.g. ``Normalize(d, bounds=...)``; learned bounds are learned from the
         first batch and then fixed. Inducing points are given in the transformed space (e.g. in the unit
         cube under ``Normalize``); a set far from every transformed input raises.
-    :param outcome_transform: e.g. ``Standardize(m=1)`` (``Standardize(m=m)`` with ``m`` outputs);
-        statistics from the first batch, then fixed.
+    :param outcome_transform: default ``Standardize(m=1)`` (``Standardize(m=m)`` with ``m`` outputs), as
+        ``SingleTaskGP``; statistics from the first batch, then fixed; ``None``: no transform.
     :param fit_maxiter: iterations of the first fit (``0``: keep the hyperparameters as given).
     :param refit_every: refresh the hyperparameters in every ``k``-th :meth:`observe` (``None``: never).
         Multidimensional HiPPO variables keep their path memory in features of the first length
@@ -124,6 +142,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     :param keep_data: store all observed data in :attr:`train_inputs`/:attr:`train_targets`
         (``False``, the default, stores nothing but the online summary).
     :param ordering: criterion of :func:`~gpytorch_hippo.ordering.order_inputs` for path variables.
+    :param num_inducing: number of the default inducing points (default :data:`DEFAULT_NUM_INDUCING`).
     """
 
     def __new__(cls, train_X: Tensor | None = None, train_Y: Tensor | None = None, *args: Any, **kwargs: Any):
@@ -135,36 +154,52 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         self,
         train_X: Tensor,
         train_Y: Tensor,
-        inducing_variables: InducingVariables,
+        train_Yvar: Tensor | None = None,
+        inducing_variables: InducingVariables | None = None,
         covar_module: gpytorch.kernels.Kernel | None = None,
         likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
         mean_module: gpytorch.means.Mean | None = None,
         input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         fit_maxiter: int = 100,
         refit_every: int | None = None,
         keep_data: bool = False,
         ordering: str = "kernel_max",
+        num_inducing: int | None = None,
     ):
         super().__init__()
+        train_Yvar, inducing_variables = _split_third_argument(train_Yvar, inducing_variables)
         _check_X_Y(train_X, train_Y, "train_X", "train_Y")
         if train_X.dim() != 2:
             raise ValueError(f"train_X must have shape (n, d), got {tuple(train_X.shape)}")
+        _check_Yvar(train_Yvar, train_Y, "train_Yvar")
+        if outcome_transform is DEFAULT:
+            outcome_transform = Standardize(m=1)
         self._setup(train_X, inducing_variables, covar_module, likelihood, mean_module, input_transform, outcome_transform,
-                    fit_maxiter, refit_every, keep_data, ordering)
+                    fit_maxiter, refit_every, keep_data, ordering, num_inducing=num_inducing, known_noise=train_Yvar is not None)
         x, y = self._to_model_space(train_X, train_Y, fit_transforms=True)
+        noise = None if train_Yvar is None else self._noise_to_model_space(train_X, train_Y, train_Yvar)
+        _validate_like_single_task_gp(x, y, noise)
         if input_transform is not None:
-            _check_points_near(inducing_variables, x)
+            _check_points_near(self.inducing_variables, x)
         self._move_inducing(x)
+        if noise is not None:
+            self._set_known_noise_level(noise)
         if fit_maxiter > 0:
-            self.fit_hyperparameters(x, y, maxiter=fit_maxiter)
+            self.fit_hyperparameters(x, y, maxiter=fit_maxiter, noise=noise)
         self.online.mean_module.requires_grad_(False)
-        self._absorb(train_X, train_Y, x, y)
+        self._absorb(train_X, train_Y, x, y, noise)
         self.eval()
 
     def _setup(self, reference: Tensor, inducing_variables, covar_module, likelihood, mean_module, input_transform,
-               outcome_transform, fit_maxiter, refit_every, keep_data, ordering) -> None:
-        """The modules and settings (no data): ``reference`` gives ``d``, the dtype and the device."""
+               outcome_transform, fit_maxiter, refit_every, keep_data, ordering, num_inducing=None, known_noise=False) -> None:
+        """The modules and settings: ``reference`` (the first batch's inputs, or a placeholder of shape
+        ``(d,)``) gives ``d``, the dtype and the device, and places the default inducing points."""
+        if isinstance(likelihood, gpytorch.likelihoods.FixedNoiseGaussianLikelihood):
+            raise TypeError(
+                "likelihood: for known observation noise pass train_Yvar (and Yvar to observe, noise= to "
+                "condition_on_observations) with a GaussianLikelihood, instead of a FixedNoiseGaussianLikelihood"
+            )
         for name, value, allow_none in (("fit_maxiter", fit_maxiter, False), ("refit_every", refit_every, True)):
             if value is None and allow_none:
                 continue
@@ -173,6 +208,14 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         if ordering not in ORDERING_CRITERIA:
             raise ValueError(f"ordering must be one of {ORDERING_CRITERIA}, got {ordering!r}")
         dim = reference.shape[-1]
+        #: ``d``, the number of inputs (a 1-D ``X`` of a model with ``d = 1`` is read as ``n`` points)
+        self.num_inputs = dim
+        if input_transform is not None:
+            self.input_transform = input_transform.to(reference)
+        if inducing_variables is None:
+            inducing_variables = default_inducing_points(self._placement_inputs(reference), num_inducing)
+        elif num_inducing is not None:
+            raise ValueError("num_inducing sets the number of the default inducing points: pass it or inducing_variables, not both")
         if covar_module is None:
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         if likelihood is None:
@@ -180,8 +223,6 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         if mean_module is None:
             mean_module = gpytorch.means.ConstantMean()
         self.online = OnlineSGPR(inducing_variables, covar_module, likelihood, mean_module).to(reference)
-        if input_transform is not None:
-            self.input_transform = input_transform.to(reference)
         if outcome_transform is not None:
             self.outcome_transform = outcome_transform.to(reference)
         self.fit_maxiter, self.refit_every, self.keep_data, self.ordering = fit_maxiter, refit_every, keep_data, ordering
@@ -191,6 +232,33 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             self.register_buffer(name, None)
         self._posterior_hyperparameters = None
         self._internal_refit = False
+        #: observation noise variances are given with the data (train_Yvar), not learned
+        self.known_noise = bool(known_noise)
+
+    def _placement_inputs(self, reference: Tensor) -> Tensor:
+        """The first batch's inputs in model space, where the default inducing points are placed."""
+        if reference.dim() < 2 or not hasattr(self, "input_transform"):
+            return reference
+        self.input_transform.train()
+        with torch.no_grad():
+            x = self.input_transform(reference)
+        self.input_transform.eval()
+        return x
+
+    def _noise_to_model_space(self, X: Tensor, Y: Tensor, Yvar: Tensor) -> Tensor:
+        """Observation noise variances ``Yvar`` ``(*b, n, 1)`` in the model's outcome space, ``(*b, n)``."""
+        if hasattr(self, "outcome_transform"):
+            _, Yvar = self.outcome_transform(Y, Yvar, X=self.transform_inputs(X))
+        return Yvar[..., 0]
+
+    def _set_known_noise_level(self, noise: Tensor) -> None:
+        """With known noise the likelihood's noise is not learned: it is the first batch's mean noise, used
+        only by ``posterior(X, observation_noise=True)`` (as BoTorch's fixed-noise models use theirs)."""
+        noise_covar = self.likelihood.noise_covar
+        lower = float(getattr(noise_covar.raw_noise_constraint, "lower_bound", 0.0))
+        with torch.no_grad():
+            noise_covar.noise = noise.mean().clamp_min(lower * (1 + 1e-6) + 1e-30).reshape(noise_covar.noise.shape)
+        noise_covar.raw_noise.requires_grad_(False)
 
     # ------------------------------------------------------------------ BoTorch's model contract
     @property
@@ -335,12 +403,12 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     def from_state_dict(
         cls,
         state_dict: dict,
-        inducing_variables: InducingVariables,
+        inducing_variables: InducingVariables | None = None,
         covar_module: gpytorch.kernels.Kernel | None = None,
         likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
         mean_module: gpytorch.means.Mean | None = None,
         input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         **options: Any,
     ) -> OnlineGPModel:
         """Rebuild a checkpointed model without its training data: the same modules (or defaults) as
@@ -352,6 +420,11 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             raise ValueError("from_state_dict: pass covar_module= (the checkpoint's kernel has no length scale to read d from)")
         dim = lengthscale.shape[-1] if lengthscale is not None else 1
         settings = {"fit_maxiter": 100, "refit_every": None, "keep_data": False, "ordering": "kernel_max", **options}
+        if inducing_variables is None:  # the default points: their values come with the checkpoint
+            points = state_dict["online.inducing_variables.points"]
+            inducing_variables = InducingPoints(torch.zeros_like(points), learn=False)
+        if outcome_transform is DEFAULT:
+            outcome_transform = Standardize(m=1)
         model = cls.__new__(cls)
         super(OnlineGPModel, model).__init__()
         model._setup(reference.new_zeros(dim), inducing_variables, covar_module, likelihood, mean_module, input_transform,
@@ -387,6 +460,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         if output_indices is not None and list(output_indices) != [0]:
             raise ValueError(f"output_indices must be None or [0] for a single-output model, got {output_indices!r}")
         X = check_tensor(X, "X", dtype=floating_dtype(self.covar_module))
+        if X.dim() == 1 and self.num_inputs == 1:  # n points of a 1-D input, as SingleTaskGP reads them
+            X = X.unsqueeze(-1)
         if X.dim() < 2:
             raise ValueError(f"X must have shape (*batch, q, d), got {tuple(X.shape)}")
         self.eval()
@@ -443,9 +518,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             noise = check_tensor(noise, "noise", dtype=floating_dtype(self.covar_module))
             if noise.dim() < 2 or noise.shape[-1] != 1:
                 raise BotorchTensorDimensionError(f"noise must have shape (*batch, n, 1) like Y, got {tuple(noise.shape)}")
-            if hasattr(self, "outcome_transform"):  # noise in the outcome space, as Y: into the model's space
-                _, noise = self.outcome_transform(Y, noise, X=X)
-            noise = noise[..., 0]
+            noise = self._noise_to_model_space(X, Y, noise)  # in the outcome space, as Y: into the model's space
         return self._conditioned(X, Y, noise)
 
     def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any) -> OnlineGPModel:
@@ -467,28 +540,34 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         model._absorb(X, Y, x, y, noise)
         return model
 
-    def observe(self, X: Tensor, Y: Tensor) -> OnlineGPModel:
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineGPModel:
         """Streaming step: :meth:`condition_on_observations` with an un-batched ``(n, d)`` batch, then,
         every ``refit_every`` batches, hyperparameters refreshed on the new batch's online bound
-        before it is absorbed."""
+        before it is absorbed. ``Yvar``: the batch's known noise variances ``(n, 1)``, required by a
+        model built with ``train_Yvar``."""
         _check_X_Y(X, Y, "X", "Y")
         if X.dim() != 2:
             raise ValueError(f"X must have shape (n, d) in observe (streaming data), got {tuple(X.shape)}")
+        _check_Yvar(Yvar, Y, "Yvar")
+        if self.known_noise and Yvar is None:
+            raise ValueError("this model was built with train_Yvar (known noise): pass the batch's noise variances as Yvar")
         if self.refit_every is None or (self.num_updates + 1) % self.refit_every != 0:
-            return self.condition_on_observations(X, Y)
+            return self.condition_on_observations(X, Y) if Yvar is None else self.condition_on_observations(X, Y, noise=Yvar)
         model = self._copy()
         x, y = model._to_model_space(X, Y)
+        noise = None if Yvar is None else model._noise_to_model_space(X, Y, Yvar)
         model._move_inducing(x)
-        model.fit_hyperparameters(x, y, maxiter=model.fit_maxiter)
-        model._absorb(X, Y, x, y)
+        model.fit_hyperparameters(x, y, maxiter=model.fit_maxiter, noise=noise)
+        model._absorb(X, Y, x, y, noise)
         return model
 
-    def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100) -> None:
+    def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100, noise: Tensor | None = None) -> None:
         """Maximise the collapsed online bound of absorbing ``(x, y)`` (model space) over the trainable
         hyperparameters with ``fit_gpytorch_mll`` (L-BFGS-B, at most ``maxiter`` iterations). A fit
         that ends below its starting bound (L-BFGS-B can stop "ABNORMAL" after a bad line search) is
-        rolled back: a refit never leaves the bound lower than it found it."""
-        mll = OnlineCollapsedMLL(self, x, y)
+        rolled back: a refit never leaves the bound lower than it found it. ``noise``: known noise
+        variances of the batch (model space)."""
+        mll = OnlineCollapsedMLL(self, x, y, noise)
         with torch.no_grad():
             start = mll()
         before = {key: value.clone() for key, value in mll.state_dict().items()}
@@ -596,6 +675,66 @@ def _check_points_near(inducing_variables: InducingVariables, x: Tensor) -> None
             f"(the first batch spans {low.tolist()} to {high.tolist()} there, e.g. the unit cube for Normalize); "
             f"{int((~near).sum())} of the {near.numel()} points lie far from it"
         )
+
+
+#: number of default inducing points (:func:`default_inducing_points`)
+DEFAULT_NUM_INDUCING = 128
+
+
+def default_inducing_points(train_x: Tensor, num_inducing: int | None = None) -> InducingPoints:
+    """The inducing points of an :class:`OnlineGPModel` built without ``inducing_variables``: ``num_inducing``
+    (default :data:`DEFAULT_NUM_INDUCING`, at most ``2^14``) points of a scrambled Sobol sequence (seed 0),
+    fixed, in the unit cube when the first batch's model-space inputs ``train_x`` ``(n, d)`` lie in it
+    (BoTorch's convention: inputs scaled to ``[0, 1]^d``, e.g. by ``Normalize``), otherwise in their
+    bounding box widened by 10 % of its size on every side. Later batches should stay in that box; for
+    a time axis that grows, :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables` keep the whole stream."""
+    num = DEFAULT_NUM_INDUCING if num_inducing is None else num_inducing
+    if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= 2**14:
+        raise ValueError(f"num_inducing must be an int in [1, 16384], got {num_inducing!r}")
+    x = train_x.detach()
+    low, high = x.min(-2).values, x.max(-2).values
+    if not (bool((low >= 0).all()) and bool((high <= 1).all())):
+        margin = 0.1 * (high - low).clamp_min(1e-6 * (1 + high.abs().max()))
+        low, high = low - margin, high + margin
+    else:
+        low, high = torch.zeros_like(low), torch.ones_like(high)
+    engine = torch.quasirandom.SobolEngine(x.shape[-1], scramble=True, seed=0)
+    unit = engine.draw(num, dtype=torch.float64).to(device=x.device, dtype=x.dtype)
+    return InducingPoints(low + (high - low) * unit, learn=False)
+
+
+def _split_third_argument(train_Yvar, inducing_variables):
+    """``OnlineGPModel(X, Y, inducing_variables)``, the former positional form, keeps working: the third
+    argument is ``train_Yvar`` (as ``SingleTaskGP``'s) unless it is inducing variables."""
+    is_variables = isinstance(train_Yvar, InducingVariables) or (
+        isinstance(train_Yvar, (list, tuple)) and len(train_Yvar) > 0 and all(isinstance(v, InducingVariables) for v in train_Yvar)
+    )
+    if not is_variables:
+        if train_Yvar is not None and not isinstance(train_Yvar, Tensor):
+            raise TypeError(f"train_Yvar must be a tensor of observation noise variances or None, got {type(train_Yvar).__name__}")
+        return train_Yvar, inducing_variables
+    if inducing_variables is not None:
+        raise TypeError("inducing variables were given twice: as the third positional argument and as inducing_variables=")
+    return None, train_Yvar
+
+
+def _check_Yvar(Yvar: Tensor | None, Y: Tensor, name: str) -> None:
+    """Known noise variances: the shape of ``Y``, finite and non-negative."""
+    if Yvar is None:
+        return
+    if not isinstance(Yvar, Tensor) or Yvar.shape != Y.shape:
+        raise ValueError(f"{name} must be a tensor of the shape of the targets {tuple(Y.shape)}, got {getattr(Yvar, 'shape', type(Yvar))}")
+    if not bool(torch.isfinite(Yvar).all()) or bool((Yvar < 0).any()):
+        raise ValueError(f"{name} must hold finite, non-negative noise variances")
+
+
+def _validate_like_single_task_gp(x: Tensor, y: Tensor, noise: Tensor | None) -> None:
+    """BoTorch's input checks of ``SingleTaskGP`` on the model-space data: its warnings for float32
+    inputs, inputs outside the unit cube and unstandardised outcomes."""
+    Y = y.unsqueeze(-1)
+    Yvar = None if noise is None else noise.unsqueeze(-1)
+    GPyTorchModel._validate_tensor_args(X=x, Y=Y, Yvar=Yvar)
+    validate_input_scaling(train_X=x, train_Y=Y, train_Yvar=Yvar)
 
 
 class _NoStoredData(AttributeError):

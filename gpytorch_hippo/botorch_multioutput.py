@@ -25,14 +25,15 @@ from botorch.acquisition.objective import PosteriorTransform
 from botorch.exceptions.errors import BotorchTensorDimensionError
 from botorch.models.model import Model
 from botorch.models.transforms.input import InputTransform
-from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.posteriors.gpytorch import GPyTorchPosterior
+from botorch.utils.types import DEFAULT, _DefaultType
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from linear_operator import to_linear_operator
 from torch import Tensor, nn
 
 from ._validation import check_tensor, floating_dtype
-from .botorch import OnlineGPModel, _check_points_near, _check_X_Y
+from .botorch import OnlineGPModel, _check_points_near, _check_X_Y, _check_Yvar, _split_third_argument
 from .inducing.base import InducingVariables
 
 __all__ = ["MultiOutputOnlineGPModel"]
@@ -54,23 +55,27 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         self,
         train_X: Tensor,
         train_Y: Tensor,
-        inducing_variables: InducingVariables | Sequence[InducingVariables],
+        train_Yvar: Tensor | None = None,
+        inducing_variables: InducingVariables | Sequence[InducingVariables] | None = None,
         covar_module: gpytorch.kernels.Kernel | None = None,
         likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
         mean_module: gpytorch.means.Mean | None = None,
         input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         fit_maxiter: int = 100,
         refit_every: int | None = None,
         keep_data: bool = False,
         ordering: str = "kernel_max",
+        num_inducing: int | None = None,
     ):
         super(OnlineGPModel, self).__init__()
+        train_Yvar, inducing_variables = _split_third_argument(train_Yvar, inducing_variables)
         num_outputs = train_Y.shape[-1]
         _check_X_Y(train_X, train_Y, "train_X", "train_Y", num_outputs)
         if train_X.dim() != 2:
             raise ValueError(f"train_X must have shape (n, d), got {tuple(train_X.shape)}")
-        if isinstance(inducing_variables, InducingVariables):
+        _check_Yvar(train_Yvar, train_Y, "train_Yvar")
+        if isinstance(inducing_variables, InducingVariables) or inducing_variables is None:
             inducing_variables = [copy.deepcopy(inducing_variables) for _ in range(num_outputs)]
         elif not (isinstance(inducing_variables, Sequence) and len(inducing_variables) == num_outputs
                   and all(isinstance(v, InducingVariables) for v in inducing_variables)):
@@ -78,20 +83,26 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
                 f"inducing_variables must be one InducingVariables instance or a sequence of {num_outputs} "
                 f"(one per output), got {inducing_variables!r}"
             )
+        if outcome_transform is DEFAULT:
+            outcome_transform = Standardize(m=num_outputs)
         if input_transform is not None:
             self.input_transform = input_transform.to(train_X)
         if outcome_transform is not None:
             self.outcome_transform = outcome_transform.to(train_X)
         x, y = self._to_model_space(train_X, train_Y, fit_transforms=True)
+        noise = None
+        if train_Yvar is not None:
+            noise = self.outcome_transform(train_Y, train_Yvar, X=x)[1] if outcome_transform is not None else train_Yvar
         if input_transform is not None:
             for variables in inducing_variables:
-                _check_points_near(variables, x)
+                if variables is not None:
+                    _check_points_near(variables, x)
         self.outputs = nn.ModuleList(
             OnlineGPModel(
-                x, y[..., j : j + 1], inducing_variables[j],
+                x, y[..., j : j + 1], None if noise is None else noise[..., j : j + 1], inducing_variables=inducing_variables[j],
                 covar_module=copy.deepcopy(covar_module), likelihood=copy.deepcopy(likelihood),
-                mean_module=copy.deepcopy(mean_module), fit_maxiter=fit_maxiter, refit_every=refit_every,
-                keep_data=keep_data, ordering=ordering,
+                mean_module=copy.deepcopy(mean_module), outcome_transform=None, fit_maxiter=fit_maxiter,
+                refit_every=refit_every, keep_data=keep_data, ordering=ordering, num_inducing=num_inducing,
             )
             for j in range(num_outputs)
         )
@@ -217,14 +228,20 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
             f"(*batch, n, {self.num_outputs}), or put single-output OnlineGPModels in a ModelListGP"
         )
 
-    def observe(self, X: Tensor, Y: Tensor) -> MultiOutputOnlineGPModel:
-        """Streaming step for ``(X, Y)`` of ``(n, d)``, ``(n, m)``: every output's :meth:`OnlineGPModel.observe`
-        (with its own hyperparameter refreshes every ``refit_every`` batches)."""
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> MultiOutputOnlineGPModel:
+        """Streaming step for ``(X, Y)`` of ``(n, d)``, ``(n, m)`` (and known noise ``Yvar`` ``(n, m)``): every
+        output's :meth:`OnlineGPModel.observe` (with its own hyperparameter refreshes every ``refit_every`` batches)."""
         _check_X_Y(X, Y, "X", "Y", self.num_outputs)
         if X.dim() != 2:
             raise ValueError(f"X must have shape (n, d) in observe (streaming data), got {tuple(X.shape)}")
+        _check_Yvar(Yvar, Y, "Yvar")
         x, y = self._to_model_space(X, Y)
-        return self._with_outputs([output.observe(x, y[..., j : j + 1]) for j, output in enumerate(self.outputs)])
+        if Yvar is not None and hasattr(self, "outcome_transform"):
+            Yvar = self.outcome_transform(Y, Yvar, X=x)[1]
+        return self._with_outputs([
+            output.observe(x, y[..., j : j + 1], None if Yvar is None else Yvar[..., j : j + 1])
+            for j, output in enumerate(self.outputs)
+        ])
 
     def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100) -> None:
         """Each output's :meth:`OnlineGPModel.fit_hyperparameters` on its column of ``y`` ``(n, m)`` (model space)."""

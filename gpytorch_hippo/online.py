@@ -348,13 +348,14 @@ class OnlineSGPR(gpytorch.Module):
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
         return bound.to(y.dtype), precision, shift, chol
 
-    def log_bound(self, train_x: Tensor, train_y: Tensor) -> Tensor:
+    def log_bound(self, train_x: Tensor, train_y: Tensor, noise: Tensor | None = None) -> Tensor:
         """Collapsed online bound (thesis eq. (4.6) at the optimal ``q(u)``) of absorbing
-        ``(train_x, train_y)`` into the current summary, with the current hyperparameters. The state
-        is not changed; differentiable with respect to the hyperparameters."""
+        ``(train_x, train_y)`` into the current summary, with the current hyperparameters (``noise``:
+        per-point noise variances instead of the likelihood's, as in :meth:`update`). The state is not
+        changed; differentiable with respect to the hyperparameters."""
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
         self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
-        return self._bound_and_posterior(train_x, train_y)[0]
+        return self._bound_and_posterior(train_x, train_y, noise)[0]
 
     def update(
         self,

@@ -131,6 +131,6 @@ def test_online_elbo_names_the_bad_target(bad, match):
 def test_botorch_posterior_names_a_nan_candidate():
     x, y = data()
     points = InducingPoints(torch.linspace(0, 1, 6, dtype=DT), learn=False)
-    model = OnlineGPModel(x.unsqueeze(-1) / 4, y.unsqueeze(-1), points, fit_maxiter=0)
+    model = OnlineGPModel(x.unsqueeze(-1) / 4, y.unsqueeze(-1), points, fit_maxiter=0, outcome_transform=None)
     with pytest.raises(ValueError, match="X contains NaN"):
         model.posterior(torch.tensor([[[0.5], [NAN]]], dtype=DT))

@@ -42,6 +42,7 @@ def fixed_model(inducing_variables, x, y, **kwargs):
     likelihood, mean = gpytorch.likelihoods.GaussianLikelihood(), gpytorch.means.ConstantMean()
     set_hyperparameters(kernel, likelihood, mean)
     twin = OnlineSGPR(copy.deepcopy(inducing_variables), copy.deepcopy(kernel), copy.deepcopy(likelihood), copy.deepcopy(mean))
+    kwargs.setdefault("outcome_transform", None)  # compared with the twin on the raw targets
     model = OnlineGPModel(
         x, y, inducing_variables, covar_module=kernel, likelihood=likelihood, mean_module=mean, fit_maxiter=0, **kwargs
     )
@@ -110,7 +111,7 @@ def test_time_inputs_advance_one_dimensional_hippo_variables():
     kernel.lengthscale, likelihood.noise = 0.4, 0.01
     twin = OnlineSGPR(HiPPOInducingVariables(12, "legs", t=1.0), copy.deepcopy(kernel), copy.deepcopy(likelihood)).double()
     model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(12, "legs", t=1.0), covar_module=kernel,
-                          likelihood=likelihood, mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0)
+                          likelihood=likelihood, mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0, outcome_transform=None)
     model = model.condition_on_observations(t[20:], y[20:])
     assert model.inducing_variables.t == pytest.approx(4.0)
     for batch in (slice(0, 20), slice(20, 40)):
@@ -178,7 +179,7 @@ def test_first_batch_fit_matches_single_task_gp_fit():
     # With Z = X the collapsed bound is the exact log marginal likelihood, and the default priors
     # are SingleTaskGP's: fit_gpytorch_mll must reach the same optimum.
     x, y = data(15, 7)
-    model = OnlineGPModel(x, y, InducingPoints(x, learn=False, jitter=1e-10), fit_maxiter=100)
+    model = OnlineGPModel(x, y, InducingPoints(x, learn=False, jitter=1e-10), fit_maxiter=100, outcome_transform=None)
     gp = SingleTaskGP(x, y, outcome_transform=None)
     fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp), optimizer_kwargs={"options": {"maxiter": 100}})
     # the objective itself: OnlineSGPR's bound at SingleTaskGP's optimum is the exact evidence there
@@ -201,7 +202,7 @@ def test_first_batch_fit_matches_single_task_gp_fit():
 
 def test_acquisition_functions_and_fantasies():
     x, y = data(20, 8)
-    model = OnlineGPModel(x, y, InducingPoints(torch.rand(10, 2, dtype=DOUBLE)), fit_maxiter=10)
+    model = OnlineGPModel(x, y, InducingPoints(torch.rand(10, 2, dtype=DOUBLE)), fit_maxiter=10, outcome_transform=None)
     bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DOUBLE)
     for acqf in (
         LogExpectedImprovement(model, best_f=y.max()),
@@ -247,7 +248,7 @@ def test_state_dict_reload_and_float32():
     model = model.condition_on_observations(x[8:], y[8:])
     fresh = OnlineGPModel.from_state_dict(
         model.state_dict(), InducingPoints(x[:6], learn=False, jitter=1e-4), covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=2),
-        likelihood=gpytorch.likelihoods.GaussianLikelihood(), mean_module=gpytorch.means.ConstantMean(),
+        likelihood=gpytorch.likelihoods.GaussianLikelihood(), mean_module=gpytorch.means.ConstantMean(), outcome_transform=None,
     )
     assert fresh.num_updates.item() == model.num_updates.item() == 2
     test = torch.rand(5, 2, dtype=DOUBLE)
@@ -264,7 +265,7 @@ def test_state_dict_reload_and_float32():
 def test_refit_every_refreshes_hyperparameters_on_the_online_bound():
     x, y = data(30, 11)
     z = torch.rand(8, 2, dtype=DOUBLE, generator=torch.Generator().manual_seed(0))
-    model = OnlineGPModel(x[:15], y[:15], InducingPoints(z), fit_maxiter=20, refit_every=1)
+    model = OnlineGPModel(x[:15], y[:15], InducingPoints(z), fit_maxiter=20, refit_every=1, outcome_transform=None)
     ivs = model.inducing_variables
     bound_before = OnlineCollapsedMLL(model, x[15:], y[15:, 0])().item()
     updated = model.observe(x[15:], y[15:])
@@ -277,7 +278,7 @@ def test_refit_every_refreshes_hyperparameters_on_the_online_bound():
     )
     assert OnlineCollapsedMLL(refreshed, x[15:], y[15:, 0])().item() > bound_before
     assert model.inducing_variables is ivs and updated.num_updates == 2
-    never = OnlineGPModel(x[:15], y[:15], InducingPoints(z.clone()), fit_maxiter=0)
+    never = OnlineGPModel(x[:15], y[:15], InducingPoints(z.clone()), fit_maxiter=0, outcome_transform=None)
     assert torch.equal(never.observe(x[15:], y[15:]).covar_module.lengthscale, never.covar_module.lengthscale)
 
 
@@ -287,7 +288,7 @@ def test_a_fit_that_lowers_the_bound_is_rolled_back(monkeypatch):
     import gpytorch_hippo.botorch as online_botorch
 
     x, y = data(30, 11)
-    model = OnlineGPModel(x[:15], y[:15], InducingPoints(x[:8].clone()), fit_maxiter=0)
+    model = OnlineGPModel(x[:15], y[:15], InducingPoints(x[:8].clone()), fit_maxiter=0, outcome_transform=None)
     lengthscale = model.covar_module.lengthscale.clone()
 
     def ruin(mll, **kwargs):
@@ -301,10 +302,10 @@ def test_a_fit_that_lowers_the_bound_is_rolled_back(monkeypatch):
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda m, x, y: OnlineGPModel(x, y[:, 0], InducingPoints(x)), "train_Y"),
-        (lambda m, x, y: OnlineGPModel(x, y.masked_fill(y > 0, float("nan")), InducingPoints(x)), "train_Y"),
-        (lambda m, x, y: OnlineGPModel(x, y, InducingPoints(x), refit_every=0), "refit_every"),
-        (lambda m, x, y: OnlineGPModel(x, y, InducingPoints(x), ordering="sorted"), "ordering"),
+        (lambda m, x, y: OnlineGPModel(x, y[:, 0], InducingPoints(x), outcome_transform=None), "train_Y"),
+        (lambda m, x, y: OnlineGPModel(x, y.masked_fill(y > 0, float("nan")), InducingPoints(x), outcome_transform=None), "train_Y"),
+        (lambda m, x, y: OnlineGPModel(x, y, InducingPoints(x), refit_every=0, outcome_transform=None), "refit_every"),
+        (lambda m, x, y: OnlineGPModel(x, y, InducingPoints(x), ordering="sorted", outcome_transform=None), "ordering"),
         (lambda m, x, y: m.condition_on_observations(x, y[:5]), "Y"),
         (lambda m, x, y: m.condition_on_observations(x, y, noise=-torch.ones_like(y)), "noise"),
         (lambda m, x, y: m.condition_on_observations(x, y, noise=torch.ones_like(y[:, 0])), "noise"),

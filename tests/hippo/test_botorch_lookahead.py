@@ -30,7 +30,8 @@ def twin_models():
     gp.mean_module.constant = 0.1
     grid = torch.linspace(-0.1, 1.1, 60, dtype=DOUBLE).unsqueeze(-1)
     ours = OnlineGPModel(x, y, InducingPoints(grid, learn=False, jitter=1e-9), covar_module=copy.deepcopy(gp.covar_module),
-                         likelihood=copy.deepcopy(gp.likelihood), mean_module=copy.deepcopy(gp.mean_module), fit_maxiter=0)
+                         likelihood=copy.deepcopy(gp.likelihood), mean_module=copy.deepcopy(gp.mean_module),
+                         fit_maxiter=0, outcome_transform=None)
     return gp.eval(), ours
 
 
@@ -141,7 +142,7 @@ def test_conditioning_with_per_point_noise_is_the_exact_gp_with_that_noise():
     X = torch.cat([x_old, x_new])
     ours = OnlineGPModel(x_old, y_old.unsqueeze(-1), InducingPoints(X, learn=False, jitter=1e-10),
                          covar_module=copy.deepcopy(gp.covar_module), likelihood=copy.deepcopy(gp.likelihood),
-                         mean_module=copy.deepcopy(gp.mean_module), fit_maxiter=0)
+                         mean_module=copy.deepcopy(gp.mean_module), fit_maxiter=0, outcome_transform=None)
     conditioned = ours.condition_on_observations(x_new, y_new, noise=noise_new)
     test = torch.linspace(0, 1, 11, dtype=DOUBLE).unsqueeze(-1)
     with torch.no_grad():
@@ -177,9 +178,9 @@ def test_inducing_points_on_the_raw_scale_under_normalize_are_refused():
     y = torch.sin(x / 20)
     with pytest.raises(ValueError, match="inducing_variables: InducingPoints must be given in the model's input space"):
         OnlineGPModel(x, y, InducingPoints(torch.linspace(0, 100, 8, dtype=DOUBLE), learn=False),
-                      input_transform=Normalize(1), fit_maxiter=0)
+                      input_transform=Normalize(1), fit_maxiter=0, outcome_transform=None)
     OnlineGPModel(x, y, InducingPoints(torch.linspace(0, 1, 8, dtype=DOUBLE), learn=False), input_transform=Normalize(1),
-                  fit_maxiter=0)  # in the transformed space: accepted
+                  fit_maxiter=0, outcome_transform=None)  # in the transformed space: accepted
 
 
 def test_several_outputs_through_model_list_gp():

@@ -181,6 +181,6 @@ def test_bad_inputs_raise_named_errors():
     with pytest.raises(NotImplementedError, match="condition_on_observations"):
         multi.get_fantasy_model(x_new, y_new[:, 0])
     with pytest.raises(TypeError, match="one per output"):
-        OnlineGPModel(*data(10, 0), [inducing("points")], fit_maxiter=0)
+        OnlineGPModel(*data(10, 0), [inducing("points")], fit_maxiter=0, outcome_transform=None)
     with pytest.raises(ValueError, match="NaN"):
         multi.observe(x_new, torch.full_like(y_new, float("nan")))

@@ -20,7 +20,7 @@ def model_2d(**kwargs):
     x = torch.rand(12, 2, generator=generator, dtype=DOUBLE)
     y = torch.sin(4 * x[:, :1]) + torch.cos(3 * x[:, 1:]) + 0.05 * torch.randn(12, 1, generator=generator, dtype=DOUBLE)
     Z = torch.rand(10, 2, generator=generator, dtype=DOUBLE)
-    model = OnlineGPModel(x, y, InducingPoints(Z, learn=False), fit_maxiter=20, **kwargs)
+    model = OnlineGPModel(x, y, InducingPoints(Z, learn=False), fit_maxiter=20, **{"outcome_transform": None, **kwargs})
     return model.condition_on_observations(torch.rand(4, 2, generator=generator, dtype=DOUBLE),
                                            torch.rand(4, 1, generator=generator, dtype=DOUBLE))
 
@@ -77,7 +77,7 @@ def test_hippo_time_paths_have_the_posterior_mean_and_covariance(method):
     generator = torch.Generator().manual_seed(5)
     t = torch.linspace(0, 3, 40, dtype=DOUBLE).unsqueeze(-1)
     y = torch.sin(3 * t) + 0.1 * torch.randn(40, 1, generator=generator, dtype=DOUBLE)
-    model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(12, "legs", t=1.5, method=method), fit_maxiter=20)
+    model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(12, "legs", t=1.5, method=method), fit_maxiter=20, outcome_transform=None)
     model = model.observe(t[20:], y[20:])  # the variables advance to t = 3
     X = torch.linspace(0, 3.2, 7, dtype=DOUBLE).unsqueeze(-1)  # inside and beyond the stream
     _, mean, error, covariance = mc_moments(model, X)
@@ -97,7 +97,7 @@ def test_hippo_path_variables_paths_equal_the_posterior_of_their_feature_model()
     x = torch.rand(30, 2, generator=generator, dtype=DOUBLE)
     y = torch.sin(4 * x[:, :1]) + torch.cos(3 * x[:, 1:])
     model = OnlineGPModel(x[:15], y[:15], HiPPOInducingVariables(10, input_dim=2, num_rff=1000, seed=1),
-                          input_transform=Normalize(2), fit_maxiter=20)
+                          input_transform=Normalize(2), fit_maxiter=20, outcome_transform=None)
     model = model.condition_on_observations(x[15:], y[15:])
     X = torch.rand(6, 2, generator=generator, dtype=DOUBLE)
     paths, mean, error, covariance = mc_moments(model, X)
@@ -116,11 +116,12 @@ def test_hippo_path_variables_paths_equal_the_posterior_of_their_feature_model()
 
 def test_what_paths_do_not_cover_raises_named_errors():
     t = torch.linspace(0.5, 1, 20, dtype=DOUBLE).unsqueeze(-1)
-    clipped = OnlineGPModel(t, torch.sin(6 * t), HiPPOInducingVariables(8, "legs", t=1.0, start=0.5), fit_maxiter=0)
+    clipped = OnlineGPModel(t, torch.sin(6 * t), HiPPOInducingVariables(8, "legs", t=1.0, start=0.5), fit_maxiter=0, outcome_transform=None)
     with pytest.raises(NotImplementedError, match="closed form"):
         draw_matheron_paths(clipped, sample_shape=torch.Size([2]))
     x = torch.rand(10, 2, dtype=DOUBLE)
-    two_outputs = OnlineGPModel(x, torch.rand(10, 2, dtype=DOUBLE), InducingPoints(x[:5], learn=False), fit_maxiter=0)
+    two_outputs = OnlineGPModel(x, torch.rand(10, 2, dtype=DOUBLE), InducingPoints(x[:5], learn=False),
+                                fit_maxiter=0, outcome_transform=None)
     with pytest.raises(NotImplementedError, match="ModelListGP"):
         draw_matheron_paths(two_outputs, sample_shape=torch.Size([2]))
     fantasies = model_2d().fantasize(x[:1], sampler=SobolQMCNormalSampler(torch.Size([2])))

@@ -34,14 +34,15 @@ def modules():
 
 def streamed(x, y, split=10, **kwargs):
     """A model built on the first ``split`` points, then conditioned on the rest."""
-    model = OnlineGPModel(x[:split], y[:split], points(), **modules(), fit_maxiter=0, **kwargs)
+    model = OnlineGPModel(x[:split], y[:split], points(), **modules(), fit_maxiter=0, **kwargs, outcome_transform=None)
     return model.condition_on_observations(x[split:], y[split:])
 
 
 def fresh_like(model, x, y):
     """A model built on all of ``(x, y)`` at once with ``model``'s hyperparameters (no fit)."""
     return OnlineGPModel(x, y, copy.deepcopy(model.inducing_variables), covar_module=copy.deepcopy(model.covar_module),
-                         likelihood=copy.deepcopy(model.likelihood), mean_module=copy.deepcopy(model.mean_module), fit_maxiter=0)
+                         likelihood=copy.deepcopy(model.likelihood), mean_module=copy.deepcopy(model.mean_module),
+                         fit_maxiter=0, outcome_transform=None)
 
 
 def assert_same_posterior(model, reference, atol=1e-9):
@@ -92,13 +93,14 @@ def test_hippo_variables_refresh_over_the_whole_stream():
     kernel = gpytorch.kernels.RBFKernel()
     kernel.lengthscale = 0.4
     model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(20, "legs", t=2.0), covar_module=kernel,
-                          mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0, keep_data=True)
+                          mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0, keep_data=True, outcome_transform=None)
     model = model.condition_on_observations(t[20:], y[20:])
     model.covar_module.lengthscale = 0.6  # set by hand: the next posterior is recomputed from the kept data
     other_kernel = gpytorch.kernels.RBFKernel()
     other_kernel.lengthscale = 0.6
     reference = OnlineGPModel(t, y, HiPPOInducingVariables(20, "legs", t=4.0), covar_module=other_kernel,
-                              likelihood=copy.deepcopy(model.likelihood), mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0)
+                              likelihood=copy.deepcopy(model.likelihood), mean_module=gpytorch.means.ZeroMean(),
+                              fit_maxiter=0, outcome_transform=None)
     test = torch.linspace(0, 4, 9, dtype=DT).unsqueeze(-1)
     torch.testing.assert_close(model.posterior(test).mean, reference.posterior(test).mean, rtol=0, atol=1e-8)
 
@@ -113,7 +115,7 @@ def test_without_kept_data_the_exact_fit_names_what_to_call():
 
 def test_a_warm_start_is_refused_by_load_state_dict_and_done_by_load_hyperparameters():
     x, y = data(20, seed=2)
-    old = OnlineGPModel(x[:5], y[:5], points(), **modules(), fit_maxiter=20, keep_data=True)
+    old = OnlineGPModel(x[:5], y[:5], points(), **modules(), fit_maxiter=20, keep_data=True, outcome_transform=None)
     new = streamed(x, y, keep_data=True)
     with pytest.raises(ValueError, match="load_hyperparameters"):
         new.load_state_dict(old.state_dict())
@@ -125,10 +127,10 @@ def test_a_warm_start_is_refused_by_load_state_dict_and_done_by_load_hyperparame
 
 def test_a_checkpoint_rebuilds_without_data_and_refits_on_the_same_schedule():
     x, y = data(30, seed=3)
-    model = OnlineGPModel(x[:10], y[:10], points(), **modules(), fit_maxiter=5, refit_every=2)
+    model = OnlineGPModel(x[:10], y[:10], points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None)
     model = model.observe(x[10:15], y[10:15])  # update 2: refit
     checkpoint = copy.deepcopy(model.state_dict())
-    resumed = OnlineGPModel.from_state_dict(checkpoint, points(), **modules(), fit_maxiter=5, refit_every=2)
+    resumed = OnlineGPModel.from_state_dict(checkpoint, points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None)
     assert resumed.num_updates.item() == 2
     assert_same_posterior(resumed, model, atol=0)
     for start in (15, 20, 25):  # updates 3 (no refit), 4 (refit), 5

@@ -113,7 +113,7 @@ def test_the_botorch_model_refuses_observations_before_the_start():
     kernel = gpytorch.kernels.RBFKernel()
     kernel.lengthscale = 0.3
     model = OnlineGPModel(x, _sine(x), HiPPOInducingVariables(12, "legs", t=2.0, start=1.0), covar_module=kernel,
-                          mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0)
+                          mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0, outcome_transform=None)
     earlier = x[:5] - 0.9
     with pytest.raises(InputsOutsideSupportError, match="start="):
         model.condition_on_observations(earlier, _sine(earlier))
