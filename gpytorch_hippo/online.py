@@ -210,10 +210,11 @@ class OnlineSGPR(gpytorch.Module):
     :param covar_module: the GPyTorch kernel ``k``.
     :param likelihood: a homoskedastic ``gpytorch.likelihoods.GaussianLikelihood``.
     :param mean_module: prior mean (default ``ZeroMean``).
-    :param captured_variance_warning: :meth:`update` warns (once) when the inducing variables capture
-        less than this fraction of the prior variance over the inputs seen so far within their reach
-        (mean of ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`_check_memory`); ``None`` disables the
-        check. A task's inputs outside that reach (e.g. beyond a HiPPO ``t`` after a forgotten
+    :param captured_variance_warning: :meth:`update` warns when the inducing variables capture less
+        than this fraction of the prior variance over the inputs seen so far within their reach (mean
+        of ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`_check_memory`), and again whenever it falls
+        below half the level of its last warning; :attr:`last_captured_variance` holds the latest value;
+        ``None`` disables the check. A task's inputs outside that reach (e.g. beyond a HiPPO ``t`` after a forgotten
         ``advance``) always raise :class:`~gpytorch_hippo.inducing.InputsOutsideSupportError`.
 
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
@@ -262,6 +263,10 @@ class OnlineSGPR(gpytorch.Module):
         self.register_buffer("num_tasks", torch.tensor(0))
         self.register_buffer("seen_input_range", None)
         self.register_buffer("last_bound", None, persistent=False)
+        #: fraction of the prior variance captured at the last captured-variance check (``None`` before one)
+        self.last_captured_variance = None
+        self._warning_level = -1.0 if captured_variance_warning is None else captured_variance_warning
+        self._check_clock = {"updates": 0.0, "check": 0.0}  # seconds of updates since the last check, its cost
 
     # ------------------------------------------------------------------ state handling
     @property
@@ -441,7 +446,7 @@ class OnlineSGPR(gpytorch.Module):
         return self.last_bound
 
     def _check_memory(self, train_x: Tensor, chol: Tensor, update_seconds: float) -> None:
-        """Warn, once per model, when the inducing variables cannot hold the stream: less than
+        """Warn when the inducing variables cannot hold the stream (again at each halving): less than
         ``captured_variance_warning`` of the prior variance captured
         (``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`InducingVariables.captured_variance`) on a
         32-point grid over the inputs seen so far within their reach (inputs outside it are refused by
@@ -464,35 +469,30 @@ class OnlineSGPR(gpytorch.Module):
             if support is not None:
                 low, high = max(low, support[0]), min(high, support[1])
             grid = torch.linspace(low, high, 32 if low <= high else 0, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
-        clock = self.__dict__.setdefault("_check_clock", {"updates": 0.0, "check": 0.0})
+        clock = self._check_clock
         clock["updates"] += update_seconds
-        if "too few" in self.__dict__.get("_warned_causes", ()) or grid.shape[-2] == 0 or (
-            self.has_posterior and clock["updates"] * CHECK_COST_FRACTION < clock["check"]
-        ):
+        if grid.shape[-2] == 0 or (self.has_posterior and clock["updates"] * CHECK_COST_FRACTION < clock["check"]):
             return
         start = time.perf_counter()
         W = _solve_lower(chol, _working(ivs.Kuf(self.covar_module, grid)))
         per_point = W.square().sum(-2) / _working(self.covar_module(grid, diag=True))
         captured = per_point.mean(-1)
-        if bool((captured < self.captured_variance_warning).any()):
-            worst = f"{per_point.min().item():.0%} at worst"
+        self.last_captured_variance = float(captured.min())
+        if self.last_captured_variance < self._warning_level:
+            worst = f"{per_point.min().item():.1%} at worst"
             if train_x.shape[-1] == 1:
                 worst += f", at x = {grid[per_point.reshape(-1, grid.shape[-2]).min(0).values.argmin(), 0].item():.4g}"
-            self._warn_once(
-                "too few",
-                f"the {ivs.num_inducing} inducing variables keep only {captured.min().item():.0%} of the prior variance "
-                f"over the inputs seen so far within their reach ({worst}; InducingVariables.captured_variance; "
+            self._warning_level = self.last_captured_variance / 2
+            warnings.warn(
+                f"the {ivs.num_inducing} inducing variables keep only {self.last_captured_variance:.1%} of the prior "
+                f"variance over the inputs seen so far within their reach ({worst}; InducingVariables.captured_variance; "
                 f"threshold {self.captured_variance_warning:.0%}): expect underfitting and lost memory there; "
-                f"{ivs.coverage_advice('too few')}",
+                f"{ivs.coverage_advice('too few')} (warned again below {self._warning_level:.1%}; "
+                "model.last_captured_variance holds the latest value)",
+                RuntimeWarning,
+                stacklevel=3,
             )
         clock.update(updates=0.0, check=time.perf_counter() - start)
-
-    def _warn_once(self, cause: str, message: str) -> None:
-        """A ``RuntimeWarning`` the first time ``cause`` occurs for this model (later tasks stay quiet)."""
-        warned = self.__dict__.setdefault("_warned_causes", set())
-        if cause not in warned:
-            warned.add(cause)
-            warnings.warn(message + " (warned once per model)", RuntimeWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ posterior
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:

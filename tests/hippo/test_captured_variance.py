@@ -125,11 +125,22 @@ def _learn(model, tasks, size=40.0, advance=True):
     return [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
 
 
-def test_too_few_variables_warn_once_per_model_with_the_legs_rule():
+def _level(message):
+    return float(message.split("keep only ")[1].split("%")[0]) / 100
+
+
+def test_too_few_variables_warn_with_the_legs_rule_and_again_when_it_halves():
+    """8 LegS variables over a stream growing to t / ℓ = 200: the first warning, then one more each time
+    the captured fraction falls below half its last warned level (it warned once, at 74 %, and stayed
+    silent at 1 % before), never for a stable level; the latest value is readable."""
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
     model = OnlineSGPR(HiPPOInducingVariables(8, "legs", t=40.0), rbf(1.0), likelihood)
     messages = _learn(model, _stream(5))  # t / ℓ = 200 with M = 8
-    assert len(messages) == 1 and "keep only" in messages[0] and "M of about t / lengthscale" in messages[0]
+    assert len(messages) >= 2 and all("keep only" in m and "M of about t / lengthscale" in m for m in messages)
+    levels = [_level(m) for m in messages]
+    assert levels[0] < 0.9 and all(later < earlier / 2 for earlier, later in zip(levels, levels[1:]))
+    assert model.last_captured_variance <= levels[-1] + 1e-3 and model.last_captured_variance > levels[-1] / 2 - 1e-3
+    assert _learn(model, []) == []  # nothing new: no warning
 
 
 def test_inputs_beyond_t_raise_naming_the_missed_advance_not_more_variables():
