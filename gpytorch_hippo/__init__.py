@@ -14,6 +14,7 @@ from .likelihoods import NegativeBinomialLikelihood
 from .online import OnlineELBO, OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs
 from .reconstruction import reconstruction_moments, sample_coefficients, sample_reconstruction
+from .timeaxis import TimeAxis
 from .variational import InterdomainVariationalStrategy
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "sample_coefficients",
     "sample_reconstruction",
     "reconstruction_moments",
+    "TimeAxis",
     "SVGPVAE",
     "ContinualSVGPVAE",
     "ElasticWeightConsolidation",

@@ -23,6 +23,7 @@ import time
 import warnings
 
 import gpytorch
+import numpy as np
 import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.mlls._approximate_mll import _ApproximateMarginalLogLikelihood
@@ -35,6 +36,7 @@ from tqdm import tqdm
 from ._validation import check_finite_scalar, check_tensor, floating_dtype
 from .inducing.base import InducingVariables
 from .nystrom import nystrom_residual
+from .timeaxis import TimeAxis, is_datetime_like
 from .variational import InterdomainVariationalStrategy, _solve_lower
 
 __all__ = ["OnlineSGPR", "OnlineELBO"]
@@ -228,8 +230,15 @@ class OnlineSGPR(gpytorch.Module):
         likelihood: gpytorch.likelihoods.GaussianLikelihood,
         mean_module: gpytorch.means.Mean | None = None,
         captured_variance_warning: float | None = 0.9,
+        time_axis: TimeAxis | str | None = None,
     ):
         super().__init__()
+        if isinstance(time_axis, str):
+            time_axis = TimeAxis(time_axis)
+        if time_axis is not None and not isinstance(time_axis, TimeAxis):
+            raise TypeError(f"time_axis must be a TimeAxis, a unit such as 'h', or None, got {type(time_axis).__name__}")
+        #: converts calendar times (pandas, NumPy ``datetime64``) to the model's time inputs (``None``: numbers only)
+        self.time_axis = time_axis
         if captured_variance_warning is not None and not 0 <= captured_variance_warning <= 1:
             raise ValueError(f"captured_variance_warning must be in [0, 1] or None, got {captured_variance_warning!r}")
         self.captured_variance_warning = captured_variance_warning
@@ -262,6 +271,7 @@ class OnlineSGPR(gpytorch.Module):
             self.register_buffer(name, None)
         self.register_buffer("num_tasks", torch.tensor(0))
         self.register_buffer("seen_input_range", None)
+        self.register_buffer("time_origin", None)  # the time axis's origin in ns since 1970 (in the state_dict)
         self.register_buffer("last_bound", None, persistent=False)
         #: fraction of the prior variance captured at the last captured-variance check (``None`` before one)
         self.last_captured_variance = None
@@ -285,7 +295,8 @@ class OnlineSGPR(gpytorch.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # The summary buffers and the frozen inducing copy exist only after a task: allocate them so
         # that a fresh model can load the state of a trained one.
-        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range"):
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range",
+                     "time_origin"):
             key = prefix + name
             if key in state_dict and getattr(self, name) is None:
                 setattr(self, name, torch.empty_like(state_dict[key]))
@@ -299,6 +310,50 @@ class OnlineSGPR(gpytorch.Module):
 
     def _noise(self) -> Tensor:
         return self.likelihood.noise.squeeze(-1)
+
+    def _as_inputs(self, x, name: str):
+        """Inputs as given by the user: calendar times through :attr:`time_axis`, NumPy/pandas numbers
+        as tensors; tensors unchanged (``_check_inputs`` validates them)."""
+        if self.time_axis is not None and not isinstance(x, Tensor):
+            if self.time_origin is not None and self.time_axis.origin is None:
+                self.time_axis.origin = np.datetime64(int(self.time_origin), "ns")
+            times = self.time_axis(x)
+            if self.time_axis.origin is not None and self.time_origin is None:
+                self.time_origin = torch.tensor(int(self.time_axis.origin.astype("datetime64[ns]").astype(np.int64)))
+            return times.to(floating_dtype(self.covar_module))
+        if isinstance(x, Tensor):
+            return x
+        if is_datetime_like(x):
+            raise TypeError(f"{name} holds calendar times: build the model with time_axis=TimeAxis('h') (or another unit)")
+        try:
+            return torch.as_tensor(np.array(x, dtype=np.float64)).to(floating_dtype(self.covar_module))
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be a torch.Tensor or an array of numbers, got {type(x).__name__}") from None
+
+    def _task(self, train_x, train_y, noise, missing: str):
+        """``(x, y, noise)`` of a task as tensors, with NaN targets left out if ``missing="drop"``."""
+        if missing not in ("raise", "drop"):
+            raise ValueError(f"missing must be 'raise' or 'drop', got {missing!r}")
+        train_x = self._as_inputs(train_x, "train_x")
+        if not isinstance(train_y, Tensor):
+            try:
+                train_y = torch.as_tensor(np.array(train_y, dtype=np.float64)).to(floating_dtype(self.covar_module))
+            except (TypeError, ValueError):
+                raise TypeError(f"train_y must be a torch.Tensor or an array of numbers, got {type(train_y).__name__}") from None
+        if isinstance(train_y, Tensor) and train_y.is_floating_point() and bool(torch.isnan(train_y).any()):
+            if missing == "raise":
+                raise ValueError(
+                    "train_y contains NaN values: pass missing='drop' to leave those observations out of the task "
+                    "(nothing is imputed), or remove them"
+                )
+            keep = ~torch.isnan(train_y)
+            if train_x.dim() >= 1 and train_x.shape[0] == keep.shape[0] and keep.dim() == 1:
+                train_x, train_y = train_x[keep], train_y[keep]
+                if noise is not None and isinstance(noise, Tensor) and noise.shape == keep.shape:
+                    noise = noise[keep]
+            else:
+                raise ValueError("missing='drop' needs un-batched targets (N,) matching train_x's first dimension")
+        return train_x, train_y, noise
 
     # ------------------------------------------------------------------ the bound
     def _bound_and_posterior(self, x: Tensor, y: Tensor, noise: Tensor | None = None):
@@ -353,29 +408,34 @@ class OnlineSGPR(gpytorch.Module):
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
         return bound.to(y.dtype), precision, shift, chol
 
-    def log_bound(self, train_x: Tensor, train_y: Tensor, noise: Tensor | None = None) -> Tensor:
+    def log_bound(self, train_x, train_y, noise: Tensor | None = None) -> Tensor:
         """Collapsed online bound (thesis eq. (4.6) at the optimal ``q(u)``) of absorbing
         ``(train_x, train_y)`` into the current summary, with the current hyperparameters (``noise``:
         per-point noise variances instead of the likelihood's, as in :meth:`update`). The state is not
         changed; differentiable with respect to the hyperparameters."""
+        train_x, train_y, noise = self._task(train_x, train_y, noise, "raise")
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
         self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
         return self._bound_and_posterior(train_x, train_y, noise)[0]
 
     def update(
         self,
-        train_x: Tensor,
-        train_y: Tensor,
+        train_x,
+        train_y,
         num_iter: int = 0,
         lr: float = 0.01,
         progress: bool = False,
         differentiable: bool = False,
         noise: Tensor | None = None,
-    ) -> Tensor:
+        missing: str = "raise",
+    ) -> Tensor | None:
         """Absorb one task.
 
-        :param train_x: inputs ``(N, D)`` (or ``(N,)``) of the new task only.
-        :param train_y: targets ``(N,)``.
+        :param train_x: inputs ``(N, D)`` (or ``(N,)``) of the new task only: a tensor, NumPy or pandas
+            numbers, or calendar times (pandas ``DatetimeIndex``/``Series``, ``datetime64``) with ``time_axis``.
+        :param train_y: targets ``(N,)`` (tensor, NumPy or pandas).
+        :param missing: ``"raise"`` (default): NaN targets raise; ``"drop"``: they are left out of the task
+            (nothing is imputed). A task with no observation left is a no-op that returns ``None``.
         :param num_iter: Adam steps on ``-bound / N`` over the hyperparameters of the kernel,
             likelihood, mean and (learnable) inducing variables. ``0``: nothing is optimised, the
             update is a closed-form computation.
@@ -392,6 +452,9 @@ class OnlineSGPR(gpytorch.Module):
         :return: the collapsed online bound of this task at the final hyperparameters.
         """
         start = time.perf_counter()
+        train_x, train_y, noise = self._task(train_x, train_y, noise, missing)
+        if train_y.numel() == 0 and train_x.numel() == 0:
+            return None  # an empty task leaves the model as it was
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
         self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
@@ -513,9 +576,9 @@ class OnlineSGPR(gpytorch.Module):
         mean = _working(self.posterior_prior_mean) + (chol @ mean_v.unsqueeze(-1)).squeeze(-1)
         return MultivariateNormal(mean, factor @ factor.mT)
 
-    def forward(self, x: Tensor) -> MultivariateNormal:
-        """Latent ``q(f(x))`` (thesis eq. (2.36) with the optimal ``q(u)``)."""
-        x = check_tensor(x, "x", dtype=floating_dtype(self.covar_module), min_dim=1)
+    def forward(self, x) -> MultivariateNormal:
+        """Latent ``q(f(x))`` (thesis eq. (2.36) with the optimal ``q(u)``); ``x`` as in :meth:`update`."""
+        x = check_tensor(self._as_inputs(x, "x"), "x", dtype=floating_dtype(self.covar_module), min_dim=1)
         if x.dim() == 1:
             x = x.unsqueeze(-1)
         kernel = self.covar_module

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from .._validation import check_finite_scalar, check_tensor, floating_dtype
 from ..hippo import HiPPO
+from ..timeaxis import is_datetime_like
 from .banded import BandedBackend, _span
 from .base import InducingVariables
 from .cost import MAX_TIME, kernel_reach, lengthscale_of
@@ -250,6 +251,11 @@ class HiPPOInducingVariables(InducingVariables):
         if self.input_dim != 1:
             raise RuntimeError("multidimensional HiPPO inducing variables advance with append_path(x_ordered)")
         self._check_movable("advance(t_new)")
+        if is_datetime_like(t_new):
+            raise TypeError(
+                "t_new is a calendar time: convert it with the model's time axis, advance(model.time_axis(t_new)), "
+                "or with a gpytorch_hippo.TimeAxis of the unit and origin the inputs use"
+            )
         t_new = _check_time(t_new, "t_new")
         if not t_new > self.t:
             raise ValueError(f"t_new must be greater than the current t = {self.t}, got {t_new}")

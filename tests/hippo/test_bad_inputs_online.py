@@ -49,9 +49,9 @@ KINDS = ["points", "hippo"]
         (lambda x, y: (with_value(x, 3, INF), y), "train_x contains infinite"),
         (lambda x, y: (x, with_value(y, 3, NAN)), "train_y contains NaN"),
         (lambda x, y: (x, with_value(y, 3, -INF)), "train_y contains infinite"),
-        (lambda x, y: (x[:0], y[:0]), "train_x must have shape"),
+        (lambda x, y: (x[:0], y), "train_x must have shape"),
         (lambda x, y: (x, y[:-1]), "train_y must have shape"),
-        (lambda x, y: (x.tolist(), y), "train_x must be a torch.Tensor"),
+        (lambda x, y: (["day"] * len(x), y), "train_x must be a torch.Tensor or an array of numbers"),
         (lambda x, y: (x, 1e300 * y), "online update is not finite.*train_y"),
     ],
 )
@@ -79,11 +79,11 @@ def test_prediction_rejects_nan_queries_and_promotes_integer_and_float32_ones(ki
     for query in (torch.tensor([1.0, NAN], dtype=DT), torch.tensor([[INF]], dtype=DT)):
         with pytest.raises(ValueError, match="x contains"):
             model(query)
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
-        model([1.0, 2.0])
+    with pytest.raises(TypeError, match="x must be a torch.Tensor or an array of numbers"):
+        model(["one", "two"])
     with torch.no_grad():
         reference = model(torch.tensor([1.0, 2.0, 3.0], dtype=DT))
-        for query in (torch.tensor([1, 2, 3]), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float32)):
+        for query in (torch.tensor([1, 2, 3]), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float32), [1.0, 2.0, 3.0]):
             predictive = model(query)
             assert predictive.mean.dtype == DT
             torch.testing.assert_close(predictive.mean, reference.mean, rtol=0, atol=1e-12)
