@@ -4,7 +4,7 @@ The same stream (a stationary RBF-GP draw, ``--tasks`` tasks of ``--size`` unit-
 ℓ = ``--lengthscale``; OVFF uses a Matérn-5/2 kernel) is learned twice per inducing-variable set, with the check
 (``captured_variance_warning=0.9``) and without (``None``), alternating task by task on the same
 machine; printed: seconds per update without the check, the check's extra time as a fraction of
-that (target ≤ 10 %; the check paces itself to ``online.CHECK_COST_FRACTION``), over the first and
+that (target ≤ 10 %; the check paces itself to ``online.CHECK_COST_FRACTION``, 5 %), over the first and
 the last ten tasks, and the warnings it raised (LegT/FouT: a window of two tasks; LagT: time scale
 of a quarter task).
 

@@ -46,7 +46,7 @@ _OLD_TASK_BUFFERS = ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_
 #: OnlineSGPR's captured-variance check runs on the first task and then whenever the time spent in
 #: updates since its last run reaches its last cost divided by this fraction: it never takes more
 #: than about this fraction of the updates' time, whatever the backend or measure
-CHECK_COST_FRACTION = 0.1
+CHECK_COST_FRACTION = 0.05
 
 
 
