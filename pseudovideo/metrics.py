@@ -109,6 +109,54 @@ class PenultimateFeatures(nn.Module):
         return self.classifier.features(images)
 
 
+class InceptionFeatures(nn.Module):
+    """InceptionV3 features as torchmetrics' FID computes them (``FrechetInceptionDistance(feature=2048)``),
+    for this module's ``[0, 1]`` images: grey images are repeated to 3 channels, pixels quantised to
+    ``uint8`` as torchmetrics does (``normalize=True``), and the network resizes to 299 x 299 itself.
+
+    The route for numbers comparable with published FIDs, where the InceptionV3 weights are at hand:
+    it needs the ``torch-fidelity`` package and its weights, read from ``weights_path`` (the FID
+    Inception checkpoint, ``pt_inception-2015-12-05-6726825d.pth``) or downloaded by torch-fidelity
+    (which fails offline). Report its numbers as "FID" and the default classifier's as "FID
+    (classifier features)": they are not comparable. ``feature`` is 64, 192, 768 or 2048
+    (torchmetrics' layers).
+    """
+
+    def __init__(self, weights_path: str | os.PathLike | None = None, feature: int = 2048, network: nn.Module | None = None):
+        super().__init__()
+        if feature not in (64, 192, 768, 2048):
+            raise ValueError(f"feature must be one of (64, 192, 768, 2048), torchmetrics' InceptionV3 layers, got {feature!r}")
+        self.num_features = feature
+        if network is None:
+            network = _inception_network(weights_path, feature)
+        self.network = network
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.shape[1] == 1:
+            images = images.expand(-1, 3, -1, -1)
+        if images.shape[1] != 3:
+            raise ValueError(f"InceptionV3 takes 1- or 3-channel images, got {images.shape[1]} channels")
+        return self.network((images * 255).byte())
+
+
+def _inception_network(weights_path, feature: int) -> nn.Module:
+    try:
+        import torch_fidelity  # noqa: F401
+    except ImportError as error:
+        raise ModuleNotFoundError(
+            "InceptionFeatures needs the 'torch-fidelity' package (pip install torch-fidelity) and the FID Inception "
+            "weights (weights_path=...); without them use the offline classifier features (default_classifier)",
+            name="torch_fidelity") from error
+    from torchmetrics.image.fid import NoTrainInceptionV3
+
+    try:
+        return NoTrainInceptionV3(name="inception-v3-compat", features_list=[str(feature)],
+                                  feature_extractor_weights_path=None if weights_path is None else str(weights_path))
+    except (OSError, RuntimeError, ValueError) as error:  # no weights file and no network to download them
+        raise FileNotFoundError(f"the InceptionV3 weights could not be loaded ({error}); pass weights_path= the FID "
+                                "Inception checkpoint (pt_inception-2015-12-05-6726825d.pth)") from error
+
+
 def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256) -> float:
     """FID ``||mu_r - mu_f||^2 + tr(S_r + S_f - 2 (S_r S_f)^{1/2})`` of ``feature`` outputs (torchmetrics).
 

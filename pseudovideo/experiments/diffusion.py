@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..augment import METHODS, make_pseudo_video
-from ..data import DATASETS, load_images
+from ..data import DATASETS, SUBSTITUTES, load_images
 from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
 from ..models.diffusion import PREDICTION_TYPES, AutoregressiveVideoDiffusion, default_clip_sample
 from ..plots import save_image_grid, save_video_rows
@@ -44,7 +44,8 @@ QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "ba
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="image DDPM vs video diffusion on pseudo videos (thesis §5.4)")
-    parser.add_argument("--dataset", choices=DATASETS, default="fashion_mnist")
+    parser.add_argument("--dataset", choices=DATASETS, default="mnist",
+                        help="mnist and digits come with `make test`; fashion_mnist needs the Debian package")
     parser.add_argument("--frames", default="1,4,8", help="comma-separated frame counts; 1 = image DDPM")
     parser.add_argument("--augmentation", default="markov_first,markov_high,blur",
                         help=f"comma-separated builders for the video models, from {METHODS}")
@@ -166,6 +167,7 @@ def experiment_images(args):
 
 def main(argv=None) -> list[dict]:
     args = parse_arguments(argv)
+    print(f"data: {SUBSTITUTES[args.dataset]}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train, held_out, size, classifier = experiment_images(args)

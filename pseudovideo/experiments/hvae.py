@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..data import DATASETS, load_images
+from ..data import DATASETS, SUBSTITUTES, load_images
 from ..metrics import default_classifier, inception_score
 from ..models.hvae import ENCODERS, HeatHVAE
 from ..plots import save_image_grid
@@ -60,6 +60,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> list[dict]:
     args = parse_arguments(argv)
+    print(f"data: {SUBSTITUTES[args.dataset]}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     images, _ = load_images(args.dataset, limit=args.train_images)

@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from ..augment import make_pseudo_video
-from ..data import DATASETS
+from ..data import DATASETS, SUBSTITUTES
 from ..metrics import PenultimateFeatures, frechet_distance, inception_score, psnr
 from ..models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
 from ..models.quantizer import codebook_perplexity
@@ -51,7 +51,8 @@ QUICK = {"train_images": 64, "tokenizer_steps": 2, "prior_steps": 2, "samples": 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="VQ tokenizers and token priors on pseudo videos (thesis §5.3)")
-    parser.add_argument("--dataset", choices=DATASETS, default="fashion_mnist")
+    parser.add_argument("--dataset", choices=DATASETS, default="mnist",
+                        help="mnist and digits come with `make test`; fashion_mnist needs the Debian package")
     parser.add_argument("--model", default="tokenizer,ar,masked", help=f"comma-separated, from {MODELS}")
     parser.add_argument("--frames", default="1,8,18", help="comma-separated frame counts; 1 = image models")
     add_seed_arguments(parser)
@@ -206,6 +207,7 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
 
 def main(argv=None) -> list[dict]:
     args = parse_arguments(argv)
+    print(f"data: {SUBSTITUTES[args.dataset]}", flush=True)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

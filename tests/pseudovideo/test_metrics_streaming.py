@@ -105,3 +105,28 @@ def test_fid_takes_the_classifier_that_inception_score_takes():
     fake = torch.rand(100, 1, 8, 8, generator=generator, dtype=torch.float64) ** 3
     penultimate = closed_form(real, fake, classifier.features)
     assert abs(frechet_distance(real, fake, classifier) - penultimate) < 1e-6 * penultimate
+
+
+def test_inception_route_feeds_torchmetrics_convention_or_names_what_is_missing():
+    from pseudovideo.metrics import InceptionFeatures
+
+    seen = []
+
+    class Recorder(nn.Module):  # stands in for the InceptionV3 network: records what it is given
+        def forward(self, images):
+            seen.append(images)
+            return images.flatten(1)[:, :4].double()
+
+    features = InceptionFeatures(feature=64, network=Recorder())
+    grey = torch.rand(3, 1, 5, 5, generator=torch.Generator().manual_seed(0))
+    features(grey)
+    assert seen[0].dtype == torch.uint8 and seen[0].shape == (3, 3, 5, 5)  # 1 -> 3 channels, [0, 1] -> bytes
+    assert torch.equal(seen[0][:, 2], (grey[:, 0] * 255).byte())
+    assert features.num_features == 64
+    with pytest.raises(ValueError, match="feature"):
+        InceptionFeatures(feature=100, network=Recorder())
+    try:
+        import torch_fidelity  # noqa: F401
+    except ImportError:
+        with pytest.raises(ModuleNotFoundError, match="torch-fidelity"):
+            InceptionFeatures()
