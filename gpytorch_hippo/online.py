@@ -21,6 +21,7 @@ import itertools
 import math
 import time
 import warnings
+from typing import NamedTuple
 
 import gpytorch
 import numpy as np
@@ -39,7 +40,7 @@ from .nystrom import nystrom_residual
 from .timeaxis import TimeAxis, is_datetime_like
 from .variational import InterdomainVariationalStrategy, _solve_lower
 
-__all__ = ["OnlineSGPR", "OnlineELBO"]
+__all__ = ["OnlineSGPR", "OnlineELBO", "FitReport"]
 
 _OLD_TASK_BUFFERS = ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_mean")
 
@@ -159,6 +160,23 @@ def _unwhiten_ratio(precision: Tensor, shift: Tensor, chol: Tensor) -> tuple[Ten
     return 0.5 * (unwhitened + unwhitened.mT), torch.linalg.solve_triangular(upper, shift.unsqueeze(-1), upper=True).squeeze(-1)
 
 
+class FitReport(NamedTuple):
+    """How a hyperparameter fit of :meth:`OnlineSGPR.update` ended (:attr:`OnlineSGPR.last_fit`).
+
+    ``status``: ``"stopped"`` (Adam ran its ``num_iter`` steps), or BoTorch's optimisation status of the
+    L-BFGS-B fit (``"success"``: converged; ``"stopped"``: ``num_iter`` reached; ``"failure"``);
+    ``bound_before``/``bound_after``: the task's online bound (not divided by ``N``) at the start and end.
+    """
+
+    optimizer: str
+    iterations: int
+    status: str
+    message: str
+    bound_before: float
+    bound_after: float
+    seconds: float
+
+
 class OnlineSGPR(gpytorch.Module):
     r"""Collapsed online sparse GP regression (OSGPR / OHSGPR), Bui et al. (2017), thesis §4.2.2.
 
@@ -275,6 +293,8 @@ class OnlineSGPR(gpytorch.Module):
         self.register_buffer("last_bound", None, persistent=False)
         #: fraction of the prior variance captured at the last captured-variance check (``None`` before one)
         self.last_captured_variance = None
+        #: :class:`FitReport` of the last update that fitted hyperparameters (``None`` before one)
+        self.last_fit = None
         self._warning_level = -1.0 if captured_variance_warning is None else captured_variance_warning
         self._check_clock = {"updates": 0.0, "check": 0.0}  # seconds of updates since the last check, its cost
 
@@ -428,6 +448,7 @@ class OnlineSGPR(gpytorch.Module):
         differentiable: bool = False,
         noise: Tensor | None = None,
         missing: str = "raise",
+        optimizer: str = "adam",
     ) -> Tensor | None:
         """Absorb one task.
 
@@ -436,10 +457,13 @@ class OnlineSGPR(gpytorch.Module):
         :param train_y: targets ``(N,)`` (tensor, NumPy or pandas).
         :param missing: ``"raise"`` (default): NaN targets raise; ``"drop"``: they are left out of the task
             (nothing is imputed). A task with no observation left is a no-op that returns ``None``.
-        :param num_iter: Adam steps on ``-bound / N`` over the hyperparameters of the kernel,
-            likelihood, mean and (learnable) inducing variables. ``0``: nothing is optimised, the
-            update is a closed-form computation.
+        :param num_iter: optimiser iterations on ``-bound / N`` over the hyperparameters of the kernel,
+            likelihood, mean and (learnable) inducing variables (:attr:`last_fit` reports how the fit ended).
+            ``0``: nothing is optimised, the update is a closed-form computation.
         :param lr: Adam learning rate.
+        :param optimizer: ``"adam"`` (default; ``num_iter`` steps of rate ``lr``) or ``"lbfgs"`` (SciPy's
+            L-BFGS-B through BoTorch's ``scipy_minimize``, at most ``num_iter`` iterations, stopping at
+            convergence: the fit BoTorch's ``fit_gpytorch_mll`` does).
         :param progress: show a ``tqdm`` bar during optimisation.
         :param differentiable: store the summary as a differentiable function of ``train_x``,
             ``train_y`` and the hyperparameters (look-ahead acquisitions differentiate a fantasy
@@ -460,6 +484,8 @@ class OnlineSGPR(gpytorch.Module):
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
             raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
         lr = check_finite_scalar(lr, "lr", positive=True)
+        if optimizer not in ("adam", "lbfgs"):
+            raise ValueError(f"optimizer must be 'adam' or 'lbfgs', got {optimizer!r}")
         if noise is not None:
             noise = check_tensor(noise, "noise", dtype=train_y.dtype)
             if not bool((noise > 0).all()):
@@ -480,15 +506,7 @@ class OnlineSGPR(gpytorch.Module):
                 "call mean_module.requires_grad_(False) first, or use InducingPoints"
             )
         if num_iter > 0:
-            parameters = [p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("posterior_")]
-            optimizer = torch.optim.Adam(parameters, lr=lr)
-            num_data = train_y.shape[-1]
-            for _ in tqdm(range(num_iter), disable=not progress, desc="OnlineSGPR task"):
-                optimizer.zero_grad()
-                loss = -self._bound_and_posterior(train_x, train_y, noise)[0].sum() / num_data
-                _check_finite_result("the online bound during optimisation (try a smaller lr)", loss)
-                loss.backward()
-                optimizer.step()
+            self.last_fit = self._fit(train_x, train_y, noise, num_iter, lr, optimizer, progress)
         keep = (lambda tensor: tensor.clone()) if differentiable else (lambda tensor: tensor.detach().clone())
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
             bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y, noise)
@@ -507,6 +525,37 @@ class OnlineSGPR(gpytorch.Module):
             self.num_tasks += 1
         self.last_bound = bound.detach()
         return self.last_bound
+
+    def _fit(self, train_x, train_y, noise, num_iter: int, lr: float, optimizer: str, progress: bool) -> FitReport:
+        """Maximise the task's online bound over the trainable hyperparameters; the report of the fit."""
+        parameters = {name: p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("posterior_")}
+        num_data = train_y.shape[-1]
+
+        def loss() -> Tensor:
+            value = -self._bound_and_posterior(train_x, train_y, noise)[0].sum() / num_data
+            _check_finite_result("the online bound during optimisation (try a smaller lr, or optimizer='lbfgs')", value)
+            return value
+
+        with torch.no_grad():
+            before = -float(loss()) * num_data
+        start = time.perf_counter()
+        if optimizer == "adam":
+            adam = torch.optim.Adam(list(parameters.values()), lr=lr)
+            for _ in tqdm(range(num_iter), disable=not progress, desc="OnlineSGPR task"):
+                adam.zero_grad()
+                value = loss()
+                value.backward()
+                adam.step()
+            iterations, status, message = num_iter, "stopped", f"{num_iter} Adam steps"
+        else:
+            from botorch.optim.closures import ForwardBackwardClosure
+            from botorch.optim.core import scipy_minimize
+
+            result = scipy_minimize(ForwardBackwardClosure(loss, parameters), parameters, options={"maxiter": num_iter})
+            iterations, status, message = result.step, result.status.name.lower(), str(result.message)
+        with torch.no_grad():
+            after = -float(loss()) * num_data
+        return FitReport(optimizer, iterations, status, message, before, after, time.perf_counter() - start)
 
     def _check_memory(self, train_x: Tensor, chol: Tensor, update_seconds: float) -> None:
         """Warn when the inducing variables cannot hold the stream (again at each halving): less than

@@ -303,3 +303,44 @@ def test_online_elbo_multitask_and_bad_inputs():
 
     with pytest.raises(TypeError, match="InterdomainVariationalStrategy"):
         OnlineELBO(gpytorch.likelihoods.GaussianLikelihood(), Plain(), num_data=3)
+
+
+def test_lbfgs_fit_reaches_the_exact_gp_optimum_and_reports_it():
+    """With inducing points at the data the task's bound is the exact log marginal likelihood: L-BFGS
+    (``optimizer="lbfgs"``) reaches the optimum BoTorch's ``fit_gpytorch_mll`` finds for the exact GP
+    (``SingleTaskGP`` with the same kernel, likelihood and zero mean), converges, and reports it; 30 Adam steps (the former README recipe) stop well below it."""
+    from botorch.fit import fit_gpytorch_mll
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.sort(torch.rand(40, generator=generator, dtype=DT) * 10).values
+    y = torch.sin(x) + 0.1 * torch.randn(40, generator=generator, dtype=DT)
+
+    def modules():
+        return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double(), gpytorch.likelihoods.GaussianLikelihood().double()
+
+    reports = {}
+    for optimizer, num_iter in (("lbfgs", 200), ("adam", 30)):
+        kernel, likelihood = modules()
+        model = OnlineSGPR(InducingPoints(x.unsqueeze(-1), learn=False, jitter=1e-10), kernel, likelihood)
+        model.update(x, y, num_iter=num_iter, optimizer=optimizer)
+        reports[optimizer] = (model.last_fit, kernel, likelihood)
+
+    from botorch.models import SingleTaskGP
+
+    kernel, likelihood = modules()
+    exact = SingleTaskGP(x.unsqueeze(-1), y.unsqueeze(-1), likelihood=likelihood, covar_module=kernel,
+                         mean_module=gpytorch.means.ZeroMean(), outcome_transform=None)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, exact)
+    fit_gpytorch_mll(mll)
+    report, ours, our_likelihood = reports["lbfgs"]
+    assert report.status == "success" and report.iterations < 200 and report.bound_after > report.bound_before
+    torch.testing.assert_close(ours.base_kernel.lengthscale, kernel.base_kernel.lengthscale, rtol=1e-3, atol=0)
+    torch.testing.assert_close(our_likelihood.noise, likelihood.noise, rtol=1e-3, atol=0)
+    exact.train()
+    with torch.no_grad():
+        evidence = mll(exact(x.unsqueeze(-1)), y).item() * 40
+    assert report.bound_after == pytest.approx(evidence, abs=1e-3)
+    adam = reports["adam"][0]
+    assert adam.status == "stopped" and adam.iterations == 30 and adam.bound_after < report.bound_after - 1.0
+    with pytest.raises(ValueError, match="optimizer"):
+        OnlineSGPR(InducingPoints(x[:5].unsqueeze(-1)), *modules()).update(x, y, num_iter=3, optimizer="sgd")
