@@ -308,7 +308,8 @@ def test_online_elbo_multitask_and_bad_inputs():
 def test_lbfgs_fit_reaches_the_exact_gp_optimum_and_reports_it():
     """With inducing points at the data the task's bound is the exact log marginal likelihood: L-BFGS
     (``optimizer="lbfgs"``) reaches the optimum BoTorch's ``fit_gpytorch_mll`` finds for the exact GP
-    (``SingleTaskGP`` with the same kernel, likelihood and zero mean), converges, and reports it; 30 Adam steps (the former README recipe) stop well below it."""
+    (``SingleTaskGP`` with the same kernel, likelihood and zero mean), converges, and reports it; 30 Adam
+    steps (the former README recipe) stop well below it."""
     from botorch.fit import fit_gpytorch_mll
 
     generator = torch.Generator().manual_seed(0)
