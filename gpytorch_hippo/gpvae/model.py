@@ -235,7 +235,7 @@ class SVGPVAE(gpytorch.Module):
     def gp_terms(self, times: Tensor, pseudo_mean: Tensor, pseudo_var: Tensor) -> tuple[Tensor, Tensor, MultivariateNormal]:
         """``(pseudo_fit, gp_elbo, q(f))`` of the latent GPs with ``q(u)`` set from the pseudo-observations
         ``(ỹ, ṽ)`` (each ``(L, T)``): ``pseudo_fit = Σ_{l,t} E_q log N(ỹ | f, ṽ)`` and ``gp_elbo`` its
-        Hensman ELBO ``Σ_l L_H^l`` (online with ``online_kl=True``), computed by :attr:`gp_objective`."""
+        Hensman ELBO ``Σ_l L_H^l`` (online with ``online_kl=True``), computed by ``gp_objective``."""
         self.set_posterior(times, pseudo_mean, pseudo_var)
         q_f = self.latent_gp(self._latent_inputs(times))
         num_data = times.shape[0]
