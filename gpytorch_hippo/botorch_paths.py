@@ -26,7 +26,7 @@ import copy
 
 import torch
 from botorch.sampling.pathwise.features import FeatureMap
-from botorch.sampling.pathwise.paths import GeneralizedLinearPath
+from botorch.sampling.pathwise.paths import GeneralizedLinearPath, PathList
 from botorch.sampling.pathwise.posterior_samplers import DrawMatheronPaths, MatheronPath
 from botorch.sampling.pathwise.prior_samplers import DrawKernelFeaturePaths, _draw_kernel_feature_paths_fallback
 from botorch.sampling.pathwise.update_strategies import GaussianUpdate
@@ -39,6 +39,7 @@ from torch import Size, Tensor
 
 from ._validation import floating_dtype
 from .botorch import OnlineGPModel
+from .botorch_multioutput import MultiOutputOnlineGPModel
 from .inducing.base import InducingVariables
 from .inducing.hippo_backends import FourierFeatures
 from .inducing.hippo_variables import HiPPOInducingVariables
@@ -48,11 +49,6 @@ from .inducing.spectral import hippo_support, hippo_transform
 
 def _stored_variables(model: OnlineGPModel) -> InducingVariables:
     """The stored task's inducing variables, or a named error for what paths do not cover."""
-    if model.num_outputs > 1:
-        raise NotImplementedError(
-            f"pathwise samples of a {model.num_outputs}-output OnlineGPModel: put single-output OnlineGPModels "
-            "in a ModelListGP, whose paths BoTorch draws per model"
-        )
     if len(model.batch_shape) > 0:
         raise NotImplementedError(f"pathwise samples of a batched (fantasy) OnlineGPModel, batch_shape {tuple(model.batch_shape)}")
     variables = model.online.posterior_inducing_variables
@@ -226,3 +222,30 @@ def _matheron_paths(model: OnlineGPModel, *, sample_shape: Size, prior_sampler, 
     return MatheronPath(prior_paths=prior_paths, update_paths=update_paths, input_transform=get_input_transform(model),
                         output_transform=output_transform)
 
+
+
+def _stack_outputs(values: list[Tensor]) -> Tensor:
+    return torch.stack(values, dim=-2)
+
+
+class _OutputPaths(PathList):
+    """The outputs' paths stacked at ``-2``; a singleton batch dimension at ``-3`` of the inputs broadcasts
+    against the outputs, as for BoTorch's batched multi-output models (``MatheronPathModel`` adds one)."""
+
+    def forward(self, x: Tensor, **kwargs) -> Tensor:
+        if x.dim() >= 3 and x.shape[-3] == 1:
+            x = x.squeeze(-3)
+        return super().forward(x, **kwargs)
+
+
+@DrawMatheronPaths.register(MultiOutputOnlineGPModel)
+def _matheron_paths_multioutput(model: MultiOutputOnlineGPModel, *, sample_shape: Size, prior_sampler,
+                                update_strategy) -> PathList:
+    """One path per output (each output's own posterior), stacked as BoTorch's multi-output models return
+    them: ``sample x batch x m x n``; the model's input and outcome transforms around them."""
+    paths = [
+        DrawMatheronPaths(output, sample_shape=sample_shape, prior_sampler=prior_sampler, update_strategy=update_strategy)
+        for output in model.outputs
+    ]
+    return _OutputPaths(paths, join=_stack_outputs, input_transform=get_input_transform(model),
+                        output_transform=get_output_transform(model))

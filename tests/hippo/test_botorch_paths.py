@@ -120,10 +120,37 @@ def test_what_paths_do_not_cover_raises_named_errors():
     with pytest.raises(NotImplementedError, match="closed form"):
         draw_matheron_paths(clipped, sample_shape=torch.Size([2]))
     x = torch.rand(10, 2, dtype=DOUBLE)
-    two_outputs = OnlineGPModel(x, torch.rand(10, 2, dtype=DOUBLE), InducingPoints(x[:5], learn=False),
-                                fit_maxiter=0, outcome_transform=None)
-    with pytest.raises(NotImplementedError, match="ModelListGP"):
-        draw_matheron_paths(two_outputs, sample_shape=torch.Size([2]))
     fantasies = model_2d().fantasize(x[:1], sampler=SobolQMCNormalSampler(torch.Size([2])))
     with pytest.raises(NotImplementedError, match="batched"):
         draw_matheron_paths(fantasies, sample_shape=torch.Size([2]))
+
+
+def test_two_output_paths_have_each_outputs_posterior_and_give_optimal_samples():
+    """A 2-output model (default ``Standardize(m=2)``): 4,096 stacked paths, ``(4096, 2, 6)`` as BoTorch's
+    multi-output models return them, have each output's posterior mean and covariance in the raw outcome
+    space; ``get_optimal_samples`` with a scalarisation runs on them."""
+    from botorch.acquisition.objective import ScalarizedPosteriorTransform
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(15, 2, generator=generator, dtype=DOUBLE)
+    noise = 0.05 * torch.randn(15, 2, generator=generator, dtype=DOUBLE)
+    y = torch.cat([torch.sin(4 * x[:, :1]), 3 + 2 * torch.cos(3 * x[:, 1:])], -1) + noise
+    model = OnlineGPModel(x, y, InducingPoints(torch.rand(12, 2, generator=generator, dtype=DOUBLE), learn=False), fit_maxiter=20)
+    torch.manual_seed(3)
+    X = torch.rand(6, 2, generator=torch.Generator().manual_seed(2), dtype=DOUBLE)
+    paths = draw_matheron_paths(model, sample_shape=torch.Size([4096]))
+    with torch.no_grad():
+        samples = paths(X)
+        posterior = model.posterior(X)
+    assert samples.shape == (4096, 2, 6)
+    for j in range(2):
+        mean = posterior.mean[..., j]
+        covar = model.outputs[j].posterior(model.input_transform(X) if hasattr(model, "input_transform") else X).mvn.covariance_matrix
+        covar = covar * model.outcome_transform.stdvs[..., j] ** 2
+        error = samples[:, j].std(0) / 4096**0.5
+        assert ((samples[:, j].mean(0) - mean).abs() < 4 * error + 1e-3).all()
+        assert (torch.cov(samples[:, j].T) - covar).abs().max() < 0.1 * covar.diagonal().max()
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DOUBLE)
+    weights = ScalarizedPosteriorTransform(torch.tensor([1.0, 0.5], dtype=DOUBLE))
+    optimal_inputs, optimal_outputs = get_optimal_samples(model, bounds=bounds, num_optima=3, posterior_transform=weights)
+    assert optimal_inputs.shape == (3, 2) and ((optimal_inputs >= 0) & (optimal_inputs <= 1)).all()
