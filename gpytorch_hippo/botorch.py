@@ -232,8 +232,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             self.register_buffer(name, None)
         self._posterior_hyperparameters = None
         self._internal_refit = False
-        #: observation noise variances are given with the data (train_Yvar), not learned
-        self.known_noise = bool(known_noise)
+        # observation noise variances are given with the data (train_Yvar), not learned (in the state_dict)
+        self.register_buffer("known_noise_flag", torch.tensor(bool(known_noise), device=reference.device))
 
     def _placement_inputs(self, reference: Tensor) -> Tensor:
         """The first batch's inputs in model space, where the default inducing points are placed."""
@@ -261,6 +261,11 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         noise_covar.raw_noise.requires_grad_(False)
 
     # ------------------------------------------------------------------ BoTorch's model contract
+    @property
+    def known_noise(self) -> bool:
+        """Whether the model was built with ``train_Yvar``: later batches bring their noise variances."""
+        return bool(self.known_noise_flag)
+
     @property
     def likelihood(self) -> gpytorch.likelihoods.GaussianLikelihood:
         return self.online.likelihood
@@ -357,7 +362,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         likelihood, mean and transform parameters of ``state_dict`` and keep this model's data and posterior
         (recomputed from the kept data with the loaded hyperparameters when ``keep_data=True``)."""
         summary = ("online.posterior", "online.num_tasks", "online.seen_input_range", "online.inducing_variables", "num_updates",
-                   "stored_")
+                   "stored_", "known_noise_flag", "online.time_origin")
         hyperparameters = {k: v for k, v in state_dict.items() if not k.startswith(summary)}
         with self._own_update():
             result = super().load_state_dict(hyperparameters, strict=False)

@@ -63,6 +63,8 @@ def test_known_noise_is_single_task_gp_with_train_yvar(streamed):
         with pytest.raises(ValueError, match="Yvar"):
             model.observe(x[20:], y[20:])
         model = model.observe(x[20:], y[20:], yvar[20:])
+    resumed = OnlineGPModel.from_state_dict(model.state_dict(), InducingPoints(x, learn=False, jitter=1e-10), **transform)
+    assert resumed.known_noise  # a checkpoint keeps the known-noise setting
     gp = SingleTaskGP(x, y, yvar, **transform)
     gp.covar_module.load_state_dict(model.covar_module.state_dict())
     gp.mean_module.load_state_dict(model.mean_module.state_dict())
