@@ -15,7 +15,8 @@ feature sums ``sum f`` and ``sum f f^T`` (torchmetrics' states, ``d + d^2`` numb
 IS the ``N x classes`` logits. Too few samples for the statistic (FID with ``n <= d`` features,
 whose sample covariance is then singular; IS with fewer than two images per split) give a
 :class:`MetricReliabilityWarning`; fewer than two images, ``splits > n`` or pixels outside
-``[0, 1]`` a ``ValueError``.
+``[0, 1]`` a ``ValueError``. Each call scores the images it is given on its own process (no
+``torch.distributed`` synchronisation, also inside a data-parallel run).
 """
 from __future__ import annotations
 
@@ -178,7 +179,8 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256) -> f
     for is_real, images, name in ((True, real, "real"), (False, fake, "fake")):
         for batch in _batches(images, name, batch_size):
             if metric is None:  # the states live beside the features, on the first batch's device
-                metric = FrechetInceptionDistance(feature=feature, normalize=True).to(batch.device)
+                metric = FrechetInceptionDistance(feature=feature, normalize=True,
+                                                  sync_on_compute=False).to(batch.device)
             with torch.no_grad():
                 metric.update(batch, real=is_real)
     counts = {"real": int(metric.real_features_num_samples), "fake": int(metric.fake_features_num_samples)}
@@ -218,7 +220,7 @@ def inception_score(images, feature: nn.Module | None = None, splits: int = 10, 
         warnings.simplefilter("ignore", UserWarning)
         for batch in _batches(images, "images", batch_size):
             if metric is None:
-                metric = InceptionScore(feature=feature, splits=splits).to(batch.device)
+                metric = InceptionScore(feature=feature, splits=splits, sync_on_compute=False).to(batch.device)
             with torch.no_grad():
                 metric.update(batch)
         count = sum(len(f) for f in metric.features)

@@ -4,7 +4,11 @@
 --augmentation markov_first,markov_high,blur --seeds S --out DIR [--quick]``
 
 Every model shares one UNet architecture, optimiser and number of training steps; the 1-frame model
-is the image DDPM (augmentation ``none``). Context windows: ``C = T // 2`` (2 for 4 frames, 4 for 8).
+is the image DDPM (augmentation ``none``). Training goes through ``accelerate``
+(:mod:`pseudovideo.experiments.accelerated`): ``accelerate launch --num_processes N [--cpu] -m
+pseudovideo.experiments.diffusion ...`` trains data-parallel (each process draws ``--batch-size``
+videos per micro-batch), with ``--accumulation``, ``--mixed-precision``, ``--ema-decay`` and
+``--checkpoint-every``/``--resume``; the main process evaluates and writes. Context windows: ``C = T // 2`` (2 for 4 frames, 4 for 8).
 Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,fid,is,psnr,train_s,classifier_accuracy``,
 the last the metric classifier's held-out accuracy), sample
 grids and generated videos (``DIR/samples_*.png``) and the training pseudo videos
@@ -24,19 +28,22 @@ import argparse
 import csv
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from .._optional import require
 from ..augment import METHODS, make_pseudo_video
 from ..data import DATASETS, SUBSTITUTES, load_images
 from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
 from ..models.diffusion import PREDICTION_TYPES, AutoregressiveVideoDiffusion, default_clip_sample
 from ..plots import save_image_grid, save_video_rows
 from ..scaling import to_model_range
-from . import add_ema_argument, add_seed_arguments, ema_weights, make_ema, seed_range
+from . import add_ema_argument, add_seed_arguments, ema_weights, seed_range
+from .accelerated import MIXED_PRECISION
+from .accelerated import train as accelerated_train
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "train_s", "classifier_accuracy"]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "batch_size": 8, "channels": "8,16"}
@@ -67,6 +74,16 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--prediction-type", choices=PREDICTION_TYPES, default="epsilon",
                         help="what the UNet predicts (epsilon: the thesis's eq. (5.2))")
     add_ema_argument(parser)
+    parser.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimiser step")
+    parser.add_argument("--mixed-precision", choices=MIXED_PRECISION, default="no",
+                        help="accelerate's mixed precision (bf16 on recent CPUs and GPUs, fp16 on GPUs)")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="save a checkpoint (weights, optimiser, EMA, data generator) every N steps to "
+                             "DIR/checkpoint_<frames>frame_<augmentation>_seed<seed>/")
+    parser.add_argument("--resume", action="store_true", help="continue each model from its checkpoint, if any")
+    parser.add_argument("--cpu", action="store_true",
+                        help="train on the CPU even where a GPU is available (without a GPU: always; several "
+                             "processes then train data-parallel over gloo)")
     parser.add_argument("--save-models", action="store_true",
                         help="save each trained model (its EMA weights with --ema-decay) with save_pretrained to "
                              "DIR/model_<frames>frame_<augmentation>_seed<seed>/ (reload: "
@@ -110,25 +127,28 @@ def build_videos(images, frames, augmentation, generator):
 
 
 def run_model(args, train, held_out, size, frames, augmentation, seed, classifier, out):
+    """Train one model through accelerate (data-parallel under ``accelerate launch``/``torchrun``) and, on
+    the main process, evaluate it; ``None`` on the other processes."""
     torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
     clip = default_clip_sample(augmentation) if args.clip_sample == "auto" else args.clip_sample == "on"
     model = AutoregressiveVideoDiffusion(frames, frames // 2, channels=train.shape[1], image_size=train.shape[-1],
                                          block_out_channels=args.channels, clip_sample=clip,
                                          prediction_type=args.prediction_type)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    ema = make_ema(model, args.ema_decay)
-    start = time.perf_counter()
-    model.train()
-    for _ in tqdm(range(args.steps), desc=f"{frames}-frame {augmentation}", disable=args.quiet, leave=False):
+    name = f"{frames}frame_{augmentation}_seed{seed}"
+
+    def next_batch(generator):
         batch = train[torch.randint(0, len(train), (args.batch_size,), generator=generator)]
-        loss = model.training_loss(build_videos(batch, frames, augmentation, generator), generator)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if ema is not None:
-            ema.step(model.parameters())
+        return build_videos(batch, frames, augmentation, generator)
+
+    start = time.perf_counter()
+    model, ema, accelerator, generator = accelerated_train(
+        model, next_batch, args.steps, optimizer_factory=lambda parameters: torch.optim.Adam(parameters, lr=args.lr),
+        accumulation=args.accumulation, mixed_precision=args.mixed_precision, ema_decay=args.ema_decay,
+        checkpoint_dir=out / f"checkpoint_{name}", checkpoint_every=args.checkpoint_every, resume=args.resume,
+        seed=seed, cpu=use_cpu(args), progress=not args.quiet, description=f"{frames}-frame {augmentation}")
     train_s = time.perf_counter() - start
+    if not accelerator.is_main_process:
+        return None
     model.eval()
     with ema_weights(model, ema):
         return evaluate(args, model, held_out, size, frames, augmentation, seed, classifier, out, generator, train_s)
@@ -170,25 +190,37 @@ def main(argv=None) -> list[dict]:
     print(f"data: {SUBSTITUTES[args.dataset]}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train, held_out, size, classifier = experiment_images(args)
+    processes = require("accelerate", "video", "pseudovideo.experiments.diffusion").PartialState(cpu=use_cpu(args))
+    with processes.main_process_first():  # the main process trains and caches the metric classifier
+        train, held_out, size, classifier = experiment_images(args)
+    main_process = processes.is_main_process
     generator = torch.Generator().manual_seed(0)
-    for frames in (f for f in args.frames if f > 1):
+    for frames in (f for f in args.frames if f > 1 and main_process):
         save_video_rows({method: to_image_space(build_videos(train[:1], frames, method, generator)[0], size)
                          for method in args.augmentation}, out / f"pseudo_videos_{frames}frames.png")
     rows = []
-    with open(out / "results.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
+    with open(out / "results.csv", "w", newline="") if main_process else nullcontext() as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS) if main_process else None
+        if writer is not None:
+            writer.writeheader()
         for seed in args.seed_range:
             for frames in args.frames:
                 for augmentation in (["none"] if frames == 1 else args.augmentation):
-                    row = {"dataset": args.dataset, **run_model(args, train, held_out, size, frames, augmentation,
-                                                                seed, classifier, out)}
+                    result = run_model(args, train, held_out, size, frames, augmentation, seed, classifier, out)
+                    if result is None:  # another process of a data-parallel run: the main one writes
+                        continue
+                    row = {"dataset": args.dataset, **result}
                     writer.writerow(row)
                     handle.flush()
                     rows.append(row)
                     print(format_row(row), flush=True)
     return rows
+
+
+def use_cpu(args) -> bool:
+    """accelerate's ``cpu`` flag: on a machine without CUDA it must be set for processes launched by
+    ``torchrun``/``accelerate launch`` to form a (gloo) data-parallel group."""
+    return args.cpu or not torch.cuda.is_available()
 
 
 def format_row(row: dict) -> str:

@@ -32,6 +32,7 @@ sampler produced them and fed back as context unchanged.
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -54,6 +55,15 @@ OBSERVED, LATENT, ABSENT = 1.0, 0.0, -1.0
 #: Gaussian of variance up to ``1 - prod(1 - beta)``).
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
 CLIP_SAMPLE = {"none": True, "blur": True, "heat": False, "markov_first": False, "markov_high": False}
+
+
+class TrainingDraws(NamedTuple):
+    """The random parts of one training loss: ``tasks`` ``(B,)``, window ``noise`` ``(B, slots, C, H, W)``,
+    diffusion ``timesteps`` ``(B,)`` (CPU tensors, drawn by :meth:`AutoregressiveVideoDiffusion.training_draws`)."""
+
+    tasks: torch.Tensor
+    noise: torch.Tensor
+    timesteps: torch.Tensor
 
 
 class IndicatorChannelsError(ValueError):
@@ -150,20 +160,44 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         frame = torch.where(state == ABSENT, -1, frame)
         return frame, state
 
-    def training_loss(self, videos: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(self, videos: torch.Tensor, generator: torch.Generator | None = None,
+                draws: TrainingDraws | None = None) -> torch.Tensor:
+        """The training loss (:meth:`training_loss`): calling the model, as data-parallel wrappers
+        (``DistributedDataParallel``, ``accelerate``) require, trains it."""
+        return self.training_loss(videos, generator, draws)
+
+    def training_draws(self, videos: torch.Tensor, generator: torch.Generator | None = None) -> TrainingDraws:
+        """The random parts of :meth:`training_loss` for ``videos``: a task, the noise of its window and a
+        diffusion timestep per video, drawn by ``generator`` in that order."""
+        self._check_videos(videos)
+        check_generator(generator)
+        batch = videos.shape[0]
+        tasks = self._draw_tasks(batch, generator)
+        shape = (batch, self.slots, self.channels, self.image_size, self.image_size)
+        noise = torch.randn(shape, generator=generator, dtype=videos.dtype, device="cpu")
+        timesteps = torch.randint(0, self.scheduler.config.num_train_timesteps, (batch,), generator=generator)
+        return TrainingDraws(tasks, noise, timesteps)
+
+    def training_loss(self, videos: torch.Tensor, generator: torch.Generator | None = None,
+                      draws: TrainingDraws | None = None) -> torch.Tensor:
         """Mean squared error of the UNet's prediction on latent slots (thesis eq. (5.2) for ``"epsilon"``).
 
         ``videos`` ``(B, T, C, H, W)``: pseudo videos of images in ``[-1, 1]``. The target is the noise
-        ``eps``, the clean frames, or ``v`` by ``prediction_type``.
+        ``eps``, the clean frames, or ``v`` by ``prediction_type``. ``draws`` (:meth:`training_draws`)
+        fixes the random parts; by default they are drawn by ``generator``.
         """
-        self._check_videos(videos)
-        check_generator(generator)
+        if draws is None:
+            draws = self.training_draws(videos, generator)
+        else:
+            self._check_videos(videos)
+            if not isinstance(draws, TrainingDraws) or len(draws.tasks) != len(videos):
+                raise ValueError("draws must be the TrainingDraws of these videos (model.training_draws(videos))")
         batch, device = videos.shape[0], videos.device
-        tasks = self._draw_tasks(batch, generator).to(device)
+        tasks = draws.tasks.to(device)
         frame, state = self.task_windows(tasks)
         clean = videos[torch.arange(batch, device=device)[:, None], frame.clamp_min(0)]
-        noise = torch.randn(clean.shape, generator=generator, dtype=clean.dtype, device="cpu").to(device)
-        timesteps = torch.randint(0, self.scheduler.config.num_train_timesteps, (batch,), generator=generator).to(device)
+        noise = draws.noise.to(device=device, dtype=clean.dtype)
+        timesteps = draws.timesteps.to(device)
         noisy = self.scheduler.add_noise(clean, noise, timesteps)
         prediction = self._predict_noise(noisy, clean, state, timesteps)
         target = self._target(clean, noise, timesteps)

@@ -1,0 +1,115 @@
+"""Training through Hugging Face ``accelerate``, as diffusers' own training scripts do.
+
+:func:`train` runs ``steps`` optimiser steps of a model whose ``forward`` returns its training
+loss (``AutoregressiveVideoDiffusion``), on one process or, launched with ``accelerate launch
+--num_processes N`` (``--cpu`` for CPU processes) or ``torchrun --nproc-per-node N``, on ``N``
+data-parallel processes: each draws its own batches (its generator is seeded by the seed and its
+rank) and the gradients are averaged across processes, so one step of ``N`` processes with
+batches ``B_1..B_N`` is one step on their concatenation (exactly, where every video has the same
+number of latent slots). It also gives
+
+* gradient accumulation (``accumulation`` micro-batches per optimiser step),
+* mixed precision (``"bf16"``/``"fp16"``, accelerate's autocast),
+* an EMA of the weights (diffusers' ``EMAModel``),
+* checkpoints (``accelerator.save_state``: weights, optimiser, EMA, the data generator and the step
+  count) every ``checkpoint_every`` steps, from which ``resume=True`` continues exactly as the
+  uninterrupted run would have.
+
+Needs the ``accelerate`` package (``pip install "probseq[video]"``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .._optional import require
+from .._validation import check_int
+from . import make_ema
+
+MIXED_PRECISION = ("no", "bf16", "fp16")
+
+
+class TrainingProgress:
+    """What a checkpoint keeps beside the model and optimiser: the step count and the data generator."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator, self.step = generator, 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.generator.set_state(state["generator"])
+
+
+class TrainingResult(NamedTuple):
+    """What :func:`train` returns: the unwrapped ``model``, its ``ema`` (or ``None``), the
+    ``accelerator`` (``is_main_process``, ``num_processes``, ...) and this process's data ``generator``
+    in its state after training."""
+
+    model: nn.Module
+    ema: Any
+    accelerator: Any
+    generator: torch.Generator
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The data generator's seed of process ``rank``: ``seed`` on rank 0, distinct on the others."""
+    return seed + 1_000_003 * rank
+
+
+def train(model: nn.Module, next_batch: Callable[[torch.Generator], torch.Tensor], steps: int, *,
+          optimizer_factory: Callable = lambda parameters: torch.optim.Adam(parameters, lr=5e-4),
+          accumulation: int = 1, mixed_precision: str = "no", ema_decay: float = 0.0,
+          checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = False,
+          seed: int = 0, cpu: bool = False, progress: bool = True, description: str = "training"):
+    """``steps`` optimiser steps of ``model`` on batches ``next_batch(generator)``: a :class:`TrainingResult`.
+
+    Each micro-batch's loss is ``model(videos, generator)``; its draws come from the process's
+    generator after ``next_batch``'s. ``resume=True`` loads ``checkpoint_dir`` if it holds a
+    checkpoint (the run then continues from its step).
+    """
+    accelerate = require("accelerate", "video", "pseudovideo.experiments.accelerated")
+    check_int(steps, "steps", low=0)
+    check_int(accumulation, "accumulation")
+    check_int(checkpoint_every, "checkpoint_every", low=0)
+    if mixed_precision not in MIXED_PRECISION:
+        raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {mixed_precision!r}")
+    if (checkpoint_every or resume) and checkpoint_dir is None:
+        raise ValueError("checkpoint_every and resume need a checkpoint_dir")
+    accelerator = accelerate.Accelerator(gradient_accumulation_steps=accumulation, mixed_precision=mixed_precision,
+                                         cpu=cpu)
+    optimizer = optimizer_factory(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    state = TrainingProgress(torch.Generator().manual_seed(rank_seed(seed, accelerator.process_index)))
+    ema = make_ema(accelerator.unwrap_model(model), ema_decay)
+    accelerator.register_for_checkpointing(state)
+    if ema is not None:
+        accelerator.register_for_checkpointing(ema)
+    if resume and checkpoint_dir is not None and (Path(checkpoint_dir) / "custom_checkpoint_0.pkl").is_file():
+        accelerator.load_state(str(checkpoint_dir))
+    model.train()
+    bar = tqdm(total=steps, initial=state.step, desc=description, leave=False,
+               disable=not progress or not accelerator.is_local_main_process)
+    while state.step < steps:
+        for _ in range(accumulation):
+            with accelerator.accumulate(model):
+                videos = next_batch(state.generator).to(accelerator.device)
+                loss = model(videos, state.generator)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+        if ema is not None:
+            ema.step(accelerator.unwrap_model(model).parameters())
+        state.step += 1
+        bar.update()
+        if checkpoint_every and state.step % checkpoint_every == 0:
+            accelerator.save_state(str(checkpoint_dir))
+    bar.close()
+    return TrainingResult(accelerator.unwrap_model(model), ema, accelerator, state.generator)

@@ -1,0 +1,32 @@
+"""One accelerate training step of a tiny video diffusion model; run by ``torchrun --nproc-per-node 2``
+from ``test_accelerate_training.py``, which compares it with a plain single-process step."""
+import sys
+
+import torch
+
+from pseudovideo.experiments.accelerated import train
+from pseudovideo.models.diffusion import AutoregressiveVideoDiffusion
+
+POOL = torch.rand(32, 2, 1, 4, 4, generator=torch.Generator().manual_seed(11)) * 2 - 1
+BATCH, LR = 3, 0.1
+
+
+def tiny_model():
+    """2 frames, context 1: every task has one latent slot, so per-process means average to the global mean."""
+    torch.manual_seed(0)
+    return AutoregressiveVideoDiffusion(2, 1, image_size=4, block_out_channels=(8, 16), num_train_timesteps=20)
+
+
+def next_batch(generator):
+    return POOL[torch.randint(0, len(POOL), (BATCH,), generator=generator)]
+
+
+def sgd(parameters):
+    return torch.optim.SGD(parameters, lr=LR)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    model, _, accelerator, _ = train(tiny_model(), next_batch, 1, optimizer_factory=sgd, seed=0, cpu=True, progress=False)
+    if accelerator.is_main_process:
+        torch.save({"world_size": accelerator.num_processes, "state": model.state_dict()}, sys.argv[1])
