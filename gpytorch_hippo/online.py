@@ -114,6 +114,29 @@ def _check_inputs(train_x, train_y, dtype: torch.dtype, x_name: str = "train_x",
     return train_x, train_y
 
 
+def _check_streams_finite(values, where: str = "", name: str = "train_y") -> None:
+    """NaN/Inf in a batch of streams ``(S, N)``: an error naming the streams, never NaN spread to the others."""
+    if not isinstance(values, Tensor) or values.dim() < 2 or not values.is_floating_point():
+        return
+    bad = ~torch.isfinite(values).reshape(-1, values.shape[-1]).all(-1)
+    if bool(bad.any()):
+        streams = bad.nonzero().squeeze(-1).tolist()
+        raise ValueError(
+            f"{name} contains NaN or infinite values {where} in stream(s) {streams[:10]}"
+            f"{' ...' if len(streams) > 10 else ''} (index along the batch dimensions, flattened): "
+            "pass mask= (False at entries to ignore) for ragged tasks"
+        )
+
+
+def _keep_streams_without_points(observed: Tensor, new: tuple[Tensor, ...], old: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The new summary for streams with a point in the task, the stored one, unchanged, for the others."""
+    kept = []
+    for fresh, stored in zip(new, old):
+        selector = observed.reshape(observed.shape + (1,) * (fresh.dim() - observed.dim()))
+        kept.append(torch.where(selector, fresh, _working(stored).expand_as(fresh)))
+    return tuple(kept)
+
+
 def _check_finite_result(name: str, *tensors: Tensor) -> None:
     """A named error instead of a NaN/Inf posterior or bound from finite but extreme input."""
     if not all(bool(torch.isfinite(t).all()) for t in tensors):
@@ -376,19 +399,22 @@ class OnlineSGPR(gpytorch.Module):
         return train_x, train_y, noise
 
     # ------------------------------------------------------------------ the bound
-    def _bound_and_posterior(self, x: Tensor, y: Tensor, noise: Tensor | None = None):
+    def _bound_and_posterior(self, x: Tensor, y: Tensor, noise: Tensor | None = None, mask: Tensor | None = None):
         """Online collapsed bound of absorbing ``(x, y)`` and the optimal ``q(v)`` in natural form;
-        ``noise``: per-point noise variances ``(..., N)`` instead of the likelihood's."""
+        ``noise``: per-point noise variances ``(..., N)`` instead of the likelihood's; ``mask``: ``(..., N)``
+        booleans, ``False`` for padding that contributes nothing (ragged tasks of batched streams)."""
         kernel, ivs = self.covar_module, self.inducing_variables
         chol = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
         W = _solve_lower(chol, _working(ivs.Kuf(kernel, x)))
         noise = _working(self._noise()[..., None] if noise is None else noise).expand(y.shape)  # σ_i²
         resid = _working(y - self.mean_module(x))
+        per_point = torch.log(2 * math.pi * noise) + (resid.square() + nystrom_residual(_working(kernel(x, diag=True)), W)) / noise
+        if mask is not None:  # a padded point: no column of W, no residual, no term of the bound
+            observed = mask.to(W.dtype)
+            W, resid, per_point = W * observed.unsqueeze(-2), resid * observed, per_point * observed
         precision = (W / noise.unsqueeze(-2)) @ W.mT
         shift = (W @ (resid / noise).unsqueeze(-1)).squeeze(-1)
-        bound = -0.5 * (
-            torch.log(2 * math.pi * noise) + (resid.square() + nystrom_residual(_working(kernel(x, diag=True)), W)) / noise
-        ).sum(-1)
+        bound = -0.5 * per_point.sum(-1)
         if self.has_posterior:
             old = self.posterior_inducing_variables
             _check_mean_unchanged(old, self.posterior_mean_module, self.mean_module)
@@ -449,6 +475,7 @@ class OnlineSGPR(gpytorch.Module):
         noise: Tensor | None = None,
         missing: str = "raise",
         optimizer: str = "adam",
+        mask: Tensor | None = None,
     ) -> Tensor | None:
         """Absorb one task.
 
@@ -461,6 +488,11 @@ class OnlineSGPR(gpytorch.Module):
             likelihood, mean and (learnable) inducing variables (:attr:`last_fit` reports how the fit ended).
             ``0``: nothing is optimised, the update is a closed-form computation.
         :param lr: Adam learning rate.
+        :param mask: for a model of ``S`` batched streams (kernel, likelihood and inducing variables with
+            ``batch_shape=(S,)``; ``train_x`` ``(S, N, D)``, ``train_y`` ``(S, N)``), booleans ``(S, N)``: ``False``
+            marks padding of streams with fewer points in this task (its values are ignored, NaN allowed). A
+            stream with no point keeps its stored posterior exactly (keep its inducing variables unchanged).
+            NaN at an observed entry raises an error naming the stream.
         :param optimizer: ``"adam"`` (default; ``num_iter`` steps of rate ``lr``) or ``"lbfgs"`` (SciPy's
             L-BFGS-B through BoTorch's ``scipy_minimize``, at most ``num_iter`` iterations, stopping at
             convergence: the fit BoTorch's ``fit_gpytorch_mll`` does).
@@ -476,6 +508,12 @@ class OnlineSGPR(gpytorch.Module):
         :return: the collapsed online bound of this task at the final hyperparameters.
         """
         start = time.perf_counter()
+        if mask is not None:
+            train_x, train_y, mask = self._masked_task(train_x, train_y, mask)
+            if mask is None:
+                return None  # no stream has a point: the model is left as it was
+        else:
+            _check_streams_finite(train_y)
         train_x, train_y, noise = self._task(train_x, train_y, noise, missing)
         if train_y.numel() == 0 and train_x.numel() == 0:
             return None  # an empty task leaves the model as it was
@@ -506,19 +544,19 @@ class OnlineSGPR(gpytorch.Module):
                 "call mean_module.requires_grad_(False) first, or use InducingPoints"
             )
         if num_iter > 0:
-            self.last_fit = self._fit(train_x, train_y, noise, num_iter, lr, optimizer, progress)
+            self.last_fit = self._fit(train_x, train_y, noise, num_iter, lr, optimizer, progress, mask)
         keep = (lambda tensor: tensor.clone()) if differentiable else (lambda tensor: tensor.detach().clone())
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
-            bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y, noise)
+            bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y, noise, mask)
             _check_finite_result("the online update", bound, precision, shift)
             with torch.no_grad():
                 self._check_memory(train_x, chol, time.perf_counter() - start)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
             prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device) if prior_mean is None else _working(prior_mean)
-            self.posterior_chol = keep(chol)
-            self.posterior_precision = keep(precision)
-            self.posterior_shift = keep(shift)
-            self.posterior_prior_mean = keep(prior_mean.expand(shift.shape))
+            summary = (chol, precision, shift, prior_mean.expand(shift.shape))
+            if mask is not None and self.has_posterior and not bool(mask.any(-1).all()):
+                summary = _keep_streams_without_points(mask.any(-1), summary, self._summary())
+            self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean = map(keep, summary)
         with torch.no_grad():
             self.posterior_inducing_variables = _frozen_copy(self.inducing_variables)
             self.posterior_mean_module = _frozen_copy(self.mean_module)
@@ -526,13 +564,38 @@ class OnlineSGPR(gpytorch.Module):
         self.last_bound = bound.detach()
         return self.last_bound
 
-    def _fit(self, train_x, train_y, noise, num_iter: int, lr: float, optimizer: str, progress: bool) -> FitReport:
+    def _summary(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean
+
+    def _masked_task(self, train_x, train_y, mask) -> tuple[Tensor, Tensor, Tensor | None]:
+        """A ragged task of batched streams: padding filled with finite values that contribute nothing
+        (``mask=None`` back if no stream has a point); NaN at an observed entry names its stream."""
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+        train_x, train_y = self._as_inputs(train_x, "train_x"), check_tensor(train_y, "train_y", finite=False)
+        if train_x.dim() == train_y.dim():
+            train_x = train_x.unsqueeze(-1)
+        if mask.shape != train_y.shape or train_x.shape[:-1] != train_y.shape:
+            raise ValueError(
+                f"mask must have train_y's shape {tuple(train_y.shape)} and train_x the shape (..., N, D) to match, "
+                f"got mask {tuple(mask.shape)}, train_x {tuple(train_x.shape)}"
+            )
+        _check_streams_finite(torch.where(mask, train_y, 0.0), "at observed entries")
+        _check_streams_finite(torch.where(mask.unsqueeze(-1), train_x, 0.0).sum(-1), "at observed entries", "train_x")
+        if not bool(mask.any()):
+            return train_x, train_y, None
+        fill = train_x[mask][0]  # any observed input: finite and within reach, multiplied by zero
+        train_x = torch.where(mask.unsqueeze(-1), train_x, fill)
+        return train_x, torch.where(mask, train_y, torch.zeros((), dtype=train_y.dtype)), mask
+
+    def _fit(self, train_x, train_y, noise, num_iter: int, lr: float, optimizer: str, progress: bool,
+             mask: Tensor | None = None) -> FitReport:
         """Maximise the task's online bound over the trainable hyperparameters; the report of the fit."""
         parameters = {name: p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("posterior_")}
-        num_data = train_y.shape[-1]
+        num_data = train_y.shape[-1] if mask is None else max(int(mask.sum(-1).max()), 1)
 
         def loss() -> Tensor:
-            value = -self._bound_and_posterior(train_x, train_y, noise)[0].sum() / num_data
+            value = -self._bound_and_posterior(train_x, train_y, noise, mask)[0].sum() / num_data
             _check_finite_result("the online bound during optimisation (try a smaller lr, or optimizer='lbfgs')", value)
             return value
 
