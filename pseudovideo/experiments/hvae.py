@@ -22,7 +22,7 @@ from ..data import DATASETS, SUBSTITUTES, load_images
 from ..metrics import default_classifier, inception_score
 from ..models.hvae import ENCODERS, HeatHVAE
 from ..plots import save_image_grid
-from . import add_seed_arguments, seed_range
+from . import add_ema_argument, add_seed_arguments, ema_weights, make_ema, seed_range
 
 COLUMNS = ["dataset", "encoder", "latents", "seed", "is", "train_s", "classifier_accuracy"]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "batch_size": 8, "latents": 3, "width": 8}
@@ -34,6 +34,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--encoders", default="heat,learned")
     parser.add_argument("--latents", type=int, default=18)
     add_seed_arguments(parser)
+    add_ema_argument(parser)
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--train-images", type=int, default=4000)
@@ -78,6 +79,7 @@ def main(argv=None) -> list[dict]:
                 model = HeatHVAE(encoder, args.latents, channels=binary.shape[1], image_size=binary.shape[-1],
                                  width=args.width, max_std=binary.shape[-1] / 1.4)  # Rissanen et al.: 20 px at 28x28, scaled
                 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+                ema = make_ema(model, args.ema_decay)
                 start = time.perf_counter()
                 for _ in tqdm(range(args.steps), desc=f"HVAE {encoder}", disable=args.quiet, leave=False):
                     batch = binary[torch.randint(0, len(binary), (args.batch_size,), generator=generator)]
@@ -85,8 +87,11 @@ def main(argv=None) -> list[dict]:
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
+                    if ema is not None:
+                        ema.step(model.parameters())
                 train_s = time.perf_counter() - start
-                samples = model.sample(args.samples, generator)
+                with ema_weights(model, ema):
+                    samples = model.sample(args.samples, generator)
                 save_image_grid(samples[:32], out / f"hvae_samples_{encoder}_seed{seed}.png")
                 row = {"dataset": args.dataset, "encoder": encoder, "latents": args.latents, "seed": seed,
                        "is": inception_score(samples, classifier, splits=min(10, len(samples) // 2)),

@@ -39,7 +39,7 @@ from ..models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
 from ..models.quantizer import codebook_perplexity
 from ..models.tokenizer import ImageTokenizer, VideoTokenizer
 from ..plots import save_image_grid, save_video_rows
-from . import add_seed_arguments, seed_range
+from . import add_ema_argument, add_seed_arguments, make_ema, seed_range
 from .diffusion import experiment_images, to_image_space
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s", "params", "perplexity",
@@ -56,6 +56,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", default="tokenizer,ar,masked", help=f"comma-separated, from {MODELS}")
     parser.add_argument("--frames", default="1,8,18", help="comma-separated frame counts; 1 = image models")
     add_seed_arguments(parser)
+    add_ema_argument(parser)
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tiny everything)")
     parser.add_argument("--train-images", type=int, default=5000)
@@ -123,9 +124,12 @@ def last_frame(videos: torch.Tensor, frames: int) -> torch.Tensor:
 
 
 def optimise(model, loss_of_batch, steps, args, description):
-    """Adam with cosine learning-rate decay (App. D) for ``steps`` steps; returns the seconds taken."""
+    """Adam with cosine learning-rate decay (App. D) for ``steps`` steps; returns the seconds taken.
+
+    With ``--ema-decay`` the model ends with diffusers' ``EMAModel`` average of its weights."""
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    ema = make_ema(model, args.ema_decay)
     model.train()
     start = time.perf_counter()
     for _ in tqdm(range(steps), desc=description, disable=args.quiet, leave=False):
@@ -134,6 +138,10 @@ def optimise(model, loss_of_batch, steps, args, description):
         loss.backward()
         optimizer.step()
         schedule.step()
+        if ema is not None:
+            ema.step(model.parameters())
+    if ema is not None:
+        ema.copy_to(model.parameters())
     model.eval()
     return time.perf_counter() - start
 

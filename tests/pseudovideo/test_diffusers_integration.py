@@ -195,3 +195,16 @@ def test_runner_saves_ema_models_that_reload(tmp_path):
           "--classifier-cache", str(tmp_path / "cache")])
     loaded = AutoregressiveVideoDiffusion.from_pretrained(tmp_path / "model_2frame_markov_high_seed0")
     assert loaded.config.num_frames == 2 and loaded.config.clip_sample is False  # markov_high: no clipping
+
+
+@pytest.mark.parametrize("runner", ["hvae", "tokens"])
+def test_hvae_and_tokens_runners_take_ema(tmp_path, runner):
+    import importlib
+
+    main = importlib.import_module(f"pseudovideo.experiments.{runner}").main
+    options = ["--frames", "1", "--model", "tokenizer"] if runner == "tokens" else []
+    common = ["--dataset", "digits", "--downsample", "1", "--seeds", "1", "--quick", "--quiet",
+              "--classifier-cache", str(tmp_path / "cache"), *options]
+    plain = main(common + ["--out", str(tmp_path / "plain")])
+    averaged = main(common + ["--out", str(tmp_path / "ema"), "--ema-decay", "0.5"])
+    assert plain[0]["is"] != averaged[0]["is"]  # the evaluated weights are the average, not the last ones
