@@ -1,7 +1,9 @@
 """Training through Hugging Face ``accelerate``, as diffusers' own training scripts do.
 
 :func:`train` runs ``steps`` optimiser steps of a model whose ``forward`` returns its training
-loss (``AutoregressiveVideoDiffusion``), on one process or, launched with ``accelerate launch
+loss (``AutoregressiveVideoDiffusion``, ``HeatHVAE``) or whose named method does (``loss=``: the
+token priors' ``"loss"``; the method then runs inside a module that the data-parallel wrapper
+calls, so that gradients are still averaged), on one process or, launched with ``accelerate launch
 --num_processes N`` (``--cpu`` for CPU processes) or ``torchrun --nproc-per-node N``, on ``N``
 data-parallel processes: each draws its own batches (its generator is seeded by the seed and its
 rank) and the gradients are averaged across processes, so one step of ``N`` processes with
@@ -32,6 +34,17 @@ from .._validation import check_int
 from . import make_ema
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
+
+
+class _LossOf(nn.Module):
+    """``forward(*args)`` = ``model.<method>(*args)``: what the data-parallel wrapper calls."""
+
+    def __init__(self, model: nn.Module, method: str):
+        super().__init__()
+        self.model, self.method = model, method
+
+    def forward(self, *args):
+        return getattr(self.model, self.method)(*args)
 
 
 class TrainingProgress:
@@ -66,14 +79,20 @@ def rank_seed(seed: int, rank: int) -> int:
 
 def train(model: nn.Module, next_batch: Callable[[torch.Generator], torch.Tensor], steps: int, *,
           optimizer_factory: Callable = lambda parameters: torch.optim.Adam(parameters, lr=5e-4),
+          scheduler_factory: Callable | None = None, loss: str = "forward",
+          batch_loss: Callable | None = None, generator: torch.Generator | None = None,
           accumulation: int = 1, mixed_precision: str = "no", ema_decay: float = 0.0,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = False,
           seed: int = 0, cpu: bool = False, progress: bool = True, description: str = "training"):
     """``steps`` optimiser steps of ``model`` on batches ``next_batch(generator)``: a :class:`TrainingResult`.
 
-    Each micro-batch's loss is ``model(videos, generator)``; its draws come from the process's
-    generator after ``next_batch``'s. ``resume=True`` loads ``checkpoint_dir`` if it holds a
-    checkpoint (the run then continues from its step).
+    Each micro-batch's loss is ``batch_loss(wrapped, batch, generator)`` (default
+    ``wrapped(batch, generator)``), ``wrapped`` calling ``model.forward`` or the method named by
+    ``loss``; its draws come from the process's generator after ``next_batch``'s. That generator
+    is ``generator`` on process 0 when given (the run then continues its stream; default: seeded by
+    ``seed``) and seeded by :func:`rank_seed` on the others. ``scheduler_factory(optimizer)`` adds a
+    learning-rate schedule stepped once per optimiser step. ``resume=True`` loads
+    ``checkpoint_dir`` if it holds a checkpoint (the run then continues from its step).
     """
     accelerate = require("accelerate", "video", "pseudovideo.experiments.accelerated")
     check_int(steps, "steps", low=0)
@@ -85,31 +104,42 @@ def train(model: nn.Module, next_batch: Callable[[torch.Generator], torch.Tensor
         raise ValueError("checkpoint_every and resume need a checkpoint_dir")
     accelerator = accelerate.Accelerator(gradient_accumulation_steps=accumulation, mixed_precision=mixed_precision,
                                          cpu=cpu)
+    if not isinstance(loss, str) or not callable(getattr(model, loss, None)):
+        raise ValueError(f"loss must name a method of the model, got {loss!r}")
+    inner = model
     optimizer = optimizer_factory(model.parameters())
-    model, optimizer = accelerator.prepare(model, optimizer)
-    state = TrainingProgress(torch.Generator().manual_seed(rank_seed(seed, accelerator.process_index)))
-    ema = make_ema(accelerator.unwrap_model(model), ema_decay)
+    schedule = scheduler_factory(optimizer) if scheduler_factory is not None else None
+    wrapped, optimizer = accelerator.prepare(model if loss == "forward" else _LossOf(model, loss), optimizer)
+    if generator is None or accelerator.process_index != 0:
+        generator = torch.Generator().manual_seed(rank_seed(seed, accelerator.process_index))
+    state = TrainingProgress(generator)
+    ema = make_ema(inner, ema_decay)
     accelerator.register_for_checkpointing(state)
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
+    if schedule is not None:
+        accelerator.register_for_checkpointing(schedule)
     if resume and checkpoint_dir is not None and (Path(checkpoint_dir) / "custom_checkpoint_0.pkl").is_file():
         accelerator.load_state(str(checkpoint_dir))
-    model.train()
+    batch_loss = batch_loss or (lambda module, batch, rng: module(batch, rng))
+    wrapped.train()
     bar = tqdm(total=steps, initial=state.step, desc=description, leave=False,
                disable=not progress or not accelerator.is_local_main_process)
     while state.step < steps:
         for _ in range(accumulation):
-            with accelerator.accumulate(model):
-                videos = next_batch(state.generator).to(accelerator.device)
-                loss = model(videos, state.generator)
-                accelerator.backward(loss)
+            with accelerator.accumulate(wrapped):
+                batch = next_batch(state.generator).to(accelerator.device)
+                accelerator.backward(batch_loss(wrapped, batch, state.generator))
                 optimizer.step()
                 optimizer.zero_grad()
+        if schedule is not None:
+            schedule.step()
         if ema is not None:
-            ema.step(accelerator.unwrap_model(model).parameters())
+            ema.step(inner.parameters())
         state.step += 1
         bar.update()
         if checkpoint_every and state.step % checkpoint_every == 0:
             accelerator.save_state(str(checkpoint_dir))
     bar.close()
-    return TrainingResult(accelerator.unwrap_model(model), ema, accelerator, state.generator)
+    inner.eval()
+    return TrainingResult(inner, ema, accelerator, state.generator)

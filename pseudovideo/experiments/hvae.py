@@ -3,7 +3,9 @@
 ``python -m pseudovideo.experiments.hvae --dataset mnist --latents 18 --seeds S --out DIR [--quick]``
 
 Both models share the decoder, latent count and training budget; digits are binarised at 0.5.
-Writes ``DIR/hvae_results.csv`` (``dataset,encoder,latents,seed,is,train_s``) and a sample grid per
+Training goes through ``accelerate`` (data-parallel under ``accelerate launch``/``torchrun``, the
+main process evaluating and writing); ``--ema-decay`` samples from diffusers' ``EMAModel`` average.
+Writes ``DIR/hvae_results.csv`` (``dataset,encoder,latents,seed,is,train_s,classifier_accuracy``) and a sample grid per
 model; IS uses the cached dataset classifier (``pseudovideo.metrics.default_classifier``), not
 InceptionV3, on the Bernoulli means of the samples.
 """
@@ -12,17 +14,19 @@ from __future__ import annotations
 import argparse
 import csv
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from .._optional import require
 from ..data import DATASETS, SUBSTITUTES, load_images
 from ..metrics import default_classifier, inception_score
 from ..models.hvae import ENCODERS, HeatHVAE
 from ..plots import save_image_grid
-from . import add_ema_argument, add_seed_arguments, ema_weights, make_ema, seed_range
+from . import add_ema_argument, add_seed_arguments, ema_weights, seed_range
+from .accelerated import train as accelerated_train
 
 COLUMNS = ["dataset", "encoder", "latents", "seed", "is", "train_s", "classifier_accuracy"]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "batch_size": 8, "latents": 3, "width": 8}
@@ -35,6 +39,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--latents", type=int, default=18)
     add_seed_arguments(parser)
     add_ema_argument(parser)
+    parser.add_argument("--cpu", action="store_true", help="train on the CPU (data-parallel over gloo when launched "
+                        "on several processes) even where a GPU is available")
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--train-images", type=int, default=4000)
@@ -56,6 +62,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     if args.latents < 1 or args.downsample < 1:
         parser.error("--latents and --downsample must be >= 1")
     args.seed_range = seed_range(args, parser)
+    args.cpu = args.cpu or not torch.cuda.is_available()  # accelerate forms a CPU process group only when told
     return args
 
 
@@ -67,31 +74,35 @@ def main(argv=None) -> list[dict]:
     images, _ = load_images(args.dataset, limit=args.train_images)
     pooled = F.avg_pool2d(images, args.downsample) if args.downsample > 1 else images
     binary = (pooled > 0.5).float()
-    classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
+    processes = require("accelerate", "video", "pseudovideo.experiments.hvae").PartialState(cpu=args.cpu)
+    with processes.main_process_first():  # the main process trains and caches the metric classifier
+        classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
     rows = []
-    with open(out / "hvae_results.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
+    with open(out / "hvae_results.csv", "w", newline="") if processes.is_main_process else nullcontext() as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS) if processes.is_main_process else None
+        if writer is not None:
+            writer.writeheader()
         for seed in args.seed_range:
             for encoder in args.encoders:
                 torch.manual_seed(seed)
-                generator = torch.Generator().manual_seed(seed)
                 model = HeatHVAE(encoder, args.latents, channels=binary.shape[1], image_size=binary.shape[-1],
                                  width=args.width, max_std=binary.shape[-1] / 1.4)  # Rissanen et al.: 20 px at 28x28, scaled
-                optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-                ema = make_ema(model, args.ema_decay)
+
+                def next_batch(generator):
+                    return binary[torch.randint(0, len(binary), (args.batch_size,), generator=generator)]
+
                 start = time.perf_counter()
-                for _ in tqdm(range(args.steps), desc=f"HVAE {encoder}", disable=args.quiet, leave=False):
-                    batch = binary[torch.randint(0, len(binary), (args.batch_size,), generator=generator)]
-                    loss = model.negative_elbo(batch, generator)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    if ema is not None:
-                        ema.step(model.parameters())
+                model, ema, accelerator, generator = accelerated_train(
+                    model, next_batch, args.steps, optimizer_factory=lambda p: torch.optim.Adam(p, lr=args.lr),
+                    ema_decay=args.ema_decay, seed=seed, cpu=args.cpu, progress=not args.quiet,
+                    description=f"HVAE {encoder}")
                 train_s = time.perf_counter() - start
-                with ema_weights(model, ema):
+                if not accelerator.is_main_process:  # a data-parallel run: the main process evaluates
+                    continue
+                with ema_weights(model, ema), torch.no_grad():
                     samples = model.sample(args.samples, generator)
+                    elbo_batch = binary[:256].to(accelerator.device)
+                    loss = model.negative_elbo(elbo_batch, torch.Generator().manual_seed(seed))
                 save_image_grid(samples[:32], out / f"hvae_samples_{encoder}_seed{seed}.png")
                 row = {"dataset": args.dataset, "encoder": encoder, "latents": args.latents, "seed": seed,
                        "is": inception_score(samples, classifier, splits=min(10, len(samples) // 2)),
@@ -100,7 +111,7 @@ def main(argv=None) -> list[dict]:
                 handle.flush()
                 rows.append(row)
                 print(f"HVAE {encoder:<8} T={args.latents} seed {seed}  IS {row['is']:.3f}  "
-                      f"-ELBO {loss.item():.1f}  train {train_s:.1f}s", flush=True)
+                      f"-ELBO {loss.item():.1f} (256 training digits)  train {train_s:.1f}s", flush=True)
     return rows
 
 

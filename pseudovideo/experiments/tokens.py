@@ -9,9 +9,11 @@ For each frame count ``T`` a tokenizer is trained (``T = 1``: the image VQ-VAE w
 tokenizers share width, total depth (image: ``--layers`` spatial layers; video: half spatial, half
 causal temporal), codebook, optimiser and number of steps; all priors share one architecture and
 budget. Images are average-pooled by ``--downsample`` (28 -> 14 pixels) and padded to a multiple of 4.
+Training goes through ``accelerate`` (data-parallel under ``accelerate launch``/``torchrun``, the main
+process evaluating and writing); ``--ema-decay`` ends each model at diffusers' ``EMAModel`` average.
 
 Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,psnr,fid,is,train_s`` then
-``params,perplexity``), PNG grids, and prints the table. Metrics use the last frame, cropped back to
+``params,perplexity,classifier_accuracy``), PNG grids, and prints the table. Metrics use the last frame, cropped back to
 the unpadded size, in ``[0, 1]``, against held-out images:
 
 * ``tokenizer``: reconstruction of held-out images (or their pseudo videos): PSNR, FID and IS;
@@ -27,11 +29,12 @@ import argparse
 import csv
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
+from .._optional import require
 from ..augment import make_pseudo_video
 from ..data import DATASETS, SUBSTITUTES
 from ..metrics import PenultimateFeatures, frechet_distance, inception_score, psnr
@@ -39,7 +42,8 @@ from ..models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
 from ..models.quantizer import codebook_perplexity
 from ..models.tokenizer import ImageTokenizer, VideoTokenizer
 from ..plots import save_image_grid, save_video_rows
-from . import add_ema_argument, add_seed_arguments, make_ema, seed_range
+from . import add_ema_argument, add_seed_arguments, seed_range
+from .accelerated import train as accelerated_train
 from .diffusion import experiment_images, to_image_space
 
 COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s", "params", "perplexity",
@@ -79,6 +83,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--choice-temperature", type=float, default=4.5,
                         help="Gumbel noise on the masked prior's confidences (MaskGIT; 0 = greedy)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--cpu", action="store_true", help="train on the CPU (data-parallel over gloo when launched "
+                        "on several processes) even where a GPU is available")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
     args = parser.parse_args(argv)
@@ -100,6 +106,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     if args.downsample < 1 or args.samples < 2:
         parser.error("--downsample must be >= 1 and --samples >= 2")
     args.seed_range = seed_range(args, parser)
+    args.cpu = args.cpu or not torch.cuda.is_available()  # accelerate forms a CPU process group only when told
     return args
 
 
@@ -123,27 +130,21 @@ def last_frame(videos: torch.Tensor, frames: int) -> torch.Tensor:
     return videos if frames == 1 else videos[:, -1]
 
 
-def optimise(model, loss_of_batch, steps, args, description):
-    """Adam with cosine learning-rate decay (App. D) for ``steps`` steps; returns the seconds taken.
+def optimise(model, next_batch, batch_loss, steps, args, description, generator, seed, loss="forward"):
+    """Adam with cosine learning-rate decay (App. D) for ``steps`` steps through accelerate
+    (:func:`pseudovideo.experiments.accelerated.train`, data-parallel when launched on several
+    processes); returns the seconds taken and whether this is the main process.
 
     With ``--ema-decay`` the model ends with diffusers' ``EMAModel`` average of its weights."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
-    ema = make_ema(model, args.ema_decay)
-    model.train()
     start = time.perf_counter()
-    for _ in tqdm(range(steps), desc=description, disable=args.quiet, leave=False):
-        loss = loss_of_batch()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        if ema is not None:
-            ema.step(model.parameters())
-    if ema is not None:
-        ema.copy_to(model.parameters())
-    model.eval()
-    return time.perf_counter() - start
+    result = accelerated_train(
+        model, next_batch, steps, optimizer_factory=lambda parameters: torch.optim.Adam(parameters, lr=args.lr),
+        scheduler_factory=lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps),
+        loss=loss, batch_loss=batch_loss, generator=generator, ema_decay=args.ema_decay, seed=seed, cpu=args.cpu,
+        progress=not args.quiet, description=description)
+    if result.ema is not None:
+        result.ema.copy_to(model.parameters())
+    return time.perf_counter() - start, result.accelerator.is_main_process
 
 
 def count_parameters(model) -> int:
@@ -163,17 +164,18 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
     train_videos, held_out_videos = pseudo_videos(train, frames), pseudo_videos(held_out, frames)
     tokenizer = build_tokenizer(args, frames, train.shape[-1])
 
-    def tokenizer_loss():
-        return tokenizer(train_videos[torch.randint(0, len(train), (args.batch_size,), generator=generator)]).loss
+    def tokenizer_batch(rng):
+        return train_videos[torch.randint(0, len(train), (args.batch_size,), generator=rng)]
 
-    train_s = optimise(tokenizer, tokenizer_loss, args.tokenizer_steps, args, f"{frames}-frame tokenizer")
+    train_s, main_process = optimise(tokenizer, tokenizer_batch, lambda module, batch, rng: module(batch).loss,
+                                     args.tokenizer_steps, args, f"{frames}-frame tokenizer", generator, seed)
     base = {"dataset": args.dataset, "frames": frames, "augmentation": augmentation, "seed": seed,
             "classifier_accuracy": classifier.test_accuracy}
     rows = []
     name = f"{frames}frames_seed{seed}"
     real = to_image_space(held_out, size)
     feature = PenultimateFeatures(classifier)
-    if "tokenizer" in args.model:
+    if "tokenizer" in args.model and main_process:
         tokens = in_batches(tokenizer.encode, held_out_videos)
         reconstruction = to_image_space(last_frame(in_batches(tokenizer.decode, tokens), frames), size)
         rows.append({**base, "model": "tokenizer", "psnr": psnr(reconstruction, real),
@@ -191,11 +193,16 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
         prior = prior_class(args.codebook_size, tokenizer.token_shape, dim=args.prior_dim, heads=args.heads,
                             layers=args.prior_layers)
 
-        def prior_loss():
-            batch = train_tokens[torch.randint(0, len(train_tokens), (args.batch_size,), generator=generator)]
-            return prior.loss(batch) if model_name == "ar" else prior.loss(batch, generator)
+        def prior_batch(rng):
+            return train_tokens[torch.randint(0, len(train_tokens), (args.batch_size,), generator=rng)]
 
-        prior_s = optimise(prior, prior_loss, args.prior_steps, args, f"{frames}-frame {model_name} prior")
+        def prior_loss(module, batch, rng, autoregressive=model_name == "ar"):  # module(...) = prior.loss(...)
+            return module(batch) if autoregressive else module(batch, rng)
+
+        prior_s, _ = optimise(prior, prior_batch, prior_loss, args.prior_steps, args, f"{frames}-frame {model_name} prior",
+                              generator, seed, loss="loss")
+        if not main_process:  # a data-parallel run: the main process evaluates
+            continue
         if model_name == "ar":
             tokens = prior.sample(args.samples, args.temperature, generator, progress=not args.quiet)
         else:
@@ -210,7 +217,7 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
         if frames > 1:
             save_video_rows({f"sample {i}": to_image_space(videos[i], size) for i in range(4)},
                             out / f"samples_{model_name}_{name}_videos.png")
-    return rows, (reconstruction[:8] if "tokenizer" in args.model else None)
+    return rows, (reconstruction[:8] if "tokenizer" in args.model and main_process else None)
 
 
 def main(argv=None) -> list[dict]:
@@ -219,14 +226,18 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train, held_out, size, classifier = experiment_images(args)
-    for frames in (f for f in args.frames if f > 1):
+    processes = require("accelerate", "video", "pseudovideo.experiments.tokens").PartialState(cpu=args.cpu)
+    with processes.main_process_first():  # the main process trains and caches the metric classifier
+        train, held_out, size, classifier = experiment_images(args)
+    main_process = processes.is_main_process
+    for frames in (f for f in args.frames if f > 1 and main_process):
         save_video_rows({f"{frames}-frame blur": to_image_space(pseudo_videos(train[:1], frames)[0], size)},
                         out / f"pseudo_videos_{frames}frames.png")
     rows = []
-    with open(out / "results.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
+    with open(out / "results.csv", "w", newline="") if main_process else nullcontext() as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS) if main_process else None
+        if writer is not None:
+            writer.writeheader()
         for seed in args.seed_range:
             reconstructions = {"ground truth": to_image_space(held_out[:8], size)}
             for frames in args.frames:
@@ -238,7 +249,7 @@ def main(argv=None) -> list[dict]:
                     print(format_row(row), flush=True)
                 if reconstruction is not None:
                     reconstructions[f"{frames}-frame"] = reconstruction
-            if len(reconstructions) > 1:
+            if len(reconstructions) > 1 and main_process:
                 save_video_rows(reconstructions, out / f"reconstructions_seed{seed}.png")
     return rows
 

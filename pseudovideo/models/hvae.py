@@ -90,6 +90,10 @@ class HeatHVAE(nn.Module):
             previous = z
         return latents, log_q
 
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """:meth:`negative_elbo`, the training loss: calling the model, as data-parallel wrappers require, trains it."""
+        return self.negative_elbo(x, generator)
+
     def negative_elbo(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Mean over the batch of ``-ELBO(x)`` in nats, one reparameterised sample of ``q``; ``x`` in ``{0, 1}``."""
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():

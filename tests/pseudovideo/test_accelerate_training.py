@@ -88,6 +88,21 @@ def test_accumulation_and_mixed_precision_run_and_bad_arguments_are_named(tmp_pa
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("runner, options, csv_name, rows", [
+    ("hvae", ["--encoders", "heat"], "hvae_results.csv", 1),
+    ("tokens", ["--frames", "1", "--model", "tokenizer,ar"], "results.csv", 2),
+])
+def test_hvae_and_tokens_runners_under_two_processes_write_once(tmp_path, runner, options, csv_name, rows):
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+               f"pseudovideo.experiments.{runner}", "--dataset", "digits", "--downsample", "1", "--quick", "--quiet",
+               *options, "--out", str(tmp_path), "--classifier-cache", str(tmp_path / "cache")]
+    result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len((tmp_path / csv_name).read_text().splitlines()) == 1 + rows
+
+
+@pytest.mark.distributed
 def test_diffusion_runner_under_two_processes_writes_once(tmp_path):
     """torchrun with 2 CPU processes: they train data-parallel and only the main process evaluates and writes."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
