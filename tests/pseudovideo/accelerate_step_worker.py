@@ -6,8 +6,10 @@ import torch
 
 from pseudovideo.experiments.accelerated import train
 from pseudovideo.models.diffusion import AutoregressiveVideoDiffusion
+from pseudovideo.models.prior import AutoregressiveTokenPrior
 
 POOL = torch.rand(32, 2, 1, 4, 4, generator=torch.Generator().manual_seed(11)) * 2 - 1
+TOKENS = torch.randint(0, 6, (32, 2, 3), generator=torch.Generator().manual_seed(12))
 BATCH, LR = 3, 0.1
 
 
@@ -21,12 +23,27 @@ def next_batch(generator):
     return POOL[torch.randint(0, len(POOL), (BATCH,), generator=generator)]
 
 
+def tiny_prior():
+    torch.manual_seed(0)
+    return AutoregressiveTokenPrior(6, (2, 3), dim=16, heads=2, layers=1)
+
+
+def next_tokens(generator):
+    return TOKENS[torch.randint(0, len(TOKENS), (BATCH,), generator=generator)]
+
+
 def sgd(parameters):
     return torch.optim.SGD(parameters, lr=LR)
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    model, _, accelerator, _ = train(tiny_model(), next_batch, 1, optimizer_factory=sgd, seed=0, cpu=True, progress=False)
+    if sys.argv[2:] == ["prior"]:  # a loss that is a method, not forward: AutoregressiveTokenPrior.loss
+        model, _, accelerator, _ = train(tiny_prior(), next_tokens, 1, optimizer_factory=sgd, loss="loss",
+                                         batch_loss=lambda module, batch, rng: module(batch), seed=0, cpu=True,
+                                         progress=False)
+    else:
+        model, _, accelerator, _ = train(tiny_model(), next_batch, 1, optimizer_factory=sgd, seed=0, cpu=True,
+                                         progress=False)
     if accelerator.is_main_process:
         torch.save({"world_size": accelerator.num_processes, "state": model.state_dict()}, sys.argv[1])

@@ -60,6 +60,26 @@ def test_two_process_step_equals_single_process_step_on_the_concatenated_batch(t
     assert moved > 10  # the step changed the weights: the comparison is not between two untouched models
 
 
+@pytest.mark.distributed
+def test_two_process_step_of_a_loss_method_equals_single_process_step(tmp_path):
+    """The token priors' loss is a method: it still runs inside the data-parallel wrapper (gradients averaged)."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(HERE / "accelerate_step_worker.py"), str(tmp_path / "step.pt"), "prior"]
+    result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = torch.load(tmp_path / "step.pt")
+    prior = worker.tiny_prior()
+    tokens = torch.cat([worker.next_tokens(torch.Generator().manual_seed(rank_seed(0, rank))) for rank in range(2)])
+    prior.loss(tokens).backward()
+    with torch.no_grad():
+        for p in prior.parameters():
+            p -= worker.LR * p.grad
+    for name, parameter in prior.named_parameters():
+        torch.testing.assert_close(saved["state"][name], parameter.detach(), rtol=0, atol=1e-6, msg=name)
+    assert saved["world_size"] == 2
+
+
 def test_resumed_run_continues_exactly(tmp_path):
     common = dict(optimizer_factory=lambda p: torch.optim.Adam(p, lr=1e-2), ema_decay=0.9, seed=3, cpu=True,
                   progress=False, checkpoint_every=2)
