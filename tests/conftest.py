@@ -99,6 +99,7 @@ DISTRIBUTED_MODULES = {"sgpa/test_sgpa_distributed.py"}
 SLOW_TESTS = {
     "test_readme.py::test_readme_examples_run_and_are_accurate",
     "hippo/test_online_experiment.py::test_first_task_fit_reaches_the_marginal_likelihood_of_the_true_hyperparameters",
+    "hippo/test_online_experiment.py::test_the_hourly_irradiance_runner_runs_at_m_1000_on_a_short_stream",
     "hippo/test_streaming_bo.py::test_tiny_run_writes_csv_and_table",
     "hippo/test_bad_inputs_hippo.py::test_oversized_evaluations_raise_at_once_with_advice_and_far_forecasts_cost_nothing",
     "sgpa/test_sgpa_compile.py::test_padded_sequences_and_eval_compile_without_graph_breaks",

@@ -1,5 +1,6 @@
 """The online runner (experiments.online): CSV schema, bookkeeping, metrics against scipy, task splits."""
 import csv
+import math
 
 import gpytorch
 import numpy as np
@@ -194,3 +195,17 @@ def test_float32_runs_agree_with_float64(method):
             for dtype in (torch.float64, torch.float32)}
     for row64, row32 in zip(rows[torch.float64], rows[torch.float32]):
         assert abs(row64["nlpd"] - row32["nlpd"]) < 1e-3 and abs(row64["rmse"] - row32["rmse"]) < 1e-4
+
+
+def test_the_hourly_irradiance_runner_runs_at_m_1000_on_a_short_stream(tmp_path, monkeypatch):
+    """The runner at the results page's largest hourly setting, M = 1,000, on a short stream: every fourth
+    hour of the year in 3 tasks (the full year takes minutes). Training, the per-task metrics and the
+    figures' predictions over the whole year run within the cost guard (the prediction used to stop in
+    the guard's advice with an AttributeError)."""
+    full = load_dataset("irradiance-hourly")
+    monkeypatch.setattr(online, "load_dataset", lambda name: Dataset(name, full.x[::4], full.y[::4]))
+    rows = online.main(["--dataset", "irradiance-hourly", "--methods", "ohsgpr,ovc", "--num-inducing", "1000", "--quick",
+                        "--quiet", "--threads", "1", "--out", str(tmp_path)])
+    assert {row["method"] for row in rows} == {"ohsgpr", "ovc"}
+    assert all(math.isfinite(row["nlpd"]) for row in rows)
+    assert (tmp_path / "online_final_fit.png").exists()
