@@ -310,10 +310,10 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     def _stored_data(self, name: str) -> tuple[Tensor, Tensor]:
         if self.stored_inputs is None:
             raise _NoStoredData(
-                f"{name}: this OnlineGPModel keeps no data (keep_data=False), only the online summary q(u), so BoTorch's "
-                "fit_gpytorch_mll(ExactMarginalLogLikelihood(...)) and training loops over train_inputs have nothing to fit: "
-                "refresh the hyperparameters on a new batch with model.observe(X, Y) and refit_every=k, or "
-                "model.fit_hyperparameters(x, y); or build the model with keep_data=True"
+                f"{name}: this OnlineGPModel keeps no data (keep_data=False), only the online summary q(u). What reads "
+                "the training data (fit_gpytorch_mll with an ExactMarginalLogLikelihood, training loops over train_inputs, "
+                "qPredictiveEntropySearch) needs a model built with keep_data=True; to refresh the hyperparameters "
+                "online, use model.observe(X, Y) with refit_every=k, or model.fit_hyperparameters(x, y)"
             )
         return self.stored_inputs, self.stored_targets
 
