@@ -147,3 +147,24 @@ def test_the_same_checkpoint_loads_into_its_own_model():
     state = copy.deepcopy(model.state_dict())
     model.load_state_dict(state)
     assert_same_posterior(model, streamed(x, y), atol=0)
+
+
+def test_predictive_entropy_search_reads_the_kept_data_as_single_task_gp():
+    """qPredictiveEntropySearch reads train_inputs: with keep_data=True and inducing points at the data it
+    equals its value on SingleTaskGP with the same hyperparameters (to its EP iterations' tolerance)."""
+    from botorch.acquisition.predictive_entropy_search import qPredictiveEntropySearch
+    from botorch.models import SingleTaskGP
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(12, 2, generator=generator, dtype=DT)
+    y = torch.sin(4 * x[:, :1]) + torch.cos(3 * x[:, 1:])
+    model = OnlineGPModel(x, y, inducing_variables=InducingPoints(x, learn=False, jitter=1e-10), keep_data=True, fit_maxiter=20)
+    gp = SingleTaskGP(x, y, outcome_transform=copy.deepcopy(model.outcome_transform))
+    for name in ("covar_module", "likelihood", "mean_module"):
+        getattr(gp, name).load_state_dict(getattr(model, name).state_dict())
+    gp.eval()
+    optimal_inputs = torch.rand(4, 2, generator=generator, dtype=DT)
+    X = torch.rand(3, 1, 2, generator=generator, dtype=DT)
+    ours = qPredictiveEntropySearch(model, optimal_inputs=optimal_inputs)(X)
+    theirs = qPredictiveEntropySearch(gp, optimal_inputs=optimal_inputs)(X)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
