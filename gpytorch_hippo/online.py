@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from ._validation import check_finite_scalar, check_tensor, floating_dtype
 from .inducing.base import InducingVariables
+from .inducing.points import InducingPoints
 from .nystrom import nystrom_residual
 from .timeaxis import TimeAxis, is_datetime_like
 from .variational import InterdomainVariationalStrategy, _solve_lower
@@ -135,6 +136,16 @@ def _keep_streams_without_points(observed: Tensor, new: tuple[Tensor, ...], old:
         selector = observed.reshape(observed.shape + (1,) * (fresh.dim() - observed.dim()))
         kept.append(torch.where(selector, fresh, _working(stored).expand_as(fresh)))
     return tuple(kept)
+
+
+def _unchanged_points(old: InducingVariables, new: InducingVariables, old_chol: Tensor, chol: Tensor, W: Tensor) -> bool:
+    """Whether a task's inducing points and ``K_uu`` are exactly the stored task's, with nothing to
+    differentiate (the identities of the short update hold at these hyperparameters only)."""
+    if not (isinstance(old, InducingPoints) and isinstance(new, InducingPoints)) or old.jitter != new.jitter:
+        return False
+    if chol.requires_grad or W.requires_grad or old.points.shape != new.points.shape or old_chol.shape != chol.shape:
+        return False
+    return torch.equal(old.points, new.points.detach()) and torch.equal(old_chol, chol)
 
 
 def _check_finite_result(name: str, *tensors: Tensor) -> None:
@@ -421,11 +432,25 @@ class OnlineSGPR(gpytorch.Module):
             old_chol, old_precision, old_shift, old_prior_mean = map(
                 _working, (self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean)
             )
-            R = _solve_lower(chol, _working(ivs.Kuu_cross(old, kernel)))  # L^{-1} K_ba
             old_mean_now = old.prior_mean(self.mean_module)
             delta = -old_prior_mean if old_mean_now is None else _working(old_mean_now) - old_prior_mean  # μ_a - μ'_a
             old_b_chol = psd_safe_cholesky(old_precision + torch.eye(old_precision.shape[-1], dtype=W.dtype, device=W.device))
             old_c = _solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
+            if _unchanged_points(old, ivs, old_chol, chol, W):
+                # b = a with the same Kuu: T = I, C = 0, no jitter to average; the update is Λ' + WWᵀ/σ²
+                delta_w = _solve_lower(chol, delta.unsqueeze(-1))  # L^{-1}(μ_a - μ'_a)
+                precision = precision + old_precision
+                shift = shift + old_shift - (old_precision @ delta_w).squeeze(-1)
+                delta_w = delta_w.squeeze(-1)
+                bound = (
+                    bound
+                    - 0.5 * (delta_w * (old_precision @ delta_w.unsqueeze(-1)).squeeze(-1)).sum(-1)
+                    + (delta_w * old_shift).sum(-1)
+                    + old_b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+                    - 0.5 * old_c.square().sum(-1)
+                )
+                return self._finish_bound(bound, precision, shift, chol, y.dtype)
+            R = _solve_lower(chol, _working(ivs.Kuu_cross(old, kernel)))  # L^{-1} K_ba
             # the stored ratio in the old variables' own coordinates z = a - μ'_a, averaged over their jitter
             old_kuu = _working(to_dense(old.Kuu(kernel)))
             old_noise = old.unshared_jitter(ivs, old_kuu)
@@ -448,11 +473,16 @@ class OnlineSGPR(gpytorch.Module):
                 - 0.5 * old_c.square().sum(-1)
                 + smoothing
             )
-        eye = torch.eye(precision.shape[-1], dtype=W.dtype, device=W.device)
+        return self._finish_bound(bound, precision, shift, chol, y.dtype)
+
+    @staticmethod
+    def _finish_bound(bound: Tensor, precision: Tensor, shift: Tensor, chol: Tensor, dtype: torch.dtype):
+        """The bound's terms of the new ``q(v)``: ``-½ log|B| + ½ ηᵀB⁻¹η`` with ``B = I + precision``."""
+        eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
         b_chol = psd_safe_cholesky(precision + eye)
         c = _solve_lower(b_chol, shift.unsqueeze(-1)).squeeze(-1)
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
-        return bound.to(y.dtype), precision, shift, chol
+        return bound.to(dtype), precision, shift, chol
 
     def log_bound(self, train_x, train_y, noise: Tensor | None = None) -> Tensor:
         """Collapsed online bound (thesis eq. (4.6) at the optimal ``q(u)``) of absorbing

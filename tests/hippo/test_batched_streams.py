@@ -113,3 +113,26 @@ def test_mask_shape_and_type_are_checked():
         batched.update(x, y, mask=mask.int())
     with pytest.raises(ValueError, match="mask must have train_y's shape"):
         batched.update(x, y, mask=mask[:, :5])
+
+
+def test_the_short_update_for_unchanged_points_equals_the_general_one(monkeypatch):
+    """With the same points and ``K_uu`` as the stored task the update is ``Λ' + WWᵀ/σ²`` (``T = I``, no
+    residual, no jitter to average); the general update, forced, gives the same summary and bound."""
+    from gpytorch_hippo import online
+
+    calls, unchanged = [], online._unchanged_points
+    results = []
+    for short in (True, False):
+        monkeypatch.setattr(online, "_unchanged_points", lambda *args: calls.append(1) or (short and unchanged(*args)))
+        model = batched_model()
+        model.mean_module = gpytorch.means.ConstantMean(batch_shape=torch.Size([S])).double()
+        bounds = []
+        for k, (x, y, mask) in enumerate(ragged_tasks()):
+            model.mean_module.constant.data.fill_(0.1 * k)  # a mean that moves between tasks: μ_a - μ'_a ≠ 0
+            bounds.append(model.update(x, y, mask=mask))
+        results.append((torch.stack(bounds), [t.clone() for t in model._summary()]))
+    assert len(calls) == 6  # tasks 2-4 of both runs took the test; the first run the short update
+    (bounds_short, summary_short), (bounds_general, summary_general) = results
+    torch.testing.assert_close(bounds_short, bounds_general, rtol=1e-12, atol=1e-9)
+    for a, b in zip(summary_short, summary_general):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-9)
