@@ -78,8 +78,9 @@ data: $(STAMP) $(VADER_ARCHIVE)
 docs: $(STAMP)
 	env -u MPLBACKEND PROBSEQ_DOCS_EXECUTE=force $(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
-# What a GPU lease needs beside the checkout (benchmarks/gpu_session.sh): the pure-Python wheels the
-# device image lacks and the LibriVox clips of online_scaling.py, in the git-ignored gpu_kit/.
+# The GPU test and benchmark kit (benchmarks/gpu_session.sh) for a CUDA machine without network access:
+# the pure-Python wheels a bare CUDA image lacks and the LibriVox clips of online_scaling.py, in the
+# git-ignored gpu_kit/, to copy beside the checkout.
 .PHONY: gpu-kit
 gpu-kit: $(STAMP)
 	mkdir -p gpu_kit/wheels

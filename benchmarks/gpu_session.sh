@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Issue 16's GPU measurements in as few device calls as possible (each call: at most 10 minutes).
+# The GPU tests and benchmarks of probseq, for a CUDA machine without network access, in three parts
+# of at most a few minutes each.
 #
-# Here, once:   make gpu-kit          (wheels the device image lacks + the LibriVox clips, git-ignored)
-# On the GPU:   device run, carry ["gpu_kit"], command: bash benchmarks/gpu_session.sh PART $OUT
+# Beforehand, on a machine with network access:   make gpu-kit   (the wheels a bare CUDA image lacks and
+#   the LibriVox clips, in the git-ignored gpu_kit/; copy it beside the checkout)
+# On the GPU machine:   bash benchmarks/gpu_session.sh PART OUTDIR
 #   PART = tests  the CUDA device tests and the compiled SGPA step on CUDA            (~3 min)
 #          bench  HiPPO scan / inducing backends / online scaling with --device cuda   (~6 min)
 #          sgpa   SGPA vs MLE at the thesis's CIFAR scale: eager, compiled, profile    (~6 min)
