@@ -637,7 +637,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor, noise: Tensor | None = None) -> None:
         # fantasies of look-ahead acquisitions carry gradients to the candidate: keep the graph then
         differentiable = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
-        if self._hyperparameters_changed() and self.stored_inputs is not None:
+        if self.stored_inputs is not None and self._hyperparameters_changed():
             self.refresh_posterior()  # hyperparameters set by hand since the last batch: the kept data first
         self.online.update(x, y, num_iter=0, differentiable=differentiable, noise=noise)
         self._record_hyperparameters()

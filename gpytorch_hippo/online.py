@@ -379,10 +379,14 @@ class OnlineSGPR(gpytorch.Module):
             return x
         if is_datetime_like(x):
             raise TypeError(f"{name} holds calendar times: build the model with time_axis=TimeAxis('h') (or another unit)")
+        return self._as_numbers(x, name)
+
+    def _as_numbers(self, values, name: str) -> Tensor:
+        """NumPy/pandas numbers (or a list of them) as a tensor of the model's dtype."""
         try:
-            return torch.as_tensor(np.array(x, dtype=np.float64)).to(floating_dtype(self.covar_module))
+            return torch.as_tensor(np.array(values, dtype=np.float64)).to(floating_dtype(self.covar_module))
         except (TypeError, ValueError):
-            raise TypeError(f"{name} must be a torch.Tensor or an array of numbers, got {type(x).__name__}") from None
+            raise TypeError(f"{name} must be a torch.Tensor or an array of numbers, got {type(values).__name__}") from None
 
     def _task(self, train_x, train_y, noise, missing: str):
         """``(x, y, noise)`` of a task as tensors, with NaN targets left out if ``missing="drop"``."""
@@ -390,10 +394,7 @@ class OnlineSGPR(gpytorch.Module):
             raise ValueError(f"missing must be 'raise' or 'drop', got {missing!r}")
         train_x = self._as_inputs(train_x, "train_x")
         if not isinstance(train_y, Tensor):
-            try:
-                train_y = torch.as_tensor(np.array(train_y, dtype=np.float64)).to(floating_dtype(self.covar_module))
-            except (TypeError, ValueError):
-                raise TypeError(f"train_y must be a torch.Tensor or an array of numbers, got {type(train_y).__name__}") from None
+            train_y = self._as_numbers(train_y, "train_y")
         if isinstance(train_y, Tensor) and train_y.is_floating_point() and bool(torch.isnan(train_y).any()):
             if missing == "raise":
                 raise ValueError(
