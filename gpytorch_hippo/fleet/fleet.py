@@ -1,0 +1,298 @@
+"""A fleet of streams sharded over batched :class:`~gpytorch_hippo.OnlineSGPR` models, in process or on Ray actors."""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._optional import require
+from ..online import OnlineSGPR
+from .shard import Shard, StreamDataError
+
+__all__ = ["StreamFleet", "ENGINES", "shard_of"]
+
+#: the engines :class:`StreamFleet` runs on
+ENGINES = ("local", "ray")
+_FLEET_FILE = "fleet.json"
+
+
+def shard_of(stream_id, num_shards: int) -> int:
+    """The shard of ``stream_id``: ``crc32(repr(stream_id)) mod num_shards``, the same in every process and
+    whatever the order in which streams arrive (so a re-delivered task finds the same shards)."""
+    return zlib.crc32(repr(stream_id).encode()) % num_shards
+
+
+def _check_id(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{name} must be an int or a str (stored in the checkpoints), got {type(value).__name__}: {value!r}")
+
+
+def _as_tensor(values, name: str, stream_id) -> Tensor:
+    if isinstance(values, Tensor):
+        return values
+    try:
+        return torch.as_tensor(np.asarray(values, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise StreamDataError(f"stream {stream_id!r}: {name} must be a tensor or an array of numbers, "
+                              f"got {type(values).__name__}", [stream_id]) from None
+
+
+def _stream_data(stream_id, pair) -> tuple[Tensor, Tensor]:
+    """``(X (n, d), y (n,))`` of one stream, finite; a :class:`StreamDataError` naming the stream otherwise."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise StreamDataError(f"stream {stream_id!r}: expected a pair (X, y), got {type(pair).__name__}", [stream_id])
+    x, y = _as_tensor(pair[0], "X", stream_id), _as_tensor(pair[1], "y", stream_id)
+    if x.dim() == 1:
+        x = x.unsqueeze(-1)
+    if y.dim() != 1 or x.dim() != 2 or x.shape[0] != y.shape[0]:
+        raise StreamDataError(f"stream {stream_id!r}: expected X of shape (n, d) or (n,) and y of shape (n,), got "
+                              f"{tuple(x.shape)} and {tuple(y.shape)}", [stream_id])
+    for name, values in (("X", x), ("y", y)):
+        if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+            raise StreamDataError(f"stream {stream_id!r}: {name} contains NaN or infinite values (leave missing "
+                                  "observations out of the stream's task)", [stream_id])
+    return x, y
+
+
+class _LocalEngine:
+    """The shards as objects of this process."""
+
+    def __init__(self, make_shard: Callable[[int, bool], Shard], num_shards: int, resume: bool):
+        self.shards = [make_shard(k, resume) for k in range(num_shards)]
+
+    def call(self, method: str, arguments: Mapping[int, tuple]) -> dict:
+        return {k: getattr(self.shards[k], method)(*args) for k, args in arguments.items()}
+
+    def close(self) -> None:
+        self.shards = []
+
+
+class _ShardActor:
+    """A :class:`~gpytorch_hippo.fleet.shard.Shard` as a Ray actor (``ray.remote(_ShardActor)``)."""
+
+    def __init__(self, shard_arguments: tuple, resume: bool):
+        torch.set_num_threads(1)
+        self.shard = Shard(*shard_arguments, resume=resume)
+
+    def call(self, method: str, args: tuple):
+        return getattr(self.shard, method)(*args)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class _RayEngine:
+    """One Ray actor per shard. A call that finds its actor dead (``ray.kill``, a killed process) replaces
+    the actor by a new one loaded from the shard's checkpoint and sends the call again: the shard's task ids
+    make that exactly-once."""
+
+    def __init__(self, shard_arguments: Callable[[int], tuple], num_shards: int, resume: bool, ray_init: dict | None,
+                 actor_options: dict | None, max_restarts: int):
+        self.ray = require("ray", "fleet", "StreamFleet(engine='ray')")
+        if not self.ray.is_initialized():
+            self.ray.init(**({"include_dashboard": False} | dict(ray_init or {})))
+        self.remote = self.ray.remote(_ShardActor).options(**dict(actor_options or {}))
+        self.shard_arguments, self.max_restarts, self.restarts = shard_arguments, max_restarts, 0
+        self.actors = [self.remote.remote(shard_arguments(k), resume) for k in range(num_shards)]
+
+    def restart(self, k: int) -> None:
+        """Replace shard ``k``'s actor by one that resumes from the checkpoint."""
+        if self.restarts >= self.max_restarts:
+            raise RuntimeError(f"shard {k}'s actor died and {self.restarts} restarts were spent (max_restarts)")
+        self.restarts += 1
+        try:
+            self.ray.kill(self.actors[k], no_restart=True)
+        except Exception:  # noqa: BLE001 - an actor that is gone already
+            pass
+        self.actors[k] = self.remote.remote(self.shard_arguments(k), True)
+
+    def call(self, method: str, arguments: Mapping[int, tuple]) -> dict:
+        """``{k: shard_k.method(*arguments[k])}``, the shards working in parallel; a shard whose actor is dead
+        is restarted from its checkpoint and called again (once: a new actor that dies too raises)."""
+        pending = {k: self.actors[k].call.remote(method, args) for k, args in arguments.items()}
+        results, restarted = {}, set()
+        while pending:
+            k, reference = next(iter(pending.items()))
+            try:
+                results[k] = self.ray.get(reference)
+                del pending[k]
+            except self.ray.exceptions.RayActorError as error:
+                if k in restarted:
+                    raise RuntimeError(f"shard {k}'s actor died again after a restart from its checkpoint") from error
+                restarted.add(k)
+                self.restart(k)
+                pending[k] = self.actors[k].call.remote(method, arguments[k])
+        return results
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
+        self.actors = []
+
+
+class StreamFleet:
+    r"""Online GPs of many streams, sharded: shard ``k`` holds one batched :class:`~gpytorch_hippo.OnlineSGPR`
+    (``model_factory(num_streams)``) for the streams ``s`` with :func:`shard_of` ``(s, num_shards) = k``.
+
+    Each stream's posterior is its own single-stream model's (the batch dimension keeps streams independent):
+    after tasks ``1..T`` stream ``s`` holds ``q_T^{(s)}(u)`` from exactly the tasks that had data of ``s``.
+
+    **Durable and exactly-once.** With ``checkpoint_dir``, every shard writes ``(stream_ids, task_ids,
+    state_dict)`` atomically after each :meth:`update` (temporary file, then ``os.replace``), and skips a
+    ``task_id`` it absorbed before. So a task delivered again, after a crash at any point (some shards had
+    written their checkpoint, others not), is absorbed exactly once by every shard; :meth:`restore` resumes
+    a fleet from the directory in a new process, and the Ray engine replaces a dead actor by one loaded from
+    its checkpoint before sending its call again.
+
+    :param model_factory: ``model_factory(num_streams)`` returns a batched ``OnlineSGPR`` with
+        ``batch_shape=(num_streams,)`` (stream dimension first in every per-stream tensor); with the Ray
+        engine it must be picklable (cloudpickle: functions, closures, ``functools.partial``).
+    :param engine: ``"local"`` (shards in this process) or ``"ray"`` (one Ray actor per shard;
+        ``pip install "probseq[fleet]"``).
+    :param num_shards: ``k >= 1``.
+    :param checkpoint_dir: directory of the checkpoints (created); ``None``: no checkpoints, no recovery.
+    :param before_update: ``before_update(model, X, mask)``, called on a shard's batched model before each update
+        (``X (S, n, d)``, ``mask (S, n)``), e.g. to advance HiPPO inducing variables of the streams in the task.
+    :param ray_init: keyword arguments of ``ray.init`` when Ray is not started yet, e.g. ``{"num_cpus": 4}``
+        for a local instance (the default: Ray's own, without the dashboard) or ``{"address": "ray://head:10001"}``
+        to attach to a cluster.
+    :param actor_options: options of the shard actors (``num_cpus``, ``resources``, ...).
+    :param max_restarts: how many dead actors the Ray engine replaces in this fleet's lifetime.
+    """
+
+    def __init__(self, model_factory: Callable[[int], OnlineSGPR], engine: str = "local", num_shards: int = 1,
+                 checkpoint_dir: str | os.PathLike | None = None, before_update: Callable | None = None,
+                 ray_init: dict | None = None, actor_options: dict | None = None, max_restarts: int = 100, *, _resume: bool = False):
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
+            raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
+        if not callable(model_factory):
+            raise TypeError(f"model_factory must be callable as model_factory(num_streams), got {type(model_factory).__name__}")
+        self.engine, self.num_shards = engine, num_shards
+        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        if self.checkpoint_dir is not None:
+            os.makedirs(self.checkpoint_dir, exist_ok=True)
+            manifest = os.path.join(self.checkpoint_dir, _FLEET_FILE)
+            if not _resume:
+                if os.path.exists(manifest):
+                    raise FileExistsError(f"{self.checkpoint_dir} holds a fleet already: resume it with StreamFleet.restore")
+                atomic_save_json({"num_shards": num_shards}, manifest)
+
+        def shard_arguments(k: int) -> tuple:
+            return (k, model_factory, self.checkpoint_dir, before_update)
+
+        if engine == "local":
+            self._engine = _LocalEngine(lambda k, resume: Shard(*shard_arguments(k), resume=resume), num_shards, _resume)
+        else:
+            self._engine = _RayEngine(shard_arguments, num_shards, _resume, ray_init, actor_options, max_restarts)
+        self._members: list[list] = [[] for _ in range(num_shards)]
+        self._task_ids: list[set] = [set() for _ in range(num_shards)]
+        if _resume:
+            for k, summary in self._engine.call("summary", {k: () for k in range(num_shards)}).items():
+                self._members[k], self._task_ids[k] = summary["stream_ids"], set(summary["task_ids"])
+
+    @classmethod
+    def restore(cls, checkpoint_dir: str | os.PathLike, model_factory: Callable[[int], OnlineSGPR], engine: str = "local",
+                **options) -> StreamFleet:
+        """The fleet whose checkpoints are in ``checkpoint_dir`` (its ``num_shards`` read from there), each shard
+        at its last written task; deliver again the tasks after the last one :meth:`update` returned from
+        (tasks a shard absorbed already are skipped). ``options``: as for the constructor."""
+        manifest = os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)
+        if not os.path.exists(manifest):
+            raise FileNotFoundError(f"{manifest} not found: {checkpoint_dir} holds no fleet")
+        with open(manifest) as file:
+            num_shards = json.load(file)["num_shards"]
+        return cls(model_factory, engine=engine, num_shards=num_shards, checkpoint_dir=checkpoint_dir, _resume=True, **options)
+
+    # ------------------------------------------------------------------ membership
+    @property
+    def stream_ids(self) -> list:
+        """Every stream, shard by shard, each shard's in the order of its batch dimension."""
+        return [s for members in self._members for s in members]
+
+    @property
+    def shards(self) -> list[list]:
+        """``shards[k]``: the stream ids of shard ``k`` (row ``i`` of its batched model is ``shards[k][i]``)."""
+        return [list(members) for members in self._members]
+
+    @property
+    def task_ids(self) -> set:
+        """The tasks every shard has absorbed."""
+        return set.intersection(*self._task_ids)
+
+    def shard_of(self, stream_id) -> int:
+        """The shard that holds (or will hold) ``stream_id``."""
+        return shard_of(stream_id, self.num_shards)
+
+    # ------------------------------------------------------------------ tasks
+    def update(self, task_id: int | str, data: Mapping[Hashable, tuple]) -> bool:
+        """Absorb task ``task_id``: ``data`` maps stream id -> ``(X (n, d) or (n,), y (n,))`` (tensors or arrays).
+
+        Streams absent from ``data`` are left exactly as they were; new stream ids join their shard. The data
+        are checked before any shard sees them (:class:`StreamDataError` naming the stream). Every shard
+        records ``task_id`` and writes its checkpoint. Returns whether any shard absorbed the task now
+        (``False``: it was delivered before, nothing changed).
+        """
+        _check_id(task_id, "task_id")
+        if not isinstance(data, Mapping):
+            raise TypeError(f"data must be a mapping stream_id -> (X, y), got {type(data).__name__}")
+        parts: dict[int, dict] = {k: {} for k in range(self.num_shards)}
+        for stream_id, pair in data.items():
+            _check_id(stream_id, "a stream id")
+            parts[self.shard_of(stream_id)][stream_id] = _stream_data(stream_id, pair)
+        results = self._engine.call("update", {k: (task_id, part) for k, part in parts.items()})
+        for k, result in results.items():
+            self._members[k] = result["stream_ids"]
+            self._task_ids[k].add(task_id)
+        return any(result["absorbed"] for result in results.values())
+
+    def predict(self, stream_ids: Sequence, X, observation_noise: bool = False) -> tuple[Tensor, Tensor]:
+        """Mean and variance ``(len(stream_ids), n)`` of each stream's latent ``f`` at ``X`` (with
+        ``observation_noise``: of ``y``, the likelihood's noise added). ``X``: ``(n, d)`` or ``(n,)``, the
+        same inputs for every stream, or ``(len(stream_ids), n, d)``, each stream's own."""
+        stream_ids = list(stream_ids)
+        known = {s: k for k, members in enumerate(self._members) for s in members}
+        unknown = [s for s in stream_ids if s not in known]
+        if unknown:
+            raise KeyError(f"unknown stream id(s) {unknown[:10]}: the fleet holds {len(known)} streams (StreamFleet.stream_ids)")
+        x = X if isinstance(X, Tensor) else torch.as_tensor(np.asarray(X, dtype=np.float64))
+        if x.dim() in (1, 2):
+            x = x.reshape(x.shape[0], -1).expand(len(stream_ids), -1, -1)
+        if x.dim() != 3 or x.shape[0] != len(stream_ids):
+            raise ValueError(f"X must have shape (n, d), (n,) or ({len(stream_ids)}, n, d), got {tuple(x.shape)}")
+        rows: dict[int, list[int]] = {}
+        for i, s in enumerate(stream_ids):
+            rows.setdefault(known[s], []).append(i)
+        results = self._engine.call("predict", {k: ([stream_ids[i] for i in r], x[r], observation_noise) for k, r in rows.items()})
+        mean = torch.empty(x.shape[:2], dtype=next(iter(results.values()))[0].dtype)
+        variance = torch.empty_like(mean)
+        for k, (m, v) in results.items():
+            mean[rows[k]], variance[rows[k]] = m, v
+        return mean, variance
+
+    def close(self) -> None:
+        """Release the shards (the Ray engine kills its actors; Ray itself keeps running)."""
+        self._engine.close()
+
+    def __enter__(self) -> StreamFleet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def atomic_save_json(obj, path: str) -> None:
+    """``obj`` as JSON in ``path``, written through a temporary file and ``os.replace``."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as file:
+        json.dump(obj, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+

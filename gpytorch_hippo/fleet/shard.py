@@ -1,0 +1,236 @@
+"""One shard of a :class:`~gpytorch_hippo.fleet.StreamFleet`: one batched :class:`~gpytorch_hippo.OnlineSGPR`
+over the shard's streams, durable after every task and exactly-once per task id.
+
+The state of a shard is ``(stream_ids, task_ids, model.state_dict())``: the streams in the order of the
+model's batch dimension, the ids of the tasks absorbed so far and the batched model. After each task it
+is written to ``checkpoint_dir/shard-<k>.pt`` atomically (a temporary file in the same directory, flushed
+and synced, then ``os.replace``): a reader sees the state before the task or after it, never a mixture.
+A task id already in ``task_ids`` is skipped, so a task delivered again after a crash (whether this shard
+wrote its checkpoint before the crash or not) is absorbed exactly once.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable, Hashable, Mapping
+
+import torch
+from linear_operator import to_dense
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from ..online import OnlineSGPR, _frozen_copy, _working
+
+__all__ = ["Shard", "StreamDataError", "CHECKPOINT_FORMAT"]
+
+#: version of the checkpoint files' layout
+CHECKPOINT_FORMAT = 1
+
+
+class StreamDataError(ValueError):
+    """Bad data of one or more streams (NaN or infinite values, mismatched shapes); ``stream_ids`` names them."""
+
+    def __init__(self, message: str, stream_ids: list):
+        super().__init__(message)
+        self.stream_ids = list(stream_ids)
+
+
+def checkpoint_path(checkpoint_dir: str | os.PathLike, index: int) -> str:
+    """The file of shard ``index`` in ``checkpoint_dir``."""
+    return os.path.join(os.fspath(checkpoint_dir), f"shard-{index:04d}.pt")
+
+
+def atomic_save(obj, path: str) -> None:
+    """``torch.save(obj)`` to ``path`` through a temporary file in the same directory and ``os.replace``."""
+    directory = os.path.dirname(path) or "."
+    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def set_prior_summary(model: OnlineSGPR) -> None:
+    """Store the prior as ``model``'s summary: ``Λ' = 0``, ``η' = 0`` (``q(v) = N(0, I) = p(v)``),
+    ``L' = chol(K_uu)``, ``μ'_u = m(u)``. The next update of such a stream is exactly its first one
+    (every term of the stored task is multiplied by ``Λ'`` or ``η'``)."""
+    ivs, kernel = model.inducing_variables, model.covar_module
+    with torch.no_grad():
+        chol = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
+        shift = torch.zeros(chol.shape[:-1], dtype=chol.dtype, device=chol.device)
+        prior_mean = ivs.prior_mean(model.mean_module)
+        prior_mean = shift if prior_mean is None else _working(prior_mean).expand(shift.shape)
+        model.posterior_chol, model.posterior_precision = chol, torch.zeros_like(chol)
+        model.posterior_shift, model.posterior_prior_mean = shift, prior_mean.clone()
+        model.posterior_inducing_variables = _frozen_copy(ivs)
+        model.posterior_mean_module = _frozen_copy(model.mean_module)
+
+
+def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict:
+    """The state of a model of ``new_streams`` streams whose first ``old_streams`` are ``old``'s: a tensor
+    whose shape depends on the number of streams (``(S, ...)``) takes ``old``'s rows then ``new``'s last
+    ones; a tensor of the same shape in both (shared hyperparameters, counters) is ``old``'s."""
+    grown = {}
+    for key, fresh in new.items():
+        if key not in old:
+            raise RuntimeError(f"the model of {old_streams} streams has no {key!r}, which model_factory({new_streams}) has")
+        stored = old[key]
+        if stored.shape == fresh.shape:
+            grown[key] = stored
+        elif stored.dim() == fresh.dim() >= 1 and stored.shape[1:] == fresh.shape[1:] and (
+                stored.shape[0], fresh.shape[0]) == (old_streams, new_streams):
+            grown[key] = torch.cat([stored, fresh[old_streams:].to(stored.dtype)])
+        else:
+            raise RuntimeError(
+                f"{key!r} has shape {tuple(stored.shape)} for {old_streams} streams and {tuple(fresh.shape)} for "
+                f"{new_streams}: model_factory must put the stream dimension first (GPyTorch's batch_shape=(S,))"
+            )
+    unknown = sorted(set(old) - set(new))
+    if unknown:
+        raise RuntimeError(f"model_factory({new_streams}) has no {unknown[:3]} that the model of {old_streams} streams has")
+    return grown
+
+
+def padded_task(data: Mapping[Hashable, tuple[Tensor, Tensor]], stream_ids: list) -> tuple[Tensor, Tensor, Tensor]:
+    """``(X (S, n, d), y (S, n), mask (S, n))`` of a ragged task, ``n`` the most points of a stream; padding
+    is ``False`` in ``mask`` (NaN in ``y``, zeros in ``X``); streams absent from ``data`` have no point."""
+    sizes = {s: y.shape[0] for s, (_, y) in data.items()}
+    n = max(sizes.values())
+    first_x, first_y = next(iter(data.values()))
+    dtype = torch.promote_types(first_x.dtype, first_y.dtype)
+    x = torch.zeros(len(stream_ids), n, first_x.shape[-1], dtype=dtype)
+    y = torch.full((len(stream_ids), n), torch.nan, dtype=dtype)
+    mask = torch.zeros(len(stream_ids), n, dtype=torch.bool)
+    for row, stream in enumerate(stream_ids):
+        if stream in data and sizes[stream]:
+            xs, ys = data[stream]
+            x[row, : sizes[stream]], y[row, : sizes[stream]], mask[row, : sizes[stream]] = xs, ys, True
+    return x, y, mask
+
+
+class Shard:
+    """One batched :class:`~gpytorch_hippo.OnlineSGPR` over the streams ``stream_ids`` (batch row ``i``:
+    stream ``stream_ids[i]``), built by ``model_factory(num_streams)``.
+
+    **Growth.** A task with streams the shard does not hold yet rebuilds the model as
+    ``model_factory(S + n_new)`` and loads the old model's state into its first ``S`` rows
+    (:func:`grow_state`): the old streams' summaries and hyperparameters are copied exactly, the new
+    streams start from the factory's hyperparameters and the prior summary (:func:`set_prior_summary`),
+    so their first task is their first update. The new streams join in the order of the task's mapping.
+
+    :param before_update: ``before_update(model, X, mask)``, called before each batched update (e.g. to
+        advance the inducing variables of the streams with points in the task to their new time; leave the
+        other streams' variables as they are).
+    :param resume: load ``checkpoint_dir``'s file of this shard if it exists.
+    """
+
+    def __init__(self, index: int, model_factory: Callable[[int], OnlineSGPR], checkpoint_dir=None,
+                 before_update: Callable | None = None, resume: bool = False):
+        self.index = index
+        self.model_factory = model_factory
+        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self.before_update = before_update
+        self.stream_ids: list = []
+        self.task_ids: set = set()
+        self.model: OnlineSGPR | None = None
+        if resume and self.checkpoint_dir is not None and os.path.exists(checkpoint_path(self.checkpoint_dir, index)):
+            self.load()
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict:
+        """What the checkpoint holds: format, index, stream ids, absorbed task ids (sorted by ``repr``), model state."""
+        return {"format": CHECKPOINT_FORMAT, "index": self.index, "stream_ids": list(self.stream_ids),
+                "task_ids": sorted(self.task_ids, key=repr), "model": None if self.model is None else self.model.state_dict()}
+
+    def save(self) -> None:
+        """Write :meth:`state` atomically to ``checkpoint_dir`` (nothing without one)."""
+        if self.checkpoint_dir is not None:
+            atomic_save(self.state(), checkpoint_path(self.checkpoint_dir, self.index))
+
+    def load(self) -> None:
+        """Replace the in-memory state by the checkpoint's."""
+        state = torch.load(checkpoint_path(self.checkpoint_dir, self.index), weights_only=True)
+        if state.get("format") != CHECKPOINT_FORMAT or state.get("index") != self.index:
+            raise RuntimeError(f"{checkpoint_path(self.checkpoint_dir, self.index)} is not a checkpoint of shard {self.index} "
+                               f"in format {CHECKPOINT_FORMAT}")
+        self.stream_ids, self.task_ids = list(state["stream_ids"]), set(state["task_ids"])
+        self.model = None
+        if state["model"] is not None:
+            model = self._build(len(self.stream_ids))
+            model.load_state_dict(state["model"])
+            self.model = model
+
+    def _build(self, num_streams: int) -> OnlineSGPR:
+        model = self.model_factory(num_streams)
+        if not isinstance(model, OnlineSGPR):
+            raise TypeError(f"model_factory({num_streams}) must return an OnlineSGPR, got {type(model).__name__}")
+        return model
+
+    def _grown(self, new_streams: list) -> OnlineSGPR:
+        """The model of ``stream_ids + new_streams``, the old streams' state copied exactly."""
+        old, total = len(self.stream_ids), len(self.stream_ids) + len(new_streams)
+        model = self._build(total)
+        if self.model is None:
+            return model
+        if self.model.has_posterior:
+            set_prior_summary(model)
+        model.load_state_dict(grow_state(self.model.state_dict(), model.state_dict(), old, total))
+        return model
+
+    # ------------------------------------------------------------------ tasks
+    def update(self, task_id, data: Mapping[Hashable, tuple[Tensor, Tensor]]) -> dict:
+        """Absorb task ``task_id`` (``data``: stream id -> ``(X (n, d), y (n,))`` of this shard's streams,
+        checked by the fleet) unless it was absorbed before; then write the checkpoint. Returns
+        ``{"absorbed": bool, "stream_ids": [...]}``."""
+        if task_id in self.task_ids:
+            return {"absorbed": False, "stream_ids": list(self.stream_ids)}
+        new_streams = [s for s in data if s not in self.stream_ids]
+        model = self._grown(new_streams) if new_streams else self.model
+        stream_ids = self.stream_ids + new_streams
+        if model is not None and any(y.shape[0] for _, y in data.values()):
+            x, y, mask = padded_task(data, stream_ids)
+            if self.before_update is not None:
+                self.before_update(model, x, mask)
+            try:
+                model.update(x, y, mask=mask)
+            except ValueError as error:
+                raise _named_streams(error, stream_ids) from error
+        self.model, self.stream_ids = model, stream_ids
+        self.task_ids.add(task_id)
+        self.save()
+        return {"absorbed": True, "stream_ids": list(self.stream_ids)}
+
+    def predict(self, stream_ids: list, x: Tensor, observation_noise: bool = False) -> tuple[Tensor, Tensor]:
+        """Mean and variance ``(len(stream_ids), n)`` of the latent ``f`` (``observation_noise``: of ``y``)
+        at ``x`` (``(len(stream_ids), n, d)``) for streams of this shard."""
+        rows = [self.stream_ids.index(s) for s in stream_ids]
+        inputs = x[:1].expand(len(self.stream_ids), *x.shape[1:]).clone()
+        inputs[rows] = x
+        model = self.model
+        model.eval()
+        with torch.no_grad():
+            output = model(inputs)
+            if observation_noise:
+                output = model.likelihood(output)
+            return output.mean[rows], output.variance[rows]
+
+    def summary(self) -> dict:
+        """``{"stream_ids": [...], "task_ids": [...]}`` of this shard."""
+        return {"stream_ids": list(self.stream_ids), "task_ids": sorted(self.task_ids, key=repr)}
+
+
+def _named_streams(error: ValueError, stream_ids: list) -> ValueError:
+    """The batched model's error about stream indices (``stream(s) [i, ...]``) as a :class:`StreamDataError`
+    naming the stream ids; any other error unchanged."""
+    found = re.search(r"stream\(s\) \[([\d, ]+)\]", str(error))
+    if found is None:
+        return error
+    named = [stream_ids[int(i)] for i in found.group(1).split(",")]
+    return StreamDataError(f"stream(s) {named}: {error}", named)

@@ -1,0 +1,280 @@
+"""StreamFleet: each stream equals its own single-stream OnlineSGPR through ragged tasks and streams joining
+midway; a task delivered twice is absorbed once; a crash between two shards' checkpoints and a killed Ray
+actor resume to the uninterrupted run."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import gpytorch
+import pytest
+import torch
+
+from gpytorch_hippo import InducingPoints, OnlineSGPR
+from gpytorch_hippo.fleet import Shard, StreamDataError, StreamFleet, shard_of
+from gpytorch_hippo.fleet import shard as shard_module
+
+DT = torch.float64
+M, SPAN = 12, 8.0
+#: streams 0-5 from the first task, 6-8 join in task 2, stream 3 misses task 1, stream 7 misses task 3
+STREAMS = [f"meter-{i}" for i in range(9)]
+
+
+def model_factory(num_streams: int) -> OnlineSGPR:
+    """``num_streams`` streams, M fixed points over the horizon, the same hyperparameters for every stream."""
+    batch = torch.Size([num_streams])
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch), batch_shape=batch).double()
+    kernel.base_kernel.lengthscale = 0.7
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double()
+    likelihood.noise = 0.02
+    points = torch.linspace(0, SPAN, M, dtype=DT).expand(num_streams, M).unsqueeze(-1).clone()
+    return OnlineSGPR(InducingPoints(points, learn=False), kernel, likelihood, captured_variance_warning=None)
+
+
+def single_model() -> OnlineSGPR:
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5)).double()
+    kernel.base_kernel.lengthscale = 0.7
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = 0.02
+    return OnlineSGPR(InducingPoints(torch.linspace(0, SPAN, M, dtype=DT).unsqueeze(-1), learn=False), kernel, likelihood,
+                      captured_variance_warning=None)
+
+
+def tasks(num_tasks: int = 4, seed: int = 0) -> list[dict]:
+    """Task k on [2k, 2k + 2]: each present stream with 1-15 points of its own function plus noise."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for k in range(num_tasks):
+        data = {}
+        for i, stream in enumerate(STREAMS):
+            if (i >= 6 and k < 2) or (i == 3 and k == 1) or (i == 7 and k == 3):
+                continue
+            n = int(torch.randint(1, 16, (1,), generator=generator))
+            x = 2 * k + 2 * torch.rand(n, generator=generator, dtype=DT)
+            y = torch.sin((1 + i / 3) * x) + 0.1 * torch.randn(n, generator=generator, dtype=DT)
+            data[stream] = (x, y)
+        out.append(data)
+    return out
+
+
+TEST_X = torch.linspace(0, SPAN, 17, dtype=DT)
+
+
+def shard_data(data: dict, streams) -> dict:
+    """A task of ``streams`` as a shard receives it from the fleet: ``X (n, 1)``."""
+    return {s: (data[s][0].unsqueeze(-1), data[s][1]) for s in streams}
+
+
+def run(fleet: StreamFleet, task_list, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    for k, data in enumerate(task_list[first:], start=first):
+        assert fleet.update(k, data)
+    return fleet.predict(STREAMS, TEST_X)
+
+
+def test_each_stream_equals_its_own_model_through_ragged_tasks_and_joining_streams():
+    task_list = tasks()
+    fleet = StreamFleet(model_factory, engine="local", num_shards=2)
+    mean, variance = run(fleet, task_list)
+    singles = {s: single_model() for s in STREAMS}
+    for data in task_list:
+        for s, (x, y) in data.items():
+            singles[s].update(x, y)
+    for row, s in enumerate(STREAMS):
+        singles[s].eval()
+        with torch.no_grad():
+            alone = singles[s](TEST_X)
+        torch.testing.assert_close(mean[row], alone.mean, rtol=0, atol=1e-8)
+        torch.testing.assert_close(variance[row], alone.variance, rtol=0, atol=1e-8)
+    # membership: every stream once, on the shard its id hashes to, joiners after the first task's streams
+    assert sorted(fleet.stream_ids) == sorted(STREAMS)
+    for k, members in enumerate(fleet.shards):
+        assert all(shard_of(s, 2) == k == fleet.shard_of(s) for s in members)
+        assert members == [s for s in STREAMS[:6] if s in members] + [s for s in STREAMS[6:] if s in members]
+    assert all(fleet.shards) and fleet.task_ids == {0, 1, 2, 3}
+    noisy_mean, noisy_variance = fleet.predict(["meter-2", "meter-0"], TEST_X.unsqueeze(-1), observation_noise=True)
+    torch.testing.assert_close(noisy_mean, mean[[2, 0]], rtol=0, atol=0)
+    torch.testing.assert_close(noisy_variance, variance[[2, 0]] + 0.02, rtol=1e-6, atol=0)
+
+
+def test_growing_a_shard_copies_the_old_streams_exactly_and_starts_new_ones_from_the_prior():
+    shard = Shard(0, model_factory)
+    data = tasks()[0]
+    shard.update("t0", shard_data(data, STREAMS[:3]))
+    before = shard.model.state_dict()
+    shard.update("t1", {"meter-7": shard_data(data, ["meter-4"])["meter-4"]})  # a new stream only: the old ones have no point
+    after = shard.model.state_dict()
+    assert shard.stream_ids == STREAMS[:3] + ["meter-7"]
+    assert int(after.pop("num_tasks")) == int(before.pop("num_tasks")) + 1
+    for key, value in before.items():
+        grown = after[key]
+        assert torch.equal(grown if grown.shape == value.shape else grown[:3], value), key
+    alone = single_model()
+    alone.update(*data["meter-4"])
+    for name in ("posterior_precision", "posterior_shift"):
+        torch.testing.assert_close(getattr(shard.model, name)[3], getattr(alone, name), rtol=0, atol=1e-10)
+
+
+def test_a_task_delivered_again_is_absorbed_once():
+    task_list = tasks(3)
+    once = StreamFleet(model_factory, num_shards=2)
+    twice = StreamFleet(model_factory, num_shards=2)
+    reference = run(once, task_list)
+    for k, data in enumerate(task_list):
+        assert twice.update(k, data)
+        assert not twice.update(k, data)  # the same task again: nothing changes
+    assert not twice.update(0, task_list[0])
+    for a, b in zip(reference, twice.predict(STREAMS, TEST_X)):
+        assert torch.equal(a, b)
+
+
+def test_restore_after_a_crash_between_two_shards_checkpoints(tmp_path, monkeypatch):
+    """Task 2 crashes after shard 0 wrote its checkpoint and before shard 1 wrote its own; the restored
+    fleet, given task 2 again, absorbs it once on each shard and ends where an uninterrupted run does."""
+    task_list = tasks()
+    reference = run(StreamFleet(model_factory, num_shards=2), task_list)
+    fleet = StreamFleet(model_factory, num_shards=2, checkpoint_dir=tmp_path)
+    for k in range(2):
+        fleet.update(k, task_list[k])
+    save = Shard.save
+
+    def crash_on_shard_1(self):
+        if self.index == 1 and 2 in self.task_ids:
+            raise KeyboardInterrupt("the process dies")
+        save(self)
+
+    monkeypatch.setattr(Shard, "save", crash_on_shard_1)
+    with pytest.raises(KeyboardInterrupt):
+        fleet.update(2, task_list[2])
+    monkeypatch.setattr(Shard, "save", save)
+    with pytest.raises(FileExistsError, match="restore"):
+        StreamFleet(model_factory, num_shards=2, checkpoint_dir=tmp_path)
+    restored = StreamFleet.restore(tmp_path, model_factory)
+    assert restored.num_shards == 2
+    assert 2 in restored._task_ids[0] and 2 not in restored._task_ids[1]  # the crash window was hit
+    assert restored.task_ids == {0, 1}
+    result = run(restored, task_list, first=2)
+    for a, b in zip(reference, result):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".tmp")]  # no temporary file left behind
+
+
+def test_a_new_process_restores_the_fleet_from_its_checkpoints(tmp_path):
+    task_list = tasks()
+    fleet = StreamFleet(model_factory, num_shards=3, checkpoint_dir=tmp_path)
+    mean, variance = run(fleet, task_list)
+    torch.save({"mean": mean, "variance": variance}, tmp_path / "expected.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_fleet import STREAMS, TEST_X, model_factory
+        from gpytorch_hippo.fleet import StreamFleet
+        fleet = StreamFleet.restore({str(tmp_path)!r}, model_factory)
+        expected = torch.load({str(tmp_path / 'expected.pt')!r})
+        mean, variance = fleet.predict(STREAMS, TEST_X)
+        assert fleet.task_ids == {{0, 1, 2, 3}} and sorted(fleet.stream_ids) == sorted(STREAMS)
+        assert torch.equal(mean, expected["mean"]) and torch.equal(variance, expected["variance"])
+        assert not fleet.update(3, {{}})
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_nan_in_a_stream_names_its_id_and_no_shard_absorbs_the_task():
+    fleet = StreamFleet(model_factory, num_shards=2)
+    data = dict(tasks(1)[0])
+    x, y = data["meter-4"]
+    data["meter-4"] = (x, torch.where(torch.arange(y.shape[0]) == 0, torch.nan, y))
+    with pytest.raises(StreamDataError, match="meter-4") as caught:
+        fleet.update(0, data)
+    assert caught.value.stream_ids == ["meter-4"]
+    assert fleet.task_ids == set() and fleet.stream_ids == []
+    with pytest.raises(StreamDataError, match="meter-1"):
+        fleet.update(0, {"meter-1": (torch.zeros(3, 2), torch.zeros(2))})
+    with pytest.raises(TypeError, match="task_id"):
+        fleet.update(1.5, {})
+    # a shard maps the batched model's stream index back to the id (data that bypassed the fleet's check)
+    shard = Shard(0, model_factory)
+    shard.update("t0", shard_data(tasks(1)[0], ["meter-0", "meter-1"]))
+    with pytest.raises(StreamDataError, match=r"\['meter-1'\]") as caught:
+        shard.update("t1", {"meter-1": (torch.tensor([[1.0]], dtype=DT), torch.tensor([torch.nan], dtype=DT))})
+    assert caught.value.stream_ids == ["meter-1"] and shard.task_ids == {"t0"}
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="engine"):
+        StreamFleet(model_factory, engine="spark")
+    with pytest.raises(ValueError, match="num_shards"):
+        StreamFleet(model_factory, num_shards=0)
+    fleet = StreamFleet(model_factory, num_shards=2)
+    fleet.update(0, tasks(1)[0])
+    with pytest.raises(KeyError, match="meter-8"):
+        fleet.predict(["meter-0", "meter-8"], TEST_X)
+    with pytest.raises(TypeError, match="OnlineSGPR"):
+        StreamFleet(lambda n: None).update(0, tasks(1)[0])
+
+
+def test_atomic_save_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    path = str(tmp_path / "state.pt")
+    shard_module.atomic_save({"a": 1}, path)
+
+    def failing_save(obj, file):
+        file.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(shard_module.torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        shard_module.atomic_save({"a": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path) == {"a": 1} and os.listdir(tmp_path) == ["state.pt"]
+
+
+# ---------------------------------------------------------------------- Ray
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray = pytest.importorskip("ray", reason='Ray is not installed: pip install "probseq[fleet]"')
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    yield ray
+    ray.shutdown()
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def test_ray_engine_equals_the_local_engine_and_survives_killed_actors(ray_instance, tmp_path):
+    """Two shards on Ray actors: equal to the local engine; then shard 1's actor is killed between tasks, and
+    shard 0's actor is killed while shard 1 has absorbed a task that shard 0 has not (the crash window of a
+    task delivered to some shards only): the fleet restarts both from their checkpoints and ends equal to
+    the uninterrupted run."""
+    ray = ray_instance
+    task_list = tasks()
+    local = StreamFleet(model_factory, num_shards=2)
+    reference = run(local, task_list)
+    with StreamFleet(model_factory, engine="ray", num_shards=2) as fleet:
+        result = run(fleet, task_list)
+        assert fleet.shards == local.shards and fleet.task_ids == local.task_ids
+    for a, b in zip(reference, result):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+    fleet = StreamFleet(model_factory, engine="ray", num_shards=2, checkpoint_dir=tmp_path)
+    fleet.update(0, task_list[0])
+    pid = ray.get(fleet._engine.actors[1].pid.remote())
+    ray.kill(fleet._engine.actors[1])
+    fleet.update(1, task_list[1])
+    assert ray.get(fleet._engine.actors[1].pid.remote()) != pid and fleet._engine.restarts == 1
+    part = {s: fleet_data for s, fleet_data in task_list[2].items() if shard_of(s, 2) == 1}
+    ray.get(fleet._engine.actors[1].call.remote("update", (2, shard_data(part, part))))
+    ray.kill(fleet._engine.actors[0])
+    assert fleet.update(2, task_list[2])  # shard 0 restarted and absorbs task 2; shard 1 skips it
+    assert fleet._engine.restarts == 2
+    result = run(fleet, task_list, first=3)
+    for a, b in zip(reference, result):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    fleet.close()
+
+
+def test_the_ray_engine_without_ray_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as where it is not installed
+    with pytest.raises(ImportError, match=r'pip install "probseq\[fleet\]"'):
+        StreamFleet(model_factory, engine="ray")
