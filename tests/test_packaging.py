@@ -50,8 +50,8 @@ def test_core_requirements_are_lower_bounds_and_extras_add_up():
     core = [line for line in importlib.metadata.requires("probseq") if "extra ==" not in line]
     assert core and not [line for line in core if "<" in line or "==" in line], core
     assert extras[""] == {"torch", "gpytorch", "linear-operator", "botorch", "numpy", "scipy", "tqdm"}
-    assert {"video", "data", "plots", "docs", "test", "zoo", "all"} <= extras.keys()
-    assert extras["all"] == set().union(*(extras[name] for name in ("video", "data", "plots", "docs", "test", "zoo")))
+    assert {"video", "data", "plots", "docs", "test", "zoo", "fleet", "all"} <= extras.keys()
+    assert extras["all"] == set().union(*(extras[name] for name in ("video", "data", "plots", "docs", "test", "zoo", "fleet")))
     assert "transformers" in extras["zoo"]
 
 
