@@ -6,6 +6,6 @@ and resumes from the checkpoints (:meth:`StreamFleet.restore`). The Ray engine n
 ``pip install "probseq[fleet]"``; ``python -m gpytorch_hippo.fleet --out DIR`` runs the demo.
 """
 from .fleet import ENGINES, StreamFleet, shard_of
-from .shard import Shard, StreamDataError
+from .shard import PackedTask, Shard, StreamDataError
 
-__all__ = ["StreamFleet", "StreamDataError", "Shard", "ENGINES", "shard_of"]
+__all__ = ["StreamFleet", "StreamDataError", "Shard", "PackedTask", "ENGINES", "shard_of"]

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .._optional import require
 from ..online import OnlineSGPR
-from .shard import Shard, StreamDataError
+from .shard import PackedTask, Shard, StreamDataError
 
 __all__ = ["StreamFleet", "ENGINES", "shard_of"]
 
@@ -246,7 +246,7 @@ class StreamFleet:
         for stream_id, pair in data.items():
             _check_id(stream_id, "a stream id")
             parts[self.shard_of(stream_id)][stream_id] = _stream_data(stream_id, pair)
-        results = self._engine.call("update", {k: (task_id, part) for k, part in parts.items()})
+        results = self._engine.call("update", {k: (task_id, PackedTask.from_mapping(part)) for k, part in parts.items()})
         for k, result in results.items():
             self._members[k] = result["stream_ids"]
             self._task_ids[k].add(task_id)

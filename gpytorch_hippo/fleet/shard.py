@@ -10,10 +10,12 @@ wrote its checkpoint before the crash or not) is absorbed exactly once.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
 from collections.abc import Callable, Hashable, Mapping
+from typing import NamedTuple
 
 import torch
 from linear_operator import to_dense
@@ -22,7 +24,7 @@ from torch import Tensor
 
 from ..online import OnlineSGPR, _frozen_copy, _working
 
-__all__ = ["Shard", "StreamDataError", "CHECKPOINT_FORMAT"]
+__all__ = ["Shard", "PackedTask", "StreamDataError", "CHECKPOINT_FORMAT"]
 
 #: version of the checkpoint files' layout
 CHECKPOINT_FORMAT = 1
@@ -98,21 +100,40 @@ def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict
     return grown
 
 
-def padded_task(data: Mapping[Hashable, tuple[Tensor, Tensor]], stream_ids: list) -> tuple[Tensor, Tensor, Tensor]:
-    """``(X (S, n, d), y (S, n), mask (S, n))`` of a ragged task, ``n`` the most points of a stream; padding
-    is ``False`` in ``mask`` (NaN in ``y``, zeros in ``X``); streams absent from ``data`` have no point."""
-    sizes = {s: y.shape[0] for s, (_, y) in data.items()}
-    n = max(sizes.values())
-    first_x, first_y = next(iter(data.values()))
-    dtype = torch.promote_types(first_x.dtype, first_y.dtype)
-    x = torch.zeros(len(stream_ids), n, first_x.shape[-1], dtype=dtype)
-    y = torch.full((len(stream_ids), n), torch.nan, dtype=dtype)
-    mask = torch.zeros(len(stream_ids), n, dtype=torch.bool)
-    for row, stream in enumerate(stream_ids):
-        if stream in data and sizes[stream]:
-            xs, ys = data[stream]
-            x[row, : sizes[stream]], y[row, : sizes[stream]], mask[row, : sizes[stream]] = xs, ys, True
-    return x, y, mask
+class PackedTask(NamedTuple):
+    """The part of a task for one shard, packed for transport (a few tensors, not one per stream):
+    ``x (P, n, d)``, ``y (P, n)`` padded, ``counts (P,)`` the points of stream ``stream_ids[i]``."""
+
+    stream_ids: list
+    x: Tensor
+    y: Tensor
+    counts: Tensor
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[Hashable, tuple[Tensor, Tensor]]) -> PackedTask:
+        """Pack ``{stream_id: (X (n_s, d), y (n_s,))}``: zeros pad ``x``, NaN pads ``y``."""
+        stream_ids = list(data)
+        pairs = [data[s] for s in stream_ids]
+        n = max((y.shape[0] for _, y in pairs), default=0)
+        dims = max((x.shape[-1] for x, _ in pairs), default=1)
+        dtype = functools.reduce(torch.promote_types, [t.dtype for pair in pairs for t in pair], torch.float32)
+        x = torch.zeros(len(pairs), n, dims, dtype=dtype)
+        y = torch.full((len(pairs), n), torch.nan, dtype=dtype)
+        counts = torch.tensor([ys.shape[0] for _, ys in pairs], dtype=torch.long)
+        for row, (xs, ys) in enumerate(pairs):
+            x[row, : ys.shape[0]], y[row, : ys.shape[0]] = xs, ys
+        return cls(stream_ids, x, y, counts)
+
+    def padded(self, stream_ids: list) -> tuple[Tensor, Tensor, Tensor]:
+        """``(X (S, n, d), y (S, n), mask (S, n))`` over the shard's ``stream_ids`` (rows of streams absent
+        from the task: no point), ``False`` in ``mask`` at padding."""
+        rows = torch.tensor([stream_ids.index(s) for s in self.stream_ids], dtype=torch.long)
+        x = torch.zeros(len(stream_ids), *self.x.shape[1:], dtype=self.x.dtype)
+        y = torch.full((len(stream_ids), self.y.shape[1]), torch.nan, dtype=self.y.dtype)
+        mask = torch.zeros(len(stream_ids), self.y.shape[1], dtype=torch.bool)
+        x[rows], y[rows] = self.x, self.y
+        mask[rows] = torch.arange(self.y.shape[1]) < self.counts.unsqueeze(-1)
+        return x, y, mask
 
 
 class Shard:
@@ -185,17 +206,19 @@ class Shard:
         return model
 
     # ------------------------------------------------------------------ tasks
-    def update(self, task_id, data: Mapping[Hashable, tuple[Tensor, Tensor]]) -> dict:
-        """Absorb task ``task_id`` (``data``: stream id -> ``(X (n, d), y (n,))`` of this shard's streams,
-        checked by the fleet) unless it was absorbed before; then write the checkpoint. Returns
-        ``{"absorbed": bool, "stream_ids": [...]}``."""
+    def update(self, task_id, task: PackedTask | Mapping[Hashable, tuple[Tensor, Tensor]]) -> dict:
+        """Absorb task ``task_id`` (this shard's part: a :class:`PackedTask`, or a mapping stream id ->
+        ``(X (n, d), y (n,))``, checked by the fleet) unless it was absorbed before; then write the
+        checkpoint. Returns ``{"absorbed": bool, "stream_ids": [...]}``."""
         if task_id in self.task_ids:
             return {"absorbed": False, "stream_ids": list(self.stream_ids)}
-        new_streams = [s for s in data if s not in self.stream_ids]
+        if not isinstance(task, PackedTask):
+            task = PackedTask.from_mapping(task)
+        new_streams = [s for s in task.stream_ids if s not in self.stream_ids]
         model = self._grown(new_streams) if new_streams else self.model
         stream_ids = self.stream_ids + new_streams
-        if model is not None and any(y.shape[0] for _, y in data.values()):
-            x, y, mask = padded_task(data, stream_ids)
+        if model is not None and int(task.counts.sum()) > 0:
+            x, y, mask = task.padded(stream_ids)
             if self.before_update is not None:
                 self.before_update(model, x, mask)
             try:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpytorch_hippo import InducingPoints, OnlineSGPR
-from gpytorch_hippo.fleet import Shard, StreamDataError, StreamFleet, shard_of
+from gpytorch_hippo.fleet import PackedTask, Shard, StreamDataError, StreamFleet, shard_of
 from gpytorch_hippo.fleet import shard as shard_module
 
 DT = torch.float64
@@ -60,9 +60,9 @@ def tasks(num_tasks: int = 4, seed: int = 0) -> list[dict]:
 TEST_X = torch.linspace(0, SPAN, 17, dtype=DT)
 
 
-def shard_data(data: dict, streams) -> dict:
-    """A task of ``streams`` as a shard receives it from the fleet: ``X (n, 1)``."""
-    return {s: (data[s][0].unsqueeze(-1), data[s][1]) for s in streams}
+def shard_data(data: dict, streams) -> PackedTask:
+    """A task of ``streams`` as a shard receives it from the fleet."""
+    return PackedTask.from_mapping({s: (data[s][0].unsqueeze(-1), data[s][1]) for s in streams})
 
 
 def run(fleet: StreamFleet, task_list, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +101,7 @@ def test_growing_a_shard_copies_the_old_streams_exactly_and_starts_new_ones_from
     data = tasks()[0]
     shard.update("t0", shard_data(data, STREAMS[:3]))
     before = shard.model.state_dict()
-    shard.update("t1", {"meter-7": shard_data(data, ["meter-4"])["meter-4"]})  # a new stream only: the old ones have no point
+    shard.update("t1", {"meter-7": (data["meter-4"][0].unsqueeze(-1), data["meter-4"][1])})  # a new stream only
     after = shard.model.state_dict()
     assert shard.stream_ids == STREAMS[:3] + ["meter-7"]
     assert int(after.pop("num_tasks")) == int(before.pop("num_tasks")) + 1
