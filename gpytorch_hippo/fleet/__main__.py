@@ -1,0 +1,4 @@
+"""``python -m gpytorch_hippo.fleet --out DIR``: the fleet demo (:mod:`gpytorch_hippo.fleet.demo`)."""
+from .demo import main
+
+main()
