@@ -124,8 +124,8 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         batch's mean, for ``posterior(X, observation_noise=True)`` and fantasies without noise.
     :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables` (with
         ``m`` outputs: one set, copied per output, or a sequence of ``m`` sets); default:
-        :func:`default_inducing_points` (a Sobol design of ``num_inducing`` fixed points in the unit cube,
-        or in the first batch's box when the inputs are not scaled to it).
+        :func:`default_inducing_points` (``num_inducing`` fixed points: the first batch's inputs, then a Sobol
+        design in the unit cube, or in the first batch's box when the inputs are not scaled to it).
     :param covar_module: GPyTorch kernel (default: ``SingleTaskGP``'s RBF with a dimension-scaled prior).
     :param likelihood: homoskedastic ``GaussianLikelihood`` (default: ``SingleTaskGP``'s).
     :param mean_module: prior mean (default ``ConstantMean``); learned on the first batch, then
@@ -139,8 +139,10 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     :param refit_every: refresh the hyperparameters in every ``k``-th :meth:`observe` (``None``: never).
         Multidimensional HiPPO variables keep their path memory in features of the first length
         scale: freeze it (``covar_module.raw_lengthscale.requires_grad_(False)``) before refreshing.
-    :param keep_data: store all observed data in :attr:`train_inputs`/:attr:`train_targets`
-        (``False``, the default, stores nothing but the online summary).
+    :param keep_data: store all observed data in :attr:`train_inputs`/:attr:`train_targets` (the default, as
+        ``SingleTaskGP`` keeps its data: BoTorch's ``fit_gpytorch_mll`` with an ``ExactMarginalLogLikelihood``,
+        training loops and warm starts by ``load_state_dict`` then work unchanged); ``False`` stores nothing but
+        the online summary, for long streams at a constant memory.
     :param ordering: criterion of :func:`~gpytorch_hippo.ordering.order_inputs` for path variables.
     :param num_inducing: number of the default inducing points (default :data:`DEFAULT_NUM_INDUCING`).
     """
@@ -163,7 +165,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         fit_maxiter: int = 100,
         refit_every: int | None = None,
-        keep_data: bool = False,
+        keep_data: bool = True,
         ordering: str = "kernel_max",
         num_inducing: int | None = None,
     ):
@@ -358,37 +360,48 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         self._record_hyperparameters()
 
     def load_hyperparameters(self, state_dict: dict) -> None:
-        """Warm start (BoTorch tutorials' ``model.load_state_dict(old_model.state_dict())``): load the kernel,
-        likelihood, mean and transform parameters of ``state_dict`` and keep this model's data and posterior
-        (recomputed from the kept data with the loaded hyperparameters when ``keep_data=True``)."""
-        summary = ("online.posterior", "online.num_tasks", "online.seen_input_range", "online.inducing_variables", "num_updates",
-                   "stored_", "known_noise_flag", "online.time_origin")
-        hyperparameters = {k: v for k, v in state_dict.items() if not k.startswith(summary)}
+        """Warm start: load the kernel, likelihood and mean of ``state_dict`` and keep this model's data,
+        counters, transforms (their statistics describe this model's data) and posterior (recomputed from the
+        kept data with the loaded hyperparameters when ``keep_data=True``)."""
+        own = ("online.posterior", "online.num_tasks", "online.seen_input_range", "online.inducing_variables", "num_updates",
+               "stored_", "known_noise_flag", "online.time_origin", "input_transform.", "outcome_transform.")
+        hyperparameters = {k: v for k, v in state_dict.items() if not k.startswith(own)}
         with self._own_update():
             result = super().load_state_dict(hyperparameters, strict=False)
-        unexpected = [k for k in result.unexpected_keys if not k.startswith(summary)]
+        unexpected = [k for k in result.unexpected_keys if not k.startswith(own)]
         if unexpected:
             raise RuntimeError(f"unexpected keys in state_dict: {unexpected}")
         self.eval()
+        return result
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Restore a checkpoint: hyperparameters, posterior summary, counters and kept data together.
+        """Restore a checkpoint, or warm-start as ``SingleTaskGP`` does.
 
-        A model that already holds a posterior refuses a checkpoint with another one (BoTorch's warm
-        start would otherwise replace this model's observations by the checkpoint's silently): warm-start
-        with :meth:`load_hyperparameters`, or rebuild a checkpointed model with :meth:`from_state_dict`."""
-        has_summary = any(key.startswith("online.posterior_") for key in state_dict)
-        if has_summary and self.online.has_posterior and not self._same_posterior(state_dict):
+        A checkpoint of this model's own posterior (or a model without one, as :meth:`from_state_dict` builds)
+        is restored whole: hyperparameters, posterior summary, counters and kept data. A ``state_dict`` of a
+        model with other observations (BoTorch tutorials' ``model.load_state_dict(old_model.state_dict())``
+        after rebuilding on more data) is a warm start, :meth:`load_hyperparameters`: with kept data the
+        posterior is recomputed from this model's data; without (``keep_data=False``) it is refused, because
+        this model's observations could not be recovered."""
+        if self._is_warm_start(state_dict):
+            if self.stored_inputs is not None:
+                return self.load_hyperparameters(state_dict)
             raise ValueError(
-                "load_state_dict would replace this model's posterior (and its observations) by the checkpoint's: "
-                "to warm-start the hyperparameters keep this model's data with model.load_hyperparameters(state_dict); "
-                "to restore the checkpointed model use OnlineGPModel.from_state_dict(state_dict, ...)"
+                "load_state_dict would replace this model's posterior (and its observations) by the checkpoint's, and "
+                "this model keeps no data (keep_data=False) to recompute it from: to warm-start the hyperparameters use "
+                "model.load_hyperparameters(state_dict); to restore the checkpointed model use "
+                "OnlineGPModel.from_state_dict(state_dict, ...)"
             )
         with self._own_update():
             result = super().load_state_dict(state_dict, strict=strict, assign=assign)
-        if has_summary:  # the loaded posterior belongs to the loaded hyperparameters
+        if any(key.startswith("online.posterior_") for key in state_dict):  # the loaded posterior belongs to the loaded hyperparameters
             self._record_hyperparameters()
         return result
+
+    def _is_warm_start(self, state_dict: dict) -> bool:
+        """Whether ``state_dict`` holds the posterior of other observations than this model's."""
+        has_summary = any(key.startswith("online.posterior_") for key in state_dict)
+        return has_summary and self.online.has_posterior and not self._same_posterior(state_dict)
 
     def _same_posterior(self, state_dict: dict) -> bool:
         own = self.online.state_dict(prefix="online.")
@@ -418,13 +431,15 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     ) -> OnlineGPModel:
         """Rebuild a checkpointed model without its training data: the same modules (or defaults) as
         when it was built, then its ``state_dict`` (posterior, hyperparameters, counters, kept data).
-        ``options``: ``fit_maxiter``, ``refit_every``, ``keep_data``, ``ordering`` as in the constructor."""
+        ``options``: ``fit_maxiter``, ``refit_every``, ``keep_data`` (default: whether the checkpoint has kept
+        data), ``ordering`` as in the constructor."""
         reference = state_dict["online.posterior_shift"]
         lengthscale = state_dict.get("online.covar_module.raw_lengthscale")
         if covar_module is None and lengthscale is None:
             raise ValueError("from_state_dict: pass covar_module= (the checkpoint's kernel has no length scale to read d from)")
         dim = lengthscale.shape[-1] if lengthscale is not None else 1
-        settings = {"fit_maxiter": 100, "refit_every": None, "keep_data": False, "ordering": "kernel_max", **options}
+        settings = {"fit_maxiter": 100, "refit_every": None, "keep_data": "stored_inputs" in state_dict, "ordering": "kernel_max",
+                    **options}
         if inducing_variables is None:  # the default points: their values come with the checkpoint
             points = state_dict["online.inducing_variables.points"]
             inducing_variables = InducingPoints(torch.zeros_like(points), learn=False)
@@ -688,24 +703,42 @@ DEFAULT_NUM_INDUCING = 128
 
 def default_inducing_points(train_x: Tensor, num_inducing: int | None = None) -> InducingPoints:
     """The inducing points of an :class:`OnlineGPModel` built without ``inducing_variables``: ``num_inducing``
-    (default :data:`DEFAULT_NUM_INDUCING`, at most ``2^14``) points of a scrambled Sobol sequence (seed 0),
-    fixed, in the unit cube when the first batch's model-space inputs ``train_x`` ``(n, d)`` lie in it
-    (BoTorch's convention: inputs scaled to ``[0, 1]^d``, e.g. by ``Normalize``), otherwise in their
-    bounding box widened by 10 % of its size on every side. Later batches should stay in that box; for
-    a time axis that grows, :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables` keep the whole stream."""
+    (default :data:`DEFAULT_NUM_INDUCING`, at most ``2^14``) fixed points, first the first batch's distinct
+    model-space inputs ``train_x`` ``(n, d)`` (with more than ``num_inducing``, a farthest-point subset: the
+    order in which pivoted Cholesky picks points for an isotropic stationary kernel), so that a model of up
+    to ``num_inducing`` points is the exact GP of its first batch; then a scrambled Sobol sequence (seed 0)
+    for later batches, in the unit cube when the inputs lie in it (BoTorch's convention: inputs scaled to
+    ``[0, 1]^d``, e.g. by ``Normalize``), otherwise in their bounding box widened by 10 % of its size on
+    every side. Later batches should stay in that box; for a time axis that grows,
+    :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables` keep the whole stream."""
     num = DEFAULT_NUM_INDUCING if num_inducing is None else num_inducing
     if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= 2**14:
         raise ValueError(f"num_inducing must be an int in [1, 16384], got {num_inducing!r}")
-    x = train_x.detach()
+    x = train_x.detach().reshape(-1, train_x.shape[-1])
     low, high = x.min(-2).values, x.max(-2).values
     if not (bool((low >= 0).all()) and bool((high <= 1).all())):
         margin = 0.1 * (high - low).clamp_min(1e-6 * (1 + high.abs().max()))
         low, high = low - margin, high + margin
     else:
         low, high = torch.zeros_like(low), torch.ones_like(high)
+    data = _farthest_points(torch.unique(x, dim=0), num)
+    if data.shape[0] == num:
+        return InducingPoints(data.clone(), learn=False)
     engine = torch.quasirandom.SobolEngine(x.shape[-1], scramble=True, seed=0)
-    unit = engine.draw(num, dtype=torch.float64).to(device=x.device, dtype=x.dtype)
-    return InducingPoints(low + (high - low) * unit, learn=False)
+    unit = engine.draw(num - data.shape[0], dtype=torch.float64).to(device=x.device, dtype=x.dtype)
+    return InducingPoints(torch.cat([data, low + (high - low) * unit]), learn=False)
+
+
+def _farthest_points(x: Tensor, num: int) -> Tensor:
+    """``num`` rows of ``x`` (all of them if fewer) chosen greedily, each the farthest from those before."""
+    if x.shape[0] <= num:
+        return x
+    chosen = [0]
+    distance = (x - x[0]).pow(2).sum(-1)
+    for _ in range(num - 1):
+        chosen.append(int(distance.argmax()))
+        distance = torch.minimum(distance, (x - x[chosen[-1]]).pow(2).sum(-1))
+    return x[chosen]
 
 
 def _split_third_argument(train_Yvar, inducing_variables):

@@ -64,7 +64,7 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         fit_maxiter: int = 100,
         refit_every: int | None = None,
-        keep_data: bool = False,
+        keep_data: bool = True,
         ordering: str = "kernel_max",
         num_inducing: int | None = None,
     ):
@@ -114,7 +114,17 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         return Model.train(self, mode)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """``torch.nn.Module``'s loading of every output's state."""
+        """A checkpoint of this model restored whole, or a warm start per output
+        (:meth:`OnlineGPModel.load_state_dict`): kernels, likelihoods and means loaded, this model's data,
+        transforms and posteriors (recomputed from the kept data) kept."""
+        per_output = [
+            {k[len(f"outputs.{j}."):]: v for k, v in state_dict.items() if k.startswith(f"outputs.{j}.")}
+            for j in range(len(self.outputs))
+        ]
+        if any(output._is_warm_start(sub) for output, sub in zip(self.outputs, per_output)):
+            for output, sub in zip(self.outputs, per_output):
+                output.load_state_dict(sub) if output._is_warm_start(sub) else output.load_hyperparameters(sub)
+            return None
         return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
 
     # ------------------------------------------------------------------ BoTorch's model contract

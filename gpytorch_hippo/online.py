@@ -29,7 +29,7 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.mlls._approximate_mll import _ApproximateMarginalLogLikelihood
 from linear_operator import to_dense
-from linear_operator.operators import MatmulLinearOperator
+from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 from tqdm import tqdm
@@ -40,6 +40,10 @@ from .inducing.points import InducingPoints
 from .nystrom import nystrom_residual
 from .timeaxis import TimeAxis, is_datetime_like
 from .variational import InterdomainVariationalStrategy, _solve_lower
+
+#: predictions at up to this many points get a dense covariance (fast sampling, as BoTorch's acquisitions
+#: draw); more points keep ``K_xx + W^T C W`` as a product, so that their variances cost O(N M)
+DENSE_PREDICTION_POINTS = 256
 
 __all__ = ["OnlineSGPR", "OnlineELBO", "FitReport"]
 
@@ -270,6 +274,15 @@ class OnlineSGPR(gpytorch.Module):
         below half the level of its last warning; :attr:`last_captured_variance` holds the latest value;
         ``None`` disables the check. A task's inputs outside that reach (e.g. beyond a HiPPO ``t`` after a forgotten
         ``advance``) always raise :class:`~gpytorch_hippo.inducing.InputsOutsideSupportError`.
+    :param time_axis: a :class:`~gpytorch_hippo.timeaxis.TimeAxis` (or its unit, e.g. ``"h"``) to take calendar
+        times as inputs.
+    :param refit_every: the refit policy of :meth:`update` calls that leave ``num_iter`` unset: the
+        hyperparameters are fitted on task 1 and on every ``refit_every``-th task after it (tasks
+        ``1, 1 + k, 1 + 2k, ...``; the count :attr:`num_tasks` is in the ``state_dict``, so a reloaded model keeps
+        the schedule), by ``refit_iter`` iterations of ``refit_optimizer`` (default L-BFGS) on the task's
+        online bound; the other tasks are closed-form updates. A mean that interdomain inducing variables
+        cannot follow (they project ``f - m``) is left out of refits after task 1. ``None`` (default): no fit
+        unless ``num_iter`` asks for one.
 
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
     ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
@@ -283,8 +296,17 @@ class OnlineSGPR(gpytorch.Module):
         mean_module: gpytorch.means.Mean | None = None,
         captured_variance_warning: float | None = 0.9,
         time_axis: TimeAxis | str | None = None,
+        refit_every: int | None = None,
+        refit_iter: int = 50,
+        refit_optimizer: str = "lbfgs",
     ):
         super().__init__()
+        for name, value, smallest in (("refit_every", refit_every, 1), ("refit_iter", refit_iter, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < smallest):
+                raise ValueError(f"{name} must be a positive int{' or None' if name == 'refit_every' else ''}, got {value!r}")
+        if refit_optimizer not in ("adam", "lbfgs"):
+            raise ValueError(f"refit_optimizer must be 'adam' or 'lbfgs', got {refit_optimizer!r}")
+        self.refit_every, self.refit_iter, self.refit_optimizer = refit_every, refit_iter, refit_optimizer
         if isinstance(time_axis, str):
             time_axis = TimeAxis(time_axis)
         if time_axis is not None and not isinstance(time_axis, TimeAxis):
@@ -327,6 +349,7 @@ class OnlineSGPR(gpytorch.Module):
         self.register_buffer("last_bound", None, persistent=False)
         #: fraction of the prior variance captured at the last captured-variance check (``None`` before one)
         self.last_captured_variance = None
+        self._prediction_cache = None  # (key, factors) of forward(): see _prediction_factors
         #: :class:`FitReport` of the last update that fitted hyperparameters (``None`` before one)
         self.last_fit = None
         self._warning_level = -1.0 if captured_variance_warning is None else captured_variance_warning
@@ -499,7 +522,7 @@ class OnlineSGPR(gpytorch.Module):
         self,
         train_x,
         train_y,
-        num_iter: int = 0,
+        num_iter: int | None = None,
         lr: float = 0.01,
         progress: bool = False,
         differentiable: bool = False,
@@ -517,7 +540,8 @@ class OnlineSGPR(gpytorch.Module):
             (nothing is imputed). A task with no observation left is a no-op that returns ``None``.
         :param num_iter: optimiser iterations on ``-bound / N`` over the hyperparameters of the kernel,
             likelihood, mean and (learnable) inducing variables (:attr:`last_fit` reports how the fit ended).
-            ``0``: nothing is optimised, the update is a closed-form computation.
+            ``0``: nothing is optimised, the update is a closed-form computation. ``None`` (default): the
+            model's refit policy decides (``refit_every``; without one, ``0``).
         :param lr: Adam learning rate.
         :param mask: for a model of ``S`` batched streams (kernel, likelihood and inducing variables with
             ``batch_shape=(S,)``; ``train_x`` ``(S, N, D)``, ``train_y`` ``(S, N)``), booleans ``(S, N)``: ``False``
@@ -550,6 +574,9 @@ class OnlineSGPR(gpytorch.Module):
             return None  # an empty task leaves the model as it was
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
         self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
+        fixed_mean = False
+        if num_iter is None:
+            num_iter, optimizer, fixed_mean = self._policy_fit(optimizer)
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
             raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
         lr = check_finite_scalar(lr, "lr", positive=True)
@@ -565,6 +592,7 @@ class OnlineSGPR(gpytorch.Module):
                 raise ValueError(f"noise must broadcast to train_y's shape {tuple(train_y.shape)}, got {tuple(noise.shape)}") from None
         if (
             num_iter > 0
+            and not fixed_mean
             and self.has_posterior
             and any(p.requires_grad for p in self.mean_module.parameters())
             and self.posterior_inducing_variables.prior_mean(self.mean_module) is None
@@ -575,7 +603,7 @@ class OnlineSGPR(gpytorch.Module):
                 "call mean_module.requires_grad_(False) first, or use InducingPoints"
             )
         if num_iter > 0:
-            self.last_fit = self._fit(train_x, train_y, noise, num_iter, lr, optimizer, progress, mask)
+            self.last_fit = self._fit(train_x, train_y, noise, num_iter, lr, optimizer, progress, mask, fixed_mean)
         keep = (lambda tensor: tensor.clone()) if differentiable else (lambda tensor: tensor.detach().clone())
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
             bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y, noise, mask)
@@ -594,6 +622,13 @@ class OnlineSGPR(gpytorch.Module):
             self.num_tasks += 1
         self.last_bound = bound.detach()
         return self.last_bound
+
+    def _policy_fit(self, optimizer: str) -> tuple[int, str, bool]:
+        """``(num_iter, optimizer, fixed_mean)`` of the next task under the refit policy."""
+        if self.refit_every is None or int(self.num_tasks) % self.refit_every != 0:
+            return 0, optimizer, False
+        fixed_mean = self.has_posterior and self.posterior_inducing_variables.prior_mean(self.mean_module) is None
+        return self.refit_iter, self.refit_optimizer, fixed_mean
 
     def _summary(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean
@@ -620,9 +655,11 @@ class OnlineSGPR(gpytorch.Module):
         return train_x, torch.where(mask, train_y, torch.zeros((), dtype=train_y.dtype)), mask
 
     def _fit(self, train_x, train_y, noise, num_iter: int, lr: float, optimizer: str, progress: bool,
-             mask: Tensor | None = None) -> FitReport:
-        """Maximise the task's online bound over the trainable hyperparameters; the report of the fit."""
-        parameters = {name: p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("posterior_")}
+             mask: Tensor | None = None, fixed_mean: bool = False) -> FitReport:
+        """Maximise the task's online bound over the trainable hyperparameters (the mean's too, unless
+        ``fixed_mean``); the report of the fit."""
+        frozen = ("posterior_", "mean_module.") if fixed_mean else ("posterior_",)
+        parameters = {name: p for name, p in self.named_parameters() if p.requires_grad and not name.startswith(frozen)}
         num_data = train_y.shape[-1] if mask is None else max(int(mask.sum(-1).max()), 1)
 
         def loss() -> Tensor:
@@ -731,8 +768,38 @@ class OnlineSGPR(gpytorch.Module):
             return MultivariateNormal(prior_mean, prior_covar)
         ivs = self.posterior_inducing_variables
         _check_mean_unchanged(ivs, self.posterior_mean_module, self.mean_module)
-        chol_now = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
+        chol_now, mean_w, middle = self._prediction_factors(kernel, ivs)
         W = _solve_lower(chol_now, _working(ivs.Kuf(kernel, x)))
+        mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1).to(prior_mean.dtype)
+        nystrom_residual(_working(kernel(x, diag=True)), W)  # warns if Kuu and Kuf are inconsistent
+        left, right = W.mT.to(mean.dtype), (middle @ W).to(mean.dtype)
+        if x.shape[-2] > DENSE_PREDICTION_POINTS:  # kept as a product, so variances at N points cost O(N M)
+            return MultivariateNormal(mean, prior_covar + MatmulLinearOperator(left, right))
+        return MultivariateNormal(mean, DenseLinearOperator(to_dense(prior_covar) + left @ right))
+
+    def _prediction_factors(self, kernel, ivs) -> tuple[Tensor, Tensor, Tensor]:
+        """The factors of :meth:`forward` that do not depend on ``x``: ``L = chol(K_uu)``, the whitened mean
+        ``m_w = L^{-1}(μ' - μ) + G m_v`` and ``C = G B^{-1} G^T - I`` with ``G = L^{-1} L'``, so that
+        ``q(f(x)) = N(m(x) + W^T m_w, K_xx + W^T C W)``, ``W = L^{-1} K_uf``.
+
+        In eval mode they are computed once per state, as GPyTorch's exact GPs cache their test-time solves
+        (detached under ``gpytorch.settings.detach_test_caches``, GPyTorch's default): the cache is keyed by
+        the kernel, mean, inducing variables and stored posterior, object and values, so any change to them
+        (an optimiser step, ``load_state_dict``, an update) recomputes the factors. A differentiable
+        conditioning (BoTorch's fantasies) and ``detach_test_caches(False)`` with gradients enabled are never
+        served from the cache."""
+        posterior = [self.posterior_precision, self.posterior_shift, self.posterior_chol, self.posterior_prior_mean]
+        cacheable = not self.training and not any(t.requires_grad for t in posterior) and (
+            not torch.is_grad_enabled() or gpytorch.settings.detach_test_caches.on()
+        )
+        key = None
+        if cacheable:
+            modules = (kernel, self.mean_module, ivs)
+            tensors = [t for m in modules for t in itertools.chain(m.parameters(), m.buffers())] + posterior
+            key = ([id(m) for m in modules], [t.detach() for t in tensors])
+            if self._prediction_cache is not None and _same_key(self._prediction_cache[0], key):
+                return self._prediction_cache[1]
+        chol_now = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
         # q(b) was stored whitened by the Cholesky factor L' of the hyperparameters of its task;
         # G = L_now^{-1} L' maps it to the current whitening (identity if nothing changed).
         G = _solve_lower(chol_now, _working(self.posterior_chol))
@@ -741,13 +808,22 @@ class OnlineSGPR(gpytorch.Module):
         offset = _working(self.posterior_prior_mean)
         offset = offset if mean_now is None else offset - _working(mean_now)
         mean_w = _solve_lower(chol_now, offset.unsqueeze(-1)).squeeze(-1) + (G @ mean_v.unsqueeze(-1)).squeeze(-1)
-        mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1).to(prior_mean.dtype)
-        nystrom_residual(_working(kernel(x, diag=True)), W)  # warns if Kuu and Kuf are inconsistent
-        # V^T V - W^T W = W^T (G B^{-1} G^T - I) W: kept as a product, so variances at N points cost O(N M)
         V = _solve_lower(b_chol, G.mT)
         middle = V.mT @ V - torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
-        correction = MatmulLinearOperator(W.mT.to(mean.dtype), (middle @ W).to(mean.dtype))
-        return MultivariateNormal(mean, prior_covar + correction)
+        factors = (chol_now, mean_w, middle)
+        if cacheable:
+            factors = tuple(f.detach() for f in factors)
+            self._prediction_cache = (([*key[0]], [t.clone() for t in key[1]]), factors)
+        return factors
+
+
+def _same_key(old: tuple, new: tuple) -> bool:
+    """Whether two keys of :meth:`OnlineSGPR._prediction_factors` are the same objects with the same values."""
+    (old_ids, old_tensors), (new_ids, new_tensors) = old, new
+    return old_ids == new_ids and len(old_tensors) == len(new_tensors) and all(
+        a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+        for a, b in zip(old_tensors, new_tensors)
+    )
 
 
 class OnlineELBO(_ApproximateMarginalLogLikelihood):

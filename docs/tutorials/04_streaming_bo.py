@@ -58,7 +58,7 @@ Y = torch.tensor([objective(x0[k : k + 1], hours[k])[0] for k in range(INIT)]).u
 inducing = HiPPOInducingVariables(32, "legs", input_dim=3, num_rff=1000)  # OHSGPR
 with warnings.catch_warnings(record=True) as caught:  # printed below, with the loop's
     warnings.simplefilter("always", RuntimeWarning)
-    model = OnlineGPModel(X, Y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=50)
+    model = OnlineGPModel(X, Y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=50, keep_data=False)
 print("length scales (tilt, azimuth, time):", model.covar_module.lengthscale.detach().numpy().round(3))
 
 # %% [markdown]

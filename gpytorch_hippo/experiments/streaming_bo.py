@@ -110,7 +110,8 @@ class OnlineSurrogate:
                 inducing = HiPPOInducingVariables(self.num_inducing, "legs", input_dim=x.shape[-1], features="quadrature", num_rff=1000)
             else:
                 inducing = InducingPoints(self.recent, learn=False)
-            self.model = OnlineGPModel(x, y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=self.fit_maxiter)
+            self.model = OnlineGPModel(x, y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=self.fit_maxiter,
+                                       keep_data=False)
             return
         if self.method == "osgpr":
             self.model.inducing_variables = InducingPoints(self.recent, learn=False)

@@ -80,8 +80,8 @@ def test_condition_on_observations_is_one_online_update_and_leaves_the_original(
     updated = model.condition_on_observations(x_new, y_new)
     # the original model is untouched (BoTorch's fantasy semantics)
     for key, value in model.state_dict().items():
-        if torch.is_tensor(value):
-            assert torch.equal(value, state[key]), key
+        if torch.is_tensor(value):  # (unknown noise is kept as NaN)
+            torch.testing.assert_close(value, state[key], rtol=0, atol=0, equal_nan=True, msg=key)
     assert updated.num_updates == 2 and model.num_updates == 1
     # a fresh OnlineSGPR fed the same batches, with the path moved the same way, gives the same posterior
     twin.inducing_variables.append_path(model.inducing_variables.path_pending.clone())
@@ -232,11 +232,11 @@ def test_acquisition_functions_and_fantasies():
 
 def test_keep_data_and_train_inputs():
     x, y = data(10, 9)
-    lean, _ = fixed_model(InducingPoints(x[:4], learn=False), x, y)
+    lean, _ = fixed_model(InducingPoints(x[:4], learn=False), x, y, keep_data=False)
     assert not hasattr(lean, "train_inputs") and not hasattr(lean, "train_targets")
     with pytest.raises(AttributeError, match="keep_data=False"):
         lean.train_inputs
-    kept, _ = fixed_model(InducingPoints(x[:4], learn=False), x[:6], y[:6], keep_data=True)
+    kept, _ = fixed_model(InducingPoints(x[:4], learn=False), x[:6], y[:6])  # kept by default, as SingleTaskGP
     kept = kept.condition_on_observations(x[6:], y[6:])
     torch.testing.assert_close(kept.train_inputs[0], x)
     torch.testing.assert_close(kept.train_targets, y[:, 0])

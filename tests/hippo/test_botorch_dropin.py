@@ -70,8 +70,9 @@ def test_known_noise_is_single_task_gp_with_train_yvar(streamed):
     gp.mean_module.load_state_dict(model.mean_module.state_dict())
     gp.eval()
     test = torch.rand(9, 2, generator=torch.Generator().manual_seed(4), dtype=DT)
-    torch.testing.assert_close(model.posterior(test).mean, gp.posterior(test).mean, rtol=0, atol=1e-6)
-    torch.testing.assert_close(model.posterior(test).variance, gp.posterior(test).variance, rtol=0, atol=1e-6)
+    # to the points' jitter (GPyTorch's variational jitter); 20 Sobol points are 0.24 off in the mean
+    torch.testing.assert_close(model.posterior(test).mean, gp.posterior(test).mean, rtol=0, atol=1e-4)
+    torch.testing.assert_close(model.posterior(test).variance, gp.posterior(test).variance, rtol=0, atol=1e-4)
 
 
 def test_the_former_positional_inducing_variables_keep_working():
@@ -119,6 +120,29 @@ def test_default_points_cover_the_unit_cube_or_the_first_batch_box():
     low, high = (100 + 10 * x).min(0).values, (100 + 10 * x).max(0).values
     assert (outside >= low - 0.1 * (high - low)).all() and (outside <= high + 0.1 * (high - low)).all()
     assert torch.equal(default_inducing_points(x, 64).points, inside)  # deterministic
+
+
+def test_default_points_start_with_the_first_batch_so_a_small_model_is_the_exact_gp():
+    """Up to num_inducing points, the first batch's inputs are inducing points: the posterior equals
+    SingleTaskGP's with the same hyperparameters (it did not with a Sobol design alone); with more points,
+    a farthest-point subset of them, no duplicate."""
+    x, y = data()
+    points = default_inducing_points(x, 64).points
+    torch.testing.assert_close(points[: x.shape[0]], torch.unique(x, dim=0))
+    model = OnlineGPModel(x, y, fit_maxiter=0, num_inducing=x.shape[0])
+    gp = SingleTaskGP(x, y)
+    for name in ("covar_module", "likelihood", "mean_module"):
+        getattr(gp, name).load_state_dict(getattr(model, name).state_dict())
+    gp.eval()
+    test = torch.rand(9, 2, generator=torch.Generator().manual_seed(3), dtype=DT)
+    # to the points' jitter (GPyTorch's variational jitter); 20 Sobol points are 0.24 off in the mean
+    torch.testing.assert_close(model.posterior(test).mean, gp.posterior(test).mean, rtol=0, atol=1e-4)
+    torch.testing.assert_close(model.posterior(test).variance, gp.posterior(test).variance, rtol=0, atol=1e-4)
+    few = default_inducing_points(x, 5).points
+    assert few.shape == (5, 2) and torch.unique(few, dim=0).shape == (5, 2)
+    assert all(bool((x == p).all(-1).any()) for p in few)
+    spread = torch.cdist(few, few) + torch.eye(5, dtype=DT) * 9
+    assert spread.min() > torch.cdist(x[:5], x[:5]).add(torch.eye(5, dtype=DT) * 9).min()
 
 
 def test_a_one_dimensional_test_x_is_read_as_points():

@@ -107,27 +107,61 @@ def test_hippo_variables_refresh_over_the_whole_stream():
 
 def test_without_kept_data_the_exact_fit_names_what_to_call():
     x, y = data(20)
-    model = streamed(x, y)
+    model = streamed(x, y, keep_data=False)
     with pytest.raises(AttributeError, match="keep_data=True") as error:
         fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
     assert "observe" in str(error.value) and "fit_hyperparameters" in str(error.value)
 
 
-def test_a_warm_start_is_refused_by_load_state_dict_and_done_by_load_hyperparameters():
+def test_a_warm_start_by_load_state_dict_keeps_the_models_own_data_as_single_task_gp():
+    """BoTorch's closed-loop tutorial rebuilds the model on more data and loads the old model's state_dict:
+    the hyperparameters are loaded, the posterior is that of this model's own data (it used to be replaced by
+    the checkpoint's 5-point posterior); the same through ModelListGP, which calls each model's loader."""
+    from botorch.models import ModelListGP
+
     x, y = data(20, seed=2)
-    old = OnlineGPModel(x[:5], y[:5], points(), **modules(), fit_maxiter=20, keep_data=True, outcome_transform=None)
-    new = streamed(x, y, keep_data=True)
+    old = OnlineGPModel(x[:5], y[:5], points(), **modules(), fit_maxiter=20, outcome_transform=None)
+    for load in ("load_state_dict", "load_hyperparameters"):
+        new = streamed(x, y)
+        getattr(new, load)(old.state_dict())
+        torch.testing.assert_close(new.covar_module.base_kernel.lengthscale, old.covar_module.base_kernel.lengthscale)
+        assert new.num_updates.item() == 2 and new.train_targets.shape == (20,)  # its own data and counter
+        assert_same_posterior(new, fresh_like(old, x, y))
+    listed = ModelListGP(streamed(x, y), streamed(x, y))
+    listed.load_state_dict(ModelListGP(old, copy.deepcopy(old)).state_dict())
+    for model in listed.models:
+        assert_same_posterior(model, fresh_like(old, x, y))
+
+
+def test_a_warm_start_keeps_the_models_own_transforms():
+    """Standardize's statistics describe the data a model was built on: a warm start keeps them (the kept
+    targets were transformed with them), and the posterior is a fresh model's with the loaded kernel."""
+    x, y = data(20, seed=4)
+    y = 3 + 2 * y
+    old = OnlineGPModel(x[:5], y[:5], points(), **modules(), fit_maxiter=20)
+    new = OnlineGPModel(x, y, points(), **modules(), fit_maxiter=0)
+    means = new.outcome_transform.means.clone()
+    new.load_state_dict(old.state_dict())
+    torch.testing.assert_close(new.outcome_transform.means, means, rtol=0, atol=0)
+    reference = OnlineGPModel(x, y, points(), covar_module=copy.deepcopy(old.covar_module), likelihood=copy.deepcopy(old.likelihood),
+                              mean_module=copy.deepcopy(old.mean_module), fit_maxiter=0)
+    assert_same_posterior(new, reference)
+
+
+def test_without_kept_data_a_warm_start_by_load_state_dict_is_refused():
+    x, y = data(20, seed=2)
+    old = OnlineGPModel(x[:5], y[:5], points(), **modules(), fit_maxiter=0, outcome_transform=None)
+    new = streamed(x, y, keep_data=False)
     with pytest.raises(ValueError, match="load_hyperparameters"):
         new.load_state_dict(old.state_dict())
-    new.load_hyperparameters(old.state_dict())
+    new.load_hyperparameters(old.state_dict())  # the online summary carried to the loaded hyperparameters
     torch.testing.assert_close(new.covar_module.base_kernel.lengthscale, old.covar_module.base_kernel.lengthscale)
-    assert new.num_updates.item() == 2 and new.train_targets.shape == (20,)  # its own data and counter
-    assert_same_posterior(new, fresh_like(old, x, y))
 
 
 def test_a_checkpoint_rebuilds_without_data_and_refits_on_the_same_schedule():
     x, y = data(30, seed=3)
-    model = OnlineGPModel(x[:10], y[:10], points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None)
+    model = OnlineGPModel(x[:10], y[:10], points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None,
+                          keep_data=False)
     model = model.observe(x[10:15], y[10:15])  # update 2: refit
     checkpoint = copy.deepcopy(model.state_dict())
     resumed = OnlineGPModel.from_state_dict(checkpoint, points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None)
