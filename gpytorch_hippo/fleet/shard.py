@@ -28,6 +28,9 @@ __all__ = ["Shard", "PackedTask", "StreamDataError", "CHECKPOINT_FORMAT"]
 
 #: version of the checkpoint files' layout
 CHECKPOINT_FORMAT = 1
+#: ``OnlineSGPR`` buffers shared by all streams and allocated by the first task (the inputs' range seen by
+#: the captured-variance check, the time axis's origin)
+_SHARED_LAZY_BUFFERS = ("seen_input_range", "time_origin")
 
 
 class StreamDataError(ValueError):
@@ -78,7 +81,8 @@ def set_prior_summary(model: OnlineSGPR) -> None:
 def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict:
     """The state of a model of ``new_streams`` streams whose first ``old_streams`` are ``old``'s: a tensor
     whose shape depends on the number of streams (``(S, ...)``) takes ``old``'s rows then ``new``'s last
-    ones; a tensor of the same shape in both (shared hyperparameters, counters) is ``old``'s."""
+    ones; a tensor of the same shape in both (shared hyperparameters, counters) is ``old``'s, and so are
+    ``OnlineSGPR``'s buffers shared by all streams that a fresh model has not allocated yet."""
     grown = {}
     for key, fresh in new.items():
         if key not in old:
@@ -94,7 +98,10 @@ def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict
                 f"{key!r} has shape {tuple(stored.shape)} for {old_streams} streams and {tuple(fresh.shape)} for "
                 f"{new_streams}: model_factory must put the stream dimension first (GPyTorch's batch_shape=(S,))"
             )
-    unknown = sorted(set(old) - set(new))
+    for key in _SHARED_LAZY_BUFFERS:
+        if key in old and key not in new:
+            grown[key] = old[key]
+    unknown = sorted(set(old) - set(grown))
     if unknown:
         raise RuntimeError(f"model_factory({new_streams}) has no {unknown[:3]} that the model of {old_streams} streams has")
     return grown

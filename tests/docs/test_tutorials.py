@@ -10,8 +10,8 @@ import pytest
 TUTORIALS = sorted((pathlib.Path(__file__).resolve().parents[2] / "docs" / "tutorials").glob("[0-9][0-9]_*.py"))
 
 
-def test_the_seven_tutorials_are_there():
-    assert [p.name[:2] for p in TUTORIALS] == ["01", "02", "03", "04", "05", "06", "07"]
+def test_the_eight_tutorials_are_there():
+    assert [p.name[:2] for p in TUTORIALS] == ["01", "02", "03", "04", "05", "06", "07", "08"]
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])

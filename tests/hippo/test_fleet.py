@@ -324,3 +324,16 @@ def test_the_demo_writes_its_csv_and_its_batched_fleet_equals_the_loop(tmp_path)
     # more inducing points remember the first task better (the median over streams)
     median = {m: sorted(float(r["first_task_rmse_end"]) for r in rows if r["num_inducing"] == str(m))[len(picked) // 2] for m in (12, 48)}
     assert median[48] < median[12]
+
+
+def test_the_guide_example_restores_its_fleet(run_readme_block, capsys):
+    namespace = run_readme_block("StreamFleet.restore(checkpoints")
+    fleet, mean = namespace["fleet"], namespace["mean"]
+    assert sorted(fleet.stream_ids) == ["meter-a", "meter-b", "meter-c"] and fleet.task_ids == {"task-0", "task-1"}
+    t = namespace["t"]
+    alone = namespace["model_factory"](1)  # meter-c alone: one task of ones
+    alone.update((t + 2).view(1, -1, 1), torch.ones(1, 40, dtype=DT))
+    alone.eval()
+    with torch.no_grad():
+        reference = alone(torch.linspace(0, 4, 9, dtype=DT).view(1, -1, 1)).mean[0]
+    torch.testing.assert_close(mean[1], reference, rtol=0, atol=1e-8)
