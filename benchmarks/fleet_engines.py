@@ -14,6 +14,7 @@ creation are reported apart.
     python benchmarks/fleet_engines.py                       # S = 400 streams, 20 tasks of 50 points, M = 32
     python benchmarks/fleet_engines.py --streams 2000 --tasks 10
     python benchmarks/fleet_engines.py --no-ray              # checkpoint cost only (no Ray installed)
+    python benchmarks/fleet_engines.py --no-ray --device cuda --streams 10000
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ DT = torch.float64
 class PointsFactory:
     """``num_streams`` streams of OSGPR-fixed: ``M`` points on ``[0, horizon]``, one length scale and noise."""
 
-    def __init__(self, num_inducing: int, horizon: float):
-        self.num_inducing, self.horizon = num_inducing, horizon
+    def __init__(self, num_inducing: int, horizon: float, device: str = "cpu"):
+        self.num_inducing, self.horizon, self.device = num_inducing, horizon, device
 
     def __call__(self, num_streams: int) -> OnlineSGPR:
         batch = torch.Size([num_streams])
@@ -45,7 +46,8 @@ class PointsFactory:
         likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double()
         likelihood.noise = 0.05
         points = torch.linspace(0, self.horizon, self.num_inducing, dtype=DT).expand(num_streams, -1).unsqueeze(-1).clone()
-        return OnlineSGPR(InducingPoints(points, learn=False), kernel, likelihood, captured_variance_warning=None)
+        model = OnlineSGPR(InducingPoints(points, learn=False), kernel, likelihood, captured_variance_warning=None)
+        return model.to(self.device)
 
 
 def fleet_tasks(streams: int, tasks: int, size: int, seed: int = 0) -> list[dict]:
@@ -68,6 +70,8 @@ def timed_run(fleet: StreamFleet, task_list: list[dict], test_x: torch.Tensor) -
     start = time.perf_counter()
     for k, data in enumerate(task_list[1:], start=1):
         fleet.update(k, data)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / (len(task_list) - 1)
     return seconds, fleet.predict(sorted(fleet.stream_ids), test_x)[0]
 
@@ -87,12 +91,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=50)
     parser.add_argument("--inducing", type=int, default=32)
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray engine")
+    parser.add_argument("--device", default="cpu", help="where the shards' models live (local engine; e.g. cuda)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    factory = PointsFactory(args.inducing, float(args.tasks))
+    factory = PointsFactory(args.inducing, float(args.tasks), args.device)
     task_list = fleet_tasks(args.streams, args.tasks, args.size)
     test_x = torch.linspace(0, args.tasks, 20, dtype=DT)
-    print(f"S = {args.streams} streams, {args.tasks} tasks of {args.size} points, M = {args.inducing}, 2 shards")
+    print(f"S = {args.streams} streams, {args.tasks} tasks of {args.size} points, M = {args.inducing}, 2 shards, "
+          f"models on {args.device}")
 
     local_runs, saved_runs = [], []
     for _ in range(2):  # alternated, the faster of two: the machine may be busy with other work

@@ -6,7 +6,7 @@
 #   the LibriVox clips, in the git-ignored gpu_kit/; copy it beside the checkout)
 # On the GPU machine:   bash benchmarks/gpu_session.sh PART OUTDIR
 #   PART = tests  the CUDA device tests and the compiled SGPA step on CUDA            (~3 min)
-#          bench  HiPPO scan / inducing backends / online scaling with --device cuda   (~6 min)
+#          bench  HiPPO scan / inducing backends / online scaling / a StreamFleet's shards with --device cuda (~7 min)
 #          sgpa   SGPA vs MLE at the thesis's CIFAR scale: eager, compiled, profile    (~6 min)
 # Each part writes PART_*.txt files (and Chrome traces for sgpa) into the output folder.
 set -u
@@ -34,7 +34,9 @@ tests)
 bench)
     run hippo_scan python3 benchmarks/hippo_scan.py --device cuda
     run hippo_inducing python3 benchmarks/hippo_inducing.py --device cuda
-    run online_scaling python3 benchmarks/online_scaling.py --device cuda --budget-s 60 ;;
+    run online_scaling python3 benchmarks/online_scaling.py --device cuda --budget-s 60
+    run fleet_engines python3 benchmarks/fleet_engines.py --no-ray --device cuda --streams 2000 --tasks 10
+    run fleet_engines_cpu python3 benchmarks/fleet_engines.py --no-ray --streams 2000 --tasks 10 ;;
 sgpa)
     run count_ops python3 benchmarks/sgpa_cost.py --preset cifar --device cuda --count-ops --sampler decomposed diagonal full
     run cost_eager python3 benchmarks/sgpa_cost.py --preset cifar --device cuda

@@ -184,7 +184,7 @@ class Shard:
 
     def load(self) -> None:
         """Replace the in-memory state by the checkpoint's."""
-        state = torch.load(checkpoint_path(self.checkpoint_dir, self.index), weights_only=True)
+        state = torch.load(checkpoint_path(self.checkpoint_dir, self.index), weights_only=True, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT or state.get("index") != self.index:
             raise RuntimeError(f"{checkpoint_path(self.checkpoint_dir, self.index)} is not a checkpoint of shard {self.index} "
                                f"in format {CHECKPOINT_FORMAT}")
@@ -225,7 +225,7 @@ class Shard:
         model = self._grown(new_streams) if new_streams else self.model
         stream_ids = self.stream_ids + new_streams
         if model is not None and int(task.counts.sum()) > 0:
-            x, y, mask = task.padded(stream_ids)
+            x, y, mask = (tensor.to(model.num_tasks.device) for tensor in task.padded(stream_ids))
             if self.before_update is not None:
                 self.before_update(model, x, mask)
             try:
@@ -239,17 +239,19 @@ class Shard:
 
     def predict(self, stream_ids: list, x: Tensor, observation_noise: bool = False) -> tuple[Tensor, Tensor]:
         """Mean and variance ``(len(stream_ids), n)`` of the latent ``f`` (``observation_noise``: of ``y``)
-        at ``x`` (``(len(stream_ids), n, d)``) for streams of this shard."""
+        at ``x`` (``(len(stream_ids), n, d)``) for streams of this shard, on the CPU (the model may live on
+        another device: tasks are moved to it)."""
         rows = [self.stream_ids.index(s) for s in stream_ids]
+        model = self.model
         inputs = x[:1].expand(len(self.stream_ids), *x.shape[1:]).clone()
         inputs[rows] = x
-        model = self.model
+        inputs = inputs.to(model.num_tasks.device)
         model.eval()
         with torch.no_grad():
             output = model(inputs)
             if observation_noise:
                 output = model.likelihood(output)
-            return output.mean[rows], output.variance[rows]
+            return output.mean[rows].cpu(), output.variance[rows].cpu()
 
     def summary(self) -> dict:
         """``{"stream_ids": [...], "task_ids": [...]}`` of this shard."""
