@@ -2,6 +2,7 @@
 midway; a task delivered twice is absorbed once; a crash between two shards' checkpoints and a killed Ray
 actor resume to the uninterrupted run."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -201,6 +202,23 @@ def test_nan_in_a_stream_names_its_id_and_no_shard_absorbs_the_task():
     assert caught.value.stream_ids == ["meter-1"] and shard.task_ids == {"t0"}
 
 
+def test_before_update_sees_each_shards_batched_task():
+    """The hook gets the shard's model (all its streams, new ones included) and the padded task: a row has
+    points exactly where its stream has points in the task."""
+    calls = []
+    fleet = StreamFleet(model_factory, num_shards=2,
+                        before_update=lambda model, x, mask: calls.append((model.posterior_chol, x.clone(), mask.clone())))
+    task_list = tasks(3)
+    for k, data in enumerate(task_list):
+        fleet.update(k, data)
+        for shard, (_, x, mask) in zip(fleet.shards, calls[-2:]):
+            assert x.shape[:2] == mask.shape and mask.shape[0] == len(shard)
+            for row, stream in enumerate(shard):
+                count = data[stream][1].shape[0] if stream in data else 0
+                assert mask[row].sum() == count and torch.equal(x[row, :count, 0], data[stream][0] if count else x[row, :0, 0])
+    assert len(calls) == 6 and calls[0][0] is None and calls[2][0] is not None  # before the first task: no posterior
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="engine"):
         StreamFleet(model_factory, engine="spark")
@@ -242,33 +260,44 @@ def ray_instance():
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def test_ray_engine_equals_the_local_engine_and_survives_killed_actors(ray_instance, tmp_path):
-    """Two shards on Ray actors: equal to the local engine; then shard 1's actor is killed between tasks, and
-    shard 0's actor is killed while shard 1 has absorbed a task that shard 0 has not (the crash window of a
-    task delivered to some shards only): the fleet restarts both from their checkpoints and ends equal to
-    the uninterrupted run."""
-    ray = ray_instance
+def test_ray_engine_equals_the_local_engine_and_a_new_driver_restores_it(ray_instance, tmp_path):
+    """Two shards on Ray actors, checkpointed: equal to the local engine (same shards, same task ids); then a
+    new fleet object restores the actors from the checkpoints."""
     task_list = tasks()
     local = StreamFleet(model_factory, num_shards=2)
     reference = run(local, task_list)
-    with StreamFleet(model_factory, engine="ray", num_shards=2) as fleet:
+    with StreamFleet(model_factory, engine="ray", num_shards=2, checkpoint_dir=tmp_path) as fleet:
         result = run(fleet, task_list)
         assert fleet.shards == local.shards and fleet.task_ids == local.task_ids
     for a, b in zip(reference, result):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    with StreamFleet.restore(tmp_path, model_factory, engine="ray") as restored:
+        assert restored.shards == local.shards and restored.task_ids == {0, 1, 2, 3}
+        for a, b in zip(reference, restored.predict(STREAMS, TEST_X)):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
+
+def test_ray_engine_survives_killed_actors(ray_instance, tmp_path):
+    """Shard 1's actor is killed between tasks (``ray.kill``); shard 0's while shard 1 has absorbed a task that
+    shard 0 has not (the crash window of a task delivered to some shards only); shard 1's process is killed
+    (SIGKILL). The fleet restarts each from its checkpoint and ends equal to the uninterrupted run."""
+    ray = ray_instance
+    task_list = tasks()
+    reference = run(StreamFleet(model_factory, num_shards=2), task_list)
     fleet = StreamFleet(model_factory, engine="ray", num_shards=2, checkpoint_dir=tmp_path)
     fleet.update(0, task_list[0])
     pid = ray.get(fleet._engine.actors[1].pid.remote())
     ray.kill(fleet._engine.actors[1])
     fleet.update(1, task_list[1])
     assert ray.get(fleet._engine.actors[1].pid.remote()) != pid and fleet._engine.restarts == 1
-    part = {s: fleet_data for s, fleet_data in task_list[2].items() if shard_of(s, 2) == 1}
+    part = {s: pair for s, pair in task_list[2].items() if shard_of(s, 2) == 1}
     ray.get(fleet._engine.actors[1].call.remote("update", (2, shard_data(part, part))))
     ray.kill(fleet._engine.actors[0])
     assert fleet.update(2, task_list[2])  # shard 0 restarted and absorbs task 2; shard 1 skips it
     assert fleet._engine.restarts == 2
+    os.kill(ray.get(fleet._engine.actors[1].pid.remote()), signal.SIGKILL)
     result = run(fleet, task_list, first=3)
+    assert fleet._engine.restarts == 3
     for a, b in zip(reference, result):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     fleet.close()
