@@ -102,6 +102,8 @@ class _RayEngine:
 
     def restart(self, k: int) -> None:
         """Replace shard ``k``'s actor by one that resumes from the checkpoint."""
+        if self.shard_arguments(k)[2] is None:
+            raise RuntimeError(f"shard {k}'s actor died and the fleet has no checkpoint_dir: its streams' state is lost")
         if self.restarts >= self.max_restarts:
             raise RuntimeError(f"shard {k}'s actor died and {self.restarts} restarts were spent (max_restarts)")
         self.restarts += 1

@@ -303,6 +303,18 @@ def test_ray_engine_survives_killed_actors(ray_instance, tmp_path):
     fleet.close()
 
 
+def test_a_dead_actor_without_checkpoints_is_an_error_not_an_empty_shard():
+    from gpytorch_hippo.fleet.fleet import _RayEngine
+
+    engine = _RayEngine.__new__(_RayEngine)  # the restart rule alone, no Ray needed
+    engine.shard_arguments, engine.restarts, engine.max_restarts = (lambda k: (k, model_factory, None, None)), 0, 100
+    with pytest.raises(RuntimeError, match="no checkpoint_dir"):
+        engine.restart(1)
+    engine.shard_arguments, engine.restarts = (lambda k: (k, model_factory, "checkpoints", None)), 100
+    with pytest.raises(RuntimeError, match="100 restarts"):
+        engine.restart(1)
+
+
 def test_the_ray_engine_without_ray_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as where it is not installed
     with pytest.raises(ImportError, match=r'pip install "probseq\[fleet\]"'):
