@@ -169,7 +169,17 @@ class StreamFleet:
 
     def __init__(self, model_factory: Callable[[int], OnlineSGPR], engine: str = "local", num_shards: int = 1,
                  checkpoint_dir: str | os.PathLike | None = None, before_update: Callable | None = None,
-                 ray_init: dict | None = None, actor_options: dict | None = None, max_restarts: int = 100, *, _resume: bool = False):
+                 ray_init: dict | None = None, actor_options: dict | None = None, max_restarts: int = 100):
+        manifest = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)
+        if manifest is not None and os.path.exists(manifest):
+            raise FileExistsError(f"{checkpoint_dir} holds a fleet already: resume it with StreamFleet.restore")
+        self._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts,
+                    resume=False)
+        if manifest is not None:
+            atomic_save_json({"num_shards": num_shards}, manifest)
+
+    def _start(self, model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts,
+               resume: bool) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
@@ -180,37 +190,36 @@ class StreamFleet:
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         if self.checkpoint_dir is not None:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
-            manifest = os.path.join(self.checkpoint_dir, _FLEET_FILE)
-            if not _resume:
-                if os.path.exists(manifest):
-                    raise FileExistsError(f"{self.checkpoint_dir} holds a fleet already: resume it with StreamFleet.restore")
-                atomic_save_json({"num_shards": num_shards}, manifest)
 
         def shard_arguments(k: int) -> tuple:
             return (k, model_factory, self.checkpoint_dir, before_update)
 
         if engine == "local":
-            self._engine = _LocalEngine(lambda k, resume: Shard(*shard_arguments(k), resume=resume), num_shards, _resume)
+            self._engine = _LocalEngine(lambda k, resume: Shard(*shard_arguments(k), resume=resume), num_shards, resume)
         else:
-            self._engine = _RayEngine(shard_arguments, num_shards, _resume, ray_init, actor_options, max_restarts)
+            self._engine = _RayEngine(shard_arguments, num_shards, resume, ray_init, actor_options, max_restarts)
         self._members: list[list] = [[] for _ in range(num_shards)]
         self._task_ids: list[set] = [set() for _ in range(num_shards)]
-        if _resume:
+        if resume:
             for k, summary in self._engine.call("summary", {k: () for k in range(num_shards)}).items():
                 self._members[k], self._task_ids[k] = summary["stream_ids"], set(summary["task_ids"])
 
     @classmethod
     def restore(cls, checkpoint_dir: str | os.PathLike, model_factory: Callable[[int], OnlineSGPR], engine: str = "local",
-                **options) -> StreamFleet:
+                before_update: Callable | None = None, ray_init: dict | None = None, actor_options: dict | None = None,
+                max_restarts: int = 100) -> StreamFleet:
         """The fleet whose checkpoints are in ``checkpoint_dir`` (its ``num_shards`` read from there), each shard
         at its last written task; deliver again the tasks after the last one :meth:`update` returned from
-        (tasks a shard absorbed already are skipped). ``options``: as for the constructor."""
+        (tasks a shard absorbed already are skipped). The other arguments: as for the constructor."""
         manifest = os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)
         if not os.path.exists(manifest):
             raise FileNotFoundError(f"{manifest} not found: {checkpoint_dir} holds no fleet")
         with open(manifest) as file:
             num_shards = json.load(file)["num_shards"]
-        return cls(model_factory, engine=engine, num_shards=num_shards, checkpoint_dir=checkpoint_dir, _resume=True, **options)
+        fleet = cls.__new__(cls)
+        fleet._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts,
+                     resume=True)
+        return fleet
 
     # ------------------------------------------------------------------ membership
     @property
