@@ -343,9 +343,20 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         (``keep_data=True``) with the new hyperparameters, so that it equals a fresh model's; without kept
         data the stored ``q(u)`` is carried to them as the online update carries it (Bui et al. 2017)."""
         super().train(mode)
+        for name in ("input_transform", "outcome_transform"):  # statistics of the first batch, then fixed
+            if hasattr(self, name):
+                getattr(self, name).eval()
         if not mode and not self._internal_refit and self.stored_inputs is not None and self._hyperparameters_changed():
             self.refresh_posterior()
         return self
+
+    def transform_inputs(self, X: Tensor, input_transform=None) -> Tensor:
+        """BoTorch's input transform in eval mode; in train mode the identity, because the inputs a training
+        loop or ``fit_gpytorch_mll`` passes (:attr:`train_inputs`) are in the model space already (a second
+        transform would re-learn ``Normalize``'s bounds from them)."""
+        if self.training:
+            return X
+        return super().transform_inputs(X, input_transform=input_transform)
 
     def refresh_posterior(self) -> None:
         """Recompute the stored posterior from all kept data (``keep_data=True``) with the current
@@ -360,11 +371,11 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         self._record_hyperparameters()
 
     def load_hyperparameters(self, state_dict: dict) -> None:
-        """Warm start: load the kernel, likelihood and mean of ``state_dict`` and keep this model's data,
-        counters, transforms (their statistics describe this model's data) and posterior (recomputed from the
-        kept data with the loaded hyperparameters when ``keep_data=True``)."""
+        """Warm start: load the kernel and likelihood of ``state_dict`` and keep this model's data, counters,
+        transforms and mean (fitted to this model's first batch in its outcome space, and fixed after it) and
+        posterior (recomputed from the kept data with the loaded hyperparameters when ``keep_data=True``)."""
         own = ("online.posterior", "online.num_tasks", "online.seen_input_range", "online.inducing_variables", "num_updates",
-               "stored_", "known_noise_flag", "online.time_origin", "input_transform.", "outcome_transform.")
+               "stored_", "known_noise_flag", "online.time_origin", "input_transform.", "outcome_transform.", "online.mean_module.")
         hyperparameters = {k: v for k, v in state_dict.items() if not k.startswith(own)}
         with self._own_update():
             result = super().load_state_dict(hyperparameters, strict=False)

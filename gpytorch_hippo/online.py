@@ -650,8 +650,16 @@ class OnlineSGPR(gpytorch.Module):
         _check_streams_finite(torch.where(mask.unsqueeze(-1), train_x, 0.0).sum(-1), "at observed entries", "train_x")
         if not bool(mask.any()):
             return train_x, train_y, None
-        fill = train_x[mask][0]  # any observed input: finite and within reach, multiplied by zero
-        train_x = torch.where(mask.unsqueeze(-1), train_x, fill)
+        # padding takes an observed input of its own stream (finite and within that stream's reach; multiplied by
+        # zero); a stream without points takes its support's end if its variables have one (it is kept as it was)
+        fill = train_x[mask][0].expand(train_x.shape[:-2] + train_x.shape[-1:]).clone()
+        supports = getattr(self.inducing_variables, "stream_supports", lambda: None)()
+        if supports is not None and train_x.dim() == 3 and train_x.shape[-1] == 1:
+            fill[:, 0] = supports[:, 1].to(fill)
+        first = mask.to(torch.int8).argmax(-1, keepdim=True)  # (..., 1): the first observed point of each stream
+        own = torch.gather(train_x, -2, first.unsqueeze(-1).expand(*first.shape, train_x.shape[-1])).squeeze(-2)
+        fill = torch.where(mask.any(-1, keepdim=True), own, fill)
+        train_x = torch.where(mask.unsqueeze(-1), train_x, fill.unsqueeze(-2))
         return train_x, torch.where(mask, train_y, torch.zeros((), dtype=train_y.dtype)), mask
 
     def _fit(self, train_x, train_y, noise, num_iter: int, lr: float, optimizer: str, progress: bool,
@@ -703,7 +711,11 @@ class OnlineSGPR(gpytorch.Module):
             return
         ivs = self.inducing_variables
         grid = train_x
-        if train_x.shape[-1] == 1:
+        supports = getattr(ivs, "stream_supports", lambda: None)()
+        if supports is not None:  # batched streams with their own supports: a grid over each stream's
+            unit = torch.linspace(0, 1, 32, dtype=torch.float64)
+            grid = (supports[:, :1] + (supports[:, 1:] - supports[:, :1]) * unit).unsqueeze(-1).to(train_x)
+        elif train_x.shape[-1] == 1:
             low, high = float(train_x.min()), float(train_x.max())
             support = ivs.input_support()
             if self.seen_input_range is not None:
@@ -723,7 +735,9 @@ class OnlineSGPR(gpytorch.Module):
         self.last_captured_variance = float(captured.min())
         if self.last_captured_variance < self._warning_level:
             worst = f"{per_point.min().item():.1%} at worst"
-            if train_x.shape[-1] == 1:
+            if captured.dim() == 1:  # batched streams: name the worst one
+                worst += f", stream {int(captured.argmin())}"
+            elif train_x.shape[-1] == 1:
                 worst += f", at x = {grid[per_point.reshape(-1, grid.shape[-2]).min(0).values.argmin(), 0].item():.4g}"
             self._warning_level = self.last_captured_variance / 2
             warnings.warn(

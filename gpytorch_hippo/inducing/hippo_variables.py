@@ -37,6 +37,8 @@ tasks was built with their length scale, and a changed length scale then raises 
 """
 from __future__ import annotations
 
+import inspect
+
 import gpytorch
 import torch
 from linear_operator import to_dense
@@ -48,6 +50,7 @@ from ..hippo import HiPPO
 from ..timeaxis import is_datetime_like
 from .banded import BandedBackend, _span
 from .base import InducingVariables
+from .batched import BatchedInducingVariables
 from .cost import MAX_TIME, kernel_reach, lengthscale_of
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
@@ -92,12 +95,22 @@ class HiPPOInducingVariables(InducingVariables):
         and cannot go negative.  ``"ode"`` (the thesis): ``Kfu`` rows solve the ODE driven by the
         exact kernel; with few features the Monte-Carlo error of ``Kuu`` alone can make the
         residual negative (a ``RuntimeWarning`` says so where it is used).
+    :param batch_shape: ``torch.Size([S])`` for ``S`` independent streams, each with its own bases and clock
+        (``t`` a number or a tensor ``(S,)``; ``advance`` takes either): returns a
+        :class:`~gpytorch_hippo.inducing.batched.BatchedInducingVariables` of ``S`` such sets, whose covariances
+        are ``(S, M, M)`` and ``(S, M, N)`` stacks under a kernel with ``batch_shape=(S,)`` (per-stream
+        hyperparameters) or without one (shared). 1-D inputs, every backend.
 
     **Conditioning.** The eigenvalues of ``Kuu`` decay like the kernel's spectral density at
     frequencies ``~ m / t``, so its condition number is set by the jitter: at most ``M / ε``
     with the relative default.  Quadrature and spectral matrices are symmetric PSD before the
     jitter; feature estimates ``ZᵀZ`` are PSD by construction.
     """
+
+    def __new__(cls, *args, batch_shape: torch.Size | None = None, **kwargs):
+        if batch_shape is None or tuple(batch_shape) == ():
+            return super().__new__(cls)
+        return _batched(cls, batch_shape, *args, **kwargs)
 
     def __init__(
         self,
@@ -117,6 +130,7 @@ class HiPPOInducingVariables(InducingVariables):
         seed: int = 0,
         kuf: str | None = None,
         features: str | None = None,
+        batch_shape: torch.Size | None = None,
     ):
         super().__init__(jitter=jitter)
         if method not in METHODS:
@@ -433,3 +447,21 @@ def _check_time(value, name: str) -> float:
     if abs(value) > MAX_TIME:
         raise ValueError(f"{name} must have magnitude at most {MAX_TIME:g} (squared distances overflow beyond), got {value!r}")
     return value
+
+
+def _batched(cls, batch_shape, *args, **kwargs) -> BatchedInducingVariables:
+    """``S`` independent streams' HiPPO bases, each with its own clock ``t[s]`` (``t``: a number or ``(S,)``)."""
+    if len(tuple(batch_shape)) != 1 or int(tuple(batch_shape)[0]) < 1:
+        raise ValueError(f"batch_shape must be torch.Size([S]) with S >= 1 streams, got {batch_shape!r}")
+    size = int(tuple(batch_shape)[0])
+    kwargs = dict(inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments)
+    kwargs.pop("self")
+    t = kwargs.pop("t", 1.0)
+    if kwargs.get("input_dim", 1) != 1:
+        raise ValueError("batched streams need 1-D time inputs (input_dim=1): the path memory of multidimensional inputs is per model")
+    clocks = torch.as_tensor(t, dtype=torch.float64).detach().cpu()
+    if clocks.dim() == 0:
+        clocks = clocks.expand(size)
+    if clocks.shape != (size,):
+        raise ValueError(f"t must be a number or have shape ({size},), got {tuple(clocks.shape)}")
+    return BatchedInducingVariables([cls(t=float(clock), **kwargs) for clock in clocks.tolist()])

@@ -38,10 +38,12 @@ def streamed(x, y, split=10, **kwargs):
     return model.condition_on_observations(x[split:], y[split:])
 
 
-def fresh_like(model, x, y):
-    """A model built on all of ``(x, y)`` at once with ``model``'s hyperparameters (no fit)."""
+def fresh_like(model, x, y, mean_from=None):
+    """A model built on all of ``(x, y)`` at once with ``model``'s hyperparameters (no fit; the mean of
+    ``mean_from`` if given)."""
+    mean = (model if mean_from is None else mean_from).mean_module
     return OnlineGPModel(x, y, copy.deepcopy(model.inducing_variables), covar_module=copy.deepcopy(model.covar_module),
-                         likelihood=copy.deepcopy(model.likelihood), mean_module=copy.deepcopy(model.mean_module),
+                         likelihood=copy.deepcopy(model.likelihood), mean_module=copy.deepcopy(mean),
                          fit_maxiter=0, outcome_transform=None)
 
 
@@ -115,8 +117,9 @@ def test_without_kept_data_the_exact_fit_names_what_to_call():
 
 def test_a_warm_start_by_load_state_dict_keeps_the_models_own_data_as_single_task_gp():
     """BoTorch's closed-loop tutorial rebuilds the model on more data and loads the old model's state_dict:
-    the hyperparameters are loaded, the posterior is that of this model's own data (it used to be replaced by
-    the checkpoint's 5-point posterior); the same through ModelListGP, which calls each model's loader."""
+    the kernel and likelihood are loaded, the posterior is that of this model's own data and mean (it used to
+    be replaced by the checkpoint's 5-point posterior); the same through ModelListGP, which calls each
+    model's loader."""
     from botorch.models import ModelListGP
 
     x, y = data(20, seed=2)
@@ -126,16 +129,16 @@ def test_a_warm_start_by_load_state_dict_keeps_the_models_own_data_as_single_tas
         getattr(new, load)(old.state_dict())
         torch.testing.assert_close(new.covar_module.base_kernel.lengthscale, old.covar_module.base_kernel.lengthscale)
         assert new.num_updates.item() == 2 and new.train_targets.shape == (20,)  # its own data and counter
-        assert_same_posterior(new, fresh_like(old, x, y))
+        assert_same_posterior(new, fresh_like(old, x, y, mean_from=streamed(x, y)))
     listed = ModelListGP(streamed(x, y), streamed(x, y))
     listed.load_state_dict(ModelListGP(old, copy.deepcopy(old)).state_dict())
     for model in listed.models:
-        assert_same_posterior(model, fresh_like(old, x, y))
+        assert_same_posterior(model, fresh_like(old, x, y, mean_from=streamed(x, y)))
 
 
 def test_a_warm_start_keeps_the_models_own_transforms():
-    """Standardize's statistics describe the data a model was built on: a warm start keeps them (the kept
-    targets were transformed with them), and the posterior is a fresh model's with the loaded kernel."""
+    """Standardize's statistics and the mean describe the data a model was built on: a warm start keeps them
+    (the kept targets were transformed with them), and the posterior is a fresh model's with the loaded kernel."""
     x, y = data(20, seed=4)
     y = 3 + 2 * y
     old = OnlineGPModel(x[:5], y[:5], points(), **modules(), fit_maxiter=20)
@@ -144,7 +147,7 @@ def test_a_warm_start_keeps_the_models_own_transforms():
     new.load_state_dict(old.state_dict())
     torch.testing.assert_close(new.outcome_transform.means, means, rtol=0, atol=0)
     reference = OnlineGPModel(x, y, points(), covar_module=copy.deepcopy(old.covar_module), likelihood=copy.deepcopy(old.likelihood),
-                              mean_module=copy.deepcopy(old.mean_module), fit_maxiter=0)
+                              mean_module=copy.deepcopy(new.mean_module), fit_maxiter=0)
     assert_same_posterior(new, reference)
 
 
@@ -202,3 +205,27 @@ def test_predictive_entropy_search_reads_the_kept_data_as_single_task_gp():
     ours = qPredictiveEntropySearch(model, optimal_inputs=optimal_inputs)(X)
     theirs = qPredictiveEntropySearch(gp, optimal_inputs=optimal_inputs)(X)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+
+
+def test_fit_gpytorch_mll_keeps_normalizes_bounds_and_matches_single_task_gp():
+    """BoTorch's closure passes model.transform_inputs(train_inputs) in train mode; the kept inputs are in
+    the model space already, so a second Normalize re-learned its bounds from them ([0, 1]) and silently
+    shifted every later prediction. With the first batch's inputs as inducing points and the same data,
+    noise and input transform, the fitted model equals SingleTaskGP's."""
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.input import Normalize
+
+    generator = torch.Generator().manual_seed(1)
+    x = 0.2 + 0.6 * torch.rand(16, 3, generator=generator, dtype=DT)
+    y = torch.sin(5 * x[:, :1]) + x[:, 1:2] ** 2 + 0.1 * torch.randn(16, 1, generator=generator, dtype=DT)
+    yvar = torch.full_like(y, 0.01)
+    gp = SingleTaskGP(x, y, yvar, input_transform=Normalize(d=3))
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+    model = OnlineGPModel(x, y, yvar, input_transform=Normalize(d=3))
+    offset = model.input_transform.offset.clone()
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    torch.testing.assert_close(model.input_transform.offset, offset, rtol=0, atol=0)
+    torch.testing.assert_close(model.covar_module.lengthscale, gp.covar_module.lengthscale, rtol=1e-3, atol=0)
+    test = torch.rand(6, 3, generator=generator, dtype=DT)
+    torch.testing.assert_close(model.posterior(test).mean, gp.posterior(test).mean, rtol=0, atol=1e-4)
+    torch.testing.assert_close(model.posterior(test).variance, gp.posterior(test).variance, rtol=0, atol=1e-4)

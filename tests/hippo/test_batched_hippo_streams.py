@@ -1,0 +1,150 @@
+"""Independent streams with HiPPO bases as one batched ``OnlineSGPR``, each stream with its own clock:
+each stream equals its own single-stream model (lyapunov and spectral backends) through ragged tasks,
+a stream without points, per-stream ``advance`` and a ``state_dict`` reload."""
+import copy
+import warnings
+
+import gpytorch
+import pytest
+import torch
+
+from gpytorch_hippo import HiPPOInducingVariables, InputsOutsideSupportError, OnlineSGPR
+from gpytorch_hippo.inducing.batched import BatchedInducingVariables
+
+DT = torch.float64
+S, M = 3, 12
+LENGTHSCALES = torch.tensor([0.6, 1.0, 2.0], dtype=DT)
+NOISES = torch.tensor([0.01, 0.03, 0.1], dtype=DT)
+STARTS = torch.tensor([2.0, 3.0, 2.5], dtype=DT)  # each stream's first clock
+
+
+def kernel(batch=torch.Size([])):
+    base = gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch)
+    return gpytorch.kernels.ScaleKernel(base, batch_shape=batch).double()
+
+
+def batched_model(method):
+    k = kernel(torch.Size([S]))
+    k.base_kernel.lengthscale = LENGTHSCALES.view(S, 1, 1)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([S])).double()
+    likelihood.noise = NOISES.view(S, 1)
+    ivs = HiPPOInducingVariables(M, "legs", t=STARTS, method=method, batch_shape=torch.Size([S]))
+    return OnlineSGPR(ivs, k, likelihood, captured_variance_warning=None)
+
+
+def single_model(s, method):
+    k = kernel()
+    k.base_kernel.lengthscale = LENGTHSCALES[s]  # a float64 tensor: a Python float goes through float32
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = NOISES[s]
+    return OnlineSGPR(HiPPOInducingVariables(M, "legs", t=STARTS[s].item(), method=method), k, likelihood,
+                      captured_variance_warning=None)
+
+
+def ragged_tasks(num_tasks=4, size=10, seed=0):
+    """Stream s's task k lies in (clock_{k-1}, clock_k]; random points missing; stream 1 has no point in
+    task 2 (its clock stays)."""
+    generator = torch.Generator().manual_seed(seed)
+    clocks, tasks = STARTS.clone(), []
+    for k in range(num_tasks):
+        ends = clocks + (0 if k == 0 else 1.5 + torch.arange(S, dtype=DT) * 0.5)
+        mask = torch.rand(S, size, generator=generator) > 0.3
+        if k == 2:
+            mask[1] = False
+            ends[1] = clocks[1]
+        starts = torch.where(torch.full((S,), k == 0), torch.zeros(S, dtype=DT), clocks)
+        x = starts.view(S, 1) + (ends - starts).view(S, 1) * torch.rand(S, size, generator=generator, dtype=DT)
+        y = torch.sin(2 * x) + 0.05 * torch.randn(S, size, generator=generator, dtype=DT)
+        tasks.append((ends.clone(), x.unsqueeze(-1), torch.where(mask, y, torch.nan), mask))
+        clocks = ends
+    return tasks
+
+
+@pytest.mark.parametrize("method", ["lyapunov", "spectral"])
+def test_each_stream_equals_its_own_model_with_its_own_clock(method):
+    batched = batched_model(method)
+    singles = [single_model(s, method) for s in range(S)]
+    tasks = ragged_tasks()
+    for k, (ends, x, y, mask) in enumerate(tasks):
+        if k > 0:
+            batched.inducing_variables.advance(ends)
+            for s in range(S):
+                if ends[s] > singles[s].inducing_variables.t:
+                    singles[s].inducing_variables.advance(ends[s].item())
+        before = [t.clone() for t in batched._summary()] if batched.has_posterior else None
+        batched.update(x, y, mask=mask)
+        for s in range(S):
+            if mask[s].any():
+                singles[s].update(x[s][mask[s]], y[s][mask[s]])
+        if k == 2:  # stream 1 saw nothing: its stored posterior is exactly what it was
+            assert all(torch.equal(old[1], new[1]) for old, new in zip(before, batched._summary()))
+        if k == 1:  # save and reload in the middle of the stream, the single models too
+            reloaded = batched_model(method)
+            reloaded.load_state_dict(copy.deepcopy(batched.state_dict()))
+            batched = reloaded
+            for s in range(S):
+                single = single_model(s, method)
+                single.load_state_dict(copy.deepcopy(singles[s].state_dict()))
+                singles[s] = single
+    torch.testing.assert_close(batched.inducing_variables.t, torch.stack([torch.tensor(s.inducing_variables.t, dtype=DT) for s in singles]))
+    test = torch.linspace(0, 8, 30, dtype=DT).expand(S, 30).unsqueeze(-1)
+    batched.eval()
+    with torch.no_grad():
+        joint = batched(test)
+        for s, single in enumerate(singles):
+            single.eval()
+            alone = single(test[s])
+            torch.testing.assert_close(joint.mean[s], alone.mean, rtol=0, atol=1e-8)
+            torch.testing.assert_close(joint.variance[s], alone.variance, rtol=0, atol=1e-8)
+
+
+def test_first_task_fit_gives_each_stream_its_own_hyperparameters():
+    """num_iter on the first task maximises the sum of the streams' bounds: each stream's bound and its
+    gradient in that stream's hyperparameters equal those of its own model (the bounds do not interact),
+    and a fit moves every stream's length scale."""
+    ends, x, y, _ = ragged_tasks(1)[0]
+    y = torch.sin(2 * x[..., 0]) + 0.05 * torch.randn(S, x.shape[1], generator=torch.Generator().manual_seed(1), dtype=DT)
+    batched = batched_model("spectral")
+    bounds = batched._bound_and_posterior(x, y)[0]
+    bounds.sum().backward()
+    for s in range(S):
+        single = single_model(s, "spectral")
+        bound = single._bound_and_posterior(x[s], y[s])[0]
+        bound.backward()
+        torch.testing.assert_close(bounds[s], bound, rtol=1e-10, atol=0)
+        for name in ("base_kernel.raw_lengthscale", "raw_outputscale"):
+            ours = batched.covar_module.get_parameter(name).grad[s].reshape(())
+            theirs = single.covar_module.get_parameter(name).grad.reshape(())
+            torch.testing.assert_close(ours, theirs, rtol=1e-8, atol=1e-12)
+    batched.update(x, y, mask=torch.ones(S, x.shape[1], dtype=torch.bool), num_iter=10, optimizer="lbfgs")
+    assert (batched.covar_module.base_kernel.lengthscale.view(S) - LENGTHSCALES).abs().min() > 1e-3
+
+
+def test_errors_name_the_stream():
+    batched = batched_model("lyapunov")
+    ends, x, y, mask = ragged_tasks(1)[0]
+    y = y.clone()
+    y[2, int(mask[2].nonzero()[0])] = torch.nan
+    with pytest.raises(ValueError, match=r"stream\(s\) \[2\]"):
+        batched.update(x, y, mask=mask)
+    late = x.clone()
+    late[1, 0, 0] = STARTS[1] + 5.0  # beyond stream 1's clock (a forgotten advance)
+    mask[1, 0] = True
+    with pytest.raises(InputsOutsideSupportError, match="stream 1"):
+        batched.update(late, torch.nan_to_num(y), mask=mask)
+    with pytest.raises(ValueError, match="stream 0"):
+        batched.inducing_variables.advance(torch.tensor([1.0, 9.0, 9.0], dtype=DT))  # behind stream 0's clock
+    with pytest.raises(ValueError, match="input_dim"):
+        HiPPOInducingVariables(M, "legs", input_dim=2, batch_shape=torch.Size([S]))
+
+
+def test_the_captured_variance_warning_names_the_worst_stream():
+    ivs = HiPPOInducingVariables(6, "legs", t=torch.tensor([2.0, 40.0]), method="spectral", batch_shape=torch.Size([2]))
+    assert isinstance(ivs, BatchedInducingVariables)
+    model = OnlineSGPR(ivs, kernel(), gpytorch.likelihoods.GaussianLikelihood().double())
+    x = torch.stack([torch.linspace(0, 2, 10, dtype=DT), torch.linspace(0, 40, 10, dtype=DT)]).unsqueeze(-1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.update(x, torch.sin(x[..., 0]), mask=torch.ones(2, 10, dtype=torch.bool))
+    messages = [str(w.message) for w in caught if "inducing variables keep only" in str(w.message)]
+    assert messages and "stream 1" in messages[0]
