@@ -28,9 +28,6 @@ __all__ = ["Shard", "PackedTask", "StreamDataError", "CHECKPOINT_FORMAT"]
 
 #: version of the checkpoint files' layout
 CHECKPOINT_FORMAT = 1
-#: ``OnlineSGPR`` buffers shared by all streams and allocated by the first task (the inputs' range seen by
-#: the captured-variance check, the time axis's origin)
-_SHARED_LAZY_BUFFERS = ("seen_input_range", "time_origin")
 
 
 class StreamDataError(ValueError):
@@ -79,17 +76,21 @@ def set_prior_summary(model: OnlineSGPR) -> None:
 
 
 def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict:
-    """The state of a model of ``new_streams`` streams whose first ``old_streams`` are ``old``'s: a tensor
-    whose shape depends on the number of streams (``(S, ...)``) takes ``old``'s rows then ``new``'s last
-    ones; a tensor of the same shape in both (shared hyperparameters, counters) is ``old``'s, and so are
-    ``OnlineSGPR``'s buffers shared by all streams that a fresh model has not allocated yet."""
+    """The state of a model of ``new_streams`` streams whose first ``old_streams`` are ``old``'s (``new``: the state
+    of a fresh ``model_factory(new_streams)``, primed with the prior summary):
+
+    * a tensor whose shape depends on the number of streams (``(S, ...)``) takes ``old``'s rows, then ``new``'s
+      last ones;
+    * a tensor of the same shape in both (shared hyperparameters, counters), or a module's extra state, is ``old``'s;
+    * an entry of ``new`` only is ``new``'s (the new streams' own modules, e.g. ``streams.<s>.*`` of
+      ``BatchedInducingVariables`` of HiPPO bases), an entry of ``old`` only is ``old``'s
+      (buffers a fresh model allocates at its first task, e.g. ``OnlineSGPR.seen_input_range``).
+    """
     grown = {}
     for key, fresh in new.items():
-        if key not in old:
-            raise RuntimeError(f"the model of {old_streams} streams has no {key!r}, which model_factory({new_streams}) has")
-        stored = old[key]
-        if stored.shape == fresh.shape:
-            grown[key] = stored
+        stored = old.get(key)
+        if stored is None or not isinstance(stored, Tensor) or stored.shape == fresh.shape:
+            grown[key] = fresh if stored is None else stored
         elif stored.dim() == fresh.dim() >= 1 and stored.shape[1:] == fresh.shape[1:] and (
                 stored.shape[0], fresh.shape[0]) == (old_streams, new_streams):
             grown[key] = torch.cat([stored, fresh[old_streams:].to(stored.dtype)])
@@ -98,12 +99,8 @@ def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict
                 f"{key!r} has shape {tuple(stored.shape)} for {old_streams} streams and {tuple(fresh.shape)} for "
                 f"{new_streams}: model_factory must put the stream dimension first (GPyTorch's batch_shape=(S,))"
             )
-    for key in _SHARED_LAZY_BUFFERS:
-        if key in old and key not in new:
-            grown[key] = old[key]
-    unknown = sorted(set(old) - set(grown))
-    if unknown:
-        raise RuntimeError(f"model_factory({new_streams}) has no {unknown[:3]} that the model of {old_streams} streams has")
+    for key in old.keys() - new.keys():
+        grown[key] = old[key]
     return grown
 
 

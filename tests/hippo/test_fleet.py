@@ -115,6 +115,20 @@ def test_growing_a_shard_copies_the_old_streams_exactly_and_starts_new_ones_from
         torch.testing.assert_close(getattr(shard.model, name)[3], getattr(alone, name), rtol=0, atol=1e-10)
 
 
+def test_grow_state_rules():
+    """Rows of per-stream tensors appended, shared tensors and extra state kept, entries of one side taken from it."""
+    old = {"noise": torch.tensor([[1.0], [2.0]]), "shared": torch.tensor([5.0, 6.0]), "streams.1.t": torch.tensor(1.0),
+           "streams.1._extra_state": {"dt": 0.1}, "seen_input_range": torch.tensor([0.0, 3.0])}
+    new = {"noise": torch.tensor([[9.0], [9.0], [7.0]]), "shared": torch.tensor([0.0, 0.0]), "streams.1.t": torch.tensor(0.0),
+           "streams.1._extra_state": {"dt": 0.5}, "streams.2.t": torch.tensor(4.0)}
+    grown = shard_module.grow_state(old, new, 2, 3)
+    assert torch.equal(grown["noise"], torch.tensor([[1.0], [2.0], [7.0]])) and torch.equal(grown["shared"], old["shared"])
+    assert grown["streams.1.t"] == 1.0 and grown["streams.1._extra_state"] == {"dt": 0.1} and grown["streams.2.t"] == 4.0
+    assert torch.equal(grown["seen_input_range"], old["seen_input_range"]) and len(grown) == 6
+    with pytest.raises(RuntimeError, match="stream dimension first"):
+        shard_module.grow_state({"z": torch.zeros(4, 2)}, {"z": torch.zeros(4, 3)}, 2, 3)
+
+
 def test_a_task_delivered_again_is_absorbed_once():
     task_list = tasks(3)
     once = StreamFleet(model_factory, num_shards=2)
