@@ -25,6 +25,7 @@ from .attention import (
 from .dropin import MultiheadSGPAttention, convert, global_kl_divergence, kl_divergence, predict_proba
 from .elbo import SGPAELBO
 from .kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_attention_kernel
+from .pretrained import from_pretrained
 from .transformer import ATTENTION_TYPES, SGPABlock, SGPADecoder, SGPATransformer, SGPAViT, build_attention
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "build_attention",
     "convert",
     "evaluate_kernel",
+    "from_pretrained",
     "global_kl_divergence",
     "kernel_blocks",
     "kl_divergence",

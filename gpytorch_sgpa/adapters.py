@@ -578,7 +578,6 @@ def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.M
         from transformers.utils.output_capturing import (
             _CAN_RECORD_REGISTRY,
             OutputRecorder,
-            install_output_capuring_hook,
         )
     except ImportError:  # another layout of transformers' internals: attention maps are then not recorded
         return
@@ -603,7 +602,28 @@ def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.M
                 by_name = spec.class_name is not None and name.endswith(spec.class_name)
                 layer_ok = spec.layer_name is None or f".{spec.layer_name.strip('.')}." in f".{name}."
                 if (by_class or by_name) and layer_ok:
-                    install_output_capuring_hook(module, key, spec.index, spec.capture_initial_hidden_state)
+                    module.register_forward_hook(_OutputCapture(key, spec.index, spec.capture_initial_hidden_state))
+
+
+class _OutputCapture:
+    """``transformers``' output-recording forward hook (``install_output_capuring_hook``), built at its
+    first call; unlike the closure it wraps it pickles, so ``torch.save`` of a converted model works."""
+
+    def __init__(self, key: str, index: int, capture_initial_hidden_state: bool):
+        self.arguments = (key, index, capture_initial_hidden_state)
+        self.hook = None
+
+    def __call__(self, module, args, output):
+        if self.hook is None:
+            from transformers.utils.output_capturing import install_output_capuring_hook
+
+            holder = nn.Module()
+            install_output_capuring_hook(holder, *self.arguments)
+            (self.hook,) = holder._forward_hooks.values()
+        return self.hook(module, args, output)
+
+    def __getstate__(self):
+        return {"arguments": self.arguments, "hook": None}
 
 
 def _own_modules(model: nn.Module, stop: type, prefix: str = ""):

@@ -346,6 +346,10 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     State dicts of converted ``nn.MultiheadAttention`` saved by 0.1.0, which dropped the value bias,
     still load (as a zero bias).
 
+    In a Hugging Face model the conversion is recorded in ``model.config`` (``config.sgpa``), so
+    ``save_pretrained`` keeps it and :func:`gpytorch_sgpa.from_pretrained` rebuilds the converted
+    model (:mod:`gpytorch_sgpa.pretrained`); ``torch.save`` of the whole model works as well.
+
     ``nn.TransformerEncoder``\ s in the tree get ``use_nested_tensor = False``: their nested-tensor
     inference path would bypass the new attention modules.
     """
@@ -353,7 +357,7 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
-    from . import adapters
+    from . import adapters, pretrained
 
     def replacement(child: nn.Module, defaults: dict) -> nn.Module | None:
         adapter = adapters.adapter_for(child)
@@ -389,6 +393,7 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
         raise ValueError(f"{type(module).__name__} holds no nn.MultiheadAttention nor other self-attention with an "
                          f"adapter (nor kernel attention to turn into {attention!r}) to convert")
     adapters.record_attentions(module, replaced)
+    pretrained.record_conversion(module, attention, attention_kwargs, replaced)
     return _finish(module, calibration_inputs)
 
 

@@ -1,0 +1,209 @@
+r"""Saving and reloading converted Hugging Face models (``save_pretrained`` / :func:`from_pretrained`).
+
+A ``transformers`` checkpoint is a configuration (``config.json``) and weights; ``from_pretrained``
+builds the model's class from the configuration and loads the weights into it, so a class whose
+self-attention is softmax attention cannot hold SGPA's parameters.  :func:`gpytorch_sgpa.convert`
+therefore records each conversion in the model's configuration, which ``save_pretrained`` (and
+``Trainer.save_model``) write with the weights:
+
+* ``config.sgpa``: ``{"attn_implementation": ..., "conversions": [{"attention": ..., "kwargs": {...},
+  "modules": [...]}, ...]}``, the conversions in order (e.g. kernel attention, then SGPA), each with
+  its keyword arguments and the paths of the modules it replaced;
+* ``config.attn_implementation = "gpytorch_sgpa"``: an attention implementation that only this
+  package registers (in ``transformers``' ``AttentionInterface``), and whose function raises with
+  the fix.  Loading the checkpoint with the model's own ``from_pretrained`` therefore never gives the
+  softmax network silently: without ``gpytorch_sgpa`` imported ``transformers`` refuses the unknown
+  implementation; with it, the first forward pass raises and names :func:`from_pretrained`.
+
+:func:`from_pretrained` builds the model from the configuration with the attention implementation
+it was converted with, replays the recorded conversions (the same modules are replaced, checked),
+and loads every saved tensor strictly: the reloaded model computes what the saved one did.
+``calibration_inputs`` are not replayed: the scales they set are saved parameters.
+
+``torch.save(model)`` / ``torch.load(path, weights_only=False)`` of a converted model work as for
+any module (``weights_only=False``: the file holds the classes, not only tensors), with the limit
+of ``transformers`` models: once asked for ``output_attentions`` or ``output_hidden_states`` a model
+holds ``transformers``' recording hooks, which do not pickle.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+from torch import nn
+
+from ._optional import require
+
+__all__ = ["ATTN_IMPLEMENTATION", "from_pretrained"]
+
+#: The attention implementation a converted model's configuration names (see the module docstring).
+ATTN_IMPLEMENTATION = "gpytorch_sgpa"
+
+
+def _json_value(value):
+    """``value`` if JSON writes and reads it back unchanged, else ``None`` with ``False``."""
+    if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
+        return value, True
+    if isinstance(value, (list, tuple)):
+        items = [_json_value(item) for item in value]
+        return [item for item, _ in items], all(ok for _, ok in items)
+    return None, False
+
+
+def _refuse(*args, **kwargs):
+    raise RuntimeError(
+        "this model was loaded from a checkpoint of a model converted by gpytorch_sgpa.convert into the unconverted "
+        "class, whose softmax attention has fresh query/key weights; load it with "
+        "gpytorch_sgpa.from_pretrained(ModelClass, path), which replays the conversion and loads every weight")
+
+
+def register_refusal() -> None:
+    """Register :data:`ATTN_IMPLEMENTATION` with ``transformers`` (attention and mask functions that
+    raise naming :func:`from_pretrained`); does nothing if ``transformers`` has not been imported."""
+    if "transformers" not in sys.modules:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, _refuse)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _refuse)
+
+
+def _pretrained_roots(module: nn.Module, pretrained: type) -> list[nn.Module]:
+    """The outermost ``PreTrainedModel``\\ s of ``module``'s tree."""
+    if isinstance(module, pretrained):
+        return [module]
+    return [m for child in module.children() for m in _pretrained_roots(child, pretrained)]
+
+
+def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, replaced: dict) -> None:
+    """Append a conversion of ``root`` (``replaced``: ``id(old) -> (old, new)``) to the ``config.sgpa``
+    of the ``transformers`` models in or around it (module docstring)."""
+    if "transformers" not in sys.modules:  # then no model of it is in the tree; do not import it
+        return
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    kwargs, unsaved = {}, []
+    for key, value in attention_kwargs.items():
+        kept, ok = _json_value(value)
+        if ok:
+            kwargs[key] = kept
+        else:
+            unsaved.append(key)
+    new = {id(module) for _, module in replaced.values()}
+    targets = []
+    for model in _pretrained_roots(root, PreTrainedModel):
+        paths = [name for name, module in model.named_modules() if id(module) in new]
+        if paths:
+            targets.append((model.config, paths))
+    configs = {id(config) for config, _ in targets}
+    for _, module in replaced.values():  # converted below a transformers model: no paths to replay
+        config = getattr(module, "config", None)
+        if isinstance(config, PretrainedConfig) and id(config) not in configs:
+            configs.add(id(config))
+            targets.append((config, None))
+    for config, paths in targets:
+        settings = getattr(config, "sgpa", None) or {"attn_implementation": config._attn_implementation,
+                                                     "conversions": []}
+        entry = {"attention": attention, "kwargs": kwargs, "modules": paths}
+        if unsaved:
+            entry["unsaved_kwargs"] = unsaved
+        settings["conversions"].append(entry)
+        config.sgpa = settings
+        config.attn_implementation = ATTN_IMPLEMENTATION
+    if targets:
+        register_refusal()
+
+
+def _saved_tensors(path: str) -> dict:
+    """Every tensor of a ``save_pretrained`` directory (safetensors, sharded or not, or ``pytorch_model.bin``)."""
+    from safetensors.torch import load_file
+
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        return load_file(single)
+    if os.path.isfile(index):
+        with open(index) as handle:
+            files = sorted(set(json.load(handle)["weight_map"].values()))
+        return {key: value for name in files for key, value in load_file(os.path.join(path, name)).items()}
+    binary = os.path.join(path, "pytorch_model.bin")
+    if os.path.isfile(binary):
+        return torch.load(binary, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{path} holds no model.safetensors, model.safetensors.index.json nor pytorch_model.bin")
+
+
+def _model_keys(model: nn.Module, tensors: dict) -> dict:
+    """``tensors`` under the model's own names: ``save_pretrained`` writes some families' weights under
+    their checkpoints' historical names (ViT's ``encoder.layer.N.attention.attention.query``, ...) and
+    ``transformers`` renames them when loading; the same renamings are applied here."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(model) or []
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    renamed = {}
+    for key, tensor in tensors.items():
+        name, converter = rename_source_key(key, renamings, converters)
+        if converter is not None or name in renamed:
+            raise ValueError(f"{type(model).__name__} checkpoints store {key!r} in a converted layout that "
+                             "gpytorch_sgpa.from_pretrained does not undo")
+        renamed[name] = tensor
+    return renamed
+
+
+def from_pretrained(model_class, path: str | os.PathLike):
+    """Reload a converted ``transformers`` model saved with ``save_pretrained`` (or ``Trainer.save_model``).
+
+    ``model_class``: the model's class (``BertForSequenceClassification``, ...) or an ``AutoModel*``
+    class; ``path``: the saved directory.  Builds ``model_class`` from the saved configuration with
+    the attention implementation it was converted with, replays the recorded conversions
+    (``config.sgpa``), loads every saved tensor (strict: a missing or unexpected key raises, tied
+    weights excepted) and returns the model in evaluation mode, as ``transformers`` does.  A
+    checkpoint without a recorded conversion raises: load it with ``model_class.from_pretrained``.
+    """
+    transformers = require("transformers", "zoo", "gpytorch_sgpa.from_pretrained")
+    from .dropin import convert
+
+    path = os.fspath(path)
+    is_model = isinstance(model_class, type) and issubclass(model_class, transformers.PreTrainedModel)
+    config_class = model_class.config_class if is_model else transformers.AutoConfig
+    config = config_class.from_pretrained(path)
+    settings = getattr(config, "sgpa", None)
+    if not settings:
+        raise ValueError(f"{path} holds no SGPA conversion (its config has no 'sgpa' entry); load it with "
+                         f"{getattr(model_class, '__name__', 'the model class')}.from_pretrained")
+    for entry in settings["conversions"]:
+        if entry["modules"] is None:
+            raise ValueError("the checkpoint was converted below its transformers model (convert called on a submodule), "
+                             "so the converted modules' paths are unknown: convert the whole model before saving")
+        if entry.get("unsaved_kwargs"):
+            raise ValueError(f"the conversion to {entry['attention']!r} was given {entry['unsaved_kwargs']} as objects, "
+                             "which a config cannot hold: convert with names (e.g. kernel='rbf') before saving")
+    config.sgpa = None
+    config._attn_implementation = settings["attn_implementation"]
+    model = model_class(config) if is_model else model_class.from_config(config)
+    for entry in settings["conversions"]:
+        convert(model, entry["attention"], **entry["kwargs"])
+    if model.config.sgpa != settings:
+        raise ValueError(f"replaying the recorded conversions of {path} replaced other modules than the saved model's "
+                         f"({model.config.sgpa} instead of {settings})")
+    tensors = _model_keys(model, _saved_tensors(path))
+    floating = {tensor.dtype for tensor in tensors.values() if tensor.is_floating_point()}
+    if len(floating) == 1:  # the model's dtype (non-persistent buffers included)
+        model.to(floating.pop())
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if name in tensors and tensors[name].dtype != tensor.dtype:  # a tensor saved in another dtype keeps it
+            tensor.data = tensor.data.to(tensors[name].dtype)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    loaded = {id(p) for name, p in model.named_parameters(remove_duplicate=False) if name in tensors}
+    untied = [name for name, p in model.named_parameters(remove_duplicate=False) if name in missing and id(p) not in loaded]
+    untied += [name for name in missing if name not in dict(model.named_parameters(remove_duplicate=False))]
+    if unexpected or untied:
+        raise RuntimeError(f"the weights in {path} do not fit the converted {type(model).__name__}: missing {untied}, "
+                           f"unexpected {unexpected}")
+    return model.eval()
