@@ -3,13 +3,15 @@ single-stream models, same data and hyperparameters, printed as a ratio measured
 
 Each stream is its own draw (an RBF-GP sample through random Fourier features, its own length scale and
 noise), learned in ``--tasks`` tasks of ``--size`` points with ``M`` inducing points spread over the
-stream (OSGPR-fixed: the batched code path available for every stream today). Times are the updates'
-wall time (one torch thread); the batched model's per-stream memory is its stored summary. The last
+stream (OSGPR-fixed, batched as tensors), or with ``--variables hippo`` ``M`` LegS bases per stream, each
+stream with its own clock (lyapunov backend; the covariances are formed stream by stream, the algebra
+batched). Times are the updates' wall time (one torch thread); the batched model's per-stream memory is its stored summary. The last
 task's posterior mean at 20 points per stream is compared between the two.
 
     python benchmarks/fleet.py                          # S = 1,000, 50 tasks of 50 points, M = 32 and 64
     python benchmarks/fleet.py --streams 100 --tasks 10
     python benchmarks/fleet.py --scaling                # time per task per stream at S = 100, 1,000, 10,000 (M = 32)
+    python benchmarks/fleet.py --variables hippo --streams 100 --tasks 10   # LegS bases, a clock per stream
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import warnings
 
 import gpytorch
 import torch
+from torch import Tensor
 
-from gpytorch_hippo import InducingPoints, OnlineSGPR
+from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, OnlineSGPR
 
 DT = torch.float64
 
@@ -41,39 +44,52 @@ def fleet_data(streams: int, tasks: int, size: int, seed: int = 0):
     return x.unsqueeze(-1), y, lengthscales, noises
 
 
-def batched_model(points, lengthscales, noises):
+def variables(kind: str, points: Tensor, streams: int | None = None):
+    """OSGPR-fixed points, or LegS bases on ``[0, 1]`` (``lyapunov`` backend) moved with the stream; batched
+    when ``streams`` is given."""
+    if kind == "points":
+        return InducingPoints(points, learn=False)
+    batch = None if streams is None else torch.Size([streams])
+    return HiPPOInducingVariables(points.shape[-2], "legs", t=1.0, method="lyapunov", batch_shape=batch)
+
+
+def batched_model(points, lengthscales, noises, kind="points"):
     batch = torch.Size([points.shape[0]])
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch), batch_shape=batch).double()
     kernel.base_kernel.lengthscale = lengthscales.view(-1, 1, 1)
     likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double()
     likelihood.noise = noises.view(-1, 1)
-    return OnlineSGPR(InducingPoints(points, learn=False), kernel, likelihood, captured_variance_warning=None)
+    return OnlineSGPR(variables(kind, points, points.shape[0]), kernel, likelihood, captured_variance_warning=None)
 
 
-def single_model(points, lengthscale, noise):
+def single_model(points, lengthscale, noise, kind="points"):
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
-    kernel.base_kernel.lengthscale = float(lengthscale)
+    kernel.base_kernel.lengthscale = lengthscale.clone()  # a float64 tensor (a Python float goes through float32)
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-    likelihood.noise = float(noise)
-    return OnlineSGPR(InducingPoints(points, learn=False), kernel, likelihood, captured_variance_warning=None)
+    likelihood.noise = noise.clone()
+    return OnlineSGPR(variables(kind, points), kernel, likelihood, captured_variance_warning=None)
 
 
-def run(streams: int, tasks: int, size: int, num_inducing: int, loop: bool = True) -> dict:
+def run(streams: int, tasks: int, size: int, num_inducing: int, loop: bool = True, kind: str = "points") -> dict:
     x, y, lengthscales, noises = fleet_data(streams, tasks, size)
     points = torch.linspace(0, tasks, num_inducing, dtype=DT).expand(streams, num_inducing).unsqueeze(-1).clone()
-    batched = batched_model(points, lengthscales, noises)
+    batched = batched_model(points, lengthscales, noises, kind)
     start = time.perf_counter()
     for k in range(tasks):
+        if kind == "hippo" and k > 0:
+            batched.inducing_variables.advance(float(k + 1))
         batched.update(x[k], y[k])
     batched_seconds = time.perf_counter() - start
     summary_bytes = sum(t.numel() * t.element_size() for t in batched._summary())
     result = {"streams": streams, "M": num_inducing, "batched_s": batched_seconds,
               "per_task_per_stream_us": 1e6 * batched_seconds / (tasks * streams), "bytes_per_stream": summary_bytes / streams}
     if loop:
-        singles = [single_model(points[s], lengthscales[s], noises[s]) for s in range(streams)]
+        singles = [single_model(points[s], lengthscales[s], noises[s], kind) for s in range(streams)]
         start = time.perf_counter()
         for k in range(tasks):
             for s, model in enumerate(singles):
+                if kind == "hippo" and k > 0:
+                    model.inducing_variables.advance(float(k + 1))
                 model.update(x[k, s], y[k, s])
         result["loop_s"] = time.perf_counter() - start
         result["speedup"] = result["loop_s"] / batched_seconds
@@ -92,6 +108,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--size", type=int, default=50)
     parser.add_argument("--num-inducing", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--scaling", action="store_true", help="S = 100, 1,000, 10,000 at M = 32, batched only")
+    parser.add_argument("--variables", choices=("points", "hippo"), default="points",
+                        help="OSGPR-fixed points (default) or LegS bases with a clock per stream (lyapunov backend)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", RuntimeWarning)
@@ -100,15 +118,15 @@ def main(argv=None) -> list[dict]:
         print("| S | M | batched (s) | per task per stream (µs) | summary bytes per stream |")
         print("| --- | --- | --- | --- | --- |")
         for streams in (100, 1000, 10000):
-            row = run(streams, args.tasks, args.size, 32, loop=False)
+            row = run(streams, args.tasks, args.size, 32, loop=False, kind=args.variables)
             rows.append(row)
             print(f"| {streams:,} | 32 | {row['batched_s']:.2f} | {row['per_task_per_stream_us']:.1f} | {row['bytes_per_stream']:.0f} |")
         return rows
-    print(f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, one torch thread")
+    print(f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, one torch thread")
     print("| M | batched (s) | loop over S models (s) | loop / batched | summary bytes per stream | max |mean gap| |")
     print("| --- | --- | --- | --- | --- | --- |")
     for num_inducing in args.num_inducing:
-        row = run(args.streams, args.tasks, args.size, num_inducing)
+        row = run(args.streams, args.tasks, args.size, num_inducing, kind=args.variables)
         rows.append(row)
         print(f"| {num_inducing} | {row['batched_s']:.2f} | {row['loop_s']:.1f} | {row['speedup']:.0f}x | "
               f"{row['bytes_per_stream']:.0f} | {row['max_mean_gap']:.1e} |")

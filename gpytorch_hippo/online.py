@@ -278,7 +278,7 @@ class OnlineSGPR(gpytorch.Module):
         times as inputs.
     :param refit_every: the refit policy of :meth:`update` calls that leave ``num_iter`` unset: the
         hyperparameters are fitted on task 1 and on every ``refit_every``-th task after it (tasks
-        ``1, 1 + k, 1 + 2k, ...``; the count :attr:`num_tasks` is in the ``state_dict``, so a reloaded model keeps
+        ``1, 1 + k, 1 + 2k, ...``; the count ``num_tasks`` is in the ``state_dict``, so a reloaded model keeps
         the schedule), by ``refit_iter`` iterations of ``refit_optimizer`` (default L-BFGS) on the task's
         online bound; the other tasks are closed-form updates. A mean that interdomain inducing variables
         cannot follow (they project ``f - m``) is left out of refits after task 1. ``None`` (default): no fit

@@ -9,8 +9,9 @@ on the held-out months of the first task that stream had, right after that task 
 Then the batched fleet is timed against a Python loop over one single-stream ``OnlineSGPR`` per series
 (same data, same hyperparameters), and their predictions compared.
 
-Variants are model factories (:class:`EmploymentModelFactory`, picklable for the Ray engine): today
-inducing points fixed over the whole horizon (OSGPR-fixed) with ``M`` small and large. Writes
+Variants are model factories (:class:`EmploymentModelFactory`, picklable for the Ray engine): inducing
+points fixed over the whole horizon (OSGPR-fixed) with ``M`` small and large, and LegS bases with a clock
+per stream (OHSGPR). Writes
 ``OUT/fleet_memory.csv`` (one row per variant and stream) and ``OUT/fleet_memory.png``.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from .._optional import require
 from ..data import SeriesFleet, load_us_employment
+from ..inducing.hippo_variables import HiPPOInducingVariables
 from ..inducing.points import InducingPoints
 from ..online import OnlineSGPR
 from .fleet import StreamFleet
@@ -41,7 +43,9 @@ COLUMNS = ("variant", "num_inducing", "stream_id", "title", "first_task", "first
 class EmploymentModelFactory:
     """``factory(num_streams)``: a batched ``OnlineSGPR`` for standardised monthly series in years, Matérn-3/2
     (``ℓ = lengthscale``, outputscale 1), noise variance ``noise``, the same for every stream; ``inducing``
-    ``"points"``: ``M`` inducing points fixed on ``[0, horizon]`` (OSGPR-fixed).
+    ``"points"``: ``M`` inducing points fixed on ``[0, horizon]`` (OSGPR-fixed); ``"hippo"``: ``M`` LegS bases
+    per stream, each with its own clock (OHSGPR, lyapunov backend), moved to the latest month a stream has
+    seen by :meth:`before_update`.
 
     :attr:`before_update` is the fleet's hook (``StreamFleet(before_update=...)``) for inducing variables that
     move with each stream's clock; fixed points need none (``None``)."""
@@ -50,10 +54,16 @@ class EmploymentModelFactory:
     before_update = None
 
     def __init__(self, num_inducing: int, horizon: float, inducing: str = "points", lengthscale: float = 1.5, noise: float = 0.01):
-        if inducing != "points":
-            raise ValueError(f"inducing must be 'points', got {inducing!r}")
+        if inducing not in ("points", "hippo"):
+            raise ValueError(f"inducing must be 'points' or 'hippo', got {inducing!r}")
         self.num_inducing, self.horizon, self.inducing = num_inducing, horizon, inducing
         self.lengthscale, self.noise = lengthscale, noise
+        if inducing == "hippo":
+            self.before_update = self.advance_clocks
+
+    @property
+    def name(self) -> str:
+        return f"{'OHSGPR' if self.inducing == 'hippo' else 'OSGPR-fixed'} M={self.num_inducing}"
 
     def kernel_and_likelihood(self, batch: torch.Size):
         kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch), batch_shape=batch).double()
@@ -65,8 +75,19 @@ class EmploymentModelFactory:
     def __call__(self, num_streams: int) -> OnlineSGPR:
         batch = torch.Size([num_streams])
         kernel, likelihood = self.kernel_and_likelihood(batch)
-        points = torch.linspace(0, self.horizon, self.num_inducing, dtype=torch.float64).expand(num_streams, -1).unsqueeze(-1)
-        return OnlineSGPR(InducingPoints(points.clone(), learn=False), kernel, likelihood, captured_variance_warning=None)
+        if self.inducing == "hippo":  # the clocks start at the first month and follow each stream's data
+            variables = HiPPOInducingVariables(self.num_inducing, "legs", t=1 / 12, method="lyapunov", batch_shape=batch)
+        else:
+            points = torch.linspace(0, self.horizon, self.num_inducing, dtype=torch.float64).expand(num_streams, -1).unsqueeze(-1)
+            variables = InducingPoints(points.clone(), learn=False)
+        return OnlineSGPR(variables, kernel, likelihood, captured_variance_warning=None)
+
+    @staticmethod
+    def advance_clocks(model: OnlineSGPR, X: torch.Tensor, mask: torch.Tensor) -> None:
+        """Move each stream's LegS bases to its latest observed time (a stream without points stays)."""
+        latest = torch.where(mask, X[..., 0], torch.tensor(-math.inf, dtype=X.dtype)).amax(-1)
+        clocks = model.inducing_variables.t.to(X)
+        model.inducing_variables.advance(torch.maximum(clocks, latest))
 
 
 def split_task(task: dict, seed: int, test_fraction: float = 0.2) -> tuple[dict, dict]:
@@ -129,7 +150,7 @@ def loop_baseline(factory: EmploymentModelFactory, tasks: list[tuple[dict, dict]
 
 
 def run(out: str, num_tasks: int = 8, variants: tuple[int, ...] = (24, 96), engine: str = "local", num_shards: int = 2,
-        seed: int = 0, data: SeriesFleet | None = None, plot: bool = True) -> dict:
+        seed: int = 0, data: SeriesFleet | None = None, plot: bool = True, hippo: tuple[int, ...] = (96,)) -> dict:
     """The demo: a fleet per variant, the per-stream first-task memory, the batched-vs-loop throughput; writes
     ``out/fleet_memory.csv`` (:data:`COLUMNS`) and ``out/fleet_memory.png``; returns the numbers it prints."""
     os.makedirs(out, exist_ok=True)
@@ -143,14 +164,14 @@ def run(out: str, num_tasks: int = 8, variants: tuple[int, ...] = (24, 96), engi
     grid = torch.linspace(0, horizon, 400, dtype=torch.float64)
     shown = [data.ids[0], data.ids[len(data.ids) // 2], data.ids[-1]]
     print(f"{'variant':<22}{'streams':>8}{'s/task':>9}{'RMSE after':>12}{'RMSE end':>10}{'NLPD after':>12}{'NLPD end':>10}")
-    for num_inducing in variants:
-        factory = EmploymentModelFactory(num_inducing, horizon)
-        name = f"OSGPR-fixed M={num_inducing}"
+    factories = [EmploymentModelFactory(m, horizon) for m in variants] + [EmploymentModelFactory(m, horizon, "hippo") for m in hippo]
+    for factory in factories:
+        num_inducing, name = factory.num_inducing, factory.name
         with tempfile.TemporaryDirectory() as directory:
             fleet, memory, seconds = first_task_memory(factory, tasks, engine, num_shards, checkpoint_dir=directory)
             curves = fleet.predict(shown, grid)[0]
             fleet.close()
-        fleets[num_inducing] = (factory, curves, memory, seconds)
+        fleets[name] = (factory, curves, memory, seconds)
         values = torch.tensor([m[1:] for m in memory.values()])
         medians = values.median(0).values.tolist()
         summary[name] = {"seconds_per_task": seconds / num_tasks, "median": medians}
@@ -160,7 +181,7 @@ def run(out: str, num_tasks: int = 8, variants: tuple[int, ...] = (24, 96), engi
             rows.append((name, num_inducing, stream, titles[stream], k, rmse_after, rmse_end, nlpd_after, nlpd_end))
     print("(medians over streams of each stream's first task's held-out months: right after it and after the last task)")
 
-    factory, _, _, fleet_seconds = fleets[variants[-1]]
+    factory, _, _, fleet_seconds = fleets[factories[len(variants) - 1].name]
     local_fleet, _, fleet_seconds = first_task_memory(factory, tasks, "local", 1)
     models, loop_seconds = loop_baseline(factory, tasks)
     probe = torch.linspace(0, horizon, 50, dtype=torch.float64)
@@ -184,26 +205,26 @@ def run(out: str, num_tasks: int = 8, variants: tuple[int, ...] = (24, 96), engi
     print(f"wrote {path}")
     if plot:
         figure_path = os.path.join(out, "fleet_memory.png")
-        _figure(figure_path, data, fleets, variants, shown, grid)
+        _figure(figure_path, data, fleets, shown, grid)
         print(f"wrote {figure_path}")
     return summary
 
 
-def _figure(path: str, data: SeriesFleet, fleets: dict, variants: tuple[int, ...], shown: list[str], grid: torch.Tensor) -> None:
+def _figure(path: str, data: SeriesFleet, fleets: dict, shown: list[str], grid: torch.Tensor) -> None:
     """Three series with each variant's posterior mean (left), each stream's first-task RMSE after it vs at the end (right)."""
     plt = require("matplotlib.pyplot", "plots", "the fleet demo's figure", "matplotlib")
     figure, axes = plt.subplots(1, 2, figsize=(12, 4))
     for offset, stream in enumerate(shown):
         axes[0].plot(data.times + 1939, data.values[data.ids.index(stream)] + 4 * offset, color="0.6", lw=0.6)
-        for color, num_inducing in enumerate(variants):
-            axes[0].plot(grid + 1939, fleets[num_inducing][1][offset] + 4 * offset, lw=1, color=f"C{color}",
-                         label=f"M = {num_inducing}" if offset == 0 else None)
+        for color, name in enumerate(fleets):
+            axes[0].plot(grid + 1939, fleets[name][1][offset] + 4 * offset, lw=1, color=f"C{color}",
+                         label=name if offset == 0 else None)
     axes[0].set(xlabel="year", ylabel="standardised employment (offset per series)", title="three series of the fleet")
     axes[0].legend()
     top = 0.0
-    for color, num_inducing in enumerate(variants):
-        values = torch.tensor([m[1:] for m in fleets[num_inducing][2].values()])
-        axes[1].scatter(values[:, 0], values[:, 2], s=8, color=f"C{color}", label=f"OSGPR-fixed M = {num_inducing}")
+    for color, name in enumerate(fleets):
+        values = torch.tensor([m[1:] for m in fleets[name][2].values()])
+        axes[1].scatter(values[:, 0], values[:, 2], s=8, color=f"C{color}", label=name)
         top = max(top, float(values[:, [0, 2]].max()))
     axes[1].plot([0, top], [0, top], color="k", lw=0.5)
     axes[1].set(xlabel="RMSE right after the stream's first task", ylabel="RMSE on it after the last task",
@@ -220,13 +241,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="fleet_demo", help="output directory (CSV and figure)")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--inducing", type=int, nargs="+", default=[24, 96], help="M of each OSGPR-fixed variant")
+    parser.add_argument("--hippo", type=int, nargs="*", default=[96], help="M of each OHSGPR variant (LegS, a clock per stream)")
     parser.add_argument("--engine", choices=("local", "ray"), default="local")
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one: many small operations)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    return run(args.out, args.tasks, tuple(args.inducing), args.engine, args.shards, args.seed)
+    return run(args.out, args.tasks, tuple(args.inducing), args.engine, args.shards, args.seed, hippo=tuple(args.hippo))
 
 
 if __name__ == "__main__":

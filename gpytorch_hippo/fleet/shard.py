@@ -75,6 +75,10 @@ def set_prior_summary(model: OnlineSGPR) -> None:
         model.posterior_mean_module = _frozen_copy(model.mean_module)
 
 
+#: a key of stream ``s``'s own module in a batch of per-stream modules (``BatchedInducingVariables.streams``)
+_STREAM_MODULE = re.compile(r"(?:^|\.)streams\.(\d+)\.")
+
+
 def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict:
     """The state of a model of ``new_streams`` streams whose first ``old_streams`` are ``old``'s (``new``: the state
     of a fresh ``model_factory(new_streams)``, primed with the prior summary):
@@ -82,6 +86,8 @@ def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict
     * a tensor whose shape depends on the number of streams (``(S, ...)``) takes ``old``'s rows, then ``new``'s
       last ones;
     * a tensor of the same shape in both (shared hyperparameters, counters), or a module's extra state, is ``old``'s;
+    * an entry of an existing stream's own module (``streams.<s>.*``, ``s < old_streams``) is ``old``'s, whatever
+      its shape (e.g. the breakpoints of HiPPO bases whose clock has moved);
     * an entry of ``new`` only is ``new``'s (the new streams' own modules, e.g. ``streams.<s>.*`` of
       ``BatchedInducingVariables`` of HiPPO bases), an entry of ``old`` only is ``old``'s
       (buffers a fresh model allocates at its first task, e.g. ``OnlineSGPR.seen_input_range``).
@@ -89,7 +95,10 @@ def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict
     grown = {}
     for key, fresh in new.items():
         stored = old.get(key)
-        if stored is None or not isinstance(stored, Tensor) or stored.shape == fresh.shape:
+        own = _STREAM_MODULE.search(key)
+        if stored is not None and own is not None and int(own.group(1)) < old_streams:
+            grown[key] = stored  # an existing stream's own module (e.g. HiPPO bases whose clock has moved)
+        elif stored is None or not isinstance(stored, Tensor) or stored.shape == fresh.shape:
             grown[key] = fresh if stored is None else stored
         elif stored.dim() == fresh.dim() >= 1 and stored.shape[1:] == fresh.shape[1:] and (
                 stored.shape[0], fresh.shape[0]) == (old_streams, new_streams):

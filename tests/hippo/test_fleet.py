@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import gpytorch
@@ -370,11 +371,12 @@ def test_the_demo_writes_its_csv_and_its_batched_fleet_equals_the_loop(tmp_path)
     picked = list(range(0, 148, 8))  # 19 series, some of them joining late
     data = dataclasses.replace(full, ids=[full.ids[i] for i in picked], titles=[full.titles[i] for i in picked],
                                values=full.values[picked], offset=full.offset[picked], scale=full.scale[picked])
-    summary = demo.run(str(tmp_path), num_tasks=4, variants=(12, 48), data=data)
+    summary = demo.run(str(tmp_path), num_tasks=4, variants=(12, 48), data=data, hippo=(24,))
     assert summary["throughput"]["max_abs_difference"] < 1e-8
     with open(tmp_path / "fleet_memory.csv") as file:
         rows = list(csv.DictReader(file))
-    assert tuple(rows[0]) == demo.COLUMNS and len(rows) == 2 * len(picked)
+    assert tuple(rows[0]) == demo.COLUMNS and len(rows) == 3 * len(picked)
+    assert sum(r["variant"] == "OHSGPR M=24" for r in rows) == len(picked)
     assert (tmp_path / "fleet_memory.png").stat().st_size > 10_000
     # more inducing points remember the first task better (the median over streams)
     median = {m: sorted(float(r["first_task_rmse_end"]) for r in rows if r["num_inducing"] == str(m))[len(picked) // 2] for m in (12, 48)}
@@ -392,3 +394,42 @@ def test_the_guide_example_restores_its_fleet(run_readme_block, capsys):
     with torch.no_grad():
         reference = alone(torch.linspace(0, 4, 9, dtype=DT).view(1, -1, 1)).mean[0]
     torch.testing.assert_close(mean[1], reference, rtol=0, atol=1e-8)
+
+
+def test_a_fleet_of_hippo_streams_with_their_own_clocks_equals_single_stream_models():
+    """LegS bases with a clock per stream (the demo's OHSGPR factory): streams joining midway (the shard
+    grows, the existing streams' bases keep their moved clocks), absent streams, then a restore; each stream
+    equals its own single-stream model with the same hook."""
+    from gpytorch_hippo.fleet.demo import EmploymentModelFactory
+
+    factory = EmploymentModelFactory(12, horizon=6.0, inducing="hippo")
+    generator = torch.Generator().manual_seed(0)
+    tasks = []
+    for k in range(3):
+        task = {}
+        for stream in ["a", "b", "c"][: k + 1]:
+            if (k, stream) == (2, "a"):
+                continue  # absent from the last task
+            t = torch.sort(2 * k + 2 * torch.rand(15, generator=generator, dtype=DT)).values
+            task[stream] = (t, torch.sin(2 * t) + 0.1 * torch.randn(15, generator=generator, dtype=DT))
+        tasks.append(task)
+    with tempfile.TemporaryDirectory() as directory:
+        fleet = StreamFleet(factory, num_shards=1, checkpoint_dir=directory, before_update=factory.before_update)
+        for k, task in enumerate(tasks):
+            fleet.update(k, task)
+        fleet = StreamFleet.restore(directory, factory, before_update=factory.before_update)
+        probe = torch.linspace(0, 6, 13, dtype=DT)
+        mean, variance = fleet.predict(["a", "b", "c"], probe)
+    for row, stream in enumerate(["a", "b", "c"]):
+        alone = factory(1)
+        for task in tasks:
+            if stream in task:
+                t, y = task[stream]
+                x, mask = t.view(1, -1, 1), torch.ones(1, t.shape[0], dtype=torch.bool)
+                factory.before_update(alone, x, mask)
+                alone.update(x, y.view(1, -1))
+        alone.eval()
+        with torch.no_grad():
+            reference = alone(probe.view(1, -1, 1))
+        torch.testing.assert_close(mean[row], reference.mean[0], rtol=0, atol=1e-8)
+        torch.testing.assert_close(variance[row], reference.variance[0], rtol=0, atol=1e-8)
