@@ -27,9 +27,9 @@ def batched_model():
 def single_model(s, batched):
     """Stream ``s`` alone, unbatched, with its own hyperparameters and points."""
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
-    kernel.base_kernel.lengthscale = LENGTHSCALES[s].item()
+    kernel.base_kernel.lengthscale = LENGTHSCALES[s]  # a float64 tensor: a Python float goes through float32
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-    likelihood.noise = NOISES[s].item()
+    likelihood.noise = NOISES[s]
     return OnlineSGPR(InducingPoints(batched.inducing_variables.points[s].clone(), learn=False), kernel, likelihood)
 
 
@@ -48,19 +48,9 @@ def ragged_tasks(num_tasks=4, size=12, seed=0):
     return tasks
 
 
-def _kernel_gap(batched, singles, x):
-    """How far GPyTorch's own evaluations of the same ``Kuf`` differ between the batched and the single
-    layouts (its RBF forms ``|x|² - 2 x·z + |z|²``, whose round-off depends on the layout: ~8e-9 here)."""
-    with torch.no_grad():
-        joint = batched.inducing_variables.Kuf(batched.covar_module, x)
-        return max(float((joint[s] - single.inducing_variables.Kuf(single.covar_module, x[s])).abs().max())
-                   for s, single in enumerate(singles))
-
-
 def test_each_stream_equals_its_own_model_through_ragged_tasks_and_a_reload():
-    """Each stream's posterior equals its own single-stream model's to 1e-8 plus what GPyTorch's kernel
-    round-off between the two layouts makes of it through ``1/σ²`` (measured 9e-8 for a gap of 8e-9); a
-    stream that mixed with another would be off by O(0.1)."""
+    """Each stream's posterior equals its own single-stream model's to 1e-8; a stream that mixed with
+    another would be off by O(0.1)."""
     batched = batched_model()
     singles = [single_model(s, batched) for s in range(S)]
     tasks = ragged_tasks()
@@ -77,9 +67,7 @@ def test_each_stream_equals_its_own_model_through_ragged_tasks_and_a_reload():
             reloaded = batched_model()
             reloaded.load_state_dict(copy.deepcopy(batched.state_dict()))
             batched = reloaded
-    gap = _kernel_gap(batched, singles, tasks[-1][0])
-    assert gap < 1e-7
-    tolerance = 1e-8 + 1e3 * gap
+    tolerance = 1e-8
     batched.eval()
     with torch.no_grad():
         joint = batched(test.expand(S, -1).unsqueeze(-1))
