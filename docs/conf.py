@@ -51,7 +51,9 @@ nitpicky = True
 nitpick_ignore_regex = [(r"py:.*", r"(.*\.)?_[A-Za-z]\w*(\..*)?"),
                         # diffusers' site (Hugging Face doc-builder) publishes no Sphinx inventory: its
                         # classes (pseudovideo's bases ModelMixin, DiffusionPipeline, ...) stay unlinked
-                        (r"py:class", r"diffusers(\..*)?\.[A-Z]\w*")]
+                        (r"py:class", r"diffusers(\..*)?\.[A-Z]\w*"),
+                        # the same for transformers (gpytorch_sgpa.trainer.SGPATrainer's base Trainer)
+                        (r"py:class", r"transformers(\..*)?\.[A-Z]\w*")]
 autosummary_ignore_module_all = True  # a module page documents what the module defines, not what it imports
 autosummary_imported_members = False
 # The summary of a name in a table is its docstring's first sentence; "thesis eq. (4.6)" and

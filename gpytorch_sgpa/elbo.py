@@ -165,15 +165,28 @@ class SGPAELBO(gpytorch.Module):
         the KL term starts at a tenth of a uniform prediction's cross-entropy (``P``: scored positions
         per sequence, 1 for class labels; ``C``: classes).  Under ``torch.distributed`` the batch means
         are those of the global batch (summed over the ranks), so every rank chooses the same ``β``."""
+        self.set_auto_beta(self.beta_totals(targets, weighted_kl), outputs.shape[-1])
+
+    def beta_totals(self, targets: Tensor, weighted_kl: Tensor) -> Tensor:
+        """``(Σ_b KL_weighted, Σ_b P_b)`` over a batch's sequences (float64): what ``beta="auto"`` sums
+        over the batches (and ranks) it chooses ``β`` from (:meth:`set_auto_beta`)."""
         rows = targets.shape[0]
         positions = (targets != IGNORE_INDEX).sum() if targets.dim() == 2 else rows
-        totals = torch.stack([weighted_kl.detach().double() * rows,  # summed over the batch's sequences
-                              torch.as_tensor(positions, dtype=torch.float64, device=weighted_kl.device)])
+        return torch.stack([weighted_kl.detach().double() * rows,  # summed over the batch's sequences
+                            torch.as_tensor(positions, dtype=torch.float64, device=weighted_kl.device)])
+
+    def set_auto_beta(self, totals: Tensor, num_classes: int) -> float:
+        """Fix ``β = min(1, 0.1 P log C / KL_weighted)`` of ``beta="auto"`` from ``totals`` (summed
+        :meth:`beta_totals`; under ``torch.distributed`` summed over the ranks here) and return it."""
+        if not self.auto_beta:
+            raise ValueError("set_auto_beta needs an SGPAELBO built with beta='auto'")
+        totals = totals.clone()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(totals)
         kl_term, positions = totals.tolist()
-        self.beta = 1.0 if kl_term <= 0.0 else min(1.0, 0.1 * positions * math.log(outputs.shape[-1]) / kl_term)
+        self.beta = 1.0 if kl_term <= 0.0 else min(1.0, 0.1 * positions * math.log(num_classes) / kl_term)
         self.chosen_beta.fill_(self.beta)
+        return self.beta
 
     @property
     def kl_weight(self) -> float:

@@ -97,3 +97,22 @@ def test_language_model_runner_under_torchrun_trains_and_rank_0_writes(tmp_path)
     for method in ("mle-sdp", "mcd", "sgpa"):
         assert result.stdout.count(f"| vader_lm | {method} | 1 |") == 1, result.stdout
     assert result.stderr.count("rows written to") == 1, result.stderr[-3000:]
+
+
+def test_two_process_trainer_run_equals_one_process_on_the_concatenated_batches(tmp_path):
+    """SGPATrainer under torchrun (2 gloo processes of 4 sequences per step, ``beta="auto"``, annealing)
+    against the package's own loop on batches of 8 in one process (attention noise off: each rank draws its own)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import trainer_worker as worker
+
+    import gpytorch_sgpa
+
+    _torchrun([str(HERE / "trainer_worker.py"), str(tmp_path / "ddp.pt"), str(tmp_path / "out")], tmp_path)
+    saved = torch.load(tmp_path / "ddp.pt")
+    assert saved["world_size"] == 2
+    with gpytorch_sgpa.posterior_mean():
+        reference, reference_elbo = worker.package_loop(worker.model(), 8, 3, 0.5, "auto", 2)
+    assert saved["beta"] == pytest.approx(reference_elbo.beta, rel=1e-6)
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(saved["state"][name], value, rtol=1e-6, atol=1e-7, msg=name)

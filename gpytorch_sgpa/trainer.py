@@ -1,0 +1,196 @@
+r"""Fine-tuning a converted Hugging Face model with ``transformers.Trainer`` on the ELBO (thesis eq. (3.18)).
+
+:class:`SGPATrainer` is a ``Trainer`` whose training loss is ``-elbo(logits, kl_divergence(model),
+labels)`` of an :class:`~gpytorch_sgpa.elbo.SGPAELBO` (its ``beta``, ``"auto"`` included, its
+annealing and its ``kl_weighting``), with the same steps as a plain loop over the same batches:
+
+* **loss scale**: an optimizer step's loss is the negative ELBO of its whole batch, the ``G``
+  sequences of all its gradient-accumulation micro-batches on all processes.  ELL and KL terms are
+  batch means, so micro-batch ``i`` of ``n_i`` sequences on one of ``W`` data-parallel processes
+  enters with ``-W (n_i / G) elbo_i`` (data parallelism averages gradients over the ``W``
+  processes); the sum is the step's negative ELBO exactly (the weighted KL is linear in the batch
+  mean of the amortised KL; the global KL enters once);
+* **β**: with ``beta="auto"`` it is chosen at the first training step, from all of that step's
+  micro-batches on all processes (one forward pass without gradients, with the random state put
+  back), never from evaluation data;
+* **annealing**: the ELBO's counter is the number of optimizer steps (``state.global_step``), not
+  of micro-batches;
+* **checkpoints**: ``β`` is saved beside each checkpoint (``sgpa_elbo.json``) and restored by
+  ``train(resume_from_checkpoint=...)``, the counter from the restored step: a resumed run equals
+  the uninterrupted one;
+* **evaluation** (``evaluate``, ``predict``, best-model selection): a deterministic prediction, by
+  default the posterior mean of every attention output (:func:`~gpytorch_sgpa.posterior_mean`, one
+  pass); ``eval_samples=k`` gives instead ``log`` of the mean of ``k`` samples' class
+  probabilities, drawn from a generator seeded with ``args.seed`` (the same every call, the
+  training random state untouched).  The evaluation loss is the negative expected log-likelihood of
+  that prediction per sequence, without the KL (which does not depend on held-out data);
+* **logs**: each training log adds ``kl`` (the last step's ``kl_divergence``), ``beta`` and
+  ``kl_weight`` (``w_t``).
+
+Causal language models (``Trainer``'s label shift) score ``logits[:, :-1]`` against
+``labels[:, 1:]``.  ``Trainer`` needs ``accelerate`` (``pip install "probseq[zoo]"``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+
+from ._optional import require
+from .attention import posterior_mean
+from .dropin import _logits, kl_divergence
+from .elbo import SGPAELBO
+
+transformers = require("transformers", "zoo", "gpytorch_sgpa.trainer")
+require("accelerate", "zoo", "gpytorch_sgpa.trainer (transformers.Trainer)")
+
+__all__ = ["ELBO_STATE_NAME", "SGPATrainer"]
+
+#: The file beside each ``Trainer`` checkpoint that holds the ELBO's state.
+ELBO_STATE_NAME = "sgpa_elbo.json"
+
+
+class SGPATrainer(transformers.Trainer):
+    """``Trainer(model, args, ..., elbo=SGPAELBO(model, num_data, beta=..., anneal_steps=...),
+    eval_samples=0)``: fine-tunes ``model`` on ``-elbo`` (module docstring).  ``elbo.model`` must be
+    ``model``; an ELBO with parameters of its own (a Gaussian or Laplace likelihood) needs an
+    optimizer given through ``optimizers=``.  Batches need ``labels``."""
+
+    loss_is_scaled_for_ga = True  # compute_loss scales each micro-batch by its share of the step
+
+    def __init__(self, *args, elbo: SGPAELBO, eval_samples: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(elbo, SGPAELBO):
+            raise TypeError(f"elbo must be a gpytorch_sgpa.SGPAELBO, got {type(elbo).__name__}")
+        if elbo.model is not self.model:
+            raise ValueError("elbo.model must be the model the Trainer trains")
+        in_model = {id(p) for p in self.model.parameters()}
+        if any(id(p) not in in_model for p in elbo.parameters()) and kwargs.get("optimizers", (None,))[0] is None:
+            raise ValueError("the ELBO has parameters outside the model (its likelihood's), which the Trainer's default "
+                             "optimizer would not train: pass optimizers=(torch.optim.AdamW(elbo.parameters()), None)")
+        if isinstance(eval_samples, bool) or not isinstance(eval_samples, int) or eval_samples < 0:
+            raise ValueError(f"eval_samples must be an int >= 0 (0: the posterior mean), got {eval_samples!r}")
+        self.elbo = elbo
+        self.eval_samples = eval_samples
+        self._step_sequences = None
+        self._last_kl = None
+
+    # ------------------------------------------------------------------ training
+    def _scored(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._loss_shifts_labels:
+            return logits[..., :-1, :], labels[..., 1:]
+        return logits, labels
+
+    def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            value = value.clone()
+            torch.distributed.all_reduce(value)
+        return value
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """``Trainer``'s micro-batches of one optimizer step; counts the step's sequences on all
+        processes and, at the first step with ``beta="auto"``, chooses ``β`` from them."""
+        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if batch_samples:
+            rows = sum(len(batch["labels"]) for batch in batch_samples)
+            self._step_sequences = float(self._global_sum(torch.tensor(float(rows), dtype=torch.float64, device=device)))
+            if self.elbo.auto_beta and math.isnan(self.elbo.beta):
+                self._choose_beta(batch_samples)
+        return batch_samples, num_items_in_batch
+
+    @torch.no_grad()
+    def _choose_beta(self, batch_samples) -> None:
+        model = self.model
+        training = model.training
+        model.train()
+        totals, classes = None, None
+        with torch.random.fork_rng(devices=_cuda_devices(model)):  # the training passes draw the same noise and dropout
+            for batch in batch_samples:
+                inputs = dict(self._prepare_inputs(batch))
+                logits, labels = self._scored(_logits(model(**{k: v for k, v in inputs.items() if k != "labels"})),
+                                              inputs["labels"])
+                part = self.elbo.beta_totals(labels, self.elbo.weighted_kl(kl_divergence(model)))
+                totals = part if totals is None else totals + part
+                classes = logits.shape[-1]
+        model.train(training)
+        self.elbo.set_auto_beta(totals, classes)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """``-W (n_i / G) elbo(logits, kl_divergence(model), labels)`` for a micro-batch of ``n_i``
+        sequences (module docstring), the ELBO's counter set to the optimizer step."""
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits, labels = self._scored(_logits(outputs), labels)
+        kl = kl_divergence(model)
+        self.elbo.num_updates.fill_(self.state.global_step)
+        loss = -self.elbo(logits, kl, labels)
+        if model.training and self._step_sequences is not None:
+            world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            loss = loss * (world_size * labels.shape[0] / self._step_sequences)
+        self._last_kl = kl.detach()
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        """``Trainer.log`` with ``kl``, ``beta`` and ``kl_weight`` added to training logs."""
+        if "loss" in logs and self._last_kl is not None:
+            logs = {**logs, "kl": float(self._last_kl), "beta": self.elbo.beta, "kl_weight": self.elbo.kl_weight}
+        super().log(logs, *args, **kwargs)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model, trial) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            with open(os.path.join(folder, ELBO_STATE_NAME), "w") as handle:
+                json.dump({"beta": self.elbo.beta, "num_updates": self.state.global_step}, handle)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``; resuming from a checkpoint restores the ELBO's ``β``."""
+        if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
+            if resume_from_checkpoint is True:
+                resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(self.args.output_dir)
+            path = os.path.join(resume_from_checkpoint, ELBO_STATE_NAME)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path} is missing: the checkpoint was not written by SGPATrainer, so the "
+                                        "ELBO's β and counter cannot be restored")
+            with open(path) as handle:
+                state = json.load(handle)
+            self.elbo.beta = float(state["beta"])
+            if self.elbo.auto_beta:
+                self.elbo.chosen_beta.fill_(self.elbo.beta)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    # ------------------------------------------------------------------ evaluation
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """``(loss, logits, labels)`` of the deterministic prediction (module docstring)."""
+        inputs = dict(self._prepare_inputs(inputs))
+        labels = inputs.pop("labels", None)
+        with torch.no_grad():
+            if self.eval_samples == 0:
+                with posterior_mean():
+                    logits = _logits(model(**inputs))
+            else:
+                with torch.random.fork_rng(devices=_cuda_devices(model)):
+                    torch.manual_seed(self.args.seed)
+                    total = None
+                    for _ in range(self.eval_samples):
+                        sample = _logits(model(**inputs))
+                        probabilities = torch.softmax(sample.double(), dim=-1)
+                        total = probabilities if total is None else total + probabilities
+                    logits = (total / self.eval_samples).log().to(sample.dtype)
+            loss = None
+            if labels is not None:
+                scored, targets = self._scored(logits, labels)
+                loss = -self.elbo.expected_log_likelihood(scored, targets).mean()
+        if prediction_loss_only:
+            return loss, None, None
+        return loss, logits, labels
+
+
+def _cuda_devices(model) -> list[int]:
+    """The CUDA device of ``model``'s parameters (for ``torch.random.fork_rng``), or none."""
+    parameter = next(model.parameters(), None)
+    return [parameter.device.index or 0] if parameter is not None and parameter.is_cuda else []
