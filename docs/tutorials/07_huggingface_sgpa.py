@@ -21,7 +21,9 @@
 # 3. `gpytorch_sgpa.convert(model, num_global=...)`: sparse GP attention from the kernel network,
 #    fine-tuned on the ELBO — cross-entropy plus `gpytorch_sgpa.kl_divergence(model)` / `num_data`;
 # 4. `gpytorch_sgpa.predict_proba(model, inputs, num_samples=...)` for predictions that average
-#    over the attention's posterior.
+#    over the attention's posterior;
+# 5. the same fine-tuning with `transformers.Trainer` (`gpytorch_sgpa.trainer.SGPATrainer`), then
+#    `save_model` and `gpytorch_sgpa.from_pretrained` to reload the SGPA model.
 #
 # The data are the 10,568 movie-review sentences with a non-zero mean rating from the
 # vaderSentiment 3.3.2 source archive (`make data` fetches it), labelled positive or negative.
@@ -29,17 +31,20 @@
 
 # %%
 import os
+import tempfile
 
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertConfig, BertForSequenceClassification, TrainingArguments
+from transformers.utils import logging as transformers_logging
 
 import gpytorch_sgpa
 from gpytorch_sgpa.adapters import SelfAttentionAdapter
 from gpytorch_sgpa.data.splits import split_indices
 from gpytorch_sgpa.data.text import Vocabulary, binary_sentiment, encode_sentences, load_vader_snippets
 from gpytorch_sgpa.metrics import accuracy, calibration_errors
+from gpytorch_sgpa.trainer import SGPATrainer
 
 SMALL = os.environ.get("PROBSEQ_TUTORIAL_SIZE") == "small"
 torch.set_num_threads(1)
@@ -141,6 +146,48 @@ with torch.no_grad(), gpytorch_sgpa.posterior_mean():  # deterministic: the same
     torch.testing.assert_close(logits_of(model, test).softmax(-1), mean_probs)
 
 # %% [markdown]
+# ## 4. The same with `transformers.Trainer`, saved and reloaded
+# `SGPATrainer` is a `Trainer` whose loss is the negative ELBO (`SGPAELBO`: here `beta="auto"`, chosen at
+# the first training step, and a short annealing of the KL weight), scaled so that gradient accumulation
+# and data-parallel processes take the steps of one process on the whole batch. Its `evaluate` and
+# `predict` use the posterior mean, so two calls agree; the logs carry the KL and β. `save_model` writes
+# the conversion into the model's config, and `gpytorch_sgpa.from_pretrained` rebuilds the SGPA model from
+# the directory: its predictions are the saved model's, sample for sample.
+
+# %%
+transformers_logging.set_verbosity_error()
+transformers_logging.disable_progress_bar()
+
+
+def rows_of(split):
+    return [{"input_ids": ids[i], "attention_mask": attention_mask[i], "labels": labels[i]} for i in split.tolist()]
+
+
+output_dir = tempfile.mkdtemp()
+elbo = gpytorch_sgpa.SGPAELBO(model, num_data=len(train), beta="auto", anneal_steps=20)
+trainer = SGPATrainer(model, TrainingArguments(output_dir=output_dir, per_device_train_batch_size=32,
+                                               gradient_accumulation_steps=2, num_train_epochs=1, learning_rate=1e-3,
+                                               logging_steps=10, report_to="none", use_cpu=True, disable_tqdm=True,
+                                               save_strategy="no"),
+                      train_dataset=rows_of(train), eval_dataset=rows_of(test), elbo=elbo)
+trainer.train()
+logged = [entry for entry in trainer.state.log_history if "kl" in entry]
+print(f"β = {elbo.beta:.4f}, KL at the last logged step {logged[-1]['kl']:.1f} nats")
+first, second = trainer.predict(rows_of(test)), trainer.predict(rows_of(test))
+assert (first.predictions == second.predictions).all()  # deterministic: the posterior mean
+
+trainer.save_model(output_dir)
+reloaded = gpytorch_sgpa.from_pretrained(BertForSequenceClassification, output_dir)
+with torch.no_grad():
+    torch.manual_seed(1)
+    saved_sample = logits_of(model.eval(), test)
+    torch.manual_seed(1)
+    assert torch.equal(logits_of(reloaded, test), saved_sample)  # the same weights, the same noise, the same logits
+    trainer_probs = gpytorch_sgpa.predict_proba(reloaded, input_ids=ids[test], attention_mask=attention_mask[test],
+                                                num_samples=10)
+evaluate("SGPA, Trainer, reloaded", trainer_probs)
+
+# %% [markdown]
 # ## Confidence against accuracy
 # A reliability diagram per model: test sentences binned by the model's confidence (its largest
 # class probability), accuracy in each bin against the bin's mean confidence. A calibrated model
@@ -157,7 +204,8 @@ def reliability(probs, bins=10):
 
 
 figure, axis = plt.subplots(figsize=(4.5, 4))
-for name, probs in (("softmax (MLE)", softmax_probs), ("SGPA, 10 samples", sgpa_probs)):
+for name, probs in (("softmax (MLE)", softmax_probs), ("SGPA, 10 samples", sgpa_probs),
+                    ("SGPA, Trainer", trainer_probs)):
     confidence, observed = reliability(probs)
     axis.plot(confidence, observed, "o-", label=name)
 axis.plot([0.5, 1], [0.5, 1], "k--", linewidth=1, label="calibrated")
