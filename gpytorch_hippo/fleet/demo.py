@@ -45,7 +45,7 @@ class EmploymentModelFactory:
     (``ℓ = lengthscale``, outputscale 1), noise variance ``noise``, the same for every stream; ``inducing``
     ``"points"``: ``M`` inducing points fixed on ``[0, horizon]`` (OSGPR-fixed); ``"hippo"``: ``M`` LegS bases
     per stream, each with its own clock (OHSGPR, lyapunov backend), moved to the latest month a stream has
-    seen by :meth:`before_update`.
+    seen by ``before_update``.
 
     :attr:`before_update` is the fleet's hook (``StreamFleet(before_update=...)``) for inducing variables that
     move with each stream's clock; fixed points need none (``None``)."""

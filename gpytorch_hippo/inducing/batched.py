@@ -157,6 +157,7 @@ class BatchedInducingVariables(InducingVariables):
     def advance(self, t_new: float | Tensor) -> None:
         """Move each stream's bases to its ``t_new`` (a float for all, or ``(S,)``); a stream whose ``t_new``
         equals its clock stays where it is (e.g. a stream without data in this task)."""
+        self._check_movable("advance(t_new)")
         targets = torch.as_tensor(t_new, dtype=torch.float64).detach().cpu()
         if targets.dim() == 0:
             targets = targets.expand(len(self.streams))

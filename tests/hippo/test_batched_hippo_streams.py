@@ -148,3 +148,82 @@ def test_the_captured_variance_warning_names_the_worst_stream():
         model.update(x, torch.sin(x[..., 0]), mask=torch.ones(2, 10, dtype=torch.bool))
     messages = [str(w.message) for w in caught if "inducing variables keep only" in str(w.message)]
     assert messages and "stream 1" in messages[0]
+
+
+class _StreamsGP(gpytorch.models.ApproximateGP):
+    """An SVGP of ``batch`` independent streams (GPyTorch's batch convention) on the interdomain strategy."""
+
+    def __init__(self, variables, batch=torch.Size([])):
+        from gpytorch_hippo.variational import InterdomainVariationalStrategy
+
+        super().__init__(None)
+        distribution = gpytorch.variational.CholeskyVariationalDistribution(variables.num_inducing, batch_shape=batch)
+        self.variational_strategy = InterdomainVariationalStrategy(self, variables, distribution)
+        self.mean_module = gpytorch.means.ZeroMean()
+        self.covar_module = kernel(batch)
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+@pytest.mark.parametrize("variables", ["points", "hippo"])
+def test_online_elbo_with_batched_streams_equals_each_streams_own_model(variables):
+    """OHSVGP/OSVGP (OnlineELBO) on GPyTorch's batch shapes: the per-stream ELBOs do not interact, so SGD on
+    their sum moves each stream as its own model; HiPPO bases move with per-stream clocks through the
+    strategy's advance (which carries q(u))."""
+    from gpytorch_hippo import InducingPoints, OnlineELBO
+
+    generator = torch.Generator().manual_seed(0)
+    points = 4 * torch.rand(S, 6, 1, generator=generator, dtype=DT)
+    tasks = [(1.0 + torch.rand(S, 15, 1, generator=generator, dtype=DT) * STARTS.view(S, 1, 1), None)]
+    for k in (1, 2):
+        tasks.append((STARTS.view(S, 1, 1) * k + 1 + torch.rand(S, 15, 1, generator=generator, dtype=DT), None))
+    clocks = [(task[0][..., 0].amax(-1) + 0.01) for task in tasks]
+    tasks = [(x, torch.sin(2 * x[..., 0])) for x, _ in tasks]
+
+    def build(stream=None):
+        batch = torch.Size([S]) if stream is None else torch.Size([])
+        if variables == "points":
+            ivs = InducingPoints((points if stream is None else points[stream]).clone(), learn=False)
+        else:
+            t0 = clocks[0] if stream is None else clocks[0][stream].item()
+            ivs = HiPPOInducingVariables(6, "legs", t=t0, method="spectral", batch_shape=batch if stream is None else None)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double()
+        return _StreamsGP(ivs, batch).double(), likelihood
+
+    def learn(model, likelihood, stream=None):
+        elbo = OnlineELBO(likelihood, model, num_data=15)
+        for k, (x, y) in enumerate(tasks):
+            if stream is not None:
+                x, y = x[stream], y[stream]
+            if k > 0:
+                elbo.end_task()
+                if variables == "hippo":
+                    model.variational_strategy.advance(clocks[k] if stream is None else clocks[k][stream].item())
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+            for _ in range(15):
+                optimizer.zero_grad()
+                (-elbo(model(x), y).sum()).backward()
+                optimizer.step()
+        return model
+
+    batched, likelihood = build()
+    batched(tasks[0][0])  # GPyTorch initialises q(u), with random noise, at the first call: copied below
+    initial = copy.deepcopy(batched.state_dict())
+    learn(batched, likelihood)
+    test = torch.linspace(0, 8, 17, dtype=DT)
+    batched.eval()
+    with torch.no_grad():
+        joint = batched(test.expand(S, -1).unsqueeze(-1))
+    for s in range(S):
+        alone, alone_likelihood = build(s)
+        own = {k: v for k, v in initial.items() if ".streams." not in k or k.split(".streams.")[1].startswith(f"{s}.")}
+        own = {k.replace(f".streams.{s}.", "."): (v[s] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == S
+                                                   and ".streams." not in k else v) for k, v in own.items()}
+        alone.load_state_dict(own)
+        learn(alone, alone_likelihood, s)
+        alone.eval()
+        with torch.no_grad():
+            reference = alone(test)
+        torch.testing.assert_close(joint.mean[s], reference.mean, rtol=0, atol=1e-9)
+        torch.testing.assert_close(joint.variance[s], reference.variance, rtol=0, atol=1e-9)
