@@ -13,8 +13,8 @@
 #
 # `gpytorch_hippo.botorch.OnlineGPModel` is a BoTorch `Model` whose posterior is an online sparse
 # GP (`OnlineSGPR`): each new observation is absorbed by one online update, without refitting and
-# without revisiting (or even storing) the old data, so a step costs the same at step 10 and at
-# step 10,000. Any BoTorch acquisition function works with it.
+# without revisiting the old data (with `keep_data=False`, as here, without storing it either), so a
+# step costs the same at step 10 and at step 10,000. Any BoTorch acquisition function works with it.
 #
 # The task: every daylight hour, choose the tilt and azimuth of a solar panel to catch the most
 # irradiance in that hour (pvlib's transposition of the TMY3 hour's measured irradiance). The best
@@ -111,7 +111,7 @@ plt.show()
 # Monte-Carlo acquisition functions and look-ahead ones work too: `qLogNoisyExpectedImprovement`
 # evaluates the joint posterior of `q` candidates with the baseline points; `qKnowledgeGradient`
 # conditions the model on sampled (fantasy) observations through `condition_on_observations`,
-# which then takes a t-batch of data and returns a batched model. `OnlineGPModel` stores no data,
+# which then takes a t-batch of data and returns a batched model. This model keeps no data,
 # so the baseline points are passed explicitly.
 
 # %% [markdown]
