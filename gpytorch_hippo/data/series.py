@@ -121,28 +121,74 @@ def load_dataset(name: str) -> Dataset:
     raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
 
 
-def split_tasks(data: Dataset, num_tasks: int, seed: int, test_fraction: float = 0.2, split: str | None = None) -> list[Task]:
+def split_keys(x: Tensor, split: str) -> list[Tensor]:
+    """The sort keys of a task split, most significant first: ``"time"``/``"first-dim"``: the input's
+    dimensions ``x_1, x_2, ..., x_D``; ``"l2"``: ``||x||_2`` and then ``x_1, ..., x_D``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    dims = list(x.unbind(-1))
+    return dims if split in ("time", "first-dim") else [x.norm(dim=-1)] + dims
+
+
+def split_order(x: Tensor, split: str) -> Tensor:
+    """The oracle order of ``split`` (thesis §4.6.2): a stable lexicographic argsort of
+    :func:`split_keys`, so points tied on the split key are ordered by the next key (a plain
+    ``torch.argsort`` of the split key leaves ties in an arbitrary, implementation-defined order)."""
+    order = torch.arange(x.shape[0], device=x.device)
+    for key in reversed(split_keys(x, split)):
+        order = order[torch.argsort(key[order], stable=True)]
+    return order
+
+
+def minmax_inputs(data: Dataset) -> Dataset:
+    """``data`` with every input dimension mapped affinely onto ``[-1, 1]``,
+    ``x' = 2 (x - min) / (max - min) - 1`` (the continual UCI protocol of Stanton et al. 2021's
+    ``online_gp``, which the thesis's §4.6.2 follows); targets unchanged. A constant dimension is refused."""
+    low, high = data.x.min(0).values, data.x.max(0).values
+    if (high <= low).any():
+        raise ValueError(f"{data.name}: input dimensions {torch.nonzero(high <= low).flatten().tolist()} are constant")
+    return Dataset(data.name, 2 * (data.x - low) / (high - low) - 1, data.y, data.likelihood)
+
+
+def split_tasks(data: Dataset, num_tasks: int, seed: int, test_fraction: float = 0.2, split: str | None = None,
+                test_split: str = "per-task") -> list[Task]:
     """Sort by ``split`` (``"time"`` for series: the input itself; ``"first-dim"`` or ``"l2"``: the
-    first input dimension or the L2 norm, thesis §4.6.2), cut into ``num_tasks`` contiguous tasks of
-    equal size, and draw a random ``test_fraction`` of each task as its test set (``seed``).
+    first input dimension or the L2 norm, thesis §4.6.2) and cut into ``num_tasks`` contiguous tasks of
+    equal size. ``test_split="per-task"``: a random ``test_fraction`` of each task is its test set
+    (``seed``; the sort is a stable argsort of the split key alone); ``"global"``: a random
+    ``floor(test_fraction N)`` of all ``N`` points is held out first (Stanton et al. 2021's protocol)
+    and each task's test set is the held-out points among its own, the sort being :func:`split_order`.
     ``t_end`` of a task is halfway to the next task's first key (the last task: its last key)."""
     split = split or ("time" if data.is_series else "first-dim")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if test_split not in ("per-task", "global"):
+        raise ValueError(f"test_split must be 'per-task' or 'global', got {test_split!r}")
     if split == "time" and not data.is_series:
         raise ValueError(f"split='time' needs 1-D inputs; {data.name} has {data.x.shape[-1]}: use 'first-dim' or 'l2'")
     if not isinstance(num_tasks, int) or not 1 <= num_tasks <= data.y.shape[0] // 2:
         raise ValueError(f"num_tasks must be an int in [1, {data.y.shape[0] // 2}], got {num_tasks!r}")
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
-    key = data.x[:, 0] if split in ("time", "first-dim") else data.x.norm(dim=-1)
-    order = torch.argsort(key, stable=True)
-    chunks = torch.tensor_split(order, num_tasks)
+    key = split_keys(data.x, split)[0]
     generator = torch.Generator().manual_seed(seed)
+    if test_split == "global":
+        order = split_order(data.x, split)
+        held_out = torch.zeros(data.y.shape[0], dtype=torch.bool)
+        held_out[torch.randperm(data.y.shape[0], generator=generator)[: int(test_fraction * data.y.shape[0])]] = True
+    else:
+        order = torch.argsort(key, stable=True)
+    chunks = torch.tensor_split(order, num_tasks)
     tasks = []
     for k, chunk in enumerate(chunks):
-        is_test = torch.zeros(chunk.shape[0], dtype=torch.bool)
-        is_test[torch.randperm(chunk.shape[0], generator=generator)[: max(1, round(test_fraction * chunk.shape[0]))]] = True
+        if test_split == "global":
+            is_test = held_out[chunk]
+        else:
+            is_test = torch.zeros(chunk.shape[0], dtype=torch.bool)
+            is_test[torch.randperm(chunk.shape[0], generator=generator)[: max(1, round(test_fraction * chunk.shape[0]))]] = True
+        if is_test.all() or not is_test.any():
+            raise ValueError(f"task {k + 1} has {int(is_test.sum())} of {chunk.shape[0]} points held out: "
+                             "use fewer tasks or another test_fraction")
         last = float(key[chunk[-1]])
         t_end = (last + float(key[chunks[k + 1][0]])) / 2 if k + 1 < num_tasks else last
         train, test = chunk[~is_test], chunk[is_test]

@@ -51,7 +51,7 @@ from ..data import DATASETS, load_dataset, split_tasks
 from ..hippo import MEASURES
 from ..metrics import gaussian_nlpd, rmse
 from ..online import OnlineSGPR
-from .online_elbo import ELBO_METHODS, run_elbo_method
+from .online_elbo import ELBO_METHODS, FIRST_TASK_KERNELS, PREPROCESSINGS, run_elbo_method
 
 METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
 HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact ones; ohsgpr-rff is the recurrence
@@ -196,15 +196,17 @@ def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> dict[str, f
 def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_tasks: int = 10, first_iters: int = 100,
                osgpr_iters: int = 100, lr: float = 0.05, train_kernel: bool = False, measure: str = "legs",
                progress: bool = False, split: str | None = None, svgp_iters: int = 200, first_fit: str = "grid",
-               hippo_backend: str | None = None, dtype: torch.dtype = torch.float64):
+               hippo_backend: str | None = None, dtype: torch.dtype = torch.float64, first_task_kernel: str = "exact-gp",
+               preprocessing: str = "thesis"):
     """Rows of :data:`COLUMNS` for one method and seed, the final model and the data (for plots).
     Counts and multidimensional data go to :func:`~.online_elbo.run_elbo_method` (``split``,
-    ``svgp_iters``); Gaussian series use the collapsed :class:`OnlineSGPR` methods, in ``dtype``
+    ``svgp_iters``, ``first_task_kernel``, ``preprocessing``); Gaussian series use the collapsed :class:`OnlineSGPR` methods, in ``dtype``
     after the first task's float64 hyperparameter fit."""
     data = load_dataset(dataset)
     if data.likelihood != "gaussian" or not data.is_series:
         rows, model, _ = run_elbo_method(data, method, num_inducing, seed, num_tasks, split, svgp_iters, lr=0.01,
-                                         first_fit=first_fit)
+                                         first_fit=first_fit, first_task_kernel=first_task_kernel,
+                                         preprocessing=preprocessing)
         return rows, model, data
     if method not in METHODS:
         raise ValueError(f"method {method!r} does not apply to the Gaussian series {dataset}; choose from {', '.join(METHODS)}")
@@ -381,6 +383,13 @@ def main(argv=None):
                              "multidimensional inputs: no effect, span/4 per dimension), or 'given': length scale "
                              "span/50, noise 0.1 (counts: dispersion 1; the runner before the grid; tables measured "
                              "before it in docs/results.md say so)")
+    parser.add_argument("--first-task-kernel", default="exact-gp", choices=FIRST_TASK_KERNELS,
+                        help="multidimensional inputs: kernel and noise from an exact ARD GP fitted to task 1 with "
+                             "fit_gpytorch_mll and fixed, task 1 ordered with it (default, the thesis), or 'elbo': "
+                             "trained on task 1's online ELBO from span/4, task 1 ordered with the starting kernel")
+    parser.add_argument("--preprocessing", default="thesis", choices=PREPROCESSINGS,
+                        help="multidimensional inputs: min-max to [-1, 1] and a global 10%% test split (default, "
+                             "Stanton et al.'s protocol) or 'standardise': standardised inputs, 20%% of each task held out")
     parser.add_argument("--osgpr-iters", type=int, default=100, help="Adam steps on inducing inputs per later task (osgpr, ovc-optz)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--train-kernel", action="store_true", help="keep training hyperparameters after task 1 (App. C.4.1)")
@@ -420,7 +429,8 @@ def main(argv=None):
     rows, finals = run(args.dataset, methods, args.num_inducing, seeds, progress=not args.quiet, out=args.out,
                        num_tasks=args.tasks, first_iters=args.first_iters, osgpr_iters=args.osgpr_iters, lr=args.lr,
                        train_kernel=args.train_kernel, measure=args.measure, split=args.split, svgp_iters=args.svgp_iters,
-                       first_fit=args.first_fit, hippo_backend=args.hippo_backend, dtype=getattr(torch, args.dtype))
+                       first_fit=args.first_fit, hippo_backend=args.hippo_backend, dtype=getattr(torch, args.dtype),
+                       first_task_kernel=args.first_task_kernel, preprocessing=args.preprocessing)
     path = write_csv(rows, args.out)
     plots = plot(rows, finals, args.out)
     print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s) ({seeds[0]}..{seeds[-1]}); "

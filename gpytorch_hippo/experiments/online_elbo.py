@@ -13,8 +13,13 @@ Gaussian or whose inputs are not times. Methods, all one ``ApproximateGP`` with
 * ``osvgp``: inducing points drawn from old points ∪ new inputs, trained with ``q(u)``;
 * ``ovc``: pivoted-Cholesky points, fixed.
 
-Each task runs ``svgp_iters`` Adam steps; task 1 also trains the kernel and likelihood, which then
-stay fixed (series: started from a grid, :func:`first_task_start`, unless ``first_fit="given"``).
+Each task runs ``svgp_iters`` Adam steps. Series: task 1 also trains the kernel and likelihood,
+which then stay fixed (started from a grid, :func:`first_task_start`, unless ``first_fit="given"``).
+Multidimensional inputs (the thesis's set-up, §4.6.2, ``first_task_kernel="exact-gp"``): the ARD-RBF
+kernel and the noise come from an exact GP fitted to task 1 (:func:`fit_exact_gp`) and stay fixed
+from task 1 on, and the kernel-similarity order of task 1 uses that kernel; ``preprocessing="thesis"``
+maps the inputs onto ``[-1, 1]`` and holds out a global 10 % test split (:func:`~gpytorch_hippo.data.split_tasks`).
+The oracle order of OHSVGP-o is :func:`~gpytorch_hippo.data.split_order` (stable, ties broken by the next key).
 Counts get NLPD (Gauss-Hermite log predictive density) and the thesis's interval ECE
 (10 central intervals from 100 predictive samples).
 """
@@ -28,7 +33,7 @@ import gpytorch
 import torch
 
 from ..baselines import PivotedCholeskySchedule, RandomPointsSchedule
-from ..data import Dataset, split_tasks
+from ..data import Dataset, minmax_inputs, split_order, split_tasks
 from ..inducing import HiPPOInducingVariables
 from ..likelihoods import NegativeBinomialLikelihood
 from ..metrics import gaussian_nlpd, interval_ece, nlpd_from_log_density, rmse
@@ -37,6 +42,10 @@ from ..ordering import order_inputs
 from ..variational import InterdomainVariationalStrategy
 
 ELBO_METHODS = ("ohsvgp", "ohsvgp-k", "ohsvgp-o", "osvgp", "ovc")
+#: ``first_task_kernel`` of :func:`run_elbo_method` (multidimensional inputs).
+FIRST_TASK_KERNELS = ("exact-gp", "elbo")
+#: ``preprocessing`` of :func:`run_elbo_method` (multidimensional inputs).
+PREPROCESSINGS = ("thesis", "standardise")
 
 
 class OnlineApproximateGP(gpytorch.models.ApproximateGP):
@@ -88,6 +97,24 @@ def first_task_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, mean_cons
         likelihood.dispersion = best[1]
 
 
+def fit_exact_gp(kernel: gpytorch.kernels.Kernel, likelihood: gpytorch.likelihoods.GaussianLikelihood,
+                 mean_module: gpytorch.means.Mean, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Fit ``kernel``, ``likelihood`` and ``mean_module`` in place by maximising the exact log
+    marginal likelihood ``log N(y | m 1, K_xx + σ² I)`` of task 1 with BoTorch's ``fit_gpytorch_mll``
+    (L-BFGS-B) on a BoTorch ``SingleTaskGP`` built from these modules (no input or outcome
+    transforms), the thesis's "full GP model trained over the initial task" (§4.6); parameters with
+    ``requires_grad=False`` stay as they are."""
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+
+    model = SingleTaskGP(x, y.unsqueeze(-1), likelihood=likelihood, covar_module=kernel, mean_module=mean_module,
+                         outcome_transform=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # BoTorch's input-scaling advice: the runner scales the inputs itself
+        fit_gpytorch_mll(gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model))
+    model.train()
+
+
 def _evaluate(model, likelihood, x, y, counts: bool, generator: torch.Generator) -> dict:
     model.eval()
     with torch.no_grad():
@@ -106,20 +133,35 @@ def _evaluate(model, likelihood, x, y, counts: bool, generator: torch.Generator)
 
 def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, num_tasks: int, split: str | None,
                     svgp_iters: int = 200, lr: float = 0.01, num_rff: int = 1000, progress: bool = False,
-                    first_fit: str = "grid"):
+                    first_fit: str = "grid", first_task_kernel: str = "exact-gp", preprocessing: str = "thesis"):
     """Rows of the runner's CSV columns for one method and seed, the final model and its likelihood.
     ``first_fit``: ``"grid"`` starts the task-1 hyperparameters of a series (the counts) at
     :func:`first_task_start` with ``num_inducing`` points, ``"given"`` at length scale ``span / 50``,
     outputscale ``softplus(0) = 0.69`` and dispersion 1 (the runner before that, whose count fits
     stayed at dispersion ≈ 2).  Multidimensional inputs start at ``span / 4`` per dimension, noise
     and outputscale 0.69, either way: there the isotropic grid reached a lower task-1 ELBO after
-    the runner's steps than this ARD start (diabetes, concrete: docs/results.md)."""
+    the runner's steps than this ARD start (diabetes, concrete: docs/results.md).
+    Multidimensional inputs only: ``first_task_kernel="exact-gp"`` fits the kernel, noise and mean
+    constant to task 1 with :func:`fit_exact_gp` from that start and keeps them fixed on every task
+    (task 1 trains ``q(u)`` only, and OHSVGP-k orders task 1 with the fitted kernel); ``"elbo"`` trains
+    them on task 1's online ELBO and orders task 1 with the starting kernel (the runner before).
+    ``preprocessing="thesis"``: :func:`~gpytorch_hippo.data.minmax_inputs` and a global 10 % test split;
+    ``"standardise"``: the data as loaded (standardised) and 20 % of each task held out."""
     if first_fit not in ("grid", "given"):
         raise ValueError(f"first_fit must be 'grid' or 'given', got {first_fit!r}")
+    if first_task_kernel not in FIRST_TASK_KERNELS:
+        raise ValueError(f"first_task_kernel must be one of {FIRST_TASK_KERNELS}, got {first_task_kernel!r}")
+    if preprocessing not in PREPROCESSINGS:
+        raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}")
     if method not in methods_for(data):
         raise ValueError(f"method {method!r} does not apply to {data.name}; choose from {', '.join(methods_for(data))}")
     counts = data.likelihood == "negative-binomial"
-    tasks = split_tasks(data, num_tasks, seed, split=split)
+    exact_first = first_task_kernel == "exact-gp" and not data.is_series and not counts
+    if preprocessing == "thesis" and not data.is_series:
+        data = minmax_inputs(data)
+        tasks = split_tasks(data, num_tasks, seed, test_fraction=0.1, split=split, test_split="global")
+    else:
+        tasks = split_tasks(data, num_tasks, seed, split=split)
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     dim = data.x.shape[-1]
@@ -135,6 +177,11 @@ def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, nu
     mean.requires_grad_(False)  # interdomain variables project f - m: the mean stays fixed
     if first_fit == "grid" and data.is_series:  # multidimensional inputs keep span / 4 per dimension (docstring)
         first_task_start(kernel, likelihood, float(mean.constant), tasks[0].train_x, tasks[0].train_y, num_inducing)
+    if exact_first:
+        mean.requires_grad_(True)
+        fit_exact_gp(kernel, likelihood, mean, tasks[0].train_x, tasks[0].train_y)
+        for module in (kernel, likelihood, mean):
+            module.requires_grad_(False)
     if method.startswith("ohsvgp"):
         if data.is_series:
             ivs = HiPPOInducingVariables(num_inducing, "legs", t=tasks[0].t_end, start=float(data.x.min()))
@@ -148,7 +195,6 @@ def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, nu
     model = OnlineApproximateGP(ivs.double(), kernel, mean).double()
     mll = OnlineELBO(likelihood, model, num_data=tasks[0].train_y.shape[0])
     rows, cum_time, last_input = [], 0.0, None
-    key_fn = (lambda x: x[:, 0]) if split in (None, "first-dim") else (lambda x: x.norm(dim=-1))
     for k, task in enumerate(tasks):
         start = time.perf_counter()
         x, y = task.train_x, task.train_y
@@ -161,7 +207,8 @@ def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, nu
             elif data.is_series:
                 strategy.advance(task.t_end)
         if method.startswith("ohsvgp") and not data.is_series:
-            order = torch.argsort(key_fn(x)) if method == "ohsvgp-o" else order_inputs(x, "kernel_max", kernel=kernel, start=last_input)
+            order = (split_order(x, split or "first-dim") if method == "ohsvgp-o"
+                     else order_inputs(x, "kernel_max", kernel=kernel, start=last_input))
             x, y = x[order], y[order]
             last_input = x[-1]
             strategy.append_path(x)
