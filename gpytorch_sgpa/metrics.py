@@ -3,7 +3,8 @@
 Thesis chapter 3 (section "Experiments") evaluates classifiers by accuracy (or the Matthews
 correlation coefficient for CoLA), negative log-likelihood (a proper scoring rule, App. B.2.1),
 expected and maximum calibration error with 15 equal-width confidence bins (App. B.2.2, following
-Guo et al. 2017), and out-of-distribution detection by the area under the ROC and precision-recall
+Guo et al. 2017; top-label, :func:`calibration_errors`, and over all classes as the SGPA authors'
+published numbers, :func:`all_class_calibration_errors`), and out-of-distribution detection by the area under the ROC and precision-recall
 curves with predictive entropy as the score. Regression (App. B.3.2, ZINC) uses MAE, RMSE and the
 NLL of a Laplace likelihood ``g(y|f) = exp(-|y - f| / b) / (2b)``.
 
@@ -22,6 +23,7 @@ __all__ = [
     "negative_log_likelihood",
     "calibration_errors",
     "calibration_errors_from_confidence",
+    "all_class_calibration_errors",
     "expected_calibration_error",
     "maximum_calibration_error",
     "matthews_correlation",
@@ -144,6 +146,36 @@ def calibration_errors_from_confidence(confidence, correct, num_bins: int = 15) 
     return ece, mce
 
 
+def all_class_calibration_errors(probs, labels, num_bins: int = 15) -> tuple[float, float]:
+    """ECE and MCE over all ``N C`` (probability, outcome) pairs, the definition of the SGPA authors' evaluation.
+
+    Every class probability ``p_ic`` is a prediction whose outcome is ``1[y_i = c]`` (the one-hot
+    label), not only the top label's. With ``n_b`` of the ``N C`` probabilities in bin ``b``
+    (``[(b - 1) / B, b / B)``, the last bin closed at 1),
+
+    ``ECE = sum_b (n_b / (N C)) |mean_{(i,c) in b} 1[y_i = c] - mean_{(i,c) in b} p_ic|``,
+    ``MCE = max_b |...|`` over non-empty bins.
+
+    The authors' README states that their ECE/MCE are computed this way ("for all classes, not just
+    the max-prob class"). The many near-zero probabilities of a confident classifier sit in the
+    first bin with outcomes that are almost all 0, so this ECE is smaller than the top-label one
+    (by about a factor ``C`` for ``C`` classes when the top label carries the miscalibration).
+    """
+    probs = _check_probs(probs)
+    labels = _check_labels(labels, probs.shape[0], probs.shape[1])
+    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
+        raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
+    outcomes = torch.nn.functional.one_hot(labels, probs.shape[1]).double().flatten()
+    values = probs.clamp(0.0, 1.0).flatten()
+    bin_index = torch.floor(values * num_bins).long().clamp(0, num_bins - 1)
+    counts = torch.bincount(bin_index, minlength=num_bins).double()
+    value_sum = torch.bincount(bin_index, weights=values, minlength=num_bins)
+    outcome_sum = torch.bincount(bin_index, weights=outcomes, minlength=num_bins)
+    occupied = counts > 0
+    gaps = (outcome_sum[occupied] - value_sum[occupied]).abs() / counts[occupied]
+    return float((gaps * counts[occupied]).sum() / values.shape[0]), float(gaps.max())
+
+
 def expected_calibration_error(probs, labels, num_bins: int = 15) -> float:
     """ECE with equal-width bins; see :func:`calibration_errors`."""
     return calibration_errors(probs, labels, num_bins)[0]
@@ -242,9 +274,11 @@ def ood_detection_scores(probs_in, probs_out) -> tuple[float, float]:
 def classification_metrics(probs, labels, ood_probs=None, num_bins: int = 15) -> dict[str, float]:
     """All chapter-3 classification metrics in one dictionary.
 
-    Keys: ``accuracy, nll, ece, mce, mcc, auroc, aupr`` (the last two are NaN without ``ood_probs``).
+    Keys: ``accuracy, nll, ece, mce`` (top label), ``ece_all, mce_all`` (all classes,
+    :func:`all_class_calibration_errors`), ``mcc, auroc, aupr`` (the last two are NaN without ``ood_probs``).
     """
     ece, mce = calibration_errors(probs, labels, num_bins)
+    ece_all, mce_all = all_class_calibration_errors(probs, labels, num_bins)
     if ood_probs is None:
         auroc = aupr = math.nan
     else:
@@ -254,6 +288,8 @@ def classification_metrics(probs, labels, ood_probs=None, num_bins: int = 15) ->
         "nll": negative_log_likelihood(probs, labels),
         "ece": ece,
         "mce": mce,
+        "ece_all": ece_all,
+        "mce_all": mce_all,
         "mcc": matthews_correlation(probs, labels),
         "auroc": auroc,
         "aupr": aupr,

@@ -16,7 +16,9 @@ Methods (thesis section "Experiments" and App. B.3.1):
 * ``sgpae``: ensemble of ``--ensemble-size`` ``sgpa`` networks.
 
 All networks share one architecture (``--d-model``, ``--num-heads``, ``--num-layers``, dropout 0.1
-as in App. B.4) and optimiser (Adam, learning rate decaying linearly to a tenth). As the thesis
+as in App. B.4) and optimiser (Adam, learning rate decaying linearly to a tenth; ``--preset thesis``:
+the thesis's and the SGPA authors' KL weighting, annealing, ``M_g``, kernel initialisation and
+learning-rate schedule, :data:`PRESETS`). As the thesis
 does for CIFAR (App. B.4), SGPA networks start from the ``mle-kernel`` network of the same seed
 after ``--mle-init-epochs`` epochs and train the remaining epochs with the ELBO, so every method
 sees ``--epochs`` epochs in total (when no requested method evaluates the ``mle-kernel`` network,
@@ -34,7 +36,7 @@ Datasets: ``fashion_mnist`` (ViT, patch 7, ARD-RBF kernel; OOD set: MNIST from m
 ``vader`` (Transformer over movie-review sentences, exponential kernel; OOD set: NYT editorial
 sentences from the same archive) and ``digits`` (scikit-learn 8 x 8 digits, patch 4; OOD set: the
 digits flipped upside down and mirrored), a seconds-sized task for tests.
-Writes ``OUT/results.csv`` (columns :data:`CSV_COLUMNS`) and ``OUT/results.png`` and prints a table
+Writes ``OUT/results.csv`` (columns :data:`CSV_COLUMNS`: top-label and all-class ECE/MCE) and ``OUT/results.png`` and prints a table
 of mean +- 2 standard errors over seeds, as in the thesis.  ``--shift`` (image datasets) also
 evaluates every method on the test set corrupted by :data:`~gpytorch_sgpa.data.CORRUPTIONS` at
 severities 1-5 (thesis §3.5.2, CIFAR10-C style) and writes ``OUT/shift.csv`` (columns
@@ -79,11 +81,14 @@ from .training import Split, predict_in_batches, train_classifier
 METHODS = ("mle-sdp", "mle-kernel", "mcd", "ts", "de", "sgpa", "sgpa-dsvgp", "sgpa-standard", "sgpae")
 DATASETS = ("fashion_mnist", "vader", "digits")
 #: The columns of the in-distribution CSV the runner writes.
+#: ``ece``/``mce`` are top-label (:func:`~gpytorch_sgpa.metrics.calibration_errors`), ``ece_all``/``mce_all``
+#: over all classes (:func:`~gpytorch_sgpa.metrics.all_class_calibration_errors`, the SGPA authors' numbers).
 CSV_COLUMNS = ("dataset", "method", "seed", "accuracy", "nll", "ece", "mce", "auroc", "aupr",
-               "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final", "world_size")
-METRIC_COLUMNS = CSV_COLUMNS[3:11]
+               "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final", "world_size",
+               "ece_all", "mce_all")
+METRIC_COLUMNS = CSV_COLUMNS[3:11] + ("ece_all", "mce_all")
 #: The columns of the CSV of the corrupted test sets.
-SHIFT_COLUMNS = ("dataset", "method", "seed", "corruption", "severity", "accuracy", "nll", "ece")
+SHIFT_COLUMNS = ("dataset", "method", "seed", "corruption", "severity", "accuracy", "nll", "ece", "ece_all")
 
 # Which trained network each method evaluates: (network family, ensemble?).
 _NETWORK_OF_METHOD = {
@@ -103,7 +108,14 @@ _ATTENTION_OF_FAMILY = {"mle-sdp": "sdp", "mle-kernel": "kernel", "sgpa": "sgpa"
 
 @dataclass
 class ExperimentConfig:
-    """Sizes and optimisation settings; defaults are the CPU-sized runs reported in docs/results.md."""
+    """Sizes and optimisation settings; defaults are the CPU-sized runs reported in docs/results.md.
+
+    ``num_global=None``: the thesis's rule ``M_g = O(T_avg / H)`` as ``ceil(2 T_avg / H)``
+    (:func:`thesis_num_global`). ``lr`` decays linearly to ``lr_final`` (``None``: ``lr / 10``) after
+    a warm-up from ``lr_final`` over ``lr_warmup_fraction`` of the updates; ``restart_optimizer``
+    builds a new Adam every epoch. The KL weight ramps from 0 to ``beta`` over ``kl_anneal_epochs``
+    epochs or, when ``kl_anneal_fraction > 0``, over that fraction of the ELBO updates.
+    """
 
     train_size: int = 8000
     val_size: int = 1000
@@ -115,11 +127,15 @@ class ExperimentConfig:
     d_model: int = 64
     num_heads: int = 4
     num_layers: int = 2
-    num_global: int = 32
+    num_global: int | None = 32
     dropout: float = 0.1
     ensemble_size: int = 3
     num_samples: int = 10
     kl_anneal_epochs: int = 0
+    kl_anneal_fraction: float = 0.0
+    lr_final: float | None = None
+    lr_warmup_fraction: float = 0.0
+    restart_optimizer: bool = False
     mle_init_epochs: int = 2
     beta: float = 1.0
     kl_weighting: str = "all-over-n"
@@ -135,6 +151,38 @@ class ExperimentConfig:
 QUICK_CONFIG = ExperimentConfig(train_size=256, val_size=128, test_size=128, ood_size=128, epochs=1,
                                 batch_size=64, d_model=16, num_heads=2, num_layers=1, num_global=8,
                                 ensemble_size=2, num_samples=3, mle_init_epochs=0)
+
+#: ``--preset``: the named set-ups of items the thesis fixes. ``default`` is :class:`ExperimentConfig`'s
+#: values; ``thesis`` sets, as the thesis and the SGPA authors' code do: the KL of each sequence
+#: weighed by 1 (eq. (3.18), ``kl_weighting="authors"``) and annealed from 0 to 1 over the first
+#: half of the ELBO training; ``M_g`` by the thesis's rule (``num_global=None``); the authors' kernel
+#: initialisation (``log ℓ ~ N(0, 1)``, ``σ_f² = 1``); Adam from ``5e-4`` decaying linearly to
+#: ``1e-5`` (App. B.4, CIFAR) after the authors' warm-up from ``1e-5`` (5 of their 500 epochs: 1 %
+#: of the updates), a new Adam every epoch as in their code.
+PRESETS = {
+    "default": {},
+    "thesis": dict(kl_weighting="authors", beta=1.0, kl_anneal_epochs=0, kl_anneal_fraction=0.5, num_global=None,
+                   kernel_init="authors", lr=5e-4, lr_final=1e-5, lr_warmup_fraction=0.01, restart_optimizer=True),
+}
+
+
+def thesis_num_global(task: Task, num_heads: int) -> int:
+    """``M_g = ceil(2 T_avg / H)``: the thesis's ``M_g = O(T_avg / H)`` ("usually sufficient", §3.3) with
+    the constant of its own settings (CIFAR: 64 patches, 4 heads, ``M_g = 32``; CoLA: 5 keys for
+    sentences of about 10 tokens and 4 heads); ``T_avg`` is the mean number of non-padding tokens of
+    the training sequences (patches for images). Fashion-MNIST with patch 7 and 4 heads: 8."""
+    if task.kind == "image":
+        average_length = (task.image_size // task.patch_size) ** 2
+    else:
+        average_length = float((~task.train.padding_mask).sum(1).double().mean())
+    return max(1, math.ceil(2 * average_length / num_heads))
+
+
+def make_config(preset: str = "default", base: ExperimentConfig | None = None, **overrides) -> ExperimentConfig:
+    """``base`` (default :class:`ExperimentConfig`) with the settings of :data:`PRESETS` ``[preset]``, then ``overrides``."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
+    return replace(replace(base or ExperimentConfig(), **PRESETS[preset]), **overrides)
 
 
 @dataclass
@@ -213,7 +261,8 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
         attention_kwargs["kernel"] = task.kernel
         attention_kwargs["kernel_init"] = config.kernel_init
     if attention in ("sgpa", "sgpa-dsvgp"):
-        attention_kwargs["num_global"] = config.num_global
+        attention_kwargs["num_global"] = (thesis_num_global(task, config.num_heads) if config.num_global is None
+                                          else config.num_global)
         attention_kwargs["sampler"] = config.sampler
         attention_kwargs["whitened"] = config.whitened
     common = dict(num_classes=task.num_classes, d_model=config.d_model, num_heads=config.num_heads,
@@ -223,6 +272,11 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
         return SGPAViT(image_size=task.image_size, patch_size=task.patch_size, in_channels=task.in_channels,
                        **common)
     return SGPATransformer(vocab_size=task.vocab_size, max_len=task.max_len, task="classification", **common)
+
+
+def _optimiser_options(config: ExperimentConfig) -> dict:
+    return dict(lr=config.lr, lr_final=config.lr_final, warmup_fraction=config.lr_warmup_fraction,
+                restart_optimizer_each_epoch=config.restart_optimizer)
 
 
 class _Runner:
@@ -268,8 +322,10 @@ class _Runner:
                     raise ValueError(f"mle-kernel state has keys SGPA lacks: {incompatible.unexpected_keys}")
                 epochs -= config.mle_init_epochs
             steps_per_epoch = -(-len(self.task.train) // config.batch_size)
+            anneal_steps = (round(config.kl_anneal_fraction * epochs * steps_per_epoch) if config.kl_anneal_fraction > 0
+                            else config.kl_anneal_epochs * steps_per_epoch)
             elbo = SGPAELBO(model, num_data=len(self.task.train), beta=config.beta,
-                            anneal_steps=config.kl_anneal_epochs * steps_per_epoch, kl_weighting=config.kl_weighting)
+                            anneal_steps=anneal_steps, kl_weighting=config.kl_weighting)
         record = {"selected_epoch": config.mle_init_epochs if family.startswith("sgpa") else 0,
                   "kl_init": self._validation_kl(model) if family.startswith("sgpa") else math.nan}
         offset, best = record["selected_epoch"], {"accuracy": -1.0, "state": None}
@@ -286,9 +342,9 @@ class _Runner:
             trained.train()
 
         seconds = train_classifier(model, self.task.train, epochs=epochs, batch_size=config.batch_size,
-                                   lr=config.lr, elbo=elbo, seed=member_seed, progress=self.progress,
+                                   elbo=elbo, seed=member_seed, progress=self.progress,
                                    description=f"{self.task.name} {family} seed {seed} member {member}",
-                                   on_epoch_end=on_epoch_end)
+                                   on_epoch_end=on_epoch_end, **_optimiser_options(config))
         model.load_state_dict(best["state"])
         model.eval()
         record["kl_final"] = self._validation_kl(model) if family.startswith("sgpa") else math.nan
@@ -315,10 +371,10 @@ class _Runner:
             if epoch == config.mle_init_epochs:
                 self.mle_snapshots[member] = {k: v.clone() for k, v in trained.state_dict().items()}
 
-        train_classifier(model, self.task.train, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+        train_classifier(model, self.task.train, epochs=config.epochs, batch_size=config.batch_size,
                          seed=member_seed, progress=self.progress, stop_after=config.mle_init_epochs,
                          description=f"{self.task.name} mle-kernel (SGPA init) seed {seed} member {member}",
-                         on_epoch_end=on_epoch_end)
+                         on_epoch_end=on_epoch_end, **_optimiser_options(config))
 
     def _validation_accuracy(self, model, family: str) -> float:
         samples = self.config.num_samples if family.startswith("sgpa") else 1
@@ -369,16 +425,17 @@ class _Runner:
         ood_probs, _ = predict_in_batches(predict, self.task.ood, self.config.batch_size)
         probs, ood_probs = probs.double(), ood_probs.double()
         ece, mce = metrics.calibration_errors(probs, self.task.test.labels)
+        ece_all, mce_all = metrics.all_class_calibration_errors(probs, self.task.test.labels)
         auroc, aupr = metrics.ood_detection_scores(probs, ood_probs)
         row = {"dataset": self.task.name, "method": method, "seed": seed,
                "accuracy": metrics.accuracy(probs, self.task.test.labels),
                "nll": metrics.negative_log_likelihood(probs, self.task.test.labels),
-               "ece": ece, "mce": mce, "auroc": auroc, "aupr": aupr,
+               "ece": ece, "mce": mce, "ece_all": ece_all, "mce_all": mce_all, "auroc": auroc, "aupr": aupr,
                "train_s_per_epoch": train_s_per_epoch, "infer_s_per_batch": infer_s_per_batch,
                **self.training_records[(family, 0)], "world_size": distributed.world()[1]}
         if self.config.shift:
             clean = {"dataset": self.task.name, "method": method, "seed": seed, "corruption": "none",
-                     "severity": 0, "accuracy": row["accuracy"], "nll": row["nll"], "ece": ece}
+                     "severity": 0, "accuracy": row["accuracy"], "nll": row["nll"], "ece": ece, "ece_all": ece_all}
             row["shift"] = [clean] + self._shift_rows(method, seed, predict)
         return row
 
@@ -401,7 +458,8 @@ class _Runner:
                 rows.append({"dataset": self.task.name, "method": method, "seed": seed, "corruption": corruption,
                              "severity": severity, "accuracy": metrics.accuracy(probs, data.labels),
                              "nll": metrics.negative_log_likelihood(probs, data.labels),
-                             "ece": metrics.calibration_errors(probs, data.labels)[0]})
+                             "ece": metrics.calibration_errors(probs, data.labels)[0],
+                             "ece_all": metrics.all_class_calibration_errors(probs, data.labels)[0]})
         return rows
 
 
@@ -416,6 +474,9 @@ def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool =
         raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
     if config.shift and dataset == "vader":
         raise ValueError("shift needs an image dataset (its corruptions act on images), got dataset='vader'")
+    if not 0 <= config.kl_anneal_fraction <= 1 or (config.kl_anneal_fraction > 0 and config.kl_anneal_epochs > 0):
+        raise ValueError(f"kl_anneal_fraction must lie in [0, 1] and be 0 when kl_anneal_epochs > 0, got "
+                         f"{config.kl_anneal_fraction} with kl_anneal_epochs={config.kl_anneal_epochs}")
     if not 0 <= config.mle_init_epochs < config.epochs:
         raise ValueError(f"mle_init_epochs must lie in [0, epochs={config.epochs}), got {config.mle_init_epochs}")
     rows = []
@@ -565,7 +626,20 @@ def build_parser() -> argparse.ArgumentParser:
                  "patch_size", "max_len"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                             help=f"default {getattr(defaults, name)} ({getattr(QUICK_CONFIG, name)} with --quick)")
-    parser.add_argument("--lr", type=float, default=None, help=f"default {defaults.lr}")
+    parser.add_argument("--preset", default="default", choices=tuple(PRESETS),
+                        help="named set-up the other options then override: 'default' (the runner's CPU-sized runs) or "
+                             "'thesis' (KL per sequence annealed over the first half of the ELBO epochs, M_g = "
+                             "ceil(2 T_avg / H), the authors' kernel initialisation, Adam 5e-4 -> 1e-5 after a 1%% "
+                             "warm-up, a new Adam each epoch)")
+    parser.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {defaults.lr})")
+    parser.add_argument("--lr-final", type=float, default=None, help="learning rate at the last update (default lr / 10)")
+    parser.add_argument("--lr-warmup-fraction", type=float, default=None,
+                        help=f"share of the updates warming up from --lr-final to --lr (default {defaults.lr_warmup_fraction})")
+    parser.add_argument("--restart-optimizer", default=None, action=argparse.BooleanOptionalAction,
+                        help=f"a new Adam (moments reset) every epoch (default {defaults.restart_optimizer})")
+    parser.add_argument("--kl-anneal-fraction", type=float, default=None,
+                        help="share of the ELBO updates over which the KL weight ramps from 0 to beta "
+                             f"(default {defaults.kl_anneal_fraction}; replaces --kl-anneal-epochs when > 0)")
     parser.add_argument("--dropout", type=float, default=None, help=f"default {defaults.dropout}")
     parser.add_argument("--beta", type=float, default=None,
                         help=f"multiplier of the (weighted) KL in the ELBO (default {defaults.beta}; with "
@@ -592,10 +666,10 @@ def main(argv=None) -> list[dict]:
     require("matplotlib", "plots", "the runner's figures")  # before hours of training, not after
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds)
-    config = QUICK_CONFIG if args.quick else ExperimentConfig()
-    overrides = {name: getattr(args, name) for name in config.__dataclass_fields__
+    base = QUICK_CONFIG if args.quick else ExperimentConfig()
+    overrides = {name: getattr(args, name) for name in base.__dataclass_fields__
                  if getattr(args, name, None) is not None}
-    config = replace(config, **overrides)
+    config = make_config(args.preset, base, **overrides)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     distributed.init_from_environment()

@@ -1,6 +1,7 @@
 """Mini-batch training and timed prediction shared by the chapter-3 experiment runners."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -54,10 +55,25 @@ def mle_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.transpose(1, -1), labels, reduction="sum") / labels.shape[0]
 
 
+def learning_rate_factor(step: int, total_steps: int, final_ratio: float = 0.1, warmup_steps: int = 0) -> float:
+    """The learning rate of update ``step`` (from 0) over ``lr``: a linear warm-up from ``final_ratio``
+    to 1 over ``warmup_steps`` updates, then a linear decay from 1 to ``final_ratio`` at the last update
+    ``total_steps - 1`` (thesis App. B.4: ``lr`` decaying linearly to ``lr_final = final_ratio lr``;
+    the SGPA authors' code warms up from ``lr_final`` first)."""
+    if step < warmup_steps:
+        return final_ratio + (1.0 - final_ratio) * step / warmup_steps
+    return 1.0 - (1.0 - final_ratio) * (step - warmup_steps) / max(total_steps - 1 - warmup_steps, 1)
+
+
 def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_size: int, lr: float,
                      elbo: torch.nn.Module | None = None, seed: int = 0, progress: bool = True,
-                     description: str = "train", on_epoch_end=None, stop_after: int | None = None) -> float:
-    """Adam with a learning rate decaying linearly to ``lr / 10`` (thesis App. B.4); returns s/epoch.
+                     description: str = "train", on_epoch_end=None, stop_after: int | None = None,
+                     lr_final: float | None = None, warmup_fraction: float = 0.0,
+                     restart_optimizer_each_epoch: bool = False) -> float:
+    """Adam with a learning rate decaying linearly to ``lr_final`` (default ``lr / 10``; thesis App.
+    B.4), after a linear warm-up from ``lr_final`` over ``ceil(warmup_fraction · steps)`` updates
+    (:func:`learning_rate_factor`); ``restart_optimizer_each_epoch`` builds a new Adam (moments
+    reset) at every epoch, as the SGPA authors' code does. Returns s/epoch.
 
     Without ``elbo`` the loss is :func:`mle_loss` of the logits (MLE, with the model's dropout);
     with it, the loss is ``-elbo(logits, kl, labels)`` (thesis eq. (3.18), one sample per input).
@@ -72,12 +88,18 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
+    final_ratio = 0.1 if lr_final is None else lr_final / lr
+    if not 0 < final_ratio <= 1:
+        raise ValueError(f"lr_final must lie in (0, lr={lr}], got {lr_final}")
+    if not 0 <= warmup_fraction < 1:
+        raise ValueError(f"warmup_fraction must lie in [0, 1), got {warmup_fraction}")
     run_epochs = epochs if stop_after is None else stop_after
     if not 1 <= run_epochs <= epochs:
         raise ValueError(f"stop_after must lie in [1, epochs={epochs}], got {stop_after}")
     rank, world_size = distributed.world()
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam((elbo if elbo is not None else model).parameters(), lr=lr)
+    trained_parameters = list((elbo if elbo is not None else model).parameters())
+    optimizer = torch.optim.Adam(trained_parameters, lr=lr)
     wrapped, unmanaged = model, []
     if world_size > 1:
         last = len(data) % batch_size or batch_size
@@ -90,12 +112,15 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
         unmanaged = [p for p in (elbo.parameters() if elbo is not None else ()) if id(p) not in in_model]
     steps_per_epoch = -(-len(data) // batch_size)
     total_steps = epochs * steps_per_epoch
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * step / max(total_steps - 1, 1))
+    warmup_steps = math.ceil(warmup_fraction * total_steps)
+    step = 0
     model.train()
     elapsed = 0.0
     bar = tqdm(total=run_epochs * steps_per_epoch, desc=description, disable=not progress or rank != 0, leave=False)
     for epoch in range(1, run_epochs + 1):
         start = time.perf_counter()
+        if restart_optimizer_each_epoch and epoch > 1:
+            optimizer = torch.optim.Adam(trained_parameters, lr=lr)
         for index in _batches(len(data), batch_size, generator):
             global_size = len(index)
             if world_size > 1:
@@ -112,8 +137,10 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
             loss.backward()
             if unmanaged:
                 distributed.average_gradients(unmanaged)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * learning_rate_factor(step, total_steps, final_ratio, warmup_steps)
             optimizer.step()
-            schedule.step()
+            step += 1
             bar.update()
             if not bar.disable and bar.n % 20 == 0:  # reading the loss makes the host wait for the device
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}")

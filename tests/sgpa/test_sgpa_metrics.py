@@ -98,8 +98,41 @@ def test_predictive_entropy_closed_form():
 def test_classification_metrics_dictionary():
     probs, labels = _random_probs(50, 3, seed=3)
     result = metrics.classification_metrics(probs, labels)
-    assert set(result) == {"accuracy", "nll", "ece", "mce", "mcc", "auroc", "aupr"}
+    assert set(result) == {"accuracy", "nll", "ece", "mce", "ece_all", "mce_all", "mcc", "auroc", "aupr"}
     assert math.isnan(result["auroc"]) and math.isnan(result["aupr"])
+    assert (result["ece_all"], result["mce_all"]) == metrics.all_class_calibration_errors(probs, labels)
+
+
+def test_all_class_calibration_errors_by_hand():
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.5, 0.1]], dtype=torch.float64)
+    labels = torch.tensor([0, 0])
+    # six (probability, outcome) pairs: (.7, 1) (.2, 0) (.1, 0) (.4, 1) (.5, 0) (.1, 0)
+    # two bins [0, .5) and [.5, 1]: {.2, .1, .4, .1} mean .2 vs outcomes .25; {.7, .5} mean .6 vs .5
+    ece, mce = metrics.all_class_calibration_errors(probs, labels, num_bins=2)
+    assert ece == pytest.approx((4 * 0.05 + 2 * 0.1) / 6, abs=1e-12)
+    assert mce == pytest.approx(0.1, abs=1e-12)
+    # fifteen bins: .7 | .2 | .1 .1 | .4 | .5 each alone but the two .1 (gaps .3, .2, .1, .6, .5)
+    ece, mce = metrics.all_class_calibration_errors(probs, labels)
+    assert ece == pytest.approx((0.3 + 0.2 + 2 * 0.1 + 0.6 + 0.5) / 6, abs=1e-12)
+    assert mce == pytest.approx(0.6, abs=1e-12)
+    # the top label on the same two bins: confidences .7 (right) and .5 (wrong, in (0, .5])
+    assert metrics.calibration_errors(probs, labels, num_bins=2)[0] == pytest.approx((0.3 + 0.5) / 2, abs=1e-12)
+
+
+def test_all_class_calibration_errors_match_a_numpy_digitize_reference():
+    probs, labels = _random_probs(400, 5, seed=11, sharpness=3.0)
+    values = probs.numpy().ravel()
+    outcomes = np.eye(5)[labels.numpy()].ravel()
+    bins = np.digitize(values, np.linspace(0, 1, 16)[1:-1])  # [b/15, (b+1)/15), the last closed
+    gaps, weights = [], []
+    for b in range(15):
+        inside = bins == b
+        if inside.any():
+            gaps.append(abs(outcomes[inside].mean() - values[inside].mean()))
+            weights.append(inside.sum() / values.size)
+    ece, mce = metrics.all_class_calibration_errors(probs, labels)
+    assert ece == pytest.approx(float(np.dot(gaps, weights)), abs=1e-12)
+    assert mce == pytest.approx(max(gaps), abs=1e-12)
 
 
 def test_regression_metrics_against_scipy():
