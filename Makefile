@@ -85,5 +85,6 @@ docs: $(STAMP)
 gpu-kit: $(STAMP)
 	mkdir -p gpu_kit/wheels
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --platform any --python-version 3.11 --implementation py \
-		-c constraints.txt -d gpu_kit/wheels diffusers vector-quantize-pytorch einx frozendict loguru torch-einops-utils importlib_metadata
+		-c constraints.txt -d gpu_kit/wheels diffusers vector-quantize-pytorch einx frozendict loguru torch-einops-utils importlib_metadata \
+		accelerate
 	test ! -d /usr/share/pocketsphinx/test/data/librivox || cp -r /usr/share/pocketsphinx/test/data/librivox gpu_kit/

@@ -6,7 +6,8 @@
 #   the LibriVox clips, in the git-ignored gpu_kit/; copy it beside the checkout)
 # On the GPU machine:   bash benchmarks/gpu_session.sh PART OUTDIR
 #   PART = tests  the CUDA device tests and the compiled SGPA step on CUDA            (~3 min)
-#          bench  HiPPO scan / inducing backends / online scaling / a StreamFleet's shards with --device cuda (~7 min)
+#          bench  HiPPO scan / inducing backends / online scaling / a StreamFleet's shards / a video-diffusion
+#                 training run (accelerate, bf16, EMA) with --device cuda, and their CPU baselines     (~9 min)
 #          sgpa   SGPA vs MLE at the thesis's CIFAR scale: eager, compiled, profile    (~6 min)
 # Each part writes PART_*.txt files (and Chrome traces for sgpa) into the output folder.
 set -u
@@ -36,7 +37,10 @@ bench)
     run hippo_inducing python3 benchmarks/hippo_inducing.py --device cuda
     run online_scaling python3 benchmarks/online_scaling.py --device cuda --budget-s 60
     run fleet_engines python3 benchmarks/fleet_engines.py --no-ray --device cuda --streams 2000 --tasks 10
-    run fleet_engines_cpu python3 benchmarks/fleet_engines.py --no-ray --streams 2000 --tasks 10 ;;
+    run fleet_engines_cpu python3 benchmarks/fleet_engines.py --no-ray --streams 2000 --tasks 10
+    run diffusion_train python3 benchmarks/diffusion_training.py --device cuda --steps 300 --batch 64 --mixed-precision bf16 --ema 0.999
+    run diffusion_train_fp32 python3 benchmarks/diffusion_training.py --device cuda --steps 300 --batch 64
+    run diffusion_train_cpu python3 benchmarks/diffusion_training.py --device cpu --steps 20 --batch 64 ;;
 sgpa)
     run count_ops python3 benchmarks/sgpa_cost.py --preset cifar --device cuda --count-ops --sampler decomposed diagonal full
     run cost_eager python3 benchmarks/sgpa_cost.py --preset cifar --device cuda
