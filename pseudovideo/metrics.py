@@ -158,7 +158,7 @@ def _inception_network(weights_path, feature: int) -> nn.Module:
                                 "Inception checkpoint (pt_inception-2015-12-05-6726825d.pth)") from error
 
 
-def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256) -> float:
+def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, distributed: bool | None = None) -> float:
     """FID ``||mu_r - mu_f||^2 + tr(S_r + S_f - 2 (S_r S_f)^{1/2})`` of ``feature`` outputs (torchmetrics).
 
     ``real``, ``fake``: ``(N, C, H, W)`` tensors in ``[0, 1]`` or iterables of such batches; the
@@ -167,7 +167,13 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256) -> f
     has no more images than ``feature`` has dimensions. ``feature`` maps images to ``(N, d)``
     features; an :class:`ImageClassifier` (the network :func:`inception_score` takes) stands for its
     penultimate features.
+
+    ``distributed``: each process of a ``torch.distributed`` group (``torchrun``, ``accelerate launch``) passes
+    its own share of the images, and every process gets the FID of their union (torchmetrics sums the
+    streamed states across processes); ``None`` (default): when a process group is initialised.
     """
+    if distributed is None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     _check_network(feature, "feature")
     check_int(batch_size, "batch_size")
     for images, name in ((real, "real"), (fake, "fake")):
@@ -180,10 +186,15 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256) -> f
         for batch in _batches(images, name, batch_size):
             if metric is None:  # the states live beside the features, on the first batch's device
                 metric = FrechetInceptionDistance(feature=feature, normalize=True,
-                                                  sync_on_compute=False).to(batch.device)
+                                                  sync_on_compute=distributed).to(batch.device)
             with torch.no_grad():
                 metric.update(batch, real=is_real)
-    counts = {"real": int(metric.real_features_num_samples), "fake": int(metric.fake_features_num_samples)}
+    if metric is None:
+        raise ValueError("real and fake hold no images")
+    counts = torch.stack([metric.real_features_num_samples, metric.fake_features_num_samples]).to(torch.int64)
+    if distributed:  # the union's counts, for the checks below
+        torch.distributed.all_reduce(counts)
+    counts = {"real": int(counts[0]), "fake": int(counts[1])}
     dimension = metric.real_features_sum.numel()
     for name, count in counts.items():
         if count < 2:
