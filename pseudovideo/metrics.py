@@ -158,7 +158,7 @@ def _inception_network(weights_path, feature: int) -> nn.Module:
                                 "Inception checkpoint (pt_inception-2015-12-05-6726825d.pth)") from error
 
 
-def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, distributed: bool | None = None) -> float:
+def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, distributed: bool = False) -> float:
     """FID ``||mu_r - mu_f||^2 + tr(S_r + S_f - 2 (S_r S_f)^{1/2})`` of ``feature`` outputs (torchmetrics).
 
     ``real``, ``fake``: ``(N, C, H, W)`` tensors in ``[0, 1]`` or iterables of such batches; the
@@ -168,12 +168,13 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, dist
     features; an :class:`ImageClassifier` (the network :func:`inception_score` takes) stands for its
     penultimate features.
 
-    ``distributed``: each process of a ``torch.distributed`` group (``torchrun``, ``accelerate launch``) passes
-    its own share of the images, and every process gets the FID of their union (torchmetrics sums the
-    streamed states across processes); ``None`` (default): when a process group is initialised.
+    ``distributed=True``: each process of an initialised ``torch.distributed`` group (``torchrun``,
+    ``accelerate launch``) passes its own share of the images, and every process gets the FID of their
+    union (torchmetrics sums the streamed states across processes); every process must then call it.
+    ``False`` (default): this process's images only, as a runner that evaluates on its main process needs.
     """
-    if distributed is None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise RuntimeError("distributed=True needs an initialised torch.distributed process group (torchrun, accelerate launch)")
     _check_network(feature, "feature")
     check_int(batch_size, "batch_size")
     for images, name in ((real, "real"), (fake, "fake")):

@@ -25,7 +25,7 @@ if __name__ == "__main__":
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     real, fake = sets()
-    value = frechet_distance(real[rank::size], fake[rank::size], feature(), batch_size=7)
+    value = frechet_distance(real[rank::size], fake[rank::size], feature(), batch_size=7, distributed=True)
     if rank == 0:
         torch.save({"fid": value, "world_size": size}, sys.argv[1])
     dist.destroy_process_group()

@@ -31,3 +31,9 @@ def test_two_processes_with_a_share_each_equal_one_process_on_all(tmp_path):
     assert saved["world_size"] == 2
     assert saved["fid"] == pytest.approx(whole, rel=1e-6)
     assert abs(half - whole) > 1e-3 * whole  # a process that kept only its own share would differ
+
+
+def test_distributed_needs_a_process_group():
+    real, fake = fid_worker.sets()
+    with pytest.raises(RuntimeError, match="process group"):
+        frechet_distance(real, fake, fid_worker.feature(), distributed=True)
