@@ -132,7 +132,7 @@ def split_keys(x: Tensor, split: str) -> list[Tensor]:
 
 def split_order(x: Tensor, split: str) -> Tensor:
     """The oracle order of ``split`` (thesis §4.6.2): a stable lexicographic argsort of
-    :func:`split_keys`, so points tied on the split key are ordered by the next key (a plain
+    ``split_keys``, so points tied on the split key are ordered by the next key (a plain
     ``torch.argsort`` of the split key leaves ties in an arbitrary, implementation-defined order)."""
     order = torch.arange(x.shape[0], device=x.device)
     for key in reversed(split_keys(x, split)):

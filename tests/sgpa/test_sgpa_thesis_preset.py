@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import gpytorch_sgpa.elbo
-from gpytorch_sgpa.experiments import training
 from gpytorch_sgpa.experiments.calibration import (
     CSV_COLUMNS,
     PRESETS,
