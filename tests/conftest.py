@@ -106,8 +106,16 @@ SLOW_TESTS = {
     "sgpa/test_sgpa_compile.py::test_vit_training_loss_compiles_without_graph_breaks",
     "pseudovideo/test_tokens_experiment.py::test_quick_run_writes_the_csv_contract",
     "pseudovideo/test_prior.py::test_masked_prior_learns_the_chain_conditionals_under_random_masks",
+    "pseudovideo/test_readme_pseudovideo.py::test_guide_pipeline_example",
+    "pseudovideo/test_readme_pseudovideo.py::test_readme_tokenizer_example",
+    "pseudovideo/test_diffusion.py::test_conditioning_is_learned",
+    "hippo/test_fleet.py::test_the_demo_writes_its_csv_and_its_batched_fleet_equals_the_loop",
+    "hippo/test_fleet.py::test_a_new_process_restores_the_fleet_from_its_checkpoints",
+    "hippo/test_batched_hippo_streams.py::test_online_elbo_with_batched_streams_equals_each_streams_own_model",
+    "sgpa/test_sgpa_pretrained.py::test_without_the_package_imported_transformers_refuses_the_checkpoint",
 }
-SLOW_FIXTURES = {"moons_results", "two_task_runs"}  # hippo/test_continual.py, hippo/test_gpvae_continual.py
+# hippo/test_continual.py, hippo/test_gpvae_continual.py, pseudovideo/test_diffusion_sampling.py, hippo/test_fleet.py (Ray)
+SLOW_FIXTURES = {"moons_results", "two_task_runs", "trained", "ray_instance"}
 
 
 def pytest_collection_modifyitems(config, items):
