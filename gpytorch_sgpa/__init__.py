@@ -25,6 +25,7 @@ from .attention import (
 from .dropin import MultiheadSGPAttention, convert, global_kl_divergence, kl_divergence, predict_proba
 from .elbo import SGPAELBO
 from .kernels import ExponentialKernel, evaluate_kernel, kernel_blocks, make_attention_kernel
+from .lora import lora_target_modules
 from .pretrained import from_pretrained
 from .transformer import ATTENTION_TYPES, SGPABlock, SGPADecoder, SGPATransformer, SGPAViT, build_attention
 
@@ -51,6 +52,7 @@ __all__ = [
     "global_kl_divergence",
     "kernel_blocks",
     "kl_divergence",
+    "lora_target_modules",
     "make_attention_kernel",
     "posterior_mean",
     "predict_proba",

@@ -225,8 +225,9 @@ class SGPAttention(_MultiHeadAttention):
     ``M`` triangular solves against the identity (every ``L⁻¹ X`` is then a matrix product), no
     other inverse; in training, :meth:`global_kl` reuses the forward pass's factors.  In eval mode
     with gradients disabled the global factors (``k_g``, the Cholesky of ``K_gg``, ``W_d``,
-    ``Lᵀ v_g``, global KL) are cached, keyed on the values of the parameters they depend on and of
-    ``global_inputs`` (so GPyTorch's setters invalidate it too); ``train()`` drops it.  Jitter
+    ``Lᵀ v_g``, global KL) are cached, keyed on the values of the global keys and of the other
+    parameters they depend on (so GPyTorch's setters and adapters of ``qk_proj`` invalidate it too);
+    ``train()`` drops it.  Jitter
     ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
     scale) is added before every Cholesky (escalated where needed by
     :func:`~gpytorch_sgpa.multihead.psd_cholesky`, which on accelerators and under
@@ -377,8 +378,8 @@ class SGPAttention(_MultiHeadAttention):
         self._forward_factors = _ForwardFactors()
 
     def _global_parameters(self) -> list[Tensor]:
-        """The parameters the global factors depend on."""
-        tensors = [self.qk_proj.weight, self.global_inducing_inputs, self.global_chol_lower, self.global_chol_log_diag]
+        """The parameters the global factors depend on besides the global keys."""
+        tensors = [self.global_chol_lower, self.global_chol_log_diag]
         if self.global_values is not None:
             tensors.append(self.global_values)
         if self.global_mean_gate is not None:
@@ -395,12 +396,25 @@ class SGPAttention(_MultiHeadAttention):
         return lower.tril(-1) + torch.diag_embed(log_diag.exp())
 
     def global_keys(self, global_inputs: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
-        """``k_g = G_φ(Z_g) W_qk`` per head (thesis eq. (3.16)), ``(H, M, e)``."""
+        """``k_g = G_φ(Z_g) W_qk`` per head (thesis eq. (3.16)), ``(H, M, e)``, in ``dtype`` if given.
+
+        A ``qk_proj`` other than a plain bias-free ``nn.Linear`` (a ``peft`` LoRA layer around it) is
+        called on the inputs, as for the queries (head ``h``'s keys: head ``h``'s block of the projection
+        of its own inputs), so the keys are those of the adapted weight and merging the adapter keeps
+        them; a plain ``W_qk`` gives each head's block only (``H`` times fewer products)."""
         inputs = self._global_inputs(global_inputs)
-        weight = self.qk_proj.weight.view(self.num_heads, self.head_dim, self.d_model)
-        if dtype is not None:
-            inputs, weight = inputs.to(dtype), weight.to(dtype)
-        return torch.einsum("hmd,hed->hme", inputs, weight)
+        projection = self.qk_proj
+        heads, num_global = self.num_heads, inputs.shape[1]
+        if type(projection) is nn.Linear and projection.bias is None:
+            weight = projection.weight.view(heads, self.head_dim, self.d_model)
+            if dtype is not None:
+                inputs, weight = inputs.to(dtype), weight.to(dtype)
+            return torch.einsum("hmd,hed->hme", inputs, weight)
+        flat = inputs.reshape(heads * num_global, self.d_model).to(projection.weight.dtype)
+        projected = projection(flat).view(heads, num_global, heads, self.head_dim)
+        head = torch.arange(heads, device=projected.device)
+        keys = projected[head, :, head]  # (H, M, e): head h of inputs h
+        return keys if dtype is None else keys.to(dtype)
 
     def _global_inputs(self, global_inputs: Tensor | None) -> Tensor:
         if self.mode != "decoupled":
@@ -415,11 +429,15 @@ class SGPAttention(_MultiHeadAttention):
             check_finite(global_inputs, "global_inputs")
         return global_inputs
 
-    def _global_key(self, global_inputs: Tensor | None) -> list[Tensor]:
-        """The values the global factors depend on (GPyTorch's setters and ``.data`` writes do
-        not bump a tensor's ``_version``, so the caches compare values)."""
-        inputs = [] if global_inputs is None else [global_inputs.detach()]
-        return [t.detach() for t in self._global_parameters()] + inputs
+    def _global_key(self, keys: Tensor) -> list[Tensor]:
+        """The values the global factors depend on: the global keys ``keys`` (whatever computes them,
+        e.g. an adapter of ``qk_proj`` switched on or off) and the other parameters (GPyTorch's setters
+        and ``.data`` writes do not bump a tensor's ``_version``, so the caches compare values)."""
+        return [keys.detach()] + [t.detach() for t in self._global_parameters()]
+
+    def _current_global_key(self, global_inputs: Tensor | None, dtype: torch.dtype) -> list[Tensor]:
+        with torch.no_grad():
+            return self._global_key(self.global_keys(global_inputs, dtype))
 
     def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype,
                         params: ExpKernelParameters | None = None) -> GlobalFactors:
@@ -428,9 +446,10 @@ class SGPAttention(_MultiHeadAttention):
         Under ``torch.compile`` they are always computed afresh (neither cached nor recorded)."""
         if torch.compiler.is_compiling():  # no value comparisons or hooks inside a compiled graph
             return global_factors(self, global_inputs, dtype, params)
-        key = self._global_key(global_inputs)
+        keys = self.global_keys(global_inputs, dtype)
+        key = self._global_key(keys)
         if self.training or torch.is_grad_enabled():
-            factors = global_factors(self, global_inputs, dtype, params)
+            factors = global_factors(self, global_inputs, dtype, params, keys)
             if torch.is_grad_enabled():
                 self._forward_factors = _ForwardFactors(_snapshot(key), dtype, factors).track()
             return factors
@@ -438,7 +457,7 @@ class SGPAttention(_MultiHeadAttention):
             cached_key, cached_dtype, factors = self._cache
             if cached_dtype == dtype and _same_values(cached_key, key):
                 return factors
-        factors = global_factors(self, global_inputs, dtype, params)
+        factors = global_factors(self, global_inputs, dtype, params, keys)
         self._cache = (_snapshot(key), dtype, factors)
         return factors
 
@@ -458,7 +477,7 @@ class SGPAttention(_MultiHeadAttention):
             return self.qk_proj.weight.new_zeros((), dtype=dtype)
         record = self._forward_factors
         if (torch.is_grad_enabled() and not torch.compiler.is_compiling() and record.factors is not None
-                and record.dtype == dtype and _same_values(record.key, self._global_key(global_inputs))):
+                and record.dtype == dtype and _same_values(record.key, self._current_global_key(global_inputs, dtype))):
             return record.factors.kl.sum()
         return self._global_factors(global_inputs, dtype).kl.sum()
 

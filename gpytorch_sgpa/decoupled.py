@@ -52,10 +52,11 @@ class GlobalFactors(NamedTuple):
 
 
 def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
-                   params: ExpKernelParameters | None = None) -> GlobalFactors:
+                   params: ExpKernelParameters | None = None, keys: Tensor | None = None) -> GlobalFactors:
     """``k_g``, ``L``, ``W_d``, ``Lᵀ v_g`` and the global KL, computed in ``dtype``; ``params``: the
-    kernel's hyperparameters already read by the caller (read here when omitted)."""
-    keys = layer.global_keys(global_inputs, dtype)
+    kernel's hyperparameters already read by the caller (read here when omitted); ``keys``: the
+    layer's ``global_keys(global_inputs, dtype)`` already computed by the caller (computed here when omitted)."""
+    keys = keys if keys is not None else layer.global_keys(global_inputs, dtype)
     params = params if params is not None else exp_kernel_parameters(layer.kernel, dtype)
     key_features = centre = None
     if params is None:
