@@ -12,6 +12,7 @@ task's posterior mean at 20 points per stream is compared between the two.
     python benchmarks/fleet.py --streams 100 --tasks 10
     python benchmarks/fleet.py --scaling                # time per task per stream at S = 100, 1,000, 10,000 (M = 32)
     python benchmarks/fleet.py --variables hippo --streams 100 --tasks 10   # LegS bases, a clock per stream
+    python benchmarks/fleet.py --variables hippo --shared                   # ... with one kernel for every stream
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ def variables(kind: str, points: Tensor, streams: int | None = None):
     return HiPPOInducingVariables(points.shape[-2], "legs", t=1.0, method="lyapunov", batch_shape=batch)
 
 
-def batched_model(points, lengthscales, noises, kind="points"):
+def batched_model(points, lengthscales, noises, kind="points", shared=False):
     batch = torch.Size([points.shape[0]])
-    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch), batch_shape=batch).double()
-    kernel.base_kernel.lengthscale = lengthscales.view(-1, 1, 1)
+    kernel_batch = torch.Size([]) if shared else batch  # shared: one kernel (the streams' median length scale)
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=kernel_batch), batch_shape=kernel_batch).double()
+    kernel.base_kernel.lengthscale = lengthscales.median() if shared else lengthscales.view(-1, 1, 1)
     likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double()
     likelihood.noise = noises.view(-1, 1)
     return OnlineSGPR(variables(kind, points, points.shape[0]), kernel, likelihood, captured_variance_warning=None)
@@ -70,10 +72,13 @@ def single_model(points, lengthscale, noise, kind="points"):
     return OnlineSGPR(variables(kind, points), kernel, likelihood, captured_variance_warning=None)
 
 
-def run(streams: int, tasks: int, size: int, num_inducing: int, loop: bool = True, kind: str = "points") -> dict:
+def run(streams: int, tasks: int, size: int, num_inducing: int, loop: bool = True, kind: str = "points",
+        shared: bool = False) -> dict:
     x, y, lengthscales, noises = fleet_data(streams, tasks, size)
+    if shared:
+        lengthscales = lengthscales.median().expand(streams).clone()
     points = torch.linspace(0, tasks, num_inducing, dtype=DT).expand(streams, num_inducing).unsqueeze(-1).clone()
-    batched = batched_model(points, lengthscales, noises, kind)
+    batched = batched_model(points, lengthscales, noises, kind, shared)
     start = time.perf_counter()
     for k in range(tasks):
         if kind == "hippo" and k > 0:
@@ -110,6 +115,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--scaling", action="store_true", help="S = 100, 1,000, 10,000 at M = 32, batched only")
     parser.add_argument("--variables", choices=("points", "hippo"), default="points",
                         help="OSGPR-fixed points (default) or LegS bases with a clock per stream (lyapunov backend)")
+    parser.add_argument("--shared", action="store_true", help="one kernel for every stream (no batch shape), not one per stream")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", RuntimeWarning)
@@ -118,15 +124,16 @@ def main(argv=None) -> list[dict]:
         print("| S | M | batched (s) | per task per stream (µs) | summary bytes per stream |")
         print("| --- | --- | --- | --- | --- |")
         for streams in (100, 1000, 10000):
-            row = run(streams, args.tasks, args.size, 32, loop=False, kind=args.variables)
+            row = run(streams, args.tasks, args.size, 32, loop=False, kind=args.variables, shared=args.shared)
             rows.append(row)
             print(f"| {streams:,} | 32 | {row['batched_s']:.2f} | {row['per_task_per_stream_us']:.1f} | {row['bytes_per_stream']:.0f} |")
         return rows
-    print(f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, one torch thread")
+    hyperparameters = "one shared kernel" if args.shared else "a kernel per stream"
+    print(f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, {hyperparameters}, one torch thread")
     print("| M | batched (s) | loop over S models (s) | loop / batched | summary bytes per stream | max |mean gap| |")
     print("| --- | --- | --- | --- | --- | --- |")
     for num_inducing in args.num_inducing:
-        row = run(args.streams, args.tasks, args.size, num_inducing, kind=args.variables)
+        row = run(args.streams, args.tasks, args.size, num_inducing, kind=args.variables, shared=args.shared)
         rows.append(row)
         print(f"| {num_inducing} | {row['batched_s']:.2f} | {row['loop_s']:.1f} | {row['speedup']:.0f}x | "
               f"{row['bytes_per_stream']:.0f} | {row['max_mean_gap']:.1e} |")

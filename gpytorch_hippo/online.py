@@ -57,10 +57,11 @@ CHECK_COST_FRACTION = 0.05
 
 
 
-def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+def _frozen_copy(module: torch.nn.Module, share: bool = True) -> torch.nn.Module:
     """A detached deep copy of ``module`` (inducing variables, mean function) whose tensors receive
-    no gradients; a copy of inducing variables is owned by no variational strategy."""
-    snapshot = copy.deepcopy(module)
+    no gradients; a copy of inducing variables is owned by no variational strategy. ``share``: a module
+    with its own ``frozen_copy`` (batched streams' variables) makes it, sharing what is identical."""
+    snapshot = module.frozen_copy() if share and hasattr(module, "frozen_copy") else copy.deepcopy(module)
     for parameter in snapshot.parameters():
         parameter.requires_grad_(False)
     if isinstance(snapshot, InducingVariables):
@@ -71,7 +72,7 @@ def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
 def _frozen_copy_to_load(template: torch.nn.Module, state_dict: dict, prefix: str) -> torch.nn.Module:
     """A frozen copy of ``template`` whose tensors take the shapes saved under ``prefix``, so that a
     fresh model can load a stored task whose variables differed from today's (e.g. another ``M``)."""
-    snapshot = _frozen_copy(template)
+    snapshot = _frozen_copy(template, share=False)  # every stream its own tensors, to take the saved shapes
     for name, tensor in itertools.chain(snapshot.named_parameters(), snapshot.named_buffers()):
         saved = state_dict.get(prefix + name)
         if saved is not None and saved.shape != tensor.shape:

@@ -12,6 +12,7 @@ variables whose state cannot be a tensor batch, e.g. HiPPO bases with a clock pe
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Sequence
 
 import gpytorch
@@ -87,6 +88,64 @@ class BatchedInducingVariables(InducingVariables):
     def _stack(self, fn: Callable[[int, InducingVariables], Tensor]) -> Tensor:
         return torch.stack([fn(i, stream) for i, stream in enumerate(self.streams)])
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Every stream takes its own saved values: sets and tensors shared between streams (:meth:`frozen_copy`,
+        :func:`share_equal_buffers`) are separated first."""
+        seen_modules, seen_tensors = set(), set()
+        for i, stream in enumerate(self.streams):
+            if id(stream) in seen_modules:
+                stream = self.streams[i] = copy.deepcopy(stream)
+            seen_modules.add(id(stream))
+            for module in stream.modules():
+                for name, tensor in list(module._buffers.items()):
+                    if tensor is not None and id(tensor) in seen_tensors:
+                        module._buffers[name] = tensor.clone()
+                    elif tensor is not None:
+                        seen_tensors.add(id(tensor))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def frozen_copy(self) -> BatchedInducingVariables:
+        """A copy for a stored task (it never moves): streams in the same state share one copied set, so that a
+        fleet whose streams keep the same clocks stores their variables once."""
+        groups: dict[tuple, list[int]] = {}
+        for i, stream in enumerate(self.streams):
+            groups.setdefault(_state_key(stream), []).append(i)
+        copies: list = [None] * len(self.streams)
+        for group in groups.values():
+            shared = copy.deepcopy(self.streams[group[0]])
+            for i in group:
+                copies[i] = shared
+        return BatchedInducingVariables(copies)
+
+    def _groups(self, kernel: nn.Module, other: BatchedInducingVariables | None = None) -> list[list[int]] | None:
+        """Streams whose covariances coincide: the same state (every parameter and buffer of their own sets, and of
+        ``other``'s) and the same slice of ``kernel`` -- e.g. streams that advanced to the same clocks under shared
+        hyperparameters. Each group's covariances are formed once. ``None`` (every stream for itself) where
+        gradients with respect to the kernel are needed, so that each stream's slice receives its own."""
+        if torch.is_grad_enabled() and any(p.requires_grad for p in kernel.parameters()):
+            return None
+        size = len(self.streams)
+        sliced = [t.detach() for sub in _batched_modules(kernel, size)
+                  for t in itertools.chain(sub.parameters(recurse=False), sub.buffers(recurse=False)) if t.dim() > 0 and t.shape[0] == size]
+        groups: dict[tuple, list[int]] = {}
+        seen: dict = {}  # tensors the streams share (e.g. their Fourier draws) are read once
+        for i, stream in enumerate(self.streams):
+            sets = (stream,) if other is None else (stream, other.streams[i])
+            key = tuple(_state_key(s, seen) for s in sets) + tuple(_bytes(t[i]) for t in sliced)
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
+
+    def _grouped(self, kernel: nn.Module, value: Callable[[list[int]], Tensor], other=None) -> Tensor:
+        """Stack ``value(group)`` (a tensor with the group's streams first) over the groups of :meth:`_groups`."""
+        groups = self._groups(kernel, other)
+        if groups is None or len(groups) == len(self.streams):
+            return torch.cat([value([i]) for i in range(len(self.streams))])
+        parts = [value(group) for group in groups]
+        out = parts[0].new_empty((len(self.streams), *parts[0].shape[1:]))
+        for group, part in zip(groups, parts):
+            out[group] = part
+        return out
+
     def _stream_inputs(self, x: Tensor) -> Tensor:
         if x.dim() < 3 or x.shape[-3] != len(self.streams):
             raise ValueError(
@@ -97,18 +156,33 @@ class BatchedInducingVariables(InducingVariables):
     # ------------------------------------------------------------------ the interface
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
         """``(S, M, M)``: each stream's ``Kuu`` under its own hyperparameters."""
-        return DenseLinearOperator(self._stack(lambda i, s: self._per_stream(kernel, i, lambda k: to_dense(s.Kuu(k)))))
+        def value(group):
+            first = group[0]
+            kuu = self._per_stream(kernel, first, lambda k: to_dense(self.streams[first].Kuu(k)))
+            return kuu.expand(len(group), *kuu.shape)
+        return DenseLinearOperator(self._grouped(kernel, value))
 
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
-        """``(S, M, N)`` for inputs ``(S, N, D)``: stream ``s``'s ``Kuf`` at its own inputs ``x[s]``."""
+        """``(S, M, N)`` for inputs ``(S, N, D)``: stream ``s``'s ``Kuf`` at its own inputs ``x[s]`` (a group of
+        streams with the same state, :meth:`_groups`, in one call on their inputs together)."""
         x = self._stream_inputs(x)
-        return self._stack(lambda i, s: self._per_stream(kernel, i, lambda k: s.Kuf(k, x[i])))
+
+        def value(group):
+            first, inputs = group[0], x[group]
+            kuf = self._per_stream(kernel, first, lambda k: self.streams[first].Kuf(k, inputs.reshape(-1, inputs.shape[-1])))
+            return kuf.reshape(kuf.shape[0], len(group), inputs.shape[-2]).transpose(0, 1)
+        return self._grouped(kernel, value)
 
     def Kuu_cross(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel) -> Tensor:
         """``(S, M, M')``: stream by stream with another batch of ``S`` streams (e.g. the stored copy)."""
         if not isinstance(other, BatchedInducingVariables) or len(other.streams) != len(self.streams):
             raise TypeError(f"the cross-covariance of {len(self.streams)} batched streams needs another batch of as many streams")
-        return self._stack(lambda i, s: self._per_stream(kernel, i, lambda k: s.Kuu_cross(other.streams[i], k)))
+
+        def value(group):
+            first = group[0]
+            cross = self._per_stream(kernel, first, lambda k: self.streams[first].Kuu_cross(other.streams[first], k))
+            return cross.expand(len(group), *cross.shape)
+        return self._grouped(kernel, value, other)
 
     def prior_mean(self, mean_module: gpytorch.means.Mean | None) -> Tensor | None:
         means = [self._per_stream(mean_module, i, s.prior_mean) for i, s in enumerate(self.streams)]
@@ -169,6 +243,40 @@ class BatchedInducingVariables(InducingVariables):
                     stream.advance(target)
                 except ValueError as error:
                     raise ValueError(f"stream {i}: {error}") from None
+
+
+def _bytes(tensor: Tensor) -> bytes:
+    return tensor.detach().cpu().contiguous().numpy().tobytes()
+
+
+def _state_key(module: nn.Module, seen: dict | None = None) -> tuple:
+    """The values of every parameter and buffer of ``module`` (streams with equal keys have equal covariances);
+    ``seen`` memoises the values of tensor objects read before (``id -> (tensor, bytes)``)."""
+    seen = {} if seen is None else seen
+    key = []
+    for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
+        known = seen.get(id(tensor))
+        if known is None or known[0] is not tensor:
+            known = seen[id(tensor)] = (tensor, _bytes(tensor))
+        key.append((name, known[1]))
+    return tuple(key)
+
+
+def share_equal_buffers(modules: list[nn.Module]) -> None:
+    """Make the buffers that all ``modules`` hold with equal values one tensor object (e.g. the Fourier draws
+    of one seed), so that their copies and state keys read it once."""
+    for name, first in modules[0].named_buffers():
+        owners = []
+        for module in modules[1:]:
+            path, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(path) if path else module
+            tensor = owner._buffers.get(leaf)
+            if tensor is None or tensor.shape != first.shape or tensor.dtype != first.dtype or not torch.equal(tensor, first):
+                break
+            owners.append((owner, leaf))
+        else:
+            for owner, leaf in owners:
+                owner._buffers[leaf] = first
 
 
 def _batched_modules(module: nn.Module, size: int) -> set:

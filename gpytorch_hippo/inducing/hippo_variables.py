@@ -50,7 +50,7 @@ from ..hippo import HiPPO
 from ..timeaxis import is_datetime_like
 from .banded import BandedBackend, _span
 from .base import InducingVariables
-from .batched import BatchedInducingVariables
+from .batched import BatchedInducingVariables, share_equal_buffers
 from .cost import MAX_TIME, kernel_reach, lengthscale_of
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
@@ -464,4 +464,6 @@ def _batched(cls, batch_shape, *args, **kwargs) -> BatchedInducingVariables:
         clocks = clocks.expand(size)
     if clocks.shape != (size,):
         raise ValueError(f"t must be a number or have shape ({size},), got {tuple(clocks.shape)}")
-    return BatchedInducingVariables([cls(t=float(clock), **kwargs) for clock in clocks.tolist()])
+    streams = [cls(t=float(clock), **kwargs) for clock in clocks.tolist()]
+    share_equal_buffers(streams)  # the Fourier draws of one seed, the same for every stream
+    return BatchedInducingVariables(streams)

@@ -227,3 +227,18 @@ def test_online_elbo_with_batched_streams_equals_each_streams_own_model(variable
             reference = alone(test)
         torch.testing.assert_close(joint.mean[s], reference.mean, rtol=0, atol=1e-9)
         torch.testing.assert_close(joint.variance[s], reference.variance, rtol=0, atol=1e-9)
+
+
+def test_streams_in_the_same_state_share_a_stored_copy_and_load_their_own_values():
+    """A stored task's copy shares one set among streams with the same clock (a fleet stores them once);
+    loading a state whose streams differ gives each its own values, never the last stream's."""
+    ivs = HiPPOInducingVariables(6, "legs", t=torch.tensor([2.0, 2.0, 3.0]), method="spectral", batch_shape=torch.Size([3]))
+    frozen = ivs.frozen_copy()
+    assert frozen.streams[0] is frozen.streams[1] and frozen.streams[2] is not frozen.streams[0]
+    moved = HiPPOInducingVariables(6, "legs", t=torch.tensor([2.0, 2.0, 3.0]), method="spectral", batch_shape=torch.Size([3]))
+    moved.advance(torch.tensor([2.5, 4.0, 3.0], dtype=DT))
+    frozen.load_state_dict(moved.state_dict())
+    torch.testing.assert_close(frozen.t, torch.tensor([2.5, 4.0, 3.0], dtype=DT))
+    k = kernel()
+    with torch.no_grad():
+        torch.testing.assert_close(frozen.Kuu(k).to_dense(), moved.Kuu(k).to_dense(), rtol=0, atol=1e-12)
