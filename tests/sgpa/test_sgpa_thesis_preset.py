@@ -90,7 +90,7 @@ def test_train_classifier_follows_the_schedule_and_restarts_adam_each_epoch(monk
     original_step = torch.optim.Adam.step
 
     def recording_step(self, *args, **kwargs):
-        seen.append((id(self), self.param_groups[0]["lr"], len(self.state)))
+        seen.append((self, self.param_groups[0]["lr"], len(self.state)))  # the optimiser itself: ids are reused once freed
         return original_step(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
@@ -103,7 +103,8 @@ def test_train_classifier_follows_the_schedule_and_restarts_adam_each_epoch(monk
     assert lrs == pytest.approx([5e-4 * learning_rate_factor(s, 16, 1e-5 / 5e-4, 2) for s in range(16)], rel=1e-12)
     assert lrs[0] == pytest.approx(1e-5) and lrs[2] == pytest.approx(5e-4) and lrs[-1] == pytest.approx(1e-5)
     optimisers = [seen[k][0] for k in range(0, 16, 4)]
-    assert len(set(optimisers)) == 4  # a new Adam each epoch ...
+    assert len({id(optimiser) for optimiser in optimisers}) == 4  # a new Adam each epoch (all alive here) ...
+    assert all(seen[k][0] is optimisers[k // 4] for k in range(16))  # ... used for all of its epoch's steps
     assert [seen[k][2] for k in range(0, 16, 4)] == [0, 0, 0, 0]  # ... with no moments at its first update
 
 
