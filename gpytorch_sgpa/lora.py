@@ -88,9 +88,18 @@ def _base_model(peft_model) -> nn.Module:
 def save_adapter(peft_model, path: str | os.PathLike, **kwargs) -> None:
     """``peft_model.save_pretrained(path, **kwargs)`` and SGPA's parameters (:func:`sgpa_parameter_names`
     of the base model) in ``path/sgpa_parameters.safetensors``."""
-    safetensors = require("safetensors.torch", "zoo", "gpytorch_sgpa.lora.save_adapter", package="safetensors")
-    base = _base_model(peft_model)
+    _base_model(peft_model)
     peft_model.save_pretrained(path, **kwargs)
+    save_sgpa_parameters(peft_model, path)
+
+
+def save_sgpa_parameters(peft_model, path: str | os.PathLike) -> None:
+    """SGPA's parameters of ``peft_model``'s base model in ``path/sgpa_parameters.safetensors``, the part of a
+    converted model that ``peft``'s own ``save_pretrained`` leaves out (``SGPATrainer`` writes it beside every
+    adapter it saves)."""
+    safetensors = require("safetensors.torch", "zoo", "gpytorch_sgpa.lora.save_sgpa_parameters", package="safetensors")
+    base = _base_model(peft_model)
+    os.makedirs(path, exist_ok=True)
     parameters = dict(base.named_parameters())
     tensors = {name: parameters[name].detach().contiguous() for name in sgpa_parameter_names(base)}
     safetensors.save_file(tensors, os.path.join(path, SGPA_PARAMETERS_FILE))

@@ -140,6 +140,17 @@ class SGPATrainer(transformers.Trainer):
         super().log(logs, *args, **kwargs)
 
     # ------------------------------------------------------------------ checkpoints
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """``Trainer``'s save (``save_model`` and checkpoints); for a ``peft`` model also SGPA's own parameters,
+        which the adapter leaves out (:func:`gpytorch_sgpa.lora.save_sgpa_parameters`), so that
+        :func:`gpytorch_sgpa.lora.load_adapter` restores the trained function."""
+        super()._save(output_dir, state_dict)
+        model = self.accelerator.unwrap_model(self.model)
+        if self.args.should_save and hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+            from .lora import save_sgpa_parameters
+
+            save_sgpa_parameters(model, output_dir if output_dir is not None else self.args.output_dir)
+
     def _save_checkpoint(self, model, trial) -> None:
         super()._save_checkpoint(model, trial)
         if self.args.should_save:

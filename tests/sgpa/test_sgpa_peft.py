@@ -150,3 +150,29 @@ def test_save_and_load_adapter_restore_the_function(tmp_path):
     assert torch.equal(reloaded(**inputs).logits.detach(), expected_sample)
     adapter_only = peft.PeftModel.from_pretrained(untouched, tmp_path).eval()  # peft's own loader: no SGPA parameters
     assert (_mean_logits(adapter_only, inputs) - expected).abs().max() > 1e-3
+
+
+@needs_peft
+def test_sgpa_trainer_saves_sgpa_parameters_beside_the_adapter(tmp_path):
+    """Trainer.save_model of a peft model writes the adapter only; SGPATrainer adds SGPA's parameters, so that
+    load_adapter restores the function (the check fails without them: load_adapter refuses the folder)."""
+    import transformers
+
+    from gpytorch_sgpa import SGPAELBO
+    from gpytorch_sgpa.trainer import SGPATrainer
+
+    model, inputs = _converted()
+    fresh = copy.deepcopy(model)
+    peft_model = get_peft_model(model, r=2, lora_alpha=4)
+    _randomise_lora(peft_model)
+    with torch.no_grad():
+        for name in sgpa_parameter_names(peft_model):
+            parameter = peft_model.get_parameter(name)
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    peft_model.eval()
+    expected = _mean_logits(peft_model, inputs)
+    arguments = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), report_to=[], use_cpu=True)
+    trainer = SGPATrainer(model=peft_model, args=arguments, elbo=SGPAELBO(peft_model, num_data=10))
+    trainer.save_model(str(tmp_path / "saved"))
+    reloaded = load_adapter(fresh, tmp_path / "saved")
+    assert torch.equal(_mean_logits(reloaded, inputs), expected)
