@@ -55,6 +55,17 @@ def _mean_logits(model, inputs):
     with torch.no_grad(), posterior_mean():
         return model(**inputs).logits
 
+def _adapted(model):
+    """``model`` with LoRA (r = 2), its LoRA weights and SGPA parameters moved off their initial values, in eval mode."""
+    peft_model = get_peft_model(model, r=2, lora_alpha=4)
+    _randomise_lora(peft_model)
+    with torch.no_grad():
+        for name in sgpa_parameter_names(peft_model):
+            parameter = peft_model.get_parameter(name)
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return peft_model.eval()
+
+
 
 def test_a_missing_peft_names_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "peft", None)
@@ -131,13 +142,7 @@ def test_save_and_load_adapter_restore_the_function(tmp_path):
     model, inputs = _converted()
     fresh = copy.deepcopy(model)
     untouched = copy.deepcopy(model)
-    peft_model = get_peft_model(model, r=2, lora_alpha=4)
-    _randomise_lora(peft_model)
-    with torch.no_grad():
-        for name in sgpa_parameter_names(peft_model):
-            parameter = peft_model.get_parameter(name)
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    peft_model.eval()
+    peft_model = _adapted(model)
     expected = _mean_logits(peft_model, inputs)
     torch.manual_seed(3)
     expected_sample = peft_model(**inputs).logits.detach()
@@ -163,13 +168,7 @@ def test_sgpa_trainer_saves_sgpa_parameters_beside_the_adapter(tmp_path):
 
     model, inputs = _converted()
     fresh = copy.deepcopy(model)
-    peft_model = get_peft_model(model, r=2, lora_alpha=4)
-    _randomise_lora(peft_model)
-    with torch.no_grad():
-        for name in sgpa_parameter_names(peft_model):
-            parameter = peft_model.get_parameter(name)
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    peft_model.eval()
+    peft_model = _adapted(model)
     expected = _mean_logits(peft_model, inputs)
     arguments = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), report_to=[], use_cpu=True)
     trainer = SGPATrainer(model=peft_model, args=arguments, elbo=SGPAELBO(peft_model, num_data=10))
