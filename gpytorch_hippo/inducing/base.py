@@ -200,11 +200,12 @@ class InducingVariables(gpytorch.Module):
         """Prior cross-covariance ``cov(u, u')`` between this set (``M``) and ``other`` (``M'``).
 
         Resolved by double dispatch: ``self._cross_covariance(other, kernel)`` is tried first, then
-        ``other._cross_covariance(self, kernel)`` transposed. The default ``_cross_covariance``
-        knows that point inducing variables are evaluations, ``cov(u, f(Z')) = Kuf(kernel, Z')``,
-        so every implementation of :meth:`Kuf` pairs with :class:`~gpytorch_hippo.inducing.points.InducingPoints` for free. A new
-        pair of interdomain types overrides ``_cross_covariance`` in one of them (adding the jitter
-        on the variables the two sets share, see the class docstring). Returns a dense ``(*batch, M, M')`` tensor.
+        ``other._cross_covariance(self, kernel)`` transposed. Point inducing variables are
+        evaluations, ``cov(u, f(Z')) = Kuf(kernel, Z')``, so
+        :class:`~gpytorch_hippo.inducing.points.InducingPoints` answers for any set and every
+        implementation of :meth:`Kuf` pairs with it for free. A new pair of interdomain types
+        overrides ``_cross_covariance`` in one of them (adding the jitter on the variables the two
+        sets share, see the class docstring). Returns a dense ``(*batch, M, M')`` tensor.
         """
         if not isinstance(other, InducingVariables):
             raise TypeError(f"other must be an InducingVariables instance, got {type(other).__name__}")
@@ -220,9 +221,7 @@ class InducingVariables(gpytorch.Module):
         return result
 
     def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):
-        """``cov(u_self, u_other)`` or ``NotImplemented`` (hook of :meth:`Kuu_cross`)."""
-        from .points import InducingPoints
-
-        if isinstance(other, InducingPoints):
-            return self.Kuf(kernel, other.points)
+        """``cov(u_self, u_other)`` or ``NotImplemented`` (hook of :meth:`Kuu_cross`). The base class
+        knows no pair: a subclass answers for the sets it knows (point inducing variables answer for
+        every set through its :meth:`Kuf`), and :meth:`Kuu_cross` asks the other set when one does not."""
         return NotImplemented
