@@ -40,6 +40,7 @@ from ..metrics import gaussian_nlpd, interval_ece, nlpd_from_log_density, rmse
 from ..online import OnlineELBO
 from ..ordering import order_inputs
 from ..variational import InterdomainVariationalStrategy
+from .hyperparameters import grid_start
 
 ELBO_METHODS = ("ohsvgp", "ohsvgp-k", "ohsvgp-o", "osvgp", "ovc")
 #: ``first_task_kernel`` of :func:`run_elbo_method` (multidimensional inputs).
@@ -68,7 +69,7 @@ def first_task_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, mean_cons
                      y: torch.Tensor, num_inducing: int | None = None) -> None:
     """Start the task-1 hyperparameters at the best point of a grid (the runner's ``--first-fit grid``).
 
-    Gaussian targets: :func:`~.online.grid_start` on ``y - mean_constant`` (the exact log marginal
+    Gaussian targets: :func:`~.hyperparameters.grid_start` on ``y - mean_constant`` (the exact log marginal
     likelihood on 30 length scales × 5 noise shares; an ARD kernel gets the same length scale in
     every dimension).  Counts: the same grid on the log counts ``log(y + 0.5) - mean_constant`` (the
     latent ``f`` is the log rate) sets the length scale and outputscale; then the dispersion ``r``
@@ -76,8 +77,6 @@ def first_task_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, mean_cons
     posterior mean, over 41 values log-spaced in [0.1, 10⁴].  The task-1 ELBO steps (lr 0.01) move
     a softplus parameter by about 0.01 per step, so without this the initial ``span / 50`` length
     scale and ``r = 1`` are where the fit ends (docs/results.md)."""
-    from .online import grid_start  # online imports this module
-
     with torch.no_grad():
         if isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
             grid_start(kernel, likelihood, x, y - mean_constant, num_inducing)
