@@ -3,7 +3,8 @@ r"""Adapters that :func:`gpytorch_sgpa.convert` uses to swap a model's self-atte
 One registry maps a module type to a function ``fn(module, attention, **attention_kwargs)`` that
 returns the replacement (or ``None``: leave the module as it is, e.g. a cross-attention module of
 a type that also does self-attention); :func:`register_adapter` adds one.  ``convert`` replaces
-every module whose type (most specific class first, along the MRO) has one.  Registered here:
+every module whose type (most specific class first, along the MRO) has one.  Registered by the
+package (the first by :mod:`gpytorch_sgpa.dropin`, which defines the replacement; the others here):
 
 * :class:`torch.nn.MultiheadAttention` → :class:`~gpytorch_sgpa.dropin.MultiheadSGPAttention`; in
   :class:`torch.nn.TransformerDecoderLayer` only ``self_attn`` is converted (``causal=True`` unless
@@ -130,11 +131,11 @@ def _kernel_layer(attention: str, d_model: int, num_heads: int, weight_q: Tensor
                   bias_v: Tensor | None, kwargs: dict, bias_q: Tensor | None = None,
                   bias_k: Tensor | None = None) -> nn.Module:
     """A kernel/SGPA layer with ``W_qk = (W_q + W_k) / 2``, ``W_v``, ``b_v`` and no output projection,
-    SGPA started at the kernel layer's function (``_sgpa_start``); the softmax projections
+    SGPA started at the kernel layer's function (``sgpa_start``); the softmax projections
     ``(W_q, b_q, W_k, b_k)`` stay on it while ``convert`` runs (for ``calibration_inputs``)."""
     if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
-    cov_init = _sgpa_start(attention, kwargs)
+    cov_init = sgpa_start(attention, kwargs)
     layer = build_attention(attention, d_model, num_heads, attention_kwargs=kwargs)
     if not hasattr(layer, "qk_proj"):
         raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
@@ -146,7 +147,7 @@ def _kernel_layer(attention: str, d_model: int, num_heads: int, weight_q: Tensor
         layer.v_proj.weight.copy_(weight_v)
         if bias_v is not None:
             layer.v_proj.bias.copy_(bias_v)
-    _start_at_mean(layer, cov_init)
+    start_at_mean(layer, cov_init)
     layer._softmax_query_key = (weight_q, bias_q, weight_k, bias_k)
     return layer
 
@@ -328,19 +329,24 @@ class SelfAttentionAdapter(nn.Module):
         layer = _kernel_layer(attention, source.d_model, source.num_heads, weight, weight, source.v_proj.weight.detach(),
                               None if bias is None else bias.detach(), kwargs)
         del layer._softmax_query_key  # already kernel attention: no softmax to calibrate against
-        _copy_kernel(layer, source)
+        copy_kernel(layer, source)
         self.attention = layer
         return self
 
 
-def _sgpa_start(attention: str, kwargs: dict) -> float | None:
+# --------------------------------------------------------------------------- starting a converted layer
+# (used by the adapters here and by gpytorch_sgpa.dropin's conversion of nn.MultiheadAttention)
+def sgpa_start(attention: str, kwargs: dict) -> float | None:
     """Defaults of a conversion to SGPA (from softmax or kernel attention) that start it at the kernel
     layer's function: orthogonal SGPA at mean gate ``γ = 0``, where its posterior mean is kernel
     attention's output ``K_qa v_a`` (:class:`~gpytorch_sgpa.attention.SGPAttention`;
     ``mean_gate=None``: the thesis's mean); decoupled SGPA's global covariance at ``C = c I`` with
     ``c = global_cov_init`` (popped from ``kwargs``, default 0.1; ``None``: the random start of
     ``variational_init_std``), i.e. whitened ``S_g = c² K_gg``, so the samples start near the mean.
-    Returns ``c`` (``None`` for kernel attention, whose ``kwargs`` are left as they are)."""
+    Returns ``c`` (``None`` for kernel attention, whose ``kwargs`` are left as they are).
+
+    :param attention: the name of the layer converted to (:data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`).
+    :param kwargs: the layer's keyword arguments, completed in place."""
     if not attention.startswith("sgpa"):
         return None
     if attention == "sgpa":
@@ -351,9 +357,12 @@ def _sgpa_start(attention: str, kwargs: dict) -> float | None:
     return cov_init
 
 
-def _start_at_mean(layer: nn.Module, cov_init: float | None) -> None:
+def start_at_mean(layer: nn.Module, cov_init: float | None) -> None:
     """Start a decoupled SGPA ``layer``'s global covariance at ``cov_init · I`` (whitened) and let
-    ``calibration_inputs`` place its global inducing inputs."""
+    ``calibration_inputs`` place its global inducing inputs.
+
+    :param layer: the new kernel or SGPA layer.
+    :param cov_init: what :func:`sgpa_start` returned (``None``: leave the covariance as built)."""
     if cov_init is not None and getattr(layer, "mode", None) == "decoupled":
         with torch.no_grad():
             layer.global_chol_lower.zero_()
@@ -361,8 +370,11 @@ def _start_at_mean(layer: nn.Module, cov_init: float | None) -> None:
     mark_for_placement(layer)
 
 
-def _copy_kernel(layer: nn.Module, source: KernelAttention) -> None:
-    """Give ``layer`` the trained kernel of the kernel-attention layer it is converted from."""
+def copy_kernel(layer: nn.Module, source: KernelAttention) -> None:
+    """Give ``layer`` the trained kernel of the kernel-attention layer ``source`` it is converted from.
+
+    :param layer: the new SGPA layer.
+    :param source: the kernel-attention layer it replaces."""
     layer.kernel = copy.deepcopy(source.kernel)
     layer.kernel_name = source.kernel_name
 
@@ -543,18 +555,7 @@ def _from_adapter(module: SelfAttentionAdapter, attention: str = "sgpa", **kwarg
 
 
 def _register_builtin() -> None:
-    from .dropin import MultiheadSGPAttention, _from_kernel_adapter, _from_multihead
-
-    def multihead(module, attention="sgpa", **kwargs):
-        return _from_multihead(module, attention, kwargs)
-
-    def kernel_adapter(module, attention="sgpa", **kwargs):
-        if isinstance(module.attention, KernelAttention) and attention != "kernel":
-            return _from_kernel_adapter(module, attention, kwargs)
-        return None
-
-    _BY_TYPE[nn.MultiheadAttention] = multihead
-    _BY_TYPE[MultiheadSGPAttention] = kernel_adapter
+    """The adapters of this module (:mod:`gpytorch_sgpa.dropin` registers ``nn.MultiheadAttention``'s and its own)."""
     _BY_TYPE[SelfAttentionAdapter] = _from_adapter
     for family in ("bert.modeling_bert.Bert", "roberta.modeling_roberta.Roberta",
                    "xlm_roberta.modeling_xlm_roberta.XLMRoberta", "camembert.modeling_camembert.Camembert",

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import check_int
-from .adapters import _copy_kernel, _sgpa_start, _start_at_mean
-from .attention import SGPAttention
+from .adapters import adapter_for, child_defaults, copy_kernel, record_attentions, register_adapter, sgpa_start, start_at_mean
+from .attention import KernelAttention, SGPAttention
+from .conversion_record import record_conversion
 from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections
 from .transformer import ATTENTION_TYPES, build_attention
 
@@ -252,7 +253,7 @@ def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) ->
     weight_q, weight_k, weight_v = _split_in_projection(mha)
     bias_v = None if mha.in_proj_bias is None else mha.in_proj_bias.detach()[2 * mha.embed_dim:]
     kwargs.setdefault("dropout", mha.dropout)
-    cov_init = _sgpa_start(attention, kwargs)
+    cov_init = sgpa_start(attention, kwargs)
     adapter = MultiheadSGPAttention(mha.embed_dim, mha.num_heads, batch_first=mha.batch_first,
                                     attention=attention, **kwargs)
     layer = adapter.attention
@@ -267,7 +268,7 @@ def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) ->
         if bias_v is not None:
             layer.v_proj.bias.copy_(bias_v)
         layer.out_proj.load_state_dict(mha.out_proj.state_dict())
-    _start_at_mean(layer, cov_init)
+    start_at_mean(layer, cov_init)
     bias_q, bias_k = (None, None) if mha.in_proj_bias is None else mha.in_proj_bias.detach().chunk(3)[:2]
     layer._softmax_query_key = (weight_q, bias_q, weight_k, bias_k)  # for calibration_inputs, while convert runs
     return adapter
@@ -279,7 +280,7 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
         raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
     kwargs.setdefault("dropout", source.dropout.p)
     kwargs.setdefault("causal", source.causal)
-    cov_init = _sgpa_start(attention, kwargs)
+    cov_init = sgpa_start(attention, kwargs)
     adapter = MultiheadSGPAttention(old.embed_dim, old.num_heads, batch_first=old.batch_first,
                                     attention=attention, **kwargs)
     layer = adapter.attention
@@ -290,9 +291,24 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
     with torch.no_grad():
         for name in ("qk_proj", "v_proj", "out_proj"):
             getattr(layer, name).load_state_dict(getattr(source, name).state_dict())
-    _copy_kernel(layer, source)
-    _start_at_mean(layer, cov_init)
+    copy_kernel(layer, source)
+    start_at_mean(layer, cov_init)
     return adapter
+
+
+def _multihead_adapter(module: nn.MultiheadAttention, attention: str = "sgpa", **kwargs) -> MultiheadSGPAttention:
+    return _from_multihead(module, attention, kwargs)
+
+
+def _kernel_adapter(module: MultiheadSGPAttention, attention: str = "sgpa", **kwargs) -> MultiheadSGPAttention | None:
+    """Kernel attention in a :class:`MultiheadSGPAttention` becomes SGPA (or another kernel layer); others stay."""
+    if isinstance(module.attention, KernelAttention) and attention != "kernel":
+        return _from_kernel_adapter(module, attention, kwargs)
+    return None
+
+
+register_adapter(nn.MultiheadAttention, _multihead_adapter)
+register_adapter(MultiheadSGPAttention, _kernel_adapter)
 
 
 def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None, **attention_kwargs) -> nn.Module:
@@ -357,10 +373,8 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
-    from . import adapters, pretrained
-
     def replacement(child: nn.Module, defaults: dict) -> nn.Module | None:
-        adapter = adapters.adapter_for(child)
+        adapter = adapter_for(child)
         if adapter is None:
             return None
         new = adapter(child, attention, **{**defaults, **attention_kwargs})
@@ -383,7 +397,7 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
             if child is None:
                 continue
             if id(child) not in replaced:
-                defaults = adapters.child_defaults(parent, name)
+                defaults = child_defaults(parent, name)
                 new = None if defaults is None else replacement(child, defaults)
                 if new is None:
                     continue
@@ -392,8 +406,8 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     if not replaced:
         raise ValueError(f"{type(module).__name__} holds no nn.MultiheadAttention nor other self-attention with an "
                          f"adapter (nor kernel attention to turn into {attention!r}) to convert")
-    adapters.record_attentions(module, replaced)
-    pretrained.record_conversion(module, attention, attention_kwargs, replaced)
+    record_attentions(module, replaced)
+    record_conversion(module, attention, attention_kwargs, replaced)
     return _finish(module, calibration_inputs)
 
 

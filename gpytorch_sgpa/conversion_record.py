@@ -1,0 +1,95 @@
+r"""The record of a conversion in a ``transformers`` model's configuration (``config.sgpa``).
+
+:func:`gpytorch_sgpa.convert` calls :func:`record_conversion` for every conversion of a Hugging Face
+model, so that ``save_pretrained`` writes it with the weights and :func:`gpytorch_sgpa.from_pretrained`
+replays it (:mod:`gpytorch_sgpa.pretrained` describes the format and the loading).  The configuration
+then names :data:`ATTN_IMPLEMENTATION`, an attention implementation whose functions raise naming
+:func:`~gpytorch_sgpa.pretrained.from_pretrained`, so that the unconverted class refuses the checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+from torch import nn
+
+__all__ = ["ATTN_IMPLEMENTATION", "record_conversion", "register_refusal"]
+
+
+#: The attention implementation a converted model's configuration names (see the module docstring).
+ATTN_IMPLEMENTATION = "gpytorch_sgpa"
+
+
+def _json_value(value):
+    """``value`` if JSON writes and reads it back unchanged, else ``None`` with ``False``."""
+    if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
+        return value, True
+    if isinstance(value, (list, tuple)):
+        items = [_json_value(item) for item in value]
+        return [item for item, _ in items], all(ok for _, ok in items)
+    return None, False
+
+
+def _refuse(*args, **kwargs):
+    raise RuntimeError(
+        "this model was loaded from a checkpoint of a model converted by gpytorch_sgpa.convert into the unconverted "
+        "class, whose softmax attention has fresh query/key weights; load it with "
+        "gpytorch_sgpa.from_pretrained(ModelClass, path), which replays the conversion and loads every weight")
+
+
+def register_refusal() -> None:
+    """Register :data:`ATTN_IMPLEMENTATION` with ``transformers`` (attention and mask functions that
+    raise naming :func:`~gpytorch_sgpa.pretrained.from_pretrained`); does nothing if ``transformers`` has not been imported."""
+    if "transformers" not in sys.modules:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, _refuse)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _refuse)
+
+
+def _pretrained_roots(module: nn.Module, pretrained: type) -> list[nn.Module]:
+    """The outermost ``PreTrainedModel``\\ s of ``module``'s tree."""
+    if isinstance(module, pretrained):
+        return [module]
+    return [m for child in module.children() for m in _pretrained_roots(child, pretrained)]
+
+
+def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, replaced: dict) -> None:
+    """Append a conversion of ``root`` (``replaced``: ``id(old) -> (old, new)``) to the ``config.sgpa``
+    of the ``transformers`` models in or around it (the format: :mod:`gpytorch_sgpa.pretrained`)."""
+    if "transformers" not in sys.modules:  # then no model of it is in the tree; do not import it
+        return
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    kwargs, unsaved = {}, []
+    for key, value in attention_kwargs.items():
+        kept, ok = _json_value(value)
+        if ok:
+            kwargs[key] = kept
+        else:
+            unsaved.append(key)
+    new = {id(module) for _, module in replaced.values()}
+    targets = []
+    for model in _pretrained_roots(root, PreTrainedModel):
+        paths = [name for name, module in model.named_modules() if id(module) in new]
+        if paths:
+            targets.append((model.config, paths))
+    configs = {id(config) for config, _ in targets}
+    for _, module in replaced.values():  # converted below a transformers model: no paths to replay
+        config = getattr(module, "config", None)
+        if isinstance(config, PretrainedConfig) and id(config) not in configs:
+            configs.add(id(config))
+            targets.append((config, None))
+    for config, paths in targets:
+        settings = getattr(config, "sgpa", None) or {"attn_implementation": config._attn_implementation,
+                                                     "conversions": []}
+        entry = {"attention": attention, "kwargs": kwargs, "modules": paths}
+        if unsaved:
+            entry["unsaved_kwargs"] = unsaved
+        settings["conversions"].append(entry)
+        config.sgpa = settings
+        config.attn_implementation = ATTN_IMPLEMENTATION
+    if targets:
+        register_refusal()
