@@ -285,7 +285,7 @@ def test_refit_every_refreshes_hyperparameters_on_the_online_bound():
 def test_a_fit_that_lowers_the_bound_is_rolled_back(monkeypatch):
     # L-BFGS-B can stop "ABNORMAL" at a worse point (seen for 2 of 30 random inducing inputs in the
     # test above); a stand-in optimiser that ruins the lengthscale must leave the model as it was.
-    import gpytorch_hippo.botorch as online_botorch
+    import gpytorch_hippo.botorch.models as online_botorch
 
     x, y = data(30, 11)
     model = OnlineGPModel(x[:15], y[:15], InducingPoints(x[:8].clone()), fit_maxiter=0, outcome_transform=None)

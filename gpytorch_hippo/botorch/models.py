@@ -1,4 +1,4 @@
-"""BoTorch online surrogate models over :class:`~gpytorch_hippo.online.OnlineSGPR` (thesis ch. 4).
+"""The single-output BoTorch online surrogate over :class:`~gpytorch_hippo.online.OnlineSGPR` (thesis ch. 4).
 
 :class:`OnlineGPModel` is a BoTorch ``Model`` whose posterior is the collapsed online sparse GP of
 Bui et al. (2017), thesis §4.2.2: with HiPPO inducing variables it is OHSGPR, with inducing points
@@ -6,8 +6,8 @@ OSGPR. New observations enter through :meth:`OnlineGPModel.condition_on_observat
 update that touches only the new batch and the stored summary ``q(u)``; old data are never
 revisited and, by default, not stored. :class:`OnlineCollapsedMLL` exposes the collapsed online
 bound to ``botorch.fit.fit_gpytorch_mll``. An ``(n, m)`` target gives ``m`` independent outputs
-(:class:`~gpytorch_hippo.botorch_multioutput.MultiOutputOnlineGPModel`); non-Gaussian observations
-have :class:`~gpytorch_hippo.botorch_variational.OnlineVariationalGPModel` over OHSVGP.
+(:class:`~gpytorch_hippo.botorch.multioutput.MultiOutputOnlineGPModel`); non-Gaussian observations
+have :class:`~gpytorch_hippo.botorch.variational.OnlineVariationalGPModel` over OHSVGP.
 """
 
 from __future__ import annotations
@@ -38,14 +38,19 @@ from gpytorch.mlls import MarginalLogLikelihood
 from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
-from ._validation import check_tensor, floating_dtype
-from .inducing.base import InducingVariables
-from .inducing.hippo_variables import HiPPOInducingVariables
-from .inducing.points import InducingPoints
-from .online import OnlineSGPR
-from .ordering import ORDERING_CRITERIA, order_inputs
+from .._validation import check_tensor, floating_dtype
+from ..inducing.base import InducingVariables
+from ..inducing.hippo_variables import HiPPOInducingVariables
+from ..inducing.points import InducingPoints
+from ..online import OnlineSGPR
+from ..ordering import ORDERING_CRITERIA, order_inputs
+from ._checks import check_points_near, check_X_Y, check_Yvar, split_third_argument
 
-__all__ = ["OnlineGPModel", "OnlineCollapsedMLL", "MultiOutputOnlineGPModel", "default_inducing_points", "DEFAULT_NUM_INDUCING"]
+__all__ = ["OnlineGPModel", "OnlineCollapsedMLL", "default_inducing_points", "DEFAULT_NUM_INDUCING", "register_multi_output_model"]
+
+# The class that ``OnlineGPModel(train_X, train_Y)`` builds for ``m > 1`` outputs, registered by
+# gpytorch_hippo.botorch.multioutput (which imports this module, so this one cannot import it).
+_multi_output_model: type | None = None
 
 
 class OnlineCollapsedMLL(MarginalLogLikelihood):
@@ -149,7 +154,9 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
 
     def __new__(cls, train_X: Tensor | None = None, train_Y: Tensor | None = None, *args: Any, **kwargs: Any):
         if cls is OnlineGPModel and isinstance(train_Y, Tensor) and train_Y.dim() >= 2 and train_Y.shape[-1] > 1:
-            cls = MultiOutputOnlineGPModel
+            if _multi_output_model is None:  # gpytorch_hippo.botorch imports the multi-output module with this one
+                raise RuntimeError("no multi-output model is registered: import gpytorch_hippo.botorch")
+            cls = _multi_output_model
         return super().__new__(cls)
 
     def __init__(
@@ -170,11 +177,11 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         num_inducing: int | None = None,
     ):
         super().__init__()
-        train_Yvar, inducing_variables = _split_third_argument(train_Yvar, inducing_variables)
-        _check_X_Y(train_X, train_Y, "train_X", "train_Y")
+        train_Yvar, inducing_variables = split_third_argument(train_Yvar, inducing_variables)
+        check_X_Y(train_X, train_Y, "train_X", "train_Y")
         if train_X.dim() != 2:
             raise ValueError(f"train_X must have shape (n, d), got {tuple(train_X.shape)}")
-        _check_Yvar(train_Yvar, train_Y, "train_Yvar")
+        check_Yvar(train_Yvar, train_Y, "train_Yvar")
         if outcome_transform is DEFAULT:
             outcome_transform = Standardize(m=1)
         self._setup(train_X, inducing_variables, covar_module, likelihood, mean_module, input_transform, outcome_transform,
@@ -183,7 +190,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         noise = None if train_Yvar is None else self._noise_to_model_space(train_X, train_Y, train_Yvar)
         _validate_like_single_task_gp(x, y, noise)
         if input_transform is not None:
-            _check_points_near(self.inducing_variables, x)
+            check_points_near(self.inducing_variables, x)
         self._move_inducing(x)
         if noise is not None:
             self._set_known_noise_level(noise)
@@ -543,7 +550,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
         if isinstance(X, Tensor) and isinstance(Y, Tensor) and X.dim() >= 2 and X.shape[-2] == 0 and Y.shape[-2:] == (0, 1):
             return self._with_batch_shape(torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2]))  # fantasies of no points
-        _check_X_Y(X, Y, "X", "Y")
+        check_X_Y(X, Y, "X", "Y")
         noise = kwargs.get("noise")
         if noise is not None:
             noise = check_tensor(noise, "noise", dtype=floating_dtype(self.covar_module))
@@ -558,7 +565,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         if kwargs:
             raise TypeError(f"get_fantasy_model got unexpected keyword arguments {sorted(kwargs)}")
         targets = check_tensor(targets, "targets").unsqueeze(-1)
-        _check_X_Y(inputs, targets, "inputs", "targets")
+        check_X_Y(inputs, targets, "inputs", "targets")
         if noise is not None:
             noise = check_tensor(noise, "noise", dtype=floating_dtype(self.covar_module))
         return self._conditioned(inputs, targets, noise, outcome_transformed=True)
@@ -576,10 +583,10 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         every ``refit_every`` batches, hyperparameters refreshed on the new batch's online bound
         before it is absorbed. ``Yvar``: the batch's known noise variances ``(n, 1)``, required by a
         model built with ``train_Yvar``."""
-        _check_X_Y(X, Y, "X", "Y")
+        check_X_Y(X, Y, "X", "Y")
         if X.dim() != 2:
             raise ValueError(f"X must have shape (n, d) in observe (streaming data), got {tuple(X.shape)}")
-        _check_Yvar(Yvar, Y, "Yvar")
+        check_Yvar(Yvar, Y, "Yvar")
         if self.known_noise and Yvar is None:
             raise ValueError("this model was built with train_Yvar (known noise): pass the batch's noise variances as Yvar")
         if self.refit_every is None or (self.num_updates + 1) % self.refit_every != 0:
@@ -690,22 +697,18 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             self._internal_refit = previous
 
 
-def _check_points_near(inducing_variables: InducingVariables, x: Tensor) -> None:
-    """Inducing points live in the model's input space, after ``input_transform``: refuse a set of which
-    most points lie outside the transformed inputs' box widened by its size on every side (raw-scale
-    points under ``Normalize``, which would leave the posterior at the prior)."""
-    points = getattr(inducing_variables, "points", None)
-    if not isinstance(points, Tensor) or points.shape[-1] != x.shape[-1]:
-        return
-    low, high = x.min(-2).values, x.max(-2).values
-    span = (high - low).clamp_min(1e-12)
-    near = ((points >= low - span) & (points <= high + span)).all(-1)
-    if near.to(x.dtype).mean() < 0.5:
-        raise ValueError(
-            "inducing_variables: InducingPoints must be given in the model's input space, after input_transform "
-            f"(the first batch spans {low.tolist()} to {high.tolist()} there, e.g. the unit cube for Normalize); "
-            f"{int((~near).sum())} of the {near.numel()} points lie far from it"
-        )
+def register_multi_output_model(model_class: type[OnlineGPModel]) -> type[OnlineGPModel]:
+    """Make ``OnlineGPModel(train_X, train_Y, ...)`` with ``train_Y`` of shape ``(n, m)``, ``m > 1``, build a
+    ``model_class`` with the same arguments. A class decorator: it returns ``model_class``.
+    :class:`~gpytorch_hippo.botorch.multioutput.MultiOutputOnlineGPModel` registers itself when
+    :mod:`gpytorch_hippo.botorch` is imported.
+
+    :param model_class: a subclass of :class:`OnlineGPModel` that takes the constructor's arguments."""
+    global _multi_output_model
+    if not (isinstance(model_class, type) and issubclass(model_class, OnlineGPModel)):
+        raise TypeError(f"model_class must be a subclass of OnlineGPModel, got {model_class!r}")
+    _multi_output_model = model_class
+    return model_class
 
 
 #: number of default inducing points (:func:`default_inducing_points`)
@@ -752,31 +755,6 @@ def _farthest_points(x: Tensor, num: int) -> Tensor:
     return x[chosen]
 
 
-def _split_third_argument(train_Yvar, inducing_variables):
-    """``OnlineGPModel(X, Y, inducing_variables)``, the former positional form, keeps working: the third
-    argument is ``train_Yvar`` (as ``SingleTaskGP``'s) unless it is inducing variables."""
-    is_variables = isinstance(train_Yvar, InducingVariables) or (
-        isinstance(train_Yvar, (list, tuple)) and len(train_Yvar) > 0 and all(isinstance(v, InducingVariables) for v in train_Yvar)
-    )
-    if not is_variables:
-        if train_Yvar is not None and not isinstance(train_Yvar, Tensor):
-            raise TypeError(f"train_Yvar must be a tensor of observation noise variances or None, got {type(train_Yvar).__name__}")
-        return train_Yvar, inducing_variables
-    if inducing_variables is not None:
-        raise TypeError("inducing variables were given twice: as the third positional argument and as inducing_variables=")
-    return None, train_Yvar
-
-
-def _check_Yvar(Yvar: Tensor | None, Y: Tensor, name: str) -> None:
-    """Known noise variances: the shape of ``Y``, finite and non-negative."""
-    if Yvar is None:
-        return
-    if not isinstance(Yvar, Tensor) or Yvar.shape != Y.shape:
-        raise ValueError(f"{name} must be a tensor of the shape of the targets {tuple(Y.shape)}, got {getattr(Yvar, 'shape', type(Yvar))}")
-    if not bool(torch.isfinite(Yvar).all()) or bool((Yvar < 0).any()):
-        raise ValueError(f"{name} must hold finite, non-negative noise variances")
-
-
 def _validate_like_single_task_gp(x: Tensor, y: Tensor, noise: Tensor | None) -> None:
     """BoTorch's input checks of ``SingleTaskGP`` on the model-space data: its warnings for float32
     inputs, inputs outside the unit cube and unstandardised outcomes."""
@@ -788,25 +766,3 @@ def _validate_like_single_task_gp(x: Tensor, y: Tensor, noise: Tensor | None) ->
 
 class _NoStoredData(AttributeError):
     """``train_inputs``/``train_targets`` of a model that keeps no data (so ``hasattr`` is ``False``)."""
-
-
-def _check_X_Y(X, Y, x_name: str, y_name: str, num_outputs: int = 1) -> None:
-    """BoTorch's shapes: ``X`` of ``(*b, n, d)``, ``Y`` of ``(*b', n, m)``, finite."""
-    for name, value in ((x_name, X), (y_name, Y)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if X.dim() < 2 or X.shape[-2] < 1:
-        raise ValueError(f"{x_name} must have shape (*batch, n, d) with n >= 1, got {tuple(X.shape)}")
-    if Y.dim() < 2 or Y.shape[-1] != num_outputs or Y.shape[-2] != X.shape[-2]:
-        raise ValueError(
-            f"{y_name} must have shape (*batch, {X.shape[-2]}, {num_outputs}) to match {x_name} and the model's outputs, "
-            f"got {tuple(Y.shape)}"
-        )
-    if not torch.isfinite(X).all():
-        raise ValueError(f"{x_name} contains NaN or infinite values")
-    if not torch.isfinite(Y).all():
-        raise ValueError(f"{y_name} contains NaN or infinite values")
-
-
-from . import botorch_paths  # noqa: E402,F401  (registers OnlineGPModel with BoTorch's pathwise sampling)
-from .botorch_multioutput import MultiOutputOnlineGPModel  # noqa: E402

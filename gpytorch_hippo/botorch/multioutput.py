@@ -1,0 +1,278 @@
+r"""``m`` independent outputs on shared inputs for :class:`~gpytorch_hippo.botorch.OnlineGPModel`.
+
+``OnlineGPModel(train_X, train_Y)`` with ``train_Y`` of shape ``(n, m)``, ``m > 1``, builds a
+:class:`MultiOutputOnlineGPModel`: one single-output online sparse GP per output, each with its own
+hyperparameters and its own copy of the inducing variables, under shared input and outcome
+transforms. The outputs are independent a posteriori,
+
+.. math::
+    q(f_1(X), \dots, f_m(X)) = \prod_{j=1}^m q_j(f_j(X)),
+
+so its posterior is a multi-task normal with a block-diagonal covariance, as for BoTorch's batched
+multi-output models, and it serves multi-objective acquisitions (``qLogNoisyExpectedHypervolume
+Improvement``) and look-ahead ones on scalarised outputs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import gpytorch
+import torch
+from botorch.acquisition.objective import PosteriorTransform
+from botorch.exceptions.errors import BotorchTensorDimensionError
+from botorch.models.model import Model
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from botorch.utils.types import DEFAULT, _DefaultType
+from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
+from linear_operator import to_linear_operator
+from torch import Tensor, nn
+
+from .._validation import check_tensor, floating_dtype
+from ..inducing.base import InducingVariables
+from ._checks import check_points_near, check_X_Y, check_Yvar, split_third_argument
+from .models import OnlineGPModel, register_multi_output_model
+
+__all__ = ["MultiOutputOnlineGPModel"]
+
+_PER_OUTPUT = ("covar_module", "mean_module", "inducing_variables", "online")
+
+
+@register_multi_output_model
+class MultiOutputOnlineGPModel(OnlineGPModel):
+    """``m`` independent online sparse GPs on shared inputs, built by ``OnlineGPModel`` from an
+    ``(n, m)`` ``train_Y`` (see :class:`~gpytorch_hippo.botorch.OnlineGPModel` for the arguments).
+
+    ``outputs[j]`` is output ``j``'s single-output :class:`~gpytorch_hippo.botorch.OnlineGPModel`
+    in the transformed spaces (it holds no transforms); ``covar_module``, ``mean_module`` and
+    ``inducing_variables`` are per output and read there. ``likelihood`` is a
+    ``LikelihoodList`` of the outputs' likelihoods.
+    """
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        inducing_variables: InducingVariables | Sequence[InducingVariables] | None = None,
+        covar_module: gpytorch.kernels.Kernel | None = None,
+        likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
+        mean_module: gpytorch.means.Mean | None = None,
+        input_transform: InputTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
+        fit_maxiter: int = 100,
+        refit_every: int | None = None,
+        keep_data: bool = True,
+        ordering: str = "kernel_max",
+        num_inducing: int | None = None,
+    ):
+        super(OnlineGPModel, self).__init__()
+        train_Yvar, inducing_variables = split_third_argument(train_Yvar, inducing_variables)
+        num_outputs = train_Y.shape[-1]
+        check_X_Y(train_X, train_Y, "train_X", "train_Y", num_outputs)
+        if train_X.dim() != 2:
+            raise ValueError(f"train_X must have shape (n, d), got {tuple(train_X.shape)}")
+        check_Yvar(train_Yvar, train_Y, "train_Yvar")
+        if isinstance(inducing_variables, InducingVariables) or inducing_variables is None:
+            inducing_variables = [copy.deepcopy(inducing_variables) for _ in range(num_outputs)]
+        elif not (isinstance(inducing_variables, Sequence) and len(inducing_variables) == num_outputs
+                  and all(isinstance(v, InducingVariables) for v in inducing_variables)):
+            raise TypeError(
+                f"inducing_variables must be one InducingVariables instance or a sequence of {num_outputs} "
+                f"(one per output), got {inducing_variables!r}"
+            )
+        if outcome_transform is DEFAULT:
+            outcome_transform = Standardize(m=num_outputs)
+        if input_transform is not None:
+            self.input_transform = input_transform.to(train_X)
+        if outcome_transform is not None:
+            self.outcome_transform = outcome_transform.to(train_X)
+        x, y = self._to_model_space(train_X, train_Y, fit_transforms=True)
+        noise = None
+        if train_Yvar is not None:
+            noise = self.outcome_transform(train_Y, train_Yvar, X=x)[1] if outcome_transform is not None else train_Yvar
+        if input_transform is not None:
+            for variables in inducing_variables:
+                if variables is not None:
+                    check_points_near(variables, x)
+        self.outputs = nn.ModuleList(
+            OnlineGPModel(
+                x, y[..., j : j + 1], None if noise is None else noise[..., j : j + 1], inducing_variables=inducing_variables[j],
+                covar_module=copy.deepcopy(covar_module), likelihood=copy.deepcopy(likelihood),
+                mean_module=copy.deepcopy(mean_module), outcome_transform=None, fit_maxiter=fit_maxiter,
+                refit_every=refit_every, keep_data=keep_data, ordering=ordering, num_inducing=num_inducing,
+            )
+            for j in range(num_outputs)
+        )
+        self.fit_maxiter, self.refit_every, self.keep_data, self.ordering = fit_maxiter, refit_every, keep_data, ordering
+        self.eval()
+
+    def train(self, mode: bool = True) -> MultiOutputOnlineGPModel:
+        """GPyTorch's modes; each output refreshes its own stored posterior (:meth:`OnlineGPModel.train`)."""
+        return Model.train(self, mode)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """A checkpoint of this model restored whole, or a warm start per output
+        (:meth:`OnlineGPModel.load_state_dict`): kernels, likelihoods and means loaded, this model's data,
+        transforms and posteriors (recomputed from the kept data) kept."""
+        per_output = [
+            {k[len(f"outputs.{j}."):]: v for k, v in state_dict.items() if k.startswith(f"outputs.{j}.")}
+            for j in range(len(self.outputs))
+        ]
+        if any(output._is_warm_start(sub) for output, sub in zip(self.outputs, per_output)):
+            for output, sub in zip(self.outputs, per_output):
+                output.load_state_dict(sub) if output._is_warm_start(sub) else output.load_hyperparameters(sub)
+            return None
+        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
+
+    # ------------------------------------------------------------------ BoTorch's model contract
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+    @property
+    def num_updates(self) -> int:
+        return self.outputs[0].num_updates
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.outputs[0].batch_shape
+
+    @property
+    def likelihood(self) -> gpytorch.likelihoods.LikelihoodList:
+        return gpytorch.likelihoods.LikelihoodList(*(output.likelihood for output in self.outputs))
+
+    def __getattr__(self, name: str):
+        if name in _PER_OUTPUT:
+            raise AttributeError(
+                f"a model with {len(self._modules['outputs'])} outputs has one {name} per output: "
+                f"read model.outputs[j].{name}"
+            )
+        return super().__getattr__(name)
+
+    @property
+    def train_inputs(self) -> tuple[Tensor]:
+        """The stored inputs per output, ``(m, n, d)`` (BoTorch's batched multi-output layout), if ``keep_data``."""
+        return (torch.stack([output.train_inputs[0] for output in self.outputs], dim=-3),)
+
+    @property
+    def train_targets(self) -> Tensor:
+        """The stored (outcome-transformed) targets per output, ``(m, n)``, if ``keep_data``."""
+        return torch.stack([output.train_targets for output in self.outputs], dim=-2)
+
+    def posterior(
+        self,
+        X: Tensor,
+        output_indices: list[int] | None = None,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: PosteriorTransform | None = None,
+    ) -> GPyTorchPosterior:
+        """The independent outputs' joint posterior at ``X`` ``(*b, q, d)``: a ``GPyTorchPosterior`` over
+        ``broadcast(b, batch_shape) x q x m'`` (``m'`` = ``len(output_indices)``, default all ``m``)."""
+        indices = list(range(self.num_outputs)) if output_indices is None else list(output_indices)
+        if not indices or any(not isinstance(j, int) or not 0 <= j < self.num_outputs for j in indices):
+            raise ValueError(f"output_indices must be a non-empty list of ints in [0, {self.num_outputs}), got {output_indices!r}")
+        X = check_tensor(X, "X", dtype=floating_dtype(self.outputs[0].covar_module))
+        if X.dim() < 2:
+            raise ValueError(f"X must have shape (*batch, q, d), got {tuple(X.shape)}")
+        if isinstance(observation_noise, Tensor) and (observation_noise.dim() < 2 or observation_noise.shape[-1] != self.num_outputs):
+            raise BotorchTensorDimensionError(
+                f"observation_noise must have shape (*batch, q, {self.num_outputs}) (one column per output), "
+                f"got {tuple(observation_noise.shape)}"
+            )
+        self.eval()
+        x = self.transform_inputs(X)
+        mvns = []
+        for j in indices:
+            noise = observation_noise[..., j : j + 1] if isinstance(observation_noise, Tensor) else observation_noise
+            mvns.append(self.outputs[j].posterior(x, observation_noise=noise).distribution)
+        mvn = mvns[0] if len(mvns) == 1 else MultitaskMultivariateNormal.from_independent_mvns(mvns)
+        posterior = GPyTorchPosterior(distribution=mvn)
+        if hasattr(self, "outcome_transform"):
+            transform = self.outcome_transform if len(indices) == self.num_outputs else self.outcome_transform.subset_output(indices)
+            posterior = transform.untransform_posterior(posterior, X=x)
+        if posterior_transform is not None:
+            return posterior_transform(posterior)
+        return posterior
+
+    def forward(self, X: Tensor) -> MultivariateNormal:
+        """``q(f(X))`` in the model's spaces, batched over the outputs: mean ``(*b, m, q)``, as
+        BoTorch's batched multi-output GPs return from ``model(X)``."""
+        X = check_tensor(X, "X", dtype=floating_dtype(self.outputs[0].covar_module), min_dim=2)
+        x = self.transform_inputs(X)
+        mvns = [output.online(x) for output in self.outputs]
+        return MultivariateNormal(
+            torch.stack([mvn.mean for mvn in mvns], dim=-2),
+            to_linear_operator(torch.stack([mvn.covariance_matrix for mvn in mvns], dim=-3)),
+        )
+
+    def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> MultiOutputOnlineGPModel:
+        """A new model with ``(X, Y)``, ``Y`` of ``(*b', n, m)``, absorbed by one online update per output
+        (``noise``: ``(*b, n, m)``, in the outcome space as ``Y``). The original model is not changed."""
+        unknown = sorted(set(kwargs) - {"noise"})
+        if unknown:
+            raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
+        m = self.num_outputs
+        if isinstance(X, Tensor) and isinstance(Y, Tensor) and X.dim() >= 2 and X.shape[-2] == 0 and Y.shape[-2:] == (0, m):
+            return self._with_outputs([output._with_batch_shape(torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2]))
+                                       for output in self.outputs])
+        check_X_Y(X, Y, "X", "Y", m)
+        noise = kwargs.get("noise")
+        if noise is not None:
+            noise = check_tensor(noise, "noise", dtype=floating_dtype(self.outputs[0].covar_module))
+            if noise.dim() < 2 or noise.shape[-1] != m:
+                raise BotorchTensorDimensionError(f"noise must have shape (*batch, n, {m}) like Y, got {tuple(noise.shape)}")
+        if hasattr(self, "outcome_transform"):
+            Y, noise = self.outcome_transform(Y, noise, X=X)
+        x = self.transform_inputs(X)
+        return self._with_outputs([
+            output._conditioned(x, Y[..., j : j + 1], None if noise is None else noise[..., j], outcome_transformed=True)
+            for j, output in enumerate(self.outputs)
+        ])
+
+    def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any):
+        raise NotImplementedError(
+            "get_fantasy_model of a multi-output OnlineGPModel: use condition_on_observations with Y of shape "
+            f"(*batch, n, {self.num_outputs}), or put single-output OnlineGPModels in a ModelListGP"
+        )
+
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> MultiOutputOnlineGPModel:
+        """Streaming step for ``(X, Y)`` of ``(n, d)``, ``(n, m)`` (and known noise ``Yvar`` ``(n, m)``): every
+        output's :meth:`OnlineGPModel.observe` (with its own hyperparameter refreshes every ``refit_every`` batches)."""
+        check_X_Y(X, Y, "X", "Y", self.num_outputs)
+        if X.dim() != 2:
+            raise ValueError(f"X must have shape (n, d) in observe (streaming data), got {tuple(X.shape)}")
+        check_Yvar(Yvar, Y, "Yvar")
+        x, y = self._to_model_space(X, Y)
+        if Yvar is not None and hasattr(self, "outcome_transform"):
+            Yvar = self.outcome_transform(Y, Yvar, X=x)[1]
+        return self._with_outputs([
+            output.observe(x, y[..., j : j + 1], None if Yvar is None else Yvar[..., j : j + 1])
+            for j, output in enumerate(self.outputs)
+        ])
+
+    def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100) -> None:
+        """Each output's :meth:`OnlineGPModel.fit_hyperparameters` on its column of ``y`` ``(n, m)`` (model space)."""
+        for j, output in enumerate(self.outputs):
+            output.fit_hyperparameters(x, y[..., j], maxiter=maxiter)
+
+    # ------------------------------------------------------------------ internals
+    def _with_outputs(self, outputs: list[OnlineGPModel]) -> MultiOutputOnlineGPModel:
+        """A copy of this model (transforms and settings) with ``outputs`` in place of its own."""
+        model = copy.deepcopy(self, {id(output): output for output in self.outputs})
+        model.outputs = nn.ModuleList(outputs)
+        return model
+
+    def _to_model_space(self, X: Tensor, Y: Tensor, fit_transforms: bool = False,
+                        outcome_transformed: bool = False) -> tuple[Tensor, Tensor]:
+        """Transformed inputs ``(*b, n, d)`` and targets ``(*b, n, m)`` (see :meth:`OnlineGPModel._to_model_space`)."""
+        x, _ = super()._to_model_space(X, Y[..., :1], fit_transforms=fit_transforms, outcome_transformed=True)
+        if hasattr(self, "outcome_transform") and not outcome_transformed:
+            self.outcome_transform.train(fit_transforms)
+            Y, _ = self.outcome_transform(Y, X=x)
+            self.outcome_transform.eval()
+        return x, Y.expand(*x.shape[:-1], Y.shape[-1])

@@ -1,0 +1,191 @@
+"""No import cycle among the modules of the three packages.
+
+Every import statement counts: module-level ones, those inside functions and methods (a
+function-level import only postpones a cycle to the first call), and those at the end of a
+file.  The graph's nodes are modules; ``import a.b`` and ``from a import b`` (``b`` a
+submodule) are edges to ``a.b``; ``from a import name`` (``name`` defined or re-exported by
+``a/__init__.py``) is an edge to the package ``a`` itself.  A package's ``__init__`` importing
+its own submodules is therefore an ordinary edge, and a submodule that imports a name from its
+own package's ``__init__`` while that ``__init__`` imports the submodule closes a cycle.
+Importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__`` first, but those implied
+edges are not counted: every absolute import would otherwise point back at the top-level
+package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gpytorch_hippo", "gpytorch_sgpa", "pseudovideo")
+
+
+def _modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, tuple[Path, bool]]:
+    """Map each dotted module name to (its file, whether it is a package ``__init__``)."""
+    found: dict[str, tuple[Path, bool]] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts = parts[:-1]
+            found[".".join(parts)] = (path, is_package)
+    return found
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The absolute name of ``from <level dots><target> import ...`` written in ``module``."""
+    parts = module.split(".")
+    # A package's __init__ is its package: one dot means the package itself.
+    base = parts if is_package else parts[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def _deepest_module(name: str, modules: dict[str, tuple[Path, bool]]) -> str | None:
+    """``name`` if it is a project module, else its longest prefix that is one."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, dict[str, int]]:
+    """Edges between project modules: ``graph[a][b]`` is the line of ``a`` that imports ``b``."""
+    modules = _modules(root, packages)
+    graph: dict[str, dict[str, int]] = {name: {} for name in modules}
+    for name, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve_relative(name, is_package, node.level, node.module) if node.level else node.module or ""
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    # ``from pkg import sub`` depends on pkg.sub when that is a module, else on pkg.
+                    targets.append(submodule if submodule in modules else base)
+            for target in targets:
+                resolved = _deepest_module(target, modules)
+                if resolved is not None and resolved != name:
+                    graph[name].setdefault(resolved, node.lineno)
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = 0
+
+    def visit(start: str) -> None:
+        nonlocal counter
+        # Iterative depth-first search: deep package graphs must not hit the recursion limit.
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        components.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(components)
+
+
+def _describe(component: list[str], graph: dict[str, dict[str, int]]) -> str:
+    members = set(component)
+    edges = [f"    {a} -> {b} (line {graph[a][b]})" for a in component for b in sorted(graph[a]) if b in members]
+    return "cycle among " + ", ".join(component) + ":\n" + "\n".join(edges)
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    cycles = find_cycles(graph)
+    assert not cycles, "\n".join(_describe(component, graph) for component in cycles)
+
+
+def test_graph_sees_the_imports_a_cycle_can_hide_behind(tmp_path: Path) -> None:
+    """The checker finds cycles through function-level, end-of-file and ``from . import`` imports."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "from .a import A\n",
+        "a.py": "class A:\n    def f(self):\n        from .b import B\n        return B\n",
+        "b.py": "class B:\n    pass\n\nfrom pkg.a import A  # end of file\n",
+        "c.py": "from . import A\n",  # a name from the package's __init__
+        "d.py": "import pkg.sub.e\n",
+        "sub/__init__.py": "",
+        "sub/e.py": "from .. import d\n",  # ``d`` is a module: an edge to pkg.d, not to pkg
+        "f.py": "from pkg import sub\n",  # a subpackage
+    }
+    for relative, text in files.items():
+        (package / relative).write_text(text, encoding="utf-8")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg"] == {"pkg.a": 1}
+    assert graph["pkg.a"] == {"pkg.b": 3}
+    assert graph["pkg.b"] == {"pkg.a": 4}
+    assert graph["pkg.c"] == {"pkg": 1}
+    assert graph["pkg.sub.e"] == {"pkg.d": 1}
+    assert graph["pkg.f"] == {"pkg.sub": 1}
+    assert find_cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.d", "pkg.sub.e"]]
+    # c imports from __init__, but __init__ does not import c: no cycle there.
+    (package / "__init__.py").write_text("from .a import A\nfrom . import c\n", encoding="utf-8")
+    assert ["pkg", "pkg.c"] in find_cycles(import_graph(tmp_path, ("pkg",)))
+
+
+def test_moved_modules_keep_their_import_paths() -> None:
+    """The BoTorch models moved into the ``gpytorch_hippo.botorch`` subpackage to break its cycles; the
+    package and the former flat modules still give the same objects, and the pathwise samplers are
+    registered on ``import gpytorch_hippo.botorch``."""
+    from botorch.sampling.pathwise.posterior_samplers import DrawMatheronPaths
+
+    import gpytorch_hippo.botorch as package
+    import gpytorch_hippo.botorch_multioutput as old_multioutput
+    import gpytorch_hippo.botorch_paths as old_paths
+    import gpytorch_hippo.botorch_variational as old_variational
+    from gpytorch_hippo.botorch import models, multioutput, paths, variational
+
+    assert package.OnlineGPModel is models.OnlineGPModel
+    assert package.MultiOutputOnlineGPModel is multioutput.MultiOutputOnlineGPModel is old_multioutput.MultiOutputOnlineGPModel
+    assert package.OnlineVariationalGPModel is variational.OnlineVariationalGPModel is old_variational.OnlineVariationalGPModel
+    assert old_paths.paths is paths
+    assert all(hasattr(package, name) for name in package.__all__)
+    registered = set(DrawMatheronPaths.funcs)
+    assert (models.OnlineGPModel,) in registered and (multioutput.MultiOutputOnlineGPModel,) in registered
