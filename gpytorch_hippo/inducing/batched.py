@@ -51,6 +51,9 @@ class BatchedInducingVariables(InducingVariables):
         self.streams = nn.ModuleList(streams)
         self._relative_jitter = streams[0]._relative_jitter
         self._templates: dict = {}
+        # an engine that forms every stream's covariances at once (e.g. LegS with method="lyapunov"), or None
+        engine = getattr(streams[0], "batched_engine", None)
+        self._engine = engine() if callable(engine) else None
 
     @property
     def num_inducing(self) -> int:
@@ -108,14 +111,17 @@ class BatchedInducingVariables(InducingVariables):
         """A copy for a stored task (it never moves): streams in the same state share one copied set, so that a
         fleet whose streams keep the same clocks stores their variables once."""
         groups: dict[tuple, list[int]] = {}
+        seen: dict = {}  # tensors the streams share (e.g. their Fourier draws) are read once
         for i, stream in enumerate(self.streams):
-            groups.setdefault(_state_key(stream), []).append(i)
+            groups.setdefault(_state_key(stream, seen), []).append(i)
         copies: list = [None] * len(self.streams)
         for group in groups.values():
             shared = copy.deepcopy(self.streams[group[0]])
             for i in group:
                 copies[i] = shared
-        return BatchedInducingVariables(copies)
+        frozen = BatchedInducingVariables(copies)
+        frozen._engine = self._engine  # its cache is keyed by the clocks and hyperparameters it was computed for
+        return frozen
 
     def _groups(self, kernel: nn.Module, other: BatchedInducingVariables | None = None) -> list[list[int]] | None:
         """Streams whose covariances coincide: the same state (every parameter and buffer of their own sets, and of
@@ -156,6 +162,10 @@ class BatchedInducingVariables(InducingVariables):
     # ------------------------------------------------------------------ the interface
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
         """``(S, M, M)``: each stream's ``Kuu`` under its own hyperparameters."""
+        batched = None if self._engine is None else self._engine.Kuu(self.streams, kernel)
+        if batched is not None:
+            return DenseLinearOperator(batched)
+
         def value(group):
             first = group[0]
             kuu = self._per_stream(kernel, first, lambda k: to_dense(self.streams[first].Kuu(k)))
@@ -166,6 +176,9 @@ class BatchedInducingVariables(InducingVariables):
         """``(S, M, N)`` for inputs ``(S, N, D)``: stream ``s``'s ``Kuf`` at its own inputs ``x[s]`` (a group of
         streams with the same state, :meth:`_groups`, in one call on their inputs together)."""
         x = self._stream_inputs(x)
+        batched = None if self._engine is None else self._engine.Kuf(self.streams, kernel, x)
+        if batched is not None:
+            return batched
 
         def value(group):
             first, inputs = group[0], x[group]
@@ -177,6 +190,9 @@ class BatchedInducingVariables(InducingVariables):
         """``(S, M, M')``: stream by stream with another batch of ``S`` streams (e.g. the stored copy)."""
         if not isinstance(other, BatchedInducingVariables) or len(other.streams) != len(self.streams):
             raise TypeError(f"the cross-covariance of {len(self.streams)} batched streams needs another batch of as many streams")
+        batched = None if self._engine is None else self._engine.Kuu_cross(self.streams, other.streams, kernel)
+        if batched is not None:
+            return batched
 
         def value(group):
             first = group[0]
@@ -185,6 +201,8 @@ class BatchedInducingVariables(InducingVariables):
         return self._grouped(kernel, value, other)
 
     def prior_mean(self, mean_module: gpytorch.means.Mean | None) -> Tensor | None:
+        if type(self.streams[0]).prior_mean is InducingVariables.prior_mean:
+            return None  # the streams' variables have a zero prior mean whatever the mean function
         means = [self._per_stream(mean_module, i, s.prior_mean) for i, s in enumerate(self.streams)]
         if all(m is None for m in means):
             return None
@@ -193,9 +211,14 @@ class BatchedInducingVariables(InducingVariables):
     def unshared_jitter(self, other: InducingVariables, kuu: Tensor) -> Tensor:
         if not isinstance(other, BatchedInducingVariables) or len(other.streams) != len(self.streams):
             return super().unshared_jitter(other, kuu)
+        batched = None if self._engine is None else self._engine.unshared_jitter(self.streams, other.streams, kuu)
+        if batched is not None:
+            return batched
         return self._stack(lambda i, s: s.unshared_jitter(other.streams[i], kuu[i]))
 
     def jitter_variance(self, kuu: Tensor) -> Tensor:
+        if self._engine is not None:
+            return self._engine.jitter_variance(self.streams, kuu)
         return self._stack(lambda i, s: s.jitter_variance(kuu[i]))
 
     def input_support(self) -> None:
@@ -213,6 +236,14 @@ class BatchedInducingVariables(InducingVariables):
         """Each stream's inputs ``x[s]`` against its own support; the error names the stream."""
         if x.dim() < 3:
             return
+        supports = self.stream_supports()
+        if supports is not None and x.shape[-1] == 1 and x.shape[-2] > 0:
+            times = x[..., 0].detach().double().cpu()
+            relative = max(1e-9, 8 * torch.finfo(x.dtype).eps) if x.is_floating_point() else 1e-9  # as each stream's check
+            tolerance = relative * supports.abs().max(-1).values.clamp_min(1.0)
+            inside = (times.min(-1).values >= supports[:, 0] - tolerance) & (times.max(-1).values <= supports[:, 1] + tolerance)
+            if bool(inside.all()):
+                return
         for i, stream in enumerate(self.streams):
             try:
                 stream.check_inputs_within_support(x[i], what)
@@ -226,7 +257,7 @@ class BatchedInducingVariables(InducingVariables):
     @property
     def t(self) -> Tensor:
         """``(S,)``: each stream's clock (HiPPO bases)."""
-        return torch.tensor([float(s.t) for s in self.streams], dtype=torch.float64)
+        return stream_clocks(self.streams)
 
     def advance(self, t_new: float | Tensor) -> None:
         """Move each stream's bases to its ``t_new`` (a float for all, or ``(S,)``); a stream whose ``t_new``
@@ -237,12 +268,21 @@ class BatchedInducingVariables(InducingVariables):
             targets = targets.expand(len(self.streams))
         if targets.shape != (len(self.streams),):
             raise ValueError(f"t_new must be a number or have shape ({len(self.streams)},), got {tuple(targets.shape)}")
-        for i, (stream, target) in enumerate(zip(self.streams, targets.tolist())):
-            if target != stream.t:
-                try:
-                    stream.advance(target)
-                except ValueError as error:
-                    raise ValueError(f"stream {i}: {error}") from None
+        moving = targets != stream_clocks(self.streams)
+        for i in moving.nonzero().squeeze(-1).tolist():  # every stream is checked before any moves
+            try:
+                self.streams[i].check_advance(float(targets[i]))
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"stream {i}: {error}") from None
+        for i in moving.nonzero().squeeze(-1).tolist():
+            self.streams[i].advance(float(targets[i]))
+
+
+def stream_clocks(streams: Sequence[nn.Module]) -> Tensor:
+    """``(S,)`` float64: the clocks ``t`` (the last of their breakpoints) of streams that have them, read in one concatenation."""
+    breakpoints = [s.breakpoints for s in streams]
+    ends = torch.tensor([b.shape[0] for b in breakpoints]).cumsum(0) - 1
+    return torch.cat(breakpoints).detach().cpu().double()[ends]
 
 
 def _bytes(tensor: Tensor) -> bytes:
@@ -254,11 +294,14 @@ def _state_key(module: nn.Module, seen: dict | None = None) -> tuple:
     ``seen`` memoises the values of tensor objects read before (``id -> (tensor, bytes)``)."""
     seen = {} if seen is None else seen
     key = []
-    for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
-        known = seen.get(id(tensor))
-        if known is None or known[0] is not tensor:
-            known = seen[id(tensor)] = (tensor, _bytes(tensor))
-        key.append((name, known[1]))
+    for prefix, sub in module.named_modules():
+        for name, tensor in itertools.chain(sub._parameters.items(), sub._buffers.items()):
+            if tensor is None:
+                continue
+            known = seen.get(id(tensor))
+            if known is None or known[0] is not tensor:
+                known = seen[id(tensor)] = (tensor, _bytes(tensor))
+            key.append((prefix, name, known[1]))
     return tuple(key)
 
 

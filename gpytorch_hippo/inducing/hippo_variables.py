@@ -54,6 +54,7 @@ from .batched import BatchedInducingVariables, share_equal_buffers
 from .cost import MAX_TIME, kernel_reach, lengthscale_of
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
+from .lyapunov_batched import LyapunovStreams
 from .spectral import SUPPORTED_KERNELS, spectral_parts  # noqa: F401  (re-exported)
 
 METHODS = ("auto", "spectral", "quadrature", "recurrence", "lyapunov")
@@ -262,6 +263,11 @@ class HiPPOInducingVariables(InducingVariables):
 
     def advance(self, t_new: float) -> None:
         """Move the bases forward to ``t_new`` (1-D inputs); the recurrence state is carried."""
+        t_new = self.check_advance(t_new)
+        self.breakpoints = torch.cat([self.breakpoints, self.breakpoints.new_tensor([t_new])])
+
+    def check_advance(self, t_new) -> float:
+        """``t_new`` as a float, or the error that :meth:`advance` raises for it."""
         if self.input_dim != 1:
             raise RuntimeError("multidimensional HiPPO inducing variables advance with append_path(x_ordered)")
         self._check_movable("advance(t_new)")
@@ -273,7 +279,14 @@ class HiPPOInducingVariables(InducingVariables):
         t_new = _check_time(t_new, "t_new")
         if not t_new > self.t:
             raise ValueError(f"t_new must be greater than the current t = {self.t}, got {t_new}")
-        self.breakpoints = torch.cat([self.breakpoints, self.breakpoints.new_tensor([float(t_new)])])
+        return float(t_new)
+
+    def batched_engine(self):
+        """What forms ``S`` such sets' covariances at once in a batch of streams (``batch_shape``): LegS with
+        ``method="lyapunov"`` (:class:`~.lyapunov_batched.LyapunovStreams`), else ``None`` (stream by stream)."""
+        if self.method == "lyapunov" and self.measure == "legs" and self.input_dim == 1:
+            return LyapunovStreams(self.num_inducing)
+        return None
 
     def basis(self, x: Tensor) -> Tensor:
         """``g_m^{(t)}(x)`` at the current ``t`` for time inputs ``x`` of shape ``(N,)`` or ``(N, 1)`` -> ``(N, M)``."""

@@ -18,13 +18,13 @@ NOISES = torch.tensor([0.01, 0.03, 0.1], dtype=DT)
 STARTS = torch.tensor([2.0, 3.0, 2.5], dtype=DT)  # each stream's first clock
 
 
-def kernel(batch=torch.Size([])):
-    base = gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch)
+def kernel(batch=torch.Size([]), rbf=False):
+    base = gpytorch.kernels.RBFKernel(batch_shape=batch) if rbf else gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch)
     return gpytorch.kernels.ScaleKernel(base, batch_shape=batch).double()
 
 
-def batched_model(method):
-    k = kernel(torch.Size([S]))
+def batched_model(method, rbf=False):
+    k = kernel(torch.Size([S]), rbf)
     k.base_kernel.lengthscale = LENGTHSCALES.view(S, 1, 1)
     likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([S])).double()
     likelihood.noise = NOISES.view(S, 1)
@@ -32,8 +32,8 @@ def batched_model(method):
     return OnlineSGPR(ivs, k, likelihood, captured_variance_warning=None)
 
 
-def single_model(s, method):
-    k = kernel()
+def single_model(s, method, rbf=False):
+    k = kernel(rbf=rbf)
     k.base_kernel.lengthscale = LENGTHSCALES[s]  # a float64 tensor: a Python float goes through float32
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     likelihood.noise = NOISES[s]
@@ -60,10 +60,12 @@ def ragged_tasks(num_tasks=4, size=10, seed=0):
     return tasks
 
 
-@pytest.mark.parametrize("method", ["lyapunov", "spectral"])
-def test_each_stream_equals_its_own_model_with_its_own_clock(method):
-    batched = batched_model(method)
-    singles = [single_model(s, method) for s in range(S)]
+@pytest.mark.parametrize("method, rbf", [("lyapunov", False), ("lyapunov", True), ("spectral", False)])
+def test_each_stream_equals_its_own_model_with_its_own_clock(method, rbf):
+    """With an RBF kernel the lyapunov streams' covariances come from one batched engine (the streams' own backends
+    stay unused); with a Matérn kernel, stream by stream."""
+    batched = batched_model(method, rbf)
+    singles = [single_model(s, method, rbf) for s in range(S)]
     tasks = ragged_tasks()
     for k, (ends, x, y, mask) in enumerate(tasks):
         if k > 0:
@@ -79,11 +81,11 @@ def test_each_stream_equals_its_own_model_with_its_own_clock(method):
         if k == 2:  # stream 1 saw nothing: its stored posterior is exactly what it was
             assert all(torch.equal(old[1], new[1]) for old, new in zip(before, batched._summary()))
         if k == 1:  # save and reload in the middle of the stream, the single models too
-            reloaded = batched_model(method)
+            reloaded = batched_model(method, rbf)
             reloaded.load_state_dict(copy.deepcopy(batched.state_dict()))
             batched = reloaded
             for s in range(S):
-                single = single_model(s, method)
+                single = single_model(s, method, rbf)
                 single.load_state_dict(copy.deepcopy(singles[s].state_dict()))
                 singles[s] = single
     torch.testing.assert_close(batched.inducing_variables.t, torch.stack([torch.tensor(s.inducing_variables.t, dtype=DT) for s in singles]))
@@ -96,6 +98,9 @@ def test_each_stream_equals_its_own_model_with_its_own_clock(method):
             alone = single(test[s])
             torch.testing.assert_close(joint.mean[s], alone.mean, rtol=0, atol=1e-8)
             torch.testing.assert_close(joint.variance[s], alone.variance, rtol=0, atol=1e-8)
+    if method == "lyapunov":
+        engine_used = all(s._backends["lyapunov"]._state is None for s in batched.inducing_variables.streams)
+        assert engine_used == rbf
 
 
 def test_first_task_fit_gives_each_stream_its_own_hyperparameters():
