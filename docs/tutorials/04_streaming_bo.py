@@ -144,4 +144,4 @@ for report in optimiser_reports:
 # Inducing points instead of HiPPO variables give OSGPR: `OnlineGPModel(X, Y, InducingPoints(Z))`;
 # move them between steps with `model.inducing_variables = InducingPoints(new_Z)`. The comparison
 # with BoTorch's refitted `SingleTaskGP` and `SingleTaskVariationalGP` over 200 steps is
-# `python -m gpytorch_hippo.experiments.streaming_bo` (table in `docs/results.md`).
+# `python -m gpytorch_hippo.experiments.streaming_bo` (table in `docs/project_results.md`).
