@@ -1,5 +1,6 @@
 """Sphinx configuration of the probseq API reference and tutorials (``make docs``)."""
 import importlib
+import importlib.metadata
 import inspect
 import os
 import pathlib
@@ -9,10 +10,18 @@ import sys
 from sphinx.ext import autosummary
 
 project = "probseq"
-author = "probseq contributors"
+author = "the probseq authors"
+copyright = f"2026, {author}"
+# The version shown on the site is the installed package's (setup.cfg's ``version``).
+try:
+    release = importlib.metadata.version("probseq")
+except importlib.metadata.PackageNotFoundError:  # a checkout that is not installed
+    release = "unknown"
+version = ".".join(release.split(".")[:2])
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
     "sphinx-mathjax-offline",
@@ -35,8 +44,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore:IProgress not found"]))
 exclude_patterns = ["_build", "conf.py", "_intersphinx"]
 myst_heading_anchors = 3
-html_theme = "alabaster"
-html_title = "probseq"
+# Furo: a maintained theme with a collapsible sidebar of the toctrees in docs/index.md (guides,
+# tutorials, API reference, results) and a light/dark switch.
+html_theme = "furo"
+html_title = f"probseq {release}"
 templates_path = ["_templates"]
 
 # API reference: docs/api.rst runs autosummary over the three packages, recursively; every public
@@ -289,7 +300,25 @@ def _resolve_alias(app, env, node, contnode):
     return found if found is not None else missing_reference(app, env, aliased, contnode)
 
 
+def _napoleon_for_callables_only(app) -> None:
+    """Napoleon reads the first line of an attribute's, constant's or property's docstring as
+    ``type: description`` (Google style), which turns sentences such as "Shape: one input ..." into
+    type references; those docstrings are prose here, so napoleon only sees the other objects'."""
+    listeners = app.events.listeners["autodoc-process-docstring"]
+    for listener in list(listeners):
+        if getattr(listener.handler, "__module__", "").startswith("sphinx.ext.napoleon"):
+            napoleon = listener.handler
+            app.disconnect(listener.id)
+
+            def callables_only(app, what, name, obj, options, lines, napoleon=napoleon):
+                if what not in ("attribute", "data", "property"):
+                    napoleon(app, what, name, obj, options, lines)
+
+            app.connect("autodoc-process-docstring", callables_only, priority=listener.priority)
+
+
 def setup(app):
+    _napoleon_for_callables_only(app)
     app.connect("autodoc-process-bases", _public_bases)
     app.connect("autodoc-skip-member", _skip_module_state)
     app.connect("autodoc-process-docstring", _own_docstring_only)
