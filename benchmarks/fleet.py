@@ -4,9 +4,10 @@ single-stream models, same data and hyperparameters, printed as a ratio measured
 Each stream is its own draw (an RBF-GP sample through random Fourier features, its own length scale and
 noise), learned in ``--tasks`` tasks of ``--size`` points with ``M`` inducing points spread over the
 stream (OSGPR-fixed, batched as tensors), or with ``--variables hippo`` ``M`` LegS bases per stream, each
-stream with its own clock (lyapunov backend; the covariances are formed stream by stream, the algebra
-batched). Times are the updates' wall time (one torch thread); the batched model's per-stream memory is its stored summary. The last
-task's posterior mean at 20 points per stream is compared between the two.
+stream with its own clock (lyapunov backend: with the RBF kernels here, one batched Lyapunov step forms every
+stream's covariances, :mod:`gpytorch_hippo.inducing.lyapunov_batched`). Times are the updates' wall time (one
+torch thread); the batched model's per-stream memory is its stored summary. The last task's posterior mean at 20
+points per stream is compared between the two.
 
     python benchmarks/fleet.py                          # S = 1,000, 50 tasks of 50 points, M = 32 and 64
     python benchmarks/fleet.py --streams 100 --tasks 10

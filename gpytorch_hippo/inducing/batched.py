@@ -268,14 +268,15 @@ class BatchedInducingVariables(InducingVariables):
             targets = targets.expand(len(self.streams))
         if targets.shape != (len(self.streams),):
             raise ValueError(f"t_new must be a number or have shape ({len(self.streams)},), got {tuple(targets.shape)}")
-        moving = targets != stream_clocks(self.streams)
-        for i in moving.nonzero().squeeze(-1).tolist():  # every stream is checked before any moves
+        advance_streams = getattr(type(self.streams[0]), "advance_streams", None)
+        if advance_streams is not None:  # the streams' own batched move: every stream checked before any moves
+            advance_streams(self.streams, targets)
+            return
+        for i in (targets != stream_clocks(self.streams)).nonzero().squeeze(-1).tolist():
             try:
-                self.streams[i].check_advance(float(targets[i]))
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"stream {i}: {error}") from None
-        for i in moving.nonzero().squeeze(-1).tolist():
-            self.streams[i].advance(float(targets[i]))
+                self.streams[i].advance(float(targets[i]))
+            except ValueError as error:
+                raise ValueError(f"stream {i}: {error}") from None
 
 
 def stream_clocks(streams: Sequence[nn.Module]) -> Tensor:

@@ -38,6 +38,7 @@ tasks was built with their length scale, and a changed length scale then raises 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 import gpytorch
 import torch
@@ -50,7 +51,7 @@ from ..hippo import HiPPO
 from ..timeaxis import is_datetime_like
 from .banded import BandedBackend, _span
 from .base import InducingVariables
-from .batched import BatchedInducingVariables, share_equal_buffers
+from .batched import BatchedInducingVariables, share_equal_buffers, stream_clocks
 from .cost import MAX_TIME, kernel_reach, lengthscale_of
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
@@ -265,6 +266,23 @@ class HiPPOInducingVariables(InducingVariables):
         """Move the bases forward to ``t_new`` (1-D inputs); the recurrence state is carried."""
         t_new = self.check_advance(t_new)
         self.breakpoints = torch.cat([self.breakpoints, self.breakpoints.new_tensor([t_new])])
+
+    @staticmethod
+    def advance_streams(streams: Sequence[HiPPOInducingVariables], targets: Tensor) -> None:
+        """``streams[i].advance(targets[i])`` for every stream whose target is not its clock, all checked before any
+        moves (a batch of streams, :class:`~.batched.BatchedInducingVariables`); the error names the stream ``i``."""
+        current = stream_clocks(streams)
+        moving = targets != current
+        bad = ~torch.isfinite(targets) | (targets.abs() > MAX_TIME) | ~(targets > current)
+        bad |= torch.tensor([s.input_dim != 1 or s._variational_owner is not None for s in streams])
+        for i in (moving & bad).nonzero().squeeze(-1).tolist()[:1]:
+            try:
+                streams[i].check_advance(float(targets[i]))  # raises the error that advance would
+            except (TypeError, ValueError, RuntimeError) as error:
+                raise type(error)(f"stream {i}: {error}") from None
+        for i in moving.nonzero().squeeze(-1).tolist():
+            stream = streams[i]
+            stream.breakpoints = torch.cat([stream.breakpoints, stream.breakpoints.new_tensor([float(targets[i])])])
 
     def check_advance(self, t_new) -> float:
         """``t_new`` as a float, or the error that :meth:`advance` raises for it."""

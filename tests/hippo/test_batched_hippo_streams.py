@@ -139,6 +139,10 @@ def test_errors_name_the_stream():
         batched.update(late, torch.nan_to_num(y), mask=mask)
     with pytest.raises(ValueError, match="stream 0"):
         batched.inducing_variables.advance(torch.tensor([1.0, 9.0, 9.0], dtype=DT))  # behind stream 0's clock
+    before = batched.inducing_variables.t
+    with pytest.raises(ValueError, match="stream 2"):
+        batched.inducing_variables.advance(torch.tensor([9.0, 9.0, float("nan")], dtype=DT))
+    assert torch.equal(batched.inducing_variables.t, before)  # every stream is checked before any moves
     with pytest.raises(ValueError, match="input_dim"):
         HiPPOInducingVariables(M, "legs", input_dim=2, batch_shape=torch.Size([S]))
 
