@@ -46,7 +46,7 @@ def fitted_hyperparameters(x, y, args):
 
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double().to(x.device)
     kernel.base_kernel.lengthscale = 5.0
-    # start="given" (ℓ = 5, noise 0.1), as in the recorded runs (docs/results.md, "Long streams")
+    # start="given" (ℓ = 5, noise 0.1), as in the recorded runs (docs/performance.md, "Long streams")
     likelihood = fit_hyperparameters(kernel, x[: args.fit_points], y[: args.fit_points], 50, 0.1, start="given")
     return kernel.requires_grad_(False), likelihood.requires_grad_(False)
 

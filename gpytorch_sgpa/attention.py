@@ -185,7 +185,7 @@ class SGPAttention(_MultiHeadAttention):
     one (it pays ``tr(K_gg⁻¹ C Cᵀ)`` for nearly singular ``K_gg``), and trained with the same
     objective the whitened layers reached a lower NLL in 6 of 6 seeds (3 at 8 and 3 at 40 epochs)
     and a higher accuracy in 5 of 6 (the sixth 0.001 lower); ECE and OOD AUROC were worse at 8
-    epochs and mixed at 40 (``docs/results.md``).
+    epochs and mixed at 40 (``docs/project_results.md``).
 
     * ``variant="orthogonal"`` (ODSVGP, thesis eqs. (3.15), (3.14)):
       ``m_d = K_qa v_a - K_qg K_gg⁻¹ K_ga v_a + K_qg v_g``;
@@ -241,7 +241,7 @@ class SGPAttention(_MultiHeadAttention):
     marginals, App. B.4; the default of ``mode="standard"``) or ``"full"`` (the full covariance).
     Why the default differs from the thesis: at 49 tokens and 32 global keys a training step with
     ``"diagonal"`` costs 3.5–5x one of MLE kernel attention on CPU and ``"decomposed"`` 1.3–1.4x,
-    with the same calibration after 40 epochs on Fashion-MNIST (``docs/results.md``);
+    with the same calibration after 40 epochs on Fashion-MNIST (``docs/performance.md``, ``docs/project_results.md``);
     ``sampler="diagonal"`` gives the thesis's sampler.  ``diag_sample`` is an alias kept for
     compatibility: with ``sampler=None`` it means ``"diagonal"`` (``True``) or ``"full"``
     (``False``), and ``layer.diag_sample`` reads/sets the same choice.  :meth:`posterior` is the

@@ -19,7 +19,7 @@ sequences (``KL_g``, the model's ``global_kl()``).  ``kl_weighting`` chooses ``K
 * ``"authors"``: ``KL_a + KL_g`` per sequence, as the authors' public code (used with annealing).
 
 Why ``"all-over-n"`` is the default: it is the only weighting that trained in every measured
-setting (docs/results.md).  With the amortised KL weighed by 1 (``"decomposed"``,
+setting (docs/project_results.md).  With the amortised KL weighed by 1 (``"decomposed"``,
 ``"authors"``) a sequence's amortised KL (tokens x heads x layers terms) outweighs its one
 label's log-likelihood, and the attention outputs collapse to the prior: chance accuracy on
 630-4,000 training images, 0.63 vs 0.82 accuracy on 8,000 Fashion-MNIST images after 40 epochs.

@@ -73,7 +73,7 @@ class LMConfig:
     kl_anneal_epochs: int = 0
     sampler: str = "diagonal"  # SGPAttention sampler: diagonal (thesis), full or decomposed
     kl_weighting: str = "all-over-n"  # SGPAELBO's default
-    whitened: bool = True  # SGPAttention's; the table in docs/results.md used False
+    whitened: bool = True  # SGPAttention's; the table in docs/project_results.md used False
 
 
 QUICK_CONFIG = LMConfig(train_size=200, test_size=64, shift_size=64, vocab_size=100, max_len=12, epochs=1,

@@ -198,7 +198,7 @@ def test_window_ode_gap_to_exact_projection(measure):
     # The LegT/FouT ODEs replace f(t - theta) by the memory's reconstruction, so their exact
     # solution differs from the exact window projection.  Measured gap (M = 7, theta = 1, t = 2,
     # f = sin 3t + e^-t): LegT ~2e-4, FouT ~0.45 (the Fourier reconstruction at the window edge
-    # converges to the mean of f(t) and f(t - theta), Gibbs).  See docs/results.md.
+    # converges to the mean of f(t) and f(t - theta), Gibbs).  See docs/project_results.md.
     M, theta, t_end = 7, 1.0, 2.0
     gap = (_ode_reference(measure, M, theta, t_end) - project(signal, t_end, M, measure, theta)).norm().item()
     bounds = {"legt": (1e-5, 1e-3), "fout": (0.1, 1.0)}[measure]

@@ -118,7 +118,7 @@ def test_whitened_and_unwhitened_describe_the_same_posterior_when_the_factors_ag
 def test_whitening_shrinks_the_initial_global_kl_of_a_vit():
     """At the same draw of the variational parameters the unwhitened KL pays ``tr(K_gg⁻¹ C Cᵀ)``
     (``K_gg`` is nearly singular for clustered keys), the whitened one ``‖C‖²``: for the
-    Fashion-MNIST ViT of docs/results.md the ratio at initialisation is > 5."""
+    Fashion-MNIST ViT of docs/project_results.md the ratio at initialisation is > 5."""
     kls = {}
     for whitened in (False, True):
         torch.manual_seed(0)
