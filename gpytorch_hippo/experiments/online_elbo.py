@@ -97,21 +97,41 @@ def first_task_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, mean_cons
 
 
 def fit_exact_gp(kernel: gpytorch.kernels.Kernel, likelihood: gpytorch.likelihoods.GaussianLikelihood,
-                 mean_module: gpytorch.means.Mean, x: torch.Tensor, y: torch.Tensor) -> None:
+                 mean_module: gpytorch.means.Mean, x: torch.Tensor, y: torch.Tensor) -> str:
     """Fit ``kernel``, ``likelihood`` and ``mean_module`` in place by maximising the exact log
     marginal likelihood ``log N(y | m 1, K_xx + σ² I)`` of task 1 with BoTorch's ``fit_gpytorch_mll``
     (L-BFGS-B) on a BoTorch ``SingleTaskGP`` built from these modules (no input or outcome
     transforms), the thesis's "full GP model trained over the initial task" (§4.6); parameters with
-    ``requires_grad=False`` stay as they are."""
+    ``requires_grad=False`` stay as they are.
+
+    Where every L-BFGS-B attempt fails (``ModelFittingError``: e.g. a line search that cannot make
+    progress on a flat ridge of the likelihood; the modules have no priors for BoTorch's retries to
+    sample new starts from), the fit restarts from the same start with BoTorch's Adam fitter
+    (``fit_gpytorch_mll_torch``, at most 1,000 steps) and warns. Returns the fitter that succeeded,
+    ``"lbfgs"`` or ``"adam"``."""
+    from botorch.exceptions.errors import ModelFittingError
     from botorch.fit import fit_gpytorch_mll
     from botorch.models import SingleTaskGP
+    from botorch.optim.fit import fit_gpytorch_mll_torch
 
     model = SingleTaskGP(x, y.unsqueeze(-1), likelihood=likelihood, covar_module=kernel, mean_module=mean_module,
                          outcome_transform=None)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    start = {name: value.clone() for name, value in model.state_dict().items()}
+    fitter = "lbfgs"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # BoTorch's input-scaling advice: the runner scales the inputs itself
-        fit_gpytorch_mll(gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model))
+        try:
+            fit_gpytorch_mll(mll)
+        except ModelFittingError:
+            model.load_state_dict(start)
+            fit_gpytorch_mll(mll, optimizer=fit_gpytorch_mll_torch, optimizer_kwargs={"step_limit": 1000})
+            fitter = "adam"
+    if fitter == "adam":
+        warnings.warn("the exact GP of task 1 could not be fitted by L-BFGS-B; it was fitted by Adam from the same start",
+                      RuntimeWarning, stacklevel=2)
     model.train()
+    return fitter
 
 
 def _evaluate(model, likelihood, x, y, counts: bool, generator: torch.Generator) -> dict:

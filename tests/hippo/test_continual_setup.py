@@ -95,6 +95,38 @@ def test_fit_exact_gp_reaches_a_stationary_point_of_the_closed_form_marginal_lik
         assert v.grad.abs().max() < 1e-2 * x.shape[0]  # L-BFGS-B's stopping tolerance, on the summed log density
 
 
+def test_fit_exact_gp_falls_back_to_adam_where_every_lbfgs_attempt_fails(monkeypatch):
+    """BoTorch raises ModelFittingError when all L-BFGS-B attempts fail (seen on one task 1 of diabetes): the fit
+    restarts from the same start with Adam, says so, and still climbs the closed-form marginal likelihood."""
+    import botorch.fit
+    from botorch.exceptions.errors import ModelFittingError
+
+    original = botorch.fit.fit_gpytorch_mll
+
+    def lbfgs_fails(mll, **kwargs):
+        if "optimizer" not in kwargs:
+            mll.model.covar_module.base_kernel.raw_lengthscale.data.fill_(30.0)  # a failed attempt leaves its values
+            raise ModelFittingError("All attempts to fit the model have failed.")
+        return original(mll, **kwargs)
+
+    monkeypatch.setattr(botorch.fit, "fit_gpytorch_mll", lbfgs_fails)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.rand(40, 2, generator=generator, dtype=torch.float64) * 2 - 1
+    y = torch.sin(3 * x[:, 0]) + 0.1 * x[:, 1] + 0.1 * torch.randn(40, generator=generator, dtype=torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)).double()
+    likelihood, mean = gpytorch.likelihoods.GaussianLikelihood().double(), gpytorch.means.ConstantMean().double()
+    kernel.base_kernel.lengthscale = 0.5
+    raw = [kernel.base_kernel.raw_lengthscale.detach().clone().squeeze(0), kernel.raw_outputscale.detach().clone(),
+           likelihood.noise_covar.raw_noise.detach().clone().squeeze(0), mean.constant.detach().clone()]
+    start = closed_form_log_marginal(raw, x, y)
+    with pytest.warns(RuntimeWarning, match="fitted by Adam from the same start"):
+        assert fit_exact_gp(kernel, likelihood, mean, x, y) == "adam"
+    fitted = [kernel.base_kernel.raw_lengthscale.detach().squeeze(0), kernel.raw_outputscale.detach(),
+              likelihood.noise_covar.raw_noise.detach().squeeze(0), mean.constant.detach()]
+    assert closed_form_log_marginal(fitted, x, y) > start + 5
+    assert float(kernel.base_kernel.raw_lengthscale.detach().max()) < 30.0  # restarted from the start, not from the failed attempt
+
+
 def task_data(n=120, seed=0):
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand(n, 3, generator=generator, dtype=torch.float64) * torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
