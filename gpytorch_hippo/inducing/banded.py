@@ -27,10 +27,23 @@ import torch
 from torch import Tensor
 
 from .cost import check_work
-from .spectral import gauss_legendre, spectral_parts
+from .covariances import DECAY_RANGE, MATERN_POLYNOMIALS, kernel_parts
+from .spectral import gauss_legendre
 
-#: ``q(x) e^{-x} < 2e-18`` for ``x = λ r >= 48`` and every ``ν`` in {1/2, 3/2, 5/2}
-DECAY_RANGE = 48.0
+__all__ = [
+    "BASE_NODES",
+    "CHUNK_ENTRIES",
+    "DECAY_RANGE",
+    "LAGT_RANGE",
+    "MATERN_POLYNOMIALS",
+    "MAX_NODES",
+    "PANEL_WIDTH",
+    "BandedBackend",
+    "Panels",
+    "matern_values",
+    "separable_far_panels",
+    "support_span",
+]
 #: ``|L_m(r)| e^{-r} <= e^{-r/2}``: LagT weights beyond ``80 θ`` before ``t`` are below ``5e-18``
 LAGT_RANGE = 80.0
 #: panel width in length scales (and in ``θ`` for LagT's exponential measure)
@@ -43,7 +56,7 @@ CHUNK_ENTRIES = 2**22
 BASE_NODES = 24
 
 
-def _span(ivars) -> tuple[float, float]:
+def support_span(ivars) -> tuple[float, float]:
     """``[lower, t]``: the measure's support, clipped at the stream start (LagT: at ``t - 80 θ``)."""
     t, theta = ivars.t, ivars.memory.theta
     if ivars.measure == "legs":
@@ -55,14 +68,14 @@ def _span(ivars) -> tuple[float, float]:
     return lower, t
 
 
-class _Panels:
+class Panels:
     """Uniform panels on the support with ``p`` Gauss-Legendre nodes each and ``φ_m`` at the nodes."""
 
     def __init__(self, ivars, lengthscale: float, device, window=None):
         """``window = (lo, hi)``: only the panels meeting the time range ``[lo, hi]`` get nodes and ``φ``
         (a local rule, whose cost does not grow with the support's length); ``None``: all panels."""
         self.ivars = ivars
-        self.lower, upper = _span(ivars)
+        self.lower, upper = support_span(ivars)
         target = PANEL_WIDTH * lengthscale
         if ivars.measure == "lagt":
             target = min(target, PANEL_WIDTH * ivars.memory.theta)
@@ -100,19 +113,14 @@ class _Panels:
 
 
 def matern_values(kernel, r: Tensor) -> Tensor:
-    """``k(r) = σ² q(λ|r|) e^{-λ|r|}`` from the kernel's own hyperparameters (differentiable).
+    """``k(r) = σ² q(λ|r|) e^{-λ|r|}`` from the kernel's own hyperparameters (differentiable): the
+    ``values`` of its registration (:mod:`.covariances`).
 
     Closed form on the differences themselves: GPyTorch's pairwise distances lose digits for close
     points, which the exact rules here would otherwise inherit.
     """
-    outputscale, lengthscale, nu = spectral_parts(kernel)
-    x = math.sqrt(2 * nu) * r.abs().to(lengthscale.dtype) / lengthscale
-    polynomial = {0.5: 1.0, 1.5: 1 + x, 2.5: 1 + x + x**2 / 3}[nu]
-    return outputscale * polynomial * torch.exp(-x)
-
-
-#: ``q(y) = Σ_k c_k y^k`` of the Matérn kernel ``σ² q(λr) e^{-λr}``
-MATERN_POLYNOMIALS = {0.5: (1.0,), 1.5: (1.0, 1.0), 2.5: (1.0, 1.0, 1.0 / 3.0)}
+    spec, outputscale, lengthscale, _ = kernel_parts(kernel)
+    return spec.values(r, outputscale, lengthscale)
 
 
 def separable_far_panels(kernel, centred: Tensor, width: float):
@@ -125,9 +133,9 @@ def separable_far_panels(kernel, centred: Tensor, width: float):
     -- rank ``ν + 1/2``-ish instead of ``p``: the Markov (state-space) structure of Matérn kernels.
     Returns ``A``, ``B`` (``p x r``) and the function ``d -> E_d``.
     """
-    outputscale, lengthscale, nu = spectral_parts(kernel)
-    rate = math.sqrt(2 * nu) / lengthscale.reshape(())
-    coefficients = MATERN_POLYNOMIALS[nu]
+    spec, outputscale, lengthscale, _ = kernel_parts(kernel)
+    rate = math.sqrt(2 * spec.nu) / lengthscale.reshape(())
+    coefficients = MATERN_POLYNOMIALS[spec.nu]
     rank = len(coefficients)
     alpha, beta = -rate * centred, rate * centred
     A = torch.stack([alpha**i * torch.exp(-alpha) for i in range(rank)], dim=-1)
@@ -171,25 +179,25 @@ class BandedBackend:
         if ivars.input_dim != 1:
             return False
         try:
-            _, lengthscale, nu = spectral_parts(kernel)
-        except (TypeError, ValueError):  # not a Matérn kernel, or a batched one
+            spec, _, lengthscale, _ = kernel_parts(kernel)
+        except (TypeError, ValueError):  # not registered, or a batched kernel
             return False
-        return nu is not None and lengthscale.numel() == 1 and math.isfinite(_span(ivars)[0])
+        return spec.matern and lengthscale.numel() == 1 and math.isfinite(support_span(ivars)[0])
 
     @staticmethod
     def _scales(kernel) -> tuple[float, float]:
         """``(ℓ, reach)``: the length scale and the distance beyond which ``k`` is negligible."""
-        _, lengthscale, nu = spectral_parts(kernel)
+        spec, _, lengthscale, _ = kernel_parts(kernel)
         ell = float(lengthscale.detach())
-        return ell, DECAY_RANGE * ell / math.sqrt(2 * nu)
+        return ell, spec.reach * ell
 
-    def _panels(self, ivars, kernel) -> _Panels:
-        return _Panels(ivars, self._scales(kernel)[0], ivars.breakpoints.device)
+    def _panels(self, ivars, kernel) -> Panels:
+        return Panels(ivars, self._scales(kernel)[0], ivars.breakpoints.device)
 
-    def _band(self, panels: _Panels, kernel) -> int:
+    def _band(self, panels: Panels, kernel) -> int:
         return math.ceil(self._scales(kernel)[1] / panels.width) + 1
 
-    def _own_panel(self, panels: _Panels, kernel, offsets: Tensor, dtype) -> Tensor:
+    def _own_panel(self, panels: Panels, kernel, offsets: Tensor, dtype) -> Tensor:
         """``C (n, p)``: ``∫_panel φ(s) k(x - s) ds = C φ(panel nodes)`` for ``x`` at ``offsets`` in the panel.
 
         The panel is split at ``x`` into two Gauss-Legendre rules (the integrand is analytic on each
@@ -203,7 +211,7 @@ class BandedBackend:
         kernel_sub = matern_values(kernel, offsets[:, None] - sub).to(dtype) * weights.to(dtype)
         return _interpolated_sum(kernel_sub, 2 * sub / width - 1, z, w)
 
-    def _kuf_at_nodes(self, panels: _Panels, kernel, dtype) -> Tensor:
+    def _kuf_at_nodes(self, panels: Panels, kernel, dtype) -> Tensor:
         """``Kuf`` at the panels' own nodes (``Q x M``), the inner integral of ``Kuu``.
 
         Uniform panels and a stationary kernel: the own panel contributes through one ``p x p``
@@ -225,7 +233,7 @@ class BandedBackend:
         out = out + A @ from_later + B @ from_earlier
         return out.reshape(P * p, -1)
 
-    def _kuf_at(self, panels: _Panels, kernel, times: Tensor, dtype) -> Tensor:
+    def _kuf_at(self, panels: Panels, kernel, times: Tensor, dtype) -> Tensor:
         """``Kuf`` at any ``times`` (N,) float64 -> (N, M): banded panel sums, own panel split at ``x``."""
         P, p, width = panels.count, panels.num_nodes, panels.width
         band = self._band(panels, kernel)
@@ -264,7 +272,7 @@ class BandedBackend:
         ``times`` only: the cost per input does not grow with ``t`` (used by the Lyapunov backend)."""
         ell, reach = self._scales(kernel)
         low, high = (float(times.min()), float(times.max())) if times.numel() else (0.0, -1.0)
-        panels = _Panels(ivars, ell, ivars.breakpoints.device, window=(low - 2 * reach, high + 2 * reach))
+        panels = Panels(ivars, ell, ivars.breakpoints.device, window=(low - 2 * reach, high + 2 * reach))
         return self._kuf_at(panels, kernel, times, dtype)
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
@@ -279,7 +287,7 @@ class BandedBackend:
         if b is a:
             cov = panels_b.weighted.to(dtype).reshape(-1, a.num_inducing).mT @ self._kuf_at_nodes(panels_b, kernel, dtype)
             return (cov + cov.mT) / 2
-        nodes, weighted = self._outer_rule(a, _span(b), kernel)
+        nodes, weighted = self._outer_rule(a, support_span(b), kernel)
         return weighted.to(dtype).mT @ self._kuf_at(panels_b, kernel, nodes, dtype)
 
     def _outer_rule(self, a, breaks: tuple[float, float], kernel) -> tuple[Tensor, Tensor]:
@@ -292,3 +300,7 @@ class BandedBackend:
         nodes = (edges[:-1, None] + half[:, None] * (panels.z + 1)).reshape(-1)
         weights = (half[:, None] * panels.w).reshape(-1)
         return nodes, weights[:, None] * panels.phi(nodes)
+
+
+#: former private names (tests and older code import them)
+_span, _Panels = support_span, Panels

@@ -8,16 +8,15 @@ steps) and calls :func:`check_work`, which raises :class:`CovarianceCostError` -
 change -- instead of hanging or exhausting memory.
 
 The reach of a kernel, :func:`kernel_reach`, is the distance beyond which it is below ``2e-18 σ²``
-(RBF ``9.5 ℓ``, Matérn ``48 ℓ/√(2ν)``): inputs further than that from the bases' support have
-zero covariance with them (``Kuf = 0``), whatever the backend.
+(RBF ``9.5 ℓ``, Matérn ``48 ℓ/√(2ν)``; a kernel's registration in :mod:`.covariances` gives it):
+inputs further than that from the bases' support have zero covariance with them (``Kuf = 0``),
+whatever the backend.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .spectral import RBF_CUTOFF, spectral_parts
+from .covariances import kernel_parts
 
 __all__ = ["CovarianceCostError", "MAX_ENTRIES", "MAX_SPECTRAL_NODES", "check_work", "kernel_reach"]
 
@@ -27,8 +26,6 @@ MAX_ENTRIES = 2**27
 MAX_SPECTRAL_NODES = 2**16
 #: ``|t|`` above this would overflow squared distances (``t² < 1.8e308``)
 MAX_TIME = 1e150
-#: Matérn ``q(x) e^{-x} < 2e-18`` for ``x >= 48`` (as :data:`.banded.DECAY_RANGE`)
-_MATERN_RANGE = 48.0
 
 
 class CovarianceCostError(ValueError):
@@ -52,15 +49,16 @@ def lengthscale_of(kernel) -> float | None:
 
 
 def kernel_reach(kernel) -> float | None:
-    """Distance ``R`` beyond which a 1-D RBF/Matérn ``kernel`` is below ``2e-18 σ²`` (``None``: unknown kernel)."""
+    """Distance ``R`` beyond which a 1-D registered ``kernel`` is below ``2e-18 σ²`` (``None``: a kernel
+    without a registration or without a registered reach)."""
     try:
-        _, lengthscale, nu = spectral_parts(kernel)
+        spec, _, lengthscale, _ = kernel_parts(kernel)
     except (TypeError, ValueError):
         return None
-    if lengthscale.numel() != 1:
+    if lengthscale.numel() != 1 or spec.reach is None:
         return None
     ell = lengthscale_of(kernel)
-    return (RBF_CUTOFF if nu is None else _MATERN_RANGE / math.sqrt(2 * nu)) * ell
+    return spec.reach * ell
 
 
 def check_work(

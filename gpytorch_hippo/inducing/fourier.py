@@ -26,18 +26,17 @@ from torch import Tensor
 
 from .._validation import check_tensor, floating_dtype
 from .base import InducingVariables
+from .covariances import resolve_kernel
 
 #: Matérn ν -> (p, c_p): the integral of the RKHS inner product is ``c_p / σ² ∫ (λ + D)^p f (λ + D)^p g``
 _MATERN_INTEGRAL = {0.5: (1, lambda lam: 1 / (2 * lam)), 1.5: (2, lambda lam: 1 / (4 * lam**3)), 2.5: (3, lambda lam: 3 / (16 * lam**5))}
 
 
 def matern_parameters(kernel: gpytorch.kernels.Kernel) -> tuple[float, Tensor, Tensor]:
-    """``(ν, λ, σ²)`` of ``MaternKernel`` or ``ScaleKernel(MaternKernel)``; ``λ = √(2ν)/ℓ``."""
-    outputscale = None
-    base = kernel
-    if isinstance(kernel, gpytorch.kernels.ScaleKernel):
-        base, outputscale = kernel.base_kernel, kernel.outputscale
-    if not isinstance(base, gpytorch.kernels.MaternKernel) or base.nu not in _MATERN_INTEGRAL:
+    """``(ν, λ, σ²)`` of ``MaternKernel`` or ``ScaleKernel(MaternKernel)`` (any kernel registered with a Matérn
+    ``ν``, :mod:`.covariances`); ``λ = √(2ν)/ℓ``; batched kernels give batched values."""
+    spec, base, scale = resolve_kernel(kernel)
+    if spec is None or spec.nu not in _MATERN_INTEGRAL:
         raise TypeError(
             "FourierInducingVariables needs a MaternKernel (nu = 0.5, 1.5 or 2.5), optionally inside a ScaleKernel, "
             f"got {type(kernel).__name__}"
@@ -45,9 +44,8 @@ def matern_parameters(kernel: gpytorch.kernels.Kernel) -> tuple[float, Tensor, T
     if base.ard_num_dims not in (None, 1):
         raise ValueError(f"FourierInducingVariables are for 1-D inputs; the kernel has ard_num_dims={base.ard_num_dims}")
     lengthscale = base.lengthscale[..., 0, 0]
-    if outputscale is None:
-        outputscale = torch.ones_like(lengthscale)
-    return base.nu, math.sqrt(2 * base.nu) / lengthscale, outputscale
+    outputscale = torch.ones_like(lengthscale) if scale is None else scale(kernel)
+    return spec.nu, math.sqrt(2 * spec.nu) / lengthscale, outputscale
 
 
 class FourierInducingVariables(InducingVariables):

@@ -1,11 +1,15 @@
 """Covariance backends of :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables`.
 
-Each backend is a small object with two methods, the (feature, kernel) covariances of GPflow's
-design: ``cross(a, b, kernel)`` -> ``cov(u_a, u_b)`` without jitter (``M x M'``) and
-``Kuf(a, kernel, x)`` -> ``(*batch, M, N)``.  The inducing-variable object holds the state (measure,
-breakpoints, spectral samples); a backend holds only caches.
+Each backend is a small object with the interface :class:`~.covariances.CovarianceBackend`, the
+(feature, kernel) covariances of GPflow's design: ``supports(ivars, kernel)``, ``cross(a, b, kernel)``
+-> ``cov(u_a, u_b)`` without jitter (``M x M'``) and ``Kuf(a, kernel, x)`` -> ``(*batch, M, N)``.
+The inducing-variable object holds the state (measure, breakpoints, spectral samples); a backend
+holds only caches.  What a backend needs from the kernel (spectral density, values, reach, Matérn
+``ν``) comes from the kernel's registration (:mod:`.covariances`), so a kernel registered there is
+supported by every backend whose needs its registration meets.
 
-* :class:`SpectralBackend` (beyond the thesis; exact, RBF kernels): ``Kuu`` and ``Kuf`` as
+* :class:`SpectralBackend` (beyond the thesis; exact, RBF kernels and any kernel registered with a
+  ``spectral_cutoff``): ``Kuu`` and ``Kuf`` as
   integrals over frequency of the closed-form HiPPO transforms (:mod:`.spectral`).  A
   Gauss-Legendre rule on ``[0, 9.5/ℓ]`` with ``Ω B / 4 + M + 40`` nodes (``B`` the phase
   bandwidth: the supports' width plus their distance) integrates to round-off; the cost is
@@ -36,15 +40,8 @@ from torch import Tensor
 
 from ..hippo import HiPPO, quadrature_rule
 from .cost import MAX_SPECTRAL_NODES, check_work
-from .spectral import (
-    RBF_CUTOFF,
-    gauss_legendre,
-    hippo_support,
-    hippo_transform,
-    kernel_signature,
-    rbf_spectral_density,
-    spectral_parts,
-)
+from .covariances import RBF_CUTOFF, kernel_parts
+from .spectral import gauss_legendre, hippo_support, hippo_transform, kernel_signature
 
 #: largest block of ``k(x, nodes)`` that :meth:`QuadratureBackend.Kuf` forms at once
 QUADRATURE_CHUNK_ENTRIES = 2**24
@@ -135,7 +132,8 @@ class QuadratureBackend:
 
 
 class SpectralBackend:
-    """Exact ``Kuu``/``Kuf`` by quadrature over frequency (module :mod:`.spectral`), RBF kernels.
+    """Exact ``Kuu``/``Kuf`` by quadrature over frequency (module :mod:`.spectral`), RBF kernels (any kernel
+    registered with a spectral density and a ``spectral_cutoff``, :mod:`.covariances`).
 
     ``Kuf`` at inputs inside the support uses the nodes of ``Kuu``, so that ``Kuf = Fᵀψ(x)`` and
     ``Kuu = FᵀF`` come from one feature map and the Nyström residual ``k(x,x) - Kfu Kuu⁻¹ Kuf`` is
@@ -151,20 +149,21 @@ class SpectralBackend:
         if ivars.input_dim != 1:
             return False
         try:
-            _, lengthscale, nu = spectral_parts(kernel)
-        except (TypeError, ValueError):  # no spectral density, or a batched kernel
+            spec, _, lengthscale, _ = kernel_parts(kernel)
+        except (TypeError, ValueError):  # not registered, or a batched kernel
             return False
-        return nu is None and lengthscale.numel() == 1 and self._support(ivars) is not None
+        fast_decay = spec.spectral_density is not None and spec.spectral_cutoff is not None
+        return fast_decay and lengthscale.numel() == 1 and self._support(ivars) is not None
 
     def _support(self, ivars):
         return hippo_support(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start)
 
     def _rule(self, kernel, bandwidth: float, num_inducing: int, device, ivars=None) -> tuple[Tensor, Tensor]:
         """Nodes ``ω_q`` on ``[0, Ω]`` and the differentiable scales ``sqrt(2 w_q S(ω_q))``."""
-        _, lengthscale, _ = spectral_parts(kernel)
+        spec, outputscale, lengthscale, _ = kernel_parts(kernel)
         # Ω rounded up to a grid of 2^(1/8) steps: while a length scale is trained the nodes, and the
         # cached transforms at them, stay put (a wider Ω only adds negligible spectral tail)
-        cutoff = 2 ** (math.ceil(8 * math.log2(RBF_CUTOFF / float(lengthscale.detach()))) / 8)
+        cutoff = 2 ** (math.ceil(8 * math.log2(spec.spectral_cutoff / float(lengthscale.detach()))) / 8)
         estimate = cutoff * bandwidth / 4 + num_inducing + 40
         # the Gauss-Legendre rule costs O(nodes²) once; the transforms about 5 nodes x M values
         check_work(estimate, "the spectral rule (frequency nodes)", ivars, kernel, limit=MAX_SPECTRAL_NODES)
@@ -174,7 +173,7 @@ class SpectralBackend:
         num_nodes = -(-num_nodes // step) * step
         z, w = gauss_legendre(num_nodes, device=device)
         omega = cutoff * (z + 1) / 2
-        density = rbf_spectral_density(kernel, omega)
+        density = spec.spectral_density(omega, outputscale, lengthscale)
         return omega, torch.sqrt(cutoff * w * density)  # 2 * (Ω/2) w * S
 
     def _features(self, ivars, omega: Tensor, scale: Tensor) -> Tensor:
@@ -231,17 +230,23 @@ class FourierFeatures:
         self.kind = kind
 
     def frequencies_and_weights(self, ivars, kernel) -> tuple[Tensor, Tensor]:
-        outputscale, lengthscale, nu = spectral_parts(kernel)
+        spec, outputscale, lengthscale, _ = kernel_parts(kernel)
         if lengthscale.numel() not in (1, ivars.input_dim):
             raise ValueError(f"kernel has {lengthscale.numel()} length scales but input_dim = {ivars.input_dim}")
+        if not (spec.gaussian or spec.matern):
+            raise TypeError(
+                f"Fourier features need a Gaussian (RBF) or Matérn (nu = 0.5, 1.5, 2.5) spectral density; the kernel's "
+                f"registration {spec.name!r} has neither: use method='spectral' or 'quadrature'"
+            )
+        nu = spec.nu
         if self.kind == "random":
             directions = ivars.rff_normal.to(lengthscale.dtype)
-            if nu is not None:
+            if spec.matern:
                 chi2 = ivars.rff_chi2[(0.5, 1.5, 2.5).index(nu)].to(lengthscale.dtype)
                 directions = directions * torch.sqrt(2 * nu / chi2)[:, None]
             weights = (outputscale / ivars.num_rff).expand(ivars.num_rff)
             return directions / lengthscale, weights
-        if nu is None:
+        if spec.gaussian:
             return self._rbf_product_rule(ivars, kernel, outputscale, lengthscale)
         if ivars.input_dim != 1:
             raise TypeError("quadrature features in more than one dimension need an RBF kernel (a product spectral density)")
@@ -318,7 +323,7 @@ class RecurrenceBackend:
 
     def memory(self, ivars, kernel) -> Tensor:
         """``Z`` (2R x M): HiPPO projections of the features along the time grid, resumed from the cache."""
-        _, lengthscale, _ = spectral_parts(kernel)
+        _, _, lengthscale, _ = kernel_parts(kernel)
         differentiable = torch.is_grad_enabled() and any(p.requires_grad for p in kernel.parameters())
         signature = kernel_signature(kernel) + (self.features.kind,)
         cache = self._cache
@@ -375,8 +380,8 @@ class PathBackend:
     def memory(self, ivars, kernel) -> Tensor:
         if ivars.path_pending.shape[0] == 0:
             raise RuntimeError("the path is empty: call append_path(x_ordered) before using the inducing variables")
-        ivars.__dict__["_last_kernel"] = kernel  # a plain reference, not a submodule
-        _, lengthscale, _ = spectral_parts(kernel)
+        ivars.remember_kernel(kernel)  # append_path's default kernel for folding this task into the memory
+        _, _, lengthscale, _ = kernel_parts(kernel)
         committed = ivars.path_memory.shape[0] > 0
         if committed and not torch.allclose(lengthscale.detach().double(), ivars.path_lengthscale, rtol=1e-12, atol=0):
             raise RuntimeError(

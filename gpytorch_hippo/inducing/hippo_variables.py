@@ -49,10 +49,11 @@ from torch import Tensor
 from .._validation import check_finite_scalar, check_tensor, floating_dtype
 from ..hippo import HiPPO
 from ..timeaxis import is_datetime_like
-from .banded import BandedBackend, _span
+from .banded import BandedBackend, support_span
 from .base import InducingVariables
 from .batched import BatchedInducingVariables, share_equal_buffers, stream_clocks
 from .cost import MAX_TIME, kernel_reach, lengthscale_of
+from .covariances import CovarianceBackend
 from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
 from .lyapunov_batched import LyapunovStreams
@@ -108,6 +109,13 @@ class HiPPOInducingVariables(InducingVariables):
     with the relative default.  Quadrature and spectral matrices are symmetric PSD before the
     jitter; feature estimates ``ZᵀZ`` are PSD by construction.
     """
+
+    #: the backends by method name (:meth:`_make_backends`); :meth:`_backend_for` chooses among them
+    _backends: dict[str, CovarianceBackend]
+    #: the kernel of the last evaluation of the path memory (multidimensional inputs): :meth:`append_path`'s
+    #: default for folding the task into the memory.  A plain reference, not a submodule (not in the
+    #: ``state_dict``), dropped by pickling and copies (:meth:`__getstate__`); set by :meth:`remember_kernel`.
+    _last_kernel: gpytorch.kernels.Kernel | None = None
 
     def __new__(cls, *args, batch_shape: torch.Size | None = None, **kwargs):
         if batch_shape is None or tuple(batch_shape) == ():
@@ -200,7 +208,7 @@ class HiPPOInducingVariables(InducingVariables):
                 "lyapunov": LyapunovBackend(),
             }
 
-    def _backend_for(self, kernel: gpytorch.kernels.Kernel):
+    def _backend_for(self, kernel: gpytorch.kernels.Kernel) -> CovarianceBackend:
         """The backend that ``method`` selects for ``kernel`` (module docstring)."""
         lengthscale_of(kernel)  # a clear error for NaN/Inf length scales (diverged hyperparameters)
         if self.input_dim > 1:
@@ -238,7 +246,7 @@ class HiPPOInducingVariables(InducingVariables):
     def input_support(self) -> tuple[float, float] | None:
         """``[lower, t]`` of the bases (1-D inputs; LagT's weights are below ``5e-18`` before ``t - 80 θ``),
         clipped at ``start``; ``None`` for the multidimensional path memory."""
-        return _span(self) if self.input_dim == 1 else None
+        return support_span(self) if self.input_dim == 1 else None
 
     def coverage_advice(self, cause: str) -> str:
         if cause == "beyond":
@@ -389,7 +397,7 @@ class HiPPOInducingVariables(InducingVariables):
         if x_ordered.dim() != 2 or x_ordered.shape[0] < 1:
             raise ValueError(f"x_ordered must have shape (N, {self.input_dim}) with N >= 1, got {tuple(x_ordered.shape)}")
         if self.path_pending.shape[0] > 0:
-            kernel = kernel if kernel is not None else self.__dict__.get("_last_kernel")
+            kernel = kernel if kernel is not None else self._last_kernel
             if kernel is None:
                 raise ValueError("kernel is required to fold the previous task into the path memory")
             self._commit_pending(kernel)
@@ -398,6 +406,10 @@ class HiPPOInducingVariables(InducingVariables):
         self.breakpoints = torch.cat(
             [self.breakpoints, self.breakpoints.new_tensor([self.t + self.path_pending.shape[0] * step * self.dt])]
         )
+
+    def remember_kernel(self, kernel: gpytorch.kernels.Kernel) -> None:
+        """Keep ``kernel`` as :meth:`append_path`'s default (the path backend calls this on every evaluation)."""
+        object.__setattr__(self, "_last_kernel", kernel)  # nn.Module.__setattr__ would register it as a submodule
 
     def _commit_pending(self, kernel) -> None:
         with torch.no_grad():

@@ -33,16 +33,17 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 
 import torch
-from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
 from ..hippo import _normalized_legendre
-from .banded import DECAY_RANGE, BandedBackend, _Panels, _span
+from .banded import BandedBackend, Panels, support_span
 from .cost import MAX_ENTRIES
+from .covariances import CovarianceBackend, StationaryKernelSpec, kernel_parts, resolve_kernel, supported_kernels
 from .hippo_backends import QuadratureBackend, SpectralBackend
-from .spectral import RBF_CUTOFF, SUPPORTED_KERNELS, gauss_legendre, kernel_signature, spectral_parts
+from .spectral import gauss_legendre, kernel_signature
 
 #: longest step (in length scales) integrated at once: bounds the segment rule of ``D``
 MAX_STEP = 128.0
@@ -67,33 +68,34 @@ class _At:
 
     def input_support(self) -> tuple[float, float]:
         """``[lower, t]`` of these bases (as :meth:`HiPPOInducingVariables.input_support`)."""
-        return _span(self)
+        return support_span(self)
 
 
-def kernel_scales(kernel) -> tuple[float, float, object]:
-    """``(ℓ, reach R, ν)``: beyond ``R`` the kernel is below ``2e-18 σ²`` (RBF: ``e^{-45}``)."""
-    _, lengthscale, nu = spectral_parts(kernel)
+def kernel_scales(kernel) -> tuple[float, float, StationaryKernelSpec]:
+    """``(ℓ, reach R, spec)``: beyond ``R`` the kernel is below ``2e-18 σ²`` (RBF: ``e^{-45}``); ``spec``
+    its registration (:mod:`.covariances`), which has a reach (:meth:`LyapunovBackend.check`)."""
+    spec, _, lengthscale, _ = kernel_parts(kernel)
     ell = float(lengthscale.detach())
-    return ell, (RBF_CUTOFF if nu is None else DECAY_RANGE / math.sqrt(2 * nu)) * ell, nu
+    return ell, spec.reach * ell, spec
 
 
-def rbf_function(kernel):
-    """``r -> σ² exp(-r²/(2ℓ²))`` from the kernel's own hyperparameters (differentiable), read once."""
-    outputscale, lengthscale, _ = spectral_parts(kernel)
-    return lambda r: outputscale * torch.exp(-0.5 * (r.to(lengthscale.dtype) / lengthscale) ** 2)
+def kernel_function(kernel):
+    """``r -> k(r)`` (RBF: ``σ² exp(-r²/(2ℓ²))``) from the kernel's own hyperparameters (differentiable), read once."""
+    spec, outputscale, lengthscale, _ = kernel_parts(kernel)
+    return lambda r: spec.values(r, outputscale, lengthscale)
 
 
 def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
     """``Kuf[m](x) = ∫ k(x - s) φ_m(s, t) ds`` (thesis eq. (4.9)) at ``times`` (N,) -> (N, M).
 
     Only ``s`` within the kernel's reach of ``x`` contributes, so the rule is local: Matérn through
-    :meth:`BandedBackend.local_kuf` (panels split at the kink), RBF by the same composite
+    :meth:`BandedBackend.local_kuf` (panels split at the kink), RBF (an analytic kernel) by the same composite
     Gauss-Legendre panels (width ``<= 4ℓ``; the integrand is analytic, no split), grouped by the
     panel of ``x`` and summed over the panels within the reach.  Inputs more than four reaches
     apart get rules of their own, so the cost is ``O(M)`` per input even for inputs spread over the
     whole stream (a grid over ``[start, t]``), not ``O(M t / ℓ)``.
     """
-    ell, reach, nu = kernel_scales(kernel)
+    ell, reach, spec = kernel_scales(kernel)
     out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
     order = torch.argsort(times)
     ordered = times[order]
@@ -105,15 +107,15 @@ def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
     for rows in torch.tensor_split(order, (cuts.nonzero().squeeze(-1) + 1).tolist()):
         if rows.numel() == 0:
             continue
-        if nu is not None:
+        if spec.matern:
             out[rows] = BandedBackend().local_kuf(at, kernel, times[rows], dtype)
         else:
-            out[rows] = _rbf_window_kuf(at, kernel, ell, reach, times[rows], dtype)
+            out[rows] = _analytic_window_kuf(at, kernel, ell, reach, times[rows], dtype)
     return out
 
 
-def _rbf_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) -> Tensor:
-    """:func:`local_kuf` for an RBF kernel with the panels of ``[min(times) - R, max(times) + R]``.
+def _analytic_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) -> Tensor:
+    """:func:`local_kuf` for an RBF (analytic) kernel with the panels of ``[min(times) - R, max(times) + R]``.
 
     Nodes in panel ``j ± (band + 1)`` are at least ``band`` panel widths ``>= R`` from an input in
     panel ``j``; the inputs go in blocks of ``band + 1`` consecutive panels, each block one kernel
@@ -124,7 +126,7 @@ def _rbf_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) 
     band = math.ceil(reach / panels.width)
     block = band + 1
     index = torch.floor((times - panels.lower) / panels.width).long()
-    weighted, values = panels.weighted.to(dtype), rbf_function(kernel)
+    weighted, values = panels.weighted.to(dtype), kernel_function(kernel)
     blocks = torch.div(index - panels.first + band, block, rounding_mode="floor")
     for b in torch.unique(blocks).tolist():
         low = panels.first - band + b * block  # the block's panels: low .. low + block - 1
@@ -138,7 +140,7 @@ def _rbf_window_kuf(at, kernel, ell: float, reach: float, times: Tensor, dtype) 
     return out
 
 
-def _window_panels(at, ell: float, window: tuple[float, float]) -> _Panels:
+def _window_panels(at, ell: float, window: tuple[float, float]) -> Panels:
     """The panels of ``at``'s support meeting ``window``, from the Lyapunov backend's last panels
     when those are of the same set (``t``, ``start``, ``M``) and length scale and cover the window:
     a task's ``Kuf`` at its inputs leaves the panels up to ``t`` that the next step's forcing needs."""
@@ -151,7 +153,7 @@ def _window_panels(at, ell: float, window: tuple[float, float]) -> _Panels:
         last = max(first, min(panels.count, math.floor((window[1] - panels.lower) / panels.width) + 1))
         if panels.first <= first and last <= panels.last:
             return panels
-    panels = _Panels(at, ell / 2, at.breakpoints.device, window=window)
+    panels = Panels(at, ell / 2, at.breakpoints.device, window=window)
     if isinstance(backend, LyapunovBackend):
         backend._panels = (key, panels)
     return panels
@@ -199,7 +201,7 @@ def forcing(ivars, kernel, t_a: float, t_b: float, rule=None, weighted_basis: Te
     (one branch of the kernel) and ``φ(·, t_b)`` a degree ``M - 1`` polynomial, ``P_{M-1}(cos θ)``
     with ``θ = arccos(2x/t_b - 1)``, so a panel spanning ``Δθ`` holds about ``M Δθ / π`` of its zeros:
     ``M Δθ`` nodes (π per zero) beyond the kernel's, at most the end-panel count ``M / sqrt(t_b / ℓ)``
-    of :class:`~.banded._Panels` (zeros crowd ``t_b``; away from it far fewer nodes are needed).
+    of :class:`~.banded.Panels` (zeros crowd ``t_b``; away from it far fewer nodes are needed).
     ``rule``, ``weighted_basis``: that rule and its weighted ``φ`` when the caller formed them already.
     """
     rule = _forcing_rule(ivars, kernel, t_a, t_b) if rule is None else rule
@@ -216,12 +218,12 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float, lower: float | Non
     integrand is analytic), ``D = Wᵀ (k(nodes, nodes) W)`` with ``k`` banded: the panel pairs within
     the reach only.
     """
-    ell, reach, nu = kernel_scales(kernel)
-    if nu is not None:
+    ell, reach, spec = kernel_scales(kernel)
+    if spec.matern:
         segment = _At(ivars, t_b, t_a)
         return ivars._backends["banded"].cross(segment, segment, kernel).double()
     nodes, weighted = segment_rule(ivars, t_a, t_b, 4 * ell, lower)
-    values = rbf_function(kernel)
+    values = kernel_function(kernel)
     count, p = nodes.shape
     band = math.ceil(reach / ((t_b - t_a) / count))  # nodes of panels further apart are >= R apart: k = 0
     W = weighted.reshape(count * p, ivars.num_inducing)
@@ -238,7 +240,7 @@ def segment_rule(ivars, t_a: float, t_b: float, width: float, lower: float | Non
     """Composite Gauss-Legendre on ``[t_a, t_b]``: nodes ``(P, p)`` and ``w φ(nodes, t_b)`` ``(P, p, M)``.
 
     Panels of at most ``width``; ``p = 24 + M sqrt(w / (t_b - lower))`` nodes, the density that
-    :class:`~.banded._Panels` gives a panel of the whole support (a degree ``M - 1`` polynomial has
+    :class:`~.banded.Panels` gives a panel of the whole support (a degree ``M - 1`` polynomial has
     about that many zeros in an end panel), so the segment costs what its panels would within ``[0, t_b]``.
     """
     count = max(1, math.ceil((t_b - t_a) / width))
@@ -274,7 +276,7 @@ def _segment_nodes(M: int, device) -> tuple[Tensor, Tensor, Tensor]:
     return z, w / 2, _normalized_legendre(z, M)
 
 
-def exact_backend(at, kernel, backends: dict):
+def exact_backend(at, kernel, backends: Mapping[str, CovarianceBackend]) -> CovarianceBackend:
     """The exact backend among ``backends`` that starts (or restarts) the carried state: spectral
     (RBF), banded (Matérn), else quadrature."""
     for name in ("spectral", "banded"):
@@ -299,7 +301,7 @@ class LyapunovBackend:
         self._state = None  # (key, t, K(t)) float64, detached
         self._step = None  # (key, t_a, t_b, C(t_a, t_b)) of the last single-piece step
         self._segment_length = None  # (key, L, Kuu(L) of a LegS set started at 0, or None) of the last step
-        self._panels = None  # ((t, start, M, ℓ, device), _Panels) of the last local Kuf rule
+        self._panels = None  # ((t, start, M, ℓ, device), Panels) of the last local Kuf rule
 
     def __deepcopy__(self, memo) -> LyapunovBackend:
         """A copy sharing the cached tensors: they are never changed in place (each step stores new
@@ -310,17 +312,25 @@ class LyapunovBackend:
 
     @staticmethod
     def check(ivars, kernel) -> None:
-        """Raise a clear error for anything but LegS, 1-D inputs and a supported stationary kernel."""
+        """Raise a clear error for anything but LegS, 1-D inputs and a supported stationary kernel: registered
+        (:mod:`.covariances`) with a reach and either Matérn (banded local rules) or a Gaussian
+        spectral density (RBF: analytic, composite Gauss-Legendre local rules)."""
         if ivars.measure != "legs":
             raise ValueError(f"method='lyapunov' needs measure='legs' (its ODE is LegS's), got measure={ivars.measure!r}")
         if ivars.input_dim != 1:
             raise ValueError(f"method='lyapunov' needs input_dim=1 (time inputs), got input_dim={ivars.input_dim}")
-        base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel  # what spectral_parts accepts,
-        if not (isinstance(base, RBFKernel) or (isinstance(base, MaternKernel) and base.nu in (0.5, 1.5, 2.5))):
-            raise TypeError(f"method='lyapunov': kernel must be {SUPPORTED_KERNELS}, got {type(kernel).__name__}")
-        if base.raw_lengthscale.numel() != 1:  # without running the constraints' transforms on every call
+        spec, base, scale = resolve_kernel(kernel)  # without running the constraints' transforms on every call
+        if spec is None:
+            raise TypeError(f"method='lyapunov': kernel must be {supported_kernels()}, got {type(kernel).__name__}")
+        if spec.reach is None or not (spec.matern or spec.gaussian):
+            raise TypeError(
+                f"method='lyapunov' needs a Matérn kernel or one with a Gaussian spectral density (RBF), with a reach; "
+                f"got {type(base).__name__} registered as {spec.name!r}"
+            )
+        if base.raw_lengthscale.numel() != 1:
             raise ValueError(f"method='lyapunov': kernel must have one length scale (1-D), got {base.raw_lengthscale.numel()}")
-        if isinstance(kernel, ScaleKernel) and kernel.raw_outputscale.numel() != 1:
+        raw_outputscale = getattr(kernel, "raw_outputscale", None) if scale is not None else None
+        if raw_outputscale is not None and raw_outputscale.numel() != 1:
             raise ValueError("batched kernels are not supported by HiPPOInducingVariables (outputscale has batch dims)")
 
     def supports(self, ivars, kernel) -> bool:

@@ -20,39 +20,32 @@ import math
 import gpytorch
 import numpy as np
 import torch
-from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
-SUPPORTED_KERNELS = "RBFKernel or MaternKernel (nu = 0.5, 1.5, 2.5), optionally wrapped in ScaleKernel"
+from .covariances import RBF_CUTOFF, kernel_parts, rbf_spectral_density_of, supported_kernels
 
-# exp(-(Ω ℓ)^2 / 2) at Ω ℓ = 9.5 is 2e-20: the RBF spectral density is zero in float64 beyond it.
-RBF_CUTOFF = 9.5
+__all__ = [
+    "RBF_CUTOFF",
+    "SUPPORTED_KERNELS",
+    "gauss_legendre",
+    "hippo_support",
+    "hippo_transform",
+    "kernel_signature",
+    "rbf_spectral_density",
+    "spectral_parts",
+    "spherical_jn",
+]
+
+#: the built-in kernels in words (kernels registered later: :func:`.covariances.supported_kernels`)
+SUPPORTED_KERNELS = supported_kernels()
 
 
 def spectral_parts(kernel: gpytorch.kernels.Kernel) -> tuple[Tensor, Tensor, float | None]:
-    """``(outputscale, lengthscale (D,), nu)`` of a supported stationary kernel (``nu=None``: RBF)."""
-    outputscale = None
-    base = kernel
-    if isinstance(kernel, ScaleKernel):
-        outputscale, base = kernel.outputscale, kernel.base_kernel
-    if isinstance(base, RBFKernel):
-        nu = None
-    elif isinstance(base, MaternKernel) and base.nu in (0.5, 1.5, 2.5):
-        nu = float(base.nu)
-    else:
-        raise TypeError(
-            f"HiPPO inducing variables with Fourier features need a spectral density: "
-            f"kernel must be {SUPPORTED_KERNELS}, got {type(base).__name__}"
-        )
-    lengthscale = base.lengthscale
-    if lengthscale.shape[:-2].numel() != 1:
-        raise ValueError("batched kernels are not supported by HiPPOInducingVariables (lengthscale has batch dims)")
-    lengthscale = lengthscale.reshape(-1)
-    if outputscale is None:
-        outputscale = torch.ones((), dtype=lengthscale.dtype, device=lengthscale.device)
-    elif outputscale.numel() != 1:
-        raise ValueError("batched kernels are not supported by HiPPOInducingVariables (outputscale has batch dims)")
-    return outputscale.reshape(()), lengthscale, nu
+    """``(outputscale, lengthscale (D,), nu)`` of a registered stationary kernel (:mod:`.covariances`);
+    ``nu`` is the Matérn smoothness, ``None`` for any other kernel (RBF).  ``TypeError`` for a kernel
+    without a registration, ``ValueError`` for a batched one."""
+    spec, outputscale, lengthscale, _ = kernel_parts(kernel)
+    return outputscale, lengthscale, spec.nu if spec.matern else None
 
 
 def kernel_signature(kernel: gpytorch.kernels.Kernel) -> tuple:
@@ -66,11 +59,10 @@ def kernel_signature(kernel: gpytorch.kernels.Kernel) -> tuple:
 
 def rbf_spectral_density(kernel: gpytorch.kernels.Kernel, omega: Tensor) -> Tensor:
     """``S(ω) = σ² ℓ/√(2π) exp(-ω²ℓ²/2)`` of a 1-D RBF kernel, differentiable in ``σ²`` and ``ℓ`` (float64)."""
-    outputscale, lengthscale, nu = spectral_parts(kernel)
-    if nu is not None:
+    spec, outputscale, lengthscale, _ = kernel_parts(kernel)
+    if not spec.gaussian:
         raise TypeError("rbf_spectral_density needs an RBF kernel")
-    ell = lengthscale.reshape(()).double()
-    return outputscale.double() * ell / math.sqrt(2 * math.pi) * torch.exp(-0.5 * (omega * ell) ** 2)
+    return rbf_spectral_density_of(omega, outputscale, lengthscale)
 
 
 @functools.lru_cache(maxsize=1024)  # the rules of a long stream use a few hundred sizes

@@ -1,0 +1,295 @@
+"""What the HiPPO covariance backends need from a kernel, registered per kernel class, and their interface.
+
+GPflow chooses ``Kuu``/``Kuf`` by multiple dispatch on the pair (inducing variables, kernel).  Here
+the inducing variables' ``method`` chooses a backend (:class:`CovarianceBackend`), and every backend
+asks one registry what it needs to know about a stationary kernel ``k(r) = σ² κ(r / ℓ)``: its values
+as a function of distance, its reach, its spectral density and how fast that decays, and the Matérn
+smoothness ``ν`` where the backend exploits a Matérn kernel's structure.  Supporting a new stationary
+kernel is one call to :func:`register_stationary_kernel`; which backends then apply follows from the
+fields of its :class:`StationaryKernelSpec`:
+
+* ``values``: the Lyapunov backend's local rules (RBF-like kernels) and the banded backend (Matérn);
+* ``reach``: inputs beyond it get ``Kuf = 0`` (:func:`.cost.kernel_reach`); the Lyapunov backend's
+  local rules;
+* ``spectral_density`` and ``spectral_cutoff``: the spectral backend (integrals over frequency up to
+  ``spectral_cutoff / ℓ``);
+* ``nu``: ``0.5``, ``1.5``, ``2.5``: the banded backend, variational Fourier features and Student-t
+  Fourier features (Matérn); ``math.inf``: Gaussian Fourier features (RBF, any input dimension).
+
+The quadrature backend evaluates the kernel itself and needs no registration.  A kernel class is
+looked up along its method resolution order, so subclasses of a registered class are supported as
+their base is; :class:`~gpytorch.kernels.ScaleKernel` (a registered scale wrapper) around a
+registered kernel multiplies it by its ``outputscale``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import gpytorch
+import torch
+from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from torch import Tensor
+
+__all__ = [
+    "DECAY_RANGE",
+    "RBF_CUTOFF",
+    "CovarianceBackend",
+    "KernelParts",
+    "Resolved",
+    "StationaryKernelSpec",
+    "kernel_parts",
+    "register_scale_wrapper",
+    "register_stationary_kernel",
+    "registered_spec",
+    "resolve_kernel",
+    "supported_kernels",
+    "unregister_stationary_kernel",
+]
+
+# exp(-(Ω ℓ)^2 / 2) at Ω ℓ = 9.5 is 2e-20: the RBF spectral density is zero in float64 beyond it.
+RBF_CUTOFF = 9.5
+#: ``q(x) e^{-x} < 2e-18`` for ``x = λ r >= 48`` and every Matérn ``ν`` in {1/2, 3/2, 5/2}
+DECAY_RANGE = 48.0
+
+
+@runtime_checkable
+class CovarianceBackend(Protocol):
+    """What every covariance backend of :class:`~.hippo_variables.HiPPOInducingVariables` provides.
+
+    A backend holds only caches; the inducing variables hold the state (measure, breakpoints,
+    spectral samples).  ``a``, ``b`` and ``ivars`` are HiPPO inducing variables (or a view of one
+    at another time with the same attributes), typed ``Any`` here: the registry sits below them in the
+    import graph.
+    """
+
+    #: the ``method`` name the backend is registered under (``"spectral"``, ``"quadrature"``, ...)
+    name: str
+
+    def supports(self, ivars: Any, kernel: gpytorch.kernels.Kernel) -> bool:
+        """Whether the backend computes these variables' covariances under ``kernel`` (no exception)."""
+        ...
+
+    def cross(self, a: Any, b: Any, kernel: gpytorch.kernels.Kernel) -> Tensor:
+        """``cov(u_a, u_b)`` without jitter, ``(M, M')``; ``Kuu`` when ``b`` is ``a``."""
+        ...
+
+    def Kuf(self, ivars: Any, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
+        """``cov(u, f(x))``, ``(*batch, M, N)`` for inputs ``x`` of shape ``(*batch, N, D)``."""
+        ...
+
+
+@dataclass(frozen=True)
+class StationaryKernelSpec:
+    """What the backends know about a stationary kernel ``k(r) = σ² κ(|r| / ℓ)`` (module docstring).
+
+    :param name: a short name, e.g. ``"rbf"`` or ``"matern-1.5"``.
+    :param values: ``(r, outputscale, lengthscale) -> k(r)`` for differences ``r`` (any shape),
+        differentiable in both hyperparameters (``lengthscale`` a one-element tensor).
+    :param reach: ``R / ℓ`` with ``k(r) < 2e-18 σ²`` for ``|r| >= R`` (``None``: no such distance
+        is known, e.g. for algebraic decay; the local rules then do not apply).
+    :param spectral_density: ``(ω, outputscale, lengthscale) -> S(ω)`` in float64 with
+        ``k(r) = ∫ S(ω) e^{iωr} dω`` (1-D inputs), or ``None``.
+    :param spectral_cutoff: ``Ω ℓ`` beyond which ``S`` is zero in float64; given, the spectral
+        backend integrates over ``[0, Ω]`` (it needs an exponentially decaying density: a rational
+        one converges only algebraically); ``None``: not for the frequency rule.
+    :param nu: Matérn smoothness ``0.5``, ``1.5`` or ``2.5`` (kernel ``σ² q(λ|r|) e^{-λ|r|}``,
+        ``λ = √(2ν)/ℓ``), ``math.inf`` for a Gaussian spectral density (RBF), else ``None``.
+    """
+
+    name: str
+    values: Callable[[Tensor, Tensor, Tensor], Tensor]
+    reach: float | None = None
+    spectral_density: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+    spectral_cutoff: float | None = None
+    nu: float | None = None
+
+    @property
+    def matern(self) -> bool:
+        """Whether the kernel is Matérn with a half-integer ``ν`` (the banded backend's kernels)."""
+        return self.nu in MATERN_POLYNOMIALS
+
+    @property
+    def gaussian(self) -> bool:
+        """Whether the spectral density is Gaussian (``ν = ∞``: RBF; product Fourier features in any dimension)."""
+        return self.nu == math.inf
+
+
+class KernelParts(NamedTuple):
+    """A supported kernel taken apart: its registration, ``σ²`` (shape ``()``), ``ℓ`` (``(D,)``) and the unwrapped kernel."""
+
+    spec: StationaryKernelSpec
+    outputscale: Tensor
+    lengthscale: Tensor
+    base: gpytorch.kernels.Kernel
+
+
+class Resolved(NamedTuple):
+    """A kernel looked up without evaluating its hyperparameters (:func:`resolve_kernel`)."""
+
+    #: the registration of the (unwrapped) kernel, ``None`` if it has none
+    spec: StationaryKernelSpec | None
+    #: the kernel inside the scale wrapper, or the kernel itself
+    base: gpytorch.kernels.Kernel
+    #: ``kernel -> outputscale`` of the scale wrapper, ``None`` without one
+    outputscale: Callable[[gpytorch.kernels.Kernel], Tensor] | None
+
+
+#: kernel class -> ``kernel -> StationaryKernelSpec | None`` (``None``: this instance is not supported)
+_REGISTRY: dict[type, Callable[[gpytorch.kernels.Kernel], StationaryKernelSpec | None]] = {}
+#: kernel class -> what it is called in error messages
+_DESCRIPTIONS: dict[type, str] = {}
+_Unwrap = Callable[[gpytorch.kernels.Kernel], gpytorch.kernels.Kernel]
+#: wrapper class -> ``(kernel -> wrapped kernel, kernel -> outputscale)``
+_SCALE_WRAPPERS: dict[type, tuple[_Unwrap, Callable[[gpytorch.kernels.Kernel], Tensor]]] = {}
+
+
+def register_stationary_kernel(
+    kernel_class: type,
+    spec: StationaryKernelSpec | Callable[[gpytorch.kernels.Kernel], StationaryKernelSpec | None],
+    description: str | None = None,
+) -> None:
+    """Register what the backends need for instances of ``kernel_class`` (and its subclasses).
+
+    :param kernel_class: a :class:`gpytorch.kernels.Kernel` subclass with a ``lengthscale``.
+    :param spec: the :class:`StationaryKernelSpec` of every instance, or a function of the instance
+        returning its spec, or ``None`` for instances that are not supported (e.g. a Matérn ``ν``
+        without a closed form).
+    :param description: how error messages name the supported instances (default: the class name).
+
+    Registering a class again replaces its entry; :func:`unregister_stationary_kernel` removes it.
+    """
+    if not (isinstance(kernel_class, type) and issubclass(kernel_class, gpytorch.kernels.Kernel)):
+        raise TypeError(f"kernel_class must be a gpytorch Kernel subclass, got {kernel_class!r}")
+    if isinstance(spec, StationaryKernelSpec):
+        fixed = spec
+        spec = lambda kernel: fixed  # noqa: E731
+    elif not callable(spec):
+        raise TypeError(f"spec must be a StationaryKernelSpec or a function of the kernel, got {type(spec).__name__}")
+    _REGISTRY[kernel_class] = spec
+    _DESCRIPTIONS[kernel_class] = kernel_class.__name__ if description is None else description
+
+
+def unregister_stationary_kernel(kernel_class: type) -> None:
+    """Remove the entry of ``kernel_class`` (``KeyError`` if it has none)."""
+    del _REGISTRY[kernel_class]
+    del _DESCRIPTIONS[kernel_class]
+
+
+def register_scale_wrapper(
+    wrapper_class: type,
+    base: Callable[[gpytorch.kernels.Kernel], gpytorch.kernels.Kernel],
+    outputscale: Callable[[gpytorch.kernels.Kernel], Tensor],
+) -> None:
+    """Register a kernel class that multiplies a wrapped kernel by a scale: ``base(kernel)`` is the
+    wrapped kernel, ``outputscale(kernel)`` the factor ``σ²``."""
+    if not (isinstance(wrapper_class, type) and issubclass(wrapper_class, gpytorch.kernels.Kernel)):
+        raise TypeError(f"wrapper_class must be a gpytorch Kernel subclass, got {wrapper_class!r}")
+    _SCALE_WRAPPERS[wrapper_class] = (base, outputscale)
+
+
+def _lookup(table: dict, kernel):
+    for cls in type(kernel).__mro__:
+        if cls in table:
+            return table[cls]
+    return None
+
+
+def supported_kernels() -> str:
+    """The registered kernels in words, as error messages name them."""
+    names = list(_DESCRIPTIONS.values())
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    wrappers = " or ".join(cls.__name__ for cls in _SCALE_WRAPPERS)
+    return listed + (f", optionally wrapped in {wrappers}" if wrappers else "")
+
+
+def resolve_kernel(kernel: gpytorch.kernels.Kernel) -> Resolved:
+    """``(spec or None, base kernel, outputscale function or None)``: a scale wrapper looked through,
+    no hyperparameter evaluated (cheap enough for a check on every call)."""
+    wrapper = _lookup(_SCALE_WRAPPERS, kernel)
+    base, outputscale = (kernel, None) if wrapper is None else (wrapper[0](kernel), wrapper[1])
+    resolve = _lookup(_REGISTRY, base)
+    return Resolved(None if resolve is None else resolve(base), base, outputscale)
+
+
+def registered_spec(kernel: gpytorch.kernels.Kernel) -> StationaryKernelSpec | None:
+    """The spec of ``kernel`` (a scale wrapper looked through), or ``None`` if it is not registered."""
+    return resolve_kernel(kernel).spec
+
+
+def kernel_parts(kernel: gpytorch.kernels.Kernel) -> KernelParts:
+    """``(spec, outputscale (), lengthscale (D,), base)`` of a registered kernel.
+
+    ``TypeError`` for a kernel without a registration, ``ValueError`` for a batched kernel
+    (length scale or output scale with batch dimensions).
+    """
+    spec, base, scale = resolve_kernel(kernel)
+    if spec is None:
+        raise TypeError(
+            f"HiPPO inducing variables with Fourier features need a spectral density: "
+            f"kernel must be {supported_kernels()}, got {type(base).__name__}"
+        )
+    outputscale = None if scale is None else scale(kernel)
+    lengthscale = base.lengthscale
+    if lengthscale.shape[:-2].numel() != 1:
+        raise ValueError("batched kernels are not supported by HiPPOInducingVariables (lengthscale has batch dims)")
+    lengthscale = lengthscale.reshape(-1)
+    if outputscale is None:
+        outputscale = torch.ones((), dtype=lengthscale.dtype, device=lengthscale.device)
+    elif outputscale.numel() != 1:
+        raise ValueError("batched kernels are not supported by HiPPOInducingVariables (outputscale has batch dims)")
+    return KernelParts(spec, outputscale.reshape(()), lengthscale, base)
+
+
+# ---------------------------------------------------------------------- the built-in kernels
+def rbf_values(r: Tensor, outputscale: Tensor, lengthscale: Tensor) -> Tensor:
+    """``σ² exp(-r²/(2ℓ²))``."""
+    return outputscale * torch.exp(-0.5 * (r.to(lengthscale.dtype) / lengthscale) ** 2)
+
+
+def rbf_spectral_density_of(omega: Tensor, outputscale: Tensor, lengthscale: Tensor) -> Tensor:
+    """``S(ω) = σ² ℓ/√(2π) exp(-ω²ℓ²/2)`` (float64)."""
+    ell = lengthscale.reshape(()).double()
+    return outputscale.double() * ell / math.sqrt(2 * math.pi) * torch.exp(-0.5 * (omega * ell) ** 2)
+
+
+#: ``q(y) = Σ_k c_k y^k`` of the Matérn kernel ``σ² q(λr) e^{-λr}``
+MATERN_POLYNOMIALS = {0.5: (1.0,), 1.5: (1.0, 1.0), 2.5: (1.0, 1.0, 1.0 / 3.0)}
+
+
+def _matern_values(nu: float) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    def values(r: Tensor, outputscale: Tensor, lengthscale: Tensor) -> Tensor:
+        """``σ² q(λ|r|) e^{-λ|r|}`` on the differences themselves (GPyTorch's pairwise distances lose digits)."""
+        x = math.sqrt(2 * nu) * r.abs().to(lengthscale.dtype) / lengthscale
+        polynomial = {0.5: 1.0, 1.5: 1 + x, 2.5: 1 + x + x**2 / 3}[nu]
+        return outputscale * polynomial * torch.exp(-x)
+
+    return values
+
+
+def _matern_spectral_density(nu: float) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    def density(omega: Tensor, outputscale: Tensor, lengthscale: Tensor) -> Tensor:
+        """``S(ω) = σ² Γ(ν+½)/(Γ(ν)√π) λ^{2ν} / (λ² + ω²)^{ν+½}``, ``λ = √(2ν)/ℓ`` (float64)."""
+        rate = math.sqrt(2 * nu) / lengthscale.reshape(()).double()
+        constant = math.gamma(nu + 0.5) / (math.gamma(nu) * math.sqrt(math.pi))
+        return outputscale.double() * constant * rate ** (2 * nu) / (rate**2 + omega**2) ** (nu + 0.5)
+
+    return density
+
+
+RBF_SPEC = StationaryKernelSpec(
+    "rbf", rbf_values, reach=RBF_CUTOFF, spectral_density=rbf_spectral_density_of, spectral_cutoff=RBF_CUTOFF, nu=math.inf
+)
+MATERN_SPECS = {
+    nu: StationaryKernelSpec(
+        f"matern-{nu}", _matern_values(nu), reach=DECAY_RANGE / math.sqrt(2 * nu), spectral_density=_matern_spectral_density(nu), nu=nu
+    )
+    for nu in MATERN_POLYNOMIALS
+}
+
+register_stationary_kernel(RBFKernel, RBF_SPEC)
+register_stationary_kernel(MaternKernel, lambda kernel: MATERN_SPECS.get(kernel.nu), "MaternKernel (nu = 0.5, 1.5, 2.5)")
+register_scale_wrapper(ScaleKernel, lambda kernel: kernel.base_kernel, lambda kernel: kernel.outputscale)
