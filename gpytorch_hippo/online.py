@@ -39,7 +39,7 @@ from .inducing.base import InducingVariables
 from .inducing.points import InducingPoints
 from .nystrom import nystrom_residual
 from .timeaxis import TimeAxis, is_datetime_like
-from .variational import InterdomainVariationalStrategy, _solve_lower
+from .variational import InterdomainVariationalStrategy, solve_lower
 
 #: predictions at up to this many points get a dense covariance (fast sampling, as BoTorch's acquisitions
 #: draw); more points keep ``K_xx + W^T C W`` as a product, so that their variances cost O(N M)
@@ -57,7 +57,7 @@ CHECK_COST_FRACTION = 0.05
 
 
 
-def _frozen_copy(module: torch.nn.Module, share: bool = True) -> torch.nn.Module:
+def frozen_copy(module: torch.nn.Module, share: bool = True) -> torch.nn.Module:
     """A detached deep copy of ``module`` (inducing variables, mean function) whose tensors receive
     no gradients; a copy of inducing variables is owned by no variational strategy. ``share``: a module
     with its own ``frozen_copy`` (batched streams' variables) makes it, sharing what is identical."""
@@ -72,7 +72,7 @@ def _frozen_copy(module: torch.nn.Module, share: bool = True) -> torch.nn.Module
 def _frozen_copy_to_load(template: torch.nn.Module, state_dict: dict, prefix: str) -> torch.nn.Module:
     """A frozen copy of ``template`` whose tensors take the shapes saved under ``prefix``, so that a
     fresh model can load a stored task whose variables differed from today's (e.g. another ``M``)."""
-    snapshot = _frozen_copy(template, share=False)  # every stream its own tensors, to take the saved shapes
+    snapshot = frozen_copy(template, share=False)  # every stream its own tensors, to take the saved shapes
     for name, tensor in itertools.chain(snapshot.named_parameters(), snapshot.named_buffers()):
         saved = state_dict.get(prefix + name)
         if saved is not None and saved.shape != tensor.shape:
@@ -97,7 +97,7 @@ def _check_mean_unchanged(old_inducing_variables: InducingVariables, old_mean: t
     )
 
 
-def _working(tensor: Tensor) -> Tensor:
+def to_working_dtype(tensor: Tensor) -> Tensor:
     """``tensor`` in the dtype of the online algebra: at least GPyTorch's Cholesky dtype
     (``settings._linalg_dtype_cholesky``, float64), so that a float32 model is the float64 model
     rounded once at its outputs (``K_uu`` is conditioned only by its jitter, ``κ ≈ M / 10⁻⁶``)."""
@@ -139,7 +139,7 @@ def _keep_streams_without_points(observed: Tensor, new: tuple[Tensor, ...], old:
     kept = []
     for fresh, stored in zip(new, old):
         selector = observed.reshape(observed.shape + (1,) * (fresh.dim() - observed.dim()))
-        kept.append(torch.where(selector, fresh, _working(stored).expand_as(fresh)))
+        kept.append(torch.where(selector, fresh, to_working_dtype(stored).expand_as(fresh)))
     return tuple(kept)
 
 
@@ -183,10 +183,10 @@ def _smooth_ratio(precision: Tensor, shift: Tensor, noise: Tensor) -> tuple[Tens
     scale = noise.sqrt()
     scaled = scale.unsqueeze(-1) * precision * scale.unsqueeze(-2)  # DPD
     C = psd_safe_cholesky(scaled + torch.eye(scaled.shape[-1], dtype=scaled.dtype, device=scaled.device))
-    X = _solve_lower(C, scale.unsqueeze(-1) * precision)  # C^{-1} D P
+    X = solve_lower(C, scale.unsqueeze(-1) * precision)  # C^{-1} D P
     scaled_shift = scale * shift
     smoothed_precision = precision - X.mT @ X
-    smoothed_shift = shift - (X.mT @ _solve_lower(C, scaled_shift.unsqueeze(-1))).squeeze(-1)
+    smoothed_shift = shift - (X.mT @ solve_lower(C, scaled_shift.unsqueeze(-1))).squeeze(-1)
     constant = -C.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * (scaled_shift * scale * smoothed_shift).sum(-1)
     return 0.5 * (smoothed_precision + smoothed_precision.mT), smoothed_shift, constant
 
@@ -253,7 +253,7 @@ class OnlineSGPR(gpytorch.Module):
     that noise before it is used, ``Λ', η'`` above becoming those of ``E_e[r(g + e)]``
     (:func:`_smooth_ratio`; ``C`` and ``K_aa`` then exclude the noise, and the bound gains the
     average's log-normaliser). Taken literally, Bui et al.'s ratio would pass the jitter on as
-    information about ``f`` at every step. The algebra runs in float64 (``_working``) whatever the
+    information about ``f`` at every step. The algebra runs in float64 (``to_working_dtype``) whatever the
     model's dtype, and the stored summary stays in float64.
 
     After each task the summary ``(Λ', η', L', μ'_a)`` is stored in buffers and frozen deep copies
@@ -288,6 +288,13 @@ class OnlineSGPR(gpytorch.Module):
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
     ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
     """
+
+    # State of the captured-variance check (:meth:`_check_memory`), plain attributes set in ``__init__``:
+    # not in the ``state_dict`` (a reloaded model checks on its next task), copied by ``deepcopy`` and pickling.
+    #: the captured fraction below which the next warning is issued (halved at each warning; ``-1``: never)
+    _warning_level: float
+    #: pacing of the check: ``{"updates": seconds of updates since the last check, "check": that check's seconds}``
+    _check_clock: dict[str, float]
 
     def __init__(
         self,
@@ -440,11 +447,11 @@ class OnlineSGPR(gpytorch.Module):
         ``noise``: per-point noise variances ``(..., N)`` instead of the likelihood's; ``mask``: ``(..., N)``
         booleans, ``False`` for padding that contributes nothing (ragged tasks of batched streams)."""
         kernel, ivs = self.covar_module, self.inducing_variables
-        chol = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
-        W = _solve_lower(chol, _working(ivs.Kuf(kernel, x)))
-        noise = _working(self._noise()[..., None] if noise is None else noise).expand(y.shape)  # σ_i²
-        resid = _working(y - self.mean_module(x))
-        per_point = torch.log(2 * math.pi * noise) + (resid.square() + nystrom_residual(_working(kernel(x, diag=True)), W)) / noise
+        chol = psd_safe_cholesky(to_working_dtype(to_dense(ivs.Kuu(kernel))))
+        W = solve_lower(chol, to_working_dtype(ivs.Kuf(kernel, x)))
+        noise = to_working_dtype(self._noise()[..., None] if noise is None else noise).expand(y.shape)  # σ_i²
+        resid = to_working_dtype(y - self.mean_module(x))
+        per_point = torch.log(2 * math.pi * noise) + (resid.square() + nystrom_residual(to_working_dtype(kernel(x, diag=True)), W)) / noise
         if mask is not None:  # a padded point: no column of W, no residual, no term of the bound
             observed = mask.to(W.dtype)
             W, resid, per_point = W * observed.unsqueeze(-2), resid * observed, per_point * observed
@@ -455,15 +462,15 @@ class OnlineSGPR(gpytorch.Module):
             old = self.posterior_inducing_variables
             _check_mean_unchanged(old, self.posterior_mean_module, self.mean_module)
             old_chol, old_precision, old_shift, old_prior_mean = map(
-                _working, (self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean)
+                to_working_dtype, (self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean)
             )
             old_mean_now = old.prior_mean(self.mean_module)
-            delta = -old_prior_mean if old_mean_now is None else _working(old_mean_now) - old_prior_mean  # μ_a - μ'_a
+            delta = -old_prior_mean if old_mean_now is None else to_working_dtype(old_mean_now) - old_prior_mean  # μ_a - μ'_a
             old_b_chol = psd_safe_cholesky(old_precision + torch.eye(old_precision.shape[-1], dtype=W.dtype, device=W.device))
-            old_c = _solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
+            old_c = solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
             if _unchanged_points(old, ivs, old_chol, chol, W):
                 # b = a with the same Kuu: T = I, C = 0, no jitter to average; the update is Λ' + WWᵀ/σ²
-                delta_w = _solve_lower(chol, delta.unsqueeze(-1))  # L^{-1}(μ_a - μ'_a)
+                delta_w = solve_lower(chol, delta.unsqueeze(-1))  # L^{-1}(μ_a - μ'_a)
                 precision = precision + old_precision
                 shift = shift + old_shift - (old_precision @ delta_w).squeeze(-1)
                 delta_w = delta_w.squeeze(-1)
@@ -475,9 +482,9 @@ class OnlineSGPR(gpytorch.Module):
                     - 0.5 * old_c.square().sum(-1)
                 )
                 return self._finish_bound(bound, precision, shift, chol, y.dtype)
-            R = _solve_lower(chol, _working(ivs.Kuu_cross(old, kernel)))  # L^{-1} K_ba
+            R = solve_lower(chol, to_working_dtype(ivs.Kuu_cross(old, kernel)))  # L^{-1} K_ba
             # the stored ratio in the old variables' own coordinates z = a - μ'_a, averaged over their jitter
-            old_kuu = _working(to_dense(old.Kuu(kernel)))
+            old_kuu = to_working_dtype(to_dense(old.Kuu(kernel)))
             old_noise = old.unshared_jitter(ivs, old_kuu)
             ratio_precision, ratio_shift = _unwhiten_ratio(old_precision, old_shift, old_chol)
             ratio_precision, ratio_shift, smoothing = _smooth_ratio(ratio_precision, ratio_shift, old_noise)
@@ -505,7 +512,7 @@ class OnlineSGPR(gpytorch.Module):
         """The bound's terms of the new ``q(v)``: ``-½ log|B| + ½ ηᵀB⁻¹η`` with ``B = I + precision``."""
         eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
         b_chol = psd_safe_cholesky(precision + eye)
-        c = _solve_lower(b_chol, shift.unsqueeze(-1)).squeeze(-1)
+        c = solve_lower(b_chol, shift.unsqueeze(-1)).squeeze(-1)
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
         return bound.to(dtype), precision, shift, chol
 
@@ -612,14 +619,17 @@ class OnlineSGPR(gpytorch.Module):
             with torch.no_grad():
                 self._check_memory(train_x, chol, time.perf_counter() - start)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
-            prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device) if prior_mean is None else _working(prior_mean)
+            if prior_mean is None:
+                prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)
+            else:
+                prior_mean = to_working_dtype(prior_mean)
             summary = (chol, precision, shift, prior_mean.expand(shift.shape))
             if mask is not None and self.has_posterior and not bool(mask.any(-1).all()):
                 summary = _keep_streams_without_points(mask.any(-1), summary, self._summary())
             self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean = map(keep, summary)
         with torch.no_grad():
-            self.posterior_inducing_variables = _frozen_copy(self.inducing_variables)
-            self.posterior_mean_module = _frozen_copy(self.mean_module)
+            self.posterior_inducing_variables = frozen_copy(self.inducing_variables)
+            self.posterior_mean_module = frozen_copy(self.mean_module)
             self.num_tasks += 1
         self.last_bound = bound.detach()
         return self.last_bound
@@ -730,8 +740,8 @@ class OnlineSGPR(gpytorch.Module):
         if grid.shape[-2] == 0 or (self.has_posterior and clock["updates"] * CHECK_COST_FRACTION < clock["check"]):
             return
         start = time.perf_counter()
-        W = _solve_lower(chol, _working(ivs.Kuf(self.covar_module, grid)))
-        per_point = W.square().sum(-2) / _working(self.covar_module(grid, diag=True))
+        W = solve_lower(chol, to_working_dtype(ivs.Kuf(self.covar_module, grid)))
+        per_point = W.square().sum(-2) / to_working_dtype(self.covar_module(grid, diag=True))
         captured = per_point.mean(-1)
         self.last_captured_variance = float(captured.min())
         if self.last_captured_variance < self._warning_level:
@@ -755,7 +765,7 @@ class OnlineSGPR(gpytorch.Module):
     # ------------------------------------------------------------------ posterior
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:
         """``(mean, chol(B))`` of the stored ``q(v) = N(B^{-1} η', B^{-1})``."""
-        precision, shift = _working(self.posterior_precision), _working(self.posterior_shift)
+        precision, shift = to_working_dtype(self.posterior_precision), to_working_dtype(self.posterior_shift)
         eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
         b_chol = psd_safe_cholesky(precision + eye)
         mean = torch.cholesky_solve(shift.unsqueeze(-1), b_chol).squeeze(-1)
@@ -766,9 +776,9 @@ class OnlineSGPR(gpytorch.Module):
         if not self.has_posterior:
             raise RuntimeError("no task has been absorbed yet: call update(train_x, train_y) first")
         mean_v, b_chol = self._whitened_posterior()
-        chol = _working(self.posterior_chol)
-        factor = chol @ _solve_lower(b_chol, torch.eye(b_chol.shape[-1], dtype=b_chol.dtype, device=b_chol.device)).mT
-        mean = _working(self.posterior_prior_mean) + (chol @ mean_v.unsqueeze(-1)).squeeze(-1)
+        chol = to_working_dtype(self.posterior_chol)
+        factor = chol @ solve_lower(b_chol, torch.eye(b_chol.shape[-1], dtype=b_chol.dtype, device=b_chol.device)).mT
+        mean = to_working_dtype(self.posterior_prior_mean) + (chol @ mean_v.unsqueeze(-1)).squeeze(-1)
         return MultivariateNormal(mean, factor @ factor.mT)
 
     def forward(self, x) -> MultivariateNormal:
@@ -784,9 +794,9 @@ class OnlineSGPR(gpytorch.Module):
         ivs = self.posterior_inducing_variables
         _check_mean_unchanged(ivs, self.posterior_mean_module, self.mean_module)
         chol_now, mean_w, middle = self._prediction_factors(kernel, ivs)
-        W = _solve_lower(chol_now, _working(ivs.Kuf(kernel, x)))
+        W = solve_lower(chol_now, to_working_dtype(ivs.Kuf(kernel, x)))
         mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1).to(prior_mean.dtype)
-        nystrom_residual(_working(kernel(x, diag=True)), W)  # warns if Kuu and Kuf are inconsistent
+        nystrom_residual(to_working_dtype(kernel(x, diag=True)), W)  # warns if Kuu and Kuf are inconsistent
         left, right = W.mT.to(mean.dtype), (middle @ W).to(mean.dtype)
         if x.shape[-2] > DENSE_PREDICTION_POINTS:  # kept as a product, so variances at N points cost O(N M)
             return MultivariateNormal(mean, prior_covar + MatmulLinearOperator(left, right))
@@ -814,16 +824,16 @@ class OnlineSGPR(gpytorch.Module):
             key = ([id(m) for m in modules], [t.detach() for t in tensors])
             if self._prediction_cache is not None and _same_key(self._prediction_cache[0], key):
                 return self._prediction_cache[1]
-        chol_now = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
+        chol_now = psd_safe_cholesky(to_working_dtype(to_dense(ivs.Kuu(kernel))))
         # q(b) was stored whitened by the Cholesky factor L' of the hyperparameters of its task;
         # G = L_now^{-1} L' maps it to the current whitening (identity if nothing changed).
-        G = _solve_lower(chol_now, _working(self.posterior_chol))
+        G = solve_lower(chol_now, to_working_dtype(self.posterior_chol))
         mean_v, b_chol = self._whitened_posterior()
         mean_now = ivs.prior_mean(self.mean_module)
-        offset = _working(self.posterior_prior_mean)
-        offset = offset if mean_now is None else offset - _working(mean_now)
-        mean_w = _solve_lower(chol_now, offset.unsqueeze(-1)).squeeze(-1) + (G @ mean_v.unsqueeze(-1)).squeeze(-1)
-        V = _solve_lower(b_chol, G.mT)
+        offset = to_working_dtype(self.posterior_prior_mean)
+        offset = offset if mean_now is None else offset - to_working_dtype(mean_now)
+        mean_w = solve_lower(chol_now, offset.unsqueeze(-1)).squeeze(-1) + (G @ mean_v.unsqueeze(-1)).squeeze(-1)
+        V = solve_lower(b_chol, G.mT)
         middle = V.mT @ V - torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
         factors = (chol_now, mean_w, middle)
         if cacheable:
@@ -930,24 +940,24 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         posterior = strategy.inducing_posterior()
         ivs = strategy.inducing_variables
         kernel = strategy.kernel
-        prior_chol = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
+        prior_chol = psd_safe_cholesky(to_working_dtype(to_dense(ivs.Kuu(kernel))))
         prior_mean = ivs.prior_mean(strategy.mean_module)
         if prior_mean is None:
             prior_mean = torch.zeros(prior_chol.shape[:-1], dtype=prior_chol.dtype, device=prior_chol.device)
-        self.old_mean = _working(posterior.mean.detach()).clone()
-        self.old_covar_chol = psd_safe_cholesky(_working(posterior.covariance_matrix.detach()))
+        self.old_mean = to_working_dtype(posterior.mean.detach()).clone()
+        self.old_covar_chol = psd_safe_cholesky(to_working_dtype(posterior.covariance_matrix.detach()))
         self.old_prior_chol = prior_chol.detach().clone()
-        self.old_prior_mean = _working(prior_mean.detach()).clone()
-        self.old_inducing_variables = _frozen_copy(ivs)
-        self.old_mean_module = _frozen_copy(self._mean_module)
+        self.old_prior_mean = to_working_dtype(prior_mean.detach()).clone()
+        self.old_inducing_variables = frozen_copy(ivs)
+        self.old_mean_module = frozen_copy(self._mean_module)
         strategy.online_task_ended.fill_(True)
 
     @staticmethod
     def _expected_gaussian_log_density(mean: Tensor, covar: Tensor, target_mean: Tensor, target_chol: Tensor) -> Tensor:
         """``E_{N(mean, covar)}[log N(a; target_mean, target_chol target_chol^T)]``."""
-        diff = _solve_lower(target_chol, (mean - target_mean).unsqueeze(-1)).squeeze(-1)
-        half = _solve_lower(target_chol, covar)
-        trace = _solve_lower(target_chol, half.mT).diagonal(dim1=-2, dim2=-1).sum(-1)
+        diff = solve_lower(target_chol, (mean - target_mean).unsqueeze(-1)).squeeze(-1)
+        half = solve_lower(target_chol, covar)
+        trace = solve_lower(target_chol, half.mT).diagonal(dim1=-2, dim2=-1).sum(-1)
         logdet = 2 * target_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
         size = mean.shape[-1]
         return -0.5 * (diff.square().sum(-1) + trace + logdet + size * math.log(2 * math.pi))
@@ -958,12 +968,12 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         noise-free part ``g``. In ``w = L'^{-1}(g - μ'_a)`` with ``K = L'^{-1} chol(S_a)``:
         ``Λ = K^{-T}K^{-1} - I``, ``η = K^{-T}K^{-1} m_w`` and ``\\log r = -½ wᵀΛw + wᵀη - \\log|K| - ½ m_wᵀ(KKᵀ)^{-1} m_w``."""
         prior_chol, covar_chol, old_mean, old_prior_mean = map(
-            _working, (self.old_prior_chol, self.old_covar_chol, self.old_mean, self.old_prior_mean)
+            to_working_dtype, (self.old_prior_chol, self.old_covar_chol, self.old_mean, self.old_prior_mean)
         )
-        factor = _solve_lower(prior_chol, covar_chol)  # K
+        factor = solve_lower(prior_chol, covar_chol)  # K
         eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
-        factor_inv = _solve_lower(factor, eye)
-        old_mean_w = _solve_lower(prior_chol, (old_mean - old_prior_mean).unsqueeze(-1))
+        factor_inv = solve_lower(factor, eye)
+        old_mean_w = solve_lower(prior_chol, (old_mean - old_prior_mean).unsqueeze(-1))
         scaled = factor_inv @ old_mean_w  # K^{-1} m_w
         precision = factor_inv.mT @ factor_inv - eye
         shift = (factor_inv.mT @ scaled).squeeze(-1)
@@ -983,15 +993,15 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         strategy = self._interdomain_strategy()
         _check_mean_unchanged(self.old_inducing_variables, self.old_mean_module, self._mean_module)
         marginal = strategy.inducing_marginal(self.old_inducing_variables)
-        mean, covar = _working(marginal.mean), _working(to_dense(marginal.lazy_covariance_matrix))
-        old_prior_chol = _working(self.old_prior_chol)
+        mean, covar = to_working_dtype(marginal.mean), to_working_dtype(to_dense(marginal.lazy_covariance_matrix))
+        old_prior_chol = to_working_dtype(self.old_prior_chol)
         old_prior_kuu = old_prior_chol @ old_prior_chol.mT
         noise = self.old_inducing_variables.unshared_jitter(strategy.inducing_variables, old_prior_kuu)
         if bool((noise > 0).any()):
             gain = self._expected_smoothed_log_ratio(mean, covar - torch.diag_embed(noise), noise)
         else:
-            gain = self._expected_gaussian_log_density(mean, covar, _working(self.old_mean), _working(self.old_covar_chol))
-            gain = gain - self._expected_gaussian_log_density(mean, covar, _working(self.old_prior_mean), old_prior_chol)
+            gain = self._expected_gaussian_log_density(mean, covar, to_working_dtype(self.old_mean), to_working_dtype(self.old_covar_chol))
+            gain = gain - self._expected_gaussian_log_density(mean, covar, to_working_dtype(self.old_prior_mean), old_prior_chol)
         while gain.dim() > kl.dim():
             gain = gain.sum(-1)
         return kl - gain.to(kl.dtype)

@@ -28,7 +28,7 @@ from .nystrom import nystrom_residual
 __all__ = ["InterdomainVariationalStrategy"]
 
 
-def _solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
+def solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
     """``chol^{-1} rhs`` for a lower-triangular ``chol``, computed in ``chol``'s dtype and cast back."""
     return torch.linalg.solve_triangular(chol, rhs.to(chol.dtype), upper=False).to(rhs.dtype)
 
@@ -428,8 +428,8 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             chol = self._cholesky_factor().to(mean.dtype)
             mean_u = self._prior_mean_u()
             mean = mean if mean_u is None else mean - mean_u
-            mean = _solve_lower(chol, mean.unsqueeze(-1)).squeeze(-1)
-            covar = _solve_lower(chol, _solve_lower(chol, covar).mT)
+            mean = solve_lower(chol, mean.unsqueeze(-1)).squeeze(-1)
+            covar = solve_lower(chol, solve_lower(chol, covar).mT)
         distribution = self._variational_distribution
         mean_init_std = distribution.mean_init_std
         distribution.mean_init_std = 0.0
@@ -452,7 +452,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     ) -> MultivariateNormal:
         """``\\int p(f | u) q(u) du`` for targets with prior ``N(prior_mean, prior_covar)`` and ``cov(u, f) = Kuf``."""
         chol = self._cholesky_factor()
-        W = _solve_lower(chol, Kuf)  # L^{-1} K_uf
+        W = solve_lower(chol, Kuf)  # L^{-1} K_uf
         if self.whitened:
             mean_v = inducing_values
             root_v = None
@@ -463,11 +463,11 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             mean_u = self._prior_mean_u()
             if mean_u is not None:
                 diff = diff - mean_u
-            mean_v = _solve_lower(chol, diff.unsqueeze(-1)).squeeze(-1)
+            mean_v = solve_lower(chol, diff.unsqueeze(-1)).squeeze(-1)
             root_v = None
             if variational_inducing_covar is not None:
                 root = to_dense(variational_inducing_covar.root_decomposition().root)
-                root_v = _solve_lower(chol, root)
+                root_v = solve_lower(chol, root)
         mean = prior_mean + (W.mT @ mean_v.unsqueeze(-1)).squeeze(-1)
         jitter = self.inducing_variables.jitter_value(W.dtype) if data_jitter else 0.0
 

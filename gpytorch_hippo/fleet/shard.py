@@ -22,7 +22,9 @@ from linear_operator import to_dense
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ..online import OnlineSGPR, _frozen_copy, _working
+from ..online import OnlineSGPR
+from ..online import frozen_copy as _frozen_copy
+from ..online import to_working_dtype as _working
 
 __all__ = ["Shard", "PackedTask", "StreamDataError", "CHECKPOINT_FORMAT"]
 

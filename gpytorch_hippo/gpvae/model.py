@@ -23,7 +23,8 @@ from torch import Tensor
 
 from ..inducing.base import InducingVariables
 from ..online import OnlineELBO
-from ..variational import InterdomainVariationalStrategy, _solve_lower
+from ..variational import InterdomainVariationalStrategy
+from ..variational import solve_lower as _solve_lower
 
 __all__ = ["EncodedVariationalDistribution", "LatentGP", "SVGPVAE", "SVGPVAETerms"]
 
