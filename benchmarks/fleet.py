@@ -14,6 +14,7 @@ points per stream is compared between the two.
     python benchmarks/fleet.py --scaling                # time per task per stream at S = 100, 1,000, 10,000 (M = 32)
     python benchmarks/fleet.py --variables hippo --streams 100 --tasks 10   # LegS bases, a clock per stream
     python benchmarks/fleet.py --variables hippo --shared                   # ... with one kernel for every stream
+    python benchmarks/fleet.py --variables hippo --threads 2                # the batched model on both cores of a 2-core CPU
 """
 
 from __future__ import annotations
@@ -74,18 +75,22 @@ def single_model(points, lengthscale, noise, kind="points"):
 
 
 def run(streams: int, tasks: int, size: int, num_inducing: int, loop: bool = True, kind: str = "points",
-        shared: bool = False) -> dict:
+        shared: bool = False, threads: int = 1) -> dict:
+    """One fleet: the batched model with ``threads`` torch threads, the loop with one (its tiny operations are
+    fastest on one thread)."""
     x, y, lengthscales, noises = fleet_data(streams, tasks, size)
     if shared:
         lengthscales = lengthscales.median().expand(streams).clone()
     points = torch.linspace(0, tasks, num_inducing, dtype=DT).expand(streams, num_inducing).unsqueeze(-1).clone()
     batched = batched_model(points, lengthscales, noises, kind, shared)
+    torch.set_num_threads(threads)
     start = time.perf_counter()
     for k in range(tasks):
         if kind == "hippo" and k > 0:
             batched.inducing_variables.advance(float(k + 1))
         batched.update(x[k], y[k])
     batched_seconds = time.perf_counter() - start
+    torch.set_num_threads(1)
     summary_bytes = sum(t.numel() * t.element_size() for t in batched._summary())
     result = {"streams": streams, "M": num_inducing, "batched_s": batched_seconds,
               "per_task_per_stream_us": 1e6 * batched_seconds / (tasks * streams), "bytes_per_stream": summary_bytes / streams}
@@ -117,6 +122,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--variables", choices=("points", "hippo"), default="points",
                         help="OSGPR-fixed points (default) or LegS bases with a clock per stream (lyapunov backend)")
     parser.add_argument("--shared", action="store_true", help="one kernel for every stream (no batch shape), not one per stream")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the batched model (the loop runs on one)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", RuntimeWarning)
@@ -125,16 +131,17 @@ def main(argv=None) -> list[dict]:
         print("| S | M | batched (s) | per task per stream (µs) | summary bytes per stream |")
         print("| --- | --- | --- | --- | --- |")
         for streams in (100, 1000, 10000):
-            row = run(streams, args.tasks, args.size, 32, loop=False, kind=args.variables, shared=args.shared)
+            row = run(streams, args.tasks, args.size, 32, loop=False, kind=args.variables, shared=args.shared, threads=args.threads)
             rows.append(row)
             print(f"| {streams:,} | 32 | {row['batched_s']:.2f} | {row['per_task_per_stream_us']:.1f} | {row['bytes_per_stream']:.0f} |")
         return rows
     hyperparameters = "one shared kernel" if args.shared else "a kernel per stream"
-    print(f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, {hyperparameters}, one torch thread")
+    print(f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, {hyperparameters}, "
+          f"{args.threads} torch thread(s) for the batched model, one for the loop")
     print("| M | batched (s) | loop over S models (s) | loop / batched | summary bytes per stream | max |mean gap| |")
     print("| --- | --- | --- | --- | --- | --- |")
     for num_inducing in args.num_inducing:
-        row = run(args.streams, args.tasks, args.size, num_inducing, kind=args.variables, shared=args.shared)
+        row = run(args.streams, args.tasks, args.size, num_inducing, kind=args.variables, shared=args.shared, threads=args.threads)
         rows.append(row)
         print(f"| {num_inducing} | {row['batched_s']:.2f} | {row['loop_s']:.1f} | {row['speedup']:.0f}x | "
               f"{row['bytes_per_stream']:.0f} | {row['max_mean_gap']:.1e} |")
