@@ -50,7 +50,8 @@ __all__ = [
     "unregister_stationary_kernel",
 ]
 
-# exp(-(Ω ℓ)^2 / 2) at Ω ℓ = 9.5 is 2e-20: the RBF spectral density is zero in float64 beyond it.
+#: ``exp(-(Ω ℓ)²/2)`` at ``Ω ℓ = 9.5`` is 2e-20: the RBF spectral density is zero in float64 beyond it
+#: (and the RBF kernel below ``2e-20 σ²`` beyond ``9.5 ℓ``)
 RBF_CUTOFF = 9.5
 #: ``q(x) e^{-x} < 2e-18`` for ``x = λ r >= 48`` and every Matérn ``ν`` in {1/2, 3/2, 5/2}
 DECAY_RANGE = 48.0
