@@ -1,22 +1,23 @@
-"""Pseudo-video builders (thesis ch. 5): an image becomes the last frame of a corrupted sequence.
+r"""Pseudo-video builders (thesis ch. 5): an image becomes the last frame of a corrupted sequence.
 
 ``make_pseudo_video(images, T, method)`` maps ``(B, C, H, W)`` to ``(B, T, C, H, W)``. Frame
 ``T`` (index ``-1``) is the original image exactly; frame 1 (index ``0``) is the most corrupted.
-Writing ``z_T = x`` and building backwards, ``t = 1, ..., T-1``:
+Writing :math:`z_T = x` and building backwards, :math:`t = 1, \dots, T-1`:
 
-* ``"blur"`` (§5.3, Bansal et al. cold diffusion, "Exponential" routine):
-  ``z_{T-t} = G_{s_t} * z_{T-t+1}``, an ``kernel_size x kernel_size`` Gaussian kernel of standard
-  deviation ``s_t = exp(rate (t-1))`` pixels, reflect padding (``rate`` 0.05 for 8 frames, 0.01 for 18).
-* ``"heat"`` (§5.2.1, Rissanen et al.): ``z_{T-t} = F_h(tau_t) z_T + sigma_h eps``, where
-  ``F_h(tau) = D^T exp(-Lambda tau) D`` is heat dissipation with Neumann boundaries (``D`` the
-  orthonormal 2-D DCT-II, ``Lambda_kl = pi^2 (k^2/H^2 + l^2/W^2)``) and ``tau_t = s_t^2 / 2`` with
-  blur widths ``s_t`` log-spaced from ``min_std`` to ``max_std`` pixels.
-* ``"markov_first"`` (§5.4): ``z_{T-t} = sqrt(1-beta_t) z_{T-t+1} + sqrt(beta_t) eps``.
-* ``"markov_high"`` (§5.4): ``z_{T-t} = sqrt(1-beta_t) mean(z_{T-t+1}, ..., z_T) + sqrt(beta_t) eps``.
+* ``"blur"`` (§5.3; Bansal et al., *Cold Diffusion*, 2022, "Exponential" routine):
+  :math:`z_{T-t} = G_{s_t} * z_{T-t+1}`, a ``kernel_size x kernel_size`` Gaussian kernel of standard
+  deviation :math:`s_t = e^{\mathrm{rate}\,(t-1)}` pixels, reflect padding (``rate`` 0.05 for 8 frames, 0.01 for 18).
+* ``"heat"`` (§5.2.1; Rissanen et al., *Generative Modelling With Inverse Heat Dissipation*, 2023):
+  :math:`z_{T-t} = F_h(\tau_t) z_T + \sigma_h \epsilon`, where
+  :math:`F_h(\tau) = D^\top e^{-\Lambda \tau} D` is heat dissipation with Neumann boundaries (:math:`D` the
+  orthonormal 2-D DCT-II, :math:`\Lambda_{kl} = \pi^2 (k^2/H^2 + l^2/W^2)`) and :math:`\tau_t = s_t^2 / 2` with
+  blur widths :math:`s_t` log-spaced from ``min_std`` to ``max_std`` pixels and :math:`\sigma_h` = ``noise_std``.
+* ``"markov_first"`` (§5.4): :math:`z_{T-t} = \sqrt{1-\beta_t}\, z_{T-t+1} + \sqrt{\beta_t}\, \epsilon`.
+* ``"markov_high"`` (§5.4): :math:`z_{T-t} = \sqrt{1-\beta_t}\, \mathrm{mean}(z_{T-t+1}, \dots, z_T) + \sqrt{\beta_t}\, \epsilon`.
 
-For both Markov methods ``beta_t`` is linear from ``beta_start`` (1e-4) to ``beta_end`` (0.05) over
-``t = 1, ..., T-1``, or any schedule given as ``betas`` (``T - 1`` values in ``(0, 1)``, ``betas[0]``
-building ``z_{T-1}``); the images must be on the scale the noise is meant for, ``[-1, 1]`` as in the thesis: the noisy methods
+For both Markov methods :math:`\beta_t` is linear from ``beta_start`` (1e-4) to ``beta_end`` (0.05) over
+:math:`t = 1, \dots, T-1`, or any schedule given as ``betas`` (:math:`T - 1` values in :math:`(0, 1)`, ``betas[0]``
+building :math:`z_{T-1}`); the images must be on the scale the noise is meant for, ``[-1, 1]`` as in the thesis: the noisy methods
 raise a ``ValueError`` for images far outside it (root-mean-square pixel above 3, e.g. 8-bit pixels); map images from the
 loaders' ``[0, 1]`` with :func:`pseudovideo.to_model_range`.
 """
@@ -44,9 +45,15 @@ METHODS = tuple(DEFAULT_PARAMS)
 
 def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, generator: torch.Generator | None = None,
                       **params) -> torch.Tensor:
-    """Pseudo videos ``(B, T, C, H, W)`` whose last frame is ``images`` (``(B, C, H, W)``) exactly.
+    r"""Pseudo videos ``(B, T, C, H, W)`` whose last frame is ``images`` (``(B, C, H, W)``) exactly.
 
     ``generator`` makes the noisy methods deterministic; ``params`` override ``DEFAULT_PARAMS[method]``.
+
+    :param images: ``(B, C, H, W)`` finite floating-point images, in ``[-1, 1]`` for the noisy methods.
+    :param num_frames: the number of frames :math:`T \ge 2`, the image included.
+    :param method: one of :data:`METHODS` (module docstring).
+    :param generator: the random generator of the noise of ``"heat"`` and the Markov methods (``None``:
+        PyTorch's global one).
     """
     settings = _check_arguments(images, num_frames, method, params, generator)
     frames = [images]
@@ -76,8 +83,14 @@ def _heat_time(std: float) -> float:
 
 
 def markov_betas(num_frames: int, beta_start: float, beta_end: float, betas=None) -> torch.Tensor:
-    """``beta_t`` for ``t = 1, ..., T-1`` (float64): ``betas`` if given (a sequence or 1-D tensor of
-    ``T - 1`` values in ``(0, 1)``), else linear from ``beta_start`` to ``beta_end`` (§5.4)."""
+    r""":math:`\beta_t` for :math:`t = 1, \dots, T-1` (float64): ``betas`` if given (a sequence or 1-D tensor of
+    :math:`T - 1` values in :math:`(0, 1)`), else linear from ``beta_start`` to ``beta_end`` (§5.4).
+
+    :param num_frames: the number of frames :math:`T \ge 2`.
+    :param beta_start: :math:`\beta_1`, in :math:`(0, 1)`, of the linear schedule.
+    :param beta_end: :math:`\beta_{T-1}`, in ``[beta_start, 1)``, of the linear schedule.
+    :param betas: an explicit schedule replacing the linear one (``None``: linear).
+    """
     check_int(num_frames, "num_frames", low=2)
     if betas is None:
         beta_start, beta_end = check_betas(beta_start, beta_end)
@@ -97,7 +110,11 @@ def markov_betas(num_frames: int, beta_start: float, beta_end: float, betas=None
 
 
 def check_betas(beta_start, beta_end) -> tuple[float, float]:
-    """``(beta_start, beta_end)`` as floats with ``0 < beta_start <= beta_end < 1``, else a named error."""
+    """``(beta_start, beta_end)`` as floats with ``0 < beta_start <= beta_end < 1``, else a named error.
+
+    :param beta_start: the first noise variance of a linear schedule.
+    :param beta_end: the last noise variance of a linear schedule.
+    """
     beta_start = check_real(beta_start, "beta_start", low=0.0, high=1.0, low_open=True, high_open=True)
     beta_end = check_real(beta_end, "beta_end", high=1.0, high_open=True)
     if beta_end < beta_start:
@@ -106,14 +123,26 @@ def check_betas(beta_start, beta_end) -> tuple[float, float]:
 
 
 def gaussian_kernel1d(std: float, kernel_size: int, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Normalised samples of a centred Gaussian density at ``kernel_size`` integer offsets."""
+    """Normalised samples of a centred Gaussian density at ``kernel_size`` integer offsets.
+
+    :param std: the standard deviation, in pixels.
+    :param kernel_size: the number of taps (odd for a centred kernel); the offsets run from
+        ``-(kernel_size - 1) / 2`` to ``(kernel_size - 1) / 2``.
+    :param dtype: the result's dtype.
+    :param device: the result's device (``None``: the default device).
+    """
     offsets = torch.arange(kernel_size, dtype=dtype, device=device) - (kernel_size - 1) / 2
     weights = torch.exp(-0.5 * (offsets / std) ** 2)
     return weights / weights.sum()
 
 
 def gaussian_blur(images: torch.Tensor, std: float, kernel_size: int) -> torch.Tensor:
-    """Separable Gaussian blur of ``(B, C, H, W)`` with reflect padding (same size out)."""
+    """Separable Gaussian blur of ``(B, C, H, W)`` with reflect padding (same size out).
+
+    :param images: ``(B, C, H, W)`` floating-point images.
+    :param std: the kernel's standard deviation, in pixels.
+    :param kernel_size: the kernel's width and height, odd, with ``kernel_size // 2 < H, W``.
+    """
     kernel = gaussian_kernel1d(std, kernel_size, images.dtype, images.device)
     channels, pad = images.shape[1], kernel_size // 2
     padded = F.pad(images, (pad, pad, pad, pad), mode="reflect")
@@ -122,7 +151,12 @@ def gaussian_blur(images: torch.Tensor, std: float, kernel_size: int) -> torch.T
 
 
 def dct_matrix(size: int, dtype=torch.float64, device=None) -> torch.Tensor:
-    """Orthonormal DCT-II matrix ``D`` (``D @ x`` transforms, ``D.T @ y`` inverts)."""
+    r"""Orthonormal DCT-II matrix ``D`` (``D @ x`` transforms, ``D.T @ y`` inverts).
+
+    :param size: the signal length :math:`n`; the matrix is :math:`n \times n`.
+    :param dtype: the matrix's dtype.
+    :param device: the matrix's device (``None``: the default device).
+    """
     n = torch.arange(size, dtype=dtype, device=device)
     matrix = torch.cos(math.pi * (2 * n[None, :] + 1) * n[:, None] / (2 * size)) * math.sqrt(2 / size)
     matrix[0] /= math.sqrt(2)
@@ -130,7 +164,11 @@ def dct_matrix(size: int, dtype=torch.float64, device=None) -> torch.Tensor:
 
 
 def heat_dissipation(images: torch.Tensor, time: float) -> torch.Tensor:
-    """``F_h(time) x``: the heat equation run for ``time`` on ``(..., H, W)`` (Neumann boundaries)."""
+    r"""``F_h(time) x``: the heat equation run for ``time`` on ``(..., H, W)`` (Neumann boundaries).
+
+    :param images: ``(..., H, W)`` floating-point images :math:`x`.
+    :param time: the diffusion time :math:`\tau \ge 0` (squared pixels; ``inf`` gives each image's mean).
+    """
     check_tensor(images, "images", floating=True)
     if images.dim() < 2 or 0 in images.shape[-2:]:
         raise ValueError(f"images must have shape (..., H, W) with H, W >= 1, got {tuple(images.shape)}")

@@ -34,7 +34,9 @@ FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 def load_images(dataset: str, split: str = "train", limit: int | None = None):
     """``(images, labels)`` of ``dataset`` (one of ``DATASETS``); a fixed random subset of ``limit`` if given.
 
-    ``split`` (``"train"``/``"test"``) matters for Fashion-MNIST only; the two small sets have one split.
+    :param dataset: one of :data:`DATASETS` (module docstring).
+    :param split: ``"train"`` or ``"test"``; it matters for Fashion-MNIST only, the two small sets have one split.
+    :param limit: the number of images of a fixed random subset (seed 0); ``None`` returns them all.
     """
     if not isinstance(dataset, str) or dataset not in DATASETS:
         raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")

@@ -47,13 +47,21 @@ OUTPUT_TYPES = ("model", "pt", "np", "pil")
 
 @dataclass
 class PseudoVideoPipelineOutput(BaseOutput):
-    """``videos``: as chosen by ``output_type`` (see :data:`OUTPUT_TYPES`)."""
+    """What :class:`PseudoVideoPipeline` returns.
+
+    :param videos: the generated videos, in the form ``output_type`` chose (see :data:`OUTPUT_TYPES`).
+    """
 
     videos: torch.Tensor | np.ndarray | list
 
 
 class PseudoVideoPipeline(DiffusionPipeline):
-    """Autoregressive pseudo-video generation with any diffusers scheduler (module docstring)."""
+    """Autoregressive pseudo-video generation with any diffusers scheduler (module docstring).
+
+    :param model: the trained model sampled.
+    :param scheduler: any diffusers scheduler built from the model's training schedule
+        (``SchedulerClass.from_config(model.scheduler.config)``).
+    """
 
     model_cpu_offload_seq = "model"
 

@@ -13,7 +13,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def save_video_rows(videos: dict[str, torch.Tensor], path: str | Path) -> None:
-    """One row per entry: the frames of a single ``(T, C, H, W)`` video in ``[0, 1]``, z_1 left, z_T right."""
+    """One row per entry: the frames of a single ``(T, C, H, W)`` video in ``[0, 1]``, z_1 left, z_T right.
+
+    :param videos: each row's title and its ``(T, C, H, W)`` video (values in ``[0, 1]``; ``C`` is 1 or 3).
+    :param path: the PNG file written.
+    """
     num_frames = max(video.shape[0] for video in videos.values())
     figure, axes = plt.subplots(len(videos), num_frames, figsize=(1.2 * num_frames, 1.3 * len(videos)), squeeze=False)
     for row, (title, video) in zip(axes, videos.items()):
@@ -28,7 +32,12 @@ def save_video_rows(videos: dict[str, torch.Tensor], path: str | Path) -> None:
 
 
 def save_image_grid(images: torch.Tensor, path: str | Path, columns: int = 8) -> None:
-    """A grid of ``(N, C, H, W)`` images in ``[0, 1]``."""
+    """A grid of ``(N, C, H, W)`` images in ``[0, 1]``.
+
+    :param images: ``(N, C, H, W)`` images with values in ``[0, 1]`` (``C`` is 1 or 3).
+    :param path: the PNG file written.
+    :param columns: images per row.
+    """
     rows = -(-len(images) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(columns, rows), squeeze=False)
     for index, axis in enumerate(axes.flat):

@@ -1,4 +1,4 @@
-"""Data ranges: the loaders give images in ``[0, 1]``, the pseudo-video builders and models expect ``[-1, 1]``.
+r"""Data ranges: the loaders give images in ``[0, 1]``, the pseudo-video builders and models expect ``[-1, 1]``.
 
 The noise schedules of the Gaussian builders (``beta`` up to 0.05, heat's ``sigma_h = 0.01``) and
 the diffusion models' noise levels are meant for images in ``[-1, 1]``, as in the thesis. On
@@ -6,13 +6,14 @@ another scale they silently mean something else (on ``[0, 255]`` the noise is ne
 
 * :func:`to_model_range` maps images from their ``data_range`` (``(0, 1)`` for
   ``pseudovideo.data``; ``(0, 255)`` for 8-bit pixels) affinely onto ``[-1, 1]``:
-  ``x' = 2 (x - low) / (high - low) - 1``, raising if any pixel lies outside ``data_range``;
-* :func:`to_data_range` maps model-space frames back, ``x = low + (x' + 1) (high - low) / 2``
+  :math:`x' = 2 (x - \mathrm{low}) / (\mathrm{high} - \mathrm{low}) - 1`, raising if any pixel lies outside ``data_range``;
+* :func:`to_data_range` maps model-space frames back, :math:`x = \mathrm{low} + (x' + 1) (\mathrm{high} - \mathrm{low}) / 2`
   (clipping to ``data_range`` only if asked: Gaussian-noise pseudo frames lie partly outside it);
 * :func:`check_model_range` is the check the builders and models apply to the clean images they
   receive: a ``ValueError`` if their root-mean-square pixel exceeds ``FAR_OUTSIDE = 3``. Images in
   ``[-1, 1]`` have a root-mean-square of at most 1, standardised or Gaussian images about 1 (single
-  pixels may lie well beyond 3: Theorem 5.4.1 is about Gaussian images), while 8-bit pixels
+  pixels may lie well beyond 3: the thesis's Theorem 5.4.1, the minimum MSE of predicting an image from
+  its pseudo-video frames, is about Gaussian images; see :mod:`pseudovideo.theory`), while 8-bit pixels
   (``[0, 255]``) or scikit-learn's raw digits (``[0, 16]``) lie far above.
 """
 from __future__ import annotations
@@ -44,6 +45,9 @@ def to_model_range(images: torch.Tensor, data_range=(0.0, 1.0)) -> torch.Tensor:
 
     Integer tensors (e.g. ``uint8``) become float32. A ``ValueError`` if a pixel lies outside
     ``data_range`` (a wrong ``data_range`` would otherwise give a silently wrong scale).
+
+    :param images: a non-empty tensor of finite pixel values, of any shape and dtype.
+    :param data_range: ``(low, high)``, the range the pixels are stored in, ``low < high``.
     """
     check_tensor(images, "images", non_empty=True)
     low, high = _check_data_range(data_range)
@@ -61,6 +65,10 @@ def to_data_range(frames: torch.Tensor, data_range=(0.0, 1.0), clip: bool = Fals
 
     ``clip=True`` clamps to ``data_range`` (for display and image metrics); the default keeps the
     values, which for Gaussian-noise pseudo frames lie partly outside the range.
+
+    :param frames: floating-point frames in model space (about ``[-1, 1]``), of any shape.
+    :param data_range: ``(low, high)``, the range to map ``[-1, 1]`` onto, ``low < high``.
+    :param clip: whether to clamp the result to ``data_range``.
     """
     check_tensor(frames, "frames", floating=True)
     low, high = _check_data_range(data_range)
@@ -72,7 +80,11 @@ def to_data_range(frames: torch.Tensor, data_range=(0.0, 1.0), clip: bool = Fals
 
 def check_model_range(images: torch.Tensor, name: str = "images") -> torch.Tensor:
     """``images`` if ``sqrt(mean(images^2)) <= FAR_OUTSIDE``, else a ``ValueError`` naming
-    :func:`to_model_range` (``images`` must already be checked to be a finite float tensor)."""
+    :func:`to_model_range` (``images`` must already be checked to be a finite float tensor).
+
+    :param images: finite floating-point images, of any shape.
+    :param name: what the error message calls ``images``.
+    """
     rms = float(images.double().pow(2).mean().sqrt()) if images.numel() else 0.0
     if rms > FAR_OUTSIDE:
         raise ValueError(f"{name} have a root-mean-square pixel of {rms:.4g}, far outside the [-1, 1] the noise "

@@ -1,25 +1,32 @@
-"""Theorem 5.4.1 in closed form for Gaussian images and every linear-Gaussian pseudo-video builder.
+r"""Theorem 5.4.1 in closed form for Gaussian images and every linear-Gaussian pseudo-video builder.
 
-For ``x ~ N(mu, Sigma)`` the frames of the Markov builders (§5.4) and of heat dissipation (§5.2.1)
-are linear in ``x`` and Gaussian noises: ``z_s = A_s x + sum_k b_sk eps_k`` with ``eps_k ~ N(0, I)``.
+The thesis's Theorem 5.4.1 states that the minimum mean squared error of predicting the image
+:math:`z_T = x` from a set :math:`S` of its pseudo-video frames is attained by the conditional mean
+:math:`\mathbb{E}[z_T \mid z_S]` (eq. (5.9)), so that conditioning on more frames never increases it.
+For :math:`x \sim \mathcal{N}(\mu, \Sigma)` the frames of the Markov builders (§5.4) and of heat
+dissipation (§5.2.1) are linear in :math:`x` and Gaussian noises,
+:math:`z_s = A_s x + \sum_k b_{sk} \epsilon_k` with :math:`\epsilon_k \sim \mathcal{N}(0, I)`.
 Hence the frames are jointly Gaussian with
 
-    Cov(z_r, z_s) = A_r Sigma A_s^T + (b_r . b_s) I,
+.. math::
 
-and the minimum MSE of predicting ``z_T = x`` from frames ``S`` (thesis eq. (5.9) / Theorem 5.4.1,
-attained by ``E[z_T | z_S]``) is, since Gaussian conditional variances do not depend on the
-observed values,
+    \operatorname{Cov}(z_r, z_s) = A_r \Sigma A_s^\top + (b_r \cdot b_s) I,
 
-    L*(S) = E[tr Var(z_T | z_S)] = tr(C_TT - C_TS C_SS^{-1} C_ST).
+and, since Gaussian conditional variances do not depend on the observed values, that minimum is
+
+.. math::
+
+    L^*(S) = \mathbb{E}\left[\operatorname{tr} \operatorname{Var}(z_T \mid z_S)\right]
+           = \operatorname{tr}\left(C_{TT} - C_{TS} C_{SS}^{-1} C_{ST}\right).
 
 Two solvers (``solver=``):
 
-* ``"eigen"`` (Markov builders, the default for them): ``A_s = a_s I`` is a scalar, so the
-  eigenvectors of ``Sigma`` diagonalise every block; along an eigenvector with eigenvalue
-  ``lambda`` the frames have the ``T x T`` covariance ``C(lambda) = lambda a a^T + B B^T`` and
-  ``L*(S) = sum_lambda C_TT - C_TS C_SS^{-1} C_ST``: ``n`` problems of size ``|S|``.
-* ``"dense"`` (any builder, the only one for heat, whose ``A_s = F_h(tau_s)`` are diagonal in the
-  DCT basis and not in ``Sigma``'s): the ``|S| n x |S| n`` joint covariance, solved by Cholesky.
+* ``"eigen"`` (Markov builders, the default for them): :math:`A_s = a_s I` is a scalar, so the
+  eigenvectors of :math:`\Sigma` diagonalise every block; along an eigenvector with eigenvalue
+  :math:`\lambda` the frames have the :math:`T \times T` covariance :math:`C(\lambda) = \lambda a a^\top + B B^\top` and
+  :math:`L^*(S) = \sum_\lambda C_{TT} - C_{TS} C_{SS}^{-1} C_{ST}`: :math:`n` problems of size :math:`|S|`.
+* ``"dense"`` (any builder, the only one for heat, whose :math:`A_s = F_h(\tau_s)` are diagonal in the
+  DCT basis and not in :math:`\Sigma`'s): the :math:`|S| n \times |S| n` joint covariance, solved by Cholesky.
 
 The Markov schedules are ``beta_start``/``beta_end`` (linear) or any ``betas``; heat takes its
 builder's ``min_std``/``max_std``/``noise_std`` and needs ``image_shape`` (``(H, W)`` or
@@ -47,7 +54,12 @@ SOLVERS = ("auto", "eigen", "dense")
 class EigenPredictor(NamedTuple):
     """``E[z_T | z_S] = intercept + sum_i V diag(weights[i]) V^T z_{S_i}``: the optimal predictor of a
     Markov builder kept per eigendirection (``V = eigenvectors`` of ``Sigma``, ``(n, n)``;
-    ``weights`` ``(|S|, n)``) instead of ``|S|`` dense ``n x n`` matrices."""
+    ``weights`` ``(|S|, n)``) instead of ``|S|`` dense ``n x n`` matrices.
+
+    :param eigenvectors: ``(n, n)``, the eigenvectors :math:`V` of the pixel covariance, one per column.
+    :param weights: ``(|S|, n)``, each given frame's regression weight along each eigenvector.
+    :param intercept: ``(n,)``, the prediction's constant term.
+    """
 
     eigenvectors: torch.Tensor
     weights: torch.Tensor
@@ -58,17 +70,26 @@ class EigenPredictor(NamedTuple):
         return torch.stack([(self.eigenvectors * w) @ self.eigenvectors.T for w in self.weights])
 
     def predict(self, frames: torch.Tensor) -> torch.Tensor:
-        """``E[z_T | z_S]`` for ``frames`` ``(..., |S|, n)`` (the given frames in increasing order), ``(..., n)``."""
+        """``E[z_T | z_S]`` for ``frames`` ``(..., |S|, n)`` (the given frames in increasing order), ``(..., n)``.
+
+        :param frames: ``(..., |S|, n)``: the given frames, flattened, in increasing frame order.
+        """
         coordinates = frames.to(self.eigenvectors.dtype) @ self.eigenvectors  # (..., |S|, n): V^T z per frame
         return self.intercept + (coordinates * self.weights).sum(-2) @ self.eigenvectors.T
 
 
 def frame_coefficients(num_frames: int, method: str, beta_start: float = 1e-4, beta_end: float = 0.05,
                        betas=None):
-    """``(a, B)``: ``z_s = a[s-1] x + sum_k B[s-1, k] eps_k`` for frames ``s = 1..T`` (float64).
+    r"""``(a, B)``: ``z_s = a[s-1] x + sum_k B[s-1, k] eps_k`` for frames ``s = 1..T`` (float64).
 
     Built from §5.4's recursions written on the coefficients, ``z_T = x`` having ``a = 1, B = 0``
     (Markov builders; the schedule is linear from ``beta_start`` to ``beta_end`` unless ``betas``).
+
+    :param num_frames: the number of frames :math:`T \ge 2`.
+    :param method: a Markov builder, one of :data:`GAUSSIAN_METHODS`.
+    :param beta_start: the first noise variance of the linear schedule.
+    :param beta_end: the last noise variance of the linear schedule.
+    :param betas: an explicit schedule of :math:`T - 1` values in :math:`(0, 1)` (``None``: linear).
     """
     _check_method(method, GAUSSIAN_METHODS)
     check_int(num_frames, "num_frames", low=2)
@@ -88,11 +109,15 @@ def frame_coefficients(num_frames: int, method: str, beta_start: float = 1e-4, b
 
 
 def frame_operators(num_frames: int, method: str, image_shape, **params):
-    """``(A, B)``: ``z_s = A[s-1] x + sum_k B[s-1, k] eps_k`` with ``A`` ``(T, n, n)`` and ``B`` ``(T, T-1)``.
+    r"""``(A, B)``: ``z_s = A[s-1] x + sum_k B[s-1, k] eps_k`` with ``A`` ``(T, n, n)`` and ``B`` ``(T, T-1)``.
 
     Markov builders: ``A_s = a_s I`` (:func:`frame_coefficients`). Heat: ``z_{T-t} = F_h(tau_t) z_T +
     noise_std eps_t`` with ``tau_t = s_t^2 / 2`` and ``s_t`` log-spaced from ``min_std`` to ``max_std``
     (``pseudovideo.augment``); ``F_h`` acts on each channel of the ``image_shape`` pixels.
+
+    :param num_frames: the number of frames :math:`T \ge 2`.
+    :param method: one of :data:`LINEAR_GAUSSIAN_METHODS`.
+    :param image_shape: ``(H, W)`` or ``(C, H, W)``, the layout of the :math:`n = C H W` pixels.
     """
     _check_method(method, LINEAR_GAUSSIAN_METHODS)
     check_int(num_frames, "num_frames", low=2)
@@ -115,7 +140,12 @@ def frame_operators(num_frames: int, method: str, image_shape, **params):
 
 
 def frame_covariances(eigenvalues: torch.Tensor, num_frames: int, method: str, **params) -> torch.Tensor:
-    """``C(lambda) = lambda a a^T + B B^T`` for each eigenvalue: shape ``(n, T, T)`` (Markov builders)."""
+    r"""``C(lambda) = lambda a a^T + B B^T`` for each eigenvalue: shape ``(n, T, T)`` (Markov builders).
+
+    :param eigenvalues: ``(n,)`` eigenvalues :math:`\lambda` of the pixel covariance.
+    :param num_frames: the number of frames :math:`T \ge 2`.
+    :param method: a Markov builder, one of :data:`GAUSSIAN_METHODS`.
+    """
     _check_method(method, GAUSSIAN_METHODS)
     signal, noise = frame_coefficients(num_frames, method, **_settings(method, params))
     eigenvalues = eigenvalues.to(torch.float64)
@@ -124,11 +154,18 @@ def frame_covariances(eigenvalues: torch.Tensor, num_frames: int, method: str, *
 
 def min_mse(covariance: torch.Tensor, num_frames: int, method: str, given: Iterable[int], *, solver: str = "auto",
             image_shape=None, **params) -> torch.Tensor:
-    """``L*(S) = E||z_T - E[z_T | z_S]||^2`` for ``x ~ N(mu, covariance)`` (Theorem 5.4.1), float64.
+    r"""``L*(S) = E||z_T - E[z_T | z_S]||^2`` for ``x ~ N(mu, covariance)`` (Theorem 5.4.1), float64.
 
     ``given`` lists the conditioning frames ``S`` (a subset of ``1..T-1``); empty means ``tr Sigma``.
     ``solver``: ``"eigen"``, ``"dense"`` or ``"auto"`` (eigen for the Markov builders, dense for heat);
     ``image_shape`` is needed for heat; ``params`` are the builder's (``betas`` for any schedule).
+
+    :param covariance: ``(n, n)`` symmetric positive semi-definite pixel covariance :math:`\Sigma`.
+    :param num_frames: the number of frames :math:`T \ge 2`.
+    :param method: one of :data:`LINEAR_GAUSSIAN_METHODS`.
+    :param given: the conditioning frames :math:`S`, numbers in ``1..T-1``.
+    :param solver: one of :data:`SOLVERS` (module docstring).
+    :param image_shape: ``(H, W)`` or ``(C, H, W)`` of the pixels; heat only (``None`` otherwise).
     """
     solver = _check_solver(solver, method)
     given = _check_given(given, num_frames)
@@ -155,12 +192,21 @@ def min_mse(covariance: torch.Tensor, num_frames: int, method: str, given: Itera
 def optimal_predictor(mean: torch.Tensor, covariance: torch.Tensor, num_frames: int, method: str,
                       given: Iterable[int], *, solver: str = "auto", per_direction: bool = False, image_shape=None,
                       **params):
-    """``E[z_T | z_S] = intercept + sum_i weights[i] z_{S_i}``: returns ``(weights (|S|, n, n), intercept (n,))``.
+    r"""``E[z_T | z_S] = intercept + sum_i weights[i] z_{S_i}``: returns ``(weights (|S|, n, n), intercept (n,))``.
 
     The regression weights are ``C_TS C_SS^{-1}`` (per eigenvector for the eigen solver); ``E[z_s] =
     A_s mu`` fixes the intercept ``mu - sum_i weights[i] A_{S_i} mu``. ``per_direction=True`` (eigen
     solver) returns an :class:`EigenPredictor` instead, ``|S| n`` weights rather than ``|S| n^2``
     (at ``n = 32 x 32 x 3`` and ``|S| = 7``: 0.17 MB against 528 MB).
+
+    :param mean: ``(n,)`` pixel mean :math:`\mu`.
+    :param covariance: ``(n, n)`` symmetric positive semi-definite pixel covariance :math:`\Sigma`.
+    :param num_frames: the number of frames :math:`T \ge 2`.
+    :param method: one of :data:`LINEAR_GAUSSIAN_METHODS`.
+    :param given: the conditioning frames :math:`S`, at least one, numbers in ``1..T-1``.
+    :param solver: one of :data:`SOLVERS` (module docstring).
+    :param per_direction: whether to return an :class:`EigenPredictor` (eigen solver only).
+    :param image_shape: ``(H, W)`` or ``(C, H, W)`` of the pixels; heat only (``None`` otherwise).
     """
     if not isinstance(per_direction, bool):
         raise TypeError(f"per_direction must be a bool, got {type(per_direction).__name__}")
@@ -194,10 +240,14 @@ def optimal_predictor(mean: torch.Tensor, covariance: torch.Tensor, num_frames: 
 
 
 def context_gain_table(covariance: torch.Tensor, frame_counts: Iterable[int], methods=GAUSSIAN_METHODS, **params):
-    """Rows ``(method, T, L*({T-1}), L*({1..T-1}), relative gain)`` for each method and ``T``.
+    r"""Rows ``(method, T, L*({T-1}), L*({1..T-1}), relative gain)`` for each method and ``T``.
 
     The relative gain ``1 - L*(all earlier) / L*(previous only)`` is 0 for first-order Markov videos.
     ``params`` go to :func:`min_mse` (``solver``, ``image_shape`` for heat, the builders' parameters).
+
+    :param covariance: ``(n, n)`` symmetric positive semi-definite pixel covariance :math:`\Sigma`.
+    :param frame_counts: the numbers of frames :math:`T` tabulated, each at least 2.
+    :param methods: the builders tabulated (a name or an iterable of names of :data:`LINEAR_GAUSSIAN_METHODS`).
     """
     methods = (methods,) if isinstance(methods, str) else methods
     if not isinstance(frame_counts, Iterable) or not isinstance(methods, Iterable):

@@ -1,15 +1,25 @@
-"""The HVAE of §5.2.1: a fixed heat-equation encoder (pseudo-video supervision) vs a learnable one.
+r"""The HVAE of §5.2.1: a fixed heat-equation encoder (pseudo-video supervision) vs a learnable one.
 
-Latents ``z_1..z_T`` have the image's shape. The generative model is shared by both variants,
+Latents :math:`z_1, \dots, z_T` have the image's shape. The generative model is shared by both variants,
 
-    p(z_T) = N(m, diag s^2),  p(z_{t-1} | z_t) = N(z_t + f_theta(z_t, t), sigma_t^2 I),  p(x | z_1) = Bernoulli(g_theta(z_1)),
+.. math::
+
+    p(z_T) = \mathcal{N}(m, \operatorname{diag} s^2), \quad
+    p(z_{t-1} \mid z_t) = \mathcal{N}(z_t + f_\theta(z_t, t), \sigma_t^2 I), \quad
+    p(x \mid z_1) = \operatorname{Bernoulli}(g_\theta(z_1))
 
 (the residual mean of Rissanen et al.'s decoder), and the negative ELBO (thesis eq. (5.1)) is
-``-E_q[log p(x|z_1) + sum_t log p(z_{t-1}|z_t) + log p(z_T) - log q(z_{1:T}|x)]``. Encoders:
 
-* ``"heat"``: ``q(z_t | x) = N(F_h(tau_t) x, sigma_h^2 I)`` independently over ``t`` (the frames of
-  ``make_pseudo_video(x, T + 1, "heat")``, ``z_T`` the most dissipated), no parameters;
-* ``"learned"``: ``q(z_1 | x) q(z_2 | z_1) ... q(z_T | z_{T-1})``, each ``N(. + m_phi(., t), diag s_phi(., t)^2)``
+.. math::
+
+    -\mathbb{E}_q\left[\log p(x \mid z_1) + \sum_t \log p(z_{t-1} \mid z_t) + \log p(z_T) - \log q(z_{1:T} \mid x)\right].
+
+Encoders:
+
+* ``"heat"``: :math:`q(z_t \mid x) = \mathcal{N}(F_h(\tau_t) x, \sigma_h^2 I)` independently over :math:`t` (the frames of
+  ``make_pseudo_video(x, T + 1, "heat")``, :math:`z_T` the most dissipated), no parameters;
+* ``"learned"``: :math:`q(z_1 \mid x) q(z_2 \mid z_1) \cdots q(z_T \mid z_{T-1})`, each
+  :math:`\mathcal{N}(\cdot + m_\phi(\cdot, t), \operatorname{diag} s_\phi(\cdot, t)^2)`
   from one network of the decoder's architecture (the standard bottom-up HVAE).
 """
 from __future__ import annotations
@@ -27,7 +37,13 @@ ENCODERS = ("heat", "learned")
 
 
 class TimeConditionedConvNet(nn.Module):
-    """Small residual conv net ``f(z, t)``: ``out_channels`` maps from ``in_channels`` and a level embedding."""
+    """Small residual conv net ``f(z, t)``: ``out_channels`` maps from ``in_channels`` and a level embedding.
+
+    :param in_channels: the input's channels.
+    :param out_channels: the output's channels (the output layer starts at zero).
+    :param num_levels: the largest level :math:`t`; levels ``0..num_levels`` have embeddings.
+    :param width: the hidden channels.
+    """
 
     def __init__(self, in_channels: int, out_channels: int, num_levels: int, width: int = 32):
         super().__init__()
@@ -39,6 +55,11 @@ class TimeConditionedConvNet(nn.Module):
         nn.init.zeros_(self.outputs.bias)
 
     def forward(self, z: torch.Tensor, level: int) -> torch.Tensor:
+        """``f(z, level)``, shape ``(B, out_channels, H, W)``.
+
+        :param z: ``(B, in_channels, H, W)`` input maps.
+        :param level: the level :math:`t`, in ``0..num_levels``.
+        """
         hidden = self.inputs(z) + self.level_embedding.weight[level][None, :, None, None]
         for layer in self.body:
             hidden = hidden + layer(nn.functional.silu(hidden))
@@ -46,7 +67,16 @@ class TimeConditionedConvNet(nn.Module):
 
 
 class HeatHVAE(nn.Module):
-    """HVAE with ``num_latents`` image-shaped latents and a ``"heat"`` or ``"learned"`` encoder."""
+    r"""HVAE with ``num_latents`` image-shaped latents and a ``"heat"`` or ``"learned"`` encoder.
+
+    :param encoder: ``"heat"`` (fixed heat-dissipation encoder) or ``"learned"`` (module docstring).
+    :param num_latents: the number of latents :math:`T`.
+    :param channels: the images' channels.
+    :param width: the hidden channels of the networks.
+    :param image_size: the images' height and width, in pixels.
+    :param max_std: the heat encoder's largest blur width in pixels (at least 0.5, the smallest).
+    :param noise_std: the heat encoder's noise standard deviation :math:`\sigma_h > 0`.
+    """
 
     def __init__(self, encoder: str, num_latents: int = 18, channels: int = 1, width: int = 32,
                  image_size: int = 28, max_std: float = 20.0, noise_std: float = 0.01):
@@ -68,7 +98,11 @@ class HeatHVAE(nn.Module):
             self.encoder_net = TimeConditionedConvNet(channels, 2 * channels, num_latents, width)
 
     def encode(self, x: torch.Tensor, generator: torch.Generator | None = None):
-        """Samples ``[z_1, ..., z_T]`` and ``sum_t log q`` per example."""
+        r"""Samples ``[z_1, ..., z_T]`` and ``sum_t log q`` per example.
+
+        :param x: ``(B, channels, image_size, image_size)`` binary images, values in :math:`\{0, 1\}`.
+        :param generator: the random generator of the encoder's samples (``None``: PyTorch's global one).
+        """
         if self.encoder == "heat":
             means = make_pseudo_video(x, self.num_latents + 1, "heat", max_std=self.max_std, noise_std=0.0)
             latents, log_q = [], 0.0
@@ -91,11 +125,19 @@ class HeatHVAE(nn.Module):
         return latents, log_q
 
     def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """:meth:`negative_elbo`, the training loss: calling the model, as data-parallel wrappers require, trains it."""
+        r""":meth:`negative_elbo`, the training loss: calling the model, as data-parallel wrappers require, trains it.
+
+        :param x: ``(B, channels, image_size, image_size)`` binary images, values in :math:`\{0, 1\}`.
+        :param generator: the random generator of the encoder's samples (``None``: PyTorch's global one).
+        """
         return self.negative_elbo(x, generator)
 
     def negative_elbo(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Mean over the batch of ``-ELBO(x)`` in nats, one reparameterised sample of ``q``; ``x`` in ``{0, 1}``."""
+        r"""Mean over the batch of ``-ELBO(x)`` in nats, one reparameterised sample of ``q``; ``x`` in ``{0, 1}``.
+
+        :param x: ``(B, channels, image_size, image_size)`` binary images, values in :math:`\{0, 1\}`.
+        :param generator: the random generator of the encoder's samples (``None``: PyTorch's global one).
+        """
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
             raise ValueError(f"x must be a floating (B, C, H, W) tensor of binary pixels, got {getattr(x, 'shape', x)!r}")
         expected = tuple(self.prior_mean.shape)
@@ -116,7 +158,11 @@ class HeatHVAE(nn.Module):
 
     @torch.no_grad()
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Ancestral samples; returns the Bernoulli means ``sigmoid(g(z_1))`` in ``[0, 1]``."""
+        """Ancestral samples; returns the Bernoulli means ``sigmoid(g(z_1))`` in ``[0, 1]``.
+
+        :param num_samples: the number of images drawn.
+        :param generator: the random generator of the samples (``None``: PyTorch's global one).
+        """
         check_int(num_samples, "num_samples", low=0)
         check_generator(generator)
         shape = (num_samples, *self.prior_mean.shape)

@@ -1,4 +1,4 @@
-"""Priors ``p(z)`` over VQ tokens (thesis §5.3): autoregressive (ImageGPT/VideoGPT) and masked (MaskGIT/Phenaki).
+r"""Priors ``p(z)`` over VQ tokens (thesis §5.3): autoregressive (ImageGPT/VideoGPT) and masked (MaskGIT/Phenaki).
 
 Tokens of shape ``token_shape`` — ``(h, w)`` for an image, ``(t, h, w)`` for a video, so an image is
 a 1-frame video — are flattened in raster order (time, then rows, then columns) into a sequence
@@ -6,13 +6,13 @@ a 1-frame video — are flattened in raster order (time, then rows, then columns
 extra symbol, learned positions, pre-norm blocks, a linear head to the ``K`` codes) and differ only
 in their attention mask, their extra symbol and how they are trained and sampled:
 
-* ``AutoregressiveTokenPrior``: ``p(z) = prod_i p(z_i | z_<i)`` with causal self-attention on
+* ``AutoregressiveTokenPrior``: :math:`p(z) = \prod_i p(z_i \mid z_{<i})` with causal self-attention on
   ``[BOS, z_1, ..., z_{L-1}]``, maximum likelihood, ancestral sampling with a temperature.
 * ``MaskedTokenPrior``: bidirectional attention on tokens some of which are replaced by ``[MASK]``.
-  Training draws ``u ~ U(0, 1)`` per sequence, masks ``ceil(cos(pi u / 2) L)`` random positions and
+  Training draws :math:`u \sim U(0, 1)` per sequence, masks :math:`\lceil \cos(\pi u / 2) L \rceil` random positions and
   scores the masked ones by cross-entropy. Decoding starts fully masked; at step ``s = 1..S`` it
   samples every masked position, keeps the most confident and re-masks the
-  ``floor(cos(pi s / (2 S)) L)`` least confident, so step ``S`` fills every token. Confidence is
+  :math:`\lfloor \cos(\pi s / (2 S)) L \rfloor` least confident, so step ``S`` fills every token. Confidence is
   MaskGIT's: the log-probability of the sampled code plus ``choice_temperature (1 - s / S)`` times
   Gumbel noise (0 gives the purely greedy order, which fills the easiest tokens, e.g. background,
   first and collapses diversity).
@@ -33,7 +33,14 @@ from .tokenizer import transformer_stack
 
 
 class TokenPrior(nn.Module):
-    """The shared Transformer: ``(B, L)`` symbols in ``[0, K]`` -> ``(B, L, K)`` logits over the codes."""
+    """The shared Transformer: ``(B, L)`` symbols in ``[0, K]`` -> ``(B, L, K)`` logits over the codes.
+
+    :param codebook_size: the number of codes :math:`K` (at least 2); symbol :math:`K` is the extra one.
+    :param token_shape: the shape of one sample's tokens, ``(h, w)`` or ``(t, h, w)``.
+    :param dim: the Transformer's width, a multiple of ``heads``.
+    :param heads: the attention heads per layer.
+    :param layers: the number of Transformer blocks.
+    """
 
     causal: bool = False
 
@@ -61,7 +68,10 @@ class TokenPrior(nn.Module):
         self.head = nn.Linear(dim, codebook_size)
 
     def network(self, symbols: torch.Tensor) -> torch.Tensor:
-        """Logits ``(B, n, K)`` for ``(B, n)`` symbols, ``n <= L`` (causal attention if ``self.causal``)."""
+        """Logits ``(B, n, K)`` for ``(B, n)`` symbols, ``n <= L`` (causal attention if ``self.causal``).
+
+        :param symbols: ``(B, n)`` int64 symbols in ``[0, K]`` (codes and the extra symbol).
+        """
         steps = symbols.shape[1]
         hidden = self.embed(symbols) + self.position[:steps]
         if self.causal:
@@ -84,7 +94,12 @@ class TokenPrior(nn.Module):
 
 
 def sample_codes(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
-    """Draw one code per row of ``(..., K)`` logits from ``softmax(logits / temperature)``; also its probability."""
+    """Draw one code per row of ``(..., K)`` logits from ``softmax(logits / temperature)``; also its probability.
+
+    :param logits: ``(..., K)`` unnormalised log-probabilities.
+    :param temperature: divides the logits; 1 samples the model's distribution, smaller values sharpen it.
+    :param generator: the random generator of the draws (``None``: PyTorch's global one).
+    """
     probabilities = (logits / temperature).softmax(-1)
     flat = probabilities.reshape(-1, probabilities.shape[-1])
     codes = multinomial(flat, 1, generator).reshape(probabilities.shape[:-1])
@@ -97,19 +112,31 @@ class AutoregressiveTokenPrior(TokenPrior):
     causal = True
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``(B, *token_shape, K)`` of ``p(z_i | z_<i)`` at every position ``i``."""
+        """Logits ``(B, *token_shape, K)`` of ``p(z_i | z_<i)`` at every position ``i``.
+
+        :param tokens: ``(B, *token_shape)`` int64 codes in ``[0, K)``.
+        """
         flat = self._flatten(tokens)
         bos = torch.full_like(flat[:, :1], self.special)
         return self.network(torch.cat([bos, flat[:, :-1]], dim=1)).reshape(*tokens.shape, self.codebook_size)
 
     def loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Negative log-likelihood in nats per token (maximum likelihood training)."""
+        """Negative log-likelihood in nats per token (maximum likelihood training).
+
+        :param tokens: ``(B, *token_shape)`` int64 codes in ``[0, K)``.
+        """
         return F.cross_entropy(self(tokens).reshape(-1, self.codebook_size), tokens.reshape(-1).long())
 
     @torch.no_grad()
     def sample(self, num_samples: int, temperature: float = 1.0, generator: torch.Generator | None = None,
                progress: bool = False) -> torch.Tensor:
-        """``(num_samples, *token_shape)`` tokens drawn one at a time from ``p(z_i | z_<i)^(1/temperature)``."""
+        """``(num_samples, *token_shape)`` tokens drawn one at a time from ``p(z_i | z_<i)^(1/temperature)``.
+
+        :param num_samples: the number of token arrays drawn.
+        :param temperature: the sampling temperature, > 0 (1: the model's distribution).
+        :param generator: the random generator of the draws (``None``: PyTorch's global one).
+        :param progress: whether to show a progress bar over the positions.
+        """
         self._check_sampling(num_samples, temperature)
         device = self.position.device
         symbols = torch.full((num_samples, 1), self.special, dtype=torch.long, device=device)
@@ -123,7 +150,11 @@ class MaskedTokenPrior(TokenPrior):
     """MaskGIT/Phenaki: bidirectional Transformer predicting masked tokens, iterative decoding."""
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Logits ``(B, *token_shape, K)`` given ``tokens`` with the positions where ``mask`` is True hidden."""
+        """Logits ``(B, *token_shape, K)`` given ``tokens`` with the positions where ``mask`` is True hidden.
+
+        :param tokens: ``(B, *token_shape)`` int64 codes in ``[0, K)`` (values at masked positions are ignored).
+        :param mask: ``(B, *token_shape)`` bool, True where the token is replaced by ``[MASK]``.
+        """
         flat = self._flatten(tokens)
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != tokens.shape:
             raise ValueError(f"mask must be a bool tensor of the tokens' shape {tuple(tokens.shape)}")
@@ -131,7 +162,11 @@ class MaskedTokenPrior(TokenPrior):
         return self.network(symbols).reshape(*tokens.shape, self.codebook_size)
 
     def random_mask(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """``(B, *token_shape)`` masks hiding ``ceil(cos(pi u / 2) L)`` random positions, ``u ~ U(0, 1)``."""
+        """``(B, *token_shape)`` masks hiding ``ceil(cos(pi u / 2) L)`` random positions, ``u ~ U(0, 1)``.
+
+        :param batch_size: the number of masks :math:`B`.
+        :param generator: the random generator of the draws (``None``: PyTorch's global one).
+        """
         check_int(batch_size, "batch_size", low=0)
         check_generator(generator)
         device = self.position.device
@@ -141,7 +176,11 @@ class MaskedTokenPrior(TokenPrior):
         return (ranks < count[:, None]).reshape(batch_size, *self.token_shape)
 
     def loss(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Cross-entropy of the masked positions under a cosine-schedule random mask (nats per token)."""
+        """Cross-entropy of the masked positions under a cosine-schedule random mask (nats per token).
+
+        :param tokens: ``(B, *token_shape)`` int64 codes in ``[0, K)``.
+        :param generator: the random generator of the mask (``None``: PyTorch's global one).
+        """
         self._flatten(tokens)
         mask = self.random_mask(tokens.shape[0], generator)
         logits = self(tokens, mask)
@@ -150,7 +189,15 @@ class MaskedTokenPrior(TokenPrior):
     @torch.no_grad()
     def sample(self, num_samples: int, steps: int = 8, temperature: float = 1.0,
                generator: torch.Generator | None = None, choice_temperature: float = 4.5) -> torch.Tensor:
-        """``(num_samples, *token_shape)`` tokens by ``steps`` rounds of MaskGIT decoding (module docstring)."""
+        """``(num_samples, *token_shape)`` tokens by ``steps`` rounds of MaskGIT decoding (module docstring).
+
+        :param num_samples: the number of token arrays drawn.
+        :param steps: the number of decoding rounds :math:`S`.
+        :param temperature: the sampling temperature of the codes, > 0.
+        :param generator: the random generator of the draws (``None``: PyTorch's global one).
+        :param choice_temperature: the scale of the Gumbel noise added to the confidences, annealed
+            linearly to 0 at the last step (0: greedy order).
+        """
         self._check_sampling(num_samples, temperature)
         check_int(steps, "steps")
         check_real(choice_temperature, "choice_temperature", low=0.0)

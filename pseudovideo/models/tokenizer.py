@@ -1,4 +1,4 @@
-"""Transformer VQ tokenizers (thesis §5.3): the image VQ-VAE and the C-ViViT video tokenizer of Phenaki.
+r"""Transformer VQ tokenizers (thesis §5.3): the image VQ-VAE and the C-ViViT video tokenizer of Phenaki.
 
 ``VideoTokenizer`` cuts a ``(B, T, C, H, W)`` video into ``tubelet_frames x patch_size x patch_size``
 tubelets (2x4x4 in the thesis), embeds each with a linear map, and runs spatial Transformer layers
@@ -8,8 +8,9 @@ tokens of shape ``(T/2, H/4, W/4)``; the decoder mirrors the encoder (temporal, 
 and maps each token back to its tubelet of pixels. ``ImageTokenizer`` is the 1-frame case: 4x4
 patches, spatial layers only, tokens ``(H/4, W/4)``.
 
-Training minimises thesis eq. (5.6) with a Gaussian likelihood, i.e. the pixel MSE plus the
-quantiser's codebook and commitment terms. Phenaki's adversarial and perceptual losses are not used.
+Training minimises thesis eq. (5.6), :math:`-\log p(x \mid e_k) + L_\mathrm{vq}` (van den Oord et al.,
+*Neural Discrete Representation Learning*, 2017, with the weights of :mod:`pseudovideo.models.quantizer`),
+with a Gaussian likelihood, i.e. the pixel MSE plus the quantiser's codebook and commitment terms. Phenaki's adversarial and perceptual losses are not used.
 """
 from __future__ import annotations
 
@@ -31,6 +32,16 @@ from .quantizer import VectorQuantizer, check_tokens
 
 
 class TokenizerOutput(NamedTuple):
+    """What :meth:`VideoTokenizer.forward` returns.
+
+    :param reconstruction: the decoded pixels, shaped like the input.
+    :param tokens: ``(B, *token_shape)`` int64 codes.
+    :param loss: scalar training loss, ``reconstruction_loss + vq_loss``.
+    :param reconstruction_loss: scalar pixel MSE (the Gaussian negative log-likelihood up to constants).
+    :param vq_loss: scalar codebook term plus ``beta`` times the commitment term.
+    :param perplexity: scalar codebook usage in this batch (:func:`~pseudovideo.models.quantizer.codebook_perplexity`).
+    """
+
     reconstruction: torch.Tensor  # same shape as the input
     tokens: torch.Tensor  # int64, shape (B, *token_shape)
     loss: torch.Tensor  # reconstruction_loss + vq_loss (eq. vqvae_loss)
@@ -40,7 +51,12 @@ class TokenizerOutput(NamedTuple):
 
 
 def transformer_stack(dim: int, heads: int, layers: int) -> nn.TransformerEncoder | None:
-    """``layers`` pre-norm Transformer blocks (PyTorch's own) with a 4x MLP and no dropout."""
+    """``layers`` pre-norm Transformer blocks (PyTorch's own) with a 4x MLP and no dropout.
+
+    :param dim: the width, a multiple of ``heads``.
+    :param heads: the attention heads per block.
+    :param layers: the number of blocks (0 gives ``None``).
+    """
     if layers == 0:
         return None
     block = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True,
@@ -52,6 +68,12 @@ class FactorisedTransformer(nn.Module):
     """Spatial and causal temporal attention over ``(B, t, s, dim)`` tubelet features (C-ViViT).
 
     ``temporal_first`` runs the temporal layers before the spatial ones (the decoder's order).
+
+    :param dim: the feature width, a multiple of ``heads``.
+    :param heads: the attention heads per layer.
+    :param spatial_layers: the number of spatial layers (attention among a time step's tubelets).
+    :param temporal_layers: the number of causal temporal layers (attention among a position's time steps).
+    :param temporal_first: whether the temporal layers run first.
     """
 
     def __init__(self, dim: int, heads: int, spatial_layers: int, temporal_layers: int, temporal_first: bool = False):
@@ -62,6 +84,10 @@ class FactorisedTransformer(nn.Module):
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """The transformed, layer-normalised features, shape ``(B, t, s, dim)``.
+
+        :param features: ``(B, t, s, dim)``: ``t`` time steps of ``s`` tubelets each.
+        """
         stages = [self._temporal, self._spatial] if self.temporal_first else [self._spatial, self._temporal]
         for stage in stages:
             features = stage(features)
@@ -83,10 +109,20 @@ class FactorisedTransformer(nn.Module):
 
 
 class VideoTokenizer(nn.Module):
-    """C-ViViT VQ tokenizer: ``(B, T, C, H, W)`` videos <-> ``(B, T/tubelet_frames, H/p, W/p)`` tokens.
+    r"""C-ViViT VQ tokenizer: ``(B, T, C, H, W)`` videos <-> ``(B, T/tubelet_frames, H/p, W/p)`` tokens.
 
-    ``dim``/``heads``: Transformer width; ``code_dim``: width of the code vectors; ``codebook_size``
-    ``K`` (1024 in the thesis) and ``beta`` the commitment weight of thesis eq. (5.6).
+    :param num_frames: the videos' frames :math:`T`, a multiple of ``tubelet_frames``.
+    :param image_size: the frames' height and width in pixels, a multiple of ``patch_size``.
+    :param channels: the frames' channels.
+    :param patch_size: a tubelet's height and width :math:`p` in pixels (4 in the thesis).
+    :param tubelet_frames: a tubelet's frames (2 in the thesis).
+    :param dim: the Transformer's width, a multiple of ``heads``.
+    :param heads: the attention heads per layer.
+    :param spatial_layers: the spatial Transformer layers of the encoder and of the decoder each.
+    :param temporal_layers: the causal temporal layers of the encoder and of the decoder each.
+    :param code_dim: the width of the code vectors.
+    :param codebook_size: the number of codes :math:`K` (1024 in the thesis).
+    :param beta: the commitment weight :math:`\beta` of the VQ loss (:mod:`pseudovideo.models.quantizer`).
     """
 
     def __init__(self, num_frames: int, image_size: int, channels: int = 1, patch_size: int = 4,
@@ -129,7 +165,10 @@ class VideoTokenizer(nn.Module):
         return self.quantizer.codebook_size
 
     def forward(self, videos: torch.Tensor) -> TokenizerOutput:
-        """Encode, quantise and decode ``videos``; the loss is thesis eq. (5.6) with a Gaussian likelihood."""
+        """Encode, quantise and decode ``videos``; the loss is thesis eq. (5.6) with a Gaussian likelihood.
+
+        :param videos: ``(B, T, C, H, W)`` videos (``(B, C, H, W)`` images for :class:`ImageTokenizer`), in ``[-1, 1]``.
+        """
         quantized = self.quantizer(self.features(videos))
         reconstruction = self._pixels(quantized.quantized)
         reconstruction_loss = F.mse_loss(reconstruction, videos)
@@ -137,11 +176,17 @@ class VideoTokenizer(nn.Module):
                                reconstruction_loss, quantized.loss, quantized.perplexity)
 
     def encode(self, videos: torch.Tensor) -> torch.Tensor:
-        """The int64 tokens ``(B, *token_shape)`` of ``videos`` (thesis eq. (5.5)); the codebook is not updated."""
+        """The int64 tokens ``(B, *token_shape)`` of ``videos`` (thesis eq. (5.5), nearest codes); the codebook is not updated.
+
+        :param videos: ``(B, T, C, H, W)`` videos (``(B, C, H, W)`` images for :class:`ImageTokenizer`), in ``[-1, 1]``.
+        """
         return self.quantizer(self.features(videos), update_codebook=False).indices
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Pixels of ``(B, *token_shape)`` tokens, shaped like the tokenizer's input."""
+        """Pixels of ``(B, *token_shape)`` tokens, shaped like the tokenizer's input.
+
+        :param tokens: ``(B, *token_shape)`` int64 codes in ``[0, codebook_size)``.
+        """
         check_tokens(tokens, self.codebook_size)
         if tokens.dim() < 1 or tuple(tokens.shape[1:]) != self.token_shape or tokens.shape[0] == 0:
             raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}) with B >= 1, "
@@ -149,7 +194,10 @@ class VideoTokenizer(nn.Module):
         return self._pixels(self.quantizer.lookup(tokens))
 
     def features(self, videos: torch.Tensor) -> torch.Tensor:
-        """Pre-quantisation features ``f(x)``, shape ``(B, *token_shape, code_dim)``."""
+        """Pre-quantisation features ``f(x)``, shape ``(B, *token_shape, code_dim)``.
+
+        :param videos: ``(B, T, C, H, W)`` videos (``(B, C, H, W)`` images for :class:`ImageTokenizer`), in ``[-1, 1]``.
+        """
         self._check_input(videos)
         tubelets = rearrange(videos.reshape(-1, self.num_frames, self.channels, self.image_size, self.image_size),
                              "b (t pt) c (h ph) (w pw) -> b t (h w) (pt ph pw c)", pt=self.tubelet_frames,
@@ -184,7 +232,18 @@ class VideoTokenizer(nn.Module):
 
 
 class ImageTokenizer(VideoTokenizer):
-    """Image VQ-VAE: ``(B, C, H, W)`` images <-> ``(B, H/p, W/p)`` tokens, spatial Transformer layers only."""
+    r"""Image VQ-VAE: ``(B, C, H, W)`` images <-> ``(B, H/p, W/p)`` tokens, spatial Transformer layers only.
+
+    :param image_size: the frames' height and width in pixels, a multiple of ``patch_size``.
+    :param channels: the frames' channels.
+    :param patch_size: a tubelet's height and width :math:`p` in pixels (4 in the thesis).
+    :param dim: the Transformer's width, a multiple of ``heads``.
+    :param heads: the attention heads per layer.
+    :param spatial_layers: the spatial Transformer layers of the encoder and of the decoder each.
+    :param code_dim: the width of the code vectors.
+    :param codebook_size: the number of codes :math:`K` (1024 in the thesis).
+    :param beta: the commitment weight :math:`\beta` of the VQ loss (:mod:`pseudovideo.models.quantizer`).
+    """
 
     def __init__(self, image_size: int, channels: int = 1, patch_size: int = 4, dim: int = 64, heads: int = 4,
                  spatial_layers: int = 4, code_dim: int = 32, codebook_size: int = 1024, beta: float = 0.25):
