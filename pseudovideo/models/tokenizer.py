@@ -10,7 +10,8 @@ patches, spatial layers only, tokens ``(H/4, W/4)``.
 
 Training minimises thesis eq. (5.6), :math:`-\log p(x \mid e_k) + L_\mathrm{vq}` (van den Oord et al.,
 *Neural Discrete Representation Learning*, 2017, with the weights of :mod:`pseudovideo.models.quantizer`),
-with a Gaussian likelihood, i.e. the pixel MSE plus the quantiser's codebook and commitment terms. Phenaki's adversarial and perceptual losses are not used.
+with a Gaussian likelihood, i.e. the pixel MSE plus the quantiser's codebook and commitment terms.
+Phenaki's adversarial and perceptual losses are not used.
 """
 from __future__ import annotations
 
