@@ -1,4 +1,4 @@
-"""Image metrics: PSNR, and FID and Inception Score through ``torchmetrics`` with a pluggable network.
+r"""Image metrics: PSNR, and FID and Inception Score through ``torchmetrics`` with a pluggable network.
 
 No InceptionV3 weights ship with this package and nothing is downloaded, so by default the feature
 network is a small CNN classifier trained once per dataset and cached
@@ -11,7 +11,7 @@ One API for the three metrics: images are ``(N, C, H, W)`` floats in ``[0, 1]``;
 returns a Python ``float``; images are fed to the network ``batch_size`` at a time. FID and IS also
 accept an iterable of ``(n, C, H, W)`` batches (a ``DataLoader``, or a generator that samples a
 batch at a time), so that 50,000 generated images never need to exist at once: FID keeps only the
-feature sums ``sum f`` and ``sum f f^T`` (torchmetrics' states, ``d + d^2`` numbers in float64),
+feature sums :math:`\sum f` and :math:`\sum f f^\top` (torchmetrics' states, ``d + d^2`` numbers in float64),
 IS the ``N x classes`` logits. Too few samples for the statistic (FID with ``n <= d`` features,
 whose sample covariance is then singular; IS with fewer than two images per split) give a
 :class:`MetricReliabilityWarning`; fewer than two images, ``splits > n`` or pixels outside
@@ -51,6 +51,11 @@ def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0, bat
     255 for 8-bit). A ``ValueError`` if ``target`` spans more than ``data_range``; a
     :class:`MetricReliabilityWarning` if it spans less than a quarter of it (e.g. ``[0, 1]`` images
     with ``data_range=255``, which adds 48 dB).
+
+    :param preds: ``(N, C, H, W)`` reconstructed images.
+    :param target: ``(N, C, H, W)`` reference images.
+    :param data_range: the width of the pixel range (above).
+    :param batch_size: the images fed to the network at a time.
     """
     check_tensor(preds, "preds")
     check_tensor(target, "target")
@@ -77,7 +82,12 @@ def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0, bat
 
 
 class ImageClassifier(nn.Module):
-    """Small CNN: two conv blocks, then ``num_features`` penultimate features and class logits."""
+    """Small CNN: two conv blocks, then ``num_features`` penultimate features and class logits.
+
+    :param in_channels: the images' channels.
+    :param num_classes: the number of classes (logits).
+    :param num_features: the width of the penultimate layer (the FID features).
+    """
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, num_features: int = 64):
         super().__init__()
@@ -92,14 +102,25 @@ class ImageClassifier(nn.Module):
         self.test_accuracy: float | None = None
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
+        """The ``(N, num_features)`` penultimate features.
+
+        :param images: ``(N, C, H, W)`` images in ``[0, 1]``.
+        """
         return self.body(images)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The ``(N, num_classes)`` class logits.
+
+        :param images: ``(N, C, H, W)`` images in ``[0, 1]``.
+        """
         return self.head(self.body(images))
 
 
 class PenultimateFeatures(nn.Module):
-    """The classifier's penultimate layer as a feature map for ``FrechetInceptionDistance``."""
+    """The classifier's penultimate layer as a feature map for ``FrechetInceptionDistance``.
+
+    :param classifier: the network whose :meth:`ImageClassifier.features` are used.
+    """
 
     def __init__(self, classifier: ImageClassifier):
         super().__init__()
@@ -107,6 +128,10 @@ class PenultimateFeatures(nn.Module):
         self.num_features = classifier.num_features
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The classifier's ``(N, num_features)`` penultimate features.
+
+        :param images: ``(N, C, H, W)`` images in ``[0, 1]``.
+        """
         return self.classifier.features(images)
 
 
@@ -119,8 +144,12 @@ class InceptionFeatures(nn.Module):
     it needs the ``torch-fidelity`` package and its weights, read from ``weights_path`` (the FID
     Inception checkpoint, ``pt_inception-2015-12-05-6726825d.pth``) or downloaded by torch-fidelity
     (which fails offline). Report its numbers as "FID" and the default classifier's as "FID
-    (classifier features)": they are not comparable. ``feature`` is 64, 192, 768 or 2048
-    (torchmetrics' layers).
+    (classifier features)": they are not comparable.
+
+    :param weights_path: the FID Inception checkpoint (``None``: torch-fidelity downloads it).
+    :param feature: the feature layer's width, 64, 192, 768 or 2048 (torchmetrics' layers).
+    :param network: a ready network mapping ``uint8`` images to features, used instead of building
+        InceptionV3 (``None``: build it).
     """
 
     def __init__(self, weights_path: str | os.PathLike | None = None, feature: int = 2048, network: nn.Module | None = None):
@@ -133,6 +162,10 @@ class InceptionFeatures(nn.Module):
         self.network = network
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The ``(N, feature)`` InceptionV3 features.
+
+        :param images: ``(N, C, H, W)`` images in ``[0, 1]`` with 1 or 3 channels.
+        """
         if images.shape[1] == 1:
             images = images.expand(-1, 3, -1, -1)
         if images.shape[1] != 3:
@@ -172,6 +205,12 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, dist
     ``accelerate launch``) passes its own share of the images, and every process gets the FID of their
     union (torchmetrics sums the streamed states across processes); every process must then call it.
     ``False`` (default): this process's images only, as a runner that evaluates on its main process needs.
+
+    :param real: the reference images (above).
+    :param fake: the generated images (above).
+    :param feature: the feature network (above).
+    :param batch_size: the images fed to the network at a time.
+    :param distributed: whether to pool the images of all processes (above).
     """
     if distributed and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         raise RuntimeError("distributed=True needs an initialised torch.distributed process group (torchrun, accelerate launch)")
@@ -216,6 +255,13 @@ def inception_score(images, feature: nn.Module | None = None, splits: int = 10, 
     ``images`` is an ``(N, C, H, W)`` tensor in ``[0, 1]`` or an iterable of such batches. A
     ``ValueError`` if ``splits > N`` (a split of one image scores exactly 1); a
     :class:`MetricReliabilityWarning` if some split has fewer than two images.
+
+    :param images: the images scored (above).
+    :param feature: the network mapping images to class logits (``None``: the deprecated ``classifier``).
+    :param splits: the number of splits the score is averaged over, at most :math:`N`.
+    :param seed: the seed of the random split.
+    :param batch_size: the images fed to the network at a time.
+    :param classifier: the deprecated name of ``feature``.
     """
     if classifier is not None:
         if feature is not None:
@@ -251,7 +297,14 @@ def inception_score(images, feature: nn.Module | None = None, splits: int = 10, 
 
 def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3, seed: int = 0,
                      batch_size: int = 128) -> ImageClassifier:
-    """Fit ``ImageClassifier`` with Adam and cross-entropy (the default feature network)."""
+    """Fit ``ImageClassifier`` with Adam and cross-entropy (the default feature network).
+
+    :param images: ``(N, C, H, W)`` training images in ``[0, 1]``.
+    :param labels: ``(N,)`` integer class indices, ``>= 0``.
+    :param epochs: the passes over the images.
+    :param seed: the seed of the initial weights and of the batches' order.
+    :param batch_size: the images per Adam step.
+    """
     _check_images(images, "images")
     check_tensor(labels, "labels", floating=False, dim=1)
     if len(labels) != len(images):
@@ -283,6 +336,10 @@ def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None,
     SHA-256 hash of the training images, labels and settings, so a changed data set or loader
     retrains instead of loading a stale network. ``downsample`` > 1 trains it on images
     average-pooled by that factor (the CPU-sized experiments).
+
+    :param dataset: one of :data:`pseudovideo.data.DATASETS`.
+    :param cache_dir: where the classifier is cached (``None``: ``~/.cache/probseq/pseudovideo``).
+    :param downsample: the average-pooling factor of the training images (1: none).
     """
     from .data import load_images
 

@@ -1,4 +1,4 @@
-"""Image DDPM and autoregressive video diffusion on pseudo videos (thesis §5.4.2, Harvey et al. "Autoreg").
+r"""Image DDPM and autoregressive video diffusion on pseudo videos (thesis §5.4.2, Harvey et al. "Autoreg").
 
 One class covers both. A diffusers ``UNet2DModel`` sees a window of ``context + 1`` frame slots
 stacked as channels, plus one indicator channel per slot: ``1`` observed (a clean conditioning
@@ -7,8 +7,14 @@ frame), ``0`` latent (being denoised), ``-1`` absent (zeros). It is trained on t
 * initial: frames ``1..C`` latent (generated jointly), the last slot absent;
 * step ``t`` (``t = C+1..T``): frames ``t-C..t-1`` observed, frame ``t`` latent,
 
-with the epsilon-prediction loss of DDPM (thesis eq. (5.2)) on latent slots only; tasks
-are drawn in proportion to their use at sampling time (1 initial chain, ``T - C`` step chains).
+with the epsilon-prediction loss of DDPM (thesis eq. (5.2); Ho et al., *Denoising Diffusion Probabilistic
+Models*, 2020),
+
+.. math::
+
+    \mathbb{E}\,\lVert \epsilon - \epsilon_\theta(\sqrt{\bar\alpha_t}\, x_0 + \sqrt{1 - \bar\alpha_t}\, \epsilon, t) \rVert^2,
+
+on latent slots only; tasks are drawn in proportion to their use at sampling time (1 initial chain, ``T - C`` step chains).
 With ``num_frames = 1`` (``context = 0``) this is exactly an image DDPM of the same UNet, the
 thesis's 1-frame baseline. Sampling runs the reverse chain once for the initial block and once per
 later frame, each frame conditioned on the ``C`` most recent generated frames.
@@ -23,8 +29,9 @@ UNet takes windows with indicator channels, not plain images: passed to diffuser
 
 Clipping. diffusers' DDPM/DDIM schedulers clip the predicted clean sample ``x_0`` to
 ``[-1, 1]`` by default; that is right for images in ``[-1, 1]`` but wrong for Gaussian-noise pseudo
-frames, of which a large share lies outside ``[-1, 1]`` in training (``z_s = sqrt(1 - beta) z_{s+1} +
-sqrt(beta) eps``). Clipping is therefore an explicit argument, ``clip_sample``, off by default;
+frames, of which a large share lies outside ``[-1, 1]`` in training
+(:math:`z_s = \sqrt{1 - \beta}\, z_{s+1} + \sqrt{\beta}\, \epsilon`). Clipping is therefore an explicit
+argument, ``clip_sample``, off by default;
 :func:`default_clip_sample` gives the right choice per builder (on only where every training frame
 lies in ``[-1, 1]``: the image model and blur). Generated frames are returned exactly as the
 sampler produced them and fed back as context unchanged.
@@ -59,7 +66,12 @@ CLIP_SAMPLE = {"none": True, "blur": True, "heat": False, "markov_first": False,
 
 class TrainingDraws(NamedTuple):
     """The random parts of one training loss: ``tasks`` ``(B,)``, window ``noise`` ``(B, slots, C, H, W)``,
-    diffusion ``timesteps`` ``(B,)`` (CPU tensors, drawn by :meth:`AutoregressiveVideoDiffusion.training_draws`)."""
+    diffusion ``timesteps`` ``(B,)`` (CPU tensors, drawn by :meth:`AutoregressiveVideoDiffusion.training_draws`).
+
+    :param tasks: ``(B,)`` int64 task per video: 0 the initial block, ``t - C`` the step to frame ``t``.
+    :param noise: ``(B, slots, C, H, W)`` standard normal noise of each video's window.
+    :param timesteps: ``(B,)`` int64 diffusion timesteps in ``[0, num_train_timesteps)``.
+    """
 
     tasks: torch.Tensor
     noise: torch.Tensor
@@ -90,28 +102,45 @@ class WindowUNet2DModel(UNet2DModel):
 
 
 def default_clip_sample(augmentation: str) -> bool:
-    """``CLIP_SAMPLE[augmentation]``: the right ``clip_sample`` for a model trained on that builder."""
+    """``CLIP_SAMPLE[augmentation]``: the right ``clip_sample`` for a model trained on that builder.
+
+    :param augmentation: a pseudo-video method of :data:`pseudovideo.augment.METHODS`, or ``"none"``
+        (the 1-frame image model): the keys of ``CLIP_SAMPLE``.
+    """
     if not isinstance(augmentation, str) or augmentation not in CLIP_SAMPLE:
         raise ValueError(f"augmentation must be one of {tuple(CLIP_SAMPLE)}, got {augmentation!r}")
     return CLIP_SAMPLE[augmentation]
 
 
 class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
-    """p(z_1..z_T) = p(z_1..z_C) prod_t p(z_t | z_{t-C..t-1}), every factor a DDPM of one shared UNet."""
+    r"""p(z_1..z_T) = p(z_1..z_C) prod_t p(z_t | z_{t-C..t-1}), every factor a DDPM of one shared UNet.
+
+    That is, :math:`p(z_{1:T}) = p(z_{1:C}) \prod_{t=C+1}^{T} p(z_t \mid z_{t-C:t-1})`.
+
+    :param num_frames: the frames :math:`T` per video (1: an image DDPM).
+    :param context: the conditioning frames :math:`C`, in ``1..num_frames-1`` (0 for ``num_frames=1``).
+    :param channels: the frames' channels.
+    :param image_size: the frames' height and width in pixels, divisible by ``2 ** (len(block_out_channels) - 1)``.
+    :param block_out_channels: the UNet's channels per resolution level.
+    :param layers_per_block: the UNet's ResNet layers per block.
+    :param num_train_timesteps: the diffusion timesteps of training (at least 2).
+    :param clip_sample: clip the predicted clean frames to ``[-1, 1]`` while sampling (diffusers'
+        ``clip_sample``); leave it off unless every training frame lies in ``[-1, 1]``
+        (:func:`default_clip_sample`).
+    :param prediction_type: what the UNet predicts, as in diffusers:
+        ``"epsilon"`` the noise (thesis eq. (5.2)), ``"sample"`` the clean frames :math:`x_0`, or
+        ``"v_prediction"`` :math:`v = \sqrt{\bar\alpha_t}\, \epsilon - \sqrt{1 - \bar\alpha_t}\, x_0` (Salimans & Ho), whose errors
+        the sampler does not amplify by :math:`1 / \sqrt{\bar\alpha_t}` at high noise levels.
+    :param beta_schedule: the training noise schedule, any of diffusers' names (``"squaredcos_cap_v2"``, the cosine
+        schedule, or ``"linear"``, the thesis's DDPM schedule, ...).
+    """
 
     @register_to_config
     def __init__(self, num_frames: int, context: int, channels: int = 1, image_size: int = 32,
                  block_out_channels: tuple[int, ...] = (32, 64, 64), layers_per_block: int = 1,
                  num_train_timesteps: int = 1000, clip_sample: bool = False, prediction_type: str = "epsilon",
                  beta_schedule: str = "squaredcos_cap_v2"):
-        """``clip_sample``: clip the predicted clean frames to ``[-1, 1]`` while sampling (diffusers'
-        ``clip_sample``); leave it off unless every training frame lies in ``[-1, 1]``
-        (:func:`default_clip_sample`). ``prediction_type``: what the UNet predicts, as in diffusers:
-        ``"epsilon"`` the noise (thesis eq. (5.2)), ``"sample"`` the clean frames ``x_0``, or
-        ``"v_prediction"`` ``v = sqrt(abar_t) eps - sqrt(1 - abar_t) x_0`` (Salimans & Ho), whose errors
-        the sampler does not amplify by ``1 / sqrt(abar_t)`` at high noise levels. ``beta_schedule``:
-        the training noise schedule, any of diffusers' names (``"squaredcos_cap_v2"``, the cosine
-        schedule, or ``"linear"``, the thesis's DDPM schedule, ...)."""
+        """Build the UNet and the training noise schedule (the parameters: the class docstring)."""
         super().__init__()
         check_int(num_frames, "num_frames")
         if num_frames == 1 and context != 0:
@@ -149,7 +178,10 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         return 1 if self.num_frames == 1 else self.num_frames - self.context + 1
 
     def task_windows(self, tasks: torch.Tensor):
-        """Frame indices ``(B, slots)`` (``-1`` where absent) and slot states ``(B, slots)`` per task."""
+        """Frame indices ``(B, slots)`` (``-1`` where absent) and slot states ``(B, slots)`` per task.
+
+        :param tasks: ``(B,)`` int64 tasks (:class:`TrainingDraws`).
+        """
         slot = torch.arange(self.slots, device=tasks.device)
         if self.num_frames == 1:
             return torch.zeros_like(tasks)[:, None], torch.full((len(tasks), 1), LATENT, device=tasks.device)
@@ -163,12 +195,21 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
     def forward(self, videos: torch.Tensor, generator: torch.Generator | None = None,
                 draws: TrainingDraws | None = None) -> torch.Tensor:
         """The training loss (:meth:`training_loss`): calling the model, as data-parallel wrappers
-        (``DistributedDataParallel``, ``accelerate``) require, trains it."""
+        (``DistributedDataParallel``, ``accelerate``) require, trains it.
+
+        :param videos: ``(B, T, C, H, W)`` pseudo videos of images in ``[-1, 1]``, the image last.
+        :param generator: the random generator of the draws (``None``: PyTorch's global one).
+        :param draws: the random parts, from :meth:`training_draws` (``None``: drawn by ``generator``).
+        """
         return self.training_loss(videos, generator, draws)
 
     def training_draws(self, videos: torch.Tensor, generator: torch.Generator | None = None) -> TrainingDraws:
         """The random parts of :meth:`training_loss` for ``videos``: a task, the noise of its window and a
-        diffusion timestep per video, drawn by ``generator`` in that order."""
+        diffusion timestep per video, drawn by ``generator`` in that order.
+
+        :param videos: ``(B, T, C, H, W)`` pseudo videos of images in ``[-1, 1]``, the image last.
+        :param generator: the random generator of the draws (``None``: PyTorch's global one).
+        """
         self._check_videos(videos)
         check_generator(generator)
         batch = videos.shape[0]
@@ -185,6 +226,10 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         ``videos`` ``(B, T, C, H, W)``: pseudo videos of images in ``[-1, 1]``. The target is the noise
         ``eps``, the clean frames, or ``v`` by ``prediction_type``. ``draws`` (:meth:`training_draws`)
         fixes the random parts; by default they are drawn by ``generator``.
+
+        :param videos: ``(B, T, C, H, W)`` pseudo videos of images in ``[-1, 1]``, the image last.
+        :param generator: the random generator of the draws (``None``: PyTorch's global one).
+        :param draws: the random parts, from :meth:`training_draws` (``None``: drawn by ``generator``).
         """
         if draws is None:
             draws = self.training_draws(videos, generator)
@@ -211,7 +256,13 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         """Videos ``(N, T, C, H, W)`` in model space, frames generated autoregressively with DDIM (eta = 0).
 
         Clipped to ``[-1, 1]`` only if the model was built with ``clip_sample=True``; returned in the
-        dtype and on the device of the model's parameters."""
+        dtype and on the device of the model's parameters.
+
+        :param num_samples: the number of videos :math:`N`.
+        :param num_inference_steps: the DDIM steps of each reverse chain.
+        :param generator: the random generator of the chains' noise (``None``: PyTorch's global one).
+        :param batch_size: the most videos sampled at once (memory).
+        """
         check_int(num_samples, "num_samples")
         check_int(num_inference_steps, "num_inference_steps")
         check_int(batch_size, "batch_size")
@@ -226,7 +277,12 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
                            generator: torch.Generator | None = None) -> torch.Tensor:
         """A draw of ``z_t ~ p(z_t | z_{t-C..t-1})`` given the ``C`` previous frames ``(B, C, channels, H, W)``.
 
-        A sample, not the conditional mean ``E[z_t | context]`` (average several draws to estimate that)."""
+        A sample, not the conditional mean ``E[z_t | context]`` (average several draws to estimate that).
+
+        :param context_frames: ``(B, C, channels, H, W)``: the ``context`` previous frames, oldest first, in model space.
+        :param num_inference_steps: the DDIM steps of the reverse chain.
+        :param generator: the random generator of the chain's noise (``None``: PyTorch's global one).
+        """
         if self.num_frames == 1:
             raise ValueError("an image model (num_frames=1) has no context frames to condition on")
         check_tensor(context_frames, "context_frames", floating=True)
@@ -242,7 +298,12 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
 
     def predict_next_frame(self, context_frames: torch.Tensor, num_inference_steps: int = 50,
                            generator: torch.Generator | None = None) -> torch.Tensor:
-        """Deprecated name of :meth:`sample_next_frame` (it returns a sample, not a prediction)."""
+        """Deprecated name of :meth:`sample_next_frame` (it returns a sample, not a prediction).
+
+        :param context_frames: ``(B, C, channels, H, W)``: the ``context`` previous frames, oldest first, in model space.
+        :param num_inference_steps: the DDIM steps of the reverse chain.
+        :param generator: the random generator of the chain's noise (``None``: PyTorch's global one).
+        """
         warnings.warn("predict_next_frame is deprecated: it draws a sample; call sample_next_frame",
                       DeprecationWarning, stacklevel=2)
         return self.sample_next_frame(context_frames, num_inference_steps, generator)
