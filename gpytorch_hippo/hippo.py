@@ -135,7 +135,7 @@ def _fout_edge_values(M: int) -> Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _normalized_legendre_coefficients(M: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(γ, c)`` of the recurrence of :func:`_normalized_legendre`, one multiply-add per degree.
+    """``(γ, c)`` of the recurrence of :func:`normalized_legendre`, one multiply-add per degree.
 
     ``q_n = sqrt(2n + 1) P_n`` obeys ``q_{n+1} = α_n z q_n - β_n q_{n-1}`` (Bonnet's recurrence
     rescaled: ``α_n = sqrt((2n + 1)(2n + 3))/(n + 1)``, ``β_n = n sqrt((2n + 3)/(2n - 1))/(n + 1)``).
@@ -150,7 +150,7 @@ def _normalized_legendre_coefficients(M: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(gamma), np.array(c[:M])
 
 
-def _normalized_legendre(z: Tensor, M: int, scale: Tensor | None = None) -> Tensor:
+def normalized_legendre(z: Tensor, M: int, scale: Tensor | None = None) -> Tensor:
     """``sqrt(2n + 1) P_n(z)``, ``n = 0 .. M - 1``, by the three-term recurrence; shape ``(*z.shape, M)``;
     ``scale`` (broadcasting to ``z``): every degree multiplied by it, folded into the recurrence's start
     (it is linear), e.g. a quadrature rule's weights, without a second array of the result's size.
@@ -181,7 +181,7 @@ def _plain_cpu_values(z: Tensor) -> bool:
 
 
 def _normalized_legendre_numpy(z: np.ndarray, M: int, scale: np.ndarray | None = None) -> np.ndarray:
-    """:func:`_normalized_legendre` on a NumPy array: three in-place operations per degree (the cost
+    """:func:`normalized_legendre` on a NumPy array: three in-place operations per degree (the cost
     is per-call overhead for the few hundred nodes of a panel rule).  The degrees are computed as rows
     and returned as a transposed view ``(*z.shape, M)`` (no copy; matrix products take it as it is)."""
     gamma, c = _normalized_legendre_coefficients(M)
@@ -213,9 +213,9 @@ def _basis(measure: str, M: int, theta: float, x: Tensor, t: Tensor) -> Tensor:
     x = x.reshape(*([1] * t.dim()), -1)
     t = t[..., None]
     if measure == "legs":
-        return _normalized_legendre(2 * x / t - 1, M)
+        return normalized_legendre(2 * x / t - 1, M)
     if measure == "legt":
-        return _normalized_legendre(2 * (x - t) / theta + 1, M)
+        return normalized_legendre(2 * (x - t) / theta + 1, M)
     if measure == "lagt":
         return _laguerre((t - x) / theta, M)
     phase = 2 * math.pi * (t - x) / theta
@@ -622,9 +622,9 @@ class HiPPO(nn.Module):
         tensor ``(N,)`` of nodes on the memory's device, ``t`` a float they have validated); ``scale``
         ``(N,)``: the rows multiplied by it (folded into the Legendre recurrence: no second array)."""
         if self.measure == "legs":
-            return _normalized_legendre(2 * x / t - 1, self.M, scale)
+            return normalized_legendre(2 * x / t - 1, self.M, scale)
         if self.measure == "legt":
-            return _normalized_legendre(2 * (x - t) / self.theta + 1, self.M, scale)
+            return normalized_legendre(2 * (x - t) / self.theta + 1, self.M, scale)
         basis = _basis(self.measure, self.M, self.theta, x, torch.tensor(t, dtype=x.dtype, device=x.device))
         return basis if scale is None else basis * scale[:, None]
 

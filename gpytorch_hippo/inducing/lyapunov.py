@@ -38,7 +38,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from ..hippo import _normalized_legendre
+from ..hippo import normalized_legendre
 from .banded import BandedBackend, Panels, support_span
 from .cost import MAX_ENTRIES
 from .covariances import CovarianceBackend, StationaryKernelSpec, kernel_parts, resolve_kernel, supported_kernels
@@ -163,7 +163,7 @@ def _weighted_bases(memory, rules: list[tuple[Tensor, float, Tensor]]) -> list[T
     """``w ⊙ g(x, t)`` (rows ``x``, ``(N, M)``) for several rules ``(x, t, w)`` in one Legendre recurrence
     (LegS: ``g(x, t) = q(2x/t - 1)``), whose cost at the sizes of a step is mostly per call."""
     z = torch.cat([2 * x / t - 1 for x, t, _ in rules])
-    values = _normalized_legendre(z, memory.M, torch.cat([w for _, _, w in rules]))
+    values = normalized_legendre(z, memory.M, torch.cat([w for _, _, w in rules]))
     return list(values.split([x.shape[0] for x, _, _ in rules]))
 
 
@@ -273,7 +273,7 @@ def segment_reexpansion(memory, t_a: float, t_b: float, weighted_basis: Tensor |
 def _segment_nodes(M: int, device) -> tuple[Tensor, Tensor, Tensor]:
     """``(z, w/2, g(z))`` of the ``M + 1``-node Gauss-Legendre rule: the segment's own bases at its nodes do not depend on ``L``."""
     z, w = gauss_legendre(M + 1, device=device)
-    return z, w / 2, _normalized_legendre(z, M)
+    return z, w / 2, normalized_legendre(z, M)
 
 
 def exact_backend(at, kernel, backends: Mapping[str, CovarianceBackend]) -> CovarianceBackend:

@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 
 import torch
-from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
+from gpytorch.kernels import Kernel
 from torch import Tensor
 
-from ..hippo import _normalized_legendre
+from ..hippo import normalized_legendre
 from .batched import stream_clocks
-from .spectral import RBF_CUTOFF, gauss_legendre
+from .covariances import RBF_CUTOFF, resolve_kernel
+from .spectral import gauss_legendre
 
 #: longest segment (in length scales) whose ``D`` is one double integral; longer ones go in pieces
 PIECE = 16.0
@@ -42,22 +43,24 @@ MAX_WINDOW_REACHES = 8.0
 
 
 def rbf_hyperparameters(kernel: Kernel, size: int) -> tuple[Tensor, Tensor] | None:
-    """``(ℓ, σ²)``, each ``(S,)`` float64, of an RBF kernel (optionally scaled) that is shared or has ``batch_shape=(S,)``;
-    ``None`` for any other kernel (the per-stream backends take it)."""
-    base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
-    if type(base) is not RBFKernel or base.ard_num_dims not in (None, 1):
+    """``(ℓ, σ²)``, each ``(S,)`` float64, of a kernel registered with a Gaussian spectral density (RBF; optionally in a
+    scale wrapper) that is shared or has ``batch_shape=(S,)`` and one length scale; ``None`` for any other kernel (the
+    per-stream backends take it)."""
+    spec, base, outputscale = resolve_kernel(kernel)
+    if spec is None or not spec.gaussian or spec.reach != RBF_CUTOFF:
         return None
-    shapes = {tuple(base.batch_shape)} | ({tuple(kernel.batch_shape)} if isinstance(kernel, ScaleKernel) else set())
-    if not shapes <= {(), (size,)}:
+    if not {tuple(base.batch_shape), tuple(getattr(kernel, "batch_shape", ()))} <= {(), (size,)}:
         return None
-    ell = base.lengthscale.detach().double().reshape(-1)
-    scale = kernel.outputscale.detach().double().reshape(-1) if isinstance(kernel, ScaleKernel) else ell.new_ones(1)
-    return ell.expand(size), scale.expand(size)
+    ell = base.lengthscale.detach().double()
+    if ell.shape[-1] != 1:
+        return None
+    scale = ell.new_ones(1) if outputscale is None else outputscale(kernel).detach().double()
+    return ell.reshape(-1).expand(size), scale.reshape(-1).expand(size)
 
 
 def _legendre(z: Tensor, M: int, scale: Tensor) -> Tensor:
     """``scale ⊙ q_m(z)``, ``(*z.shape, M)`` (normalised Legendre polynomials)."""
-    return _normalized_legendre(z.contiguous(), M, scale.contiguous())
+    return normalized_legendre(z.contiguous(), M, scale.contiguous())
 
 
 def composite_rule(lower: Tensor, upper: Tensor, panels: int, nodes: int) -> tuple[Tensor, Tensor]:

@@ -76,6 +76,13 @@ def test_a_changed_length_scale_restarts_that_streams_state():
 
 
 def test_only_rbf_kernels_shared_or_batched_by_stream_are_taken():
+    """RBF kernels and their subclasses (the kernel registry's Gaussian spectral density), one length scale, a shared
+    kernel or one batched by stream; anything else is left to the streams' own backends."""
+
+    class MyRBF(gpytorch.kernels.RBFKernel):
+        pass
+
+    assert rbf_hyperparameters(MyRBF(), 3) is not None
     rbf = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=torch.Size([3])), batch_shape=torch.Size([3]))
     ell, scale = rbf_hyperparameters(rbf, 3)
     assert ell.shape == scale.shape == (3,)
