@@ -2,6 +2,7 @@
 :class:`~gpytorch_hippo.inducing.base.InducingVariables`), so that one variational strategy serves them all."""
 
 from .base import InducingVariables, InputsOutsideSupportError
+from .covariances import CovarianceBackend, StationaryKernelSpec, register_stationary_kernel
 from .fourier import FourierInducingVariables
 from .hippo_variables import HiPPOInducingVariables
 from .points import InducingPoints
@@ -14,4 +15,7 @@ __all__ = [
     "HiPPOInducingVariables",
     "select_pivoted_cholesky",
     "FourierInducingVariables",
+    "register_stationary_kernel",
+    "StationaryKernelSpec",
+    "CovarianceBackend",
 ]
