@@ -250,6 +250,24 @@ class SGPAttention(_MultiHeadAttention):
     ``causal=True`` lets position ``i`` use the amortised keys ``j <= i`` only (a decoder layer; the KL is that of the whole sequence's
     inducing set, i.e. of the last position); :meth:`forward_step` then predicts one token
     at a time with a key/value cache and reproduces :meth:`forward` given the same noise.
+
+    :param d_model: the width of the layer's input and output, a multiple of ``num_heads``.
+    :param num_heads: the attention heads :math:`H`; each has ``d_model // num_heads`` dimensions.
+    :param kernel: the kernel's name or a GPyTorch ``ScaleKernel`` (above).
+    :param mode: ``"decoupled"`` (global and amortised inducing inputs) or ``"standard"`` (amortised only).
+    :param variant: ``"orthogonal"`` (ODSVGP) or ``"dsvgp"``, the decoupled posterior's mean (above).
+    :param num_global: the global inducing inputs :math:`M` per head (``mode="decoupled"``).
+    :param diag_sample: the older alias of ``sampler`` (above; ``None``: ``sampler`` decides).
+    :param causal: whether position :math:`i` attends to the keys :math:`j \le i` only (a decoder layer).
+    :param dropout: the dropout probability, in ``[0, 1)``, of the sampled head outputs before the output projection.
+    :param max_len: the longest sequence, needed by ``mode="standard"`` (``W_s`` has one column per position).
+    :param share_covariance: whether the decoupled ``C`` is one per head rather than one per output dimension.
+    :param variational_init_std: the standard deviation, > 0, of the variational parameters' initialisation.
+    :param sampler: ``"decomposed"``, ``"diagonal"`` or ``"full"`` (above; ``None``: the mode's default).
+    :param whitened: whether the decoupled covariance is whitened, :math:`S_g = L C C^\top L^\top` (above).
+    :param kernel_init: the kernel hyperparameters' initialisation, ``"sdp"`` or ``"authors"``.
+    :param mean_gate: the initial value of the learnable gate :math:`\gamma` of the orthogonal mean
+        (above; ``None``: the thesis's mean, no gate).
     """
 
     def __init__(

@@ -1,13 +1,15 @@
 r"""Training objective for SGPA Transformers, thesis eq. (3.18) (derivation in App. B.1.2).
 
 Per data point (sequence) the objective is the Monte-Carlo expected log-likelihood minus the
-weighted KL, ``ELBO = ELL - w_t · KL_weighted`` with
+weighted KL, :math:`\mathrm{ELBO} = \mathrm{ELL} - w_t \, \mathrm{KL}_\mathrm{weighted}` with
 
-``ELL = (1/B) Σ_b (1/S) Σ_s log p(y_b | F_b^{L,(s)})``
+.. math::
 
-where ``F^{L,(s)}`` are the outputs of ``S`` reparameterised forward passes (eq.
-``reparam_dgp``) and ``w_t = β · min(1, t / anneal_steps)`` after ``t`` training updates
-(``w_t = β`` when ``anneal_steps = 0``).  The model's ``kl_total`` is the sum over layers and
+    \mathrm{ELL} = \frac{1}{B} \sum_b \frac{1}{S} \sum_s \log p\big(y_b \mid F_b^{L,(s)}\big)
+
+where :math:`F^{L,(s)}` are the outputs of :math:`S` reparameterised forward passes through the
+:math:`L` layers and :math:`w_t = \beta \min(1, t / \mathrm{anneal\_steps})` after :math:`t` training updates
+(:math:`w_t = \beta` when ``anneal_steps = 0``).  The model's ``kl_total`` is the sum over layers and
 heads of the per-sequence KL averaged over the batch, ``KL_a + KL_g``: the amortised inducing
 variables are per sequence (``KL_a``, batch mean), the global ones are shared by all ``N``
 sequences (``KL_g``, the model's ``global_kl()``).  ``kl_weighting`` chooses ``KL_weighted``:
@@ -54,7 +56,7 @@ IGNORE_INDEX = -100
 
 
 class SGPAELBO(gpytorch.Module):
-    """ELBO per sequence of an SGPA model (thesis eq. (3.18)) with linear KL annealing.
+    r"""ELBO per sequence of an SGPA model (thesis eq. (3.18)) with linear KL annealing.
 
     ``value = elbo(outputs, kl, targets)`` (train with ``(-value).backward()``): ``outputs`` are logits ``(..., B, C)`` or regression
     outputs ``(..., B, D)`` where leading dimensions index Monte-Carlo samples; ``kl`` is the
@@ -82,6 +84,15 @@ class SGPAELBO(gpytorch.Module):
     ``β = 1`` fine-tuning loses accuracy once ``R`` reaches about 10 (a ViT-B on ImageNet) and 13 points
     of it at ``R = 700`` (a ViT-B on 50,000 images), where ``"auto"`` loses none
     (``benchmarks/sgpa_kl_weight.py``).
+
+    :param model: the SGPA model whose outputs and KL are scored (a submodule of the ELBO).
+    :param num_data: the training set's size :math:`N` (sequences), which scales the global KL.
+    :param beta: the KL weight :math:`\beta \ge 0`, or ``"auto"`` (above).
+    :param anneal_steps: the training updates over which the KL weight grows linearly from 0 to
+        :math:`\beta` (0: no annealing).
+    :param likelihood: ``"categorical"``, ``"laplace"``, ``"gaussian"`` or a GPyTorch likelihood
+        (above; ``None``: categorical for classification models, Laplace for regression).
+    :param kl_weighting: one of :data:`KL_WEIGHTINGS`, how the KL is weighted per sequence (module docstring).
 
     The annealing counter advances by one at each call made with the model in training mode and
     gradients enabled.

@@ -17,6 +17,7 @@ import torch
 from ._optional import require
 from ._validation import check_int
 
+#: The data sets :func:`load_images` reads (module docstring).
 DATASETS = ("fashion_mnist", "mnist", "digits")
 #: What each data set stands in for in the chapter-5 runners (printed by them): the thesis used CIFAR10,
 #: CelebA and binarised MNIST, none of which can be downloaded here.

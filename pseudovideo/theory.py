@@ -48,6 +48,7 @@ from .augment import DEFAULT_PARAMS, _heat_time, heat_dissipation, markov_betas
 GAUSSIAN_METHODS = ("markov_first", "markov_high")
 #: Every linear-Gaussian builder: the Markov ones and heat dissipation (``"dense"`` solver).
 LINEAR_GAUSSIAN_METHODS = (*GAUSSIAN_METHODS, "heat")
+#: The ``solver=`` values: ``"auto"`` (eigen for the Markov builders, dense for heat), ``"eigen"``, ``"dense"``.
 SOLVERS = ("auto", "eigen", "dense")
 
 
