@@ -151,9 +151,14 @@ def _normalized_legendre_coefficients(M: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def normalized_legendre(z: Tensor, M: int, scale: Tensor | None = None) -> Tensor:
-    """``sqrt(2n + 1) P_n(z)``, ``n = 0 .. M - 1``, by the three-term recurrence; shape ``(*z.shape, M)``;
-    ``scale`` (broadcasting to ``z``): every degree multiplied by it, folded into the recurrence's start
-    (it is linear), e.g. a quadrature rule's weights, without a second array of the result's size.
+    r"""The normalised Legendre polynomials :math:`\sqrt{2n + 1}\, P_n(z)`, :math:`n = 0, \dots, M - 1`, at ``z``.
+
+    By the three-term recurrence; shape ``(*z.shape, M)``.
+
+    :param z: points in ``[-1, 1]``, any shape.
+    :param M: the number of degrees.
+    :param scale: (broadcasting to ``z``) every degree multiplied by it, folded into the recurrence's start
+        (it is linear), e.g. a quadrature rule's weights, without a second array of the result's size.
 
     Without autograd on the CPU the ``M`` steps run in NumPy (the same operations, in place, so the
     values are identical): a step costs about a microsecond there instead of tens as small torch
