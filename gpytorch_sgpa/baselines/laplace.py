@@ -18,6 +18,7 @@ from torch import nn
 
 __all__ = ["HESSIAN_STRUCTURES", "LAPLACE_INSTALL", "LastLayerLaplace", "require_laplace"]
 
+#: The Hessian approximations of the last layer that :class:`LastLayerLaplace` accepts (laplace-torch's names).
 HESSIAN_STRUCTURES = ("kron", "diag", "full")
 PRIOR_METHODS = ("marglik", None)
 LINK_APPROXIMATIONS = ("probit", "mc", "bridge")
