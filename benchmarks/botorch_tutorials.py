@@ -113,11 +113,22 @@ def closed_loop(Model, seed: int, clock: Clock, batches: int = 8) -> list[float]
     for _ in range(batches):
         clock.time("fit", fit_gpytorch_mll, mll)
         acquisition = qLogNoisyExpectedImprovement(
-            model=model, X_baseline=train_x, sampler=SobolQMCNormalSampler(sample_shape=torch.Size([128])),
-            objective=objective, constraints=[lambda Z: Z[..., 1]],
+            model=model,
+            X_baseline=train_x,
+            sampler=SobolQMCNormalSampler(sample_shape=torch.Size([128])),
+            objective=objective,
+            constraints=[lambda Z: Z[..., 1]],
         )
-        candidates, _ = clock.time("acquisition", optimize_acqf, acquisition, bounds=bounds, q=3, num_restarts=4,
-                                   raw_samples=128, options={"batch_limit": 5, "maxiter": 100})
+        candidates, _ = clock.time(
+            "acquisition",
+            optimize_acqf,
+            acquisition,
+            bounds=bounds,
+            q=3,
+            num_restarts=4,
+            raw_samples=128,
+            options={"batch_limit": 5, "maxiter": 100},
+        )
         new_x = candidates.detach()
         new_obj, new_con = observe(new_x)
         train_x, train_obj, train_con = torch.cat([train_x, new_x]), torch.cat([train_obj, new_obj]), torch.cat([train_con, new_con])
@@ -153,11 +164,23 @@ def multi_objective(Model, seed: int, clock: Clock, batches: int = 6) -> list[fl
         mll, model = clock.time("fit", initialize_model, train_x, train_obj)
         clock.time("fit", fit_gpytorch_mll, mll)
         acquisition = qLogNoisyExpectedHypervolumeImprovement(
-            model=model, ref_point=problem.ref_point.tolist(), X_baseline=normalize(train_x, problem.bounds),
-            prune_baseline=True, sampler=SobolQMCNormalSampler(sample_shape=torch.Size([64])),
+            model=model,
+            ref_point=problem.ref_point.tolist(),
+            X_baseline=normalize(train_x, problem.bounds),
+            prune_baseline=True,
+            sampler=SobolQMCNormalSampler(sample_shape=torch.Size([64])),
         )
-        candidates, _ = clock.time("acquisition", optimize_acqf, acquisition, bounds=standard_bounds, q=2, num_restarts=4,
-                                   raw_samples=128, options={"batch_limit": 5, "maxiter": 100}, sequential=True)
+        candidates, _ = clock.time(
+            "acquisition",
+            optimize_acqf,
+            acquisition,
+            bounds=standard_bounds,
+            q=2,
+            num_restarts=4,
+            raw_samples=128,
+            options={"batch_limit": 5, "maxiter": 100},
+            sequential=True,
+        )
         new_x = unnormalize(candidates.detach(), bounds=problem.bounds)
         new_true = problem(new_x)
         train_x, train_true = torch.cat([train_x, new_x]), torch.cat([train_true, new_true])
@@ -180,14 +203,16 @@ def one_shot_kg(Model, seed: int, clock: Clock, steps: int = 5) -> list[float]:
     for step in range(steps + 1):
         model = clock.time("fit", Model, train_X, standardize(raw_Y))
         clock.time("fit", fit_gpytorch_mll, ExactMarginalLogLikelihood(model.likelihood, model))
-        argmax_pmean, max_pmean = clock.time("acquisition", optimize_acqf, PosteriorMean(model), bounds=bounds, q=1,
-                                             num_restarts=4, raw_samples=256)
+        argmax_pmean, max_pmean = clock.time(
+            "acquisition", optimize_acqf, PosteriorMean(model), bounds=bounds, q=1, num_restarts=4, raw_samples=256
+        )
         values.append(f(argmax_pmean).item())
         if step == steps:
             break
         kg = qKnowledgeGradient(model, num_fantasies=16, current_value=max_pmean)
-        candidate, _ = clock.time("acquisition", optimize_acqf, kg, bounds=bounds, q=1, num_restarts=2, raw_samples=64,
-                                  options={"maxiter": 50})
+        candidate, _ = clock.time(
+            "acquisition", optimize_acqf, kg, bounds=bounds, q=1, num_restarts=2, raw_samples=64, options={"maxiter": 50}
+        )
         train_X = torch.cat([train_X, candidate.detach()])
         raw_Y = torch.cat([raw_Y, f(candidate.detach()) + 0.05 * torch.randn(1, 1, dtype=DOUBLE)])
     return values
@@ -304,22 +329,35 @@ def main() -> None:
                 fit.append(clock.fit / iterations)
                 acquisition.append(clock.acquisition / iterations)
                 finals.append(trace if tutorial == "torch_optimizer" else trace[-1:])
-                rows.append({"tutorial": tutorial, "model": name, "seed": seed, "trace": " ".join(f"{v:.6g}" for v in trace),
-                             "fit_s_per_iteration": fit[-1], "acquisition_s_per_iteration": acquisition[-1]})
+                rows.append(
+                    {
+                        "tutorial": tutorial,
+                        "model": name,
+                        "seed": seed,
+                        "trace": " ".join(f"{v:.6g}" for v in trace),
+                        "fit_s_per_iteration": fit[-1],
+                        "acquisition_s_per_iteration": acquisition[-1],
+                    }
+                )
             summary = []
             for column in zip(*finals):
                 se = statistics.stdev(column) / math.sqrt(len(column)) if len(column) > 1 else float("nan")
                 summary.append(f"{statistics.mean(column):.3f} ± {se:.3f}")
-            print(f"{tutorial:<22} {name:<14} {metric + ': ' + ', '.join(summary):<44} {statistics.mean(fit):>10.3f} "
-                  f"{statistics.mean(acquisition):>11.3f}", flush=True)
+            print(
+                f"{tutorial:<22} {name:<14} {metric + ': ' + ', '.join(summary):<44} {statistics.mean(fit):>10.3f} "
+                f"{statistics.mean(acquisition):>11.3f}",
+                flush=True,
+            )
     with open(args.out / "runs.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     times = acquisition_call_time()
-    print("\nposterior(X) -> rsample(128) -> backward, q = 3, 10 restarts, 40 points (median ms): "
-          + ", ".join(f"{name} {ms:.2f}" for name, ms in times.items())
-          + f"; ratio {times['OnlineGPModel'] / times['SingleTaskGP']:.2f}")
+    print(
+        "\nposterior(X) -> rsample(128) -> backward, q = 3, 10 restarts, 40 points (median ms): "
+        + ", ".join(f"{name} {ms:.2f}" for name, ms in times.items())
+        + f"; ratio {times['OnlineGPModel'] / times['SingleTaskGP']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -99,8 +99,10 @@ def main(argv=None):
         base, check = torch.tensor(times[None]), torch.tensor(times[0.9])
         first, last = slice(0, 10), slice(-10, None)
         extra = lambda part: (check[part].sum() - base[part].sum()) / base[part].sum()
-        print(f"{name:18s} {base[first].mean():17.4f} {extra(first):14.1%} {base[last].mean():16.4f} {extra(last):13.1%}  "
-              f"{len(messages)}: {'; '.join(messages)[:100]}")
+        print(
+            f"{name:18s} {base[first].mean():17.4f} {extra(first):14.1%} {base[last].mean():16.4f} {extra(last):13.1%}  "
+            f"{len(messages)}: {'; '.join(messages)[:100]}"
+        )
         fractions[name] = float(extra(slice(None)))
     return fractions  # the check's extra time over all tasks, as a fraction of the updates without it
 

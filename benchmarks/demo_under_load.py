@@ -13,6 +13,7 @@ On a machine with ``C`` cores and ``k`` competitors a single-threaded run should
 ``max(1, (k + 1) / C)``; a run with more threads than the cores left to it waits at every small
 operation for the thread that was descheduled.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,14 @@ def time_online_part(threads: int, seeds: int, timeout: float) -> dict:
     gives ``wall = timeout`` and ``cpu = nan`` (printed as ``> timeout``)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     try:
-        result = subprocess.run([sys.executable, "-c", CHILD.format(threads=threads, seeds=seeds)], env=env,
-                                capture_output=True, text=True, check=True, timeout=timeout)
+        result = subprocess.run(
+            [sys.executable, "-c", CHILD.format(threads=threads, seeds=seeds)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return dict(wall=timeout, cpu=float("nan"), stopped=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -67,8 +74,10 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds after which a run is stopped")
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",") if t]
-    print(f"{os.cpu_count()} cores; load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
-          f"online part of the demo, {args.seeds} seed(s); loaded: {args.competitors} busy-loop process(es) beside it")
+    print(
+        f"{os.cpu_count()} cores; load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
+        f"online part of the demo, {args.seeds} seed(s); loaded: {args.competitors} busy-loop process(es) beside it"
+    )
     table = []
     for count in threads:
         idle = time_online_part(count, args.seeds, args.timeout)
@@ -86,14 +95,18 @@ def main(argv=None):
                 if process.is_alive():
                     process.terminate()
         table.append((count, idle, loaded))
-    print(f"\n| torch threads | idle: wall (s) | idle: CPU (s) | + {args.competitors} busy: wall (s) | "
-          f"+ {args.competitors} busy: CPU (s) | wall loaded / idle |")
+    print(
+        f"\n| torch threads | idle: wall (s) | idle: CPU (s) | + {args.competitors} busy: wall (s) | "
+        f"+ {args.competitors} busy: CPU (s) | wall loaded / idle |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for count, idle, loaded in table:
         ratio = loaded["wall"] / idle["wall"]
         ratio = f"> {ratio:.0f}" if loaded.get("stopped") else f"{ratio:.2f}"
-        print(f"| {count} | {_seconds(idle, 'wall')} | {_seconds(idle, 'cpu')} | {_seconds(loaded, 'wall')} | "
-              f"{_seconds(loaded, 'cpu')} | {ratio} |")
+        print(
+            f"| {count} | {_seconds(idle, 'wall')} | {_seconds(idle, 'cpu')} | {_seconds(loaded, 'wall')} | "
+            f"{_seconds(loaded, 'cpu')} | {ratio} |"
+        )
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return {count: (float("inf") if loaded.get("stopped") else loaded["wall"] / idle["wall"]) for count, idle, loaded in table}
 

@@ -7,6 +7,7 @@ starting and before stopping the clock (a no-op on the CPU).
 
     from devices import add_device_argument, device_from_args, elapsed
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,15 +22,21 @@ DEVICES = ("cpu", "cuda")
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--device {cpu,cuda}`` (default ``cpu``) to ``parser``."""
-    parser.add_argument("--device", choices=DEVICES, default="cpu",
-                        help="where models and data live (default: cpu); cuda needs a GPU and a CUDA build of torch")
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where models and data live (default: cpu); cuda needs a GPU and a CUDA build of torch",
+    )
 
 
 def device_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
     """``args.device`` as a ``torch.device``; exits with a clear message if CUDA is asked for but unavailable."""
     if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device cuda: torch.cuda.is_available() is False (torch {torch.__version__}, "
-                     f"CUDA build: {torch.version.cuda or 'none'}); use a machine with a GPU or --device cpu")
+        parser.error(
+            f"--device cuda: torch.cuda.is_available() is False (torch {torch.__version__}, "
+            f"CUDA build: {torch.version.cuda or 'none'}); use a machine with a GPU or --device cpu"
+        )
     return torch.device(args.device)
 
 

@@ -29,8 +29,17 @@ def synthetic_images(count: int, size: int, generator: torch.Generator) -> torch
     return smooth / smooth.abs().amax(dim=(1, 2, 3), keepdim=True)
 
 
-def run(device: str = "cpu", steps: int = 20, batch: int = 16, image_size: int = 32, frames: int = 4,
-        mixed_precision: str = "no", ema: float = 0.0, warmup: int = 3, seed: int = 0) -> dict:
+def run(
+    device: str = "cpu",
+    steps: int = 20,
+    batch: int = 16,
+    image_size: int = 32,
+    frames: int = 4,
+    mixed_precision: str = "no",
+    ema: float = 0.0,
+    warmup: int = 3,
+    seed: int = 0,
+) -> dict:
     generator = torch.Generator().manual_seed(seed)
     pool = make_pseudo_video(synthetic_images(256, image_size, generator), frames, "blur")
     torch.manual_seed(seed)
@@ -51,8 +60,17 @@ def run(device: str = "cpu", steps: int = 20, batch: int = 16, image_size: int =
             losses.append(float(loss.detach()))
             return loss
 
-        train(model, next_batch, steps, batch_loss=batch_loss, mixed_precision=mixed_precision, ema_decay=ema,
-              seed=seed, cpu=device == "cpu", progress=False)
+        train(
+            model,
+            next_batch,
+            steps,
+            batch_loss=batch_loss,
+            mixed_precision=mixed_precision,
+            ema_decay=ema,
+            seed=seed,
+            cpu=device == "cpu",
+            progress=False,
+        )
         engine = "accelerate"
     except ImportError:
         model = model.to(device)
@@ -69,10 +87,20 @@ def run(device: str = "cpu", steps: int = 20, batch: int = 16, image_size: int =
     times.append(time.perf_counter())
     timed = times[warmup:]
     per_second = (len(timed) - 1) / (timed[-1] - timed[0]) if len(timed) > 1 else math.nan
-    return {"device": device, "engine": engine, "steps": steps, "batch": batch, "image_size": image_size, "frames": frames,
-            "mixed_precision": mixed_precision, "steps_per_s": per_second, "videos_per_s": per_second * batch,
-            "first_loss": losses[0], "last_loss": sum(losses[-5:]) / len(losses[-5:]),
-            "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else math.nan}
+    return {
+        "device": device,
+        "engine": engine,
+        "steps": steps,
+        "batch": batch,
+        "image_size": image_size,
+        "frames": frames,
+        "mixed_precision": mixed_precision,
+        "steps_per_s": per_second,
+        "videos_per_s": per_second * batch,
+        "first_loss": losses[0],
+        "last_loss": sum(losses[-5:]) / len(losses[-5:]),
+        "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else math.nan,
+    }
 
 
 def main(argv=None) -> dict:

@@ -20,6 +20,7 @@ smooth random fields, the "generated" ones the same fields squared.
     python benchmarks/fid_memory.py                        # 2 x 50,000 16x16 images (~1 min on one core)
     python benchmarks/fid_memory.py --images 5000 --size 28
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ def rss_mb() -> float:
 
 def current_rss_mb() -> float:
     with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * resource.getpagesize() / 2 ** 20
+        return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def image_batches(count: int, size: int, batch_size: int, seed: int, squared: bool):
@@ -49,7 +50,7 @@ def image_batches(count: int, size: int, batch_size: int, seed: int, squared: bo
     for start in range(0, count, batch_size):
         noise = torch.rand(min(batch_size, count - start), 1, size, size, generator=generator)
         smooth = F.avg_pool2d(noise, 3, stride=1, padding=1, count_include_pad=False)
-        yield smooth ** 2 if squared else smooth
+        yield smooth**2 if squared else smooth
 
 
 def run_case(case: str, images: int, size: int, batch_size: int) -> dict:
@@ -64,8 +65,12 @@ def run_case(case: str, images: int, size: int, batch_size: int) -> dict:
     floor = current_rss_mb()
     start = time.perf_counter()
     if case == "streamed":
-        value = frechet_distance(image_batches(images, size, batch_size, 1, False),
-                                 image_batches(images, size, batch_size, 2, True), feature, batch_size=batch_size)
+        value = frechet_distance(
+            image_batches(images, size, batch_size, 1, False),
+            image_batches(images, size, batch_size, 2, True),
+            feature,
+            batch_size=batch_size,
+        )
     else:
         real = torch.cat(list(image_batches(images, size, images, 1, False)))
         fake = torch.cat(list(image_batches(images, size, images, 2, True)))
@@ -74,8 +79,15 @@ def run_case(case: str, images: int, size: int, batch_size: int) -> dict:
             metric.update(real, real=True)
             metric.update(fake, real=False)
             value = float(metric.compute())
-    return {"case": case, "images": images, "fid": value, "seconds": time.perf_counter() - start,
-            "floor_mb": floor, "peak_mb": rss_mb(), "extra_mb": rss_mb() - floor}
+    return {
+        "case": case,
+        "images": images,
+        "fid": value,
+        "seconds": time.perf_counter() - start,
+        "floor_mb": floor,
+        "peak_mb": rss_mb(),
+        "extra_mb": rss_mb() - floor,
+    }
 
 
 def main(argv=None) -> None:
@@ -92,22 +104,40 @@ def main(argv=None) -> None:
         return
     results = {}
     for case in ("streamed", "one-shot"):
-        command = [sys.executable, __file__, "--case", case, "--images", str(args.images), "--one-shot-images",
-                   str(args.one_shot_images), "--size", str(args.size), "--batch-size", str(args.batch_size)]
+        command = [
+            sys.executable,
+            __file__,
+            "--case",
+            case,
+            "--images",
+            str(args.images),
+            "--one-shot-images",
+            str(args.one_shot_images),
+            "--size",
+            str(args.size),
+            "--batch-size",
+            str(args.batch_size),
+        ]
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         results[case] = json.loads(output.strip().splitlines()[-1])
-    print(f"FID of 64 classifier features, {args.size}x{args.size} images, one torch thread; RSS in MB "
-          "(peak of the process, and above its RSS after imports):")
+    print(
+        f"FID of 64 classifier features, {args.size}x{args.size} images, one torch thread; RSS in MB "
+        "(peak of the process, and above its RSS after imports):"
+    )
     print(f"{'case':<10}{'images per set':>16}{'FID':>10}{'seconds':>9}{'peak RSS':>10}{'extra':>8}{'extra / image':>15}")
     for case, row in results.items():
         per_image = row["extra_mb"] / (2 * row["images"]) * 1024
-        print(f"{case:<10}{row['images']:>16,}{row['fid']:>10.4f}{row['seconds']:>9.1f}{row['peak_mb']:>10.0f}"
-              f"{row['extra_mb']:>8.0f}{per_image:>12.2f} KB")
+        print(
+            f"{case:<10}{row['images']:>16,}{row['fid']:>10.4f}{row['seconds']:>9.1f}{row['peak_mb']:>10.0f}"
+            f"{row['extra_mb']:>8.0f}{per_image:>12.2f} KB"
+        )
     streamed, one_shot = results["streamed"], results["one-shot"]
     ratio = (one_shot["extra_mb"] / one_shot["images"]) / max(streamed["extra_mb"] / streamed["images"], 1e-9)
-    print(f"memory per image, one-shot / streamed: {ratio:.0f}x; streamed holds "
-          f"{streamed['images'] / one_shot['images']:.1f}x the images in {streamed['extra_mb']:.0f} MB above its floor "
-          f"against {one_shot['extra_mb']:.0f} MB")
+    print(
+        f"memory per image, one-shot / streamed: {ratio:.0f}x; streamed holds "
+        f"{streamed['images'] / one_shot['images']:.1f}x the images in {streamed['extra_mb']:.0f} MB above its floor "
+        f"against {one_shot['extra_mb']:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,9 @@ def single_model(points, lengthscale, noise, kind="points"):
     return OnlineSGPR(variables(kind, points), kernel, likelihood, captured_variance_warning=None)
 
 
-def run(streams: int, tasks: int, size: int, num_inducing: int, loop: bool = True, kind: str = "points",
-        shared: bool = False, threads: int = 1) -> dict:
+def run(
+    streams: int, tasks: int, size: int, num_inducing: int, loop: bool = True, kind: str = "points", shared: bool = False, threads: int = 1
+) -> dict:
     """One fleet: the batched model with ``threads`` torch threads, the loop with one (its tiny operations are
     fastest on one thread)."""
     x, y, lengthscales, noises = fleet_data(streams, tasks, size)
@@ -92,8 +93,13 @@ def run(streams: int, tasks: int, size: int, num_inducing: int, loop: bool = Tru
     batched_seconds = time.perf_counter() - start
     torch.set_num_threads(1)
     summary_bytes = sum(t.numel() * t.element_size() for t in batched._summary())
-    result = {"streams": streams, "M": num_inducing, "batched_s": batched_seconds,
-              "per_task_per_stream_us": 1e6 * batched_seconds / (tasks * streams), "bytes_per_stream": summary_bytes / streams}
+    result = {
+        "streams": streams,
+        "M": num_inducing,
+        "batched_s": batched_seconds,
+        "per_task_per_stream_us": 1e6 * batched_seconds / (tasks * streams),
+        "bytes_per_stream": summary_bytes / streams,
+    }
     if loop:
         singles = [single_model(points[s], lengthscales[s], noises[s], kind) for s in range(streams)]
         start = time.perf_counter()
@@ -119,8 +125,12 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--size", type=int, default=50)
     parser.add_argument("--num-inducing", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--scaling", action="store_true", help="S = 100, 1,000, 10,000 at M = 32, batched only")
-    parser.add_argument("--variables", choices=("points", "hippo"), default="points",
-                        help="OSGPR-fixed points (default) or LegS bases with a clock per stream (lyapunov backend)")
+    parser.add_argument(
+        "--variables",
+        choices=("points", "hippo"),
+        default="points",
+        help="OSGPR-fixed points (default) or LegS bases with a clock per stream (lyapunov backend)",
+    )
     parser.add_argument("--shared", action="store_true", help="one kernel for every stream (no batch shape), not one per stream")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the batched model (the loop runs on one)")
     args = parser.parse_args(argv)
@@ -136,15 +146,19 @@ def main(argv=None) -> list[dict]:
             print(f"| {streams:,} | 32 | {row['batched_s']:.2f} | {row['per_task_per_stream_us']:.1f} | {row['bytes_per_stream']:.0f} |")
         return rows
     hyperparameters = "one shared kernel" if args.shared else "a kernel per stream"
-    print(f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, {hyperparameters}, "
-          f"{args.threads} torch thread(s) for the batched model, one for the loop")
+    print(
+        f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, {hyperparameters}, "
+        f"{args.threads} torch thread(s) for the batched model, one for the loop"
+    )
     print("| M | batched (s) | loop over S models (s) | loop / batched | summary bytes per stream | max |mean gap| |")
     print("| --- | --- | --- | --- | --- | --- |")
     for num_inducing in args.num_inducing:
         row = run(args.streams, args.tasks, args.size, num_inducing, kind=args.variables, shared=args.shared, threads=args.threads)
         rows.append(row)
-        print(f"| {num_inducing} | {row['batched_s']:.2f} | {row['loop_s']:.1f} | {row['speedup']:.0f}x | "
-              f"{row['bytes_per_stream']:.0f} | {row['max_mean_gap']:.1e} |")
+        print(
+            f"| {num_inducing} | {row['batched_s']:.2f} | {row['loop_s']:.1f} | {row['speedup']:.0f}x | "
+            f"{row['bytes_per_stream']:.0f} | {row['max_mean_gap']:.1e} |"
+        )
     return rows
 
 

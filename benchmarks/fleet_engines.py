@@ -97,8 +97,7 @@ def main() -> None:
     factory = PointsFactory(args.inducing, float(args.tasks), args.device)
     task_list = fleet_tasks(args.streams, args.tasks, args.size)
     test_x = torch.linspace(0, args.tasks, 20, dtype=DT)
-    print(f"S = {args.streams} streams, {args.tasks} tasks of {args.size} points, M = {args.inducing}, 2 shards, "
-          f"models on {args.device}")
+    print(f"S = {args.streams} streams, {args.tasks} tasks of {args.size} points, M = {args.inducing}, 2 shards, models on {args.device}")
 
     local_runs, saved_runs = [], []
     for _ in range(2):  # alternated, the faster of two: the machine may be busy with other work
@@ -108,10 +107,14 @@ def main() -> None:
     saved_s, saved_mean, size = min(saved_runs, key=lambda run: run[0])
     print(f"{'engine':<26}{'s/task':>10}{'tasks/s':>10}{'ratio':>8}{'max |Δ mean|':>14}")
     print(f"{'local':<26}{local_s:>10.4f}{1 / local_s:>10.2f}{1:>8.2f}{0:>14.1e}")
-    print(f"{'local + checkpoints':<26}{saved_s:>10.4f}{1 / saved_s:>10.2f}{local_s / saved_s:>8.2f}"
-          f"{float((saved_mean - local_mean).abs().max()):>14.1e}")
-    print(f"checkpoint cost: {1e3 * (saved_s - local_s):.1f} ms per task ({100 * (saved_s - local_s) / local_s:.0f} % of an "
-          f"update), {size / 2**20:.2f} MiB written per task ({size / args.streams / 1024:.1f} KiB per stream)")
+    print(
+        f"{'local + checkpoints':<26}{saved_s:>10.4f}{1 / saved_s:>10.2f}{local_s / saved_s:>8.2f}"
+        f"{float((saved_mean - local_mean).abs().max()):>14.1e}"
+    )
+    print(
+        f"checkpoint cost: {1e3 * (saved_s - local_s):.1f} ms per task ({100 * (saved_s - local_s) / local_s:.0f} % of an "
+        f"update), {size / 2**20:.2f} MiB written per task ({size / args.streams / 1024:.1f} KiB per stream)"
+    )
     if args.no_ray:
         return
     import ray
@@ -122,8 +125,9 @@ def main() -> None:
     ray.get([actor.pid.remote() for actor in fleet._engine.actors])  # the actors are up
     started = time.perf_counter() - start
     ray_s, ray_mean = timed_run(fleet, task_list, test_x)
-    print(f"{'ray (2 actors)':<26}{ray_s:>10.4f}{1 / ray_s:>10.2f}{local_s / ray_s:>8.2f}"
-          f"{float((ray_mean - local_mean).abs().max()):>14.1e}")
+    print(
+        f"{'ray (2 actors)':<26}{ray_s:>10.4f}{1 / ray_s:>10.2f}{local_s / ray_s:>8.2f}{float((ray_mean - local_mean).abs().max()):>14.1e}"
+    )
     print(f"ray: start and actors {started:.1f} s (not in the times above)")
     fleet.close()
     ray.shutdown()

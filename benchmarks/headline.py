@@ -88,11 +88,19 @@ def main(argv=None) -> list[dict]:
     budget_m = 50 if args.quick else 250
     for seed in seeds:
         times = quietly(online_times, "sunspots", ["ohsgpr", "osgpr"], budget_m, seed, 1000)
-        report("OSGPR / OHSGPR training time", times["osgpr"] / times["ohsgpr"], ">= 100", times["osgpr"] >= 100 * times["ohsgpr"],
-               f"sunspots, M = {budget_m}, 1,000 steps/task, seed {seed}")
+        report(
+            "OSGPR / OHSGPR training time",
+            times["osgpr"] / times["ohsgpr"],
+            ">= 100",
+            times["osgpr"] >= 100 * times["ohsgpr"],
+            f"sunspots, M = {budget_m}, 1,000 steps/task, seed {seed}",
+        )
 
-    settings = [("sunspots", 50), ("irradiance", 50)] if args.quick else [
-        ("sunspots", 50), ("sunspots", 150), ("sunspots", 250), ("irradiance", 50), ("irradiance", 150)]
+    settings = (
+        [("sunspots", 50), ("irradiance", 50)]
+        if args.quick
+        else [("sunspots", 50), ("sunspots", 150), ("sunspots", 250), ("irradiance", 50), ("irradiance", 150)]
+    )
     if not args.quick:
         if speech_available():
             settings += [("speech", 100), ("speech", 200)]
@@ -108,8 +116,13 @@ def main(argv=None) -> list[dict]:
 
     size, tasks = (200, 20) if args.quick else (1000, 100)
     fractions = quietly(captured_variance_cost.main, ["--tasks", str(tasks), "--size", str(size), "--methods", "ohsgpr-legs"])
-    report("captured-variance check / update", fractions["ohsgpr-legs"], "<= 0.10", fractions["ohsgpr-legs"] <= 0.10,
-           f"LegS, {tasks} tasks x {size} samples, M = 100")
+    report(
+        "captured-variance check / update",
+        fractions["ohsgpr-legs"],
+        "<= 0.10",
+        fractions["ohsgpr-legs"] <= 0.10,
+        f"LegS, {tasks} tasks x {size} samples, M = 100",
+    )
 
     import sgpa_cost
 
@@ -122,18 +135,24 @@ def main(argv=None) -> list[dict]:
 
     slowdown = quietly(demo_under_load.main, ["--threads", "1", "--seeds", "1"])[1]
     allowed = max(1.0, 2 / (os.cpu_count() or 1)) + 0.25
-    report("demo's online part, loaded / idle", slowdown, f"<= {allowed:.2f}", slowdown <= allowed,
-           "1 busy process beside it, 1 thread")
+    report("demo's online part, loaded / idle", slowdown, f"<= {allowed:.2f}", slowdown <= allowed, "1 busy process beside it, 1 thread")
 
     if not args.quick:
         import online_scaling
 
-        results = quietly(online_scaling.main, ["--series", "irradiance-hourly", "--samples", "8700", "--tasks", "87",
-                                                "--fit-points", "500", "--methods", "ohsgpr-lyapunov"])
+        results = quietly(
+            online_scaling.main,
+            ["--series", "irradiance-hourly", "--samples", "8700", "--tasks", "87", "--fit-points", "500", "--methods", "ohsgpr-lyapunov"],
+        )
         per_task = results[0]["times"]
         growth = (sum(per_task[-10:]) / 10) / (sum(per_task[:10]) / 10)
-        report("long stream, s/task last 10 / first 10", growth, "<= 1.2", growth <= 1.2,
-               "hourly irradiance, 87 tasks x 100 hours, M = 100, lyapunov")
+        report(
+            "long stream, s/task last 10 / first 10",
+            growth,
+            "<= 1.2",
+            growth <= 1.2,
+            "hourly irradiance, 87 tasks x 100 hours, M = 100, lyapunov",
+        )
 
     met = sum(row["met"] for row in rows)
     print(f"\n{met} of {len(rows)} figures meet their targets ({time.perf_counter() - started:.0f} s)")

@@ -24,6 +24,7 @@ against the banded backend refined (half-width panels, 12 more nodes each; marke
     python benchmarks/hippo_inducing.py --kernel matern12
     python benchmarks/hippo_inducing.py --device cuda
 """
+
 import argparse
 import statistics
 
@@ -77,11 +78,15 @@ def main():
     kernel.requires_grad_(False)
     kernel.to(args.torch_device)
     dt = 1.0 / args.steps_per_lengthscale
-    print(f"LegS, {args.kernel} l = 1, recurrence dt = {dt:g}, R = {args.num_rff}; "
-          "seconds for Kuu + Kuf(100 inputs) of the task ending at t"
-          f" (device {describe(args.torch_device)})")
-    header = f"{'t/l':>6} {'M':>4} | {'spectral':>9} {'quadrature':>10} {'rec-random':>10} {'rec-quad':>9} | {'q/spec':>7} | " \
-             f"{'err spec':>9} {'err rec-rand':>12} {'err rec-quad':>12} {'err quad':>9}"
+    print(
+        f"LegS, {args.kernel} l = 1, recurrence dt = {dt:g}, R = {args.num_rff}; "
+        "seconds for Kuu + Kuf(100 inputs) of the task ending at t"
+        f" (device {describe(args.torch_device)})"
+    )
+    header = (
+        f"{'t/l':>6} {'M':>4} | {'spectral':>9} {'quadrature':>10} {'rec-random':>10} {'rec-quad':>9} | {'q/spec':>7} | "
+        f"{'err spec':>9} {'err rec-rand':>12} {'err rec-quad':>12} {'err quad':>9}"
+    )
     print(header)
     with torch.no_grad():
         for M in args.M:
@@ -115,16 +120,20 @@ def main():
 
                 def error(name):
                     Kuu, Kuf = results[name]
-                    return max(((Kuu - reference[0]).norm() / reference[0].norm()).item(),
-                               ((Kuf - reference[1]).norm() / reference[1].norm()).item())
+                    return max(
+                        ((Kuu - reference[0]).norm() / reference[0].norm()).item(),
+                        ((Kuf - reference[1]).norm() / reference[1].norm()).item(),
+                    )
 
                 median = {name: statistics.median(values) for name, values in times.items()}
                 quad = f"{median['quadrature']:10.4f}" if run_quadrature else f"{'(skip)':>10}"
                 ratio_q = f"{median['quadrature'] / median['spectral']:7.1f}" if run_quadrature else f"{'-':>7}"
-                print(f"{ratio:6g} {M:4d} | {median['spectral']:9.4f} {quad} {median['rec-random']:10.4f} {median['rec-quad']:9.4f} | "
-                      f"{ratio_q} | {error('spectral'):8.1e}{mark} {error('rec-random'):11.1e}{mark} {error('rec-quad'):11.1e}{mark} "
-                      f"{error('quadrature') if run_quadrature and mark != ' ' else float('nan'):8.1e}{mark}",
-                      flush=True)
+                print(
+                    f"{ratio:6g} {M:4d} | {median['spectral']:9.4f} {quad} {median['rec-random']:10.4f} {median['rec-quad']:9.4f} | "
+                    f"{ratio_q} | {error('spectral'):8.1e}{mark} {error('rec-random'):11.1e}{mark} {error('rec-quad'):11.1e}{mark} "
+                    f"{error('quadrature') if run_quadrature and mark != ' ' else float('nan'):8.1e}{mark}",
+                    flush=True,
+                )
 
 
 def _refined_banded(M, t, args, kernel, x):

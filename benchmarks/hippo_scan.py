@@ -11,6 +11,7 @@
     python benchmarks/hippo_scan.py --quick    # small sizes, a few seconds
     python benchmarks/hippo_scan.py --device cuda
 """
+
 import argparse
 
 import torch
@@ -57,9 +58,11 @@ def main():
     # far slower than later ones and would otherwise be charged to whichever step runs first.
     torch.ones(2**30).sum()
     print("each figure is the best of --repeats runs (the loop and the chunked scan: one run)")
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, float32, "
-          f"measure={args.measure}, discretization={args.discretization}, M={args.M}, T={args.T}, "
-          f"device {describe(device)}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, float32, "
+        f"measure={args.measure}, discretization={args.discretization}, M={args.M}, T={args.T}, "
+        f"device {describe(device)}"
+    )
 
     times = torch.linspace(0.0, 1.0, args.T, dtype=torch.float64, device=device)
 
@@ -82,8 +85,7 @@ def main():
     print(f"  scan, cold (incl. matrices)          : {t_scan_cold:8.3f} s  {work / t_scan_cold:12.3e} states*steps/s")
     print(f"  scan, warm (matrices cached)         : {t_scan:8.3f} s  {work / t_scan:12.3e} states*steps/s")
     print(f"  per-step Python loop (step)          : {t_loop:8.3f} s  {work / t_loop:12.3e} states*steps/s")
-    print(f"  speed-up scan/loop: warm {t_loop / t_scan:6.1f}x, cold {t_loop / t_scan_cold:6.1f}x"
-          f"   (max |difference| {err:.1e})")
+    print(f"  speed-up scan/loop: warm {t_loop / t_scan:6.1f}x, cold {t_loop / t_scan_cold:6.1f}x   (max |difference| {err:.1e})")
     del states
 
     # (b) final_state vs chunked scan -------------------------------------------------------
@@ -103,9 +105,11 @@ def main():
     print(f"  HiPPO kernel T x M (once per grid)   : {t_kernel:8.3f} s")
     print(f"  final_state (kernel cached)          : {t_final:8.3f} s")
     print(f"  scan in chunks of {args.chunk:<5d}              : {t_chunked:8.3f} s")
-    print(f"  speed-up final_state/scan: {t_chunked / t_final:6.1f}x warm, "
-          f"{t_chunked / (t_final + t_kernel):6.1f}x incl. kernel; FLOP ratio {args.M}x"
-          f"   (max relative difference {err:.1e})")
+    print(
+        f"  speed-up final_state/scan: {t_chunked / t_final:6.1f}x warm, "
+        f"{t_chunked / (t_final + t_kernel):6.1f}x incl. kernel; FLOP ratio {args.M}x"
+        f"   (max relative difference {err:.1e})"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the exact log marginal likelihood per training point (higher is a better fit).
 
     nice -n 19 python benchmarks/online_first_task_fit.py [--series speech,sunspots-monthly]
 """
+
 import argparse
 
 import torch
@@ -37,14 +38,18 @@ def main(argv=None):
             kernel = online.make_kernel("ohsgpr", span)
             kernel.base_kernel.lengthscale = torch.tensor(init, dtype=torch.float64)
             likelihood = online.fit_hyperparameters(kernel, task.train_x, task.train_y, steps, 0.05, start="given")
-            cells.append(f"ℓ0 = {init:.1f}, {steps} steps: ℓ = {kernel.base_kernel.lengthscale.item():.2f}, "
-                         f"noise = {likelihood.noise.item():.3f}, "
-                         f"log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}")
+            cells.append(
+                f"ℓ0 = {init:.1f}, {steps} steps: ℓ = {kernel.base_kernel.lengthscale.item():.2f}, "
+                f"noise = {likelihood.noise.item():.3f}, "
+                f"log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}"
+            )
         kernel = online.make_kernel("ohsgpr", span)
         likelihood = online.fit_hyperparameters(kernel, task.train_x, task.train_y, 100, 0.05)  # the runner's grid start
-        cells.append(f"grid start, 100 steps: ℓ = {kernel.base_kernel.lengthscale.item():.2f}, "
-                     f"noise = {likelihood.noise.item():.3f}, "
-                         f"log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}")
+        cells.append(
+            f"grid start, 100 steps: ℓ = {kernel.base_kernel.lengthscale.item():.2f}, "
+            f"noise = {likelihood.noise.item():.3f}, "
+            f"log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}"
+        )
         print(f"{name} (task 1: {len(task.train_y)} points): " + " | ".join(cells), flush=True)
 
 

@@ -136,15 +136,21 @@ def main(argv=None):
         f"M = {args.M} (LegS, lyapunov), jitter {'relative' if args.jitter is None else args.jitter}"
     )
     window = min(args.size + 10 * args.lengthscale, 8000, len(data[0]))
-    print(f"exact GP on task 1 given the first {window:,.0f} samples: "
-          f"NLPD {reference[0]:.3f}  RMSE {reference[1]:.4f}  mean variance {reference[2]:.3e}")
-    print(f"{'after task':>10} | {'smoothed NLPD':>13} {'RMSE':>7} {'variance':>9} | "
-          f"{'jitter-as-information NLPD':>26} {'RMSE':>7} {'variance':>9}")
+    print(
+        f"exact GP on task 1 given the first {window:,.0f} samples: "
+        f"NLPD {reference[0]:.3f}  RMSE {reference[1]:.4f}  mean variance {reference[2]:.3e}"
+    )
+    print(
+        f"{'after task':>10} | {'smoothed NLPD':>13} {'RMSE':>7} {'variance':>9} | "
+        f"{'jitter-as-information NLPD':>26} {'RMSE':>7} {'variance':>9}"
+    )
     for task in report_after:
         (a, b, c), (d, e, f) = smoothed[task], literal[task]
         print(f"{task:>10} | {a:>13.3f} {b:>7.4f} {c:>9.2e} | {d:>26.3f} {e:>7.4f} {f:>9.2e}")
-    print(f"seconds per task: smoothed {smoothed_time:.4f}, jitter-as-information {literal_time:.4f} "
-          f"(ratio {smoothed_time / literal_time:.2f})")
+    print(
+        f"seconds per task: smoothed {smoothed_time:.4f}, jitter-as-information {literal_time:.4f} "
+        f"(ratio {smoothed_time / literal_time:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ peak RSS, and the mean time per task relative to the first OHSGPR backend of ``-
     python benchmarks/online_scaling.py --methods ohsgpr-lyapunov --captured-variance-warning 0.9  # with the check
     python benchmarks/online_scaling.py --device cuda      # also prints each method's peak CUDA memory
 """
+
 import argparse
 import json
 import multiprocessing as mp
@@ -73,8 +74,7 @@ def run_one(method, args, queue):
                 backend = method.split("-")[1]
                 options = {"dt": 1.0, "num_rff": 1000, "kuf": "rff"} if backend == "recurrence" else {}
                 ivs = HiPPOInducingVariables(args.num_inducing, "legs", t=t_end, method=backend, **options)
-            model = OnlineSGPR(ivs.double().to(x.device), kernel, likelihood,
-                               captured_variance_warning=args.captured_variance_warning)
+            model = OnlineSGPR(ivs.double().to(x.device), kernel, likelihood, captured_variance_warning=args.captured_variance_warning)
             model.update(xt, yt, num_iter=args.osgpr_iters if method == "osgpr" else 0, lr=0.05)
         else:
             if method == "osgpr":
@@ -89,8 +89,16 @@ def run_one(method, args, queue):
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     captured = model.inducing_variables.captured_variance(kernel, x[chunks[-1 if len(times) == args.tasks else len(times) - 1]])
     peak_cuda_mib = torch.cuda.max_memory_allocated(x.device) / 2**20 if x.device.type == "cuda" else None
-    queue.put({"method": method, "times": times, "peak_mib": peak_mib, "lengthscale": kernel.base_kernel.lengthscale.item(),
-               "captured_last_task": captured.item(), "peak_cuda_mib": peak_cuda_mib})
+    queue.put(
+        {
+            "method": method,
+            "times": times,
+            "peak_mib": peak_mib,
+            "lengthscale": kernel.base_kernel.lengthscale.item(),
+            "captured_last_task": captured.item(),
+            "peak_cuda_mib": peak_cuda_mib,
+        }
+    )
 
 
 def main(argv=None):
@@ -103,9 +111,13 @@ def main(argv=None):
     parser.add_argument("--fit-points", type=int, default=1000)
     parser.add_argument("--budget-s", type=float, default=300.0, help="stop a method once its cumulative time exceeds this")
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--captured-variance-warning", type=float, default=None,
-                        help="OnlineSGPR's warning threshold (its default is 0.9; here off unless given): "
-                             "times the check's cost, the warnings themselves are not shown")
+    parser.add_argument(
+        "--captured-variance-warning",
+        type=float,
+        default=None,
+        help="OnlineSGPR's warning threshold (its default is 0.9; here off unless given): "
+        "times the check's cost, the warnings themselves are not shown",
+    )
     parser.add_argument("--json", default=None, help="also write the raw per-task times here")
     add_device_argument(parser)
     args = parser.parse_args(argv)
@@ -120,23 +132,31 @@ def main(argv=None):
         process.start()
         results.append(queue.get())
         process.join()
-    print(f"{args.series}: {args.samples} samples in {args.tasks} tasks, M = {args.num_inducing}, "
-          f"RBF ℓ = {results[0]['lengthscale']:.2f} samples (t/ℓ at the end = {args.samples / results[0]['lengthscale']:.0f}), "
-          f"OSGPR {args.osgpr_iters} Adam steps per task, budget {args.budget_s:g} s per method")
-    print(f"{'method':20s} {'tasks done':>10s} {'s/task first 10':>16s} {'s/task last 10':>15s} {'last/first':>10s} "
-          f"{'total s':>9s} {'peak RSS MiB':>12s} {'captured var':>12s}")
+    print(
+        f"{args.series}: {args.samples} samples in {args.tasks} tasks, M = {args.num_inducing}, "
+        f"RBF ℓ = {results[0]['lengthscale']:.2f} samples (t/ℓ at the end = {args.samples / results[0]['lengthscale']:.0f}), "
+        f"OSGPR {args.osgpr_iters} Adam steps per task, budget {args.budget_s:g} s per method"
+    )
+    print(
+        f"{'method':20s} {'tasks done':>10s} {'s/task first 10':>16s} {'s/task last 10':>15s} {'last/first':>10s} "
+        f"{'total s':>9s} {'peak RSS MiB':>12s} {'captured var':>12s}"
+    )
     reference = next((r for r in results if r["method"].startswith("ohsgpr")), None)  # the first OHSGPR backend run
     for r in results:
         t = r["times"]
         first, last = sum(t[:10]) / len(t[:10]), sum(t[-10:]) / len(t[-10:])
-        print(f"{r['method']:20s} {len(t):10d} {first:16.3f} {last:15.3f} {last / first:10.2f} {sum(t):9.1f} "
-              f"{r['peak_mib']:12.0f} {r['captured_last_task']:12.3f}")
+        print(
+            f"{r['method']:20s} {len(t):10d} {first:16.3f} {last:15.3f} {last / first:10.2f} {sum(t):9.1f} "
+            f"{r['peak_mib']:12.0f} {r['captured_last_task']:12.3f}"
+        )
     if device.type == "cuda":
         print(f"peak CUDA memory on {describe(device)}: " + ", ".join(f"{r['method']} {r['peak_cuda_mib']:.0f} MiB" for r in results))
     if reference is not None:
         per_task = sum(reference["times"]) / len(reference["times"])
-        print(f"mean seconds per task relative to {reference['method']}: " + ", ".join(
-            f"{r['method']} {sum(r['times']) / len(r['times']) / per_task:.1f}x" for r in results))
+        print(
+            f"mean seconds per task relative to {reference['method']}: "
+            + ", ".join(f"{r['method']} {sum(r['times']) / len(r['times']) / per_task:.1f}x" for r in results)
+        )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle)

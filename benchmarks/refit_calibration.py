@@ -44,8 +44,15 @@ def run(hours: torch.Tensor, y: torch.Tensor, policy: str, every: int, num_induc
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
     days = hours.shape[0] // 24
     refit_every = {"frozen": days, "every k": every, "every task": 1}[policy]  # tasks 1, 1 + k, 1 + 2k, ...
-    model = OnlineSGPR(HiPPOInducingVariables(num_inducing, "legs", t=24.0, method="lyapunov"), kernel, likelihood,
-                       captured_variance_warning=None, refit_every=refit_every, refit_iter=50, refit_optimizer="lbfgs").double()
+    model = OnlineSGPR(
+        HiPPOInducingVariables(num_inducing, "legs", t=24.0, method="lyapunov"),
+        kernel,
+        likelihood,
+        captured_variance_warning=None,
+        refit_every=refit_every,
+        refit_iter=50,
+        refit_optimizer="lbfgs",
+    ).double()
     coverage, nlpd, seconds = [], [], 0.0
     for day in range(days):
         x, target = hours[24 * day : 24 * (day + 1)], y[24 * day : 24 * (day + 1)]
@@ -62,8 +69,13 @@ def run(hours: torch.Tensor, y: torch.Tensor, policy: str, every: int, num_induc
         start = time.perf_counter()
         model.update(x, target, missing="drop")  # the model's refit policy decides whether to fit
         seconds += time.perf_counter() - start
-    return {"coverage": sum(coverage) / len(coverage), "nlpd": sum(nlpd) / len(nlpd), "seconds": seconds,
-            "lengthscale": kernel.base_kernel.lengthscale.item(), "noise": likelihood.noise.item()}
+    return {
+        "coverage": sum(coverage) / len(coverage),
+        "nlpd": sum(nlpd) / len(nlpd),
+        "seconds": seconds,
+        "lengthscale": kernel.base_kernel.lengthscale.item(),
+        "noise": likelihood.noise.item(),
+    }
 
 
 def main(argv=None) -> list[dict]:
@@ -79,14 +91,19 @@ def main(argv=None) -> list[dict]:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, (source, column) in SERIES.items():
         hours, y = load(source, column, args.days)
-        for policy, label in (("frozen", "frozen after day 1"), ("every k", f"refitted every {args.every} days"),
-                              ("every task", "refitted every day")):
+        for policy, label in (
+            ("frozen", "frozen after day 1"),
+            ("every k", f"refitted every {args.every} days"),
+            ("every task", "refitted every day"),
+        ):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # L-BFGS line-search notes of BoTorch's scipy wrapper
                 result = run(hours, y, policy, args.every, args.num_inducing)
             rows.append({"series": name, "policy": label, **result})
-            print(f"| {name} | {label} | {result['coverage']:.3f} | {result['nlpd']:.3f} | {result['seconds']:.1f} | "
-                  f"{result['lengthscale']:.2f} | {result['noise']:.4f} |")
+            print(
+                f"| {name} | {label} | {result['coverage']:.3f} | {result['nlpd']:.3f} | {result['seconds']:.1f} | "
+                f"{result['lengthscale']:.2f} | {result['noise']:.4f} |"
+            )
     return rows
 
 

@@ -25,6 +25,7 @@ table per seed and the mean over seeds.
 
     python benchmarks/sgpa_conversion.py --threads 1 [--seeds 0 1 2 --train 6000 --test 2000 --epochs 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,9 @@ class PatchViT(nn.Module):
         tokens = (image // patch) ** 2
         self.embed = nn.Linear(patch * patch, d_model)
         self.position = nn.Parameter(0.02 * torch.randn(1, tokens, d_model))
-        layer = nn.TransformerEncoderLayer(d_model, num_heads, dim_feedforward=2 * d_model, dropout=dropout,
-                                           batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d_model, num_heads, dim_feedforward=2 * d_model, dropout=dropout, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
@@ -64,7 +66,7 @@ class PatchViT(nn.Module):
 
 def _batches(n, batch_size, generator):
     order = torch.randperm(n, generator=generator)
-    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
 def _epoch(model, images, labels, optimizer, generator, batch_size, elbo=None):
@@ -124,7 +126,7 @@ def run_seed(seed, data, args):
     for _ in range(args.epochs):
         _epoch(softmax, train_x, train_y, optimizer, generator, args.batch_size)
     rows["softmax (trained)"] = [_evaluate(softmax, test_x, test_y, args.num_samples, False)]
-    calibration = train_x[torch.randperm(len(train_y), generator=generator)[:args.calibration]]
+    calibration = train_x[torch.randperm(len(train_y), generator=generator)[: args.calibration]]
 
     fine_tune("(a) softmax→kernel", convert(copy.deepcopy(softmax), attention="kernel"), False, args.fine_tune)
     calibrated = convert(copy.deepcopy(softmax), attention="kernel", calibration_inputs=calibration)
@@ -133,20 +135,16 @@ def run_seed(seed, data, args):
     sgpa = convert(copy.deepcopy(calibrated), attention="sgpa", num_global=args.num_global)
     fine_tune("(c) (b)→SGPA, mean gate 0", sgpa, True, args.fine_tune)
     torch.manual_seed(seed)
-    placed = convert(copy.deepcopy(calibrated), attention="sgpa", num_global=args.num_global,
-                     calibration_inputs=calibration)
+    placed = convert(copy.deepcopy(calibrated), attention="sgpa", num_global=args.num_global, calibration_inputs=calibration)
     fine_tune("(c+) (c) + Z_g on data tokens", placed, True, args.fine_tune)
     torch.manual_seed(seed)
-    thesis = convert(copy.deepcopy(calibrated), attention="sgpa", num_global=args.num_global, mean_gate=None,
-                     global_cov_init=None)
+    thesis = convert(copy.deepcopy(calibrated), attention="sgpa", num_global=args.num_global, mean_gate=None, global_cov_init=None)
     fine_tune("(c0) (b)→SGPA, thesis start", thesis, True, args.fine_tune)
     torch.manual_seed(seed)
-    direct = convert(copy.deepcopy(softmax), attention="sgpa", num_global=args.num_global,
-                     calibration_inputs=calibration)
+    direct = convert(copy.deepcopy(softmax), attention="sgpa", num_global=args.num_global, calibration_inputs=calibration)
     fine_tune("(d) softmax→SGPA, calibrated", direct, True, args.fine_tune)
     torch.manual_seed(seed)
-    direct_thesis = convert(copy.deepcopy(softmax), attention="sgpa", num_global=args.num_global, mean_gate=None,
-                            global_cov_init=None)
+    direct_thesis = convert(copy.deepcopy(softmax), attention="sgpa", num_global=args.num_global, mean_gate=None, global_cov_init=None)
     fine_tune("(d0) softmax→SGPA, thesis start", direct_thesis, True, args.fine_tune)
     print(f"seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
     return rows
@@ -182,7 +180,7 @@ def main():
     torch.set_num_threads(args.threads)
     train_x, train_y = load_fashion_mnist("train")
     test_x, test_y = load_fashion_mnist("test")
-    data = (train_x[:args.train], train_y[:args.train], test_x[:args.test], test_y[:args.test])
+    data = (train_x[: args.train], train_y[: args.train], test_x[: args.test], test_y[: args.test])
     print(f"Fashion-MNIST: {args.train} training / {args.test} test images; gpytorch_sgpa {gpytorch_sgpa.__version__}")
     results = []
     for seed in args.seeds:
@@ -193,8 +191,9 @@ def main():
         mean_rows = {}
         for name in results[0]:
             columns = zip(*(rows[name] for rows in results))
-            mean_rows[name] = [tuple(None if column[0][i] is None else statistics.mean(c[i] for c in column)
-                                     for i in range(3)) for column in columns]
+            mean_rows[name] = [
+                tuple(None if column[0][i] is None else statistics.mean(c[i] for c in column) for i in range(3)) for column in columns
+            ]
         print(f"\nmean over seeds {args.seeds}")
         print(_format(mean_rows, args.fine_tune))
 

@@ -34,6 +34,7 @@ the device or the batch size, and on a CPU they are taken as an accelerator woul
 
     python benchmarks/sgpa_cost.py --preset cifar --count-ops [--batch-size 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,7 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 #: thesis App. B, "Image classification with CIFAR10 and CIFAR100" (CIFAR10 without data augmentation)
 PRESETS = {
-    "cifar": dict(image_size=32, patch_size=4, in_channels=3, d_model=128, num_layers=5, num_heads=4,
-                  batch_size=100, num_global=32),
+    "cifar": dict(image_size=32, patch_size=4, in_channels=3, d_model=128, num_layers=5, num_heads=4, batch_size=100, num_global=32),
 }
 
 
@@ -91,9 +91,29 @@ def _profile(names, step, device, trace_dir, steps: int = 3) -> None:
 
 
 #: operators that only make views (no kernel on any device)
-VIEW_OPS = frozenset({"view", "_unsafe_view", "t", "transpose", "expand", "unsqueeze", "squeeze", "permute", "select",
-                      "slice", "as_strided", "alias", "detach", "diagonal", "split", "unbind", "split_with_sizes",
-                      "reshape", "_reshape_alias"})
+VIEW_OPS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "t",
+        "transpose",
+        "expand",
+        "unsqueeze",
+        "squeeze",
+        "permute",
+        "select",
+        "slice",
+        "as_strided",
+        "alias",
+        "detach",
+        "diagonal",
+        "split",
+        "unbind",
+        "split_with_sizes",
+        "reshape",
+        "_reshape_alias",
+    }
+)
 
 
 class _OpCounter(TorchDispatchMode):
@@ -123,8 +143,10 @@ def _count_ops(names, models, losses, images, labels, as_accelerator: bool) -> N
     """Operators dispatched by one training step of each model: forward pass and loss, backward pass,
     Adam update (``foreach``, as on a GPU).  Each is a kernel launch on a GPU, where at this size a
     step's time is mostly launches; the counts do not depend on the batch size or the device."""
-    print(f"\n| operators per training step{' (as on an accelerator)' if as_accelerator else ''} "
-          "| forward + loss | backward | Adam | total | ratio to kernel (MLE) |\n|---|---|---|---|---|---|")
+    print(
+        f"\n| operators per training step{' (as on an accelerator)' if as_accelerator else ''} "
+        "| forward + loss | backward | Adam | total | ratio to kernel (MLE) |\n|---|---|---|---|---|---|"
+    )
     totals = {}
     for name in names:
         model, optimizer = models[name], torch.optim.Adam(models[name].parameters(), lr=1e-4, foreach=True)
@@ -141,22 +163,32 @@ def _count_ops(names, models, losses, images, labels, as_accelerator: bool) -> N
                     optimizer.step()
         counts = [sum(phase.counts.values()) for phase in phases]
         totals[name] = sum(counts)
-        print(f"| {name} | {counts[0]} | {counts[1]} | {counts[2]} | {totals[name]} | "
-              f"{totals[name] / totals.get('kernel (MLE)', totals[name]):.2f} |")
+        print(
+            f"| {name} | {counts[0]} | {counts[1]} | {counts[2]} | {totals[name]} | "
+            f"{totals[name] / totals.get('kernel (MLE)', totals[name]):.2f} |"
+        )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help="cifar: the thesis's CIFAR10 ViT (64 tokens, d = 128, 5 layers, 4 heads, batch 100, "
-                             "32 global keys; App. B); explicit flags override it")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="cifar: the thesis's CIFAR10 ViT (64 tokens, d = 128, 5 layers, 4 heads, batch 100, "
+        "32 global keys; App. B); explicit flags override it",
+    )
     add_device_argument(parser)
-    parser.add_argument("--profile", action="store_true",
-                        help="after timing, print PyTorch profiler tables of a few training steps per model")
+    parser.add_argument(
+        "--profile", action="store_true", help="after timing, print PyTorch profiler tables of a few training steps per model"
+    )
     parser.add_argument("--trace-dir", default=None, help="with --profile: also write Chrome traces here")
-    parser.add_argument("--count-ops", action="store_true",
-                        help="only count the ATen operators (kernel launches on a GPU) of one training step per model, "
-                             "as on an accelerator (no host-side value checks), and exit without timing")
+    parser.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="only count the ATen operators (kernel launches on a GPU) of one training step per model, "
+        "as on an accelerator (no host-side value checks), and exit without timing",
+    )
     parser.add_argument("--in-channels", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--image-size", type=int, default=28)
@@ -169,17 +201,28 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--share-covariance", action="store_true",
-                        help="one S_g per head instead of one per output dimension (SGPAttention option)")
-    parser.add_argument("--sampler", nargs="+", choices=SGPA_SAMPLERS, default=["decomposed", "diagonal"],
-                        help="SGPAttention sampler(s); several -> one SGPA model each, timed in the same run "
-                             "(default: the package's default, decomposed, and the thesis's, diagonal)")
-    parser.add_argument("--compile", choices=COMPILE_MODES, default="none",
-                        help="torch.compile every model's forward pass and loss (fullgraph=True: the SGPA step has "
-                             "no graph breaks) with this mode; backward and Adam stay eager; 'reduce-overhead' "
-                             "adds CUDA graphs on a GPU")
-    parser.add_argument("--variant", choices=("orthogonal", "dsvgp"), default="orthogonal",
-                        help="decoupled SGPA variant (attention 'sgpa' or 'sgpa-dsvgp')")
+    parser.add_argument(
+        "--share-covariance", action="store_true", help="one S_g per head instead of one per output dimension (SGPAttention option)"
+    )
+    parser.add_argument(
+        "--sampler",
+        nargs="+",
+        choices=SGPA_SAMPLERS,
+        default=["decomposed", "diagonal"],
+        help="SGPAttention sampler(s); several -> one SGPA model each, timed in the same run "
+        "(default: the package's default, decomposed, and the thesis's, diagonal)",
+    )
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_MODES,
+        default="none",
+        help="torch.compile every model's forward pass and loss (fullgraph=True: the SGPA step has "
+        "no graph breaks) with this mode; backward and Adam stay eager; 'reduce-overhead' "
+        "adds CUDA graphs on a GPU",
+    )
+    parser.add_argument(
+        "--variant", choices=("orthogonal", "dsvgp"), default="orthogonal", help="decoupled SGPA variant (attention 'sgpa' or 'sgpa-dsvgp')"
+    )
     args = _parse(parser, argv)
     device = device_from_args(parser, args)
     samplers = list(dict.fromkeys(args.sampler))
@@ -188,8 +231,16 @@ def main(argv=None):
     torch.manual_seed(0)
     images = torch.rand(args.batch_size, args.in_channels, args.image_size, args.image_size).to(device)
     labels = torch.randint(0, 10, (args.batch_size,)).to(device)
-    common = dict(image_size=args.image_size, patch_size=args.patch_size, in_channels=args.in_channels, num_classes=10,
-                  d_model=args.d_model, num_heads=args.num_heads, num_layers=args.num_layers, dropout=0.1)
+    common = dict(
+        image_size=args.image_size,
+        patch_size=args.patch_size,
+        in_channels=args.in_channels,
+        num_classes=10,
+        d_model=args.d_model,
+        num_heads=args.num_heads,
+        num_layers=args.num_layers,
+        dropout=0.1,
+    )
     models = {
         "sdp (MLE)": SGPAViT(attention="sdp", **common),
         "kernel (MLE)": SGPAViT(attention="kernel", attention_kwargs={"kernel": "rbf"}, **common),
@@ -197,9 +248,16 @@ def main(argv=None):
     sgpa_names = [f"sgpa ({sampler})" for sampler in samplers]
     for name, sampler in zip(sgpa_names, samplers):
         attention = "sgpa" if args.variant == "orthogonal" else "sgpa-dsvgp"
-        models[name] = SGPAViT(attention=attention, attention_kwargs={"kernel": "rbf", "num_global": args.num_global,
-                                                                   "share_covariance": args.share_covariance,
-                                                                   "sampler": sampler}, **common)
+        models[name] = SGPAViT(
+            attention=attention,
+            attention_kwargs={
+                "kernel": "rbf",
+                "num_global": args.num_global,
+                "share_covariance": args.share_covariance,
+                "sampler": sampler,
+            },
+            **common,
+        )
         if name != sgpa_names[0]:
             models[name].load_state_dict(models[sgpa_names[0]].state_dict())
     for model in models.values():
@@ -213,14 +271,14 @@ def main(argv=None):
             if name in elbos:
                 return -elbos[name](logits, kl, labels)
             return torch.nn.functional.cross_entropy(logits, labels)
+
         if args.compile == "none":
             return loss
         return torch.compile(loss, fullgraph=True, mode=None if args.compile == "default" else args.compile)
 
     losses = {name: loss_of(name) for name in models}
     if args.count_ops:
-        _count_ops(["kernel (MLE)", "sdp (MLE)", *sgpa_names], models, losses, images, labels,
-                   as_accelerator=device.type == "cpu")
+        _count_ops(["kernel (MLE)", "sdp (MLE)", *sgpa_names], models, losses, images, labels, as_accelerator=device.type == "cpu")
         return None
 
     def train_step(name):
@@ -232,12 +290,14 @@ def main(argv=None):
 
     inference = {
         "kernel (MLE), 1 pass": lambda: predict_proba(models["kernel (MLE)"], images),
-        f"kernel (MCD), {args.num_samples} passes":
-            lambda: mc_dropout_predict_proba(models["kernel (MLE)"], images, num_samples=args.num_samples),
+        f"kernel (MCD), {args.num_samples} passes": lambda: mc_dropout_predict_proba(
+            models["kernel (MLE)"], images, num_samples=args.num_samples
+        ),
     }
     for name in sgpa_names:
-        inference[f"{name}, {args.num_samples} samples"] = (
-            lambda model=models[name]: predict_proba(model, images, num_samples=args.num_samples))
+        inference[f"{name}, {args.num_samples} samples"] = lambda model=models[name]: predict_proba(
+            model, images, num_samples=args.num_samples
+        )
         inference[f"{name}, 1 sample"] = lambda model=models[name]: predict_proba(model, images, num_samples=1)
     train_times = {name: [] for name in models}
     infer_times = {name: [] for name in inference}
@@ -252,14 +312,15 @@ def main(argv=None):
                 infer_times[name].append(seconds)
 
     tokens = (args.image_size // args.patch_size) ** 2
-    print(f"SGPAViT: {tokens} tokens, d_model={args.d_model}, {args.num_heads} heads, {args.num_layers} layers, "
-          f"batch {args.batch_size}, {args.num_global} global keys, share_covariance={args.share_covariance}, "
-          f"variant {args.variant}, samplers {samplers}, "
-          f"torch threads {torch.get_num_threads()}; "
-          f"medians of {args.repeats} interleaved repeats")
+    print(
+        f"SGPAViT: {tokens} tokens, d_model={args.d_model}, {args.num_heads} heads, {args.num_layers} layers, "
+        f"batch {args.batch_size}, {args.num_global} global keys, share_covariance={args.share_covariance}, "
+        f"variant {args.variant}, samplers {samplers}, "
+        f"torch threads {torch.get_num_threads()}; "
+        f"medians of {args.repeats} interleaved repeats"
+    )
     if args.preset is not None or device.type != "cpu" or args.in_channels != 1 or args.compile != "none":
-        print(f"device {describe(device)}, preset {args.preset}, {args.in_channels} input channels, "
-              f"torch.compile {args.compile}")
+        print(f"device {describe(device)}, preset {args.preset}, {args.in_channels} input channels, torch.compile {args.compile}")
     print("\n| training step | median s | ratio to kernel (MLE) |\n|---|---|---|")
     train_median = {name: statistics.median(t) for name, t in train_times.items()}
     for name, value in train_median.items():
@@ -275,13 +336,16 @@ def main(argv=None):
         train_ratio = train_median[name] / train_median["kernel (MLE)"]
         sample_key = f"{name}, {args.num_samples} samples"
         default = " (package default)" if name[6:-1] == "decomposed" else ""
-        print(f"SGPA [sampler={name[6:-1]}]{default} / MLE training-step ratio: {train_ratio:.2f} (target <= 1.5: "
-              f"{'met' if train_ratio <= 1.5 else 'NOT met'}; thesis GPU figure 4.5)")
-        print(f"SGPA [sampler={name[6:-1]}] ({args.num_samples} samples) / MCD ({args.num_samples} passes) "
-              f"inference ratio: {infer_median[sample_key] / infer_median[mcd_key]:.2f} "
-              f"(thesis GPU figure 0.986 / 0.234 = 4.2)")
-        print(f"SGPA [sampler={name[6:-1]}] (1 sample) / MLE (1 pass) inference ratio: "
-              f"{infer_median[f'{name}, 1 sample'] / base:.2f}")
+        print(
+            f"SGPA [sampler={name[6:-1]}]{default} / MLE training-step ratio: {train_ratio:.2f} (target <= 1.5: "
+            f"{'met' if train_ratio <= 1.5 else 'NOT met'}; thesis GPU figure 4.5)"
+        )
+        print(
+            f"SGPA [sampler={name[6:-1]}] ({args.num_samples} samples) / MCD ({args.num_samples} passes) "
+            f"inference ratio: {infer_median[sample_key] / infer_median[mcd_key]:.2f} "
+            f"(thesis GPU figure 0.986 / 0.234 = 4.2)"
+        )
+        print(f"SGPA [sampler={name[6:-1]}] (1 sample) / MLE (1 pass) inference ratio: {infer_median[f'{name}, 1 sample'] / base:.2f}")
     if args.profile:
         _profile(["kernel (MLE)", *sgpa_names], train_step, device, args.trace_dir)
     return train_median, infer_median

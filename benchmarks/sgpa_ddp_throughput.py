@@ -12,6 +12,7 @@ thread, so 2 processes use 2 cores.  ``--device cuda`` puts each process on its 
     python benchmarks/sgpa_ddp_throughput.py [--repeats 3 --steps 10 --batch-size 100]
     python benchmarks/sgpa_ddp_throughput.py --device cuda
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,18 @@ def worker(args) -> None:
     torch.manual_seed(0)
     size = args.steps * args.batch_size
     data = Split(torch.rand(size, 1, 28, 28).to(device), torch.randint(0, 10, (size,)).to(device))
-    model = SGPAViT(image_size=28, patch_size=args.patch_size, in_channels=1, num_classes=10, d_model=64,
-                    num_heads=4, num_layers=2, attention="sgpa", dropout=0.1,
-                    attention_kwargs={"num_global": 32, "sampler": args.sampler}).to(device)
+    model = SGPAViT(
+        image_size=28,
+        patch_size=args.patch_size,
+        in_channels=1,
+        num_classes=10,
+        d_model=64,
+        num_heads=4,
+        num_layers=2,
+        attention="sgpa",
+        dropout=0.1,
+        attention_kwargs={"num_global": 32, "sampler": args.sampler},
+    ).to(device)
     elbo = SGPAELBO(model, num_data=size).to(device)
     train_classifier(model, data, epochs=1, batch_size=args.batch_size, lr=1e-3, elbo=elbo, progress=False)
     synchronize(device)
@@ -78,8 +88,19 @@ def main(argv=None) -> None:
         return worker(args)
     if device_from_args(parser, args).type == "cuda" and torch.cuda.device_count() < 2:
         parser.error(f"--device cuda: the 2-process run needs 2 GPUs (one per process), found {torch.cuda.device_count()}")
-    options = ["--worker", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-               "--patch-size", str(args.patch_size), "--sampler", args.sampler, "--device", args.device]
+    options = [
+        "--worker",
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--patch-size",
+        str(args.patch_size),
+        "--sampler",
+        args.sampler,
+        "--device",
+        args.device,
+    ]
     single = [sys.executable, __file__, *options]
     double = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__, *options]
     double_name = f"2 processes (torchrun, {'nccl' if args.device == 'cuda' else 'gloo'})"

@@ -40,8 +40,7 @@ class ViT(nn.Module):
         tokens = (image_size // patch) ** 2 + 1
         self.cls = nn.Parameter(torch.zeros(1, 1, width))
         self.position = nn.Parameter(0.02 * torch.randn(1, tokens, width))
-        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True,
-                                           activation="gelu")
+        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True, activation="gelu")
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, classes))
 
@@ -86,10 +85,14 @@ def main(argv=None) -> dict:
     gpytorch_sgpa.convert(model, attention="kernel")
     gpytorch_sgpa.convert(model, num_global=args.num_global)
     tokens = (224 // 16) ** 2 + 1
-    print(f"ViT: width {args.width}, {args.heads} heads, {args.layers} layers, {tokens} tokens, "
-          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, {args.num_global} global keys per head")
-    print("\n| σ_f² scale c | KL per sequence | global | amortised | amortised per token | "
-          "max |Δ logits| vs c = 1 |\n| --- | --- | --- | --- | --- | --- |")
+    print(
+        f"ViT: width {args.width}, {args.heads} heads, {args.layers} layers, {tokens} tokens, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, {args.num_global} global keys per head"
+    )
+    print(
+        "\n| σ_f² scale c | KL per sequence | global | amortised | amortised per token | "
+        "max |Δ logits| vs c = 1 |\n| --- | --- | --- | --- | --- | --- |"
+    )
     rows, reference, applied = {}, None, 1.0
     for factor in (1.0, 10.0, 100.0):
         rescale(model, factor / applied)
@@ -98,15 +101,18 @@ def main(argv=None) -> dict:
         reference = logits if reference is None else reference
         amortised = total - global_kl
         rows[factor] = total
-        print(f"| {factor:g} | {total:.3g} | {global_kl:.3g} | {amortised:.3g} | {amortised / tokens:.3g} | "
-              f"{(logits - reference).abs().max():.1e} |")
-    print("\nKL term per image under kl_weighting='all-over-n' (KL / N) against log C, and the beta "
-          "that makes it 10 % of log C (c = 1):")
+        print(
+            f"| {factor:g} | {total:.3g} | {global_kl:.3g} | {amortised:.3g} | {amortised / tokens:.3g} | "
+            f"{(logits - reference).abs().max():.1e} |"
+        )
+    print("\nKL term per image under kl_weighting='all-over-n' (KL / N) against log C, and the beta that makes it 10 % of log C (c = 1):")
     print("| data | N | classes | KL / N | log C | beta for 10 % |\n| --- | --- | --- | --- | --- | --- |")
     for name, count, classes in (("ImageNet", 1_281_167, 1000), ("Fashion-MNIST", 60_000, 10)):
         per_image = rows[1.0] / count
-        print(f"| {name} | {count:,} | {classes} | {per_image:.3g} | {math.log(classes):.2f} | "
-              f"{min(1.0, 0.1 * math.log(classes) / per_image):.2g} |")
+        print(
+            f"| {name} | {count:,} | {classes} | {per_image:.3g} | {math.log(classes):.2f} | "
+            f"{min(1.0, 0.1 * math.log(classes) / per_image):.2g} |"
+        )
     print(f"\n({time.perf_counter() - start:.0f} s)")
     return rows
 

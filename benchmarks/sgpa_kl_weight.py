@@ -60,11 +60,13 @@ def initial_kl(model, images) -> float:
 
 
 def evaluate(model, images, labels, num_samples, sgpa=True) -> dict:
-    predict = (lambda chunk: predict_proba(model, chunk, num_samples=num_samples)) if sgpa else (
-        lambda chunk: model(chunk).softmax(-1))
+    predict = (lambda chunk: predict_proba(model, chunk, num_samples=num_samples)) if sgpa else (lambda chunk: model(chunk).softmax(-1))
     probs = in_chunks(predict, images)
-    return dict(accuracy=accuracy(probs, labels), nll=negative_log_likelihood(probs.clamp_min(1e-12), labels),
-                ece=calibration_errors(probs, labels)[0])
+    return dict(
+        accuracy=accuracy(probs, labels),
+        nll=negative_log_likelihood(probs.clamp_min(1e-12), labels),
+        ece=calibration_errors(probs, labels)[0],
+    )
 
 
 def run_seed(seed, data, args) -> dict:
@@ -85,8 +87,11 @@ def run_seed(seed, data, args) -> dict:
     settings = [("β = 1, the data's own R", len(train_y), 1.0, 0), ("β = 'auto', the data's own R", len(train_y), "auto", 0)]
     for ratio in args.ratios:
         num_data = max(1, round(kl0 / (ratio * math.log(NUM_CLASSES))))
-        settings += [(f"β = 1, R = {ratio:g}", num_data, 1.0, 0), (f"anneal, R = {ratio:g}", num_data, 1.0, steps),
-                     (f"β = 'auto', R = {ratio:g}", num_data, "auto", 0)]
+        settings += [
+            (f"β = 1, R = {ratio:g}", num_data, 1.0, 0),
+            (f"anneal, R = {ratio:g}", num_data, 1.0, steps),
+            (f"β = 'auto', R = {ratio:g}", num_data, "auto", 0),
+        ]
     settings.append(("β = 0", len(train_y), 0.0, 0))
     for name, num_data, beta, anneal_steps in settings:
         torch.manual_seed(seed)
@@ -95,25 +100,36 @@ def run_seed(seed, data, args) -> dict:
         elbo = SGPAELBO(model, num_data=num_data, beta=beta, anneal_steps=anneal_steps)
         model = train(model, train_x, train_y, args.fine_tune, fine_tune_generator, args.lr, elbo=elbo)
         results[name] = {**evaluate(model, test_x, test_y, args.num_samples), "kl": initial_kl(model, train_x[:500])}
-    print(f"seed {seed}: KL0 = {kl0:.4g} nats per sequence (R = {own_ratio:.2f} at N = {len(train_y)}), "
-          f"{time.perf_counter() - start:.0f} s", flush=True)
+    print(
+        f"seed {seed}: KL0 = {kl0:.4g} nats per sequence (R = {own_ratio:.2f} at N = {len(train_y)}), {time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
     return results
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_recipe_arguments(parser)
-    parser.add_argument("--ratios", type=float, nargs="+", default=[10.0, 100.0, 700.0],
-                        help="KL₀ / (N log C) to reproduce (ViT-B: about 10 on ImageNet, 700 on 50,000 images)")
+    parser.add_argument(
+        "--ratios",
+        type=float,
+        nargs="+",
+        default=[10.0, 100.0, 700.0],
+        help="KL₀ / (N log C) to reproduce (ViT-B: about 10 on ImageNet, 700 on 50,000 images)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     images, labels = load_fashion_mnist("train")
     test_images, test_labels = load_fashion_mnist("test")
-    data = (images[: args.train].float(), labels[: args.train], test_images[: args.test].float(),
-            test_labels[: args.test])
+    data = (images[: args.train].float(), labels[: args.train], test_images[: args.test].float(), test_labels[: args.test])
     per_seed = {seed: run_seed(seed, data, args) for seed in args.seeds}
-    spread = lambda values: ("-" if None in values else f"{statistics.mean(values):.3g} ± {statistics.stdev(values):.2g}"
-                             if len(values) > 1 else f"{values[0]:.3g}")
+    spread = lambda values: (
+        "-"
+        if None in values
+        else f"{statistics.mean(values):.3g} ± {statistics.stdev(values):.2g}"
+        if len(values) > 1
+        else f"{values[0]:.3g}"
+    )
     print(f"\n{args.train} training images, {len(args.seeds)} seeds, {args.fine_tune} ELBO epochs per setting\n")
     print("| setting | accuracy | NLL | ECE | KL per sequence at the end |\n| --- | --- | --- | --- | --- |")
     names = list(per_seed[args.seeds[0]])

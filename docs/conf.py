@@ -1,4 +1,5 @@
 """Sphinx configuration of the probseq API reference and tutorials (``make docs``)."""
+
 import importlib
 import importlib.metadata
 import inspect
@@ -59,12 +60,14 @@ autosummary_generate = True
 # Every cross-reference must resolve (-W turns a broken one into an error), except those to private
 # names (``_smooth_ratio``), which docstrings may mention without the site documenting them.
 nitpicky = True
-nitpick_ignore_regex = [(r"py:.*", r"(.*\.)?_[A-Za-z]\w*(\..*)?"),
-                        # diffusers' site (Hugging Face doc-builder) publishes no Sphinx inventory: its
-                        # classes (pseudovideo's bases ModelMixin, DiffusionPipeline, ...) stay unlinked
-                        (r"py:class", r"diffusers(\..*)?\.[A-Z]\w*"),
-                        # the same for transformers (gpytorch_sgpa.trainer.SGPATrainer's base Trainer)
-                        (r"py:class", r"transformers(\..*)?\.[A-Z]\w*")]
+nitpick_ignore_regex = [
+    (r"py:.*", r"(.*\.)?_[A-Za-z]\w*(\..*)?"),
+    # diffusers' site (Hugging Face doc-builder) publishes no Sphinx inventory: its
+    # classes (pseudovideo's bases ModelMixin, DiffusionPipeline, ...) stay unlinked
+    (r"py:class", r"diffusers(\..*)?\.[A-Z]\w*"),
+    # the same for transformers (gpytorch_sgpa.trainer.SGPATrainer's base Trainer)
+    (r"py:class", r"transformers(\..*)?\.[A-Z]\w*"),
+]
 autosummary_ignore_module_all = True  # a module page documents what the module defines, not what it imports
 autosummary_imported_members = False
 # The summary of a name in a table is its docstring's first sentence; "thesis eq. (4.6)" and
@@ -186,8 +189,7 @@ def _public_bases(app, name, obj, options, bases):
     for base in list(bases):
         add(base)
     bases[:] = [
-        (f":py:class:`~{_public_path(base)}`" if _is_ours(base) else f":py:class:`{_public_path(base)}`")
-        if inspect.isclass(base) else base
+        (f":py:class:`~{_public_path(base)}`" if _is_ours(base) else f":py:class:`{_public_path(base)}`") if inspect.isclass(base) else base
         for base in public
     ] or [object]
 
@@ -209,15 +211,15 @@ _prune_stale_pages()
 MAIN_API = _main_api()
 autosummary_context = {"main_api": MAIN_API, "inherited_members": _inherited_members()}
 # ``gpytorch_hippo.HiPPO`` (what users import) -> ``gpytorch_hippo.hippo.HiPPO`` (where it is documented)
-ALIASES = {
-    f"{package}.{canonical.rsplit('.', 1)[1]}": canonical for package, names in MAIN_API.items() for canonical in names
-}
+ALIASES = {f"{package}.{canonical.rsplit('.', 1)[1]}": canonical for package, names in MAIN_API.items() for canonical in names}
 
 
 # Names in the signatures of other libraries' methods (``Kernel.__init__``) that autodoc leaves bare
 BARE_NAMES = {
-    "Tensor": "torch.Tensor", "nn.Module": "torch.nn.Module",
-    "Prior": "gpytorch.priors.Prior", "Interval": "gpytorch.constraints.Interval",
+    "Tensor": "torch.Tensor",
+    "nn.Module": "torch.nn.Module",
+    "Prior": "gpytorch.priors.Prior",
+    "Interval": "gpytorch.constraints.Interval",
 }
 
 
@@ -255,7 +257,7 @@ def _alias(target: str, module: str | None = None) -> str | None:
             if obj is None:
                 break
             if inspect.isclass(obj) or inspect.isfunction(obj):
-                named, rest = obj, parts[i + j + 1:]
+                named, rest = obj, parts[i + j + 1 :]
         else:
             if named is not None:
                 return ".".join([_documented_path(named), *rest])

@@ -19,6 +19,7 @@
 One torch thread by default (``--threads``): these are many small operations, which extra threads
 slow down on a machine that is busy with other work.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,7 @@ from .hippo import MEASURES, HiPPO
 
 def build_memories(M: int, window: float):
     """One memory per measure; FouT needs odd ``M`` (a constant plus cos/sin pairs)."""
-    return {
-        measure: HiPPO(measure, M + (measure == "fout" and M % 2 == 0), theta=window)
-        for measure in MEASURES
-    }
+    return {measure: HiPPO(measure, M + (measure == "fout" and M % 2 == 0), theta=window) for measure in MEASURES}
 
 
 def reconstruct_on_support(memory, state, x, t):
@@ -90,8 +88,11 @@ def plot(memories, rows, times, values, path):
             fit = reconstruct_on_support(memory, rows[measure][1][k], past, times[k])
             ax.plot(past, fit, color=f"C{i}", lw=1.2, label=measure)
         ax.axvline(times[k].item(), color="k", lw=0.5)
-        ax.set(title=f"{label}: reconstructions $\\hat y^{{(t)}}(x)$", xlabel="x (days)",
-               ylim=(values.min().item() - 1, values.max().item() + 1))
+        ax.set(
+            title=f"{label}: reconstructions $\\hat y^{{(t)}}(x)$",
+            xlabel="x (days)",
+            ylim=(values.min().item() - 1, values.max().item() + 1),
+        )
         ax.legend(fontsize=7, ncol=5)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -102,11 +103,17 @@ DATASET = "irradiance"
 METHODS = ("ohsgpr", "osgpr", "ovc", "ovff")
 NAMES = {"ohsgpr": "OHSGPR", "osgpr": "OSGPR", "ovc": "OVC", "ovff": "OVFF"}
 NUM_INDUCING = 20
-STYLES = {"ohsgpr": dict(marker="o", ls="-", lw=2.2, zorder=4), "osgpr": dict(marker="s", ls="-", lw=1.5, zorder=3),
-          "ovc": dict(marker="^", ls="--", lw=1.5, zorder=5), "ovff": dict(marker="v", ls=":", lw=1.5, zorder=2)}
+STYLES = {
+    "ohsgpr": dict(marker="o", ls="-", lw=2.2, zorder=4),
+    "osgpr": dict(marker="s", ls="-", lw=1.5, zorder=3),
+    "ovc": dict(marker="^", ls="--", lw=1.5, zorder=5),
+    "ovff": dict(marker="v", ls=":", lw=1.5, zorder=2),
+}
 NUM_TASKS = 10
-FULL_COMPARISON = ("python -m gpytorch_hippo.experiments.online --dataset irradiance "
-                   "--methods ohsgpr,ohsgpr-rff,osgpr,osgpr-fixed,ovc,ovc-optz,ovff --num-inducing 50 --seeds 5")
+FULL_COMPARISON = (
+    "python -m gpytorch_hippo.experiments.online --dataset irradiance "
+    "--methods ohsgpr,ohsgpr-rff,osgpr,osgpr-fixed,ovc,ovc-optz,ovff --num-inducing 50 --seeds 5"
+)
 
 
 def run_online(seeds, methods=METHODS, num_inducing=NUM_INDUCING, num_tasks=NUM_TASKS):
@@ -200,8 +207,9 @@ def plot_forgetting(rows, finals, path):
         with torch.no_grad():
             predictive = model.likelihood(model(data.x))
         mean, sd = predictive.mean, predictive.variance.sqrt()
-        ax.plot(x, mean, color=f"C{i}", label=NAMES[method], ls=STYLES[method]["ls"], lw=STYLES[method]["lw"],
-                zorder=STYLES[method]["zorder"])
+        ax.plot(
+            x, mean, color=f"C{i}", label=NAMES[method], ls=STYLES[method]["ls"], lw=STYLES[method]["lw"], zorder=STYLES[method]["zorder"]
+        )
         if method != "ovc":
             ax.fill_between(x, mean - 2 * sd, mean + 2 * sd, color=f"C{i}", alpha=0.15)
         points = getattr(model.posterior_inducing_variables, "points", None)
@@ -224,9 +232,12 @@ def main(argv=None):
     parser.add_argument("--window", type=float, default=60.0, help="LegT/FouT window and LagT time scale, days")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of part 2 (task split and test points)")
     parser.add_argument("--quick", action="store_true", help="part 2 with one seed (seed 0)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default 1: the demo's many small operations gain nothing from more, "
-                             "and more slow it down on a busy machine)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: the demo's many small operations gain nothing from more, and more slow it down on a busy machine)",
+    )
     parser.add_argument("--no-online", action="store_true", help="skip part 2 (online sparse GPs)")
     args = parser.parse_args(argv)
     if args.seeds < 1:
@@ -242,8 +253,10 @@ def main(argv=None):
     memories = build_memories(args.M, args.window)
     rows = reconstruction_errors(memories, times, values, args.window)
 
-    print(f"1. Daily solar irradiance (pvlib TMY3, Greensboro NC), T = {times.shape[0]} days, standardised; "
-          f"M = {args.M}, window = {args.window:g} days, bilinear")
+    print(
+        f"1. Daily solar irradiance (pvlib TMY3, Greensboro NC), T = {times.shape[0]} days, standardised; "
+        f"M = {args.M}, window = {args.window:g} days, bilinear"
+    )
     print("reconstruction RMSE (outside a measure's support the memory predicts the mean, 0)")
     print("                           t = T/2: history  last window |  t = T: history  last window")
     for measure, (row, _) in rows.items():
@@ -260,17 +273,23 @@ def main(argv=None):
         lengthscale = float(finals["ohsgpr"][0].covar_module.base_kernel.lengthscale)
         span = float(finals["ohsgpr"][1].x.max() - finals["ohsgpr"][1].x.min())
         which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}, mean over seeds"
-        print(f"\n2. Online regression of the same series: {NUM_TASKS} tasks of ~{span / NUM_TASKS:.0f} days, each seen once, "
-              f"M = {NUM_INDUCING} inducing variables ({which})")
-        print(f"   kernel fitted on task 1 (seed {seeds[0]}): l = {lengthscale:.0f} days, so the year is t/l = "
-              f"{span / lengthscale:.1f} length scales; LegS keeps the whole past with M ~ 2 t/l, "
-              f"points re-drawn from old points and new inputs drift to the newest task")
+        print(
+            f"\n2. Online regression of the same series: {NUM_TASKS} tasks of ~{span / NUM_TASKS:.0f} days, each seen once, "
+            f"M = {NUM_INDUCING} inducing variables ({which})"
+        )
+        print(
+            f"   kernel fitted on task 1 (seed {seeds[0]}): l = {lengthscale:.0f} days, so the year is t/l = "
+            f"{span / lengthscale:.1f} length scales; LegS keeps the whole past with M ~ 2 t/l, "
+            f"points re-drawn from old points and new inputs drift to the newest task"
+        )
         print(forgetting_table(rows))
         csv_path = online.write_csv(rows, args.out)
         figure = plot_forgetting(rows, finals, os.path.join(args.out, "online_forgetting.png"))
         print(f"wrote {csv_path}, {figure}")
-        print(f"The full comparison (7 methods, more seeds, other data sets and M; OVC draws level with OHSGPR on "
-              f"this series): {FULL_COMPARISON} (results in docs/results.md)")
+        print(
+            f"The full comparison (7 methods, more seeds, other data sets and M; OVC draws level with OHSGPR on "
+            f"this series): {FULL_COMPARISON} (results in docs/results.md)"
+        )
     print(f"total {time.perf_counter() - started:.0f} s with {args.threads} torch thread(s)")
 
 

@@ -4,6 +4,7 @@ The core install (``pip install probseq``) holds what the models need; data sets
 pseudo-video models need extras (``pip install "probseq[data]"``, ``"probseq[plots]"``,
 ``"probseq[video]"``, or ``"probseq[all]"``).
 """
+
 from __future__ import annotations
 
 from types import ModuleType

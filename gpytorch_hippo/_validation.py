@@ -6,6 +6,7 @@
 * :func:`check_finite_scalar` -- a real number argument (times, scales, steps).
 * :func:`floating_dtype` -- the floating dtype a module (a kernel, inducing variables) computes in.
 """
+
 from __future__ import annotations
 
 import math

@@ -43,6 +43,7 @@ The signal is taken to be zero before the stream starts, except for LegS, whose 
 at ``x = 0``: there the state at the first sample ``t_0`` is ``f_0 e_0`` (the ``t -> 0`` limit of
 the projection; for ``t_0 > 0`` it means ``f`` is held at ``f_0`` on ``[0, t_0]``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -73,9 +74,7 @@ def _check_order(M, measure: str) -> int:
     if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
         raise ValueError(f"M must be a positive integer, got {M!r}")
     if measure == "fout" and M % 2 == 0:
-        raise ValueError(
-            f"M must be odd for measure 'fout' (a constant plus cosine/sine pairs), got {M}"
-        )
+        raise ValueError(f"M must be odd for measure 'fout' (a constant plus cosine/sine pairs), got {M}")
     return int(M)
 
 
@@ -85,9 +84,7 @@ def _check_theta(theta) -> float:
     return float(theta)
 
 
-def transition(
-    measure: str, M: int, theta: float = 1.0, dtype: torch.dtype = torch.float64
-) -> tuple[Tensor, Tensor]:
+def transition(measure: str, M: int, theta: float = 1.0, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
     """Continuous-time HiPPO matrices ``(A, B)`` of ``dc/dt = A(t) c + B(t) f`` (thesis eq. (2.10)).
 
     For ``"legs"`` the returned ``A`` (M x M) and ``B`` (M,) are the time-invariant parts of
@@ -351,9 +348,7 @@ class HiPPO(nn.Module):
         self.M = _check_order(M, measure)
         self.theta = _check_theta(theta)
         if discretization not in DISCRETIZATIONS:
-            raise ValueError(
-                f"discretization must be one of {DISCRETIZATIONS}, got {discretization!r}"
-            )
+            raise ValueError(f"discretization must be one of {DISCRETIZATIONS}, got {discretization!r}")
         self.discretization = discretization
         A, B = transition(measure, self.M, self.theta)
         self.register_buffer("A", A, persistent=False)
@@ -364,10 +359,7 @@ class HiPPO(nn.Module):
         self._cache_prefix: tuple[int, tuple[Tensor, Tensor]] | None = None
 
     def extra_repr(self) -> str:
-        return (
-            f"measure={self.measure!r}, M={self.M}, theta={self.theta}, "
-            f"discretization={self.discretization!r}"
-        )
+        return f"measure={self.measure!r}, M={self.M}, theta={self.theta}, discretization={self.discretization!r}"
 
     # ----------------------------------------------------------------- discretisation
     def _initial_vector(self) -> Tensor:
@@ -447,13 +439,9 @@ class HiPPO(nn.Module):
     def _grid_steps(self, times: Tensor, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
         """Per-step matrices for a time grid in ``dtype``, cached while the grid is unchanged (fast path)."""
         cached = self._cache_times
-        if cached is None or not (
-            cached.shape == times.shape and cached.device == times.device and torch.equal(cached, times)
-        ):
+        if cached is None or not (cached.shape == times.shape and cached.device == times.device and torch.equal(cached, times)):
             n_old = 0 if cached is None else cached.shape[0]
-            extends = (
-                1 < n_old < times.shape[0] and cached.device == times.device and torch.equal(times[:n_old], cached)
-            )
+            extends = 1 < n_old < times.shape[0] and cached.device == times.device and torch.equal(times[:n_old], cached)
             if extends:  # a stream that grew: only the new steps are discretised
                 old = self._cache_steps[torch.float64]
                 new = self.step_matrices(times[n_old - 1 : -1], times[n_old:])
@@ -486,10 +474,7 @@ class HiPPO(nn.Module):
     def _check_signal(self, signal, times: Tensor) -> Tensor:
         signal = _floating(signal, "signal", self.A.device)
         if signal.dim() < 1 or signal.shape[-1] != times.shape[0]:
-            raise ValueError(
-                f"signal must have shape (..., T) with T = len(times) = {times.shape[0]}, "
-                f"got {tuple(signal.shape)}"
-            )
+            raise ValueError(f"signal must have shape (..., T) with T = len(times) = {times.shape[0]}, got {tuple(signal.shape)}")
         return signal
 
     # ----------------------------------------------------------------- recurrence
@@ -523,8 +508,7 @@ class HiPPO(nn.Module):
         if bool((P != 0).any()):
             if f_prev is None:
                 raise ValueError(
-                    f"f_prev (the sample at t_prev) is required by the {self.discretization!r} "
-                    f"discretization of measure {self.measure!r}"
+                    f"f_prev (the sample at t_prev) is required by the {self.discretization!r} discretization of measure {self.measure!r}"
                 )
             f_prev = check_tensor(torch.as_tensor(f_prev, dtype=c.dtype, device=c.device), "f_prev")
             out = out + f_prev[..., None] * P

@@ -1,4 +1,5 @@
 """The Nyström residual ``k(x, x) - Kfu Kuu⁻¹ Kuf`` of a sparse GP, checked rather than clamped."""
+
 from __future__ import annotations
 
 import warnings

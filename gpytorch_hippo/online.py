@@ -55,8 +55,6 @@ _OLD_TASK_BUFFERS = ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_
 CHECK_COST_FRACTION = 0.05
 
 
-
-
 def frozen_copy(module: torch.nn.Module, share: bool = True) -> torch.nn.Module:
     """A detached deep copy of ``module`` (inducing variables, mean function) whose tensors receive
     no gradients; a copy of inducing variables is owned by no variational strategy. ``share``: a module
@@ -325,9 +323,7 @@ class OnlineSGPR(gpytorch.Module):
             raise ValueError(f"captured_variance_warning must be in [0, 1] or None, got {captured_variance_warning!r}")
         self.captured_variance_warning = captured_variance_warning
         if not isinstance(inducing_variables, InducingVariables):
-            raise TypeError(
-                f"inducing_variables must be an InducingVariables instance, got {type(inducing_variables).__name__}"
-            )
+            raise TypeError(f"inducing_variables must be an InducingVariables instance, got {type(inducing_variables).__name__}")
         if not isinstance(covar_module, gpytorch.kernels.Kernel):
             raise TypeError(f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}")
         if not isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood) or isinstance(
@@ -380,8 +376,7 @@ class OnlineSGPR(gpytorch.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # The summary buffers and the frozen inducing copy exist only after a task: allocate them so
         # that a fresh model can load the state of a trained one.
-        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range",
-                     "time_origin"):
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range", "time_origin"):
             key = prefix + name
             if key in state_dict and getattr(self, name) is None:
                 setattr(self, name, torch.empty_like(state_dict[key]))
@@ -673,8 +668,18 @@ class OnlineSGPR(gpytorch.Module):
         train_x = torch.where(mask.unsqueeze(-1), train_x, fill.unsqueeze(-2))
         return train_x, torch.where(mask, train_y, torch.zeros((), dtype=train_y.dtype)), mask
 
-    def _fit(self, train_x, train_y, noise, num_iter: int, lr: float, optimizer: str, progress: bool,
-             mask: Tensor | None = None, fixed_mean: bool = False) -> FitReport:
+    def _fit(
+        self,
+        train_x,
+        train_y,
+        noise,
+        num_iter: int,
+        lr: float,
+        optimizer: str,
+        progress: bool,
+        mask: Tensor | None = None,
+        fixed_mean: bool = False,
+    ) -> FitReport:
         """Maximise the task's online bound over the trainable hyperparameters (the mean's too, unless
         ``fixed_mean``); the report of the fit."""
         frozen = ("posterior_", "mean_module.") if fixed_mean else ("posterior_",)
@@ -814,8 +819,10 @@ class OnlineSGPR(gpytorch.Module):
         conditioning (BoTorch's fantasies) and ``detach_test_caches(False)`` with gradients enabled are never
         served from the cache."""
         posterior = [self.posterior_precision, self.posterior_shift, self.posterior_chol, self.posterior_prior_mean]
-        cacheable = not self.training and not any(t.requires_grad for t in posterior) and (
-            not torch.is_grad_enabled() or gpytorch.settings.detach_test_caches.on()
+        cacheable = (
+            not self.training
+            and not any(t.requires_grad for t in posterior)
+            and (not torch.is_grad_enabled() or gpytorch.settings.detach_test_caches.on())
         )
         key = None
         if cacheable:
@@ -845,9 +852,13 @@ class OnlineSGPR(gpytorch.Module):
 def _same_key(old: tuple, new: tuple) -> bool:
     """Whether two keys of :meth:`OnlineSGPR._prediction_factors` are the same objects with the same values."""
     (old_ids, old_tensors), (new_ids, new_tensors) = old, new
-    return old_ids == new_ids and len(old_tensors) == len(new_tensors) and all(
-        a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
-        for a, b in zip(old_tensors, new_tensors)
+    return (
+        old_ids == new_ids
+        and len(old_tensors) == len(new_tensors)
+        and all(
+            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+            for a, b in zip(old_tensors, new_tensors)
+        )
     )
 
 

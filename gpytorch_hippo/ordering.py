@@ -54,9 +54,7 @@ def _check_start(start, x: Tensor) -> Tensor:
     if not isinstance(start, Tensor):
         raise TypeError(f"start must be a torch.Tensor or None, got {type(start).__name__}")
     if start.numel() != x.shape[-1] or start.dim() > 2 or (start.dim() == 2 and start.shape[0] != 1):
-        raise ValueError(
-            f"start must be one input of dimension D = {x.shape[-1]} (shape ({x.shape[-1]},)), got {tuple(start.shape)}"
-        )
+        raise ValueError(f"start must be one input of dimension D = {x.shape[-1]} (shape ({x.shape[-1]},)), got {tuple(start.shape)}")
     start = start.reshape(1, -1).to(dtype=x.dtype, device=x.device)
     if not torch.isfinite(start).all():
         raise ValueError("start contains NaN or infinite values")

@@ -86,9 +86,7 @@ def _basis_and_offset(posterior: _Posterior, x: Tensor) -> tuple[Tensor, Tensor 
     basis = ivs.basis(x)
     num_inducing = posterior.q_u.mean.shape[-1]
     if basis.shape[-2:] != (x.shape[0], num_inducing):
-        raise ValueError(
-            f"inducing_variables.basis(x) must have shape ({x.shape[0]}, {num_inducing}), got {tuple(basis.shape)}"
-        )
+        raise ValueError(f"inducing_variables.basis(x) must have shape ({x.shape[0]}, {num_inducing}), got {tuple(basis.shape)}")
     offset = None
     mean_module = posterior.mean_module
     if mean_module is not None and ivs.prior_mean(mean_module) is None and not isinstance(mean_module, gpytorch.means.ZeroMean):

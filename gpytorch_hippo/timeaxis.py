@@ -38,8 +38,10 @@ def _as_datetime64(values) -> np.ndarray | None:
         return None
     if array.dtype.kind == "M":
         return array.astype("datetime64[ns]")
-    if array.dtype.kind == "O" and array.size and all(
-        isinstance(v, (datetime.datetime, datetime.date, np.datetime64)) or type(v).__name__ == "Timestamp" for v in array.flat
+    if (
+        array.dtype.kind == "O"
+        and array.size
+        and all(isinstance(v, (datetime.datetime, datetime.date, np.datetime64)) or type(v).__name__ == "Timestamp" for v in array.flat)
     ):
         if any(getattr(v, "tzinfo", None) is not None for v in array.flat):
             raise TypeError("time-zone-aware times: convert them to UTC and drop the zone first (e.g. .tz_convert(None))")

@@ -37,10 +37,7 @@ def _same_tensor(cached: Tensor, current: Tensor) -> bool:
     """Whether a fingerprint tensor still describes ``current``: same values, shape, dtype and device
     (``torch.equal`` alone calls float32 and float64 copies equal, and raises across devices)."""
     return (
-        cached.shape == current.shape
-        and cached.dtype == current.dtype
-        and cached.device == current.device
-        and torch.equal(cached, current)
+        cached.shape == current.shape and cached.dtype == current.dtype and cached.device == current.device and torch.equal(cached, current)
     )
 
 
@@ -91,21 +88,18 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     ):
         if not isinstance(inducing_variables, InducingVariables):
             raise TypeError(
-                "inducing_variables must be an InducingVariables instance (e.g. InducingPoints), "
-                f"got {type(inducing_variables).__name__}"
+                f"inducing_variables must be an InducingVariables instance (e.g. InducingPoints), got {type(inducing_variables).__name__}"
             )
         if not isinstance(variational_distribution, gpytorch.variational._VariationalDistribution):
             raise TypeError(
-                "variational_distribution must be a gpytorch variational distribution, "
-                f"got {type(variational_distribution).__name__}"
+                f"variational_distribution must be a gpytorch variational distribution, got {type(variational_distribution).__name__}"
             )
         if kernel is not None and not isinstance(kernel, gpytorch.kernels.Kernel):
             raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(kernel).__name__}")
         num_q = variational_distribution.shape()[-1]
         if num_q != inducing_variables.num_inducing:
             raise ValueError(
-                f"variational_distribution has size {num_q} but inducing_variables has "
-                f"num_inducing={inducing_variables.num_inducing}"
+                f"variational_distribution has size {num_q} but inducing_variables has num_inducing={inducing_variables.num_inducing}"
             )
         # Deliberately skip _VariationalStrategy.__init__: it would register an `inducing_points`
         # parameter, which has no meaning for interdomain inducing variables (and would go stale for
@@ -190,10 +184,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         tensors = self._watched_tensors()
         old = self._cache_fingerprint
         fresh = (
-            not force
-            and old is not None
-            and len(old) == len(tensors)
-            and all(_same_tensor(a, b.detach()) for a, b in zip(old, tensors))
+            not force and old is not None and len(old) == len(tensors) and all(_same_tensor(a, b.detach()) for a, b in zip(old, tensors))
         )
         if not fresh:
             clear_cache_hook(self)
@@ -329,9 +320,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             mean_other = torch.zeros(Kuu_other.shape[:-1], dtype=Kuu_other.dtype, device=Kuu_other.device)
         cross = self.inducing_variables.Kuu_cross(other, kernel)
         covar_q = None if isinstance(q, Delta) else q.lazy_covariance_matrix
-        return self._conditional(
-            mean_other, Kuu_other, cross, q.mean, covar_q, data_jitter=False
-        )
+        return self._conditional(mean_other, Kuu_other, cross, q.mean, covar_q, data_jitter=False)
 
     # ------------------------------------------------------------------ moving the inducing variables
     def advance(self, t_new: float) -> None:
@@ -351,9 +340,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         (thesis §4.4), carrying ``q(u)`` forward as :meth:`advance` does (nothing to carry before
         ``q(u)`` is first used)."""
         kernel = self.kernel
-        self._move_inducing_variables(
-            "append_path", lambda variables: variables.append_path(x_ordered, step=step, kernel=kernel)
-        )
+        self._move_inducing_variables("append_path", lambda variables: variables.append_path(x_ordered, step=step, kernel=kernel))
 
     def replace_inducing_variables(self, inducing_variables: InducingVariables) -> None:
         """Use other inducing variables, of any number (e.g. OSVGP's re-drawn points), and carry
@@ -364,8 +351,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         parameters as they are, and needs the same number of inducing variables."""
         if not isinstance(inducing_variables, InducingVariables):
             raise TypeError(
-                "inducing_variables must be an InducingVariables instance (e.g. InducingPoints), "
-                f"got {type(inducing_variables).__name__}"
+                f"inducing_variables must be an InducingVariables instance (e.g. InducingPoints), got {type(inducing_variables).__name__}"
             )
         carry = self._check_movable("replace_inducing_variables")
         with torch.no_grad():
@@ -390,8 +376,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         carry = bool(self.variational_params_initialized.item())  # (an unused q(u) holds nothing to carry)
         if carry and self._online_objective and not self.online_task_ended.item():
             raise RuntimeError(
-                f"call OnlineELBO.end_task() before {method}: it stores q(u) of the finished task "
-                f"({method} first would silently lose it)"
+                f"call OnlineELBO.end_task() before {method}: it stores q(u) of the finished task ({method} first would silently lose it)"
             )
         return carry
 
@@ -532,9 +517,5 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         elif isinstance(q, Delta):
             covar = None
         else:
-            raise RuntimeError(
-                f"Invalid variational distribution ({type(q).__name__}); expected a MultivariateNormal or a Delta"
-            )
-        return gpytorch.Module.__call__(
-            self, x, inducing_values=q.mean, variational_inducing_covar=covar, diag=diag, **kwargs
-        )
+            raise RuntimeError(f"Invalid variational distribution ({type(q).__name__}); expected a MultivariateNormal or a Delta")
+        return gpytorch.Module.__call__(self, x, inducing_values=q.mean, variational_inducing_covar=covar, diag=diag, **kwargs)

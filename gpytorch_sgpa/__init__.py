@@ -4,6 +4,7 @@ Layers (:mod:`gpytorch_sgpa.attention`), attention kernels (:mod:`gpytorch_sgpa.
 Transformers (:mod:`gpytorch_sgpa.transformer`) and the training objective
 (:mod:`gpytorch_sgpa.elbo`).
 """
+
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 

@@ -5,6 +5,7 @@ Trains a small MLE kernel-attention ViT and its SGPA counterpart (thesis ch. 3) 
 then prints accuracy, NLL, ECE/MCE and OOD AUROC/AUPR side by side and writes results.csv/.png.
 The full runner is ``python -m gpytorch_sgpa.experiments.calibration``.
 """
+
 import argparse
 
 from .experiments.calibration import main as calibration_main
@@ -16,12 +17,28 @@ def main(argv=None):
     parser.add_argument("--dataset", default="digits", choices=("digits", "fashion_mnist", "vader"))
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    command = ["--dataset", args.dataset, "--methods", "mle-kernel,ts,sgpa", "--seeds", "1", "--quick",
-               "--out", str(args.out)]
+    command = ["--dataset", args.dataset, "--methods", "mle-kernel,ts,sgpa", "--seeds", "1", "--quick", "--out", str(args.out)]
     if args.dataset == "digits":
-        command += ["--train-size", "1000", "--val-size", "200", "--test-size", "397", "--ood-size", "397",
-                    "--epochs", "10", "--mle-init-epochs", "3", "--batch-size", "50", "--d-model", "32",
-                    "--threads", "1"]
+        command += [
+            "--train-size",
+            "1000",
+            "--val-size",
+            "200",
+            "--test-size",
+            "397",
+            "--ood-size",
+            "397",
+            "--epochs",
+            "10",
+            "--mle-init-epochs",
+            "3",
+            "--batch-size",
+            "50",
+            "--d-model",
+            "32",
+            "--threads",
+            "1",
+        ]
     if args.no_progress:
         command.append("--no-progress")
     return calibration_main(command)

@@ -21,8 +21,9 @@ def _type_name(value) -> str:
     return f"{value.dtype} tensor" if isinstance(value, Tensor) else type(value).__name__
 
 
-def check_tensor(x, name: str, *, floating: bool | None = None, dim: int | tuple[int, ...] | None = None,
-                 non_empty: bool = False) -> Tensor:
+def check_tensor(
+    x, name: str, *, floating: bool | None = None, dim: int | tuple[int, ...] | None = None, non_empty: bool = False
+) -> Tensor:
     """``x`` if it is a tensor of the required kind; else ``TypeError`` (type, dtype) or ``ValueError``.
 
     ``floating``: ``True`` a floating-point dtype, ``False`` an integer one (not bool), ``None``
@@ -44,8 +45,9 @@ def check_tensor(x, name: str, *, floating: bool | None = None, dim: int | tuple
 def check_dtype(x: Tensor, name: str, expected: torch.dtype) -> None:
     """``TypeError`` unless ``x`` has the dtype of the parameters it meets (``torch.autocast`` mixes dtypes itself)."""
     if x.dtype != expected and not torch.is_autocast_enabled(x.device.type):
-        raise TypeError(f"{name} has dtype {x.dtype} but the module's parameters are {expected}: "
-                        f"convert one of them (e.g. module.to({x.dtype}))")
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the module's parameters are {expected}: convert one of them (e.g. module.to({x.dtype}))"
+        )
 
 
 def all_finite(x: Tensor) -> bool:
@@ -90,8 +92,9 @@ def check_int(value, name: str, *, low: int | None = 1) -> int:
     return int(value)
 
 
-def check_real(value, name: str, *, low: float | None = None, high: float | None = None,
-               low_open: bool = False, high_open: bool = False) -> float:
+def check_real(
+    value, name: str, *, low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False
+) -> float:
     """``value`` as a finite float in the given range; else ``TypeError`` / ``ValueError``.
 
     Accepts Python and NumPy numbers and 0-d real tensors, not bools.

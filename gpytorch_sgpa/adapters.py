@@ -36,6 +36,7 @@ the layer's mean gate, 1 without one): ``W = K_qk`` (kernel attention, DSVGP, st
 ``(batch, heads, L_q, L_k)``: what ``softmax`` weights are to dot-product attention; the sample adds
 the posterior noise to ``m``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -127,9 +128,18 @@ def _bias(linear: nn.Module, rows: slice | None = None) -> Tensor | None:
     return bias if rows is None else bias[rows]
 
 
-def _kernel_layer(attention: str, d_model: int, num_heads: int, weight_q: Tensor, weight_k: Tensor, weight_v: Tensor,
-                  bias_v: Tensor | None, kwargs: dict, bias_q: Tensor | None = None,
-                  bias_k: Tensor | None = None) -> nn.Module:
+def _kernel_layer(
+    attention: str,
+    d_model: int,
+    num_heads: int,
+    weight_q: Tensor,
+    weight_k: Tensor,
+    weight_v: Tensor,
+    bias_v: Tensor | None,
+    kwargs: dict,
+    bias_q: Tensor | None = None,
+    bias_k: Tensor | None = None,
+) -> nn.Module:
     """A kernel/SGPA layer with ``W_qk = (W_q + W_k) / 2``, ``W_v``, ``b_v`` and no output projection,
     SGPA started at the kernel layer's function (``sgpa_start``); the softmax projections
     ``(W_q, b_q, W_k, b_k)`` stay on it while ``convert`` runs (for ``calibration_inputs``)."""
@@ -158,24 +168,27 @@ def _allowed(mask, batch: int, queries: int, keys: int) -> Tensor | None:
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
-        raise TypeError(f"the attention mask must be a tensor or None, got {type(mask).__name__} "
-                        "(load the model with attn_implementation='eager' or 'sdpa')")
+        raise TypeError(
+            f"the attention mask must be a tensor or None, got {type(mask).__name__} "
+            "(load the model with attn_implementation='eager' or 'sdpa')"
+        )
     if mask.dtype == torch.bool:
         allowed = mask
     elif mask.is_floating_point():
         allowed = mask == 0
         blocked = mask <= torch.finfo(mask.dtype).min / 2
         if not (allowed | blocked).all():
-            raise ValueError("the attention mask holds additive biases other than 0 and -inf; kernel and SGPA "
-                             "attention have no softmax to add them to, so only masks are supported")
+            raise ValueError(
+                "the attention mask holds additive biases other than 0 and -inf; kernel and SGPA "
+                "attention have no softmax to add them to, so only masks are supported"
+            )
     else:
         raise TypeError(f"the attention mask must be bool or float, got {mask.dtype}")
     if allowed.dim() in (2, 3):
         allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))
     target = (batch, allowed.shape[1] if allowed.dim() == 4 else 1, queries, keys)
     if allowed.dim() != 4 or any(size not in (1, want) for size, want in zip(allowed.shape, target)):
-        raise ValueError(f"the attention mask must broadcast to (batch, 1 or heads, {queries}, {keys}), got "
-                         f"{tuple(mask.shape)}")
+        raise ValueError(f"the attention mask must broadcast to (batch, 1 or heads, {queries}, {keys}), got {tuple(mask.shape)}")
     if allowed.shape[1] > 1:
         if not (allowed == allowed[:, :1]).all():
             raise ValueError("per-head attention masks are not supported: kernel and SGPA heads share one mask")
@@ -199,7 +212,8 @@ def _padding(allowed: Tensor | None, causal: bool) -> Tensor | None:
         raise ValueError(
             f"the attention mask is not a {'causal ' if causal else ''}padding mask; the layer was built with "
             f"causal={causal} and supports only padding{' plus the causal mask' if causal else ''} (convert with "
-            f"causal={not causal} if the model's mask is {'not ' if causal else ''}causal)")
+            f"causal={not causal} if the model's mask is {'not ' if causal else ''}causal)"
+        )
     return padded if padded.any() else None
 
 
@@ -235,8 +249,10 @@ def _cached_rows(layer: nn.Module, queries: Tensor, keys: Tensor, values: Tensor
         weights = dense_kernel(layer.kernel, queries, keys).masked_fill(~allowed, 0.0)
         return layer.dropout(weights).matmul(values)
     if not isinstance(layer, SGPAttention) or layer.mode != "decoupled" or layer.sampler == "full":
-        raise ValueError("cached decoding (use_cache=True) supports kernel attention and decoupled SGPA with the "
-                         "'decomposed' or 'diagonal' sampler; generate with use_cache=False for this layer")
+        raise ValueError(
+            "cached decoding (use_cache=True) supports kernel attention and decoupled SGPA with the "
+            "'decomposed' or 'diagonal' sampler; generate with use_cache=False for this layer"
+        )
     weights, offset, factors, whitened = _mean_weights(layer, queries, keys, allowed)
     mean = weights.matmul(values)
     if offset is not None:
@@ -326,8 +342,16 @@ class SelfAttentionAdapter(nn.Module):
         kwargs.setdefault("causal", source.causal)
         bias = source.v_proj.bias
         weight = source.qk_proj.weight.detach()
-        layer = _kernel_layer(attention, source.d_model, source.num_heads, weight, weight, source.v_proj.weight.detach(),
-                              None if bias is None else bias.detach(), kwargs)
+        layer = _kernel_layer(
+            attention,
+            source.d_model,
+            source.num_heads,
+            weight,
+            weight,
+            source.v_proj.weight.detach(),
+            None if bias is None else bias.detach(),
+            kwargs,
+        )
         del layer._softmax_query_key  # already kernel attention: no softmax to calibrate against
         copy_kernel(layer, source)
         self.attention = layer
@@ -444,8 +468,16 @@ class GPT2AttentionAdapter(SelfAttentionAdapter):
         super().__init__(attention, output, layer_idx)
         self.config = config
 
-    def forward(self, hidden_states: Tensor, cache=None, attention_mask=None, encoder_hidden_states=None,
-                encoder_attention_mask=None, output_attentions=False, **kwargs):
+    def forward(
+        self,
+        hidden_states: Tensor,
+        cache=None,
+        attention_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        output_attentions=False,
+        **kwargs,
+    ):
         """``(resid_dropout(c_proj(context)), weights)``; ``cache`` (or ``past_key_values``) as
         ``GPT2Attention`` takes it."""
         cache = kwargs.pop("past_key_values", cache)
@@ -471,8 +503,7 @@ class TimmAttentionAdapter(SelfAttentionAdapter):
         if is_causal and not self.causal:
             raise ValueError("is_causal=True for a layer built with causal=False: convert with causal=True")
         if not is_causal and attn_mask is None and self.causal:
-            raise ValueError("a layer built with causal=True got no causal mask: pass is_causal=True or convert with "
-                             "causal=False")
+            raise ValueError("a layer built with causal=True got no causal mask: pass is_causal=True or convert with causal=False")
         context, _ = self.attend(x, attn_mask)
         context = self.norm(context)
         if self.gate is not None:
@@ -491,9 +522,18 @@ def from_bert_self_attention(module: nn.Module, attention: str = "sgpa", **kwarg
     kwargs.setdefault("dropout", module.dropout.p)
     kwargs.setdefault("causal", bool(getattr(module, "is_causal", False)))
     value_bias = None if module.value.bias is None else module.value.bias.detach()
-    layer = _kernel_layer(attention, d_model, module.num_attention_heads, module.query.weight.detach(),
-                          module.key.weight.detach(), module.value.weight.detach(), value_bias, kwargs,
-                          _bias(module.query), _bias(module.key))
+    layer = _kernel_layer(
+        attention,
+        d_model,
+        module.num_attention_heads,
+        module.query.weight.detach(),
+        module.key.weight.detach(),
+        module.value.weight.detach(),
+        value_bias,
+        kwargs,
+        _bias(module.query),
+        _bias(module.key),
+    )
     return BertSelfAttentionAdapter(layer, module.config, getattr(module, "layer_idx", None))
 
 
@@ -505,9 +545,18 @@ def from_vit_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> 
     kwargs.setdefault("dropout", float(module.attention_dropout))
     kwargs.setdefault("causal", bool(getattr(module, "is_causal", False)))
     value_bias = None if module.v_proj.bias is None else module.v_proj.bias.detach()
-    layer = _kernel_layer(attention, d_model, module.num_attention_heads, module.q_proj.weight.detach(),
-                          module.k_proj.weight.detach(), module.v_proj.weight.detach(), value_bias, kwargs,
-                          _bias(module.q_proj), _bias(module.k_proj))
+    layer = _kernel_layer(
+        attention,
+        d_model,
+        module.num_attention_heads,
+        module.q_proj.weight.detach(),
+        module.k_proj.weight.detach(),
+        module.v_proj.weight.detach(),
+        value_bias,
+        kwargs,
+        _bias(module.q_proj),
+        _bias(module.k_proj),
+    )
     return ViTAttentionAdapter(layer, module.o_proj, module.config)
 
 
@@ -520,13 +569,22 @@ def from_gpt2_attention(module: nn.Module, attention: str = "sgpa", **kwargs) ->
     weight = module.c_attn.weight.detach().T  # Conv1D holds (in, out)
     weight_q, weight_k, weight_v = weight.split(d_model, dim=0)
     bias = module.c_attn.bias
-    value_bias = None if bias is None else bias.detach()[2 * d_model:]
+    value_bias = None if bias is None else bias.detach()[2 * d_model :]
     kwargs.setdefault("dropout", module.attn_dropout.p)
     kwargs.setdefault("causal", True)
-    layer = _kernel_layer(attention, d_model, module.num_heads, weight_q, weight_k, weight_v, value_bias, kwargs,
-                          _bias(module.c_attn, slice(0, d_model)), _bias(module.c_attn, slice(d_model, 2 * d_model)))
-    return GPT2AttentionAdapter(layer, nn.Sequential(module.c_proj, module.resid_dropout), module.config,
-                                module.layer_idx)
+    layer = _kernel_layer(
+        attention,
+        d_model,
+        module.num_heads,
+        weight_q,
+        weight_k,
+        weight_v,
+        value_bias,
+        kwargs,
+        _bias(module.c_attn, slice(0, d_model)),
+        _bias(module.c_attn, slice(d_model, 2 * d_model)),
+    )
+    return GPT2AttentionAdapter(layer, nn.Sequential(module.c_proj, module.resid_dropout), module.config, module.layer_idx)
 
 
 def from_timm_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> TimmAttentionAdapter:
@@ -535,18 +593,30 @@ def from_timm_attention(module: nn.Module, attention: str = "sgpa", **kwargs) ->
     :class:`TimmAttentionAdapter`.  Query/key normalisation (``qk_norm=True``) has no counterpart
     in a kernel layer with a shared ``W_qk`` and raises."""
     if not (isinstance(module.q_norm, nn.Identity) and isinstance(module.k_norm, nn.Identity)):
-        raise ValueError("convert does not support timm Attention with qk_norm: a kernel layer's queries and keys share "
-                         "one projection W_qk and have no normalisation")
+        raise ValueError(
+            "convert does not support timm Attention with qk_norm: a kernel layer's queries and keys share "
+            "one projection W_qk and have no normalisation"
+        )
     d_model = module.qkv.in_features
     attn_dim = module.num_heads * module.head_dim
     if attn_dim != d_model:
         raise ValueError(f"convert needs num_heads * head_dim = dim, got {attn_dim} != {d_model}")
     weight_q, weight_k, weight_v = module.qkv.weight.detach().split(attn_dim, dim=0)
     bias = module.qkv.bias
-    value_bias = None if bias is None else bias.detach()[2 * attn_dim:]
+    value_bias = None if bias is None else bias.detach()[2 * attn_dim :]
     kwargs.setdefault("dropout", module.attn_drop.p)
-    layer = _kernel_layer(attention, d_model, module.num_heads, weight_q, weight_k, weight_v, value_bias, kwargs,
-                          _bias(module.qkv, slice(0, attn_dim)), _bias(module.qkv, slice(attn_dim, 2 * attn_dim)))
+    layer = _kernel_layer(
+        attention,
+        d_model,
+        module.num_heads,
+        weight_q,
+        weight_k,
+        weight_v,
+        value_bias,
+        kwargs,
+        _bias(module.qkv, slice(0, attn_dim)),
+        _bias(module.qkv, slice(attn_dim, 2 * attn_dim)),
+    )
     return TimmAttentionAdapter(layer, module.norm, getattr(module, "gate", None), module.proj, module.proj_drop)
 
 
@@ -557,9 +627,13 @@ def _from_adapter(module: SelfAttentionAdapter, attention: str = "sgpa", **kwarg
 def _register_builtin() -> None:
     """The adapters of this module (:mod:`gpytorch_sgpa.dropin` registers ``nn.MultiheadAttention``'s and its own)."""
     _BY_TYPE[SelfAttentionAdapter] = _from_adapter
-    for family in ("bert.modeling_bert.Bert", "roberta.modeling_roberta.Roberta",
-                   "xlm_roberta.modeling_xlm_roberta.XLMRoberta", "camembert.modeling_camembert.Camembert",
-                   "electra.modeling_electra.Electra"):
+    for family in (
+        "bert.modeling_bert.Bert",
+        "roberta.modeling_roberta.Roberta",
+        "xlm_roberta.modeling_xlm_roberta.XLMRoberta",
+        "camembert.modeling_camembert.Camembert",
+        "electra.modeling_electra.Electra",
+    ):
         _BY_NAME[f"transformers.models.{family}SelfAttention"] = from_bert_self_attention
     _BY_NAME["transformers.models.vit.modeling_vit.ViTAttention"] = from_vit_attention
     _BY_NAME["transformers.models.gpt2.modeling_gpt2.GPT2Attention"] = from_gpt2_attention
@@ -591,8 +665,11 @@ def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.M
             for spec in specs if isinstance(specs, list) else [specs]:
                 if not isinstance(spec, OutputRecorder):
                     index = 0 if "hidden_states" in key else 1
-                    spec = OutputRecorder(target_class=None if isinstance(spec, str) else spec, index=index,
-                                          class_name=spec if isinstance(spec, str) else None)
+                    spec = OutputRecorder(
+                        target_class=None if isinstance(spec, str) else spec,
+                        index=index,
+                        class_name=spec if isinstance(spec, str) else None,
+                    )
                 tasks.append((key, spec))
         for name, module in _own_modules(model, PreTrainedModel):
             old = originals.get(id(module))

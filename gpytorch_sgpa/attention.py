@@ -54,7 +54,6 @@ SGPA_MODES = ("standard", "decoupled")
 SGPA_VARIANTS = ("orthogonal", "dsvgp")
 
 
-
 #: inside :func:`posterior_mean` every SGPA layer draws zero noise: its output is its posterior mean
 #: (a plain module flag, which torch.compile guards on without a graph break)
 _posterior_mean_active = False
@@ -72,6 +71,7 @@ def posterior_mean():
         yield
     finally:
         _posterior_mean_active = previous
+
 
 class SGPANoise(NamedTuple):
     """Standard-normal draws behind one SGPA sample (thesis eq. (3.17)).
@@ -154,8 +154,7 @@ def _snapshot(tensors: list[Tensor]) -> _Snapshot:
 
 def _same_values(snapshot: _Snapshot, current: list[Tensor]) -> bool:
     """Whether ``current`` holds the values, shapes, dtypes and devices of ``snapshot``."""
-    return snapshot.layout == _layout(current) and torch.equal(
-        snapshot.values, torch.cat([t.detach().reshape(-1) for t in current]))
+    return snapshot.layout == _layout(current) and torch.equal(snapshot.values, torch.cat([t.detach().reshape(-1) for t in current]))
 
 
 class SGPAttention(_MultiHeadAttention):
@@ -302,8 +301,9 @@ class SGPAttention(_MultiHeadAttention):
         if mean_gate is not None:
             check_real(mean_gate, "mean_gate")
             if mode != "decoupled" or variant != "orthogonal":
-                raise ValueError("mean_gate needs mode='decoupled' and variant='orthogonal' (the only posterior "
-                                 "mean with a global correction)")
+                raise ValueError(
+                    "mean_gate needs mode='decoupled' and variant='orthogonal' (the only posterior mean with a global correction)"
+                )
         if sampler is None and diag_sample is None:
             sampler = "decomposed" if mode == "decoupled" else "diagonal"
         elif sampler is None:
@@ -371,8 +371,7 @@ class SGPAttention(_MultiHeadAttention):
     def _uses_global_noise(self) -> bool:
         return self.mode == "decoupled" and self.sampler in ("full", "decomposed")
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # a state dict saved without the mean gate holds the thesis's mean
         # (γ = 1); one saved with it gives a layer built without it the gate
         key = prefix + "global_mean_gate"
@@ -381,8 +380,7 @@ class SGPAttention(_MultiHeadAttention):
         elif self.global_mean_gate is None and key in state_dict and getattr(self, "global_values", None) is not None:
             reference = self.global_values
             self.global_mean_gate = nn.Parameter(reference.new_ones(self.num_heads))
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     # ------------------------------------------------------------------ caching
     def train(self, mode: bool = True):
@@ -457,8 +455,7 @@ class SGPAttention(_MultiHeadAttention):
         with torch.no_grad():
             return self._global_key(self.global_keys(global_inputs, dtype))
 
-    def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype,
-                        params: ExpKernelParameters | None = None) -> GlobalFactors:
+    def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype, params: ExpKernelParameters | None = None) -> GlobalFactors:
         """The global factors; in eval mode without gradients cached, keyed on the values they
         depend on.  With gradients they are computed afresh and recorded for :meth:`global_kl`.
         Under ``torch.compile`` they are always computed afresh (neither cached nor recorded)."""
@@ -494,8 +491,13 @@ class SGPAttention(_MultiHeadAttention):
         if self.mode != "decoupled":
             return self.qk_proj.weight.new_zeros((), dtype=dtype)
         record = self._forward_factors
-        if (torch.is_grad_enabled() and not torch.compiler.is_compiling() and record.factors is not None
-                and record.dtype == dtype and _same_values(record.key, self._current_global_key(global_inputs, dtype))):
+        if (
+            torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+            and record.factors is not None
+            and record.dtype == dtype
+            and _same_values(record.key, self._current_global_key(global_inputs, dtype))
+        ):
             return record.factors.kl.sum()
         return self._global_factors(global_inputs, dtype).kl.sum()
 
@@ -508,17 +510,25 @@ class SGPAttention(_MultiHeadAttention):
             values = values.masked_fill(key_padding_mask[:, None, :, None], 0.0)
         return queries, values.contiguous()  # one copy for the products with K_qq and A, not one each
 
-    def _terms(self, x, key_padding_mask, global_inputs, full_covariance: bool, sampler: str | None,
-               global_noise: Tensor | None, params: ExpKernelParameters | None) -> PosteriorTerms:
+    def _terms(
+        self,
+        x,
+        key_padding_mask,
+        global_inputs,
+        full_covariance: bool,
+        sampler: str | None,
+        global_noise: Tensor | None,
+        params: ExpKernelParameters | None,
+    ) -> PosteriorTerms:
         """The posterior terms of :mod:`~gpytorch_sgpa.standard` or :mod:`~gpytorch_sgpa.decoupled`;
         ``params``: the kernel's hyperparameters, read once per call (``None`` for other kernels)."""
         try:
-            return self._posterior_terms(x, key_padding_mask, global_inputs, full_covariance, sampler, global_noise,
-                                         params)
+            return self._posterior_terms(x, key_padding_mask, global_inputs, full_covariance, sampler, global_noise, params)
         except NanError as error:  # raised by the Cholesky on the CPU only
             raise ValueError(
                 f"x gives kernel matrices with NaN entries: x (largest magnitude {float(x.detach().abs().max()):.3g}) "
-                f"is too large for {x.dtype} or not finite, or the layer's parameters are not finite") from error
+                f"is too large for {x.dtype} or not finite, or the layer's parameters are not finite"
+            ) from error
 
     def _posterior_terms(self, x, key_padding_mask, global_inputs, full_covariance, sampler, global_noise, params):
         queries, values = self._project(x, key_padding_mask)
@@ -532,8 +542,22 @@ class SGPAttention(_MultiHeadAttention):
         amortised_mean = gram.masked_fill(~causal, 0.0).matmul(values) if causal is not None else gram_values
         if self.mode == "standard":
             return standard_terms(self, x, values, gram, gram_values, amortised_mean, key_padding_mask, full_covariance)
-        return decoupled_terms(self, queries, values, gram, cross, gram_values, amortised_mean, causal,
-                               key_padding_mask, factors, full_covariance, sampler, global_noise, params)
+        return decoupled_terms(
+            self,
+            queries,
+            values,
+            gram,
+            cross,
+            gram_values,
+            amortised_mean,
+            causal,
+            key_padding_mask,
+            factors,
+            full_covariance,
+            sampler,
+            global_noise,
+            params,
+        )
 
     def posterior(
         self,
@@ -550,8 +574,7 @@ class SGPAttention(_MultiHeadAttention):
         self._check_result(x, terms.mean, terms.variance, terms.kl)
         return SGPAPosterior(terms.mean, terms.variance, terms.covariance, terms.kl)
 
-    def sample_noise(self, batch_size: int, length: int, dtype=None, device=None,
-                     generator: torch.Generator | None = None) -> SGPANoise:
+    def sample_noise(self, batch_size: int, length: int, dtype=None, device=None, generator: torch.Generator | None = None) -> SGPANoise:
         """Draw the standard-normal noise one forward pass of ``batch_size × length`` uses (from
         ``generator`` if given, on its device); zeros inside :func:`posterior_mean`."""
         check_int(batch_size, "batch_size")

@@ -6,6 +6,7 @@ replays it (:mod:`gpytorch_sgpa.pretrained` describes the format and the loading
 then names :data:`ATTN_IMPLEMENTATION`, an attention implementation whose functions raise naming
 :func:`~gpytorch_sgpa.pretrained.from_pretrained`, so that the unconverted class refuses the checkpoint.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,8 @@ def _refuse(*args, **kwargs):
     raise RuntimeError(
         "this model was loaded from a checkpoint of a model converted by gpytorch_sgpa.convert into the unconverted "
         "class, whose softmax attention has fresh query/key weights; load it with "
-        "gpytorch_sgpa.from_pretrained(ModelClass, path), which replays the conversion and loads every weight")
+        "gpytorch_sgpa.from_pretrained(ModelClass, path), which replays the conversion and loads every weight"
+    )
 
 
 def register_refusal() -> None:
@@ -83,8 +85,7 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
             configs.add(id(config))
             targets.append((config, None))
     for config, paths in targets:
-        settings = getattr(config, "sgpa", None) or {"attn_implementation": config._attn_implementation,
-                                                     "conversions": []}
+        settings = getattr(config, "sgpa", None) or {"attn_implementation": config._attn_implementation, "conversions": []}
         entry = {"attention": attention, "kwargs": kwargs, "modules": paths}
         if unsaved:
             entry["unsaved_kwargs"] = unsaved

@@ -51,8 +51,9 @@ class GlobalFactors(NamedTuple):
     centre: Tensor | None = None  # (H, 1, e)
 
 
-def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
-                   params: ExpKernelParameters | None = None, keys: Tensor | None = None) -> GlobalFactors:
+def global_factors(
+    layer, global_inputs: Tensor | None, dtype: torch.dtype, params: ExpKernelParameters | None = None, keys: Tensor | None = None
+) -> GlobalFactors:
     """``k_g``, ``L``, ``W_d``, ``Lᵀ v_g`` and the global KL, computed in ``dtype``; ``params``: the
     kernel's hyperparameters already read by the caller (read here when omitted); ``keys``: the
     layer's ``global_keys(global_inputs, dtype)`` already computed by the caller (computed here when omitted)."""
@@ -78,8 +79,7 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
     # and log|S_g,d| - log|K_gg| = log|C_d C_dᵀ| (no log|K_gg| term)
     cov_dims = cov_factor.shape[1]
     whitened_cov_factor = cov_factor if layer.whitened else chol_inverse.unsqueeze(1).matmul(cov_factor)
-    cov_kl = torch.sub(whitened_cov_factor.square().sum((-3, -2, -1)),
-                       layer.global_chol_log_diag.to(dtype).sum((-2, -1)), alpha=2.0)
+    cov_kl = torch.sub(whitened_cov_factor.square().sum((-3, -2, -1)), layer.global_chol_log_diag.to(dtype).sum((-2, -1)), alpha=2.0)
     if not layer.whitened:
         cov_kl = torch.add(cov_kl, chol.diagonal(dim1=-2, dim2=-1).log().sum(-1), alpha=2.0 * cov_dims)
     cov_kl = cov_kl - num_global * cov_dims
@@ -90,8 +90,7 @@ def global_factors(layer, global_inputs: Tensor | None, dtype: torch.dtype,
         value_kl = whitened_values.square().sum((-2, -1))
         gate = mean_gate(layer, dtype)
         kl = kl + (value_kl if gate is None else gate.reshape(-1).square() * value_kl)
-    return GlobalFactors(keys, chol, chol_inverse, whitened_cov_factor, whitened_values, 0.5 * kl,
-                         key_features, centre)
+    return GlobalFactors(keys, chol, chol_inverse, whitened_cov_factor, whitened_values, 0.5 * kl, key_features, centre)
 
 
 class _RowSquares(torch.autograd.Function):
@@ -127,9 +126,22 @@ def decoupled_kernel_blocks(kernel, params: ExpKernelParameters | None, queries:
     return exp_kernel(features.query, features.key), exp_kernel(features.query, factors.key_features)
 
 
-def decoupled_terms(layer, queries, values, gram, cross, gram_values, amortised_mean, causal, key_padding_mask,
-                    factors: GlobalFactors, full_covariance: bool, sampler: str | None,
-                    global_noise: Tensor | None, params: ExpKernelParameters | None = None) -> PosteriorTerms:
+def decoupled_terms(
+    layer,
+    queries,
+    values,
+    gram,
+    cross,
+    gram_values,
+    amortised_mean,
+    causal,
+    key_padding_mask,
+    factors: GlobalFactors,
+    full_covariance: bool,
+    sampler: str | None,
+    global_noise: Tensor | None,
+    params: ExpKernelParameters | None = None,
+) -> PosteriorTerms:
     """Mean, KL and what ``sampler`` (``None``: :meth:`~gpytorch_sgpa.attention.SGPAttention.posterior`) needs, from ``K_qq`` (``gram``)
     and ``K_qg`` (``cross``).
 
@@ -233,8 +245,4 @@ def decoupled_step_sample(layer, query, value, gram_row, mean, state) -> Tensor:
     state.conditional_chol = torch.cat([top, torch.cat([row, diag], dim=-1)], dim=-2)
     state.whitened_keys = torch.cat([state.whitened_keys, whitened], dim=-1)
     global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, state.global_noise)
-    return (
-        mean
-        + state.conditional_chol[..., -1:, :].matmul(state.local_noise)
-        + torch.einsum("bhml,bhdm->bhld", whitened, global_term)
-    )
+    return mean + state.conditional_chol[..., -1:, :].matmul(state.local_noise) + torch.einsum("bhml,bhdm->bhld", whitened, global_term)

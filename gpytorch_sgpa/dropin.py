@@ -18,6 +18,7 @@ In the package's own Transformers the global inducing inputs pass through the bl
 map ``G_φ`` (eq. ``fhl``); in an adapter they are parameters in the attention's input space
 (``G_φ`` = identity), as a stock encoder layer has no separate ``G_φ``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -88,15 +89,15 @@ class MultiheadSGPAttention(nn.Module):
     bypass this module; ``in_proj_bias is None`` switches that kernel off.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, batch_first: bool = False,
-                 attention: str = "sgpa", **attention_kwargs):
+    def __init__(
+        self, embed_dim: int, num_heads: int, dropout: float = 0.0, batch_first: bool = False, attention: str = "sgpa", **attention_kwargs
+    ):
         super().__init__()
         if not isinstance(batch_first, bool):
             raise TypeError(f"batch_first must be a bool, got {type(batch_first).__name__}")
         if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
             raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
-        self.attention = build_attention(attention, embed_dim, num_heads, dropout=dropout,
-                                         attention_kwargs=attention_kwargs)
+        self.attention = build_attention(attention, embed_dim, num_heads, dropout=dropout, attention_kwargs=attention_kwargs)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.batch_first = batch_first
@@ -108,8 +109,7 @@ class MultiheadSGPAttention(nn.Module):
     def causal(self) -> bool:
         return self.attention.causal
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # convert keeps the value bias of nn.MultiheadAttention (``v_proj`` has one), which 0.1.0
         # dropped: a state dict saved by 0.1.0 holds none, which is a zero bias; one saved with it
         # gives a layer built without a bias (a plain constructor call) its bias.
@@ -121,8 +121,7 @@ class MultiheadSGPAttention(nn.Module):
             elif v_proj.bias is None and key in state_dict:
                 weight = v_proj.weight
                 v_proj.bias = nn.Parameter(weight.new_zeros(weight.shape[0]))
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def _wants_causal(self, attn_mask: Tensor | None, is_causal: bool, length: int, device) -> bool:
         if attn_mask is None:
@@ -136,15 +135,24 @@ class MultiheadSGPAttention(nn.Module):
             )
         return True
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
-                need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
-                is_causal: bool = False):
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ):
         if not isinstance(query, Tensor) or query.dim() not in (2, 3):
-            raise ValueError(f"query must be a tensor (L, E) or {'(N, L, E)' if self.batch_first else '(L, N, E)'}, "
-                             f"got {getattr(query, 'shape', type(query).__name__)}")
+            raise ValueError(
+                f"query must be a tensor (L, E) or {'(N, L, E)' if self.batch_first else '(L, N, E)'}, "
+                f"got {getattr(query, 'shape', type(query).__name__)}"
+            )
         if not (_same_values(key, query) and _same_values(value, query)):
-            raise ValueError("key and value must equal query: SGPA is self-attention "
-                             "(its keys are its queries, thesis eq. fhl)")
+            raise ValueError("key and value must equal query: SGPA is self-attention (its keys are its queries, thesis eq. fhl)")
         unbatched = query.dim() == 2
         x = query.unsqueeze(0) if unbatched else (query if self.batch_first else query.transpose(0, 1))
         if key_padding_mask is not None:
@@ -152,8 +160,7 @@ class MultiheadSGPAttention(nn.Module):
             if unbatched:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
             if key_padding_mask.shape != x.shape[:2]:
-                raise ValueError(f"key_padding_mask must have shape {tuple(x.shape[:2])} (batch, L), got "
-                                 f"{tuple(key_padding_mask.shape)}")
+                raise ValueError(f"key_padding_mask must have shape {tuple(x.shape[:2])} (batch, L), got {tuple(key_padding_mask.shape)}")
         if self._wants_causal(attn_mask, is_causal, x.shape[1], x.device) != self.causal:
             raise ValueError(
                 f"the attention layer was built with causal={self.causal}, but attn_mask/is_causal ask for "
@@ -178,8 +185,10 @@ def _recorded(module: nn.Module, part: str) -> Tensor:
     for layer in _sgpa_layers(module):
         value = getattr(layer.last_kl, part)
         if value is None:
-            raise ValueError("an SGPAttention layer of the module has not run a forward pass since it was "
-                             "built or copied; run the model's forward before collecting its KL")
+            raise ValueError(
+                "an SGPAttention layer of the module has not run a forward pass since it was "
+                "built or copied; run the model's forward before collecting its KL"
+            )
         if torch.is_grad_enabled() and value.grad_fn is None and any(p.requires_grad for p in layer.parameters()):
             raise RuntimeError(
                 "the KL recorded by an SGPAttention layer comes from a forward pass without gradients (e.g. an "
@@ -231,8 +240,10 @@ def _logits(output) -> Tensor:
     logits = getattr(output, "logits", None)
     if isinstance(logits, Tensor):
         return logits
-    raise TypeError(f"the model's forward returned {type(output).__name__}; predict_proba needs logits (a tensor, "
-                    "a tuple whose first element is the logits, or an output with .logits)")
+    raise TypeError(
+        f"the model's forward returned {type(output).__name__}; predict_proba needs logits (a tensor, "
+        "a tuple whose first element is the logits, or an output with .logits)"
+    )
 
 
 def global_kl_divergence(module: nn.Module) -> Tensor:
@@ -251,11 +262,10 @@ def _split_in_projection(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor, Te
 
 def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) -> MultiheadSGPAttention:
     weight_q, weight_k, weight_v = _split_in_projection(mha)
-    bias_v = None if mha.in_proj_bias is None else mha.in_proj_bias.detach()[2 * mha.embed_dim:]
+    bias_v = None if mha.in_proj_bias is None else mha.in_proj_bias.detach()[2 * mha.embed_dim :]
     kwargs.setdefault("dropout", mha.dropout)
     cov_init = sgpa_start(attention, kwargs)
-    adapter = MultiheadSGPAttention(mha.embed_dim, mha.num_heads, batch_first=mha.batch_first,
-                                    attention=attention, **kwargs)
+    adapter = MultiheadSGPAttention(mha.embed_dim, mha.num_heads, batch_first=mha.batch_first, attention=attention, **kwargs)
     layer = adapter.attention
     if not hasattr(layer, "qk_proj"):
         raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
@@ -281,8 +291,7 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
     kwargs.setdefault("dropout", source.dropout.p)
     kwargs.setdefault("causal", source.causal)
     cov_init = sgpa_start(attention, kwargs)
-    adapter = MultiheadSGPAttention(old.embed_dim, old.num_heads, batch_first=old.batch_first,
-                                    attention=attention, **kwargs)
+    adapter = MultiheadSGPAttention(old.embed_dim, old.num_heads, batch_first=old.batch_first, attention=attention, **kwargs)
     layer = adapter.attention
     weight = source.qk_proj.weight
     if source.v_proj.bias is not None:
@@ -373,6 +382,7 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
+
     def replacement(child: nn.Module, defaults: dict) -> nn.Module | None:
         adapter = adapter_for(child)
         if adapter is None:
@@ -404,8 +414,10 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
                 replaced[id(child)] = (child, new)
             setattr(parent, name, replaced[id(child)][1])
     if not replaced:
-        raise ValueError(f"{type(module).__name__} holds no nn.MultiheadAttention nor other self-attention with an "
-                         f"adapter (nor kernel attention to turn into {attention!r}) to convert")
+        raise ValueError(
+            f"{type(module).__name__} holds no nn.MultiheadAttention nor other self-attention with an "
+            f"adapter (nor kernel attention to turn into {attention!r}) to convert"
+        )
     record_attentions(module, replaced)
     record_conversion(module, attention, attention_kwargs, replaced)
     return _finish(module, calibration_inputs)
@@ -424,8 +436,13 @@ def _finish(module: nn.Module, calibration_inputs) -> nn.Module:
 def _move_hooks(old: nn.Module, new: nn.Module) -> None:
     """Give ``new`` the forward hooks and pre-hooks of ``old`` (the same dicts, so their handles still
     remove them)."""
-    for name in ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                 "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"):
+    for name in (
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+    ):
         hooks = getattr(old, name, None)
         if hooks:
             setattr(new, name, hooks)

@@ -128,8 +128,10 @@ class SGPAELBO(gpytorch.Module):
             raise ValueError(f"anneal_steps must be an int >= 0, got {anneal_steps!r}")
         if not isinstance(kl_weighting, str) or kl_weighting not in KL_WEIGHTINGS:
             raise ValueError(f"kl_weighting must be one of {KL_WEIGHTINGS}, got {kl_weighting!r}")
-        if kl_weighting == "decomposed" and not callable(getattr(model, "global_kl", None)) and not any(
-            isinstance(m, SGPAttention) for m in model.modules()
+        if (
+            kl_weighting == "decomposed"
+            and not callable(getattr(model, "global_kl", None))
+            and not any(isinstance(m, SGPAttention) for m in model.modules())
         ):
             raise TypeError(
                 f"kl_weighting='decomposed' needs model.global_kl() or SGPAttention layers whose global KL "
@@ -144,9 +146,7 @@ class SGPAELBO(gpytorch.Module):
             if likelihood not in LIKELIHOODS:
                 raise ValueError(f"likelihood must be one of {LIKELIHOODS} or a GPyTorch likelihood, got {likelihood!r}")
             self.likelihood_name = likelihood
-            self.likelihood = {"categorical": None, "gaussian": GaussianLikelihood, "laplace": LaplaceLikelihood}[
-                likelihood
-            ]
+            self.likelihood = {"categorical": None, "gaussian": GaussianLikelihood, "laplace": LaplaceLikelihood}[likelihood]
             if self.likelihood is not None:
                 self.likelihood = self.likelihood()
         elif isinstance(likelihood, Likelihood):
@@ -155,8 +155,10 @@ class SGPAELBO(gpytorch.Module):
         else:
             raise TypeError(f"likelihood must be a string or a gpytorch Likelihood, got {type(likelihood).__name__}")
         if beta == "auto" and self.likelihood is not None:
-            raise ValueError("beta='auto' sets β from a uniform prediction's cross-entropy, so it needs the categorical "
-                             f"likelihood, not {self.likelihood_name!r}; pass a number")
+            raise ValueError(
+                "beta='auto' sets β from a uniform prediction's cross-entropy, so it needs the categorical "
+                f"likelihood, not {self.likelihood_name!r}; pass a number"
+            )
         self.model = model
         self.num_data = num_data
         self.auto_beta = beta == "auto"
@@ -183,8 +185,12 @@ class SGPAELBO(gpytorch.Module):
         over the batches (and ranks) it chooses ``β`` from (:meth:`set_auto_beta`)."""
         rows = targets.shape[0]
         positions = (targets != IGNORE_INDEX).sum() if targets.dim() == 2 else rows
-        return torch.stack([weighted_kl.detach().double() * rows,  # summed over the batch's sequences
-                            torch.as_tensor(positions, dtype=torch.float64, device=weighted_kl.device)])
+        return torch.stack(
+            [
+                weighted_kl.detach().double() * rows,  # summed over the batch's sequences
+                torch.as_tensor(positions, dtype=torch.float64, device=weighted_kl.device),
+            ]
+        )
 
     def set_auto_beta(self, totals: Tensor, num_classes: int) -> float:
         """Fix ``β = min(1, 0.1 P log C / KL_weighted)`` of ``beta="auto"`` from ``totals`` (summed
@@ -221,8 +227,7 @@ class SGPAELBO(gpytorch.Module):
         if self.likelihood is None:
             if targets.dim() not in (1, 2) or targets.dtype not in (torch.int64, torch.int32):
                 raise ValueError(
-                    f"targets must be class indices (B,) or token sequences (B, L), got {targets.dtype} "
-                    f"{tuple(targets.shape)}"
+                    f"targets must be class indices (B,) or token sequences (B, L), got {targets.dtype} {tuple(targets.shape)}"
                 )
             if outputs.dim() < targets.dim() + 1 or outputs.shape[-targets.dim() - 1 : -1] != targets.shape:
                 raise ValueError(
@@ -233,9 +238,7 @@ class SGPAELBO(gpytorch.Module):
             keep = targets != IGNORE_INDEX if targets.dim() == 2 else torch.ones_like(targets, dtype=torch.bool)
             if _checks_on_host(targets):
                 if (keep & ((targets < 0) | (targets >= outputs.shape[-1]))).any():
-                    raise ValueError(
-                        f"targets must be class indices in [0, {outputs.shape[-1]}) (or {IGNORE_INDEX} in sequences)"
-                    )
+                    raise ValueError(f"targets must be class indices in [0, {outputs.shape[-1]}) (or {IGNORE_INDEX} in sequences)")
                 if targets.dim() == 2 and not keep.any(-1).all():
                     raise ValueError(f"every target sequence needs at least one position that is not {IGNORE_INDEX}")
             # only ignored positions are mapped to a valid index: elsewhere (on accelerators, where the
@@ -249,8 +252,7 @@ class SGPAELBO(gpytorch.Module):
                 targets = targets.unsqueeze(-1)
             if targets.dim() != 2 or outputs.dim() < 2 or outputs.shape[-2:] != targets.shape:
                 raise ValueError(
-                    f"outputs (..., B, D) must match targets (B, D) or (B,), got {tuple(outputs.shape)} "
-                    f"and {tuple(targets.shape)}"
+                    f"outputs (..., B, D) must match targets (B, D) or (B,), got {tuple(outputs.shape)} and {tuple(targets.shape)}"
                 )
             if _checks_on_host(targets):
                 check_finite(targets, "targets")

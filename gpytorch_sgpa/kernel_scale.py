@@ -22,6 +22,7 @@ Layers are calibrated in the order the model calls them, each on the inputs it g
 before it, already calibrated (one forward pass per layer, without gradients, in evaluation mode,
 SGPA at its posterior mean).
 """
+
 from __future__ import annotations
 
 import math
@@ -143,9 +144,11 @@ def calibrate_kernel_scales(model: nn.Module, inputs) -> int:
 
     layers = [m for m in model.modules() if getattr(m, _STASH, None) is not None or _PLACE in m.__dict__]
     if not layers:
-        raise ValueError("calibration_inputs needs layers converted from softmax attention (their query and key "
-                         "projections set the scale) or decoupled SGPA from kernel attention (global inducing "
-                         "inputs); kernel attention keeps its trained kernel")
+        raise ValueError(
+            "calibration_inputs needs layers converted from softmax attention (their query and key "
+            "projections set the scale) or decoupled SGPA from kernel attention (global inducing "
+            "inputs); kernel attention keeps its trained kernel"
+        )
     training = model.training
     model.eval()
     done: set[int] = set()

@@ -16,6 +16,7 @@ attention layer itself.  :func:`get_peft_model` therefore adds LoRA and makes th
 :func:`load_adapter` restores both.  ``PeftModel.save_pretrained`` alone (and so ``Trainer.save_model``
 of a ``PeftModel``) saves the adapter without them.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,7 @@ from ._optional import require
 from .attention import SGPAttention
 from .mle_attention import KernelAttention
 
-__all__ = ["SGPA_PARAMETERS_FILE", "get_peft_model", "load_adapter", "lora_target_modules", "save_adapter",
-           "sgpa_parameter_names"]
+__all__ = ["SGPA_PARAMETERS_FILE", "get_peft_model", "load_adapter", "lora_target_modules", "save_adapter", "sgpa_parameter_names"]
 
 #: The file :func:`save_adapter` writes SGPA's parameters to, beside the adapter's own files.
 SGPA_PARAMETERS_FILE = "sgpa_parameters.safetensors"

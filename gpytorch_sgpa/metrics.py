@@ -12,6 +12,7 @@ All classification functions take predictive class probabilities ``probs`` of sh
 Monte-Carlo average over posterior samples for Bayesian models) and integer ``labels`` of shape
 ``N``. Results are Python floats.
 """
+
 from __future__ import annotations
 
 import math
@@ -130,8 +131,9 @@ def calibration_errors_from_confidence(confidence, correct, num_bins: int = 15) 
     confidence = _as_tensor(confidence, "confidence", torch.float64)
     correct = _as_tensor(correct, "correct").double()
     if confidence.dim() != 1 or correct.shape != confidence.shape or confidence.numel() == 0:
-        raise ValueError(f"confidence and correct must be non-empty 1-D tensors of one length, got "
-                         f"{tuple(confidence.shape)} and {tuple(correct.shape)}")
+        raise ValueError(
+            f"confidence and correct must be non-empty 1-D tensors of one length, got {tuple(confidence.shape)} and {tuple(correct.shape)}"
+        )
     if ((confidence < -_PROB_ATOL) | (confidence > 1 + _PROB_ATOL)).any() or ((correct != 0) & (correct != 1)).any():
         raise ValueError("confidence must lie in [0, 1] and correct must be 0/1")
     confidence = confidence.clamp(0.0, 1.0)
@@ -198,8 +200,7 @@ def matthews_correlation(predictions, labels) -> float:
         predicted = probs.argmax(-1)
         num_classes = probs.shape[1]
     else:
-        predicted = _check_labels(predictions, predictions.shape[0] if predictions.dim() == 1 else -1, None,
-                                  "predictions")
+        predicted = _check_labels(predictions, predictions.shape[0] if predictions.dim() == 1 else -1, None, "predictions")
         num_classes = None
     labels = _check_labels(labels, predicted.shape[0], num_classes)
     size = int(max(predicted.max(), labels.max())) + 1
@@ -266,8 +267,7 @@ def ood_detection_scores(probs_in, probs_out) -> tuple[float, float]:
     entropy_in = predictive_entropy(_check_probs(probs_in, "probs_in"))
     entropy_out = predictive_entropy(_check_probs(probs_out, "probs_out"))
     scores = torch.cat([entropy_in, entropy_out])
-    is_positive = torch.cat([torch.zeros_like(entropy_in, dtype=torch.bool),
-                             torch.ones_like(entropy_out, dtype=torch.bool)])
+    is_positive = torch.cat([torch.zeros_like(entropy_in, dtype=torch.bool), torch.ones_like(entropy_out, dtype=torch.bool)])
     return _auroc(scores, is_positive), _average_precision(scores, is_positive)
 
 
@@ -333,8 +333,7 @@ def laplace_negative_log_likelihood(targets, locations, scale) -> float:
     if locations.dim() == 1:
         locations = locations[None]
     if locations.dim() != 2 or locations.shape[-1] != targets.shape[0]:
-        raise ValueError(f"locations must have shape ({targets.shape[0]},) or (S, {targets.shape[0]}), "
-                         f"got {tuple(locations.shape)}")
+        raise ValueError(f"locations must have shape ({targets.shape[0]},) or (S, {targets.shape[0]}), got {tuple(locations.shape)}")
     scale = _check_regression("scale", scale)
     if (scale <= 0).any():
         raise ValueError("scale must be positive")

@@ -68,8 +68,15 @@ class KernelAttention(_MultiHeadAttention):
     ``(output, kl)`` with ``kl = 0``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, kernel: str | Kernel = "rbf", dropout: float = 0.0, causal: bool = False,
-                 kernel_init: str = "sdp"):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        kernel: str | Kernel = "rbf",
+        dropout: float = 0.0,
+        causal: bool = False,
+        kernel_init: str = "sdp",
+    ):
         super().__init__(d_model, num_heads, dropout, causal)
         self.kernel = make_attention_kernel(kernel, self.head_dim, num_heads, init=kernel_init)
         self.kernel_name = kernel if isinstance(kernel, str) else type(kernel.base_kernel).__name__

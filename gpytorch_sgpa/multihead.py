@@ -93,10 +93,7 @@ class _MultiHeadAttention(gpytorch.Module):
             if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
                 raise TypeError("key_padding_mask must be a bool tensor (True = padded)")
             if key_padding_mask.shape != x.shape[:2]:
-                raise ValueError(
-                    f"key_padding_mask must have shape (batch, L)={tuple(x.shape[:2])}, "
-                    f"got {tuple(key_padding_mask.shape)}"
-                )
+                raise ValueError(f"key_padding_mask must have shape (batch, L)={tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}")
             # not checked on accelerators / under compile: a fully padded sequence then gets finite but
             # meaningless outputs, and the other sequences are unaffected (tests/sgpa/test_sgpa_compile.py)
             if _checks_on_host(key_padding_mask) and key_padding_mask.all(-1).any():

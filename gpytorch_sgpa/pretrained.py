@@ -25,6 +25,7 @@ any module (``weights_only=False``: the file holds the classes, not only tensors
 of ``transformers`` models: once asked for ``output_attentions`` or ``output_hidden_states`` a model
 holds ``transformers``' recording hooks, which do not pickle.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,9 @@ def _model_keys(model: nn.Module, tensors: dict) -> dict:
     for key, tensor in tensors.items():
         name, converter = rename_source_key(key, renamings, converters)
         if converter is not None or name in renamed:
-            raise ValueError(f"{type(model).__name__} checkpoints store {key!r} in a converted layout that "
-                             "gpytorch_sgpa.from_pretrained does not undo")
+            raise ValueError(
+                f"{type(model).__name__} checkpoints store {key!r} in a converted layout that gpytorch_sgpa.from_pretrained does not undo"
+            )
         renamed[name] = tensor
     return renamed
 
@@ -95,23 +97,31 @@ def from_pretrained(model_class, path: str | os.PathLike):
     config = config_class.from_pretrained(path)
     settings = getattr(config, "sgpa", None)
     if not settings:
-        raise ValueError(f"{path} holds no SGPA conversion (its config has no 'sgpa' entry); load it with "
-                         f"{getattr(model_class, '__name__', 'the model class')}.from_pretrained")
+        raise ValueError(
+            f"{path} holds no SGPA conversion (its config has no 'sgpa' entry); load it with "
+            f"{getattr(model_class, '__name__', 'the model class')}.from_pretrained"
+        )
     for entry in settings["conversions"]:
         if entry["modules"] is None:
-            raise ValueError("the checkpoint was converted below its transformers model (convert called on a submodule), "
-                             "so the converted modules' paths are unknown: convert the whole model before saving")
+            raise ValueError(
+                "the checkpoint was converted below its transformers model (convert called on a submodule), "
+                "so the converted modules' paths are unknown: convert the whole model before saving"
+            )
         if entry.get("unsaved_kwargs"):
-            raise ValueError(f"the conversion to {entry['attention']!r} was given {entry['unsaved_kwargs']} as objects, "
-                             "which a config cannot hold: convert with names (e.g. kernel='rbf') before saving")
+            raise ValueError(
+                f"the conversion to {entry['attention']!r} was given {entry['unsaved_kwargs']} as objects, "
+                "which a config cannot hold: convert with names (e.g. kernel='rbf') before saving"
+            )
     config.sgpa = None
     config._attn_implementation = settings["attn_implementation"]
     model = model_class(config) if is_model else model_class.from_config(config)
     for entry in settings["conversions"]:
         convert(model, entry["attention"], **entry["kwargs"])
     if model.config.sgpa != settings:
-        raise ValueError(f"replaying the recorded conversions of {path} replaced other modules than the saved model's "
-                         f"({model.config.sgpa} instead of {settings})")
+        raise ValueError(
+            f"replaying the recorded conversions of {path} replaced other modules than the saved model's "
+            f"({model.config.sgpa} instead of {settings})"
+        )
     tensors = _model_keys(model, _saved_tensors(path))
     floating = {tensor.dtype for tensor in tensors.values() if tensor.is_floating_point()}
     if len(floating) == 1:  # the model's dtype (non-persistent buffers included)
@@ -124,6 +134,7 @@ def from_pretrained(model_class, path: str | os.PathLike):
     untied = [name for name, p in model.named_parameters(remove_duplicate=False) if name in missing and id(p) not in loaded]
     untied += [name for name in missing if name not in dict(model.named_parameters(remove_duplicate=False))]
     if unexpected or untied:
-        raise RuntimeError(f"the weights in {path} do not fit the converted {type(model).__name__}: missing {untied}, "
-                           f"unexpected {unexpected}")
+        raise RuntimeError(
+            f"the weights in {path} do not fit the converted {type(model).__name__}: missing {untied}, unexpected {unexpected}"
+        )
     return model.eval()

@@ -30,6 +30,7 @@ annealing and its ``kl_weighting``), with the same steps as a plain loop over th
 Causal language models (``Trainer``'s label shift) score ``logits[:, :-1]`` against
 ``labels[:, 1:]``.  ``Trainer`` needs ``accelerate`` (``pip install "probseq[zoo]"``).
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,10 @@ class SGPATrainer(transformers.Trainer):
             raise ValueError("elbo.model must be the model the Trainer trains")
         in_model = {id(p) for p in self.model.parameters()}
         if any(id(p) not in in_model for p in elbo.parameters()) and kwargs.get("optimizers", (None,))[0] is None:
-            raise ValueError("the ELBO has parameters outside the model (its likelihood's), which the Trainer's default "
-                             "optimizer would not train: pass optimizers=(torch.optim.AdamW(elbo.parameters()), None)")
+            raise ValueError(
+                "the ELBO has parameters outside the model (its likelihood's), which the Trainer's default "
+                "optimizer would not train: pass optimizers=(torch.optim.AdamW(elbo.parameters()), None)"
+            )
         if isinstance(eval_samples, bool) or not isinstance(eval_samples, int) or eval_samples < 0:
             raise ValueError(f"eval_samples must be an int >= 0 (0: the posterior mean), got {eval_samples!r}")
         self.elbo = elbo
@@ -109,8 +112,7 @@ class SGPATrainer(transformers.Trainer):
         with torch.random.fork_rng(devices=_cuda_devices(model)):  # the training passes draw the same noise and dropout
             for batch in batch_samples:
                 inputs = dict(self._prepare_inputs(batch))
-                logits, labels = self._scored(_logits(model(**{k: v for k, v in inputs.items() if k != "labels"})),
-                                              inputs["labels"])
+                logits, labels = self._scored(_logits(model(**{k: v for k, v in inputs.items() if k != "labels"})), inputs["labels"])
                 part = self.elbo.beta_totals(labels, self.elbo.weighted_kl(kl_divergence(model)))
                 totals = part if totals is None else totals + part
                 classes = logits.shape[-1]
@@ -165,8 +167,9 @@ class SGPATrainer(transformers.Trainer):
                 resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(self.args.output_dir)
             path = os.path.join(resume_from_checkpoint, ELBO_STATE_NAME)
             if not os.path.isfile(path):
-                raise FileNotFoundError(f"{path} is missing: the checkpoint was not written by SGPATrainer, so the "
-                                        "ELBO's β and counter cannot be restored")
+                raise FileNotFoundError(
+                    f"{path} is missing: the checkpoint was not written by SGPATrainer, so the ELBO's β and counter cannot be restored"
+                )
             with open(path) as handle:
                 state = json.load(handle)
             self.elbo.beta = float(state["beta"])

@@ -184,8 +184,7 @@ class _SGPAModel(nn.Module):
     @staticmethod
     def _check_batch(inputs: Tensor, name: str) -> None:
         if inputs.shape[0] == 0 or (inputs.dim() > 1 and inputs.shape[1] == 0):
-            raise ValueError(f"{name} must hold at least one sequence of at least one position, got shape "
-                             f"{tuple(inputs.shape)}")
+            raise ValueError(f"{name} must hold at least one sequence of at least one position, got shape {tuple(inputs.shape)}")
 
     @staticmethod
     def _check_result(inputs: Tensor, name: str, *results: Tensor) -> None:
@@ -277,9 +276,7 @@ class SGPATransformer(_SGPAModel):
         hidden_dim: int | None = None,
         input_dim: int | None = None,
     ):
-        super().__init__(
-            num_classes, d_model, num_heads, num_layers, max_len, attention, attention_kwargs, task, dropout, hidden_dim
-        )
+        super().__init__(num_classes, d_model, num_heads, num_layers, max_len, attention, attention_kwargs, task, dropout, hidden_dim)
         if vocab_size is None:
             self.embedding = nn.Linear(_positive_int("input_dim", input_dim), d_model)
         else:
@@ -297,8 +294,10 @@ class SGPATransformer(_SGPAModel):
                 raise ValueError(f"tokens must lie in [0, vocab_size={self.vocab_size})")
         else:
             if tokens.dim() != 3 or tokens.shape[-1] != self.input_dim or not tokens.is_floating_point():
-                raise ValueError(f"tokens (inputs) must be a float tensor (batch, L, input_dim={self.input_dim}), "
-                                 f"got {tokens.dtype} {tuple(tokens.shape)}")
+                raise ValueError(
+                    f"tokens (inputs) must be a float tensor (batch, L, input_dim={self.input_dim}), "
+                    f"got {tokens.dtype} {tuple(tokens.shape)}"
+                )
             self._check_batch(tokens, "tokens")
             check_dtype(tokens, "tokens", self.embedding.weight.dtype)
             if _checks_on_host(tokens):
@@ -337,7 +336,15 @@ class SGPAViT(_SGPAModel):
             raise ValueError(f"image_size={image_size} must be divisible by patch_size={patch_size}")
         num_patches = (image_size // patch_size) ** 2
         super().__init__(
-            num_classes, d_model, num_heads, num_layers, num_patches, attention, attention_kwargs, task, dropout,
+            num_classes,
+            d_model,
+            num_heads,
+            num_layers,
+            num_patches,
+            attention,
+            attention_kwargs,
+            task,
+            dropout,
             hidden_dim,
         )
         self.image_size = image_size
@@ -398,8 +405,19 @@ class SGPADecoder(_SGPAModel):
         if kwargs.get("causal", True) is not True:
             raise ValueError("SGPADecoder builds causal attention; attention_kwargs must not set causal=False")
         kwargs["causal"] = True
-        super().__init__(vocab_size, d_model, num_heads, num_layers, max_len, attention, kwargs, "language_model",
-                         dropout, hidden_dim, tasks=("language_model",))
+        super().__init__(
+            vocab_size,
+            d_model,
+            num_heads,
+            num_layers,
+            max_len,
+            attention,
+            kwargs,
+            "language_model",
+            dropout,
+            hidden_dim,
+            tasks=("language_model",),
+        )
         self.vocab_size = vocab_size
         self.embedding = nn.Embedding(vocab_size, d_model)
         for layer in self.layers:
@@ -429,8 +447,10 @@ class SGPADecoder(_SGPAModel):
     def sample_noise(self, batch_size: int, length: int, generator: torch.Generator | None = None) -> list:
         """Per-layer standard-normal draws of one forward pass (``None`` for non-SGPA layers), from
         ``generator`` if given."""
-        return [layer.attention.sample_noise(batch_size, length, generator=generator)
-                if isinstance(layer.attention, SGPAttention) else None for layer in self.layers]
+        return [
+            layer.attention.sample_noise(batch_size, length, generator=generator) if isinstance(layer.attention, SGPAttention) else None
+            for layer in self.layers
+        ]
 
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None, noise: list | None = None):
         self._check_tokens(tokens)
@@ -459,8 +479,9 @@ class SGPADecoder(_SGPAModel):
         return logits, states
 
     @torch.no_grad()
-    def generate(self, prompt: Tensor, num_tokens: int, temperature: float = 1.0, greedy: bool = False,
-                 generator: torch.Generator | None = None) -> Tensor:
+    def generate(
+        self, prompt: Tensor, num_tokens: int, temperature: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None
+    ) -> Tensor:
         """Continue ``prompt`` ``(B, T0)`` by ``num_tokens`` tokens: ``(B, T0 + num_tokens)``.
 
         One posterior sample path per sequence (the SGPA layers draw their global noise once, at the

@@ -6,6 +6,7 @@ Gaussian images, ``scaling`` maps images to and from the ``[-1, 1]`` the builder
 holds the image/video diffusion models (diffusers models) and the HVAE of §5.2.1, and
 ``pipelines`` a diffusers pipeline that samples the video model with any scheduler.
 """
+
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
@@ -18,5 +19,13 @@ from .augment import METHODS, make_pseudo_video
 from .scaling import to_data_range, to_model_range
 from .theory import context_gain_table, min_mse, optimal_predictor
 
-__all__ = ["__version__", "METHODS", "make_pseudo_video", "min_mse", "optimal_predictor", "context_gain_table",
-           "to_model_range", "to_data_range"]
+__all__ = [
+    "__version__",
+    "METHODS",
+    "make_pseudo_video",
+    "min_mse",
+    "optimal_predictor",
+    "context_gain_table",
+    "to_model_range",
+    "to_data_range",
+]

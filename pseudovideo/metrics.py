@@ -18,6 +18,7 @@ whose sample covariance is then singular; IS with fewer than two images per spli
 ``[0, 1]`` a ``ValueError``. Each call scores the images it is given on its own process (no
 ``torch.distributed`` synchronisation, also inside a data-parallel run).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,24 +61,28 @@ def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0, bat
     check_tensor(preds, "preds")
     check_tensor(target, "target")
     if preds.shape != target.shape or preds.dim() != 4:
-        raise ValueError(f"preds and target must share a (N, C, H, W) shape, got {tuple(preds.shape)} and "
-                         f"{tuple(target.shape)}")
+        raise ValueError(f"preds and target must share a (N, C, H, W) shape, got {tuple(preds.shape)} and {tuple(target.shape)}")
     check_tensor(preds, "preds", non_empty=True, finite=True)
     check_tensor(target, "target", finite=True)
     data_range = check_real(data_range, "data_range", low=0.0, low_open=True)
     check_int(batch_size, "batch_size")
     span = float(target.max() - target.min())
     if span > data_range * (1 + 1e-6):
-        raise ValueError(f"target spans [{float(target.min()):.4g}, {float(target.max()):.4g}], wider than "
-                         f"data_range={data_range:g}: pass the width of the pixels' range")
+        raise ValueError(
+            f"target spans [{float(target.min()):.4g}, {float(target.max()):.4g}], wider than "
+            f"data_range={data_range:g}: pass the width of the pixels' range"
+        )
     if span < data_range / 4:
-        warnings.warn(f"target spans only {span:.4g} of data_range={data_range:g}: is data_range the width of the "
-                      "range the pixels live in (1 for [0, 1], 2 for [-1, 1], 255 for 8-bit)?",
-                      MetricReliabilityWarning, stacklevel=2)
+        warnings.warn(
+            f"target spans only {span:.4g} of data_range={data_range:g}: is data_range the width of the "
+            "range the pixels live in (1 for [0, 1], 2 for [-1, 1], 255 for 8-bit)?",
+            MetricReliabilityWarning,
+            stacklevel=2,
+        )
     total = 0.0
     for pred_batch, target_batch in zip(preds.split(batch_size), target.split(batch_size)):
         mse = (pred_batch.double() - target_batch.double()).pow(2).mean(dim=(1, 2, 3))
-        total += float((10 * torch.log10(data_range ** 2 / mse)).sum())
+        total += float((10 * torch.log10(data_range**2 / mse)).sum())
     return total / len(preds)
 
 
@@ -92,9 +97,15 @@ class ImageClassifier(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, num_features: int = 64):
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
-            nn.Linear(64 * 16, num_features), nn.ReLU(),
+            nn.Conv2d(in_channels, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
+            nn.Flatten(),
+            nn.Linear(64 * 16, num_features),
+            nn.ReLU(),
         )
         self.head = nn.Linear(num_features, num_classes)
         self.num_features = num_features
@@ -180,15 +191,21 @@ def _inception_network(weights_path, feature: int) -> nn.Module:
         raise ModuleNotFoundError(
             "InceptionFeatures needs the 'torch-fidelity' package (pip install torch-fidelity) and the FID Inception "
             "weights (weights_path=...); without them use the offline classifier features (default_classifier)",
-            name="torch_fidelity") from error
+            name="torch_fidelity",
+        ) from error
     from torchmetrics.image.fid import NoTrainInceptionV3
 
     try:
-        return NoTrainInceptionV3(name="inception-v3-compat", features_list=[str(feature)],
-                                  feature_extractor_weights_path=None if weights_path is None else str(weights_path))
+        return NoTrainInceptionV3(
+            name="inception-v3-compat",
+            features_list=[str(feature)],
+            feature_extractor_weights_path=None if weights_path is None else str(weights_path),
+        )
     except (OSError, RuntimeError, ValueError) as error:  # no weights file and no network to download them
-        raise FileNotFoundError(f"the InceptionV3 weights could not be loaded ({error}); pass weights_path= the FID "
-                                "Inception checkpoint (pt_inception-2015-12-05-6726825d.pth)") from error
+        raise FileNotFoundError(
+            f"the InceptionV3 weights could not be loaded ({error}); pass weights_path= the FID "
+            "Inception checkpoint (pt_inception-2015-12-05-6726825d.pth)"
+        ) from error
 
 
 def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, distributed: bool = False) -> float:
@@ -225,8 +242,7 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, dist
     for is_real, images, name in ((True, real, "real"), (False, fake, "fake")):
         for batch in _batches(images, name, batch_size):
             if metric is None:  # the states live beside the features, on the first batch's device
-                metric = FrechetInceptionDistance(feature=feature, normalize=True,
-                                                  sync_on_compute=distributed).to(batch.device)
+                metric = FrechetInceptionDistance(feature=feature, normalize=True, sync_on_compute=distributed).to(batch.device)
             with torch.no_grad():
                 metric.update(batch, real=is_real)
     if metric is None:
@@ -240,15 +256,20 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, dist
         if count < 2:
             raise ValueError(f"{name} needs at least 2 images, got {count}")
         if count <= dimension:
-            warnings.warn(f"FID from {count} {name} images of {dimension}-dimensional features: the feature "
-                          "covariance is singular and FID strongly biased; use well over "
-                          f"{dimension} images (the thesis's protocol: 50,000)", MetricReliabilityWarning, stacklevel=2)
+            warnings.warn(
+                f"FID from {count} {name} images of {dimension}-dimensional features: the feature "
+                "covariance is singular and FID strongly biased; use well over "
+                f"{dimension} images (the thesis's protocol: 50,000)",
+                MetricReliabilityWarning,
+                stacklevel=2,
+            )
     with torch.no_grad():
         return float(metric.compute())
 
 
-def inception_score(images, feature: nn.Module | None = None, splits: int = 10, seed: int = 0,
-                    batch_size: int = 256, *, classifier: nn.Module | None = None) -> float:
+def inception_score(
+    images, feature: nn.Module | None = None, splits: int = 10, seed: int = 0, batch_size: int = 256, *, classifier: nn.Module | None = None
+) -> float:
     """IS ``exp E_x KL(p(y|x) || p(y))`` averaged over ``splits`` (torchmetrics; ``seed`` fixes the split).
 
     ``feature`` maps images to class logits (``classifier=`` is its former, deprecated name);
@@ -266,8 +287,7 @@ def inception_score(images, feature: nn.Module | None = None, splits: int = 10, 
     if classifier is not None:
         if feature is not None:
             raise TypeError("pass the logit network once: as feature (classifier= is its deprecated name)")
-        warnings.warn("inception_score(classifier=...) is deprecated: pass the network as feature",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn("inception_score(classifier=...) is deprecated: pass the network as feature", DeprecationWarning, stacklevel=2)
         feature = classifier
     _check_network(feature, "feature")
     check_int(splits, "splits")
@@ -290,13 +310,15 @@ def inception_score(images, feature: nn.Module | None = None, splits: int = 10, 
             torch.manual_seed(seed)
             score = float(metric.compute()[0])
     if count < 2 * splits:
-        warnings.warn(f"IS with {splits} splits of {count} images: splits of one image score exactly 1; use "
-                      f"splits <= {count // 2}", MetricReliabilityWarning, stacklevel=2)
+        warnings.warn(
+            f"IS with {splits} splits of {count} images: splits of one image score exactly 1; use splits <= {count // 2}",
+            MetricReliabilityWarning,
+            stacklevel=2,
+        )
     return score
 
 
-def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3, seed: int = 0,
-                     batch_size: int = 128) -> ImageClassifier:
+def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3, seed: int = 0, batch_size: int = 128) -> ImageClassifier:
     """Fit ``ImageClassifier`` with Adam and cross-entropy (the default feature network).
 
     :param images: ``(N, C, H, W)`` training images in ``[0, 1]``.
@@ -364,8 +386,17 @@ def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None,
         classifier.test_accuracy = float((classifier(test).argmax(1) == test_labels).double().mean())
     cache.mkdir(parents=True, exist_ok=True)
     torch.save(classifier.state_dict(), weights)
-    record.write_text(json.dumps({"dataset": dataset, "downsample": downsample, "train_images": len(train),
-                                  "test_images": len(test), "test_accuracy": classifier.test_accuracy}))
+    record.write_text(
+        json.dumps(
+            {
+                "dataset": dataset,
+                "downsample": downsample,
+                "train_images": len(train),
+                "test_images": len(test),
+                "test_accuracy": classifier.test_accuracy,
+            }
+        )
+    )
     return classifier
 
 
@@ -394,8 +425,7 @@ def _batches(images, name: str, batch_size: int) -> Iterator[torch.Tensor]:
         yield from images.split(batch_size)
         return
     if not isinstance(images, Iterable):
-        raise TypeError(f"{name} must be a floating (N, C, H, W) tensor or an iterable of such batches, "
-                        f"got {type(images).__name__}")
+        raise TypeError(f"{name} must be a floating (N, C, H, W) tensor or an iterable of such batches, got {type(images).__name__}")
     empty = True
     for batch in images:
         _check_images(batch, f"{name} (a batch)", at_least=1)
@@ -407,5 +437,4 @@ def _batches(images, name: str, batch_size: int) -> Iterator[torch.Tensor]:
 
 def _check_network(network, name: str) -> None:
     if not isinstance(network, nn.Module):
-        raise TypeError(f"{name} must be an nn.Module mapping (N, C, H, W) images to (N, d) outputs, "
-                        f"got {type(network).__name__}")
+        raise TypeError(f"{name} must be an nn.Module mapping (N, C, H, W) images to (N, d) outputs, got {type(network).__name__}")

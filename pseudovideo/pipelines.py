@@ -15,6 +15,7 @@ A scheduler whose noise schedule or prediction type differs from the model's rai
 ``save_pretrained`` / ``from_pretrained`` store and rebuild both components, as for any diffusers
 pipeline.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -74,8 +75,15 @@ class PseudoVideoPipeline(DiffusionPipeline):
         self.register_modules(model=model, scheduler=scheduler)
 
     @torch.no_grad()
-    def __call__(self, batch_size: int = 1, num_inference_steps: int = 50, generator: torch.Generator | None = None,
-                 eta: float = 0.0, output_type: str = "np", return_dict: bool = True):
+    def __call__(
+        self,
+        batch_size: int = 1,
+        num_inference_steps: int = 50,
+        generator: torch.Generator | None = None,
+        eta: float = 0.0,
+        output_type: str = "np",
+        return_dict: bool = True,
+    ):
         """``batch_size`` videos of ``model.config.num_frames`` frames, each chain ``num_inference_steps`` long.
 
         ``eta`` is passed to schedulers whose ``step`` takes it (DDIM: 0 deterministic, 1 DDPM-like);
@@ -94,29 +102,34 @@ class PseudoVideoPipeline(DiffusionPipeline):
         step_options = {name: value for name, value in (("eta", eta), ("generator", generator)) if name in accepted}
         model = self.model
         with self.progress_bar(total=model.num_chains * num_inference_steps) as progress:
-            videos = model._sample_batch(batch_size, self.scheduler, num_inference_steps, generator, step_options,
-                                         progress)
+            videos = model._sample_batch(batch_size, self.scheduler, num_inference_steps, generator, step_options, progress)
         videos = self._convert(videos, output_type)
         return PseudoVideoPipelineOutput(videos=videos) if return_dict else (videos,)
 
     def _check_scheduler(self):
         trained, sampler = self.model.scheduler, self.scheduler
         if sampler.config.get("num_train_timesteps") != trained.config.num_train_timesteps:
-            raise ValueError(f"the scheduler has num_train_timesteps={sampler.config.get('num_train_timesteps')}, the "
-                             f"model was trained with {trained.config.num_train_timesteps}: build the scheduler with "
-                             "SchedulerClass.from_config(model.scheduler.config)")
+            raise ValueError(
+                f"the scheduler has num_train_timesteps={sampler.config.get('num_train_timesteps')}, the "
+                f"model was trained with {trained.config.num_train_timesteps}: build the scheduler with "
+                "SchedulerClass.from_config(model.scheduler.config)"
+            )
         alphas = getattr(sampler, "alphas_cumprod", None)
         if alphas is not None and not torch.allclose(alphas.double().cpu(), trained.alphas_cumprod.double(), rtol=1e-5):
-            raise ValueError("the scheduler's noise schedule (alphas_cumprod) differs from the one the model was "
-                             "trained with: build it with SchedulerClass.from_config(model.scheduler.config)")
+            raise ValueError(
+                "the scheduler's noise schedule (alphas_cumprod) differs from the one the model was "
+                "trained with: build it with SchedulerClass.from_config(model.scheduler.config)"
+            )
         kind = sampler.config.get("prediction_type", "epsilon")
         if kind != trained.config.prediction_type:
-            raise ValueError(f"the scheduler reads the UNet's output as {kind!r}, the model predicts "
-                             f"{trained.config.prediction_type!r}")
+            raise ValueError(f"the scheduler reads the UNet's output as {kind!r}, the model predicts {trained.config.prediction_type!r}")
         if sampler.config.get("clip_sample", False) and not trained.config.clip_sample:
-            warnings.warn("the scheduler clips predicted frames to [-1, 1] (clip_sample=True) but the model was built "
-                          "without clipping: generated frames will not have the training frames' distribution",
-                          UserWarning, stacklevel=3)
+            warnings.warn(
+                "the scheduler clips predicted frames to [-1, 1] (clip_sample=True) but the model was built "
+                "without clipping: generated frames will not have the training frames' distribution",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @staticmethod
     def _convert(videos: torch.Tensor, output_type: str):
@@ -131,5 +144,4 @@ class PseudoVideoPipeline(DiffusionPipeline):
         from PIL import Image
 
         pixels = (array * 255).round().astype(np.uint8)
-        return [[Image.fromarray(frame.squeeze(-1) if frame.shape[-1] == 1 else frame) for frame in video]
-                for video in pixels]
+        return [[Image.fromarray(frame.squeeze(-1) if frame.shape[-1] == 1 else frame) for frame in video] for video in pixels]

@@ -1,4 +1,5 @@
 """PNG figures: rows of pseudo videos (thesis Figs. 5.6-5.8) and sample grids."""
+
 from __future__ import annotations
 
 from pathlib import Path

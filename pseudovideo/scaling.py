@@ -16,6 +16,7 @@ another scale they silently mean something else (on ``[0, 255]`` the noise is ne
   its pseudo-video frames, is about Gaussian images; see :mod:`pseudovideo.theory`), while 8-bit pixels
   (``[0, 255]``) or scikit-learn's raw digits (``[0, 16]``) lie far above.
 """
+
 from __future__ import annotations
 
 import torch
@@ -55,8 +56,10 @@ def to_model_range(images: torch.Tensor, data_range=(0.0, 1.0)) -> torch.Tensor:
     check_tensor(images, "images", finite=True)
     smallest, largest = float(images.min()), float(images.max())
     if smallest < low or largest > high:
-        raise ValueError(f"images lie in [{smallest:.4g}, {largest:.4g}], outside data_range=({low:g}, {high:g}): "
-                         "pass the range the pixels are stored in, e.g. (0, 255) for 8-bit images")
+        raise ValueError(
+            f"images lie in [{smallest:.4g}, {largest:.4g}], outside data_range=({low:g}, {high:g}): "
+            "pass the range the pixels are stored in, e.g. (0, 255) for 8-bit images"
+        )
     return 2 * (images - low) / (high - low) - 1
 
 
@@ -87,7 +90,9 @@ def check_model_range(images: torch.Tensor, name: str = "images") -> torch.Tenso
     """
     rms = float(images.double().pow(2).mean().sqrt()) if images.numel() else 0.0
     if rms > FAR_OUTSIDE:
-        raise ValueError(f"{name} have a root-mean-square pixel of {rms:.4g}, far outside the [-1, 1] the noise "
-                         f"schedules assume (accepted: <= {FAR_OUTSIDE:g}); map them with "
-                         "pseudovideo.to_model_range(images, data_range=(low, high))")
+        raise ValueError(
+            f"{name} have a root-mean-square pixel of {rms:.4g}, far outside the [-1, 1] the noise "
+            f"schedules assume (accepted: <= {FAR_OUTSIDE:g}); map them with "
+            "pseudovideo.to_model_range(images, data_range=(low, high))"
+        )
     return images

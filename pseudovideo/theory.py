@@ -33,6 +33,7 @@ builder's ``min_std``/``max_std``/``noise_std`` and needs ``image_shape`` (``(H,
 ``(C, H, W)``, the layout of ``Sigma``'s ``n = C H W`` pixels, channel-major as ``images.flatten(1)``).
 Frames are numbered as in the thesis: ``1`` is the most corrupted, ``T`` the image.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,8 +80,7 @@ class EigenPredictor(NamedTuple):
         return self.intercept + (coordinates * self.weights).sum(-2) @ self.eigenvectors.T
 
 
-def frame_coefficients(num_frames: int, method: str, beta_start: float = 1e-4, beta_end: float = 0.05,
-                       betas=None):
+def frame_coefficients(num_frames: int, method: str, beta_start: float = 1e-4, beta_end: float = 0.05, betas=None):
     r"""``(a, B)``: ``z_s = a[s-1] x + sum_k B[s-1, k] eps_k`` for frames ``s = 1..T`` (float64).
 
     Built from §5.4's recursions written on the coefficients, ``z_T = x`` having ``a = 1, B = 0``
@@ -128,8 +128,7 @@ def frame_operators(num_frames: int, method: str, image_shape, **params):
     if method != "heat":
         signal, noise = frame_coefficients(num_frames, method, **settings)
         return signal[:, None, None] * torch.eye(n, dtype=torch.float64), noise
-    stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1,
-                          dtype=torch.float64)
+    stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1, dtype=torch.float64)
     basis = torch.eye(height * width, dtype=torch.float64).view(-1, height, width)
     operators = [torch.eye(n, dtype=torch.float64)]
     noise = torch.zeros(num_frames, num_frames - 1, dtype=torch.float64)
@@ -153,8 +152,9 @@ def frame_covariances(eigenvalues: torch.Tensor, num_frames: int, method: str, *
     return eigenvalues[:, None, None] * torch.outer(signal, signal) + noise @ noise.T
 
 
-def min_mse(covariance: torch.Tensor, num_frames: int, method: str, given: Iterable[int], *, solver: str = "auto",
-            image_shape=None, **params) -> torch.Tensor:
+def min_mse(
+    covariance: torch.Tensor, num_frames: int, method: str, given: Iterable[int], *, solver: str = "auto", image_shape=None, **params
+) -> torch.Tensor:
     r"""``L*(S) = E||z_T - E[z_T | z_S]||^2`` for ``x ~ N(mu, covariance)`` (Theorem 5.4.1), float64.
 
     ``given`` lists the conditioning frames ``S`` (a subset of ``1..T-1``); empty means ``tr Sigma``.
@@ -190,9 +190,18 @@ def min_mse(covariance: torch.Tensor, num_frames: int, method: str, given: Itera
     return (frames[:, last, last] - explained).sum()
 
 
-def optimal_predictor(mean: torch.Tensor, covariance: torch.Tensor, num_frames: int, method: str,
-                      given: Iterable[int], *, solver: str = "auto", per_direction: bool = False, image_shape=None,
-                      **params):
+def optimal_predictor(
+    mean: torch.Tensor,
+    covariance: torch.Tensor,
+    num_frames: int,
+    method: str,
+    given: Iterable[int],
+    *,
+    solver: str = "auto",
+    per_direction: bool = False,
+    image_shape=None,
+    **params,
+):
     r"""``E[z_T | z_S] = intercept + sum_i weights[i] z_{S_i}``: returns ``(weights (|S|, n, n), intercept (n,))``.
 
     The regression weights are ``C_TS C_SS^{-1}`` (per eigenvector for the eigen solver); ``E[z_s] =
@@ -213,8 +222,10 @@ def optimal_predictor(mean: torch.Tensor, covariance: torch.Tensor, num_frames: 
         raise TypeError(f"per_direction must be a bool, got {type(per_direction).__name__}")
     solver = _check_solver(solver, method)
     if per_direction and solver != "eigen":
-        raise ValueError("per_direction=True needs the eigen solver (a Markov builder): heat's weights are not "
-                         "diagonal in the eigenvectors of the covariance")
+        raise ValueError(
+            "per_direction=True needs the eigen solver (a Markov builder): heat's weights are not "
+            "diagonal in the eigenvectors of the covariance"
+        )
     given = _check_given(given, num_frames)
     if not given:
         raise ValueError("given must name at least one frame for a predictor")
@@ -234,8 +245,7 @@ def optimal_predictor(mean: torch.Tensor, covariance: torch.Tensor, num_frames: 
     rows = torch.tensor(index)
     per_eigenvector = torch.linalg.solve(frames[:, rows][:, :, rows], frames[:, -1, rows].unsqueeze(-1)).squeeze(-1)
     predictor = EigenPredictor(eigenvectors, per_eigenvector.T.contiguous(), mean)
-    intercept = mean - predictor._replace(intercept=torch.zeros_like(mean)).predict(
-        torch.stack([signal[s] * mean for s in index]))
+    intercept = mean - predictor._replace(intercept=torch.zeros_like(mean)).predict(torch.stack([signal[s] * mean for s in index]))
     predictor = predictor._replace(intercept=intercept)
     return predictor if per_direction else (predictor.dense_weights(), intercept)
 
@@ -252,8 +262,10 @@ def context_gain_table(covariance: torch.Tensor, frame_counts: Iterable[int], me
     """
     methods = (methods,) if isinstance(methods, str) else methods
     if not isinstance(frame_counts, Iterable) or not isinstance(methods, Iterable):
-        raise TypeError("frame_counts and methods must be iterables (e.g. [4, 8] and ('markov_first',)), got "
-                        f"{type(frame_counts).__name__} and {type(methods).__name__}")
+        raise TypeError(
+            "frame_counts and methods must be iterables (e.g. [4, 8] and ('markov_first',)), got "
+            f"{type(frame_counts).__name__} and {type(methods).__name__}"
+        )
     frame_counts = list(frame_counts)
     rows = []
     for method in methods:
@@ -306,8 +318,10 @@ def _check_solver(solver, method) -> str:
     if solver == "auto":
         return "dense" if method == "heat" else "eigen"
     if solver == "eigen" and method == "heat":
-        raise ValueError("solver='eigen' needs frames A_s = a_s I (the Markov builders); heat's F_h(tau) is "
-                         "diagonal in the DCT basis, not in the covariance's eigenvectors: use solver='dense'")
+        raise ValueError(
+            "solver='eigen' needs frames A_s = a_s I (the Markov builders); heat's F_h(tau) is "
+            "diagonal in the DCT basis, not in the covariance's eigenvectors: use solver='dense'"
+        )
     return solver
 
 
@@ -326,8 +340,7 @@ def _image_shape(image_shape, method, covariance):
         return (1, 1, n)
     channels, height, width = _check_image_shape(image_shape)
     if channels * height * width != n:
-        raise ValueError(f"image_shape {tuple(image_shape)} has {channels * height * width} pixels, the covariance "
-                         f"{n}")
+        raise ValueError(f"image_shape {tuple(image_shape)} has {channels * height * width} pixels, the covariance {n}")
     return channels, height, width
 
 

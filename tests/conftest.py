@@ -78,8 +78,9 @@ def run_readme_block():
     ``marker``; its namespace."""
 
     def run(marker: str) -> dict:
-        blocks = [(page, b) for page in USAGE_PAGES
-                  for b in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S) if marker in b]
+        blocks = [
+            (page, b) for page in USAGE_PAGES for b in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S) if marker in b
+        ]
         assert len(blocks) == 1, f"expected one python block containing {marker!r} in the README and guides, found {len(blocks)}"
         namespace = {}
         exec(compile(blocks[0][1], str(blocks[0][0]), "exec"), namespace)

@@ -1,6 +1,7 @@
 """Statically: library code never pins tensors or modules to CUDA itself (no ``.cuda()``
 call and no ``torch.set_default_device``); tensors follow the user's device (see the
 ``test_*_devices.py`` files for the behaviour on each device)."""
+
 import ast
 import pathlib
 

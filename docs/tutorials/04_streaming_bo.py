@@ -74,8 +74,9 @@ bounds = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
 chosen, best_angles, regret = [], [], []
 for k in range(INIT, STEPS):
     acquisition = UpperConfidenceBound(model, beta=4.0)
-    candidate, _ = optimize_acqf(acquisition, bounds, q=1, num_restarts=2, raw_samples=64,
-                                 fixed_features={2: time_of(k)}, options={"maxiter": 30})
+    candidate, _ = optimize_acqf(
+        acquisition, bounds, q=1, num_restarts=2, raw_samples=64, fixed_features={2: time_of(k)}, options={"maxiter": 30}
+    )
     x = candidate.detach().numpy()[:, :2]
     value = objective(x, hours[k])[0]
     grid_values = objective(objective.grid, hours[k])
@@ -127,14 +128,12 @@ baseline = torch.tensor(np.c_[chosen[-5:], np.full(5, t_next)])
 with warnings.catch_warnings(record=True) as optimiser_reports:
     warnings.simplefilter("always", RuntimeWarning)
     qlognei = qLogNoisyExpectedImprovement(model, X_baseline=baseline, prune_baseline=False)
-    batch, value = optimize_acqf(qlognei, bounds, q=2, num_restarts=1, raw_samples=32, fixed_features={2: t_next},
-                                 options={"maxiter": 10})
+    batch, value = optimize_acqf(qlognei, bounds, q=2, num_restarts=1, raw_samples=32, fixed_features={2: t_next}, options={"maxiter": 10})
     print("qLogNEI batch of 2:", batch.numpy().round(3), "value", float(value))
     fantasy = model.fantasize(batch, SobolQMCNormalSampler(torch.Size([8])))
     print("fantasy model batch shape:", tuple(fantasy.batch_shape))
     kg = qKnowledgeGradient(model, num_fantasies=4)
-    candidate, value = optimize_acqf(kg, bounds, q=1, num_restarts=1, raw_samples=16, fixed_features={2: t_next},
-                                     options={"maxiter": 5})
+    candidate, value = optimize_acqf(kg, bounds, q=1, num_restarts=1, raw_samples=16, fixed_features={2: t_next}, options={"maxiter": 5})
 assert np.isfinite(float(value))
 for report in optimiser_reports:
     if str(report.message).startswith("Optimization failed"):

@@ -46,6 +46,7 @@ x = times.unsqueeze(-1)
 # %% [markdown]
 # ## A model written once, inducing variables passed in
 
+
 # %%
 class SVGP(gpytorch.models.ApproximateGP):
     def __init__(self, strategy_factory, num_inducing):
@@ -80,6 +81,7 @@ assert difference < 1e-8
 # ## Swap in HiPPO inducing variables and train as usual
 # `VariationalELBO`, `Adam`, `likelihood(model(x))`: nothing else changes.
 
+
 # %%
 def train(model, likelihood, x, y, steps):
     elbo = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=y.shape[0])
@@ -105,6 +107,7 @@ assert rmse < 0.9
 # ## Two outputs: HiPPO inducing variables inside `LMCVariationalStrategy`
 # Two latent GPs (a batch of two kernels) mixed into two outputs. The HiPPO variables are shared
 # by the latents; each latent gets its own `q(u)` through the batch shape.
+
 
 # %%
 class LMCModel(gpytorch.models.ApproximateGP):

@@ -57,11 +57,11 @@ print(f"train {len(y_train)}, test {len(y_test)}, out-of-distribution {len(x_ood
 # after 30 epochs), because 16 tokens' amortised KL outweighs one label's log-likelihood; with
 # `"all-over-n"` it reaches 0.93 (both with the default whitened layers; 0.23 and 0.91 unwhitened).
 
+
 # %%
 def train(attention):
     torch.manual_seed(0)
-    model = SGPAViT(image_size=8, patch_size=2, in_channels=1, num_classes=5, d_model=32, num_heads=2,
-                    num_layers=1, attention=attention)
+    model = SGPAViT(image_size=8, patch_size=2, in_channels=1, num_classes=5, d_model=32, num_heads=2, num_layers=1, attention=attention)
     elbo = SGPAELBO(model, num_data=len(y_train), kl_weighting="all-over-n")
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(EPOCHS):
@@ -87,14 +87,18 @@ for name in models:
 # Bin the test images by the model's confidence (its top class probability) and compare the
 # average confidence with the accuracy in each bin: a calibrated model lies on the diagonal.
 
+
 # %%
 def reliability(p, y, num_bins=10):
     confidence, prediction = p.max(-1)
     correct = (prediction == y).float()
     edges = torch.linspace(0, 1, num_bins + 1)
     bins = torch.bucketize(confidence, edges[1:-1])
-    rows = [(confidence[bins == b].mean().item(), correct[bins == b].mean().item(), int((bins == b).sum()))
-            for b in range(num_bins) if (bins == b).any()]
+    rows = [
+        (confidence[bins == b].mean().item(), correct[bins == b].mean().item(), int((bins == b).sum()))
+        for b in range(num_bins)
+        if (bins == b).any()
+    ]
     return rows
 
 

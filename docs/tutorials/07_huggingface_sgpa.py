@@ -65,8 +65,16 @@ print(f"{len(train)} training and {len(test)} test sentences, vocabulary of {len
 # ## 1. An ordinary Hugging Face model, trained by maximum likelihood
 
 # %%
-config = BertConfig(vocab_size=len(vocabulary), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=128, max_position_embeddings=64, num_labels=2, pad_token_id=0)
+config = BertConfig(
+    vocab_size=len(vocabulary),
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=64,
+    num_labels=2,
+    pad_token_id=0,
+)
 model = BertForSequenceClassification(config)
 
 
@@ -135,8 +143,7 @@ with torch.no_grad(), gpytorch_sgpa.posterior_mean():
     torch.testing.assert_close(logits_of(model, test), kernel_logits, rtol=1e-4, atol=1e-4)
 fit(model, EPOCHS, kl=True)
 with torch.no_grad():
-    sgpa_probs = gpytorch_sgpa.predict_proba(model, input_ids=ids[test], attention_mask=attention_mask[test],
-                                             num_samples=10)
+    sgpa_probs = gpytorch_sgpa.predict_proba(model, input_ids=ids[test], attention_mask=attention_mask[test], num_samples=10)
     with gpytorch_sgpa.posterior_mean():  # one deterministic pass: the posterior mean of every attention output
         mean_probs = logits_of(model, test).softmax(-1)
 evaluate("SGPA, 10 samples", sgpa_probs)
@@ -165,11 +172,24 @@ def rows_of(split):
 
 output_dir = tempfile.mkdtemp()
 elbo = gpytorch_sgpa.SGPAELBO(model, num_data=len(train), beta="auto", anneal_steps=20)
-trainer = SGPATrainer(model, TrainingArguments(output_dir=output_dir, per_device_train_batch_size=32,
-                                               gradient_accumulation_steps=2, num_train_epochs=1, learning_rate=1e-3,
-                                               logging_steps=10, report_to="none", use_cpu=True, disable_tqdm=True,
-                                               save_strategy="no"),
-                      train_dataset=rows_of(train), eval_dataset=rows_of(test), elbo=elbo)
+trainer = SGPATrainer(
+    model,
+    TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=32,
+        gradient_accumulation_steps=2,
+        num_train_epochs=1,
+        learning_rate=1e-3,
+        logging_steps=10,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+    ),
+    train_dataset=rows_of(train),
+    eval_dataset=rows_of(test),
+    elbo=elbo,
+)
 trainer.train()
 logged = [entry for entry in trainer.state.log_history if "kl" in entry]
 print(f"β = {elbo.beta:.4f}, KL at the last logged step {logged[-1]['kl']:.1f} nats")
@@ -183,8 +203,7 @@ with torch.no_grad():
     saved_sample = logits_of(model.eval(), test)
     torch.manual_seed(1)
     assert torch.equal(logits_of(reloaded, test), saved_sample)  # the same weights, the same noise, the same logits
-    trainer_probs = gpytorch_sgpa.predict_proba(reloaded, input_ids=ids[test], attention_mask=attention_mask[test],
-                                                num_samples=10)
+    trainer_probs = gpytorch_sgpa.predict_proba(reloaded, input_ids=ids[test], attention_mask=attention_mask[test], num_samples=10)
 evaluate("SGPA, Trainer, reloaded", trainer_probs)
 
 # %% [markdown]
@@ -192,6 +211,7 @@ evaluate("SGPA, Trainer, reloaded", trainer_probs)
 # A reliability diagram per model: test sentences binned by the model's confidence (its largest
 # class probability), accuracy in each bin against the bin's mean confidence. A calibrated model
 # lies on the diagonal.
+
 
 # %%
 def reliability(probs, bins=10):
@@ -204,8 +224,7 @@ def reliability(probs, bins=10):
 
 
 figure, axis = plt.subplots(figsize=(4.5, 4))
-for name, probs in (("softmax (MLE)", softmax_probs), ("SGPA, 10 samples", sgpa_probs),
-                    ("SGPA, Trainer", trainer_probs)):
+for name, probs in (("softmax (MLE)", softmax_probs), ("SGPA, 10 samples", sgpa_probs), ("SGPA, Trainer", trainer_probs)):
     confidence, observed = reliability(probs)
     axis.plot(confidence, observed, "o-", label=name)
 axis.plot([0.5, 1], [0.5, 1], "k--", linewidth=1, label="calibrated")

@@ -47,6 +47,7 @@ print(f"{data.num_streams} series; streams per task: {[len(task) for task in tas
 # `batch_shape=(num_streams,)`. Here every stream has the same Matérn-3/2 hyperparameters and `M` inducing
 # points fixed over the whole horizon (OSGPR-fixed); any `InducingVariables` with a batch shape works the same way.
 
+
 # %%
 def model_factory(num_streams):
     batch = torch.Size([num_streams])

@@ -11,6 +11,7 @@ Every method is the one shared :class:`~gpytorch_hippo.online.OnlineSGPR` (or
 * :class:`HiPPOSchedule` -- OHSGPR: HiPPO variables advanced to the end of each task;
 * :class:`FourierSchedule` -- OVFF: variational Fourier features on one interval for the stream.
 """
+
 from ..inducing.fourier import FourierInducingVariables
 from .schedules import (
     FourierSchedule,

@@ -1,4 +1,5 @@
 """Inducing-variable schedules: the only thing that differs between OHSGPR and its baselines."""
+
 from __future__ import annotations
 
 import gpytorch
@@ -26,12 +27,14 @@ class InducingSchedule:
 
     num_iter: int = 0
 
-    def first(self, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel,
-              generator: torch.Generator | None = None) -> InducingVariables:
+    def first(
+        self, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel, generator: torch.Generator | None = None
+    ) -> InducingVariables:
         raise NotImplementedError
 
-    def next(self, current: InducingVariables, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel,
-             generator: torch.Generator | None = None) -> InducingVariables:
+    def next(
+        self, current: InducingVariables, x: Tensor, t_end: float, kernel: gpytorch.kernels.Kernel, generator: torch.Generator | None = None
+    ) -> InducingVariables:
         raise NotImplementedError
 
 
@@ -115,9 +118,17 @@ class FourierSchedule(InducingSchedule):
         return current
 
 
-def learn_task(model: OnlineSGPR, schedule: InducingSchedule, x: Tensor, y: Tensor, t_end: float,
-               generator: torch.Generator | None = None, num_iter: int | None = None, lr: float = 0.01,
-               progress: bool = False) -> Tensor:
+def learn_task(
+    model: OnlineSGPR,
+    schedule: InducingSchedule,
+    x: Tensor,
+    y: Tensor,
+    t_end: float,
+    generator: torch.Generator | None = None,
+    num_iter: int | None = None,
+    lr: float = 0.01,
+    progress: bool = False,
+) -> Tensor:
     """Absorb one later task: move the inducing variables by ``schedule``, then ``model.update``.
 
     ``num_iter`` defaults to ``schedule.num_iter``; which parameters Adam moves is decided by their

@@ -184,8 +184,21 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         check_Yvar(train_Yvar, train_Y, "train_Yvar")
         if outcome_transform is DEFAULT:
             outcome_transform = Standardize(m=1)
-        self._setup(train_X, inducing_variables, covar_module, likelihood, mean_module, input_transform, outcome_transform,
-                    fit_maxiter, refit_every, keep_data, ordering, num_inducing=num_inducing, known_noise=train_Yvar is not None)
+        self._setup(
+            train_X,
+            inducing_variables,
+            covar_module,
+            likelihood,
+            mean_module,
+            input_transform,
+            outcome_transform,
+            fit_maxiter,
+            refit_every,
+            keep_data,
+            ordering,
+            num_inducing=num_inducing,
+            known_noise=train_Yvar is not None,
+        )
         x, y = self._to_model_space(train_X, train_Y, fit_transforms=True)
         noise = None if train_Yvar is None else self._noise_to_model_space(train_X, train_Y, train_Yvar)
         _validate_like_single_task_gp(x, y, noise)
@@ -200,8 +213,22 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         self._absorb(train_X, train_Y, x, y, noise)
         self.eval()
 
-    def _setup(self, reference: Tensor, inducing_variables, covar_module, likelihood, mean_module, input_transform,
-               outcome_transform, fit_maxiter, refit_every, keep_data, ordering, num_inducing=None, known_noise=False) -> None:
+    def _setup(
+        self,
+        reference: Tensor,
+        inducing_variables,
+        covar_module,
+        likelihood,
+        mean_module,
+        input_transform,
+        outcome_transform,
+        fit_maxiter,
+        refit_every,
+        keep_data,
+        ordering,
+        num_inducing=None,
+        known_noise=False,
+    ) -> None:
         """The modules and settings: ``reference`` (the first batch's inputs, or a placeholder of shape
         ``(d,)``) gives ``d``, the dtype and the device, and places the default inducing points."""
         if isinstance(likelihood, gpytorch.likelihoods.FixedNoiseGaussianLikelihood):
@@ -336,9 +363,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         snapshot, tensors = self._posterior_hyperparameters, self._hyperparameter_tensors()
         if snapshot is None:
             return False
-        return len(snapshot) != len(tensors) or any(
-            a.shape != b.shape or not torch.equal(a, b.detach()) for a, b in zip(snapshot, tensors)
-        )
+        return len(snapshot) != len(tensors) or any(a.shape != b.shape or not torch.equal(a, b.detach()) for a, b in zip(snapshot, tensors))
 
     def _record_hyperparameters(self) -> None:
         self._posterior_hyperparameters = [t.detach().clone() for t in self._hyperparameter_tensors()]
@@ -381,8 +406,19 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         """Warm start: load the kernel and likelihood of ``state_dict`` and keep this model's data, counters,
         transforms and mean (fitted to this model's first batch in its outcome space, and fixed after it) and
         posterior (recomputed from the kept data with the loaded hyperparameters when ``keep_data=True``)."""
-        own = ("online.posterior", "online.num_tasks", "online.seen_input_range", "online.inducing_variables", "num_updates",
-               "stored_", "known_noise_flag", "online.time_origin", "input_transform.", "outcome_transform.", "online.mean_module.")
+        own = (
+            "online.posterior",
+            "online.num_tasks",
+            "online.seen_input_range",
+            "online.inducing_variables",
+            "num_updates",
+            "stored_",
+            "known_noise_flag",
+            "online.time_origin",
+            "input_transform.",
+            "outcome_transform.",
+            "online.mean_module.",
+        )
         hyperparameters = {k: v for k, v in state_dict.items() if not k.startswith(own)}
         with self._own_update():
             result = super().load_state_dict(hyperparameters, strict=False)
@@ -424,10 +460,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     def _same_posterior(self, state_dict: dict) -> bool:
         own = self.online.state_dict(prefix="online.")
         keys = [k for k in own if k.startswith("online.posterior_") and isinstance(own[k], Tensor)] + ["online.num_tasks"]
-        return all(
-            k in state_dict and state_dict[k].shape == own[k].shape and torch.equal(state_dict[k].to(own[k]), own[k])
-            for k in keys
-        )
+        return all(k in state_dict and state_dict[k].shape == own[k].shape and torch.equal(state_dict[k].to(own[k]), own[k]) for k in keys)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         for name in ("stored_inputs", "stored_targets", "stored_noise"):
@@ -456,8 +489,13 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         if covar_module is None and lengthscale is None:
             raise ValueError("from_state_dict: pass covar_module= (the checkpoint's kernel has no length scale to read d from)")
         dim = lengthscale.shape[-1] if lengthscale is not None else 1
-        settings = {"fit_maxiter": 100, "refit_every": None, "keep_data": "stored_inputs" in state_dict, "ordering": "kernel_max",
-                    **options}
+        settings = {
+            "fit_maxiter": 100,
+            "refit_every": None,
+            "keep_data": "stored_inputs" in state_dict,
+            "ordering": "kernel_max",
+            **options,
+        }
         if inducing_variables is None:  # the default points: their values come with the checkpoint
             points = state_dict["online.inducing_variables.points"]
             inducing_variables = InducingPoints(torch.zeros_like(points), learn=False)
@@ -465,8 +503,16 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             outcome_transform = Standardize(m=1)
         model = cls.__new__(cls)
         super(OnlineGPModel, model).__init__()
-        model._setup(reference.new_zeros(dim), inducing_variables, covar_module, likelihood, mean_module, input_transform,
-                     outcome_transform, **settings)
+        model._setup(
+            reference.new_zeros(dim),
+            inducing_variables,
+            covar_module,
+            likelihood,
+            mean_module,
+            input_transform,
+            outcome_transform,
+            **settings,
+        )
         model.online.mean_module.requires_grad_(False)  # fixed after the first batch, as in the constructor
         model.load_state_dict(state_dict)
         model.eval()
@@ -635,8 +681,9 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         in_graph = {id(tensor): tensor for tensor in self.buffers() if tensor.grad_fn is not None}
         return copy.deepcopy(self, in_graph)
 
-    def _to_model_space(self, X: Tensor, Y: Tensor, fit_transforms: bool = False,
-                        outcome_transformed: bool = False) -> tuple[Tensor, Tensor]:
+    def _to_model_space(
+        self, X: Tensor, Y: Tensor, fit_transforms: bool = False, outcome_transformed: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """Transformed inputs and targets, broadcast to a common batch shape; ``fit_transforms``
         learns the transforms' statistics from this batch (train mode), later batches reuse them;
         ``outcome_transformed``: ``Y`` is in the model's outcome space already."""

@@ -79,8 +79,11 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         check_Yvar(train_Yvar, train_Y, "train_Yvar")
         if isinstance(inducing_variables, InducingVariables) or inducing_variables is None:
             inducing_variables = [copy.deepcopy(inducing_variables) for _ in range(num_outputs)]
-        elif not (isinstance(inducing_variables, Sequence) and len(inducing_variables) == num_outputs
-                  and all(isinstance(v, InducingVariables) for v in inducing_variables)):
+        elif not (
+            isinstance(inducing_variables, Sequence)
+            and len(inducing_variables) == num_outputs
+            and all(isinstance(v, InducingVariables) for v in inducing_variables)
+        ):
             raise TypeError(
                 f"inducing_variables must be one InducingVariables instance or a sequence of {num_outputs} "
                 f"(one per output), got {inducing_variables!r}"
@@ -101,10 +104,19 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
                     check_points_near(variables, x)
         self.outputs = nn.ModuleList(
             OnlineGPModel(
-                x, y[..., j : j + 1], None if noise is None else noise[..., j : j + 1], inducing_variables=inducing_variables[j],
-                covar_module=copy.deepcopy(covar_module), likelihood=copy.deepcopy(likelihood),
-                mean_module=copy.deepcopy(mean_module), outcome_transform=None, fit_maxiter=fit_maxiter,
-                refit_every=refit_every, keep_data=keep_data, ordering=ordering, num_inducing=num_inducing,
+                x,
+                y[..., j : j + 1],
+                None if noise is None else noise[..., j : j + 1],
+                inducing_variables=inducing_variables[j],
+                covar_module=copy.deepcopy(covar_module),
+                likelihood=copy.deepcopy(likelihood),
+                mean_module=copy.deepcopy(mean_module),
+                outcome_transform=None,
+                fit_maxiter=fit_maxiter,
+                refit_every=refit_every,
+                keep_data=keep_data,
+                ordering=ordering,
+                num_inducing=num_inducing,
             )
             for j in range(num_outputs)
         )
@@ -120,8 +132,7 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         (:meth:`OnlineGPModel.load_state_dict`): kernels, likelihoods and means loaded, this model's data,
         transforms and posteriors (recomputed from the kept data) kept."""
         per_output = [
-            {k[len(f"outputs.{j}."):]: v for k, v in state_dict.items() if k.startswith(f"outputs.{j}.")}
-            for j in range(len(self.outputs))
+            {k[len(f"outputs.{j}.") :]: v for k, v in state_dict.items() if k.startswith(f"outputs.{j}.")} for j in range(len(self.outputs))
         ]
         if any(output._is_warm_start(sub) for output, sub in zip(self.outputs, per_output)):
             for output, sub in zip(self.outputs, per_output):
@@ -149,8 +160,7 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
     def __getattr__(self, name: str):
         if name in _PER_OUTPUT:
             raise AttributeError(
-                f"a model with {len(self._modules['outputs'])} outputs has one {name} per output: "
-                f"read model.outputs[j].{name}"
+                f"a model with {len(self._modules['outputs'])} outputs has one {name} per output: read model.outputs[j].{name}"
             )
         return super().__getattr__(name)
 
@@ -218,8 +228,9 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
         m = self.num_outputs
         if isinstance(X, Tensor) and isinstance(Y, Tensor) and X.dim() >= 2 and X.shape[-2] == 0 and Y.shape[-2:] == (0, m):
-            return self._with_outputs([output._with_batch_shape(torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2]))
-                                       for output in self.outputs])
+            return self._with_outputs(
+                [output._with_batch_shape(torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2])) for output in self.outputs]
+            )
         check_X_Y(X, Y, "X", "Y", m)
         noise = kwargs.get("noise")
         if noise is not None:
@@ -229,10 +240,12 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         if hasattr(self, "outcome_transform"):
             Y, noise = self.outcome_transform(Y, noise, X=X)
         x = self.transform_inputs(X)
-        return self._with_outputs([
-            output._conditioned(x, Y[..., j : j + 1], None if noise is None else noise[..., j], outcome_transformed=True)
-            for j, output in enumerate(self.outputs)
-        ])
+        return self._with_outputs(
+            [
+                output._conditioned(x, Y[..., j : j + 1], None if noise is None else noise[..., j], outcome_transformed=True)
+                for j, output in enumerate(self.outputs)
+            ]
+        )
 
     def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any):
         raise NotImplementedError(
@@ -250,10 +263,9 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         x, y = self._to_model_space(X, Y)
         if Yvar is not None and hasattr(self, "outcome_transform"):
             Yvar = self.outcome_transform(Y, Yvar, X=x)[1]
-        return self._with_outputs([
-            output.observe(x, y[..., j : j + 1], None if Yvar is None else Yvar[..., j : j + 1])
-            for j, output in enumerate(self.outputs)
-        ])
+        return self._with_outputs(
+            [output.observe(x, y[..., j : j + 1], None if Yvar is None else Yvar[..., j : j + 1]) for j, output in enumerate(self.outputs)]
+        )
 
     def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100) -> None:
         """Each output's :meth:`OnlineGPModel.fit_hyperparameters` on its column of ``y`` ``(n, m)`` (model space)."""
@@ -267,8 +279,9 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         model.outputs = nn.ModuleList(outputs)
         return model
 
-    def _to_model_space(self, X: Tensor, Y: Tensor, fit_transforms: bool = False,
-                        outcome_transformed: bool = False) -> tuple[Tensor, Tensor]:
+    def _to_model_space(
+        self, X: Tensor, Y: Tensor, fit_transforms: bool = False, outcome_transformed: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """Transformed inputs ``(*b, n, d)`` and targets ``(*b, n, m)`` (see :meth:`OnlineGPModel._to_model_space`)."""
         x, _ = super()._to_model_space(X, Y[..., :1], fit_transforms=fit_transforms, outcome_transformed=True)
         if hasattr(self, "outcome_transform") and not outcome_transformed:

@@ -154,8 +154,13 @@ def _hippo_prior_paths(model: OnlineGPModel, sample_shape: Size, input_transform
     feature_map = _HiPPOFourierMap(model.online.posterior_inducing_variables, model.covar_module)
     dtype = floating_dtype(model.covar_module)
     weight = torch.randn(*sample_shape, feature_map.num_outputs, dtype=dtype, device=feature_map.projections.device)
-    return GeneralizedLinearPath(feature_map=feature_map, weight=weight, bias_module=model.mean_module,
-                                 input_transform=input_transform, output_transform=output_transform)
+    return GeneralizedLinearPath(
+        feature_map=feature_map,
+        weight=weight,
+        bias_module=model.mean_module,
+        input_transform=input_transform,
+        output_transform=output_transform,
+    )
 
 
 @DrawKernelFeaturePaths.register(OnlineGPModel)
@@ -219,9 +224,9 @@ def _matheron_paths(model: OnlineGPModel, *, sample_shape: Size, prior_sampler, 
     else:
         cross_covariance = _CrossCovarianceMap(variables, model.covar_module)
     update_paths = GeneralizedLinearPath(feature_map=cross_covariance, weight=weight)
-    return MatheronPath(prior_paths=prior_paths, update_paths=update_paths, input_transform=get_input_transform(model),
-                        output_transform=output_transform)
-
+    return MatheronPath(
+        prior_paths=prior_paths, update_paths=update_paths, input_transform=get_input_transform(model), output_transform=output_transform
+    )
 
 
 def _stack_outputs(values: list[Tensor]) -> Tensor:
@@ -239,13 +244,13 @@ class _OutputPaths(PathList):
 
 
 @DrawMatheronPaths.register(MultiOutputOnlineGPModel)
-def _matheron_paths_multioutput(model: MultiOutputOnlineGPModel, *, sample_shape: Size, prior_sampler,
-                                update_strategy) -> PathList:
+def _matheron_paths_multioutput(model: MultiOutputOnlineGPModel, *, sample_shape: Size, prior_sampler, update_strategy) -> PathList:
     """One path per output (each output's own posterior), stacked as BoTorch's multi-output models return
     them: ``sample x batch x m x n``; the model's input and outcome transforms around them."""
     paths = [
         DrawMatheronPaths(output, sample_shape=sample_shape, prior_sampler=prior_sampler, update_strategy=update_strategy)
         for output in model.outputs
     ]
-    return _OutputPaths(paths, join=_stack_outputs, input_transform=get_input_transform(model),
-                        output_transform=get_output_transform(model))
+    return _OutputPaths(
+        paths, join=_stack_outputs, input_transform=get_input_transform(model), output_transform=get_output_transform(model)
+    )

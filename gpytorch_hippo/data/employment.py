@@ -6,6 +6,7 @@ The series are the Bureau of Labor Statistics' employment counts (thousands of p
 per ``Series_ID``, January 1939 to September 2019 (969 months); many start later (in 1990 most of all),
 so a fleet that learns them in time order sees streams join midway.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ likelihood it needs); :func:`split_tasks` turns it into sequential tasks with a 
 split inside each task. A missing source raises ``ImportError``/``FileNotFoundError`` naming what
 to install (``make data`` installs all of them).
 """
+
 from __future__ import annotations
 
 import glob
@@ -78,7 +79,7 @@ def load_speech(num_samples: int = 3000, offset: int = 16000) -> Tensor:
     rate, samples = wavfile.read(files[0])
     if rate != 16000 or samples.shape[0] < offset + num_samples:
         raise ValueError(f"{files[0]}: expected >= {offset + num_samples} samples at 16 kHz, got {samples.shape[0]} at {rate} Hz")
-    return torch.as_tensor(samples[offset: offset + num_samples].astype(float))
+    return torch.as_tensor(samples[offset : offset + num_samples].astype(float))
 
 
 def load_dataset(name: str) -> Dataset:
@@ -150,8 +151,9 @@ def minmax_inputs(data: Dataset) -> Dataset:
     return Dataset(data.name, 2 * (data.x - low) / (high - low) - 1, data.y, data.likelihood)
 
 
-def split_tasks(data: Dataset, num_tasks: int, seed: int, test_fraction: float = 0.2, split: str | None = None,
-                test_split: str = "per-task") -> list[Task]:
+def split_tasks(
+    data: Dataset, num_tasks: int, seed: int, test_fraction: float = 0.2, split: str | None = None, test_split: str = "per-task"
+) -> list[Task]:
     """Sort by ``split`` (``"time"`` for series: the input itself; ``"first-dim"`` or ``"l2"``: the
     first input dimension or the L2 norm, thesis §4.6.2) and cut into ``num_tasks`` contiguous tasks of
     equal size. ``test_split="per-task"``: a random ``test_fraction`` of each task is its test set
@@ -187,8 +189,9 @@ def split_tasks(data: Dataset, num_tasks: int, seed: int, test_fraction: float =
             is_test = torch.zeros(chunk.shape[0], dtype=torch.bool)
             is_test[torch.randperm(chunk.shape[0], generator=generator)[: max(1, round(test_fraction * chunk.shape[0]))]] = True
         if is_test.all() or not is_test.any():
-            raise ValueError(f"task {k + 1} has {int(is_test.sum())} of {chunk.shape[0]} points held out: "
-                             "use fewer tasks or another test_fraction")
+            raise ValueError(
+                f"task {k + 1} has {int(is_test.sum())} of {chunk.shape[0]} points held out: use fewer tasks or another test_fraction"
+            )
         last = float(key[chunk[-1]])
         t_end = (last + float(key[chunks[k + 1][0]])) / 2 if k + 1 < num_tasks else last
         train, test = chunk[~is_test], chunk[is_test]

@@ -1,4 +1,5 @@
 """Solar irradiance: global horizontal irradiance from the TMY3 file bundled with ``pvlib``."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@
 * ``"tmy3"``: the two TMY3 files bundled with ``pvlib`` (Greensboro NC and Sand Point AK, 8760
   hours of a typical meteorological year each), no gaps.
 """
+
 from __future__ import annotations
 
 import os

@@ -16,6 +16,7 @@ cannot hold what that task taught it, whatever the online algebra does. Prints `
 Markdown row per ``(seed, M)``; ``--csv`` also writes them
 (``dataset,seed,num_inducing,t_over_lengthscale,task,captured``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,9 @@ from .online import fit_hyperparameters, make_kernel
 __all__ = ["captured_by_task", "main"]
 
 
-def captured_by_task(dataset: str, num_inducing: list[int], seed: int, num_tasks: int = 10, measure: str = "legs",
-                     first_iters: int = 100, lr: float = 0.05) -> tuple[float, dict]:
+def captured_by_task(
+    dataset: str, num_inducing: list[int], seed: int, num_tasks: int = 10, measure: str = "legs", first_iters: int = 100, lr: float = 0.05
+) -> tuple[float, dict]:
     """``(t/ℓ, {M: [captured fraction at task k's test inputs, k = 1..num_tasks]})`` for one seed."""
     data = load_dataset(dataset)
     if not data.is_series or data.likelihood != "gaussian":
@@ -73,10 +75,11 @@ def main(argv=None):
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         ratio, captured = captured_by_task(args.dataset, sizes, seed, args.tasks, args.measure)
         for m, values in captured.items():
-            print(f"| {seed} | {ratio:.0f} | {m} | " + " | ".join(f"{v:.3f}" for v in values)
-                  + f" | {sum(values) / len(values):.3f} |")
-            rows += [dict(dataset=args.dataset, seed=seed, num_inducing=m, t_over_lengthscale=ratio, task=k + 1,
-                          captured=v) for k, v in enumerate(values)]
+            print(f"| {seed} | {ratio:.0f} | {m} | " + " | ".join(f"{v:.3f}" for v in values) + f" | {sum(values) / len(values):.3f} |")
+            rows += [
+                dict(dataset=args.dataset, seed=seed, num_inducing=m, t_over_lengthscale=ratio, task=k + 1, captured=v)
+                for k, v in enumerate(values)
+            ]
     if args.csv:
         with open(args.csv, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))

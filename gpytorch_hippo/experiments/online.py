@@ -30,6 +30,7 @@ it finished), ``OUT/online_nlpd_rmse.png`` and ``OUT/online_final_fit.png``, and
     python -m gpytorch_hippo.experiments.online --dataset irradiance --methods ohsgpr,osgpr,ovc,ovff \\
         --num-inducing 50 --seeds 3 --out out/online
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,15 @@ HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact one
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
 
 
-def make_schedule(method: str, num_inducing: int, series_x: torch.Tensor, num_tasks: int, osgpr_iters: int,
-                  measure: str = "legs", hippo_backend: str | None = None):
+def make_schedule(
+    method: str,
+    num_inducing: int,
+    series_x: torch.Tensor,
+    num_tasks: int,
+    osgpr_iters: int,
+    measure: str = "legs",
+    hippo_backend: str | None = None,
+):
     """The inducing-variable schedule of ``method`` (module docstring); ``hippo_backend`` is the
     exact backend of ``ohsgpr`` (:class:`~gpytorch_hippo.HiPPOInducingVariables`'s ``method``;
     ``None``: ``lyapunov`` for LegS, else ``auto``)."""
@@ -96,8 +104,7 @@ def make_kernel(method: str, span: float) -> gpytorch.kernels.Kernel:
     return kernel
 
 
-def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: torch.Tensor, num_iter: int, lr: float,
-                        start: str = "grid"):
+def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: torch.Tensor, num_iter: int, lr: float, start: str = "grid"):
     """Exact-GP type-II maximum likelihood on one task; returns the fitted likelihood.  ``start``:
     ``"grid"`` (default) begins at :func:`grid_start`'s best grid point, ``"given"`` at the kernel's
     current hyperparameters with noise 0.1 (the runner before the grid: it left speech, monthly
@@ -138,20 +145,45 @@ def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> dict[str, f
     return {"nlpd": gaussian_nlpd(predictive.mean, predictive.variance, y), "rmse": rmse(predictive.mean, y)}
 
 
-def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_tasks: int = 10, first_iters: int = 100,
-               osgpr_iters: int = 100, lr: float = 0.05, train_kernel: bool = False, measure: str = "legs",
-               progress: bool = False, split: str | None = None, svgp_iters: int = 200, first_fit: str = "grid",
-               hippo_backend: str | None = None, dtype: torch.dtype = torch.float64, first_task_kernel: str = "exact-gp",
-               preprocessing: str = "thesis"):
+def run_method(
+    dataset: str,
+    method: str,
+    num_inducing: int,
+    seed: int,
+    num_tasks: int = 10,
+    first_iters: int = 100,
+    osgpr_iters: int = 100,
+    lr: float = 0.05,
+    train_kernel: bool = False,
+    measure: str = "legs",
+    progress: bool = False,
+    split: str | None = None,
+    svgp_iters: int = 200,
+    first_fit: str = "grid",
+    hippo_backend: str | None = None,
+    dtype: torch.dtype = torch.float64,
+    first_task_kernel: str = "exact-gp",
+    preprocessing: str = "thesis",
+):
     """Rows of :data:`COLUMNS` for one method and seed, the final model and the data (for plots).
     Counts and multidimensional data go to :func:`~.online_elbo.run_elbo_method` (``split``,
     ``svgp_iters``, ``first_task_kernel``, ``preprocessing``); Gaussian series use the collapsed :class:`OnlineSGPR` methods, in ``dtype``
     after the first task's float64 hyperparameter fit."""
     data = load_dataset(dataset)
     if data.likelihood != "gaussian" or not data.is_series:
-        rows, model, _ = run_elbo_method(data, method, num_inducing, seed, num_tasks, split, svgp_iters, lr=0.01,
-                                         first_fit=first_fit, first_task_kernel=first_task_kernel,
-                                         preprocessing=preprocessing)
+        rows, model, _ = run_elbo_method(
+            data,
+            method,
+            num_inducing,
+            seed,
+            num_tasks,
+            split,
+            svgp_iters,
+            lr=0.01,
+            first_fit=first_fit,
+            first_task_kernel=first_task_kernel,
+            preprocessing=preprocessing,
+        )
         return rows, model, data
     if method not in METHODS:
         raise ValueError(f"method {method!r} does not apply to the Gaussian series {dataset}; choose from {', '.join(METHODS)}")
@@ -181,14 +213,25 @@ def run_method(dataset: str, method: str, num_inducing: int, seed: int, num_task
                 learn_task(model, schedule, train_x, train_y, task.t_end, generator, num_iter=num_iter, lr=lr)
         cum_time += time.perf_counter() - start
         for j, seen in enumerate(tasks[: k + 1]):
-            rows.append(dict(dataset=dataset, method=method, num_inducing=num_inducing, seed=seed, task_trained=k + 1,
-                             task_eval=j + 1, ece="", cum_time_s=cum_time,
-                             **evaluate(model, seen.test_x.to(dtype), seen.test_y.to(dtype))))
+            rows.append(
+                dict(
+                    dataset=dataset,
+                    method=method,
+                    num_inducing=num_inducing,
+                    seed=seed,
+                    task_trained=k + 1,
+                    task_eval=j + 1,
+                    ece="",
+                    cum_time_s=cum_time,
+                    **evaluate(model, seen.test_x.to(dtype), seen.test_y.to(dtype)),
+                )
+            )
     return rows, model, data
 
 
-def run(dataset: str, methods: Sequence[str], num_inducing: int, seeds: Sequence[int], progress: bool = True,
-        out: str | None = None, **options):
+def run(
+    dataset: str, methods: Sequence[str], num_inducing: int, seeds: Sequence[int], progress: bool = True, out: str | None = None, **options
+):
     """All rows, and the final model of each method for the first seed. With ``out``,
     ``out/results.csv`` is rewritten after every (seed, method), so that an interrupted run keeps
     the rows of the methods it finished."""
@@ -315,37 +358,62 @@ def main(argv=None):
     parser.add_argument("--svgp-iters", type=int, default=200, help="Adam steps per task of the OnlineELBO methods")
     parser.add_argument("--methods", default="ohsgpr,osgpr,ovc,ovff")
     parser.add_argument("--num-inducing", type=int, default=50)
-    parser.add_argument("--seeds", type=int, default=None,
-                        help="number of seeds, K, K+1, ..., K+N-1 with K = --first-seed (default 3; --quick: 1)")
-    parser.add_argument("--first-seed", type=int, default=0,
-                        help="first seed K (default 0): --first-seed 3 --seeds 2 runs seeds 3 and 4, the same rows "
-                             "as seeds 3 and 4 of --seeds 5 (the seed value, not its position, drives split and init)")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="number of seeds, K, K+1, ..., K+N-1 with K = --first-seed (default 3; --quick: 1)"
+    )
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="first seed K (default 0): --first-seed 3 --seeds 2 runs seeds 3 and 4, the same rows "
+        "as seeds 3 and 4 of --seeds 5 (the seed value, not its position, drives split and init)",
+    )
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--first-iters", type=int, default=100, help="Adam steps of the exact GP fitting the hyperparameters on task 1")
-    parser.add_argument("--first-fit", default="grid", choices=("grid", "given"),
-                        help="start of the task-1 fit: the best point of a length-scale/noise grid (default; "
-                             "counts: a grid on the collapsed sparse bound of the log counts, then a dispersion grid; "
-                             "multidimensional inputs: no effect, span/4 per dimension), or 'given': length scale "
-                             "span/50, noise 0.1 (counts: dispersion 1; the runner before the grid; tables measured "
-                             "before it in docs/results.md say so)")
-    parser.add_argument("--first-task-kernel", default="exact-gp", choices=FIRST_TASK_KERNELS,
-                        help="multidimensional inputs: kernel and noise from an exact ARD GP fitted to task 1 with "
-                             "fit_gpytorch_mll and fixed, task 1 ordered with it (default, the thesis), or 'elbo': "
-                             "trained on task 1's online ELBO from span/4, task 1 ordered with the starting kernel")
-    parser.add_argument("--preprocessing", default="thesis", choices=PREPROCESSINGS,
-                        help="multidimensional inputs: min-max to [-1, 1] and a global 10%% test split (default, "
-                             "Stanton et al.'s protocol) or 'standardise': standardised inputs, 20%% of each task held out")
+    parser.add_argument(
+        "--first-fit",
+        default="grid",
+        choices=("grid", "given"),
+        help="start of the task-1 fit: the best point of a length-scale/noise grid (default; "
+        "counts: a grid on the collapsed sparse bound of the log counts, then a dispersion grid; "
+        "multidimensional inputs: no effect, span/4 per dimension), or 'given': length scale "
+        "span/50, noise 0.1 (counts: dispersion 1; the runner before the grid; tables measured "
+        "before it in docs/results.md say so)",
+    )
+    parser.add_argument(
+        "--first-task-kernel",
+        default="exact-gp",
+        choices=FIRST_TASK_KERNELS,
+        help="multidimensional inputs: kernel and noise from an exact ARD GP fitted to task 1 with "
+        "fit_gpytorch_mll and fixed, task 1 ordered with it (default, the thesis), or 'elbo': "
+        "trained on task 1's online ELBO from span/4, task 1 ordered with the starting kernel",
+    )
+    parser.add_argument(
+        "--preprocessing",
+        default="thesis",
+        choices=PREPROCESSINGS,
+        help="multidimensional inputs: min-max to [-1, 1] and a global 10%% test split (default, "
+        "Stanton et al.'s protocol) or 'standardise': standardised inputs, 20%% of each task held out",
+    )
     parser.add_argument("--osgpr-iters", type=int, default=100, help="Adam steps on inducing inputs per later task (osgpr, ovc-optz)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--train-kernel", action="store_true", help="keep training hyperparameters after task 1 (App. C.4.1)")
     parser.add_argument("--measure", default="legs", choices=MEASURES, help="HiPPO measure of ohsgpr (App. C.4.2)")
-    parser.add_argument("--hippo-backend", default=None, choices=HIPPO_BACKENDS,
-                        help="exact backend of ohsgpr's HiPPO covariances: default lyapunov for --measure legs (the "
-                             "fastest: a constant cost per task while the kernel is fixed), auto (spectral/banded, "
-                             "else quadrature) for the other measures")
+    parser.add_argument(
+        "--hippo-backend",
+        default=None,
+        choices=HIPPO_BACKENDS,
+        help="exact backend of ohsgpr's HiPPO covariances: default lyapunov for --measure legs (the "
+        "fastest: a constant cost per task while the kernel is fixed), auto (spectral/banded, "
+        "else quadrature) for the other measures",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--dtype", default="float64", choices=("float64", "float32"),
-                        help="dtype of the online models (the first task's hyperparameter fit is float64)")
+    parser.add_argument(
+        "--dtype",
+        default="float64",
+        choices=("float64", "float32"),
+        help="dtype of the online models (the first task's hyperparameter fit is float64)",
+    )
     parser.add_argument("--quick", action="store_true", help="3 tasks, 1 seed, few iterations (for tests)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--out", default="out/online")
@@ -371,15 +439,33 @@ def main(argv=None):
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    rows, finals = run(args.dataset, methods, args.num_inducing, seeds, progress=not args.quiet, out=args.out,
-                       num_tasks=args.tasks, first_iters=args.first_iters, osgpr_iters=args.osgpr_iters, lr=args.lr,
-                       train_kernel=args.train_kernel, measure=args.measure, split=args.split, svgp_iters=args.svgp_iters,
-                       first_fit=args.first_fit, hippo_backend=args.hippo_backend, dtype=getattr(torch, args.dtype),
-                       first_task_kernel=args.first_task_kernel, preprocessing=args.preprocessing)
+    rows, finals = run(
+        args.dataset,
+        methods,
+        args.num_inducing,
+        seeds,
+        progress=not args.quiet,
+        out=args.out,
+        num_tasks=args.tasks,
+        first_iters=args.first_iters,
+        osgpr_iters=args.osgpr_iters,
+        lr=args.lr,
+        train_kernel=args.train_kernel,
+        measure=args.measure,
+        split=args.split,
+        svgp_iters=args.svgp_iters,
+        first_fit=args.first_fit,
+        hippo_backend=args.hippo_backend,
+        dtype=getattr(torch, args.dtype),
+        first_task_kernel=args.first_task_kernel,
+        preprocessing=args.preprocessing,
+    )
     path = write_csv(rows, args.out)
     plots = plot(rows, finals, args.out)
-    print(f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s) ({seeds[0]}..{seeds[-1]}); "
-          "after the last task (mean ± 95% CI):")
+    print(
+        f"{args.dataset}, M = {args.num_inducing}, {args.tasks} tasks, {args.seeds} seed(s) ({seeds[0]}..{seeds[-1]}); "
+        "after the last task (mean ± 95% CI):"
+    )
     print(summary(rows))
     print(f"wrote {path}, {', '.join(plots)}")
     return rows

@@ -23,6 +23,7 @@ The oracle order of OHSVGP-o is :func:`~gpytorch_hippo.data.split_order` (stable
 Counts get NLPD (Gauss-Hermite log predictive density) and the thesis's interval ECE
 (10 central intervals from 100 predictive samples).
 """
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,14 @@ def methods_for(data: Dataset) -> tuple:
     return ("ohsvgp", "osvgp", "ovc") if data.is_series else ("ohsvgp-k", "ohsvgp-o", "osvgp", "ovc")
 
 
-def first_task_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, mean_constant: float, x: torch.Tensor,
-                     y: torch.Tensor, num_inducing: int | None = None) -> None:
+def first_task_start(
+    kernel: gpytorch.kernels.ScaleKernel,
+    likelihood,
+    mean_constant: float,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_inducing: int | None = None,
+) -> None:
     """Start the task-1 hyperparameters at the best point of a grid (the runner's ``--first-fit grid``).
 
     Gaussian targets: :func:`~.hyperparameters.grid_start` on ``y - mean_constant`` (the exact log marginal
@@ -96,8 +103,13 @@ def first_task_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, mean_cons
         likelihood.dispersion = best[1]
 
 
-def fit_exact_gp(kernel: gpytorch.kernels.Kernel, likelihood: gpytorch.likelihoods.GaussianLikelihood,
-                 mean_module: gpytorch.means.Mean, x: torch.Tensor, y: torch.Tensor) -> str:
+def fit_exact_gp(
+    kernel: gpytorch.kernels.Kernel,
+    likelihood: gpytorch.likelihoods.GaussianLikelihood,
+    mean_module: gpytorch.means.Mean,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> str:
     """Fit ``kernel``, ``likelihood`` and ``mean_module`` in place by maximising the exact log
     marginal likelihood ``log N(y | m 1, K_xx + σ² I)`` of task 1 with BoTorch's ``fit_gpytorch_mll``
     (L-BFGS-B) on a BoTorch ``SingleTaskGP`` built from these modules (no input or outcome
@@ -114,8 +126,7 @@ def fit_exact_gp(kernel: gpytorch.kernels.Kernel, likelihood: gpytorch.likelihoo
     from botorch.models import SingleTaskGP
     from botorch.optim.fit import fit_gpytorch_mll_torch
 
-    model = SingleTaskGP(x, y.unsqueeze(-1), likelihood=likelihood, covar_module=kernel, mean_module=mean_module,
-                         outcome_transform=None)
+    model = SingleTaskGP(x, y.unsqueeze(-1), likelihood=likelihood, covar_module=kernel, mean_module=mean_module, outcome_transform=None)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     start = {name: value.clone() for name, value in model.state_dict().items()}
     fitter = "lbfgs"
@@ -128,8 +139,11 @@ def fit_exact_gp(kernel: gpytorch.kernels.Kernel, likelihood: gpytorch.likelihoo
             fit_gpytorch_mll(mll, optimizer=fit_gpytorch_mll_torch, optimizer_kwargs={"step_limit": 1000})
             fitter = "adam"
     if fitter == "adam":
-        warnings.warn("the exact GP of task 1 could not be fitted by L-BFGS-B; it was fitted by Adam from the same start",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "the exact GP of task 1 could not be fitted by L-BFGS-B; it was fitted by Adam from the same start",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     model.train()
     return fitter
 
@@ -150,9 +164,21 @@ def _evaluate(model, likelihood, x, y, counts: bool, generator: torch.Generator)
     return {"nlpd": nlpd_from_log_density(log_density), "rmse": rmse(mean, y), "ece": interval_ece(samples, y)}
 
 
-def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, num_tasks: int, split: str | None,
-                    svgp_iters: int = 200, lr: float = 0.01, num_rff: int = 1000, progress: bool = False,
-                    first_fit: str = "grid", first_task_kernel: str = "exact-gp", preprocessing: str = "thesis"):
+def run_elbo_method(
+    data: Dataset,
+    method: str,
+    num_inducing: int,
+    seed: int,
+    num_tasks: int,
+    split: str | None,
+    svgp_iters: int = 200,
+    lr: float = 0.01,
+    num_rff: int = 1000,
+    progress: bool = False,
+    first_fit: str = "grid",
+    first_task_kernel: str = "exact-gp",
+    preprocessing: str = "thesis",
+):
     """Rows of the runner's CSV columns for one method and seed, the final model and its likelihood.
     ``first_fit``: ``"grid"`` starts the task-1 hyperparameters of a series (the counts) at
     :func:`first_task_start` with ``num_inducing`` points, ``"given"`` at length scale ``span / 50``,
@@ -185,7 +211,7 @@ def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, nu
     torch.manual_seed(seed)
     dim = data.x.shape[-1]
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=dim if dim > 1 else None)).double()
-    span = (data.x.max(0).values - data.x.min(0).values)
+    span = data.x.max(0).values - data.x.min(0).values
     kernel.base_kernel.lengthscale = (span / 50 if data.is_series else span / 4).to(torch.float64)
     mean = gpytorch.means.ConstantMean().double()
     if counts:
@@ -208,8 +234,7 @@ def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, nu
             ivs = HiPPOInducingVariables(num_inducing, "legs", input_dim=dim, num_rff=num_rff, seed=seed)
         schedule = None
     else:
-        schedule = (RandomPointsSchedule(num_inducing, num_iter=svgp_iters) if method == "osvgp"
-                    else PivotedCholeskySchedule(num_inducing))
+        schedule = RandomPointsSchedule(num_inducing, num_iter=svgp_iters) if method == "osvgp" else PivotedCholeskySchedule(num_inducing)
         ivs = schedule.first(tasks[0].train_x, tasks[0].t_end, kernel, generator)
     model = OnlineApproximateGP(ivs.double(), kernel, mean).double()
     mll = OnlineELBO(likelihood, model, num_data=tasks[0].train_y.shape[0])
@@ -226,8 +251,11 @@ def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, nu
             elif data.is_series:
                 strategy.advance(task.t_end)
         if method.startswith("ohsvgp") and not data.is_series:
-            order = (split_order(x, split or "first-dim") if method == "ohsvgp-o"
-                     else order_inputs(x, "kernel_max", kernel=kernel, start=last_input))
+            order = (
+                split_order(x, split or "first-dim")
+                if method == "ohsvgp-o"
+                else order_inputs(x, "kernel_max", kernel=kernel, start=last_input)
+            )
             x, y = x[order], y[order]
             last_input = x[-1]
             strategy.append_path(x)
@@ -247,7 +275,16 @@ def run_elbo_method(data: Dataset, method: str, num_inducing: int, seed: int, nu
                 optimizer.step()
         cum_time += time.perf_counter() - start
         for j, seen in enumerate(tasks[: k + 1]):
-            rows.append(dict(dataset=data.name, method=method, num_inducing=num_inducing, seed=seed, task_trained=k + 1,
-                             task_eval=j + 1, cum_time_s=cum_time,
-                             **_evaluate(model, likelihood, seen.test_x, seen.test_y, counts, generator)))
+            rows.append(
+                dict(
+                    dataset=data.name,
+                    method=method,
+                    num_inducing=num_inducing,
+                    seed=seed,
+                    task_trained=k + 1,
+                    task_eval=j + 1,
+                    cum_time_s=cum_time,
+                    **_evaluate(model, likelihood, seen.test_x, seen.test_y, counts, generator),
+                )
+            )
     return rows, model, likelihood

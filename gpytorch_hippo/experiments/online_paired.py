@@ -19,6 +19,7 @@ so differences between methods are paired by seed. Printed (Markdown):
 
 The reference defaults to ``ohsgpr`` (``ohsvgp`` when the file has no ``ohsgpr``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,7 @@ def paired(reference: dict[int, dict[str, float]], other: dict[int, dict[str, fl
     nonzero = [d for d in diffs if d != 0]
     sign_p = float(stats.binomtest(sum(d < 0 for d in nonzero), len(nonzero), 0.5).pvalue) if nonzero else 1.0
     mean, se = mean_se(diffs)
-    return {"seeds": seeds, "differences": diffs, "mean": mean, "se": se, "lower": sum(d < 0 for d in diffs),
-            "sign_p": sign_p}
+    return {"seeds": seeds, "differences": diffs, "mean": mean, "se": se, "lower": sum(d < 0 for d in diffs), "sign_p": sign_p}
 
 
 def _fmt(mean: float, se: float, digits: int = 3) -> str:
@@ -90,16 +90,25 @@ def format_tables(rows: Sequence[dict], reference: str = None) -> str:
     if reference not in seeds:
         raise ValueError(f"reference method {reference!r} is not in the rows ({', '.join(seeds)})")
     quantities = [q for q in QUANTITIES if not all(math.isnan(v[q]) for s in seeds.values() for v in s.values())]
-    names = {"nlpd": "NLPD (all tasks)", "rmse": "RMSE (all tasks)", "ece": "ECE (all tasks)",
-             "nlpd_task1": "NLPD task 1", "time": "time (s)"}
+    names = {
+        "nlpd": "NLPD (all tasks)",
+        "rmse": "RMSE (all tasks)",
+        "ece": "ECE (all tasks)",
+        "nlpd_task1": "NLPD task 1",
+        "time": "time (s)",
+    }
     n = {m: len(s) for m, s in seeds.items()}
-    lines = ["| method | seeds | " + " | ".join(names[q] for q in quantities) + " |",
-             "| --- | --- |" + " --- |" * len(quantities)]
+    lines = ["| method | seeds | " + " | ".join(names[q] for q in quantities) + " |", "| --- | --- |" + " --- |" * len(quantities)]
     for method, by_seed in seeds.items():
         cells = [_fmt(*mean_se([v[q] for v in by_seed.values()]), digits=2 if q == "time" else 3) for q in quantities]
         lines.append(f"| {method} | {n[method]} | " + " | ".join(cells) + " |")
-    lines += ["", f"Paired by seed, `method - {reference}` (mean ± s.e.; lower in k/n seeds; two-sided sign-test p):", "",
-              "| method | " + " | ".join(names[q] for q in quantities) + " |", "| --- |" + " --- |" * len(quantities)]
+    lines += [
+        "",
+        f"Paired by seed, `method - {reference}` (mean ± s.e.; lower in k/n seeds; two-sided sign-test p):",
+        "",
+        "| method | " + " | ".join(names[q] for q in quantities) + " |",
+        "| --- |" + " --- |" * len(quantities),
+    ]
     for method, by_seed in seeds.items():
         if method == reference:
             continue
@@ -107,15 +116,17 @@ def format_tables(rows: Sequence[dict], reference: str = None) -> str:
         for q in quantities:
             d = paired(seeds[reference], by_seed, q)
             digits = 2 if q == "time" else 3
-            cells.append(f"{d['mean']:+.{digits}f} ± {d['se']:.{digits}f} ({d['lower']}/{len(d['seeds'])}, p={d['sign_p']:.2f})"
-                         if not math.isnan(d["mean"]) else "–")
+            cells.append(
+                f"{d['mean']:+.{digits}f} ± {d['se']:.{digits}f} ({d['lower']}/{len(d['seeds'])}, p={d['sign_p']:.2f})"
+                if not math.isnan(d["mean"])
+                else "–"
+            )
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m gpytorch_hippo.experiments.online_paired",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gpytorch_hippo.experiments.online_paired", description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", nargs="+", help="results.csv files of the online runner (rows are concatenated)")
     parser.add_argument("--reference", default=None, help="method the others are paired against (default ohsgpr/ohsvgp)")
     args = parser.parse_args(argv)

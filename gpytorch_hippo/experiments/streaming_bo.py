@@ -23,6 +23,7 @@ a step is the time to absorb its observation (update or refit); acquisition time
 
     python -m gpytorch_hippo.experiments.streaming_bo --out out/streaming_bo --steps 220 --threads 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,9 +61,7 @@ class IrradianceObjective:
             raise FileNotFoundError(f"{path} is missing: reinstall the 'pvlib' package")
         frame, meta = pvlib.iotools.read_tmy3(path, map_variables=True)
         # TMY3 values integrate the hour ending at the stamp: the sun's position at its middle
-        position = pvlib.solarposition.get_solarposition(
-            frame.index - np.timedelta64(30, "m"), meta["latitude"], meta["longitude"]
-        )
+        position = pvlib.solarposition.get_solarposition(frame.index - np.timedelta64(30, "m"), meta["latitude"], meta["longitude"])
         self.zenith = position["apparent_zenith"].to_numpy()
         self.sun_azimuth = position["azimuth"].to_numpy()
         self.ghi, self.dni, self.dhi = (frame[name].to_numpy(dtype=float) for name in ("ghi", "dni", "dhi"))
@@ -104,14 +103,13 @@ class OnlineSurrogate:
         from ..botorch import OnlineGPModel
         from ..inducing import HiPPOInducingVariables, InducingPoints
 
-        self.recent = x if self.recent is None else torch.cat([self.recent, x])[-self.num_inducing:]
+        self.recent = x if self.recent is None else torch.cat([self.recent, x])[-self.num_inducing :]
         if self.model is None:
             if self.method == "ohsgpr":
                 inducing = HiPPOInducingVariables(self.num_inducing, "legs", input_dim=x.shape[-1], features="quadrature", num_rff=1000)
             else:
                 inducing = InducingPoints(self.recent, learn=False)
-            self.model = OnlineGPModel(x, y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=self.fit_maxiter,
-                                       keep_data=False)
+            self.model = OnlineGPModel(x, y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=self.fit_maxiter, keep_data=False)
             return
         if self.method == "osgpr":
             self.model.inducing_variables = InducingPoints(self.recent, learn=False)
@@ -216,8 +214,13 @@ def run(
             t_next = _time_feature(hours[k], hours[0], hours[-1])
             start = time.perf_counter()
             candidate, _ = optimize_acqf(
-                make_acquisition(acquisition, surrogate.model, bounds, t_next), bounds=bounds, q=1, num_restarts=2,
-                raw_samples=64, fixed_features={2: t_next}, options={"maxiter": 30},
+                make_acquisition(acquisition, surrogate.model, bounds, t_next),
+                bounds=bounds,
+                q=1,
+                num_restarts=2,
+                raw_samples=64,
+                fixed_features={2: t_next},
+                options={"maxiter": 30},
             )
             acquisition_seconds = time.perf_counter() - start
             x = candidate.detach().numpy()[:, :2].clip(0, 1)
@@ -226,12 +229,21 @@ def run(
             start = time.perf_counter()
             surrogate.observe(candidate.detach(), torch.tensor([[value + noise[k]]], dtype=torch.float64))
             surrogate_seconds = time.perf_counter() - start
-            rows.append(dict(
-                method=method, seed=seed, step=k, hour=int(hours[k]), tilt=float(x[0, 0] * 90),
-                azimuth=float(90 + x[0, 1] * 180), value=value, best_value=best, regret=best - value,
-                surrogate_seconds=surrogate_seconds if k > init else surrogate_seconds + first_fit,
-                acquisition_seconds=acquisition_seconds,
-            ))
+            rows.append(
+                dict(
+                    method=method,
+                    seed=seed,
+                    step=k,
+                    hour=int(hours[k]),
+                    tilt=float(x[0, 0] * 90),
+                    azimuth=float(90 + x[0, 1] * 180),
+                    value=value,
+                    best_value=best,
+                    regret=best - value,
+                    surrogate_seconds=surrogate_seconds if k > init else surrogate_seconds + first_fit,
+                    acquisition_seconds=acquisition_seconds,
+                )
+            )
     return rows
 
 
@@ -242,15 +254,17 @@ def summarise(rows: list[dict], window: int = 20) -> list[dict]:
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         early, late = mine[1 : window + 1], mine[-window:]
-        summary.append(dict(
-            method=method,
-            mean_regret=float(np.mean([r["regret"] for r in mine])),
-            late_regret=float(np.mean([r["regret"] for r in late])),
-            early_seconds=float(np.mean([r["surrogate_seconds"] for r in early])),
-            late_seconds=float(np.mean([r["surrogate_seconds"] for r in late])),
-            acquisition_seconds=float(np.mean([r["acquisition_seconds"] for r in mine])),
-            last_step=mine[-1]["step"],
-        ))
+        summary.append(
+            dict(
+                method=method,
+                mean_regret=float(np.mean([r["regret"] for r in mine])),
+                late_regret=float(np.mean([r["regret"] for r in late])),
+                early_seconds=float(np.mean([r["surrogate_seconds"] for r in early])),
+                late_seconds=float(np.mean([r["surrogate_seconds"] for r in late])),
+                acquisition_seconds=float(np.mean([r["acquisition_seconds"] for r in mine])),
+                last_step=mine[-1]["step"],
+            )
+        )
     exact = next((s for s in summary if s["method"] == "exact"), None)
     for s in summary:
         s["exact_over_method"] = exact["late_seconds"] / s["late_seconds"] if exact else math.nan
@@ -284,7 +298,7 @@ def plot(rows: list[dict], path: str) -> None:
         regret = np.array([r["regret"] for r in mine])
         width = min(10, len(regret))
         smooth = np.convolve(regret, np.ones(width) / width, mode="valid")
-        ax_regret.plot(steps[len(steps) - len(smooth):], smooth, label=method)
+        ax_regret.plot(steps[len(steps) - len(smooth) :], smooth, label=method)
         ax_time.semilogy(steps[1:], [r["surrogate_seconds"] for r in mine[1:]], label=method, lw=0.8)
     ax_regret.set(xlabel="step (daylight hour)", ylabel="regret, 10-step mean (kW/m²)", title="Streaming BO: panel angles")
     ax_time.set(xlabel="step (daylight hour)", ylabel="surrogate seconds per step", title="Cost of absorbing one observation")
@@ -304,8 +318,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--num-inducing", type=int, default=32)
     parser.add_argument("--svgp-maxiter", type=int, default=20)
-    parser.add_argument("--acquisition", default="ucb", choices=ACQUISITIONS,
-                        help="UCB, one-shot knowledge gradient or joint entropy search")
+    parser.add_argument(
+        "--acquisition", default="ucb", choices=ACQUISITIONS, help="UCB, one-shot knowledge gradient or joint entropy search"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="30 steps, 10 initial: a smoke run")
     parser.add_argument("--no-progress", action="store_true")
@@ -314,8 +329,16 @@ def main(argv=None) -> list[dict]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     steps, init = (30, 10) if args.quick else (args.steps, args.init)
-    rows = run(steps, init, args.seed, args.methods, args.num_inducing, svgp_maxiter=args.svgp_maxiter,
-               progress=not args.no_progress, acquisition=args.acquisition)
+    rows = run(
+        steps,
+        init,
+        args.seed,
+        args.methods,
+        args.num_inducing,
+        svgp_maxiter=args.svgp_maxiter,
+        progress=not args.no_progress,
+        acquisition=args.acquisition,
+    )
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "streaming_bo.csv"), "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)

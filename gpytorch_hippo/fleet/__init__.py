@@ -5,6 +5,7 @@ absorbs tasks ``{stream_id: (X, y)}`` exactly once per task id, checkpoints ever
 and resumes from the checkpoints (:meth:`StreamFleet.restore`). The Ray engine needs
 ``pip install "probseq[fleet]"``; ``python -m gpytorch_hippo.fleet --out DIR`` runs the demo.
 """
+
 from .fleet import ENGINES, StreamFleet, shard_of
 from .shard import PackedTask, Shard, StreamDataError
 

@@ -14,6 +14,7 @@ points fixed over the whole horizon (OSGPR-fixed) with ``M`` small and large, an
 per stream (OHSGPR). Writes
 ``OUT/fleet_memory.csv`` (one row per variant and stream) and ``OUT/fleet_memory.png``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,17 @@ from .fleet import StreamFleet
 __all__ = ["EmploymentModelFactory", "split_task", "first_task_memory", "loop_baseline", "run", "main", "COLUMNS"]
 
 #: the columns of ``fleet_memory.csv``
-COLUMNS = ("variant", "num_inducing", "stream_id", "title", "first_task", "first_task_rmse_after", "first_task_rmse_end",
-           "first_task_nlpd_after", "first_task_nlpd_end")
+COLUMNS = (
+    "variant",
+    "num_inducing",
+    "stream_id",
+    "title",
+    "first_task",
+    "first_task_rmse_after",
+    "first_task_rmse_end",
+    "first_task_nlpd_after",
+    "first_task_nlpd_end",
+)
 
 
 class EmploymentModelFactory:
@@ -115,8 +125,9 @@ def _scores(fleet: StreamFleet, test: dict, noise: float) -> dict:
     return scores
 
 
-def first_task_memory(factory, tasks: list[tuple[dict, dict]], engine: str = "local", num_shards: int = 2,
-                      checkpoint_dir=None) -> tuple[StreamFleet, dict, float]:
+def first_task_memory(
+    factory, tasks: list[tuple[dict, dict]], engine: str = "local", num_shards: int = 2, checkpoint_dir=None
+) -> tuple[StreamFleet, dict, float]:
     """Learn ``tasks`` (``(train, test)`` pairs) with a fleet; each stream's first task scored right after it
     and at the end: ``{stream: (first_task, rmse_after, nlpd_after, rmse_end, nlpd_end)}``; seconds of updates."""
     fleet = StreamFleet(factory, engine=engine, num_shards=num_shards, checkpoint_dir=checkpoint_dir, before_update=factory.before_update)
@@ -149,8 +160,17 @@ def loop_baseline(factory: EmploymentModelFactory, tasks: list[tuple[dict, dict]
     return models, seconds
 
 
-def run(out: str, num_tasks: int = 8, variants: tuple[int, ...] = (24, 96), engine: str = "local", num_shards: int = 2,
-        seed: int = 0, data: SeriesFleet | None = None, plot: bool = True, hippo: tuple[int, ...] = (96,)) -> dict:
+def run(
+    out: str,
+    num_tasks: int = 8,
+    variants: tuple[int, ...] = (24, 96),
+    engine: str = "local",
+    num_shards: int = 2,
+    seed: int = 0,
+    data: SeriesFleet | None = None,
+    plot: bool = True,
+    hippo: tuple[int, ...] = (96,),
+) -> dict:
     """The demo: a fleet per variant, the per-stream first-task memory, the batched-vs-loop throughput; writes
     ``out/fleet_memory.csv`` (:data:`COLUMNS`) and ``out/fleet_memory.png``; returns the numbers it prints."""
     os.makedirs(out, exist_ok=True)
@@ -158,8 +178,10 @@ def run(out: str, num_tasks: int = 8, variants: tuple[int, ...] = (24, 96), engi
     horizon = float(data.times[-1])
     tasks = [split_task(task, seed + k) for k, task in enumerate(data.tasks(num_tasks))]
     titles = dict(zip(data.ids, data.titles))
-    print(f"{data.name}: {data.num_streams} series, {data.times.shape[0]} months, {num_tasks} tasks; "
-          f"streams per task {[len(train) for train, _ in tasks]}")
+    print(
+        f"{data.name}: {data.num_streams} series, {data.times.shape[0]} months, {num_tasks} tasks; "
+        f"streams per task {[len(train) for train, _ in tasks]}"
+    )
     rows, summary, fleets = [], {}, {}
     grid = torch.linspace(0, horizon, 400, dtype=torch.float64)
     shown = [data.ids[0], data.ids[len(data.ids) // 2], data.ids[-1]]
@@ -175,8 +197,10 @@ def run(out: str, num_tasks: int = 8, variants: tuple[int, ...] = (24, 96), engi
         values = torch.tensor([m[1:] for m in memory.values()])
         medians = values.median(0).values.tolist()
         summary[name] = {"seconds_per_task": seconds / num_tasks, "median": medians}
-        print(f"{name:<22}{len(memory):>8}{seconds / num_tasks:>9.3f}{medians[0]:>12.3f}{medians[2]:>10.3f}"
-              f"{medians[1]:>12.3f}{medians[3]:>10.3f}")
+        print(
+            f"{name:<22}{len(memory):>8}{seconds / num_tasks:>9.3f}{medians[0]:>12.3f}{medians[2]:>10.3f}"
+            f"{medians[1]:>12.3f}{medians[3]:>10.3f}"
+        )
         for stream, (k, rmse_after, nlpd_after, rmse_end, nlpd_end) in memory.items():
             rows.append((name, num_inducing, stream, titles[stream], k, rmse_after, rmse_end, nlpd_after, nlpd_end))
     print("(medians over streams of each stream's first task's held-out months: right after it and after the last task)")
@@ -192,10 +216,16 @@ def run(out: str, num_tasks: int = 8, variants: tuple[int, ...] = (24, 96), engi
     with torch.no_grad():
         loop_mean = torch.cat([models[s](probe.view(1, -1, 1)).mean for s in streams])
     difference = float((batched_mean - loop_mean).abs().max())
-    summary["throughput"] = {"batched_s": fleet_seconds, "loop_s": loop_seconds, "speedup": loop_seconds / fleet_seconds,
-                             "max_abs_difference": difference}
-    print(f"batched fleet (1 shard) {fleet_seconds:.2f} s vs a loop over {len(models)} models {loop_seconds:.2f} s: "
-          f"{loop_seconds / fleet_seconds:.1f}x (M = {variants[-1]}, {num_tasks} tasks; max |Δ mean| {difference:.1e})")
+    summary["throughput"] = {
+        "batched_s": fleet_seconds,
+        "loop_s": loop_seconds,
+        "speedup": loop_seconds / fleet_seconds,
+        "max_abs_difference": difference,
+    }
+    print(
+        f"batched fleet (1 shard) {fleet_seconds:.2f} s vs a loop over {len(models)} models {loop_seconds:.2f} s: "
+        f"{loop_seconds / fleet_seconds:.1f}x (M = {variants[-1]}, {num_tasks} tasks; max |Δ mean| {difference:.1e})"
+    )
 
     path = os.path.join(out, "fleet_memory.csv")
     with open(path, "w", newline="") as file:
@@ -217,8 +247,7 @@ def _figure(path: str, data: SeriesFleet, fleets: dict, shown: list[str], grid: 
     for offset, stream in enumerate(shown):
         axes[0].plot(data.times + 1939, data.values[data.ids.index(stream)] + 4 * offset, color="0.6", lw=0.6)
         for color, name in enumerate(fleets):
-            axes[0].plot(grid + 1939, fleets[name][1][offset] + 4 * offset, lw=1, color=f"C{color}",
-                         label=name if offset == 0 else None)
+            axes[0].plot(grid + 1939, fleets[name][1][offset] + 4 * offset, lw=1, color=f"C{color}", label=name if offset == 0 else None)
     axes[0].set(xlabel="year", ylabel="standardised employment (offset per series)", title="three series of the fleet")
     axes[0].legend()
     top = 0.0
@@ -227,8 +256,9 @@ def _figure(path: str, data: SeriesFleet, fleets: dict, shown: list[str], grid: 
         axes[1].scatter(values[:, 0], values[:, 2], s=8, color=f"C{color}", label=name)
         top = max(top, float(values[:, [0, 2]].max()))
     axes[1].plot([0, top], [0, top], color="k", lw=0.5)
-    axes[1].set(xlabel="RMSE right after the stream's first task", ylabel="RMSE on it after the last task",
-                title="first-task memory per stream")
+    axes[1].set(
+        xlabel="RMSE right after the stream's first task", ylabel="RMSE on it after the last task", title="first-task memory per stream"
+    )
     axes[1].legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -236,8 +266,9 @@ def _figure(path: str, data: SeriesFleet, fleets: dict, shown: list[str], grid: 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m gpytorch_hippo.fleet", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m gpytorch_hippo.fleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="fleet_demo", help="output directory (CSV and figure)")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--inducing", type=int, nargs="+", default=[24, 96], help="M of each OSGPR-fixed variant")

@@ -1,4 +1,5 @@
 """A fleet of streams sharded over batched :class:`~gpytorch_hippo.OnlineSGPR` models, in process or on Ray actors."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ def _as_tensor(values, name: str, stream_id) -> Tensor:
     try:
         return torch.as_tensor(np.asarray(values, dtype=np.float64))
     except (TypeError, ValueError):
-        raise StreamDataError(f"stream {stream_id!r}: {name} must be a tensor or an array of numbers, "
-                              f"got {type(values).__name__}", [stream_id]) from None
+        raise StreamDataError(
+            f"stream {stream_id!r}: {name} must be a tensor or an array of numbers, got {type(values).__name__}", [stream_id]
+        ) from None
 
 
 def _stream_data(stream_id, pair) -> tuple[Tensor, Tensor]:
@@ -50,12 +52,16 @@ def _stream_data(stream_id, pair) -> tuple[Tensor, Tensor]:
     if x.dim() == 1:
         x = x.unsqueeze(-1)
     if y.dim() != 1 or x.dim() != 2 or x.shape[0] != y.shape[0]:
-        raise StreamDataError(f"stream {stream_id!r}: expected X of shape (n, d) or (n,) and y of shape (n,), got "
-                              f"{tuple(x.shape)} and {tuple(y.shape)}", [stream_id])
+        raise StreamDataError(
+            f"stream {stream_id!r}: expected X of shape (n, d) or (n,) and y of shape (n,), got {tuple(x.shape)} and {tuple(y.shape)}",
+            [stream_id],
+        )
     for name, values in (("X", x), ("y", y)):
         if values.is_floating_point() and not bool(torch.isfinite(values).all()):
-            raise StreamDataError(f"stream {stream_id!r}: {name} contains NaN or infinite values (leave missing "
-                                  "observations out of the stream's task)", [stream_id])
+            raise StreamDataError(
+                f"stream {stream_id!r}: {name} contains NaN or infinite values (leave missing observations out of the stream's task)",
+                [stream_id],
+            )
     return x, y
 
 
@@ -91,8 +97,15 @@ class _RayEngine:
     the actor by a new one loaded from the shard's checkpoint and sends the call again: the shard's task ids
     make that exactly-once."""
 
-    def __init__(self, shard_arguments: Callable[[int], tuple], num_shards: int, resume: bool, ray_init: dict | None,
-                 actor_options: dict | None, max_restarts: int):
+    def __init__(
+        self,
+        shard_arguments: Callable[[int], tuple],
+        num_shards: int,
+        resume: bool,
+        ray_init: dict | None,
+        actor_options: dict | None,
+        max_restarts: int,
+    ):
         self.ray = require("ray", "fleet", "StreamFleet(engine='ray')")
         if not self.ray.is_initialized():
             self.ray.init(**({"include_dashboard": False} | dict(ray_init or {})))
@@ -167,19 +180,27 @@ class StreamFleet:
     :param max_restarts: how many dead actors the Ray engine replaces in this fleet's lifetime.
     """
 
-    def __init__(self, model_factory: Callable[[int], OnlineSGPR], engine: str = "local", num_shards: int = 1,
-                 checkpoint_dir: str | os.PathLike | None = None, before_update: Callable | None = None,
-                 ray_init: dict | None = None, actor_options: dict | None = None, max_restarts: int = 100):
+    def __init__(
+        self,
+        model_factory: Callable[[int], OnlineSGPR],
+        engine: str = "local",
+        num_shards: int = 1,
+        checkpoint_dir: str | os.PathLike | None = None,
+        before_update: Callable | None = None,
+        ray_init: dict | None = None,
+        actor_options: dict | None = None,
+        max_restarts: int = 100,
+    ):
         manifest = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)
         if manifest is not None and os.path.exists(manifest):
             raise FileExistsError(f"{checkpoint_dir} holds a fleet already: resume it with StreamFleet.restore")
-        self._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts,
-                    resume=False)
+        self._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume=False)
         if manifest is not None:
             atomic_save_json({"num_shards": num_shards}, manifest)
 
-    def _start(self, model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts,
-               resume: bool) -> None:
+    def _start(
+        self, model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume: bool
+    ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
@@ -205,9 +226,16 @@ class StreamFleet:
                 self._members[k], self._task_ids[k] = summary["stream_ids"], set(summary["task_ids"])
 
     @classmethod
-    def restore(cls, checkpoint_dir: str | os.PathLike, model_factory: Callable[[int], OnlineSGPR], engine: str = "local",
-                before_update: Callable | None = None, ray_init: dict | None = None, actor_options: dict | None = None,
-                max_restarts: int = 100) -> StreamFleet:
+    def restore(
+        cls,
+        checkpoint_dir: str | os.PathLike,
+        model_factory: Callable[[int], OnlineSGPR],
+        engine: str = "local",
+        before_update: Callable | None = None,
+        ray_init: dict | None = None,
+        actor_options: dict | None = None,
+        max_restarts: int = 100,
+    ) -> StreamFleet:
         """The fleet whose checkpoints are in ``checkpoint_dir`` (its ``num_shards`` read from there), each shard
         at its last written task; deliver again the tasks after the last one :meth:`update` returned from
         (tasks a shard absorbed already are skipped). The other arguments: as for the constructor."""
@@ -217,8 +245,7 @@ class StreamFleet:
         with open(manifest) as file:
             num_shards = json.load(file)["num_shards"]
         fleet = cls.__new__(cls)
-        fleet._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts,
-                     resume=True)
+        fleet._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume=True)
         return fleet
 
     # ------------------------------------------------------------------ membership
@@ -306,4 +333,3 @@ def atomic_save_json(obj, path: str) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, path)
-

@@ -8,6 +8,7 @@ and synced, then ``os.replace``): a reader sees the state before the task or aft
 A task id already in ``task_ids`` is skipped, so a task delivered again after a crash (whether this shard
 wrote its checkpoint before the crash or not) is absorbed exactly once.
 """
+
 from __future__ import annotations
 
 import functools
@@ -102,8 +103,11 @@ def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict
             grown[key] = stored  # an existing stream's own module (e.g. HiPPO bases whose clock has moved)
         elif stored is None or not isinstance(stored, Tensor) or stored.shape == fresh.shape:
             grown[key] = fresh if stored is None else stored
-        elif stored.dim() == fresh.dim() >= 1 and stored.shape[1:] == fresh.shape[1:] and (
-                stored.shape[0], fresh.shape[0]) == (old_streams, new_streams):
+        elif (
+            stored.dim() == fresh.dim() >= 1
+            and stored.shape[1:] == fresh.shape[1:]
+            and (stored.shape[0], fresh.shape[0]) == (old_streams, new_streams)
+        ):
             grown[key] = torch.cat([stored, fresh[old_streams:].to(stored.dtype)])
         else:
             raise RuntimeError(
@@ -167,8 +171,14 @@ class Shard:
     :param resume: load ``checkpoint_dir``'s file of this shard if it exists.
     """
 
-    def __init__(self, index: int, model_factory: Callable[[int], OnlineSGPR], checkpoint_dir=None,
-                 before_update: Callable | None = None, resume: bool = False):
+    def __init__(
+        self,
+        index: int,
+        model_factory: Callable[[int], OnlineSGPR],
+        checkpoint_dir=None,
+        before_update: Callable | None = None,
+        resume: bool = False,
+    ):
         self.index = index
         self.model_factory = model_factory
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
@@ -182,8 +192,13 @@ class Shard:
     # ------------------------------------------------------------------ state
     def state(self) -> dict:
         """What the checkpoint holds: format, index, stream ids, absorbed task ids (sorted by ``repr``), model state."""
-        return {"format": CHECKPOINT_FORMAT, "index": self.index, "stream_ids": list(self.stream_ids),
-                "task_ids": sorted(self.task_ids, key=repr), "model": None if self.model is None else self.model.state_dict()}
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "index": self.index,
+            "stream_ids": list(self.stream_ids),
+            "task_ids": sorted(self.task_ids, key=repr),
+            "model": None if self.model is None else self.model.state_dict(),
+        }
 
     def save(self) -> None:
         """Write :meth:`state` atomically to ``checkpoint_dir`` (nothing without one)."""
@@ -194,8 +209,10 @@ class Shard:
         """Replace the in-memory state by the checkpoint's."""
         state = torch.load(checkpoint_path(self.checkpoint_dir, self.index), weights_only=True, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT or state.get("index") != self.index:
-            raise RuntimeError(f"{checkpoint_path(self.checkpoint_dir, self.index)} is not a checkpoint of shard {self.index} "
-                               f"in format {CHECKPOINT_FORMAT}")
+            raise RuntimeError(
+                f"{checkpoint_path(self.checkpoint_dir, self.index)} is not a checkpoint of shard {self.index} "
+                f"in format {CHECKPOINT_FORMAT}"
+            )
         self.stream_ids, self.task_ids = list(state["stream_ids"]), set(state["task_ids"])
         self.model = None
         if state["model"] is not None:

@@ -1,4 +1,5 @@
 """Continual SVGPVAE (thesis §4.6.3, App. C): GP-VAE with HiPPO or point inducing variables and EWC."""
+
 from .continual import METHODS, ContinualSVGPVAE
 from .ewc import ElasticWeightConsolidation, fisher_diagonal
 from .model import SVGPVAE, EncodedVariationalDistribution, LatentGP, SVGPVAETerms

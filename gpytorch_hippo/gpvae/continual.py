@@ -62,10 +62,23 @@ class ContinualSVGPVAE:
         the first task only, as the thesis).
     """
 
-    def __init__(self, method: str, observation_dim: int, latent_dim: int = 4, num_inducing: int = 20,
-                 lengthscale: float = 1.0, hidden_dim: int = 32, num_iter: int = 200, lr: float = 0.005,
-                 ewc_strength: float = 1.0, fisher_chunk: int = 16, seed: int = 0, dtype: torch.dtype = torch.float64,
-                 online_kl: bool = False, retrain_kernel: bool = False):
+    def __init__(
+        self,
+        method: str,
+        observation_dim: int,
+        latent_dim: int = 4,
+        num_inducing: int = 20,
+        lengthscale: float = 1.0,
+        hidden_dim: int = 32,
+        num_iter: int = 200,
+        lr: float = 0.005,
+        ewc_strength: float = 1.0,
+        fisher_chunk: int = 16,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float64,
+        online_kl: bool = False,
+        retrain_kernel: bool = False,
+    ):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         for name, value in (("latent_dim", latent_dim), ("num_inducing", num_inducing), ("fisher_chunk", fisher_chunk)):

@@ -140,8 +140,9 @@ class SVGPVAE(gpytorch.Module):
     :param online_kl: use the online ELBO for the GP part (see above; default ``False``, the thesis).
     """
 
-    def __init__(self, observation_dim: int, latent_gp: LatentGP, hidden_dim: int = 64, min_pseudo_variance: float = 1e-3,
-                 online_kl: bool = False):
+    def __init__(
+        self, observation_dim: int, latent_gp: LatentGP, hidden_dim: int = 64, min_pseudo_variance: float = 1e-3, online_kl: bool = False
+    ):
         super().__init__()
         for name, value in (("observation_dim", observation_dim), ("hidden_dim", hidden_dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -174,9 +175,7 @@ class SVGPVAE(gpytorch.Module):
         if not torch.isfinite(times).all() or (times.shape[0] > 1 and not (times[1:] > times[:-1]).all()):
             raise ValueError("times must be finite and strictly increasing")
         if not isinstance(y, Tensor) or y.shape != (times.shape[0], self.observation_dim):
-            raise ValueError(
-                f"y must have shape (T, D) = ({times.shape[0]}, {self.observation_dim}), got {getattr(y, 'shape', type(y))}"
-            )
+            raise ValueError(f"y must have shape (T, D) = ({times.shape[0]}, {self.observation_dim}), got {getattr(y, 'shape', type(y))}")
         if mask is None:
             mask = ~torch.isnan(y)
         elif not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != y.shape:
@@ -208,7 +207,7 @@ class SVGPVAE(gpytorch.Module):
         W_scaled = W / pseudo_var.unsqueeze(-2)
         eye = torch.eye(W.shape[-2], dtype=W.dtype, device=W.device)
         B_chol = psd_safe_cholesky(eye + W_scaled @ W.mT)
-        shift = (W_scaled @ pseudo_mean.unsqueeze(-1))
+        shift = W_scaled @ pseudo_mean.unsqueeze(-1)
         mean = torch.cholesky_solve(shift, B_chol).squeeze(-1)
         root = torch.linalg.solve_triangular(B_chol, eye.expand_as(B_chol), upper=False).mT  # B^{-1} = root root^T
         strategy._variational_distribution.set(mean, root)

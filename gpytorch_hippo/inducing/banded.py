@@ -18,6 +18,7 @@ Gauss-Legendre rule exact to round-off and banded:
 * ``Kuu_cross`` between two sets: the same outer integral over the first set's support, with extra
   panel breaks where the second set's support (and so its ``Kuf``) ends.
 """
+
 from __future__ import annotations
 
 import functools

@@ -9,6 +9,7 @@ hyperparameters at index ``s``; a kernel without a batch shape is shared), taken
 variables whose state cannot be a tensor batch, e.g. HiPPO bases with a clock per stream
 (``HiPPOInducingVariables(M, "legs", t=t0, batch_shape=torch.Size([S]))``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -131,8 +132,12 @@ class BatchedInducingVariables(InducingVariables):
         if torch.is_grad_enabled() and any(p.requires_grad for p in kernel.parameters()):
             return None
         size = len(self.streams)
-        sliced = [t.detach() for sub in _batched_modules(kernel, size)
-                  for t in itertools.chain(sub.parameters(recurse=False), sub.buffers(recurse=False)) if t.dim() > 0 and t.shape[0] == size]
+        sliced = [
+            t.detach()
+            for sub in _batched_modules(kernel, size)
+            for t in itertools.chain(sub.parameters(recurse=False), sub.buffers(recurse=False))
+            if t.dim() > 0 and t.shape[0] == size
+        ]
         groups: dict[tuple, list[int]] = {}
         seen: dict = {}  # tensors the streams share (e.g. their Fourier draws) are read once
         for i, stream in enumerate(self.streams):
@@ -170,6 +175,7 @@ class BatchedInducingVariables(InducingVariables):
             first = group[0]
             kuu = self._per_stream(kernel, first, lambda k: to_dense(self.streams[first].Kuu(k)))
             return kuu.expand(len(group), *kuu.shape)
+
         return DenseLinearOperator(self._grouped(kernel, value))
 
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
@@ -184,6 +190,7 @@ class BatchedInducingVariables(InducingVariables):
             first, inputs = group[0], x[group]
             kuf = self._per_stream(kernel, first, lambda k: self.streams[first].Kuf(k, inputs.reshape(-1, inputs.shape[-1])))
             return kuf.reshape(kuf.shape[0], len(group), inputs.shape[-2]).transpose(0, 1)
+
         return self._grouped(kernel, value)
 
     def Kuu_cross(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel) -> Tensor:
@@ -198,6 +205,7 @@ class BatchedInducingVariables(InducingVariables):
             first = group[0]
             cross = self._per_stream(kernel, first, lambda k: self.streams[first].Kuu_cross(other.streams[first], k))
             return cross.expand(len(group), *cross.shape)
+
         return self._grouped(kernel, value, other)
 
     def prior_mean(self, mean_module: gpytorch.means.Mean | None) -> Tensor | None:

@@ -12,6 +12,7 @@ The reach of a kernel, :func:`kernel_reach`, is the distance beyond which it is 
 inputs further than that from the bases' support have zero covariance with them (``Kuf = 0``),
 whatever the backend.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,7 @@ def lengthscale_of(kernel) -> float | None:
             values = lengthscale.detach()
             if not bool(torch.isfinite(values).all()) or not bool((values > 0).all()):
                 raise ValueError(
-                    f"kernel lengthscale must be finite and positive, got {values.reshape(-1).tolist()} "
-                    "(diverged hyperparameters?)"
+                    f"kernel lengthscale must be finite and positive, got {values.reshape(-1).tolist()} (diverged hyperparameters?)"
                 )
             return float(values.min())
     return None
@@ -61,9 +61,7 @@ def kernel_reach(kernel) -> float | None:
     return spec.reach * ell
 
 
-def check_work(
-    entries: float, what: str, ivars=None, kernel=None, limit: float | None = None, lengthscale: float | None = None
-) -> None:
+def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float | None = None, lengthscale: float | None = None) -> None:
     """Raise :class:`CovarianceCostError` if ``entries`` exceeds ``limit`` (default :data:`MAX_ENTRIES`).
 
     The message gives the span of the bases in length scales and what to change.

@@ -143,9 +143,10 @@ class FourierInducingVariables(InducingVariables):
         return torch.stack(columns, dim=-1)
 
     def _same_variables(self, other: InducingVariables) -> bool:
-        return (
-            isinstance(other, FourierInducingVariables)
-            and (other.num_frequencies, other.a, other.b) == (self.num_frequencies, self.a, self.b)
+        return isinstance(other, FourierInducingVariables) and (other.num_frequencies, other.a, other.b) == (
+            self.num_frequencies,
+            self.a,
+            self.b,
         )
 
     def input_support(self) -> tuple[float, float] | None:

@@ -31,6 +31,7 @@ supported by every backend whose needs its registration meets.
   the kernel's reach of ``t_a``: ``K(t)`` is carried across ``advance`` at a cost per step that
   depends on ``t_b - t_a`` but not on ``t``; ``Kuf`` by a local rule, ``O(M)`` per input.
 """
+
 from __future__ import annotations
 
 import math
@@ -113,8 +114,9 @@ class QuadratureBackend:
         nodes, weighted_basis = self.rule(ivars, kernel)
         nodes, weighted_basis = nodes[:, None].to(x.dtype), weighted_basis.to(x.dtype)
         chunk = max(1, QUADRATURE_CHUNK_ENTRIES // nodes.shape[0])  # k(x, nodes) in blocks: memory O(Q + N M)
-        blocks = [kernel(x[..., start : start + chunk, :], nodes).to_dense() @ weighted_basis
-                  for start in range(0, max(x.shape[-2], 1), chunk)]
+        blocks = [
+            kernel(x[..., start : start + chunk, :], nodes).to_dense() @ weighted_basis for start in range(0, max(x.shape[-2], 1), chunk)
+        ]
         return torch.cat(blocks, dim=-2).mT
 
     def cross(self, a, b, kernel) -> Tensor:
@@ -126,8 +128,10 @@ class QuadratureBackend:
         nodes, other_nodes = nodes[:, None].to(dtype), other_nodes[:, None].to(dtype)
         weighted, other_weighted = weighted.to(dtype), other_weighted.to(dtype)
         chunk = max(1, QUADRATURE_CHUNK_ENTRIES // other_nodes.shape[0])
-        cov = sum((weighted[start : start + chunk].mT @ kernel(nodes[start : start + chunk], other_nodes).to_dense()) @ other_weighted
-                  for start in range(0, nodes.shape[0], chunk))
+        cov = sum(
+            (weighted[start : start + chunk].mT @ kernel(nodes[start : start + chunk], other_nodes).to_dense()) @ other_weighted
+            for start in range(0, nodes.shape[0], chunk)
+        )
         return (cov + cov.mT) / 2 if b is a else cov
 
 
@@ -427,4 +431,3 @@ def _fresh_memory(ivars) -> HiPPO:
     """A new memory for one-off segment grids, so that ``ivars.memory`` keeps the cache of the full grid."""
     memory = ivars.memory
     return HiPPO(memory.measure, memory.M, memory.theta, memory.discretization).to(ivars.breakpoints.device)
-

@@ -35,6 +35,7 @@ Monte-Carlo error ``O(1/sqrt(R))``.  The current task's inputs are kept until th
 ``append_path`` so that hyperparameters can be trained within a task; memory committed by earlier
 tasks was built with their length scale, and a changed length scale then raises an error.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -146,9 +147,7 @@ class HiPPOInducingVariables(InducingVariables):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if method == "lyapunov" and (measure != "legs" or input_dim != 1):
-            raise ValueError(
-                f"method='lyapunov' needs measure='legs' and input_dim=1, got measure={measure!r}, input_dim={input_dim!r}"
-            )
+            raise ValueError(f"method='lyapunov' needs measure='legs' and input_dim=1, got measure={measure!r}, input_dim={input_dim!r}")
         for name, value in (("kuf", kuf), ("features", features)):
             if value is not None and method != "recurrence" and not (name == "features" and input_dim > 1):
                 raise ValueError(f"{name}={value!r} needs method='recurrence' (the Fourier features live there)")
@@ -447,9 +446,16 @@ class HiPPOInducingVariables(InducingVariables):
         """Constructor choices whose mismatch would silently change the covariances of a loaded state."""
         memory = self.memory
         settings = {
-            "method": self.method, "measure": memory.measure, "num_inducing": memory.M, "theta": memory.theta,
-            "discretization": memory.discretization, "input_dim": self.input_dim, "start": self.start,
-            "jitter": self.jitter, "num_nodes": self.num_nodes, "num_panels": self.num_panels,
+            "method": self.method,
+            "measure": memory.measure,
+            "num_inducing": memory.M,
+            "theta": memory.theta,
+            "discretization": memory.discretization,
+            "input_dim": self.input_dim,
+            "start": self.start,
+            "jitter": self.jitter,
+            "num_nodes": self.num_nodes,
+            "num_panels": self.num_panels,
         }
         if self.method == "recurrence" or self.input_dim > 1:
             settings.update(num_rff=self.num_rff, features=self.features, kuf=self.kuf)
@@ -467,7 +473,8 @@ class HiPPOInducingVariables(InducingVariables):
             differ = [f"{k}={saved[k]!r} (this object: {current.get(k)!r})" for k in saved if saved[k] != current.get(k)]
             if differ:
                 raise ValueError(
-                    "the saved HiPPOInducingVariables were built with " + ", ".join(differ)
+                    "the saved HiPPOInducingVariables were built with "
+                    + ", ".join(differ)
                     + "; construct the object with the same arguments before load_state_dict"
                 )
         self.dt = float(state["dt"])

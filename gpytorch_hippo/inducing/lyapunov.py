@@ -29,6 +29,7 @@ of a LegS set over ``[0, L]`` (``L = t_b - t_a``) seen through the re-expansion 
 ``t_b`` in the segment's own bases, ``D = (L/t_b)² T Kuu(L) Tᵀ``: a stream of equal-length tasks keeps
 ``Kuu(L)``.  ``‖Φ‖₂ <= sqrt(t_a / t_b)``, so errors of earlier steps are damped, not amplified.
 """
+
 from __future__ import annotations
 
 import functools

@@ -16,6 +16,7 @@ started at ``t_a``), which also restarts a stream from nothing (``K = 0`` at ``s
 with respect to their hyperparameters: the integrands are analytic, so one rule per window serves every input in it.
 Other kernels, and fits that need those gradients, use the per-stream backends.
 """
+
 from __future__ import annotations
 
 import math

@@ -53,8 +53,7 @@ class InducingPoints(InducingVariables):
         x = check_tensor(x, name, dtype=torch.promote_types(self.points.dtype, floating_dtype(kernel, self.points.dtype)))
         if x.dim() < 2 or x.shape[-1] != self.points.shape[-1]:
             raise ValueError(
-                f"{name} must have shape (*batch, N, {self.points.shape[-1]}) to match the inducing points, "
-                f"got {tuple(x.shape)}"
+                f"{name} must have shape (*batch, N, {self.points.shape[-1]}) to match the inducing points, got {tuple(x.shape)}"
             )
         return x
 

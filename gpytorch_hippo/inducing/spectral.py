@@ -12,6 +12,7 @@ weights ``2 w_q S(ω_q)`` gives real features ``F = sqrt(2 w S) [Re ĉ; Im ĉ]``
 ``ψ(x) = sqrt(2 w S) [cos ωx; sin ωx]`` with ``Kuu = Fᵀ F'`` and ``Kuf = Fᵀ ψ(x)`` -- the
 structure of random Fourier features (thesis §4.3.2) with deterministic nodes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -50,9 +51,7 @@ def spectral_parts(kernel: gpytorch.kernels.Kernel) -> tuple[Tensor, Tensor, flo
 
 def kernel_signature(kernel: gpytorch.kernels.Kernel) -> tuple:
     """What a cached quantity built from ``kernel`` depends on: type, ``nu``, hyperparameter values, dtype, device."""
-    values = tuple(
-        (name, p.dtype, p.device, tuple(p.detach().reshape(-1).tolist())) for name, p in kernel.named_parameters()
-    )
+    values = tuple((name, p.dtype, p.device, tuple(p.detach().reshape(-1).tolist())) for name, p in kernel.named_parameters())
     types = tuple((type(m).__name__, getattr(m, "nu", None)) for m in kernel.modules())
     return types + values
 

@@ -8,6 +8,7 @@
 * scikit-learn's 8 x 8 digits give a tiny image task for tests;
 * :func:`corrupt` builds corrupted test images at 5 severities (CIFAR10-C style).
 """
+
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from .images import load_digits_images, load_fashion_mnist, load_mnist_ood
 from .splits import split_indices

@@ -20,6 +20,7 @@ smaller images, and rotation (not in CIFAR10-C, asked for here) turns by ±15° 
   such a "milder" level exceeds that of an exact 2 x 2 pixelation on Fashion-MNIST (so severity
   would not grow with the level).
 """
+
 from __future__ import annotations
 
 import math

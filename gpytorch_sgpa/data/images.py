@@ -1,4 +1,5 @@
 """Image datasets as float tensors ``N x 1 x H x W`` in ``[0, 1]`` with ``int64`` labels."""
+
 from __future__ import annotations
 
 import gzip
@@ -12,7 +13,16 @@ from .._optional import require
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 _FASHION_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -27,7 +37,7 @@ def _read_idx(path: Path) -> np.ndarray:
     zero, dtype_code, num_dims = data[0:2], data[2], data[3]
     if zero != b"\x00\x00" or dtype_code != 0x08:
         raise ValueError(f"{path} is not an unsigned-byte IDX file")
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(num_dims))
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(num_dims))
     array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * num_dims)
     if array.size != int(np.prod(shape)):
         raise ValueError(f"{path} is truncated: expected {int(np.prod(shape))} values, found {array.size}")

@@ -1,4 +1,5 @@
 """Seeded random splits of index ranges."""
+
 from __future__ import annotations
 
 import torch

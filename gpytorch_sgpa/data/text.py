@@ -8,6 +8,7 @@ archive with a package client, once::
 
     python -m pip download --no-binary :all: --no-deps vaderSentiment==3.3.2 -d ~/.cache/probseq
 """
+
 from __future__ import annotations
 
 import io

@@ -43,6 +43,7 @@ severities 1-5 (thesis §3.5.2, CIFAR10-C style) and writes ``OUT/shift.csv`` (c
 :data:`SHIFT_COLUMNS`, plus the clean test set as corruption ``none``, severity 0) and
 ``OUT/shift.png`` (accuracy, NLL and ECE vs severity per method).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,9 +84,25 @@ DATASETS = ("fashion_mnist", "vader", "digits")
 #: The columns of the in-distribution CSV the runner writes.
 #: ``ece``/``mce`` are top-label (:func:`~gpytorch_sgpa.metrics.calibration_errors`), ``ece_all``/``mce_all``
 #: over all classes (:func:`~gpytorch_sgpa.metrics.all_class_calibration_errors`, the SGPA authors' numbers).
-CSV_COLUMNS = ("dataset", "method", "seed", "accuracy", "nll", "ece", "mce", "auroc", "aupr",
-               "train_s_per_epoch", "infer_s_per_batch", "selected_epoch", "kl_init", "kl_final", "world_size",
-               "ece_all", "mce_all")
+CSV_COLUMNS = (
+    "dataset",
+    "method",
+    "seed",
+    "accuracy",
+    "nll",
+    "ece",
+    "mce",
+    "auroc",
+    "aupr",
+    "train_s_per_epoch",
+    "infer_s_per_batch",
+    "selected_epoch",
+    "kl_init",
+    "kl_final",
+    "world_size",
+    "ece_all",
+    "mce_all",
+)
 METRIC_COLUMNS = CSV_COLUMNS[3:11] + ("ece_all", "mce_all")
 #: The columns of the CSV of the corrupted test sets.
 SHIFT_COLUMNS = ("dataset", "method", "seed", "corruption", "severity", "accuracy", "nll", "ece", "ece_all")
@@ -102,8 +119,13 @@ _NETWORK_OF_METHOD = {
     "sgpa-standard": ("sgpa-standard", False),
     "sgpae": ("sgpa", True),
 }
-_ATTENTION_OF_FAMILY = {"mle-sdp": "sdp", "mle-kernel": "kernel", "sgpa": "sgpa",
-                        "sgpa-dsvgp": "sgpa-dsvgp", "sgpa-standard": "sgpa-standard"}
+_ATTENTION_OF_FAMILY = {
+    "mle-sdp": "sdp",
+    "mle-kernel": "kernel",
+    "sgpa": "sgpa",
+    "sgpa-dsvgp": "sgpa-dsvgp",
+    "sgpa-standard": "sgpa-standard",
+}
 
 
 @dataclass
@@ -148,9 +170,21 @@ class ExperimentConfig:
     shift: bool = False
 
 
-QUICK_CONFIG = ExperimentConfig(train_size=256, val_size=128, test_size=128, ood_size=128, epochs=1,
-                                batch_size=64, d_model=16, num_heads=2, num_layers=1, num_global=8,
-                                ensemble_size=2, num_samples=3, mle_init_epochs=0)
+QUICK_CONFIG = ExperimentConfig(
+    train_size=256,
+    val_size=128,
+    test_size=128,
+    ood_size=128,
+    epochs=1,
+    batch_size=64,
+    d_model=16,
+    num_heads=2,
+    num_layers=1,
+    num_global=8,
+    ensemble_size=2,
+    num_samples=3,
+    mle_init_epochs=0,
+)
 
 #: ``--preset``: the named set-ups of items the thesis fixes. ``default`` is :class:`ExperimentConfig`'s
 #: values; ``thesis`` sets, as the thesis and the SGPA authors' code do: the KL of each sequence
@@ -161,8 +195,18 @@ QUICK_CONFIG = ExperimentConfig(train_size=256, val_size=128, test_size=128, ood
 #: of the updates), a new Adam every epoch as in their code.
 PRESETS = {
     "default": {},
-    "thesis": dict(kl_weighting="authors", beta=1.0, kl_anneal_epochs=0, kl_anneal_fraction=0.5, num_global=None,
-                   kernel_init="authors", lr=5e-4, lr_final=1e-5, lr_warmup_fraction=0.01, restart_optimizer=True),
+    "thesis": dict(
+        kl_weighting="authors",
+        beta=1.0,
+        kl_anneal_epochs=0,
+        kl_anneal_fraction=0.5,
+        num_global=None,
+        kernel_init="authors",
+        lr=5e-4,
+        lr_final=1e-5,
+        lr_warmup_fraction=0.01,
+        restart_optimizer=True,
+    ),
 }
 
 
@@ -209,17 +253,27 @@ def _image_task(name, train_pool, test_pool, ood_pool, config: ExperimentConfig,
     train_idx, val_idx = split_indices(train_x.shape[0], [config.train_size, config.val_size], seed)
     (test_idx,) = split_indices(test_x.shape[0], [config.test_size], seed + 1)
     (ood_idx,) = split_indices(ood_x.shape[0], [config.ood_size], seed + 2)
-    return Task(name=name, kind="image", train=Split(train_x[train_idx], train_y[train_idx]),
-                val=Split(train_x[val_idx], train_y[val_idx]), test=Split(test_x[test_idx], test_y[test_idx]),
-                ood=Split(ood_x[ood_idx], ood_y[ood_idx]), num_classes=10, kernel="rbf",
-                image_size=train_x.shape[-1], in_channels=train_x.shape[1], patch_size=patch_size)
+    return Task(
+        name=name,
+        kind="image",
+        train=Split(train_x[train_idx], train_y[train_idx]),
+        val=Split(train_x[val_idx], train_y[val_idx]),
+        test=Split(test_x[test_idx], test_y[test_idx]),
+        ood=Split(ood_x[ood_idx], ood_y[ood_idx]),
+        num_classes=10,
+        kernel="rbf",
+        image_size=train_x.shape[-1],
+        in_channels=train_x.shape[1],
+        patch_size=patch_size,
+    )
 
 
 def load_task(dataset: str, config: ExperimentConfig, seed: int) -> Task:
     """Build the splits of ``dataset`` for one seed (different seeds draw different subsets)."""
     if dataset == "fashion_mnist":
-        return _image_task(dataset, load_fashion_mnist("train"), load_fashion_mnist("test"), load_mnist_ood(),
-                           config, seed, config.patch_size or 7)
+        return _image_task(
+            dataset, load_fashion_mnist("train"), load_fashion_mnist("test"), load_mnist_ood(), config, seed, config.patch_size or 7
+        )
     if dataset == "digits":
         images, labels = load_digits_images()
         pool_idx, test_idx = split_indices(images.shape[0], [images.shape[0] - 397, 397], 12345)
@@ -230,8 +284,7 @@ def load_task(dataset: str, config: ExperimentConfig, seed: int) -> Task:
     if dataset == "vader":
         sentences, ratings = load_vader_snippets("movie")
         sentences, labels, _ = binary_sentiment(sentences, ratings)
-        train_idx, val_idx, test_idx = split_indices(
-            len(sentences), [config.train_size, config.val_size, config.test_size], seed)
+        train_idx, val_idx, test_idx = split_indices(len(sentences), [config.train_size, config.val_size, config.test_size], seed)
         vocabulary = Vocabulary.build([sentences[i] for i in train_idx.tolist()], min_freq=2)
 
         def encode(texts, targets):
@@ -242,12 +295,18 @@ def load_task(dataset: str, config: ExperimentConfig, seed: int) -> Task:
         ood_sentences, _ = load_vader_snippets("nyt")
         (ood_idx,) = split_indices(len(ood_sentences), [config.ood_size], seed + 2)
         ood_texts = [ood_sentences[i] for i in ood_idx.tolist()]
-        return Task(name=dataset, kind="text",
-                    train=encode([sentences[i] for i in train_idx.tolist()], labels[train_idx]),
-                    val=encode([sentences[i] for i in val_idx.tolist()], labels[val_idx]),
-                    test=encode([sentences[i] for i in test_idx.tolist()], labels[test_idx]),
-                    ood=encode(ood_texts, torch.zeros(len(ood_texts), dtype=torch.long)),
-                    num_classes=2, kernel="exponential", vocab_size=len(vocabulary), max_len=config.max_len)
+        return Task(
+            name=dataset,
+            kind="text",
+            train=encode([sentences[i] for i in train_idx.tolist()], labels[train_idx]),
+            val=encode([sentences[i] for i in val_idx.tolist()], labels[val_idx]),
+            test=encode([sentences[i] for i in test_idx.tolist()], labels[test_idx]),
+            ood=encode(ood_texts, torch.zeros(len(ood_texts), dtype=torch.long)),
+            num_classes=2,
+            kernel="exponential",
+            vocab_size=len(vocabulary),
+            max_len=config.max_len,
+        )
     raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
 
 
@@ -261,22 +320,30 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
         attention_kwargs["kernel"] = task.kernel
         attention_kwargs["kernel_init"] = config.kernel_init
     if attention in ("sgpa", "sgpa-dsvgp"):
-        attention_kwargs["num_global"] = (thesis_num_global(task, config.num_heads) if config.num_global is None
-                                          else config.num_global)
+        attention_kwargs["num_global"] = thesis_num_global(task, config.num_heads) if config.num_global is None else config.num_global
         attention_kwargs["sampler"] = config.sampler
         attention_kwargs["whitened"] = config.whitened
-    common = dict(num_classes=task.num_classes, d_model=config.d_model, num_heads=config.num_heads,
-                  num_layers=config.num_layers, attention=attention, attention_kwargs=attention_kwargs,
-                  dropout=config.dropout)
+    common = dict(
+        num_classes=task.num_classes,
+        d_model=config.d_model,
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        attention=attention,
+        attention_kwargs=attention_kwargs,
+        dropout=config.dropout,
+    )
     if task.kind == "image":
-        return SGPAViT(image_size=task.image_size, patch_size=task.patch_size, in_channels=task.in_channels,
-                       **common)
+        return SGPAViT(image_size=task.image_size, patch_size=task.patch_size, in_channels=task.in_channels, **common)
     return SGPATransformer(vocab_size=task.vocab_size, max_len=task.max_len, task="classification", **common)
 
 
 def _optimiser_options(config: ExperimentConfig) -> dict:
-    return dict(lr=config.lr, lr_final=config.lr_final, warmup_fraction=config.lr_warmup_fraction,
-                restart_optimizer_each_epoch=config.restart_optimizer)
+    return dict(
+        lr=config.lr,
+        lr_final=config.lr_final,
+        warmup_fraction=config.lr_warmup_fraction,
+        restart_optimizer_each_epoch=config.restart_optimizer,
+    )
 
 
 class _Runner:
@@ -322,12 +389,18 @@ class _Runner:
                     raise ValueError(f"mle-kernel state has keys SGPA lacks: {incompatible.unexpected_keys}")
                 epochs -= config.mle_init_epochs
             steps_per_epoch = -(-len(self.task.train) // config.batch_size)
-            anneal_steps = (round(config.kl_anneal_fraction * epochs * steps_per_epoch) if config.kl_anneal_fraction > 0
-                            else config.kl_anneal_epochs * steps_per_epoch)
-            elbo = SGPAELBO(model, num_data=len(self.task.train), beta=config.beta,
-                            anneal_steps=anneal_steps, kl_weighting=config.kl_weighting)
-        record = {"selected_epoch": config.mle_init_epochs if family.startswith("sgpa") else 0,
-                  "kl_init": self._validation_kl(model) if family.startswith("sgpa") else math.nan}
+            anneal_steps = (
+                round(config.kl_anneal_fraction * epochs * steps_per_epoch)
+                if config.kl_anneal_fraction > 0
+                else config.kl_anneal_epochs * steps_per_epoch
+            )
+            elbo = SGPAELBO(
+                model, num_data=len(self.task.train), beta=config.beta, anneal_steps=anneal_steps, kl_weighting=config.kl_weighting
+            )
+        record = {
+            "selected_epoch": config.mle_init_epochs if family.startswith("sgpa") else 0,
+            "kl_init": self._validation_kl(model) if family.startswith("sgpa") else math.nan,
+        }
         offset, best = record["selected_epoch"], {"accuracy": -1.0, "state": None}
 
         def on_epoch_end(epoch, trained):
@@ -341,10 +414,18 @@ class _Runner:
                     record["selected_epoch"] = offset + epoch
             trained.train()
 
-        seconds = train_classifier(model, self.task.train, epochs=epochs, batch_size=config.batch_size,
-                                   elbo=elbo, seed=member_seed, progress=self.progress,
-                                   description=f"{self.task.name} {family} seed {seed} member {member}",
-                                   on_epoch_end=on_epoch_end, **_optimiser_options(config))
+        seconds = train_classifier(
+            model,
+            self.task.train,
+            epochs=epochs,
+            batch_size=config.batch_size,
+            elbo=elbo,
+            seed=member_seed,
+            progress=self.progress,
+            description=f"{self.task.name} {family} seed {seed} member {member}",
+            on_epoch_end=on_epoch_end,
+            **_optimiser_options(config),
+        )
         model.load_state_dict(best["state"])
         model.eval()
         record["kl_final"] = self._validation_kl(model) if family.startswith("sgpa") else math.nan
@@ -356,8 +437,7 @@ class _Runner:
         """Whether a requested method evaluates the fully trained ``mle-kernel`` network ``member``."""
         if self.methods is None:
             return True
-        return any(_NETWORK_OF_METHOD[m][0] == "mle-kernel" and (member == 0 or _NETWORK_OF_METHOD[m][1])
-                   for m in self.methods)
+        return any(_NETWORK_OF_METHOD[m][0] == "mle-kernel" and (member == 0 or _NETWORK_OF_METHOD[m][1]) for m in self.methods)
 
     def _train_mle_init(self, seed: int, member: int) -> None:
         """Only the first ``mle_init_epochs`` epochs of the ``mle-kernel`` network ``member`` (same
@@ -371,15 +451,24 @@ class _Runner:
             if epoch == config.mle_init_epochs:
                 self.mle_snapshots[member] = {k: v.clone() for k, v in trained.state_dict().items()}
 
-        train_classifier(model, self.task.train, epochs=config.epochs, batch_size=config.batch_size,
-                         seed=member_seed, progress=self.progress, stop_after=config.mle_init_epochs,
-                         description=f"{self.task.name} mle-kernel (SGPA init) seed {seed} member {member}",
-                         on_epoch_end=on_epoch_end, **_optimiser_options(config))
+        train_classifier(
+            model,
+            self.task.train,
+            epochs=config.epochs,
+            batch_size=config.batch_size,
+            seed=member_seed,
+            progress=self.progress,
+            stop_after=config.mle_init_epochs,
+            description=f"{self.task.name} mle-kernel (SGPA init) seed {seed} member {member}",
+            on_epoch_end=on_epoch_end,
+            **_optimiser_options(config),
+        )
 
     def _validation_accuracy(self, model, family: str) -> float:
         samples = self.config.num_samples if family.startswith("sgpa") else 1
-        probs, _ = predict_in_batches(lambda x, **kw: predict_proba(model.eval(), x, num_samples=samples, **kw),
-                                      self.task.val, self.config.batch_size)
+        probs, _ = predict_in_batches(
+            lambda x, **kw: predict_proba(model.eval(), x, num_samples=samples, **kw), self.task.val, self.config.batch_size
+        )
         return metrics.accuracy(probs.double(), self.task.val.labels)
 
     @torch.no_grad()
@@ -403,11 +492,11 @@ class _Runner:
         stochastic = family.startswith("sgpa")
         samples = self.config.num_samples if stochastic else 1
         if method == "mcd":
+
             def predict(x, **kw):
                 return mc_dropout_predict_proba(models[0], x, num_samples=self.config.num_samples, **kw)
         elif method == "ts":
-            val_logits, _ = predict_in_batches(lambda x, **kw: logits_of(models[0].eval()(x, **kw)),
-                                               self.task.val, self.config.batch_size)
+            val_logits, _ = predict_in_batches(lambda x, **kw: logits_of(models[0].eval()(x, **kw)), self.task.val, self.config.batch_size)
             scaler = TemperatureScaling().fit(val_logits.double(), self.task.val.labels)
 
             def predict(x, **kw):
@@ -419,23 +508,45 @@ class _Runner:
             def predict(x, **kw):
                 return ensemble.predict_proba(x, num_samples=samples, **kw)
         else:
+
             def predict(x, **kw):
                 return predict_proba(models[0], x, num_samples=samples, **kw)
+
         probs, infer_s_per_batch = predict_in_batches(predict, self.task.test, self.config.batch_size)
         ood_probs, _ = predict_in_batches(predict, self.task.ood, self.config.batch_size)
         probs, ood_probs = probs.double(), ood_probs.double()
         ece, mce = metrics.calibration_errors(probs, self.task.test.labels)
         ece_all, mce_all = metrics.all_class_calibration_errors(probs, self.task.test.labels)
         auroc, aupr = metrics.ood_detection_scores(probs, ood_probs)
-        row = {"dataset": self.task.name, "method": method, "seed": seed,
-               "accuracy": metrics.accuracy(probs, self.task.test.labels),
-               "nll": metrics.negative_log_likelihood(probs, self.task.test.labels),
-               "ece": ece, "mce": mce, "ece_all": ece_all, "mce_all": mce_all, "auroc": auroc, "aupr": aupr,
-               "train_s_per_epoch": train_s_per_epoch, "infer_s_per_batch": infer_s_per_batch,
-               **self.training_records[(family, 0)], "world_size": distributed.world()[1]}
+        row = {
+            "dataset": self.task.name,
+            "method": method,
+            "seed": seed,
+            "accuracy": metrics.accuracy(probs, self.task.test.labels),
+            "nll": metrics.negative_log_likelihood(probs, self.task.test.labels),
+            "ece": ece,
+            "mce": mce,
+            "ece_all": ece_all,
+            "mce_all": mce_all,
+            "auroc": auroc,
+            "aupr": aupr,
+            "train_s_per_epoch": train_s_per_epoch,
+            "infer_s_per_batch": infer_s_per_batch,
+            **self.training_records[(family, 0)],
+            "world_size": distributed.world()[1],
+        }
         if self.config.shift:
-            clean = {"dataset": self.task.name, "method": method, "seed": seed, "corruption": "none",
-                     "severity": 0, "accuracy": row["accuracy"], "nll": row["nll"], "ece": ece, "ece_all": ece_all}
+            clean = {
+                "dataset": self.task.name,
+                "method": method,
+                "seed": seed,
+                "corruption": "none",
+                "severity": 0,
+                "accuracy": row["accuracy"],
+                "nll": row["nll"],
+                "ece": ece,
+                "ece_all": ece_all,
+            }
             row["shift"] = [clean] + self._shift_rows(method, seed, predict)
         return row
 
@@ -455,11 +566,19 @@ class _Runner:
                 data = self.corrupted_test(corruption, severity)
                 probs, _ = predict_in_batches(predict, data, self.config.batch_size)
                 probs = probs.double()
-                rows.append({"dataset": self.task.name, "method": method, "seed": seed, "corruption": corruption,
-                             "severity": severity, "accuracy": metrics.accuracy(probs, data.labels),
-                             "nll": metrics.negative_log_likelihood(probs, data.labels),
-                             "ece": metrics.calibration_errors(probs, data.labels)[0],
-                             "ece_all": metrics.all_class_calibration_errors(probs, data.labels)[0]})
+                rows.append(
+                    {
+                        "dataset": self.task.name,
+                        "method": method,
+                        "seed": seed,
+                        "corruption": corruption,
+                        "severity": severity,
+                        "accuracy": metrics.accuracy(probs, data.labels),
+                        "nll": metrics.negative_log_likelihood(probs, data.labels),
+                        "ece": metrics.calibration_errors(probs, data.labels)[0],
+                        "ece_all": metrics.all_class_calibration_errors(probs, data.labels)[0],
+                    }
+                )
         return rows
 
 
@@ -475,8 +594,10 @@ def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool =
     if config.shift and dataset == "vader":
         raise ValueError("shift needs an image dataset (its corruptions act on images), got dataset='vader'")
     if not 0 <= config.kl_anneal_fraction <= 1 or (config.kl_anneal_fraction > 0 and config.kl_anneal_epochs > 0):
-        raise ValueError(f"kl_anneal_fraction must lie in [0, 1] and be 0 when kl_anneal_epochs > 0, got "
-                         f"{config.kl_anneal_fraction} with kl_anneal_epochs={config.kl_anneal_epochs}")
+        raise ValueError(
+            f"kl_anneal_fraction must lie in [0, 1] and be 0 when kl_anneal_epochs > 0, got "
+            f"{config.kl_anneal_fraction} with kl_anneal_epochs={config.kl_anneal_epochs}"
+        )
     if not 0 <= config.mle_init_epochs < config.epochs:
         raise ValueError(f"mle_init_epochs must lie in [0, epochs={config.epochs}), got {config.mle_init_epochs}")
     rows = []
@@ -499,8 +620,7 @@ def summarize(rows, columns=METRIC_COLUMNS) -> list[dict]:
         entry = {"dataset": dataset, "method": method, "n": len(group)}
         for column in columns:
             values = np.array([float(r[column]) for r in group])
-            entry[column] = (float(values.mean()),
-                             float(2 * values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan)
+            entry[column] = (float(values.mean()), float(2 * values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan)
         summary.append(entry)
     return summary
 
@@ -552,16 +672,19 @@ def _shift_means(shift_rows, column: str) -> dict[str, list[float]]:
     """Per method, ``column`` averaged over corruptions and seeds at severity 0 (clean), 1, ..., 5."""
     means = {}
     for method in dict.fromkeys(r["method"] for r in shift_rows):
-        means[method] = [float(np.mean([float(r[column]) for r in shift_rows
-                                        if r["method"] == method and int(r["severity"]) == severity]))
-                         for severity in (0, *SEVERITIES)]
+        means[method] = [
+            float(np.mean([float(r[column]) for r in shift_rows if r["method"] == method and int(r["severity"]) == severity]))
+            for severity in (0, *SEVERITIES)
+        ]
     return means
 
 
 def format_shift_table(shift_rows, column: str = "ece") -> str:
     """Markdown table of ``column`` per method and severity (mean over corruptions and seeds)."""
-    lines = [f"| method | {column} clean | " + " | ".join(f"severity {s}" for s in SEVERITIES) + " |",
-             "|---|" + "---|" * (1 + len(SEVERITIES))]
+    lines = [
+        f"| method | {column} clean | " + " | ".join(f"severity {s}" for s in SEVERITIES) + " |",
+        "|---|" + "---|" * (1 + len(SEVERITIES)),
+    ]
     for method, values in _shift_means(shift_rows, column).items():
         lines.append(f"| {method} | " + " | ".join(f"{v:.4f}" for v in values) + " |")
     return "\n".join(lines)
@@ -579,12 +702,23 @@ def plot_shift(shift_rows, path: Path) -> None:
     severities = (0, *SEVERITIES)
     for ax, column in zip(axes, panels):
         for method, means in _shift_means(shift_rows, column).items():
-            per_corruption = [[float(np.mean([float(r[column]) for r in shift_rows if r["method"] == method
-                                              and int(r["severity"]) == s and r["corruption"] in ("none", c)]))
-                               for s in severities] for c in CORRUPTIONS]
-            line, = ax.plot(severities, means, marker="o", label=method)
-            ax.fill_between(severities, np.min(per_corruption, 0), np.max(per_corruption, 0),
-                            color=line.get_color(), alpha=0.15)
+            per_corruption = [
+                [
+                    float(
+                        np.mean(
+                            [
+                                float(r[column])
+                                for r in shift_rows
+                                if r["method"] == method and int(r["severity"]) == s and r["corruption"] in ("none", c)
+                            ]
+                        )
+                    )
+                    for s in severities
+                ]
+                for c in CORRUPTIONS
+            ]
+            (line,) = ax.plot(severities, means, marker="o", label=method)
+            ax.fill_between(severities, np.min(per_corruption, 0), np.max(per_corruption, 0), color=line.get_color(), alpha=0.15)
         ax.set_xlabel("severity (0 = clean)")
         ax.set_title(column)
     axes[-1].legend(fontsize=8)
@@ -609,55 +743,112 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gpytorch_sgpa.experiments.calibration",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gpytorch_sgpa.experiments.calibration", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="fashion_mnist", choices=DATASETS)
-    parser.add_argument("--methods", default="mle-kernel,sgpa",
-                        help=f"comma-separated subset of {','.join(METHODS)}")
+    parser.add_argument("--methods", default="mle-kernel,sgpa", help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--seeds", default="1", help="a count N (seeds 0..N-1) or a comma-separated list")
     parser.add_argument("--out", required=True, type=Path, help="output folder for results.csv / results.png")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 256 training examples, 1 epoch, a 1-layer d_model=16 network")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 256 training examples, 1 epoch, a 1-layer d_model=16 network")
     parser.add_argument("--no-progress", action="store_true", help="silence the tqdm progress bars")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     defaults = ExperimentConfig()
-    for name in ("train_size", "val_size", "test_size", "ood_size", "epochs", "batch_size", "d_model",
-                 "num_heads", "num_layers", "num_global", "ensemble_size", "num_samples", "kl_anneal_epochs", "mle_init_epochs",
-                 "patch_size", "max_len"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None,
-                            help=f"default {getattr(defaults, name)} ({getattr(QUICK_CONFIG, name)} with --quick)")
-    parser.add_argument("--preset", default="default", choices=tuple(PRESETS),
-                        help="named set-up the other options then override: 'default' (the runner's CPU-sized runs) or "
-                             "'thesis' (KL per sequence annealed over the first half of the ELBO epochs, M_g = "
-                             "ceil(2 T_avg / H), the authors' kernel initialisation, Adam 5e-4 -> 1e-5 after a 1%% "
-                             "warm-up, a new Adam each epoch)")
+    for name in (
+        "train_size",
+        "val_size",
+        "test_size",
+        "ood_size",
+        "epochs",
+        "batch_size",
+        "d_model",
+        "num_heads",
+        "num_layers",
+        "num_global",
+        "ensemble_size",
+        "num_samples",
+        "kl_anneal_epochs",
+        "mle_init_epochs",
+        "patch_size",
+        "max_len",
+    ):
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=None,
+            help=f"default {getattr(defaults, name)} ({getattr(QUICK_CONFIG, name)} with --quick)",
+        )
+    parser.add_argument(
+        "--preset",
+        default="default",
+        choices=tuple(PRESETS),
+        help="named set-up the other options then override: 'default' (the runner's CPU-sized runs) or "
+        "'thesis' (KL per sequence annealed over the first half of the ELBO epochs, M_g = "
+        "ceil(2 T_avg / H), the authors' kernel initialisation, Adam 5e-4 -> 1e-5 after a 1%% "
+        "warm-up, a new Adam each epoch)",
+    )
     parser.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {defaults.lr})")
     parser.add_argument("--lr-final", type=float, default=None, help="learning rate at the last update (default lr / 10)")
-    parser.add_argument("--lr-warmup-fraction", type=float, default=None,
-                        help=f"share of the updates warming up from --lr-final to --lr (default {defaults.lr_warmup_fraction})")
-    parser.add_argument("--restart-optimizer", default=None, action=argparse.BooleanOptionalAction,
-                        help=f"a new Adam (moments reset) every epoch (default {defaults.restart_optimizer})")
-    parser.add_argument("--kl-anneal-fraction", type=float, default=None,
-                        help="share of the ELBO updates over which the KL weight ramps from 0 to beta "
-                             f"(default {defaults.kl_anneal_fraction}; replaces --kl-anneal-epochs when > 0)")
+    parser.add_argument(
+        "--lr-warmup-fraction",
+        type=float,
+        default=None,
+        help=f"share of the updates warming up from --lr-final to --lr (default {defaults.lr_warmup_fraction})",
+    )
+    parser.add_argument(
+        "--restart-optimizer",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help=f"a new Adam (moments reset) every epoch (default {defaults.restart_optimizer})",
+    )
+    parser.add_argument(
+        "--kl-anneal-fraction",
+        type=float,
+        default=None,
+        help="share of the ELBO updates over which the KL weight ramps from 0 to beta "
+        f"(default {defaults.kl_anneal_fraction}; replaces --kl-anneal-epochs when > 0)",
+    )
     parser.add_argument("--dropout", type=float, default=None, help=f"default {defaults.dropout}")
-    parser.add_argument("--beta", type=float, default=None,
-                        help=f"multiplier of the (weighted) KL in the ELBO (default {defaults.beta}; with "
-                             "--kl-weighting decomposed, beta = 1 is the exact ELBO of eq. elbo per sequence)")
-    parser.add_argument("--kl-weighting", default=None, choices=KL_WEIGHTINGS,
-                        help=f"how the ELBO weighs the amortised and global KL (default {defaults.kl_weighting}: "
-                             "all of it / N; decomposed: amortised x 1, global / N; authors: all x 1)")
-    parser.add_argument("--whitened", default=None, action=argparse.BooleanOptionalAction,
-                        help=f"whitened global covariance S_g = L C C^T L^T of the SGPA layers (default {defaults.whitened})")
-    parser.add_argument("--kernel-init", default=None, choices=KERNEL_INITS,
-                        help=f"kernel hyperparameter initialisation (default {defaults.kernel_init})")
-    parser.add_argument("--select-on-validation", default=None, action=argparse.BooleanOptionalAction,
-                        help="evaluate the checkpoint with the best validation accuracy (default) or the final epoch")
-    parser.add_argument("--shift", default=None, action=argparse.BooleanOptionalAction,
-                        help="also evaluate on the test set corrupted by " + ", ".join(CORRUPTIONS) + " at severities "
-                             "1-5 (image datasets); writes shift.csv and shift.png")
-    parser.add_argument("--sampler", default=None, choices=("diagonal", "full", "decomposed"),
-                        help=f"sampler of the decoupled SGPA layers (default {defaults.sampler}, the thesis's)")
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=None,
+        help=f"multiplier of the (weighted) KL in the ELBO (default {defaults.beta}; with "
+        "--kl-weighting decomposed, beta = 1 is the exact ELBO of eq. elbo per sequence)",
+    )
+    parser.add_argument(
+        "--kl-weighting",
+        default=None,
+        choices=KL_WEIGHTINGS,
+        help=f"how the ELBO weighs the amortised and global KL (default {defaults.kl_weighting}: "
+        "all of it / N; decomposed: amortised x 1, global / N; authors: all x 1)",
+    )
+    parser.add_argument(
+        "--whitened",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help=f"whitened global covariance S_g = L C C^T L^T of the SGPA layers (default {defaults.whitened})",
+    )
+    parser.add_argument(
+        "--kernel-init", default=None, choices=KERNEL_INITS, help=f"kernel hyperparameter initialisation (default {defaults.kernel_init})"
+    )
+    parser.add_argument(
+        "--select-on-validation",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="evaluate the checkpoint with the best validation accuracy (default) or the final epoch",
+    )
+    parser.add_argument(
+        "--shift",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="also evaluate on the test set corrupted by " + ", ".join(CORRUPTIONS) + " at severities "
+        "1-5 (image datasets); writes shift.csv and shift.png",
+    )
+    parser.add_argument(
+        "--sampler",
+        default=None,
+        choices=("diagonal", "full", "decomposed"),
+        help=f"sampler of the decoupled SGPA layers (default {defaults.sampler}, the thesis's)",
+    )
     return parser
 
 
@@ -667,8 +858,7 @@ def main(argv=None) -> list[dict]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds)
     base = QUICK_CONFIG if args.quick else ExperimentConfig()
-    overrides = {name: getattr(args, name) for name in base.__dataclass_fields__
-                 if getattr(args, name, None) is not None}
+    overrides = {name: getattr(args, name) for name in base.__dataclass_fields__ if getattr(args, name, None) is not None}
     config = make_config(args.preset, base, **overrides)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -694,8 +884,10 @@ def _run_and_write(args, methods, seeds, config) -> list[dict]:
         write_csv(shift_rows, args.out / "shift.csv", SHIFT_COLUMNS)
         plot_shift(shift_rows, args.out / "shift.png")
         print("\n" + format_shift_table(shift_rows, "ece") + "\n\n" + format_shift_table(shift_rows, "accuracy"))
-    print(f"\n{len(rows)} rows written to {args.out / 'results.csv'} in {time.perf_counter() - start:.0f} s; "
-          f"config: {config}", file=sys.stderr)
+    print(
+        f"\n{len(rows)} rows written to {args.out / 'results.csv'} in {time.perf_counter() - start:.0f} s; config: {config}",
+        file=sys.stderr,
+    )
     return rows
 
 

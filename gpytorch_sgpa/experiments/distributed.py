@@ -20,6 +20,7 @@ per rank with :func:`rank_seed` (different per rank, reproducible per seed).  Ev
 writing happen on rank 0 only; decisions that depend on noisy evaluations (checkpoint selection)
 are broadcast from rank 0 (:func:`broadcast_from_main`) so every rank keeps the same model.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,10 @@ def is_main() -> bool:
 def shard(index: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Rank ``rank``'s contiguous part of a global batch's ``index`` (sizes differ by at most 1)."""
     if len(index) < world_size:
-        raise ValueError(f"a batch of {len(index)} examples cannot be split over world_size={world_size} ranks; "
-                         "use a batch size (and a data set size modulo it) of at least world_size")
+        raise ValueError(
+            f"a batch of {len(index)} examples cannot be split over world_size={world_size} ranks; "
+            "use a batch size (and a data set size modulo it) of at least world_size"
+        )
     return torch.tensor_split(index, world_size)[rank]
 
 

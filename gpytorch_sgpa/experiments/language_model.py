@@ -23,6 +23,7 @@ writes ``DIR/results.csv`` (columns :data:`CSV_COLUMNS`) and prints mean ± 2 s.
 ``torchrun --nproc-per-node N -m gpytorch_sgpa.experiments.language_model ...`` trains data-parallel
 (:mod:`.distributed`; ``--batch-size`` is the global batch); rank 0 evaluates and writes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,21 @@ __all__ = ["METHODS", "CSV_COLUMNS", "LMConfig", "encode_for_lm", "evaluate_lm",
 #: The methods the runner compares (``--methods``).
 METHODS = ("mle-sdp", "mle-kernel", "mcd", "sgpa")
 #: The columns of the CSV the runner writes.
-CSV_COLUMNS = ("dataset", "method", "seed", "token_nll", "perplexity", "accuracy", "ece", "mce",
-               "shift_token_nll", "shift_ece", "train_s_per_epoch", "infer_s_per_batch", "world_size")
+CSV_COLUMNS = (
+    "dataset",
+    "method",
+    "seed",
+    "token_nll",
+    "perplexity",
+    "accuracy",
+    "ece",
+    "mce",
+    "shift_token_nll",
+    "shift_ece",
+    "train_s_per_epoch",
+    "infer_s_per_batch",
+    "world_size",
+)
 METRIC_COLUMNS = CSV_COLUMNS[3:-1]
 BOS, EOS = "<bos>", "<eos>"
 
@@ -76,8 +90,20 @@ class LMConfig:
     whitened: bool = True  # SGPAttention's; the table in docs/project_results.md used False
 
 
-QUICK_CONFIG = LMConfig(train_size=200, test_size=64, shift_size=64, vocab_size=100, max_len=12, epochs=1,
-                        batch_size=50, d_model=16, num_heads=2, num_layers=1, num_global=4, num_samples=2)
+QUICK_CONFIG = LMConfig(
+    train_size=200,
+    test_size=64,
+    shift_size=64,
+    vocab_size=100,
+    max_len=12,
+    epochs=1,
+    batch_size=50,
+    d_model=16,
+    num_heads=2,
+    num_layers=1,
+    num_global=4,
+    num_samples=2,
+)
 
 
 def encode_for_lm(sentences, vocabulary: Vocabulary, max_len: int) -> Split:
@@ -131,16 +157,28 @@ def evaluate_lm(model: SGPADecoder, data: Split, num_samples: int, batch_size: i
 def _scores(log_true, confidence, correct) -> dict:
     ece, mce = metrics.calibration_errors_from_confidence(confidence, correct)
     nll = float(-log_true.double().mean())
-    return {"token_nll": nll, "perplexity": math.exp(nll), "accuracy": float(correct.double().mean()),
-            "ece": ece, "mce": mce}
+    return {"token_nll": nll, "perplexity": math.exp(nll), "accuracy": float(correct.double().mean()), "ece": ece, "mce": mce}
 
 
 def _decoder(method: str, vocab_size: int, config: LMConfig) -> SGPADecoder:
-    attention, kwargs = {"mle-sdp": ("sdp", {}), "mle-kernel": ("kernel", {"kernel": "exponential"}),
-                         "sgpa": ("sgpa", {"kernel": "exponential", "num_global": config.num_global,
-                                           "sampler": config.sampler, "whitened": config.whitened})}[method]
-    return SGPADecoder(vocab_size, config.d_model, config.num_heads, config.num_layers, config.max_len,
-                       attention=attention, attention_kwargs=kwargs, dropout=config.dropout)
+    attention, kwargs = {
+        "mle-sdp": ("sdp", {}),
+        "mle-kernel": ("kernel", {"kernel": "exponential"}),
+        "sgpa": (
+            "sgpa",
+            {"kernel": "exponential", "num_global": config.num_global, "sampler": config.sampler, "whitened": config.whitened},
+        ),
+    }[method]
+    return SGPADecoder(
+        vocab_size,
+        config.d_model,
+        config.num_heads,
+        config.num_layers,
+        config.max_len,
+        attention=attention,
+        attention_kwargs=kwargs,
+        dropout=config.dropout,
+    )
 
 
 def run(methods, seeds, config: LMConfig, progress: bool = True) -> list[dict]:
@@ -172,9 +210,17 @@ def run(methods, seeds, config: LMConfig, progress: bool = True) -> list[dict]:
                 if family == "sgpa":
                     steps = config.kl_anneal_epochs * math.ceil(len(train) / config.batch_size)
                     elbo = SGPAELBO(model, num_data=len(train), anneal_steps=steps, kl_weighting=config.kl_weighting)
-                seconds = train_classifier(model, train, epochs=config.epochs, batch_size=config.batch_size,
-                                           lr=config.lr, elbo=elbo, seed=seed, progress=progress,
-                                           description=f"{family} seed {seed}")
+                seconds = train_classifier(
+                    model,
+                    train,
+                    epochs=config.epochs,
+                    batch_size=config.batch_size,
+                    lr=config.lr,
+                    elbo=elbo,
+                    seed=seed,
+                    progress=progress,
+                    description=f"{family} seed {seed}",
+                )
                 trained[family] = (model, seconds)
             model, seconds = trained[family]
             if not distributed.is_main():  # every rank trains (DDP); rank 0 evaluates
@@ -185,15 +231,19 @@ def run(methods, seeds, config: LMConfig, progress: bool = True) -> list[dict]:
             *shift_scores, _ = evaluate_lm(model, shift, passes, config.batch_size, dropout)
             row = {"dataset": "vader_lm", "method": method, "seed": seed, **_scores(*test_scores)}
             shifted = _scores(*shift_scores)
-            row.update(shift_token_nll=shifted["token_nll"], shift_ece=shifted["ece"],
-                       train_s_per_epoch=seconds, infer_s_per_batch=infer, world_size=distributed.world()[1])
+            row.update(
+                shift_token_nll=shifted["token_nll"],
+                shift_ece=shifted["ece"],
+                train_s_per_epoch=seconds,
+                infer_s_per_batch=infer,
+                world_size=distributed.world()[1],
+            )
             rows.append(row)
     return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gpytorch_sgpa.experiments.language_model",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gpytorch_sgpa.experiments.language_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="mle-kernel,sgpa", help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--seeds", default="1", help="a count N (seeds 0..N-1) or a comma-separated list")
     parser.add_argument("--out", required=True, type=Path, help="output folder for results.csv")
@@ -206,8 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
         if isinstance(value, bool):
             parser.add_argument(flag, default=None, action=argparse.BooleanOptionalAction, help=help_text)
             continue
-        parser.add_argument(flag, type=type(value), default=None, help=help_text,
-                            choices={"sampler": SGPA_SAMPLERS, "kl_weighting": KL_WEIGHTINGS}.get(name))
+        parser.add_argument(
+            flag,
+            type=type(value),
+            default=None,
+            help=help_text,
+            choices={"sampler": SGPA_SAMPLERS, "kl_weighting": KL_WEIGHTINGS}.get(name),
+        )
     return parser
 
 
@@ -233,8 +288,10 @@ def _run_and_write(args, methods, config) -> list[dict]:
         return rows
     write_csv(rows, args.out / "results.csv", CSV_COLUMNS)
     print(format_table(summarize(rows, METRIC_COLUMNS), METRIC_COLUMNS))
-    print(f"\n{len(rows)} rows written to {args.out / 'results.csv'} in {time.perf_counter() - start:.0f} s; "
-          f"config: {config}", file=sys.stderr)
+    print(
+        f"\n{len(rows)} rows written to {args.out / 'results.csv'} in {time.perf_counter() - start:.0f} s; config: {config}",
+        file=sys.stderr,
+    )
     return rows
 
 

@@ -11,6 +11,7 @@ gives the per-seed differences ``B - A``, their mean, a paired t-test p-value an
 two-sided sign-test p-value.  With 3 seeds the sign test cannot go below ``p = 0.25`` (two-sided):
 "B better in 3/3 seeds" is the strongest statement such a run supports.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,22 +46,38 @@ def paired_differences(rows_a, rows_b, metrics) -> list[dict]:
     out = []
     for metric in metrics:
         diffs = [float(by_seed_b[s][metric]) - float(by_seed_a[s][metric]) for s in seeds]
-        t_p = float(stats.ttest_rel([float(by_seed_b[s][metric]) for s in seeds],
-                                    [float(by_seed_a[s][metric]) for s in seeds]).pvalue) if len(seeds) > 1 else math.nan
-        out.append({"metric": metric, "seeds": seeds, "differences": diffs, "mean": sum(diffs) / len(diffs),
-                    "t_p": t_p, "sign_p": sign_test(diffs)})
+        t_p = (
+            float(stats.ttest_rel([float(by_seed_b[s][metric]) for s in seeds], [float(by_seed_a[s][metric]) for s in seeds]).pvalue)
+            if len(seeds) > 1
+            else math.nan
+        )
+        out.append(
+            {
+                "metric": metric,
+                "seeds": seeds,
+                "differences": diffs,
+                "mean": sum(diffs) / len(diffs),
+                "t_p": t_p,
+                "sign_p": sign_test(diffs),
+            }
+        )
     return out
 
 
 def format_paired(results, label_a: str, label_b: str) -> str:
     """Markdown table of the per-seed differences ``B - A``."""
-    lines = [f"B - A with A = {label_a}, B = {label_b}", "",
-             "| metric | per-seed B - A | mean | B > A in | paired t p | sign p |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"B - A with A = {label_a}, B = {label_b}",
+        "",
+        "| metric | per-seed B - A | mean | B > A in | paired t p | sign p |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         per_seed = ", ".join(f"{d:+.4f}" for d in r["differences"])
         wins = sum(d > 0 for d in r["differences"])
-        lines.append(f"| {r['metric']} | {per_seed} | {r['mean']:+.4f} | {wins}/{len(r['differences'])} | "
-                     f"{r['t_p']:.3f} | {r['sign_p']:.3f} |")
+        lines.append(
+            f"| {r['metric']} | {per_seed} | {r['mean']:+.4f} | {wins}/{len(r['differences'])} | {r['t_p']:.3f} | {r['sign_p']:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -79,8 +96,7 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m gpytorch_sgpa.experiments.paired", description=__doc__.split("\n\n")[0])
     parser.add_argument("a", help="CSV:METHOD of the reference A")
     parser.add_argument("b", help="CSV:METHOD of the compared B")
-    parser.add_argument("--metrics", default="accuracy,nll,ece,auroc,kl_init,kl_final",
-                        help="comma-separated CSV columns to compare")
+    parser.add_argument("--metrics", default="accuracy,nll,ece,auroc,kl_init,kl_final", help="comma-separated CSV columns to compare")
     args = parser.parse_args(argv)
     rows_a, rows_b = _read(args.a), _read(args.b)
     metrics = [m for m in args.metrics.split(",") if m and m in rows_a[0] and m in rows_b[0]]

@@ -1,4 +1,5 @@
 """Mini-batch training and timed prediction shared by the chapter-3 experiment runners."""
+
 from __future__ import annotations
 
 import math
@@ -37,13 +38,12 @@ class Split:
         return self.features[index], kwargs, self.labels[index]
 
     def subset(self, index) -> Split:
-        return Split(self.features[index], self.labels[index],
-                     None if self.padding_mask is None else self.padding_mask[index])
+        return Split(self.features[index], self.labels[index], None if self.padding_mask is None else self.padding_mask[index])
 
 
 def _batches(num_items: int, batch_size: int, generator: torch.Generator | None):
     order = torch.randperm(num_items, generator=generator) if generator is not None else torch.arange(num_items)
-    return [order[start:start + batch_size] for start in range(0, num_items, batch_size)]
+    return [order[start : start + batch_size] for start in range(0, num_items, batch_size)]
 
 
 def mle_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -65,11 +65,23 @@ def learning_rate_factor(step: int, total_steps: int, final_ratio: float = 0.1, 
     return 1.0 - (1.0 - final_ratio) * (step - warmup_steps) / max(total_steps - 1 - warmup_steps, 1)
 
 
-def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_size: int, lr: float,
-                     elbo: torch.nn.Module | None = None, seed: int = 0, progress: bool = True,
-                     description: str = "train", on_epoch_end=None, stop_after: int | None = None,
-                     lr_final: float | None = None, warmup_fraction: float = 0.0,
-                     restart_optimizer_each_epoch: bool = False) -> float:
+def train_classifier(
+    model: torch.nn.Module,
+    data: Split,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    elbo: torch.nn.Module | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    description: str = "train",
+    on_epoch_end=None,
+    stop_after: int | None = None,
+    lr_final: float | None = None,
+    warmup_fraction: float = 0.0,
+    restart_optimizer_each_epoch: bool = False,
+) -> float:
     """Adam with a learning rate decaying linearly to ``lr_final`` (default ``lr / 10``; thesis App.
     B.4), after a linear warm-up from ``lr_final`` over ``ceil(warmup_fraction · steps)`` updates
     (:func:`learning_rate_factor`); ``restart_optimizer_each_epoch`` builds a new Adam (moments
@@ -104,8 +116,10 @@ def train_classifier(model: torch.nn.Module, data: Split, *, epochs: int, batch_
     if world_size > 1:
         last = len(data) % batch_size or batch_size
         if min(batch_size, last, len(data)) < world_size:
-            raise ValueError(f"every batch needs >= world_size={world_size} examples; batch_size={batch_size} "
-                             f"with {len(data)} examples leaves a batch of {min(last, len(data))}")
+            raise ValueError(
+                f"every batch needs >= world_size={world_size} examples; batch_size={batch_size} "
+                f"with {len(data)} examples leaves a batch of {min(last, len(data))}"
+            )
         torch.manual_seed(distributed.rank_seed(seed, rank))
         wrapped = DistributedDataParallel(model)  # broadcasts rank 0's parameters and buffers
         in_model = {id(p) for p in model.parameters()}

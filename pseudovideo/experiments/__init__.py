@@ -1,4 +1,5 @@
 """Runners of the chapter-5 experiments (diffusion, HVAE, VQ tokens) and their shared options."""
+
 import argparse
 from contextlib import contextmanager
 
@@ -23,10 +24,14 @@ def seed_range(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ran
 
 def add_ema_argument(parser: argparse.ArgumentParser) -> None:
     """``--ema-decay D``: evaluate an exponential moving average of the weights (diffusers' ``EMAModel``)."""
-    parser.add_argument("--ema-decay", type=float, default=0.0,
-                        help="sample from an exponential moving average of the weights with this decay (diffusers' "
-                             "EMAModel: the first step copies the weights, step k > 1 averages with decay min(D, k / (9 + k))); "
-                             "0 (default): the trained weights")
+    parser.add_argument(
+        "--ema-decay",
+        type=float,
+        default=0.0,
+        help="sample from an exponential moving average of the weights with this decay (diffusers' "
+        "EMAModel: the first step copies the weights, step k > 1 averages with decay min(D, k / (9 + k))); "
+        "0 (default): the trained weights",
+    )
 
 
 def make_ema(model: nn.Module, decay: float):

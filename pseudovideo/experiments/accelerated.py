@@ -19,6 +19,7 @@ number of latent slots). It also gives
 
 Needs the ``accelerate`` package (``pip install "probseq[video]"``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -77,13 +78,27 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed + 1_000_003 * rank
 
 
-def train(model: nn.Module, next_batch: Callable[[torch.Generator], torch.Tensor], steps: int, *,
-          optimizer_factory: Callable = lambda parameters: torch.optim.Adam(parameters, lr=5e-4),
-          scheduler_factory: Callable | None = None, loss: str = "forward",
-          batch_loss: Callable | None = None, generator: torch.Generator | None = None,
-          accumulation: int = 1, mixed_precision: str = "no", ema_decay: float = 0.0,
-          checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = False,
-          seed: int = 0, cpu: bool = False, progress: bool = True, description: str = "training"):
+def train(
+    model: nn.Module,
+    next_batch: Callable[[torch.Generator], torch.Tensor],
+    steps: int,
+    *,
+    optimizer_factory: Callable = lambda parameters: torch.optim.Adam(parameters, lr=5e-4),
+    scheduler_factory: Callable | None = None,
+    loss: str = "forward",
+    batch_loss: Callable | None = None,
+    generator: torch.Generator | None = None,
+    accumulation: int = 1,
+    mixed_precision: str = "no",
+    ema_decay: float = 0.0,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    seed: int = 0,
+    cpu: bool = False,
+    progress: bool = True,
+    description: str = "training",
+):
     """``steps`` optimiser steps of ``model`` on batches ``next_batch(generator)``: a :class:`TrainingResult`.
 
     Each micro-batch's loss is ``batch_loss(wrapped, batch, generator)`` (default
@@ -102,8 +117,7 @@ def train(model: nn.Module, next_batch: Callable[[torch.Generator], torch.Tensor
         raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {mixed_precision!r}")
     if (checkpoint_every or resume) and checkpoint_dir is None:
         raise ValueError("checkpoint_every and resume need a checkpoint_dir")
-    accelerator = accelerate.Accelerator(gradient_accumulation_steps=accumulation, mixed_precision=mixed_precision,
-                                         cpu=cpu)
+    accelerator = accelerate.Accelerator(gradient_accumulation_steps=accumulation, mixed_precision=mixed_precision, cpu=cpu)
     if not isinstance(loss, str) or not callable(getattr(model, loss, None)):
         raise ValueError(f"loss must name a method of the model, got {loss!r}")
     inner = model
@@ -123,8 +137,9 @@ def train(model: nn.Module, next_batch: Callable[[torch.Generator], torch.Tensor
         accelerator.load_state(str(checkpoint_dir))
     batch_loss = batch_loss or (lambda module, batch, rng: module(batch, rng))
     wrapped.train()
-    bar = tqdm(total=steps, initial=state.step, desc=description, leave=False,
-               disable=not progress or not accelerator.is_local_main_process)
+    bar = tqdm(
+        total=steps, initial=state.step, desc=description, leave=False, disable=not progress or not accelerator.is_local_main_process
+    )
     while state.step < steps:
         for _ in range(accumulation):
             with accelerator.accumulate(wrapped):

@@ -22,6 +22,7 @@ model and blur, whose training frames lie in ``[-1, 1]``), against held-out imag
 * ``psnr``: PSNR of ``z_T`` sampled given the true ``C`` previous frames of held-out pseudo videos
   (the prediction of Theorem 5.4.1); empty for the 1-frame model, which has no context.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +52,16 @@ QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "ba
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="image DDPM vs video diffusion on pseudo videos (thesis §5.4)")
-    parser.add_argument("--dataset", choices=DATASETS, default="mnist",
-                        help="mnist and digits come with `make test`; fashion_mnist needs the Debian package")
+    parser.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="mnist",
+        help="mnist and digits come with `make test`; fashion_mnist needs the Debian package",
+    )
     parser.add_argument("--frames", default="1,4,8", help="comma-separated frame counts; 1 = image DDPM")
-    parser.add_argument("--augmentation", default="markov_first,markov_high,blur",
-                        help=f"comma-separated builders for the video models, from {METHODS}")
+    parser.add_argument(
+        "--augmentation", default="markov_first,markov_high,blur", help=f"comma-separated builders for the video models, from {METHODS}"
+    )
     add_seed_arguments(parser)
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tiny everything)")
@@ -67,27 +73,45 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--sampling-steps", type=int, default=20, help="DDIM steps per generated frame")
     parser.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 28x28 -> 14x14)")
     parser.add_argument("--channels", default="16,32,32", help="UNet block widths (one per resolution)")
-    parser.add_argument("--clip-sample", choices=("auto", "on", "off"), default="auto",
-                        help="clip predicted frames to [-1, 1] while sampling; auto: only for the image model "
-                             "and blur, whose training frames lie in [-1, 1] (the results recorded before this "
-                             "option existed were sampled with clipping on for every model)")
-    parser.add_argument("--prediction-type", choices=PREDICTION_TYPES, default="epsilon",
-                        help="what the UNet predicts (epsilon: the thesis's eq. (5.2))")
+    parser.add_argument(
+        "--clip-sample",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="clip predicted frames to [-1, 1] while sampling; auto: only for the image model "
+        "and blur, whose training frames lie in [-1, 1] (the results recorded before this "
+        "option existed were sampled with clipping on for every model)",
+    )
+    parser.add_argument(
+        "--prediction-type", choices=PREDICTION_TYPES, default="epsilon", help="what the UNet predicts (epsilon: the thesis's eq. (5.2))"
+    )
     add_ema_argument(parser)
     parser.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimiser step")
-    parser.add_argument("--mixed-precision", choices=MIXED_PRECISION, default="no",
-                        help="accelerate's mixed precision (bf16 on recent CPUs and GPUs, fp16 on GPUs)")
-    parser.add_argument("--checkpoint-every", type=int, default=0,
-                        help="save a checkpoint (weights, optimiser, EMA, data generator) every N steps to "
-                             "DIR/checkpoint_<frames>frame_<augmentation>_seed<seed>/")
+    parser.add_argument(
+        "--mixed-precision",
+        choices=MIXED_PRECISION,
+        default="no",
+        help="accelerate's mixed precision (bf16 on recent CPUs and GPUs, fp16 on GPUs)",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="save a checkpoint (weights, optimiser, EMA, data generator) every N steps to "
+        "DIR/checkpoint_<frames>frame_<augmentation>_seed<seed>/",
+    )
     parser.add_argument("--resume", action="store_true", help="continue each model from its checkpoint, if any")
-    parser.add_argument("--cpu", action="store_true",
-                        help="train on the CPU even where a GPU is available (without a GPU: always; several "
-                             "processes then train data-parallel over gloo)")
-    parser.add_argument("--save-models", action="store_true",
-                        help="save each trained model (its EMA weights with --ema-decay) with save_pretrained to "
-                             "DIR/model_<frames>frame_<augmentation>_seed<seed>/ (reload: "
-                             "AutoregressiveVideoDiffusion.from_pretrained)")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="train on the CPU even where a GPU is available (without a GPU: always; several processes then train data-parallel over gloo)",
+    )
+    parser.add_argument(
+        "--save-models",
+        action="store_true",
+        help="save each trained model (its EMA weights with --ema-decay) with save_pretrained to "
+        "DIR/model_<frames>frame_<augmentation>_seed<seed>/ (reload: "
+        "AutoregressiveVideoDiffusion.from_pretrained)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
     args = parser.parse_args(argv)
@@ -119,7 +143,7 @@ def to_model_space(images: torch.Tensor, downsample: int) -> torch.Tensor:
 def to_image_space(frames: torch.Tensor, size: int) -> torch.Tensor:
     """Model-space frames -> the central ``size x size`` crop in ``[0, 1]`` (clipped, as DDPM samplers do)."""
     start = (frames.shape[-1] - size) // 2
-    return ((frames[..., start:start + size, start:start + size] + 1) / 2).clamp(0, 1)
+    return ((frames[..., start : start + size, start : start + size] + 1) / 2).clamp(0, 1)
 
 
 def build_videos(images, frames, augmentation, generator):
@@ -131,9 +155,15 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
     the main process, evaluate it; ``None`` on the other processes."""
     torch.manual_seed(seed)
     clip = default_clip_sample(augmentation) if args.clip_sample == "auto" else args.clip_sample == "on"
-    model = AutoregressiveVideoDiffusion(frames, frames // 2, channels=train.shape[1], image_size=train.shape[-1],
-                                         block_out_channels=args.channels, clip_sample=clip,
-                                         prediction_type=args.prediction_type)
+    model = AutoregressiveVideoDiffusion(
+        frames,
+        frames // 2,
+        channels=train.shape[1],
+        image_size=train.shape[-1],
+        block_out_channels=args.channels,
+        clip_sample=clip,
+        prediction_type=args.prediction_type,
+    )
     name = f"{frames}frame_{augmentation}_seed{seed}"
 
     def next_batch(generator):
@@ -142,10 +172,21 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
 
     start = time.perf_counter()
     model, ema, accelerator, generator = accelerated_train(
-        model, next_batch, args.steps, optimizer_factory=lambda parameters: torch.optim.Adam(parameters, lr=args.lr),
-        accumulation=args.accumulation, mixed_precision=args.mixed_precision, ema_decay=args.ema_decay,
-        checkpoint_dir=out / f"checkpoint_{name}", checkpoint_every=args.checkpoint_every, resume=args.resume,
-        seed=seed, cpu=use_cpu(args), progress=not args.quiet, description=f"{frames}-frame {augmentation}")
+        model,
+        next_batch,
+        args.steps,
+        optimizer_factory=lambda parameters: torch.optim.Adam(parameters, lr=args.lr),
+        accumulation=args.accumulation,
+        mixed_precision=args.mixed_precision,
+        ema_decay=args.ema_decay,
+        checkpoint_dir=out / f"checkpoint_{name}",
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        seed=seed,
+        cpu=use_cpu(args),
+        progress=not args.quiet,
+        description=f"{frames}-frame {augmentation}",
+    )
     train_s = time.perf_counter() - start
     if not accelerator.is_main_process:
         return None
@@ -158,22 +199,31 @@ def evaluate(args, model, held_out, size, frames, augmentation, seed, classifier
     videos = model.sample(args.samples, args.sampling_steps, generator)
     last = to_image_space(videos[:, -1], size)
     real = to_image_space(held_out[: args.samples], size)
-    row = {"fid": frechet_distance(real, last, PenultimateFeatures(classifier)),
-           "is": inception_score(last, classifier, splits=min(10, len(last) // 2)), "psnr": ""}
+    row = {
+        "fid": frechet_distance(real, last, PenultimateFeatures(classifier)),
+        "is": inception_score(last, classifier, splits=min(10, len(last) // 2)),
+        "psnr": "",
+    }
     if frames > 1:
         truth = build_videos(held_out[: args.samples], frames, augmentation, generator)
-        predicted = model.sample_next_frame(truth[:, -1 - model.context:-1], args.sampling_steps, generator)
+        predicted = model.sample_next_frame(truth[:, -1 - model.context : -1], args.sampling_steps, generator)
         row["psnr"] = float(psnr(to_image_space(predicted, size), to_image_space(truth[:, -1], size)))
     name = f"{frames}frame_{augmentation}_seed{seed}"
     if args.save_models:
         model.save_pretrained(out / f"model_{name}")
     save_image_grid(last[:32], out / f"samples_{name}.png")
     if frames > 1:
-        save_video_rows({f"sample {i}": to_image_space(videos[i], size) for i in range(4)},
-                        out / f"samples_{name}_videos.png")
+        save_video_rows({f"sample {i}": to_image_space(videos[i], size) for i in range(4)}, out / f"samples_{name}_videos.png")
     model_name = "image_ddpm" if frames == 1 else "video_diffusion"
-    return {"model": model_name, "frames": frames, "augmentation": augmentation, "seed": seed,
-            "train_s": round(train_s, 1), "classifier_accuracy": classifier.test_accuracy, **row}
+    return {
+        "model": model_name,
+        "frames": frames,
+        "augmentation": augmentation,
+        "seed": seed,
+        "train_s": round(train_s, 1),
+        "classifier_accuracy": classifier.test_accuracy,
+        **row,
+    }
 
 
 def experiment_images(args):
@@ -182,7 +232,7 @@ def experiment_images(args):
     images, _ = load_images(args.dataset, limit=args.train_images + args.samples)
     model_images = to_model_space(images, args.downsample)
     classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
-    return model_images[: args.train_images], model_images[args.train_images:], images.shape[-1] // args.downsample, classifier
+    return model_images[: args.train_images], model_images[args.train_images :], images.shape[-1] // args.downsample, classifier
 
 
 def main(argv=None) -> list[dict]:
@@ -196,8 +246,10 @@ def main(argv=None) -> list[dict]:
     main_process = processes.is_main_process
     generator = torch.Generator().manual_seed(0)
     for frames in (f for f in args.frames if f > 1 and main_process):
-        save_video_rows({method: to_image_space(build_videos(train[:1], frames, method, generator)[0], size)
-                         for method in args.augmentation}, out / f"pseudo_videos_{frames}frames.png")
+        save_video_rows(
+            {method: to_image_space(build_videos(train[:1], frames, method, generator)[0], size) for method in args.augmentation},
+            out / f"pseudo_videos_{frames}frames.png",
+        )
     rows = []
     with open(out / "results.csv", "w", newline="") if main_process else nullcontext() as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS) if main_process else None
@@ -205,7 +257,7 @@ def main(argv=None) -> list[dict]:
             writer.writeheader()
         for seed in args.seed_range:
             for frames in args.frames:
-                for augmentation in (["none"] if frames == 1 else args.augmentation):
+                for augmentation in ["none"] if frames == 1 else args.augmentation:
                     result = run_model(args, train, held_out, size, frames, augmentation, seed, classifier, out)
                     if result is None:  # another process of a data-parallel run: the main one writes
                         continue
@@ -225,8 +277,10 @@ def use_cpu(args) -> bool:
 
 def format_row(row: dict) -> str:
     psnr_text = f"{row['psnr']:.2f}" if row["psnr"] != "" and not math.isnan(row["psnr"]) else "-"
-    return (f"{row['model']:<16}{row['frames']:>3} {row['augmentation']:<13} seed {row['seed']}  FID {row['fid']:8.3f}  "
-            f"IS {row['is']:6.3f}  PSNR {psnr_text:>6}  train {row['train_s']:7.1f}s")
+    return (
+        f"{row['model']:<16}{row['frames']:>3} {row['augmentation']:<13} seed {row['seed']}  FID {row['fid']:8.3f}  "
+        f"IS {row['is']:6.3f}  PSNR {psnr_text:>6}  train {row['train_s']:7.1f}s"
+    )
 
 
 if __name__ == "__main__":

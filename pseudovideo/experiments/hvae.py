@@ -9,6 +9,7 @@ Writes ``DIR/hvae_results.csv`` (``dataset,encoder,latents,seed,is,train_s,class
 model; IS uses the cached dataset classifier (``pseudovideo.metrics.default_classifier``), not
 InceptionV3, on the Bernoulli means of the samples.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,11 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--latents", type=int, default=18)
     add_seed_arguments(parser)
     add_ema_argument(parser)
-    parser.add_argument("--cpu", action="store_true", help="train on the CPU (data-parallel over gloo when launched "
-                        "on several processes) even where a GPU is available")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="train on the CPU (data-parallel over gloo when launched on several processes) even where a GPU is available",
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--train-images", type=int, default=4000)
@@ -85,17 +89,30 @@ def main(argv=None) -> list[dict]:
         for seed in args.seed_range:
             for encoder in args.encoders:
                 torch.manual_seed(seed)
-                model = HeatHVAE(encoder, args.latents, channels=binary.shape[1], image_size=binary.shape[-1],
-                                 width=args.width, max_std=binary.shape[-1] / 1.4)  # Rissanen et al.: 20 px at 28x28, scaled
+                model = HeatHVAE(
+                    encoder,
+                    args.latents,
+                    channels=binary.shape[1],
+                    image_size=binary.shape[-1],
+                    width=args.width,
+                    max_std=binary.shape[-1] / 1.4,
+                )  # Rissanen et al.: 20 px at 28x28, scaled
 
                 def next_batch(generator):
                     return binary[torch.randint(0, len(binary), (args.batch_size,), generator=generator)]
 
                 start = time.perf_counter()
                 model, ema, accelerator, generator = accelerated_train(
-                    model, next_batch, args.steps, optimizer_factory=lambda p: torch.optim.Adam(p, lr=args.lr),
-                    ema_decay=args.ema_decay, seed=seed, cpu=args.cpu, progress=not args.quiet,
-                    description=f"HVAE {encoder}")
+                    model,
+                    next_batch,
+                    args.steps,
+                    optimizer_factory=lambda p: torch.optim.Adam(p, lr=args.lr),
+                    ema_decay=args.ema_decay,
+                    seed=seed,
+                    cpu=args.cpu,
+                    progress=not args.quiet,
+                    description=f"HVAE {encoder}",
+                )
                 train_s = time.perf_counter() - start
                 if not accelerator.is_main_process:  # a data-parallel run: the main process evaluates
                     continue
@@ -104,14 +121,23 @@ def main(argv=None) -> list[dict]:
                     elbo_batch = binary[:256].to(accelerator.device)
                     loss = model.negative_elbo(elbo_batch, torch.Generator().manual_seed(seed))
                 save_image_grid(samples[:32], out / f"hvae_samples_{encoder}_seed{seed}.png")
-                row = {"dataset": args.dataset, "encoder": encoder, "latents": args.latents, "seed": seed,
-                       "is": inception_score(samples, classifier, splits=min(10, len(samples) // 2)),
-                       "train_s": round(train_s, 1), "classifier_accuracy": classifier.test_accuracy}
+                row = {
+                    "dataset": args.dataset,
+                    "encoder": encoder,
+                    "latents": args.latents,
+                    "seed": seed,
+                    "is": inception_score(samples, classifier, splits=min(10, len(samples) // 2)),
+                    "train_s": round(train_s, 1),
+                    "classifier_accuracy": classifier.test_accuracy,
+                }
                 writer.writerow(row)
                 handle.flush()
                 rows.append(row)
-                print(f"HVAE {encoder:<8} T={args.latents} seed {seed}  IS {row['is']:.3f}  "
-                      f"-ELBO {loss.item():.1f} (256 training digits)  train {train_s:.1f}s", flush=True)
+                print(
+                    f"HVAE {encoder:<8} T={args.latents} seed {seed}  IS {row['is']:.3f}  "
+                    f"-ELBO {loss.item():.1f} (256 training digits)  train {train_s:.1f}s",
+                    flush=True,
+                )
     return rows
 
 

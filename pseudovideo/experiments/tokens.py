@@ -23,6 +23,7 @@ the unpadded size, in ``[0, 1]``, against held-out images:
 * ``train_s``: training seconds of that model alone; ``params``: its parameter count;
   ``perplexity``: codebook usage of the held-out tokens (tokenizer) or of the sampled tokens (priors).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,17 +47,42 @@ from . import add_ema_argument, add_seed_arguments, seed_range
 from .accelerated import train as accelerated_train
 from .diffusion import experiment_images, to_image_space
 
-COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s", "params", "perplexity",
-           "classifier_accuracy"]
+COLUMNS = [
+    "dataset",
+    "model",
+    "frames",
+    "augmentation",
+    "seed",
+    "psnr",
+    "fid",
+    "is",
+    "train_s",
+    "params",
+    "perplexity",
+    "classifier_accuracy",
+]
 MODELS = ("tokenizer", "ar", "masked")
-QUICK = {"train_images": 64, "tokenizer_steps": 2, "prior_steps": 2, "samples": 16, "batch_size": 4, "dim": 16,
-         "prior_dim": 16, "codebook_size": 32, "masked_steps": 2}
+QUICK = {
+    "train_images": 64,
+    "tokenizer_steps": 2,
+    "prior_steps": 2,
+    "samples": 16,
+    "batch_size": 4,
+    "dim": 16,
+    "prior_dim": 16,
+    "codebook_size": 32,
+    "masked_steps": 2,
+}
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="VQ tokenizers and token priors on pseudo videos (thesis §5.3)")
-    parser.add_argument("--dataset", choices=DATASETS, default="mnist",
-                        help="mnist and digits come with `make test`; fashion_mnist needs the Debian package")
+    parser.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="mnist",
+        help="mnist and digits come with `make test`; fashion_mnist needs the Debian package",
+    )
     parser.add_argument("--model", default="tokenizer,ar,masked", help=f"comma-separated, from {MODELS}")
     parser.add_argument("--frames", default="1,8,18", help="comma-separated frame counts; 1 = image models")
     add_seed_arguments(parser)
@@ -80,11 +106,15 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--prior-layers", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of both priors")
     parser.add_argument("--masked-steps", type=int, default=8, help="decoding rounds of the masked prior")
-    parser.add_argument("--choice-temperature", type=float, default=4.5,
-                        help="Gumbel noise on the masked prior's confidences (MaskGIT; 0 = greedy)")
+    parser.add_argument(
+        "--choice-temperature", type=float, default=4.5, help="Gumbel noise on the masked prior's confidences (MaskGIT; 0 = greedy)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--cpu", action="store_true", help="train on the CPU (data-parallel over gloo when launched "
-                        "on several processes) even where a GPU is available")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="train on the CPU (data-parallel over gloo when launched on several processes) even where a GPU is available",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--classifier-cache", default=None, help="folder of the cached metric classifier")
     args = parser.parse_args(argv)
@@ -118,12 +148,10 @@ def pseudo_videos(images: torch.Tensor, frames: int) -> torch.Tensor:
 
 
 def build_tokenizer(args, frames: int, image_size: int):
-    shared = dict(dim=args.dim, heads=args.heads, code_dim=args.code_dim, codebook_size=args.codebook_size,
-                  beta=args.beta)
+    shared = dict(dim=args.dim, heads=args.heads, code_dim=args.code_dim, codebook_size=args.codebook_size, beta=args.beta)
     if frames == 1:
         return ImageTokenizer(image_size, spatial_layers=args.layers, **shared)
-    return VideoTokenizer(frames, image_size, spatial_layers=args.layers // 2, temporal_layers=args.layers // 2,
-                          **shared)
+    return VideoTokenizer(frames, image_size, spatial_layers=args.layers // 2, temporal_layers=args.layers // 2, **shared)
 
 
 def last_frame(videos: torch.Tensor, frames: int) -> torch.Tensor:
@@ -138,10 +166,20 @@ def optimise(model, next_batch, batch_loss, steps, args, description, generator,
     With ``--ema-decay`` the model ends with diffusers' ``EMAModel`` average of its weights."""
     start = time.perf_counter()
     result = accelerated_train(
-        model, next_batch, steps, optimizer_factory=lambda parameters: torch.optim.Adam(parameters, lr=args.lr),
+        model,
+        next_batch,
+        steps,
+        optimizer_factory=lambda parameters: torch.optim.Adam(parameters, lr=args.lr),
         scheduler_factory=lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps),
-        loss=loss, batch_loss=batch_loss, generator=generator, ema_decay=args.ema_decay, seed=seed, cpu=args.cpu,
-        progress=not args.quiet, description=description)
+        loss=loss,
+        batch_loss=batch_loss,
+        generator=generator,
+        ema_decay=args.ema_decay,
+        seed=seed,
+        cpu=args.cpu,
+        progress=not args.quiet,
+        description=description,
+    )
     if result.ema is not None:
         result.ema.copy_to(model.parameters())
     return time.perf_counter() - start, result.accelerator.is_main_process
@@ -167,10 +205,23 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
     def tokenizer_batch(rng):
         return train_videos[torch.randint(0, len(train), (args.batch_size,), generator=rng)]
 
-    train_s, main_process = optimise(tokenizer, tokenizer_batch, lambda module, batch, rng: module(batch).loss,
-                                     args.tokenizer_steps, args, f"{frames}-frame tokenizer", generator, seed)
-    base = {"dataset": args.dataset, "frames": frames, "augmentation": augmentation, "seed": seed,
-            "classifier_accuracy": classifier.test_accuracy}
+    train_s, main_process = optimise(
+        tokenizer,
+        tokenizer_batch,
+        lambda module, batch, rng: module(batch).loss,
+        args.tokenizer_steps,
+        args,
+        f"{frames}-frame tokenizer",
+        generator,
+        seed,
+    )
+    base = {
+        "dataset": args.dataset,
+        "frames": frames,
+        "augmentation": augmentation,
+        "seed": seed,
+        "classifier_accuracy": classifier.test_accuracy,
+    }
     rows = []
     name = f"{frames}frames_seed{seed}"
     real = to_image_space(held_out, size)
@@ -178,20 +229,25 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
     if "tokenizer" in args.model and main_process:
         tokens = in_batches(tokenizer.encode, held_out_videos)
         reconstruction = to_image_space(last_frame(in_batches(tokenizer.decode, tokens), frames), size)
-        rows.append({**base, "model": "tokenizer", "psnr": psnr(reconstruction, real),
-                     "fid": frechet_distance(real, reconstruction, feature),
-                     "is": inception_score(reconstruction, classifier, splits=min(10, len(reconstruction) // 2)),
-                     "train_s": round(train_s, 1),
-                     "params": count_parameters(tokenizer),
-                     "perplexity": float(codebook_perplexity(tokens, args.codebook_size))})
+        rows.append(
+            {
+                **base,
+                "model": "tokenizer",
+                "psnr": psnr(reconstruction, real),
+                "fid": frechet_distance(real, reconstruction, feature),
+                "is": inception_score(reconstruction, classifier, splits=min(10, len(reconstruction) // 2)),
+                "train_s": round(train_s, 1),
+                "params": count_parameters(tokenizer),
+                "perplexity": float(codebook_perplexity(tokens, args.codebook_size)),
+            }
+        )
         save_image_grid(torch.cat([real[:16], reconstruction[:16]]), out / f"reconstructions_{name}.png")
     priors = [m for m in args.model if m != "tokenizer"]
     if priors:
         train_tokens = in_batches(tokenizer.encode, train_videos)
     for model_name in priors:
         prior_class = AutoregressiveTokenPrior if model_name == "ar" else MaskedTokenPrior
-        prior = prior_class(args.codebook_size, tokenizer.token_shape, dim=args.prior_dim, heads=args.heads,
-                            layers=args.prior_layers)
+        prior = prior_class(args.codebook_size, tokenizer.token_shape, dim=args.prior_dim, heads=args.heads, layers=args.prior_layers)
 
         def prior_batch(rng):
             return train_tokens[torch.randint(0, len(train_tokens), (args.batch_size,), generator=rng)]
@@ -199,8 +255,9 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
         def prior_loss(module, batch, rng, autoregressive=model_name == "ar"):  # module(...) = prior.loss(...)
             return module(batch) if autoregressive else module(batch, rng)
 
-        prior_s, _ = optimise(prior, prior_batch, prior_loss, args.prior_steps, args, f"{frames}-frame {model_name} prior",
-                              generator, seed, loss="loss")
+        prior_s, _ = optimise(
+            prior, prior_batch, prior_loss, args.prior_steps, args, f"{frames}-frame {model_name} prior", generator, seed, loss="loss"
+        )
         if not main_process:  # a data-parallel run: the main process evaluates
             continue
         if model_name == "ar":
@@ -209,14 +266,23 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
             tokens = prior.sample(args.samples, args.masked_steps, args.temperature, generator, args.choice_temperature)
         videos = in_batches(tokenizer.decode, tokens)
         samples = to_image_space(last_frame(videos, frames), size)
-        rows.append({**base, "model": model_name, "psnr": "", "fid": frechet_distance(real, samples, feature),
-                     "is": inception_score(samples, classifier, splits=min(10, len(samples) // 2)), "train_s": round(prior_s, 1),
-                     "params": count_parameters(prior),
-                     "perplexity": float(codebook_perplexity(tokens, args.codebook_size))})
+        rows.append(
+            {
+                **base,
+                "model": model_name,
+                "psnr": "",
+                "fid": frechet_distance(real, samples, feature),
+                "is": inception_score(samples, classifier, splits=min(10, len(samples) // 2)),
+                "train_s": round(prior_s, 1),
+                "params": count_parameters(prior),
+                "perplexity": float(codebook_perplexity(tokens, args.codebook_size)),
+            }
+        )
         save_image_grid(samples[:32], out / f"samples_{model_name}_{name}.png")
         if frames > 1:
-            save_video_rows({f"sample {i}": to_image_space(videos[i], size) for i in range(4)},
-                            out / f"samples_{model_name}_{name}_videos.png")
+            save_video_rows(
+                {f"sample {i}": to_image_space(videos[i], size) for i in range(4)}, out / f"samples_{model_name}_{name}_videos.png"
+            )
     return rows, (reconstruction[:8] if "tokenizer" in args.model and main_process else None)
 
 
@@ -231,8 +297,9 @@ def main(argv=None) -> list[dict]:
         train, held_out, size, classifier = experiment_images(args)
     main_process = processes.is_main_process
     for frames in (f for f in args.frames if f > 1 and main_process):
-        save_video_rows({f"{frames}-frame blur": to_image_space(pseudo_videos(train[:1], frames)[0], size)},
-                        out / f"pseudo_videos_{frames}frames.png")
+        save_video_rows(
+            {f"{frames}-frame blur": to_image_space(pseudo_videos(train[:1], frames)[0], size)}, out / f"pseudo_videos_{frames}frames.png"
+        )
     rows = []
     with open(out / "results.csv", "w", newline="") if main_process else nullcontext() as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS) if main_process else None
@@ -256,9 +323,11 @@ def main(argv=None) -> list[dict]:
 
 def format_row(row: dict) -> str:
     psnr_text = f"{row['psnr']:.2f}" if row["psnr"] != "" and not math.isnan(row["psnr"]) else "-"
-    return (f"{row['model']:<10}{row['frames']:>3} {row['augmentation']:<5} seed {row['seed']}  PSNR {psnr_text:>6}  "
-            f"FID {row['fid']:8.3f}  IS {row['is']:6.3f}  train {row['train_s']:7.1f}s  params {row['params']:>8}  "
-            f"perplexity {row['perplexity']:7.1f}")
+    return (
+        f"{row['model']:<10}{row['frames']:>3} {row['augmentation']:<5} seed {row['seed']}  PSNR {psnr_text:>6}  "
+        f"FID {row['fid']:8.3f}  IS {row['is']:6.3f}  train {row['train_s']:7.1f}s  params {row['params']:>8}  "
+        f"perplexity {row['perplexity']:7.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ argument, ``clip_sample``, off by default;
 lies in ``[-1, 1]``: the image model and blur). Generated frames are returned exactly as the
 sampler produced them and fed back as context unchanged.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -91,13 +92,14 @@ class WindowUNet2DModel(UNet2DModel):
 
     def forward(self, sample, timestep, *args, **kwargs):
         if self.num_indicator_channels:
-            indicator = sample[:, -self.num_indicator_channels:]
+            indicator = sample[:, -self.num_indicator_channels :]
             if not bool(((indicator == OBSERVED) | (indicator == LATENT) | (indicator == ABSENT)).all()):
                 raise IndicatorChannelsError(
                     f"this UNet's last {self.num_indicator_channels} input channels are slot indicators (1 observed, "
                     "0 latent, -1 absent), not image channels: it is the denoiser of an AutoregressiveVideoDiffusion "
                     "and cannot run in diffusers' DDPMPipeline/DDIMPipeline; sample it with "
-                    "pseudovideo.pipelines.PseudoVideoPipeline(model, scheduler) or model.sample(...)")
+                    "pseudovideo.pipelines.PseudoVideoPipeline(model, scheduler) or model.sample(...)"
+                )
         return super().forward(sample, timestep, *args, **kwargs)
 
 
@@ -136,10 +138,19 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
     """
 
     @register_to_config
-    def __init__(self, num_frames: int, context: int, channels: int = 1, image_size: int = 32,
-                 block_out_channels: tuple[int, ...] = (32, 64, 64), layers_per_block: int = 1,
-                 num_train_timesteps: int = 1000, clip_sample: bool = False, prediction_type: str = "epsilon",
-                 beta_schedule: str = "squaredcos_cap_v2"):
+    def __init__(
+        self,
+        num_frames: int,
+        context: int,
+        channels: int = 1,
+        image_size: int = 32,
+        block_out_channels: tuple[int, ...] = (32, 64, 64),
+        layers_per_block: int = 1,
+        num_train_timesteps: int = 1000,
+        clip_sample: bool = False,
+        prediction_type: str = "epsilon",
+        beta_schedule: str = "squaredcos_cap_v2",
+    ):
         """Build the UNet and the training noise schedule (the parameters: the class docstring)."""
         super().__init__()
         check_int(num_frames, "num_frames")
@@ -155,21 +166,30 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         if not isinstance(clip_sample, bool):
             raise TypeError(f"clip_sample must be a bool, got {type(clip_sample).__name__}")
         if image_size % 2 ** (len(block_out_channels) - 1):
-            raise ValueError(f"image_size {image_size} must be divisible by 2^(levels-1) = "
-                             f"{2 ** (len(block_out_channels) - 1)}; pad the images")
+            raise ValueError(
+                f"image_size {image_size} must be divisible by 2^(levels-1) = {2 ** (len(block_out_channels) - 1)}; pad the images"
+            )
         self.num_frames, self.context, self.channels, self.image_size = num_frames, context, channels, image_size
         self.slots = context + 1
         block_out_channels = tuple(block_out_channels)
         self.unet = WindowUNet2DModel(
-            sample_size=image_size, in_channels=self.slots * (channels + 1), out_channels=self.slots * channels,
-            block_out_channels=block_out_channels, layers_per_block=layers_per_block,
+            sample_size=image_size,
+            in_channels=self.slots * (channels + 1),
+            out_channels=self.slots * channels,
+            block_out_channels=block_out_channels,
+            layers_per_block=layers_per_block,
             down_block_types=("DownBlock2D",) * len(block_out_channels),
-            up_block_types=("UpBlock2D",) * len(block_out_channels), norm_num_groups=8,
+            up_block_types=("UpBlock2D",) * len(block_out_channels),
+            norm_num_groups=8,
         )
         self.unet.num_indicator_channels = self.slots
         try:
-            self.scheduler = DDPMScheduler(num_train_timesteps=num_train_timesteps, beta_schedule=beta_schedule,
-                                           clip_sample=clip_sample, prediction_type=prediction_type)
+            self.scheduler = DDPMScheduler(
+                num_train_timesteps=num_train_timesteps,
+                beta_schedule=beta_schedule,
+                clip_sample=clip_sample,
+                prediction_type=prediction_type,
+            )
         except NotImplementedError as error:
             raise ValueError(f"beta_schedule {beta_schedule!r} is not one of diffusers' schedules") from error
 
@@ -192,8 +212,7 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         frame = torch.where(state == ABSENT, -1, frame)
         return frame, state
 
-    def forward(self, videos: torch.Tensor, generator: torch.Generator | None = None,
-                draws: TrainingDraws | None = None) -> torch.Tensor:
+    def forward(self, videos: torch.Tensor, generator: torch.Generator | None = None, draws: TrainingDraws | None = None) -> torch.Tensor:
         """The training loss (:meth:`training_loss`): calling the model, as data-parallel wrappers
         (``DistributedDataParallel``, ``accelerate``) require, trains it.
 
@@ -219,8 +238,9 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         timesteps = torch.randint(0, self.scheduler.config.num_train_timesteps, (batch,), generator=generator)
         return TrainingDraws(tasks, noise, timesteps)
 
-    def training_loss(self, videos: torch.Tensor, generator: torch.Generator | None = None,
-                      draws: TrainingDraws | None = None) -> torch.Tensor:
+    def training_loss(
+        self, videos: torch.Tensor, generator: torch.Generator | None = None, draws: TrainingDraws | None = None
+    ) -> torch.Tensor:
         """Mean squared error of the UNet's prediction on latent slots (thesis eq. (5.2) for ``"epsilon"``).
 
         ``videos`` ``(B, T, C, H, W)``: pseudo videos of images in ``[-1, 1]``. The target is the noise
@@ -251,8 +271,9 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         return (per_slot * latent).sum() / latent.sum()
 
     @torch.no_grad()
-    def sample(self, num_samples: int, num_inference_steps: int = 50, generator: torch.Generator | None = None,
-               batch_size: int = 256) -> torch.Tensor:
+    def sample(
+        self, num_samples: int, num_inference_steps: int = 50, generator: torch.Generator | None = None, batch_size: int = 256
+    ) -> torch.Tensor:
         """Videos ``(N, T, C, H, W)`` in model space, frames generated autoregressively with DDIM (eta = 0).
 
         Clipped to ``[-1, 1]`` only if the model was built with ``clip_sample=True``; returned in the
@@ -268,13 +289,16 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         check_int(batch_size, "batch_size")
         check_generator(generator)
         scheduler = DDIMScheduler.from_config(self.scheduler.config)
-        chunks = [self._sample_batch(min(batch_size, num_samples - start), scheduler, num_inference_steps, generator)
-                  for start in range(0, num_samples, batch_size)]
+        chunks = [
+            self._sample_batch(min(batch_size, num_samples - start), scheduler, num_inference_steps, generator)
+            for start in range(0, num_samples, batch_size)
+        ]
         return torch.cat(chunks)
 
     @torch.no_grad()
-    def sample_next_frame(self, context_frames: torch.Tensor, num_inference_steps: int = 50,
-                           generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample_next_frame(
+        self, context_frames: torch.Tensor, num_inference_steps: int = 50, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """A draw of ``z_t ~ p(z_t | z_{t-C..t-1})`` given the ``C`` previous frames ``(B, C, channels, H, W)``.
 
         A sample, not the conditional mean ``E[z_t | context]`` (average several draws to estimate that).
@@ -288,24 +312,23 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         check_tensor(context_frames, "context_frames", floating=True)
         expected = (self.context, self.channels, self.image_size, self.image_size)
         if context_frames.dim() != 5 or tuple(context_frames.shape[1:]) != expected:
-            raise ValueError(f"context_frames must have shape (B, {', '.join(map(str, expected))}), "
-                             f"got {tuple(context_frames.shape)}")
+            raise ValueError(f"context_frames must have shape (B, {', '.join(map(str, expected))}), got {tuple(context_frames.shape)}")
         check_tensor(context_frames, "context_frames", non_empty=True, finite=True, dtype=self._dtype())
         check_int(num_inference_steps, "num_inference_steps")
         check_generator(generator)
         scheduler = DDIMScheduler.from_config(self.scheduler.config)
         return self._next_frame(context_frames, scheduler, num_inference_steps, generator)
 
-    def predict_next_frame(self, context_frames: torch.Tensor, num_inference_steps: int = 50,
-                           generator: torch.Generator | None = None) -> torch.Tensor:
+    def predict_next_frame(
+        self, context_frames: torch.Tensor, num_inference_steps: int = 50, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Deprecated name of :meth:`sample_next_frame` (it returns a sample, not a prediction).
 
         :param context_frames: ``(B, C, channels, H, W)``: the ``context`` previous frames, oldest first, in model space.
         :param num_inference_steps: the DDIM steps of the reverse chain.
         :param generator: the random generator of the chain's noise (``None``: PyTorch's global one).
         """
-        warnings.warn("predict_next_frame is deprecated: it draws a sample; call sample_next_frame",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn("predict_next_frame is deprecated: it draws a sample; call sample_next_frame", DeprecationWarning, stacklevel=2)
         return self.sample_next_frame(context_frames, num_inference_steps, generator)
 
     @property
@@ -320,9 +343,9 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
         tasks = torch.zeros(batch, dtype=torch.long, device=self.device)
         _, state = self.task_windows(tasks)
         initial = self._reverse_chain(window, state, scheduler, steps, generator, step_options, progress)
-        frames = list(initial.unbind(1)) if self.num_frames == 1 else list(initial[:, :self.context].unbind(1))
+        frames = list(initial.unbind(1)) if self.num_frames == 1 else list(initial[:, : self.context].unbind(1))
         while len(frames) < self.num_frames:
-            context = torch.stack(frames[-self.context:], 1)
+            context = torch.stack(frames[-self.context :], 1)
             frames.append(self._next_frame(context, scheduler, steps, generator, step_options, progress))
         return torch.stack(frames, 1)
 

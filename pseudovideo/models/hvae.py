@@ -22,6 +22,7 @@ Encoders:
   :math:`\mathcal{N}(\cdot + m_\phi(\cdot, t), \operatorname{diag} s_\phi(\cdot, t)^2)`
   from one network of the decoder's architecture (the standard bottom-up HVAE).
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,16 @@ class HeatHVAE(nn.Module):
     :param noise_std: the heat encoder's noise standard deviation :math:`\sigma_h > 0`.
     """
 
-    def __init__(self, encoder: str, num_latents: int = 18, channels: int = 1, width: int = 32,
-                 image_size: int = 28, max_std: float = 20.0, noise_std: float = 0.01):
+    def __init__(
+        self,
+        encoder: str,
+        num_latents: int = 18,
+        channels: int = 1,
+        width: int = 32,
+        image_size: int = 28,
+        max_std: float = 20.0,
+        noise_std: float = 0.01,
+    ):
         super().__init__()
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")

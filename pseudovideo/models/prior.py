@@ -17,6 +17,7 @@ in their attention mask, their extra symbol and how they are trained and sampled
   Gumbel noise (0 gives the purely greedy order, which fills the easiest tokens, e.g. background,
   first and collapses diversity).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,7 @@ class TokenPrior(nn.Module):
 
     causal: bool = False
 
-    def __init__(self, codebook_size: int, token_shape: tuple[int, ...], dim: int = 64, heads: int = 4,
-                 layers: int = 4):
+    def __init__(self, codebook_size: int, token_shape: tuple[int, ...], dim: int = 64, heads: int = 4, layers: int = 4):
         super().__init__()
         check_int(codebook_size, "codebook_size", low=2)
         if not isinstance(token_shape, (tuple, list, torch.Size)):
@@ -84,8 +84,7 @@ class TokenPrior(nn.Module):
     def _flatten(self, tokens: torch.Tensor) -> torch.Tensor:
         check_tokens(tokens, self.codebook_size)
         if tokens.dim() < 1 or tuple(tokens.shape[1:]) != self.token_shape or tokens.shape[0] == 0:
-            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}) with B >= 1, "
-                             f"got {tuple(tokens.shape)}")
+            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}) with B >= 1, got {tuple(tokens.shape)}")
         return tokens.long().reshape(tokens.shape[0], self.length)
 
     def _check_sampling(self, num_samples, temperature):
@@ -128,8 +127,9 @@ class AutoregressiveTokenPrior(TokenPrior):
         return F.cross_entropy(self(tokens).reshape(-1, self.codebook_size), tokens.reshape(-1).long())
 
     @torch.no_grad()
-    def sample(self, num_samples: int, temperature: float = 1.0, generator: torch.Generator | None = None,
-               progress: bool = False) -> torch.Tensor:
+    def sample(
+        self, num_samples: int, temperature: float = 1.0, generator: torch.Generator | None = None, progress: bool = False
+    ) -> torch.Tensor:
         """``(num_samples, *token_shape)`` tokens drawn one at a time from ``p(z_i | z_<i)^(1/temperature)``.
 
         :param num_samples: the number of token arrays drawn.
@@ -187,8 +187,14 @@ class MaskedTokenPrior(TokenPrior):
         return F.cross_entropy(logits[mask], tokens[mask].long())
 
     @torch.no_grad()
-    def sample(self, num_samples: int, steps: int = 8, temperature: float = 1.0,
-               generator: torch.Generator | None = None, choice_temperature: float = 4.5) -> torch.Tensor:
+    def sample(
+        self,
+        num_samples: int,
+        steps: int = 8,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+        choice_temperature: float = 4.5,
+    ) -> torch.Tensor:
         """``(num_samples, *token_shape)`` tokens by ``steps`` rounds of MaskGIT decoding (module docstring).
 
         :param num_samples: the number of token arrays drawn.

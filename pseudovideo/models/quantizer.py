@@ -14,6 +14,7 @@ averaged over tokens and feature dimensions (the squared norms divided by ``dim`
 :math:`\mathrm{sg}` the stop-gradient. The decoder sees :math:`f(x) + \mathrm{sg}(e_k - f(x))`: the
 value :math:`e_k` with the straight-through gradient of :math:`f(x)`.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -66,9 +67,15 @@ class VectorQuantizer(nn.Module):
         beta = check_real(beta, "beta (commitment weight)", low=0.0, low_open=True)
         dead_code_threshold = check_real(dead_code_threshold, "dead_code_threshold", low=0.0)
         self.dim, self.codebook_size, self.beta = dim, codebook_size, beta
-        self.vq = VectorQuantize(dim=dim, codebook_size=codebook_size, learnable_codebook=True, ema_update=False,
-                                 commitment_weight=0.0, rotation_trick=False,
-                                 threshold_ema_dead_code=dead_code_threshold)
+        self.vq = VectorQuantize(
+            dim=dim,
+            codebook_size=codebook_size,
+            learnable_codebook=True,
+            ema_update=False,
+            commitment_weight=0.0,
+            rotation_trick=False,
+            threshold_ema_dead_code=dead_code_threshold,
+        )
 
     @property
     def codebook(self) -> torch.Tensor:
@@ -123,7 +130,8 @@ def check_tokens(tokens, codebook_size: int, name: str = "tokens") -> None:
     :param name: what the error messages call ``tokens``.
     """
     if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be an int64/int32 tensor, got "
-                        f"{tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+        raise TypeError(
+            f"{name} must be an int64/int32 tensor, got {tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__}"
+        )
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= codebook_size):
         raise ValueError(f"{name} must lie in [0, {codebook_size}), got range [{int(tokens.min())}, {int(tokens.max())}]")

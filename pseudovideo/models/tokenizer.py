@@ -13,6 +13,7 @@ Training minimises thesis eq. (5.6), :math:`-\log p(x \mid e_k) + L_\mathrm{vq}`
 with a Gaussian likelihood, i.e. the pixel MSE plus the quantiser's codebook and commitment terms.
 Phenaki's adversarial and perceptual losses are not used.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -60,8 +61,7 @@ def transformer_stack(dim: int, heads: int, layers: int) -> nn.TransformerEncode
     """
     if layers == 0:
         return None
-    block = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True,
-                                       norm_first=True)
+    block = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
     return nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
 
 
@@ -126,13 +126,32 @@ class VideoTokenizer(nn.Module):
     :param beta: the commitment weight :math:`\beta` of the VQ loss (:mod:`pseudovideo.models.quantizer`).
     """
 
-    def __init__(self, num_frames: int, image_size: int, channels: int = 1, patch_size: int = 4,
-                 tubelet_frames: int = 2, dim: int = 64, heads: int = 4, spatial_layers: int = 2,
-                 temporal_layers: int = 2, code_dim: int = 32, codebook_size: int = 1024, beta: float = 0.25):
+    def __init__(
+        self,
+        num_frames: int,
+        image_size: int,
+        channels: int = 1,
+        patch_size: int = 4,
+        tubelet_frames: int = 2,
+        dim: int = 64,
+        heads: int = 4,
+        spatial_layers: int = 2,
+        temporal_layers: int = 2,
+        code_dim: int = 32,
+        codebook_size: int = 1024,
+        beta: float = 0.25,
+    ):
         super().__init__()
-        for name, value in [("num_frames", num_frames), ("image_size", image_size), ("channels", channels),
-                            ("patch_size", patch_size), ("tubelet_frames", tubelet_frames), ("dim", dim),
-                            ("heads", heads), ("code_dim", code_dim)]:
+        for name, value in [
+            ("num_frames", num_frames),
+            ("image_size", image_size),
+            ("channels", channels),
+            ("patch_size", patch_size),
+            ("tubelet_frames", tubelet_frames),
+            ("dim", dim),
+            ("heads", heads),
+            ("code_dim", code_dim),
+        ]:
             check_int(value, name)
         if image_size % patch_size:
             raise ValueError(f"image_size ({image_size}) must be a multiple of patch_size ({patch_size})")
@@ -143,8 +162,9 @@ class VideoTokenizer(nn.Module):
         check_int(spatial_layers, "spatial_layers", low=0)
         check_int(temporal_layers, "temporal_layers", low=0)
         if spatial_layers < 0 or temporal_layers < 0 or spatial_layers + temporal_layers == 0:
-            raise ValueError(f"need spatial_layers, temporal_layers >= 0 and at least one layer, got "
-                             f"{spatial_layers} and {temporal_layers}")
+            raise ValueError(
+                f"need spatial_layers, temporal_layers >= 0 and at least one layer, got {spatial_layers} and {temporal_layers}"
+            )
         self.num_frames, self.image_size, self.channels = num_frames, image_size, channels
         self.patch_size, self.tubelet_frames = patch_size, tubelet_frames
         self.grid_shape = (num_frames // tubelet_frames, image_size // patch_size, image_size // patch_size)
@@ -173,8 +193,14 @@ class VideoTokenizer(nn.Module):
         quantized = self.quantizer(self.features(videos))
         reconstruction = self._pixels(quantized.quantized)
         reconstruction_loss = F.mse_loss(reconstruction, videos)
-        return TokenizerOutput(reconstruction, quantized.indices, reconstruction_loss + quantized.loss,
-                               reconstruction_loss, quantized.loss, quantized.perplexity)
+        return TokenizerOutput(
+            reconstruction,
+            quantized.indices,
+            reconstruction_loss + quantized.loss,
+            reconstruction_loss,
+            quantized.loss,
+            quantized.perplexity,
+        )
 
     def encode(self, videos: torch.Tensor) -> torch.Tensor:
         """The int64 tokens ``(B, *token_shape)`` of ``videos`` (thesis eq. (5.5), nearest codes); the codebook is not updated.
@@ -190,8 +216,7 @@ class VideoTokenizer(nn.Module):
         """
         check_tokens(tokens, self.codebook_size)
         if tokens.dim() < 1 or tuple(tokens.shape[1:]) != self.token_shape or tokens.shape[0] == 0:
-            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}) with B >= 1, "
-                             f"got {tuple(tokens.shape)}")
+            raise ValueError(f"tokens must have shape (B, {', '.join(map(str, self.token_shape))}) with B >= 1, got {tuple(tokens.shape)}")
         return self._pixels(self.quantizer.lookup(tokens))
 
     def features(self, videos: torch.Tensor) -> torch.Tensor:
@@ -200,9 +225,13 @@ class VideoTokenizer(nn.Module):
         :param videos: ``(B, T, C, H, W)`` videos (``(B, C, H, W)`` images for :class:`ImageTokenizer`), in ``[-1, 1]``.
         """
         self._check_input(videos)
-        tubelets = rearrange(videos.reshape(-1, self.num_frames, self.channels, self.image_size, self.image_size),
-                             "b (t pt) c (h ph) (w pw) -> b t (h w) (pt ph pw c)", pt=self.tubelet_frames,
-                             ph=self.patch_size, pw=self.patch_size)
+        tubelets = rearrange(
+            videos.reshape(-1, self.num_frames, self.channels, self.image_size, self.image_size),
+            "b (t pt) c (h ph) (w pw) -> b t (h w) (pt ph pw c)",
+            pt=self.tubelet_frames,
+            ph=self.patch_size,
+            pw=self.patch_size,
+        )
         features = self.encoder(self.embed_tubelets(tubelets) + self.encoder_position)
         return self.to_code(features).reshape(-1, *self.token_shape, self.to_code.out_features)
 
@@ -210,8 +239,14 @@ class VideoTokenizer(nn.Module):
         steps, side = self.grid_shape[0], self.grid_shape[1]
         features = self.from_code(codes.reshape(codes.shape[0], steps, side * side, -1))
         tubelets = self.to_tubelets(self.decoder(features + self.decoder_position))
-        videos = rearrange(tubelets, "b t (h w) (pt ph pw c) -> b (t pt) c (h ph) (w pw)", h=side,
-                           pt=self.tubelet_frames, ph=self.patch_size, pw=self.patch_size)
+        videos = rearrange(
+            tubelets,
+            "b t (h w) (pt ph pw c) -> b (t pt) c (h ph) (w pw)",
+            h=side,
+            pt=self.tubelet_frames,
+            ph=self.patch_size,
+            pw=self.patch_size,
+        )
         return videos.reshape(codes.shape[0], *self.input_shape)
 
     @property
@@ -223,11 +258,12 @@ class VideoTokenizer(nn.Module):
         if not isinstance(videos, torch.Tensor) or not videos.is_floating_point():
             raise TypeError("videos must be a floating-point tensor")
         if videos.dtype != self.embed_tubelets.weight.dtype:
-            raise TypeError(f"videos have dtype {videos.dtype} but the tokenizer's parameters are "
-                            f"{self.embed_tubelets.weight.dtype}: convert one of them (e.g. tokenizer.double())")
+            raise TypeError(
+                f"videos have dtype {videos.dtype} but the tokenizer's parameters are "
+                f"{self.embed_tubelets.weight.dtype}: convert one of them (e.g. tokenizer.double())"
+            )
         if videos.dim() != len(self.input_shape) + 1 or tuple(videos.shape[1:]) != self.input_shape:
-            raise ValueError(f"videos must have shape (B, {', '.join(map(str, self.input_shape))}), "
-                             f"got {tuple(videos.shape)}")
+            raise ValueError(f"videos must have shape (B, {', '.join(map(str, self.input_shape))}), got {tuple(videos.shape)}")
         check_tensor(videos, "videos", non_empty=True, finite=True)
         return check_model_range(videos, "videos")
 
@@ -246,11 +282,32 @@ class ImageTokenizer(VideoTokenizer):
     :param beta: the commitment weight :math:`\beta` of the VQ loss (:mod:`pseudovideo.models.quantizer`).
     """
 
-    def __init__(self, image_size: int, channels: int = 1, patch_size: int = 4, dim: int = 64, heads: int = 4,
-                 spatial_layers: int = 4, code_dim: int = 32, codebook_size: int = 1024, beta: float = 0.25):
-        super().__init__(1, image_size, channels, patch_size, tubelet_frames=1, dim=dim, heads=heads,
-                         spatial_layers=spatial_layers, temporal_layers=0, code_dim=code_dim,
-                         codebook_size=codebook_size, beta=beta)
+    def __init__(
+        self,
+        image_size: int,
+        channels: int = 1,
+        patch_size: int = 4,
+        dim: int = 64,
+        heads: int = 4,
+        spatial_layers: int = 4,
+        code_dim: int = 32,
+        codebook_size: int = 1024,
+        beta: float = 0.25,
+    ):
+        super().__init__(
+            1,
+            image_size,
+            channels,
+            patch_size,
+            tubelet_frames=1,
+            dim=dim,
+            heads=heads,
+            spatial_layers=spatial_layers,
+            temporal_layers=0,
+            code_dim=code_dim,
+            codebook_size=codebook_size,
+            beta=beta,
+        )
         self.token_shape = self.token_shape[1:]
 
     @property

@@ -3,6 +3,7 @@ the executed tutorials without stderr output.
 
 The default build renders the tutorials without executing them (tests/docs/test_tutorials.py runs
 every one); the executed build (what `make docs` does) is the slow test at the end."""
+
 import html
 import importlib.util
 import os
@@ -23,7 +24,10 @@ def build(out: pathlib.Path, execute: bool) -> pathlib.Path:
     env.pop("MPLBACKEND", None)  # as in `make docs`: the kernel shows the plots inline
     result = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html", str(DOCS), str(out)],
-        env=env, capture_output=True, text=True, timeout=1800,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert result.returncode == 0, result.stderr[-5000:]
     return out
@@ -46,13 +50,26 @@ def test_sphinx_builds_without_warnings(site):
     assert tutorials == sorted(p.stem + ".html" for p in (DOCS / "tutorials").glob("[0-9][0-9]_*.py"))
     assert (site / "tutorials" / "01_hippo_memory.html").read_text().count("cell_input") >= 3  # the code cells are there
     # one page per public module, the package pages listing what they export
-    for page in ("gpytorch_hippo", "gpytorch_hippo.hippo", "gpytorch_hippo.botorch", "gpytorch_hippo.data.series",
-                 "gpytorch_sgpa", "gpytorch_sgpa.transformer", "pseudovideo", "pseudovideo.metrics",
-                 "pseudovideo.models.diffusion", "pseudovideo.models.hvae"):
+    for page in (
+        "gpytorch_hippo",
+        "gpytorch_hippo.hippo",
+        "gpytorch_hippo.botorch",
+        "gpytorch_hippo.data.series",
+        "gpytorch_sgpa",
+        "gpytorch_sgpa.transformer",
+        "pseudovideo",
+        "pseudovideo.metrics",
+        "pseudovideo.models.diffusion",
+        "pseudovideo.models.hvae",
+    ):
         assert (site / "api" / f"{page}.html").exists(), page
     package = (site / "api" / "gpytorch_hippo.html").read_text()
-    for target in ("hippo.HiPPO", "online.OnlineSGPR", "inducing.hippo_variables.HiPPOInducingVariables",
-                   "likelihoods.NegativeBinomialLikelihood"):
+    for target in (
+        "hippo.HiPPO",
+        "online.OnlineSGPR",
+        "inducing.hippo_variables.HiPPOInducingVariables",
+        "likelihoods.NegativeBinomialLikelihood",
+    ):
         module, name = target.rsplit(".", 1)
         assert f'href="gpytorch_hippo.{module}.html#gpytorch_hippo.{target}"' in package, target
 
@@ -64,8 +81,11 @@ def test_every_exported_name_is_documented(site):
 
     with open(site / "objects.inv", "rb") as f:
         inventory = InventoryFile.load(f, "", lambda base, uri: uri)
-    documented = {name for objects in inventory.data.values() for name in objects} if hasattr(inventory, "data") else {
-        name for objects in inventory.values() for name in objects}
+    documented = (
+        {name for objects in inventory.data.values() for name in objects}
+        if hasattr(inventory, "data")
+        else {name for objects in inventory.values() for name in objects}
+    )
     conf = load_conf()
     missing = [
         f"{module.__name__}.{name} (documented as {conf._canonical(module, name)})"

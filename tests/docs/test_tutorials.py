@@ -1,5 +1,6 @@
 """Every tutorial notebook (jupytext percent script in docs/tutorials/) runs at small size; each
 checks its own figures against a reference inside (assert statements), so a notebook that rots fails here."""
+
 import os
 import pathlib
 import subprocess

@@ -2,6 +2,7 @@
 and float32 inputs, times that cannot be represented, evaluations too large to run (they must
 raise at once, before allocating), forecasts far past ``t`` with every backend, and saved states
 loaded into differently configured objects."""
+
 import json
 import math
 import os
@@ -190,11 +191,15 @@ def test_fourier_features_accept_integer_inputs_in_the_kernel_dtype():
     torch.testing.assert_close(result, features.Kuf(kernel, torch.tensor([[0.0], [2.0]])))
 
 
-@pytest.mark.parametrize("variables_factory", [
-    lambda: HiPPOInducingVariables(12, "legs", t=40.0, method="quadrature"),
-    lambda: HiPPOInducingVariables(12, "legs", t=40.0, method="recurrence", num_rff=200),
-    lambda: InducingPoints(torch.linspace(0.0, 40.0, 12)),
-], ids=["quadrature", "recurrence", "points"])
+@pytest.mark.parametrize(
+    "variables_factory",
+    [
+        lambda: HiPPOInducingVariables(12, "legs", t=40.0, method="quadrature"),
+        lambda: HiPPOInducingVariables(12, "legs", t=40.0, method="recurrence", num_rff=200),
+        lambda: InducingPoints(torch.linspace(0.0, 40.0, 12)),
+    ],
+    ids=["quadrature", "recurrence", "points"],
+)
 def test_prediction_with_integer_and_float32_inputs(variables_factory):
     from gpytorch_hippo import OnlineSGPR
 
@@ -213,14 +218,17 @@ def test_prediction_with_integer_and_float32_inputs(variables_factory):
 
 
 # ----------------------------------------------------------------------------- times that cannot be represented
-@pytest.mark.parametrize("options, message", [
-    ({"t": math.inf}, "t must be a finite number"),
-    ({"t": math.nan}, "t must be a finite number"),
-    ({"t": 1e300}, "t must have magnitude at most"),
-    ({"t": 1.0, "start": math.nan}, "start must be a finite number"),
-    ({"t": 1.0, "dt": math.inf, "method": "recurrence"}, "dt must be a finite number"),
-    ({"t": 1.0, "dt": 0.0, "method": "recurrence"}, "dt must be positive"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"t": math.inf}, "t must be a finite number"),
+        ({"t": math.nan}, "t must be a finite number"),
+        ({"t": 1e300}, "t must have magnitude at most"),
+        ({"t": 1.0, "start": math.nan}, "start must be a finite number"),
+        ({"t": 1.0, "dt": math.inf, "method": "recurrence"}, "dt must be a finite number"),
+        ({"t": 1.0, "dt": 0.0, "method": "recurrence"}, "dt must be positive"),
+    ],
+)
 def test_constructor_rejects_nonfinite_times_at_once(options, message):
     with pytest.raises(ValueError, match=message):
         HiPPOInducingVariables(6, **options)
@@ -288,22 +296,34 @@ GUARD_SCRIPT = textwrap.dedent(r"""
 
 def run_guarded(cases, timeout=150):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    completed = subprocess.run([sys.executable, "-c", GUARD_SCRIPT, *cases], capture_output=True, text=True,
-                               timeout=timeout, env=env)
+    completed = subprocess.run([sys.executable, "-c", GUARD_SCRIPT, *cases], capture_output=True, text=True, timeout=timeout, env=env)
     assert completed.returncode == 0, completed.stderr[-2000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 RAISING = [
-    "rbf:spectral:unix:0", "matern:spectral:unix:0", "rbf:lyapunov:unix:0", "matern:lyapunov:unix:0",
+    "rbf:spectral:unix:0",
+    "matern:spectral:unix:0",
+    "rbf:lyapunov:unix:0",
+    "matern:lyapunov:unix:0",
     "rbf:quadrature:unix:0",
-    "rbf:spectral:lengthscale:1e-8", "matern:spectral:lengthscale:1e-8", "rbf:lyapunov:lengthscale:1e-8",
-    "rbf:quadrature:lengthscale:1e-8", "matern:quadrature:lengthscale:1e-8",
-    "rbf:spectral:lengthscale:1e-4", "rbf:quadrature:lengthscale:1e-4",
+    "rbf:spectral:lengthscale:1e-8",
+    "matern:spectral:lengthscale:1e-8",
+    "rbf:lyapunov:lengthscale:1e-8",
+    "rbf:quadrature:lengthscale:1e-8",
+    "matern:quadrature:lengthscale:1e-8",
+    "rbf:spectral:lengthscale:1e-4",
+    "rbf:quadrature:lengthscale:1e-4",
     "readme",
 ]
-FAR = ["rbf:spectral:far:1e5", "rbf:spectral:far:1e8", "rbf:lyapunov:far:1e8", "matern:lyapunov:far:1e3",
-       "rbf:quadrature:far:1e8", "rbf:recurrence:far:1e8"]
+FAR = [
+    "rbf:spectral:far:1e5",
+    "rbf:spectral:far:1e8",
+    "rbf:lyapunov:far:1e8",
+    "matern:lyapunov:far:1e3",
+    "rbf:quadrature:far:1e8",
+    "rbf:recurrence:far:1e8",
+]
 
 
 def test_oversized_evaluations_raise_at_once_with_advice_and_far_forecasts_cost_nothing():
@@ -330,12 +350,16 @@ def adaptive_kuf(kernel, t, M, times):
 
     out = torch.zeros(M, times.shape[0])
     for n, x in enumerate(times.tolist()):
+
         def k(s):
             with torch.no_grad():
                 return float(kernel(torch.tensor([[x]]), torch.tensor([[s]])).to_dense())
+
         for m in range(M):
+
             def integrand(s):
                 return k(s) * math.sqrt(2 * m + 1) * scipy.special.eval_legendre(m, 2 * s / t - 1) / t
+
             points = [x] if 0 < x < t else None
             out[m, n] = scipy.integrate.quad(integrand, 0, t, points=points, epsabs=1e-13, limit=200)[0]
     return out
@@ -382,13 +406,16 @@ def test_banded_local_rule_with_no_panel_in_reach():
 
 
 # ----------------------------------------------------------------------------- the saved state
-@pytest.mark.parametrize("saved_options, loaded_options, name", [
-    ({"method": "lyapunov"}, {"method": "spectral"}, "method='lyapunov'"),
-    ({"measure": "legt"}, {"measure": "legs"}, "measure='legt'"),
-    ({"num_inducing": 6}, {"num_inducing": 5}, "num_inducing=6"),
-    ({"jitter": 1e-3}, {}, "jitter=0.001"),
-    ({"start": -1.0}, {}, "start=-1.0"),
-])
+@pytest.mark.parametrize(
+    "saved_options, loaded_options, name",
+    [
+        ({"method": "lyapunov"}, {"method": "spectral"}, "method='lyapunov'"),
+        ({"measure": "legt"}, {"measure": "legs"}, "measure='legt'"),
+        ({"num_inducing": 6}, {"num_inducing": 5}, "num_inducing=6"),
+        ({"jitter": 1e-3}, {}, "jitter=0.001"),
+        ({"start": -1.0}, {}, "start=-1.0"),
+    ],
+)
 def test_loading_a_state_into_a_differently_built_object_raises(saved_options, loaded_options, name):
     def build(options):
         options = {"num_inducing": 6, "measure": "legs", "t": 2.0, **options}

@@ -1,5 +1,6 @@
 """OSGPR (trained points), OVC and OVFF: each is the shared OnlineSGPR with a schedule; checked against a
 naive closed-form online posterior (Bui et al. 2017 in natural parameters, explicit inverses) written here."""
+
 import gpytorch
 import pytest
 import torch

@@ -1,6 +1,7 @@
 """Independent streams with HiPPO bases as one batched ``OnlineSGPR``, each stream with its own clock:
 each stream equals its own single-stream model (lyapunov and spectral backends) through ragged tasks,
 a stream without points, per-stream ``advance`` and a ``state_dict`` reload."""
+
 import copy
 import warnings
 
@@ -37,8 +38,7 @@ def single_model(s, method, rbf=False):
     k.base_kernel.lengthscale = LENGTHSCALES[s]  # a float64 tensor: a Python float goes through float32
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     likelihood.noise = NOISES[s]
-    return OnlineSGPR(HiPPOInducingVariables(M, "legs", t=STARTS[s].item(), method=method), k, likelihood,
-                      captured_variance_warning=None)
+    return OnlineSGPR(HiPPOInducingVariables(M, "legs", t=STARTS[s].item(), method=method), k, likelihood, captured_variance_warning=None)
 
 
 def ragged_tasks(num_tasks=4, size=10, seed=0):
@@ -227,8 +227,12 @@ def test_online_elbo_with_batched_streams_equals_each_streams_own_model(variable
     for s in range(S):
         alone, alone_likelihood = build(s)
         own = {k: v for k, v in initial.items() if ".streams." not in k or k.split(".streams.")[1].startswith(f"{s}.")}
-        own = {k.replace(f".streams.{s}.", "."): (v[s] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == S
-                                                   and ".streams." not in k else v) for k, v in own.items()}
+        own = {
+            k.replace(f".streams.{s}.", "."): (
+                v[s] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == S and ".streams." not in k else v
+            )
+            for k, v in own.items()
+        }
         alone.load_state_dict(own)
         learn(alone, alone_likelihood, s)
         alone.eval()

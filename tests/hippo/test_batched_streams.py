@@ -1,5 +1,6 @@
 """Independent streams as a batch dimension of one ``OnlineSGPR`` (GPyTorch's ``batch_shape``), with
 inducing points: each stream equals its own single-stream model through ragged tasks and a reload."""
+
 import copy
 
 import gpytorch

@@ -1,4 +1,5 @@
 """OnlineGPModel against BoTorch itself, OnlineSGPR and exact GP algebra."""
+
 import copy
 
 import gpytorch
@@ -43,9 +44,7 @@ def fixed_model(inducing_variables, x, y, **kwargs):
     set_hyperparameters(kernel, likelihood, mean)
     twin = OnlineSGPR(copy.deepcopy(inducing_variables), copy.deepcopy(kernel), copy.deepcopy(likelihood), copy.deepcopy(mean))
     kwargs.setdefault("outcome_transform", None)  # compared with the twin on the raw targets
-    model = OnlineGPModel(
-        x, y, inducing_variables, covar_module=kernel, likelihood=likelihood, mean_module=mean, fit_maxiter=0, **kwargs
-    )
+    model = OnlineGPModel(x, y, inducing_variables, covar_module=kernel, likelihood=likelihood, mean_module=mean, fit_maxiter=0, **kwargs)
     return model, twin.to(x)
 
 
@@ -110,8 +109,16 @@ def test_time_inputs_advance_one_dimensional_hippo_variables():
     kernel, likelihood = gpytorch.kernels.RBFKernel(), gpytorch.likelihoods.GaussianLikelihood()
     kernel.lengthscale, likelihood.noise = 0.4, 0.01
     twin = OnlineSGPR(HiPPOInducingVariables(12, "legs", t=1.0), copy.deepcopy(kernel), copy.deepcopy(likelihood)).double()
-    model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(12, "legs", t=1.0), covar_module=kernel,
-                          likelihood=likelihood, mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0, outcome_transform=None)
+    model = OnlineGPModel(
+        t[:20],
+        y[:20],
+        HiPPOInducingVariables(12, "legs", t=1.0),
+        covar_module=kernel,
+        likelihood=likelihood,
+        mean_module=gpytorch.means.ZeroMean(),
+        fit_maxiter=0,
+        outcome_transform=None,
+    )
     model = model.condition_on_observations(t[20:], y[20:])
     assert model.inducing_variables.t == pytest.approx(4.0)
     for batch in (slice(0, 20), slice(20, 40)):
@@ -222,9 +229,7 @@ def test_acquisition_functions_and_fantasies():
     for s in range(3):
         for b in range(2):
             single = model.condition_on_observations(x_f[b], samples[s, b])
-            torch.testing.assert_close(
-                fantasy.posterior(x_f[b]).mean[s, b], single.posterior(x_f[b]).mean, rtol=1e-9, atol=1e-9
-            )
+            torch.testing.assert_close(fantasy.posterior(x_f[b]).mean[s, b], single.posterior(x_f[b]).mean, rtol=1e-9, atol=1e-9)
     kg = qKnowledgeGradient(model, num_fantasies=4)
     candidate, value = optimize_acqf(kg, bounds=bounds, q=1, num_restarts=1, raw_samples=8, options={"maxiter": 3})
     assert torch.isfinite(value).all()
@@ -247,8 +252,12 @@ def test_state_dict_reload_and_float32():
     model, _ = fixed_model(InducingPoints(x[:6], learn=False, jitter=1e-4), x[:8], y[:8])
     model = model.condition_on_observations(x[8:], y[8:])
     fresh = OnlineGPModel.from_state_dict(
-        model.state_dict(), InducingPoints(x[:6], learn=False, jitter=1e-4), covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=2),
-        likelihood=gpytorch.likelihoods.GaussianLikelihood(), mean_module=gpytorch.means.ConstantMean(), outcome_transform=None,
+        model.state_dict(),
+        InducingPoints(x[:6], learn=False, jitter=1e-4),
+        covar_module=gpytorch.kernels.RBFKernel(ard_num_dims=2),
+        likelihood=gpytorch.likelihoods.GaussianLikelihood(),
+        mean_module=gpytorch.means.ConstantMean(),
+        outcome_transform=None,
     )
     assert fresh.num_updates.item() == model.num_updates.item() == 2
     test = torch.rand(5, 2, dtype=DOUBLE)

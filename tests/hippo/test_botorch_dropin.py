@@ -1,6 +1,7 @@
 """``OnlineGPModel`` built as BoTorch's ``SingleTaskGP`` is: ``(train_X, train_Y)`` and
 ``(train_X, train_Y, train_Yvar)`` with the same defaults (kernel, likelihood, mean, ``Standardize``),
 BoTorch's input warnings, and a 1-D ``X`` read as points; compared with ``SingleTaskGP`` itself."""
+
 import warnings
 
 import gpytorch
@@ -56,8 +57,9 @@ def test_known_noise_is_single_task_gp_with_train_yvar(streamed):
     yvar = 0.01 + 0.05 * torch.rand(30, 1, generator=torch.Generator().manual_seed(3), dtype=DT)
     split = 20 if streamed else 30
     transform = {"outcome_transform": None} if streamed else {}
-    model = OnlineGPModel(x[:split], y[:split], yvar[:split], inducing_variables=InducingPoints(x, learn=False, jitter=1e-10),
-                          fit_maxiter=30, **transform)
+    model = OnlineGPModel(
+        x[:split], y[:split], yvar[:split], inducing_variables=InducingPoints(x, learn=False, jitter=1e-10), fit_maxiter=30, **transform
+    )
     assert model.known_noise and not model.likelihood.noise_covar.raw_noise.requires_grad
     if streamed:
         with pytest.raises(ValueError, match="Yvar"):

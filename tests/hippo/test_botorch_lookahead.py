@@ -29,9 +29,16 @@ def twin_models():
     gp.likelihood.noise = 1e-3
     gp.mean_module.constant = 0.1
     grid = torch.linspace(-0.1, 1.1, 60, dtype=DOUBLE).unsqueeze(-1)
-    ours = OnlineGPModel(x, y, InducingPoints(grid, learn=False, jitter=1e-9), covar_module=copy.deepcopy(gp.covar_module),
-                         likelihood=copy.deepcopy(gp.likelihood), mean_module=copy.deepcopy(gp.mean_module),
-                         fit_maxiter=0, outcome_transform=None)
+    ours = OnlineGPModel(
+        x,
+        y,
+        InducingPoints(grid, learn=False, jitter=1e-9),
+        covar_module=copy.deepcopy(gp.covar_module),
+        likelihood=copy.deepcopy(gp.likelihood),
+        mean_module=copy.deepcopy(gp.mean_module),
+        fit_maxiter=0,
+        outcome_transform=None,
+    )
     return gp.eval(), ours
 
 
@@ -108,8 +115,9 @@ def test_optimize_acqf_moves_the_candidate_to_single_task_gps_optimum():
     results = {}
     for name, model in (("exact", gp), ("online", ours)):
         kg = qKnowledgeGradient(model, num_fantasies=4, sampler=SobolQMCNormalSampler(torch.Size([4]), seed=2))
-        results[name] = optimize_acqf(kg, bounds=bounds, q=1, num_restarts=1, batch_initial_conditions=start,
-                                      return_full_tree=True, options={"maxiter": 50})
+        results[name] = optimize_acqf(
+            kg, bounds=bounds, q=1, num_restarts=1, batch_initial_conditions=start, return_full_tree=True, options={"maxiter": 50}
+        )
     (exact, exact_value), (online, online_value) = results["exact"], results["online"]
     assert (exact[..., 0, :] - start[0, 0]).abs().max() > 1e-2  # the candidate moved
     torch.testing.assert_close(online[..., 0, :], exact[..., 0, :], rtol=0, atol=1e-3)
@@ -140,9 +148,16 @@ def test_conditioning_with_per_point_noise_is_the_exact_gp_with_that_noise():
     y_new = torch.tensor([[0.4], [-0.2]], dtype=DOUBLE)
     noise_new = torch.tensor([[1e-4], [0.3]], dtype=DOUBLE)
     X = torch.cat([x_old, x_new])
-    ours = OnlineGPModel(x_old, y_old.unsqueeze(-1), InducingPoints(X, learn=False, jitter=1e-10),
-                         covar_module=copy.deepcopy(gp.covar_module), likelihood=copy.deepcopy(gp.likelihood),
-                         mean_module=copy.deepcopy(gp.mean_module), fit_maxiter=0, outcome_transform=None)
+    ours = OnlineGPModel(
+        x_old,
+        y_old.unsqueeze(-1),
+        InducingPoints(X, learn=False, jitter=1e-10),
+        covar_module=copy.deepcopy(gp.covar_module),
+        likelihood=copy.deepcopy(gp.likelihood),
+        mean_module=copy.deepcopy(gp.mean_module),
+        fit_maxiter=0,
+        outcome_transform=None,
+    )
     conditioned = ours.condition_on_observations(x_new, y_new, noise=noise_new)
     test = torch.linspace(0, 1, 11, dtype=DOUBLE).unsqueeze(-1)
     with torch.no_grad():
@@ -177,10 +192,22 @@ def test_inducing_points_on_the_raw_scale_under_normalize_are_refused():
     x = 100 * torch.rand(10, 1, dtype=DOUBLE)
     y = torch.sin(x / 20)
     with pytest.raises(ValueError, match="inducing_variables: InducingPoints must be given in the model's input space"):
-        OnlineGPModel(x, y, InducingPoints(torch.linspace(0, 100, 8, dtype=DOUBLE), learn=False),
-                      input_transform=Normalize(1), fit_maxiter=0, outcome_transform=None)
-    OnlineGPModel(x, y, InducingPoints(torch.linspace(0, 1, 8, dtype=DOUBLE), learn=False), input_transform=Normalize(1),
-                  fit_maxiter=0, outcome_transform=None)  # in the transformed space: accepted
+        OnlineGPModel(
+            x,
+            y,
+            InducingPoints(torch.linspace(0, 100, 8, dtype=DOUBLE), learn=False),
+            input_transform=Normalize(1),
+            fit_maxiter=0,
+            outcome_transform=None,
+        )
+    OnlineGPModel(
+        x,
+        y,
+        InducingPoints(torch.linspace(0, 1, 8, dtype=DOUBLE), learn=False),
+        input_transform=Normalize(1),
+        fit_maxiter=0,
+        outcome_transform=None,
+    )  # in the transformed space: accepted
 
 
 def test_several_outputs_through_model_list_gp():
@@ -195,21 +222,31 @@ def test_several_outputs_through_model_list_gp():
     X = torch.rand(12, 2, generator=generator, dtype=DOUBLE)
     Y = torch.stack([torch.sin(3 * X[:, 0]), 5 * torch.cos(3 * X[:, 1])], -1)
     Z = torch.rand(10, 2, generator=generator, dtype=DOUBLE)
-    models = [OnlineGPModel(X, Y[:, i : i + 1], InducingPoints(Z, learn=False), outcome_transform=Standardize(1), fit_maxiter=10)
-              for i in range(2)]
+    models = [
+        OnlineGPModel(X, Y[:, i : i + 1], InducingPoints(Z, learn=False), outcome_transform=Standardize(1), fit_maxiter=10)
+        for i in range(2)
+    ]
     model_list = ModelListGP(*models)
     X_new, Y_new = torch.rand(3, 2, generator=generator, dtype=DOUBLE), torch.rand(3, 2, generator=generator, dtype=DOUBLE)
     conditioned = model_list.condition_on_observations([X_new, X_new], Y_new)
     test = torch.rand(5, 2, generator=generator, dtype=DOUBLE)
     with torch.no_grad():
-        expected = torch.cat([m.condition_on_observations(X_new, Y_new[:, i : i + 1]).posterior(test).mean
-                              for i, m in enumerate(models)], -1)
+        expected = torch.cat(
+            [m.condition_on_observations(X_new, Y_new[:, i : i + 1]).posterior(test).mean for i, m in enumerate(models)], -1
+        )
         # (a leading batch of 1, from ModelListGP's outcome transform of a 1-D target, as with SingleTaskGP)
         torch.testing.assert_close(conditioned.posterior(test).mean.squeeze(0), expected, rtol=0, atol=1e-10)
-    acquisition = qLogNoisyExpectedHypervolumeImprovement(model_list, ref_point=torch.tensor([-1.0, -5.0], dtype=DOUBLE),
-                                                          X_baseline=X, prune_baseline=False)
-    candidates, value = optimize_acqf(acquisition, bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DOUBLE), q=2,
-                                      num_restarts=1, raw_samples=16, options={"maxiter": 5})
+    acquisition = qLogNoisyExpectedHypervolumeImprovement(
+        model_list, ref_point=torch.tensor([-1.0, -5.0], dtype=DOUBLE), X_baseline=X, prune_baseline=False
+    )
+    candidates, value = optimize_acqf(
+        acquisition,
+        bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DOUBLE),
+        q=2,
+        num_restarts=1,
+        raw_samples=16,
+        options={"maxiter": 5},
+    )
     assert candidates.shape == (2, 2) and torch.isfinite(value)
 
 

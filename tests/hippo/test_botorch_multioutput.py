@@ -41,8 +41,9 @@ def multi_and_singles(kind, **kwargs):
     x, y = data(25, 0)
     settings = dict(input_transform=Normalize(2), fit_maxiter=15, **kwargs)
     multi = OnlineGPModel(x, y, inducing(kind), outcome_transform=Standardize(2), **settings)
-    singles = [OnlineGPModel(x, y[:, j : j + 1], inducing(kind), outcome_transform=Standardize(1), **copy.deepcopy(settings))
-               for j in range(2)]
+    singles = [
+        OnlineGPModel(x, y[:, j : j + 1], inducing(kind), outcome_transform=Standardize(1), **copy.deepcopy(settings)) for j in range(2)
+    ]
     return multi, singles
 
 
@@ -95,8 +96,9 @@ def test_t_batched_conditioning_and_output_subsets():
     y_new = torch.randn(4, 3, 2, generator=torch.Generator().manual_seed(6), dtype=DOUBLE)  # 4 fantasy-like batches
     noise = torch.full((4, 3, 2), 0.02, dtype=DOUBLE)
     conditioned = multi.condition_on_observations(x_new, y_new, noise=noise)
-    references = [single.condition_on_observations(x_new, y_new[..., j : j + 1], noise=noise[..., j : j + 1])
-                  for j, single in enumerate(singles)]
+    references = [
+        single.condition_on_observations(x_new, y_new[..., j : j + 1], noise=noise[..., j : j + 1]) for j, single in enumerate(singles)
+    ]
     assert conditioned.batch_shape == (4,) and multi.batch_shape == torch.Size()
     test = torch.rand(5, 2, generator=torch.Generator().manual_seed(7), dtype=DOUBLE)
     assert_same_posterior(conditioned, references, test)
@@ -127,7 +129,10 @@ def test_log_nehvi_equals_model_list_of_single_output_models_and_optimises():
     values = {}
     for name, model in (("multi", multi), ("list", ModelListGP(*singles))):
         acquisition = qLogNoisyExpectedHypervolumeImprovement(
-            model, ref_point=ref_point, X_baseline=X_baseline, prune_baseline=False,
+            model,
+            ref_point=ref_point,
+            X_baseline=X_baseline,
+            prune_baseline=False,
             sampler=SobolQMCNormalSampler(torch.Size([32]), seed=0),
         )
         values[name] = acquisition(torch.rand(3, 2, 2, generator=torch.Generator().manual_seed(1), dtype=DOUBLE))
@@ -139,8 +144,7 @@ def test_log_nehvi_equals_model_list_of_single_output_models_and_optimises():
 def test_knowledge_gradient_on_scalarised_outputs_differentiates_through_both_fantasies():
     multi, _ = multi_and_singles("points")
     transform = ScalarizedPosteriorTransform(weights=torch.tensor([1.0, 0.2], dtype=DOUBLE))
-    kg = qKnowledgeGradient(multi, num_fantasies=3, sampler=SobolQMCNormalSampler(torch.Size([3]), seed=0),
-                            posterior_transform=transform)
+    kg = qKnowledgeGradient(multi, num_fantasies=3, sampler=SobolQMCNormalSampler(torch.Size([3]), seed=0), posterior_transform=transform)
     X = torch.rand(1, 1 + 3, 2, generator=torch.Generator().manual_seed(2), dtype=DOUBLE).requires_grad_(True)
     kg(X).sum().backward()
     gradient = X.grad[0, 0]

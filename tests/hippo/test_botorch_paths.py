@@ -21,8 +21,9 @@ def model_2d(**kwargs):
     y = torch.sin(4 * x[:, :1]) + torch.cos(3 * x[:, 1:]) + 0.05 * torch.randn(12, 1, generator=generator, dtype=DOUBLE)
     Z = torch.rand(10, 2, generator=generator, dtype=DOUBLE)
     model = OnlineGPModel(x, y, InducingPoints(Z, learn=False), fit_maxiter=20, **{"outcome_transform": None, **kwargs})
-    return model.condition_on_observations(torch.rand(4, 2, generator=generator, dtype=DOUBLE),
-                                           torch.rand(4, 1, generator=generator, dtype=DOUBLE))
+    return model.condition_on_observations(
+        torch.rand(4, 2, generator=generator, dtype=DOUBLE), torch.rand(4, 1, generator=generator, dtype=DOUBLE)
+    )
 
 
 @pytest.mark.parametrize("transforms", [False, True])
@@ -96,8 +97,14 @@ def test_hippo_path_variables_paths_equal_the_posterior_of_their_feature_model()
     generator = torch.Generator().manual_seed(7)
     x = torch.rand(30, 2, generator=generator, dtype=DOUBLE)
     y = torch.sin(4 * x[:, :1]) + torch.cos(3 * x[:, 1:])
-    model = OnlineGPModel(x[:15], y[:15], HiPPOInducingVariables(10, input_dim=2, num_rff=1000, seed=1),
-                          input_transform=Normalize(2), fit_maxiter=20, outcome_transform=None)
+    model = OnlineGPModel(
+        x[:15],
+        y[:15],
+        HiPPOInducingVariables(10, input_dim=2, num_rff=1000, seed=1),
+        input_transform=Normalize(2),
+        fit_maxiter=20,
+        outcome_transform=None,
+    )
     model = model.condition_on_observations(x[15:], y[15:])
     X = torch.rand(6, 2, generator=generator, dtype=DOUBLE)
     paths, mean, error, covariance = mc_moments(model, X)

@@ -2,6 +2,7 @@
 ``fit_gpytorch_mll(ExactMarginalLogLikelihood(...))``, a torch training loop over ``train_inputs``, a
 warm start or a checkpoint, the posterior equals a fresh model's with the same hyperparameters and data
 (it used to keep the ``q(u)`` of the old hyperparameters, or the checkpoint's observations)."""
+
 import copy
 
 import gpytorch
@@ -42,9 +43,16 @@ def fresh_like(model, x, y, mean_from=None):
     """A model built on all of ``(x, y)`` at once with ``model``'s hyperparameters (no fit; the mean of
     ``mean_from`` if given)."""
     mean = (model if mean_from is None else mean_from).mean_module
-    return OnlineGPModel(x, y, copy.deepcopy(model.inducing_variables), covar_module=copy.deepcopy(model.covar_module),
-                         likelihood=copy.deepcopy(model.likelihood), mean_module=copy.deepcopy(mean),
-                         fit_maxiter=0, outcome_transform=None)
+    return OnlineGPModel(
+        x,
+        y,
+        copy.deepcopy(model.inducing_variables),
+        covar_module=copy.deepcopy(model.covar_module),
+        likelihood=copy.deepcopy(model.likelihood),
+        mean_module=copy.deepcopy(mean),
+        fit_maxiter=0,
+        outcome_transform=None,
+    )
 
 
 def assert_same_posterior(model, reference, atol=1e-9):
@@ -94,15 +102,30 @@ def test_hippo_variables_refresh_over_the_whole_stream():
     y = torch.sin(3 * t)
     kernel = gpytorch.kernels.RBFKernel()
     kernel.lengthscale = 0.4
-    model = OnlineGPModel(t[:20], y[:20], HiPPOInducingVariables(20, "legs", t=2.0), covar_module=kernel,
-                          mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0, keep_data=True, outcome_transform=None)
+    model = OnlineGPModel(
+        t[:20],
+        y[:20],
+        HiPPOInducingVariables(20, "legs", t=2.0),
+        covar_module=kernel,
+        mean_module=gpytorch.means.ZeroMean(),
+        fit_maxiter=0,
+        keep_data=True,
+        outcome_transform=None,
+    )
     model = model.condition_on_observations(t[20:], y[20:])
     model.covar_module.lengthscale = 0.6  # set by hand: the next posterior is recomputed from the kept data
     other_kernel = gpytorch.kernels.RBFKernel()
     other_kernel.lengthscale = 0.6
-    reference = OnlineGPModel(t, y, HiPPOInducingVariables(20, "legs", t=4.0), covar_module=other_kernel,
-                              likelihood=copy.deepcopy(model.likelihood), mean_module=gpytorch.means.ZeroMean(),
-                              fit_maxiter=0, outcome_transform=None)
+    reference = OnlineGPModel(
+        t,
+        y,
+        HiPPOInducingVariables(20, "legs", t=4.0),
+        covar_module=other_kernel,
+        likelihood=copy.deepcopy(model.likelihood),
+        mean_module=gpytorch.means.ZeroMean(),
+        fit_maxiter=0,
+        outcome_transform=None,
+    )
     test = torch.linspace(0, 4, 9, dtype=DT).unsqueeze(-1)
     torch.testing.assert_close(model.posterior(test).mean, reference.posterior(test).mean, rtol=0, atol=1e-8)
 
@@ -146,8 +169,15 @@ def test_a_warm_start_keeps_the_models_own_transforms():
     means = new.outcome_transform.means.clone()
     new.load_state_dict(old.state_dict())
     torch.testing.assert_close(new.outcome_transform.means, means, rtol=0, atol=0)
-    reference = OnlineGPModel(x, y, points(), covar_module=copy.deepcopy(old.covar_module), likelihood=copy.deepcopy(old.likelihood),
-                              mean_module=copy.deepcopy(new.mean_module), fit_maxiter=0)
+    reference = OnlineGPModel(
+        x,
+        y,
+        points(),
+        covar_module=copy.deepcopy(old.covar_module),
+        likelihood=copy.deepcopy(old.likelihood),
+        mean_module=copy.deepcopy(new.mean_module),
+        fit_maxiter=0,
+    )
     assert_same_posterior(new, reference)
 
 
@@ -163,16 +193,15 @@ def test_without_kept_data_a_warm_start_by_load_state_dict_is_refused():
 
 def test_a_checkpoint_rebuilds_without_data_and_refits_on_the_same_schedule():
     x, y = data(30, seed=3)
-    model = OnlineGPModel(x[:10], y[:10], points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None,
-                          keep_data=False)
+    model = OnlineGPModel(x[:10], y[:10], points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None, keep_data=False)
     model = model.observe(x[10:15], y[10:15])  # update 2: refit
     checkpoint = copy.deepcopy(model.state_dict())
     resumed = OnlineGPModel.from_state_dict(checkpoint, points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None)
     assert resumed.num_updates.item() == 2
     assert_same_posterior(resumed, model, atol=0)
     for start in (15, 20, 25):  # updates 3 (no refit), 4 (refit), 5
-        model = model.observe(x[start:start + 5], y[start:start + 5])
-        resumed = resumed.observe(x[start:start + 5], y[start:start + 5])
+        model = model.observe(x[start : start + 5], y[start : start + 5])
+        resumed = resumed.observe(x[start : start + 5], y[start : start + 5])
     torch.testing.assert_close(resumed.covar_module.base_kernel.lengthscale, model.covar_module.base_kernel.lengthscale)
     assert_same_posterior(resumed, model, atol=1e-12)
 

@@ -31,12 +31,26 @@ def test_online_bernoulli_surrogate_matches_a_refitted_single_task_variational_g
     round-off), the decisions (signs) agree where the reference is confident, the variances to 25 %."""
     x, y = batches()
     Z = torch.linspace(0, 1, 15, dtype=DOUBLE).unsqueeze(-1)
-    model = OnlineVariationalGPModel(x[0], y[0], InducingPoints(Z, learn=False), gpytorch.likelihoods.BernoulliLikelihood(),
-                                     covar_module=kernel(), num_steps=300, lr=0.05, fit_hyperparameters=False)
+    model = OnlineVariationalGPModel(
+        x[0],
+        y[0],
+        InducingPoints(Z, learn=False),
+        gpytorch.likelihoods.BernoulliLikelihood(),
+        covar_module=kernel(),
+        num_steps=300,
+        lr=0.05,
+        fit_hyperparameters=False,
+    )
     for k in (1, 2):
         model = model.observe(x[k], y[k])
-    reference = SingleTaskVariationalGP(x.reshape(-1, 1), y.reshape(-1, 1), likelihood=gpytorch.likelihoods.BernoulliLikelihood(),
-                                        covar_module=kernel(), inducing_points=Z, learn_inducing_points=False).to(DOUBLE)
+    reference = SingleTaskVariationalGP(
+        x.reshape(-1, 1),
+        y.reshape(-1, 1),
+        likelihood=gpytorch.likelihoods.BernoulliLikelihood(),
+        covar_module=kernel(),
+        inducing_points=Z,
+        learn_inducing_points=False,
+    ).to(DOUBLE)
     reference.model.mean_module = gpytorch.means.ZeroMean()
     elbo = gpytorch.mlls.VariationalELBO(reference.likelihood, reference.model, num_data=120)
     optimizer = torch.optim.Adam(reference.model.variational_parameters(), lr=0.05)
@@ -60,8 +74,9 @@ def test_count_stream_with_hippo_variables_and_the_botorch_contract():
     generator = torch.Generator().manual_seed(1)
     t = torch.arange(60, dtype=DOUBLE).unsqueeze(-1)
     counts = torch.poisson(torch.exp(1.5 + torch.sin(t / 8)), generator=generator)
-    model = OnlineVariationalGPModel(t[:20], counts[:20], HiPPOInducingVariables(12, "legs", t=19.0),
-                                     NegativeBinomialLikelihood(), num_steps=100)
+    model = OnlineVariationalGPModel(
+        t[:20], counts[:20], HiPPOInducingVariables(12, "legs", t=19.0), NegativeBinomialLikelihood(), num_steps=100
+    )
     for k in (1, 2):
         model = model.observe(t[20 * k : 20 * (k + 1)], counts[20 * k : 20 * (k + 1)])
     assert model.gp.variational_strategy.inducing_variables.t == pytest.approx(59.0)

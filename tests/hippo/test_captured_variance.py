@@ -1,4 +1,5 @@
 """captured_variance on every inducing-variable class, and OnlineSGPR's warning when it is low."""
+
 import warnings
 
 import gpytorch
@@ -84,7 +85,7 @@ def test_legs_keeps_the_ends_of_the_stream_better_than_its_middle():
     torch.testing.assert_close(per_point, nystrom / kernel.outputscale, rtol=1e-7, atol=1e-9)
     tenth = len(grid) // 10
     ends = torch.cat([per_point[:tenth], per_point[-tenth:]]).mean()
-    middle = per_point[4 * tenth: 6 * tenth].mean()
+    middle = per_point[4 * tenth : 6 * tenth].mean()
     assert ends > middle + 0.1, (ends, middle)
     torch.testing.assert_close(legs.captured_variance(kernel, grid), per_point.mean())
 
@@ -191,8 +192,12 @@ def test_the_check_reuses_the_update_factorisation(measure, monkeypatch):
     counts = {}
     for threshold in (None, 0.9):
         calls["Kuu"], calls["Kuf"] = 0, []
-        model = OnlineSGPR(HiPPOInducingVariables(20, measure, t=40.0, theta=40.0), rbf(10.0),
-                           gpytorch.likelihoods.GaussianLikelihood().to(DT), captured_variance_warning=threshold)
+        model = OnlineSGPR(
+            HiPPOInducingVariables(20, measure, t=40.0, theta=40.0),
+            rbf(10.0),
+            gpytorch.likelihoods.GaussianLikelihood().to(DT),
+            captured_variance_warning=threshold,
+        )
         _learn(model, _stream(3))
         counts[threshold] = (calls["Kuu"], list(calls["Kuf"]))
     assert counts[0.9][0] == counts[None][0]

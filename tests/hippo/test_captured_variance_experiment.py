@@ -1,5 +1,6 @@
 """``experiments.captured_variance``: the per-task captured fraction of a fresh LegS memory at the
 stream's end is the one OHSGPR actually holds after streaming every task through the runner."""
+
 import pytest
 import torch
 

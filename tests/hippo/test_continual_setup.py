@@ -1,5 +1,6 @@
 """The continual-regression set-up of thesis §4.6.2: min-max inputs, a global test split, the
 stable oracle order, and task-1 hyperparameters from an exact GP fitted with BoTorch."""
+
 import math
 
 import gpytorch
@@ -82,8 +83,12 @@ def test_fit_exact_gp_reaches_a_stationary_point_of_the_closed_form_marginal_lik
     kernel.base_kernel.lengthscale = 0.5
 
     def raw_values():
-        return [kernel.base_kernel.raw_lengthscale.detach().clone().squeeze(0), kernel.raw_outputscale.detach().clone(),
-                likelihood.noise_covar.raw_noise.detach().clone().squeeze(0), mean.constant.detach().clone()]
+        return [
+            kernel.base_kernel.raw_lengthscale.detach().clone().squeeze(0),
+            kernel.raw_outputscale.detach().clone(),
+            likelihood.noise_covar.raw_noise.detach().clone().squeeze(0),
+            mean.constant.detach().clone(),
+        ]
 
     start = closed_form_log_marginal(raw_values(), x, y)
     fit_exact_gp(kernel, likelihood, mean, x, y)
@@ -116,13 +121,21 @@ def test_fit_exact_gp_falls_back_to_adam_where_every_lbfgs_attempt_fails(monkeyp
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)).double()
     likelihood, mean = gpytorch.likelihoods.GaussianLikelihood().double(), gpytorch.means.ConstantMean().double()
     kernel.base_kernel.lengthscale = 0.5
-    raw = [kernel.base_kernel.raw_lengthscale.detach().clone().squeeze(0), kernel.raw_outputscale.detach().clone(),
-           likelihood.noise_covar.raw_noise.detach().clone().squeeze(0), mean.constant.detach().clone()]
+    raw = [
+        kernel.base_kernel.raw_lengthscale.detach().clone().squeeze(0),
+        kernel.raw_outputscale.detach().clone(),
+        likelihood.noise_covar.raw_noise.detach().clone().squeeze(0),
+        mean.constant.detach().clone(),
+    ]
     start = closed_form_log_marginal(raw, x, y)
     with pytest.warns(RuntimeWarning, match="fitted by Adam from the same start"):
         assert fit_exact_gp(kernel, likelihood, mean, x, y) == "adam"
-    fitted = [kernel.base_kernel.raw_lengthscale.detach().squeeze(0), kernel.raw_outputscale.detach(),
-              likelihood.noise_covar.raw_noise.detach().squeeze(0), mean.constant.detach()]
+    fitted = [
+        kernel.base_kernel.raw_lengthscale.detach().squeeze(0),
+        kernel.raw_outputscale.detach(),
+        likelihood.noise_covar.raw_noise.detach().squeeze(0),
+        mean.constant.detach(),
+    ]
     assert closed_form_log_marginal(fitted, x, y) > start + 5
     assert float(kernel.base_kernel.raw_lengthscale.detach().max()) < 30.0  # restarted from the start, not from the failed attempt
 
@@ -150,8 +163,7 @@ def record_first_ordering(monkeypatch):
 def test_exact_gp_kernel_is_fitted_on_task_one_fixed_and_orders_task_one(monkeypatch):
     data = task_data()
     seen = record_first_ordering(monkeypatch)
-    rows, model, likelihood = run_elbo_method(data, "ohsvgp-k", 8, seed=0, num_tasks=3, split="first-dim", svgp_iters=5,
-                                              num_rff=100)
+    rows, model, likelihood = run_elbo_method(data, "ohsvgp-k", 8, seed=0, num_tasks=3, split="first-dim", svgp_iters=5, num_rff=100)
     # the independent fit: the same start, min-max inputs and global split, fit_exact_gp alone
     task1 = split_tasks(minmax_inputs(data), 3, 0, test_fraction=0.1, split="first-dim", test_split="global")[0]
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=3)).double()
@@ -168,8 +180,18 @@ def test_exact_gp_kernel_is_fitted_on_task_one_fixed_and_orders_task_one(monkeyp
 def test_elbo_option_keeps_the_former_behaviour(monkeypatch):
     data = task_data()
     seen = record_first_ordering(monkeypatch)
-    _, model, _ = run_elbo_method(data, "ohsvgp-k", 8, seed=0, num_tasks=3, split="first-dim", svgp_iters=5, num_rff=100,
-                                  first_task_kernel="elbo", preprocessing="standardise")
+    _, model, _ = run_elbo_method(
+        data,
+        "ohsvgp-k",
+        8,
+        seed=0,
+        num_tasks=3,
+        split="first-dim",
+        svgp_iters=5,
+        num_rff=100,
+        first_task_kernel="elbo",
+        preprocessing="standardise",
+    )
     span = data.x.max(0).values - data.x.min(0).values
     torch.testing.assert_close(seen[0].squeeze(0), span / 4)  # ordered with the starting kernel
     assert not torch.allclose(model.covar_module.base_kernel.lengthscale.detach().squeeze(0), span / 4)  # then trained

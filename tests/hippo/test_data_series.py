@@ -1,4 +1,5 @@
 """Dataset loaders against the source packages' own readers (optional packages: skipped when absent)."""
+
 import builtins
 import os
 

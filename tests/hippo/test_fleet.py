@@ -1,6 +1,7 @@
 """StreamFleet: each stream equals its own single-stream OnlineSGPR through ragged tasks and streams joining
 midway; a task delivered twice is absorbed once; a crash between two shards' checkpoints and a killed Ray
 actor resume to the uninterrupted run."""
+
 import os
 import signal
 import subprocess
@@ -38,8 +39,9 @@ def single_model() -> OnlineSGPR:
     kernel.base_kernel.lengthscale = 0.7
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     likelihood.noise = 0.02
-    return OnlineSGPR(InducingPoints(torch.linspace(0, SPAN, M, dtype=DT).unsqueeze(-1), learn=False), kernel, likelihood,
-                      captured_variance_warning=None)
+    return OnlineSGPR(
+        InducingPoints(torch.linspace(0, SPAN, M, dtype=DT).unsqueeze(-1), learn=False), kernel, likelihood, captured_variance_warning=None
+    )
 
 
 def tasks(num_tasks: int = 4, seed: int = 0) -> list[dict]:
@@ -118,10 +120,20 @@ def test_growing_a_shard_copies_the_old_streams_exactly_and_starts_new_ones_from
 
 def test_grow_state_rules():
     """Rows of per-stream tensors appended, shared tensors and extra state kept, entries of one side taken from it."""
-    old = {"noise": torch.tensor([[1.0], [2.0]]), "shared": torch.tensor([5.0, 6.0]), "streams.1.t": torch.tensor(1.0),
-           "streams.1._extra_state": {"dt": 0.1}, "seen_input_range": torch.tensor([0.0, 3.0])}
-    new = {"noise": torch.tensor([[9.0], [9.0], [7.0]]), "shared": torch.tensor([0.0, 0.0]), "streams.1.t": torch.tensor(0.0),
-           "streams.1._extra_state": {"dt": 0.5}, "streams.2.t": torch.tensor(4.0)}
+    old = {
+        "noise": torch.tensor([[1.0], [2.0]]),
+        "shared": torch.tensor([5.0, 6.0]),
+        "streams.1.t": torch.tensor(1.0),
+        "streams.1._extra_state": {"dt": 0.1},
+        "seen_input_range": torch.tensor([0.0, 3.0]),
+    }
+    new = {
+        "noise": torch.tensor([[9.0], [9.0], [7.0]]),
+        "shared": torch.tensor([0.0, 0.0]),
+        "streams.1.t": torch.tensor(0.0),
+        "streams.1._extra_state": {"dt": 0.5},
+        "streams.2.t": torch.tensor(4.0),
+    }
     grown = shard_module.grow_state(old, new, 2, 3)
     assert torch.equal(grown["noise"], torch.tensor([[1.0], [2.0], [7.0]])) and torch.equal(grown["shared"], old["shared"])
     assert grown["streams.1.t"] == 1.0 and grown["streams.1._extra_state"] == {"dt": 0.1} and grown["streams.2.t"] == 4.0
@@ -185,14 +197,15 @@ def test_a_new_process_restores_the_fleet_from_its_checkpoints(tmp_path):
         from test_fleet import STREAMS, TEST_X, model_factory
         from gpytorch_hippo.fleet import StreamFleet
         fleet = StreamFleet.restore({str(tmp_path)!r}, model_factory)
-        expected = torch.load({str(tmp_path / 'expected.pt')!r})
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
         mean, variance = fleet.predict(STREAMS, TEST_X)
         assert fleet.task_ids == {{0, 1, 2, 3}} and sorted(fleet.stream_ids) == sorted(STREAMS)
         assert torch.equal(mean, expected["mean"]) and torch.equal(variance, expected["variance"])
         assert not fleet.update(3, {{}})
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -221,8 +234,9 @@ def test_before_update_sees_each_shards_batched_task():
     """The hook gets the shard's model (all its streams, new ones included) and the padded task: a row has
     points exactly where its stream has points in the task."""
     calls = []
-    fleet = StreamFleet(model_factory, num_shards=2,
-                        before_update=lambda model, x, mask: calls.append((model.posterior_chol, x.clone(), mask.clone())))
+    fleet = StreamFleet(
+        model_factory, num_shards=2, before_update=lambda model, x, mask: calls.append((model.posterior_chol, x.clone(), mask.clone()))
+    )
     task_list = tasks(3)
     for k, data in enumerate(task_list):
         fleet.update(k, data)
@@ -369,8 +383,14 @@ def test_the_demo_writes_its_csv_and_its_batched_fleet_equals_the_loop(tmp_path)
 
     full = load_us_employment()
     picked = list(range(0, 148, 8))  # 19 series, some of them joining late
-    data = dataclasses.replace(full, ids=[full.ids[i] for i in picked], titles=[full.titles[i] for i in picked],
-                               values=full.values[picked], offset=full.offset[picked], scale=full.scale[picked])
+    data = dataclasses.replace(
+        full,
+        ids=[full.ids[i] for i in picked],
+        titles=[full.titles[i] for i in picked],
+        values=full.values[picked],
+        offset=full.offset[picked],
+        scale=full.scale[picked],
+    )
     summary = demo.run(str(tmp_path), num_tasks=4, variants=(12, 48), data=data, hippo=(24,))
     assert summary["throughput"]["max_abs_difference"] < 1e-8
     with open(tmp_path / "fleet_memory.csv") as file:

@@ -1,4 +1,5 @@
 """VFF inducing variables (OVFF baseline) against numerical integration of the Matérn RKHS inner product."""
+
 import math
 
 import gpytorch
@@ -55,8 +56,9 @@ def rkhs_inner(f, g, nu, lam, variance, cut=None, nodes=60):
     elif p == 2:
         boundary = fa[0] * ga[0] + fa[1] * ga[1] / lam**2
     else:
-        boundary = (9 / 8 * fa[0] * ga[0] + 9 / (8 * lam**4) * fa[2] * ga[2]
-                    + 3 / lam**2 * (fa[1] * ga[1] + fa[2] * ga[0] / 8 + fa[0] * ga[2] / 8))
+        boundary = (
+            9 / 8 * fa[0] * ga[0] + 9 / (8 * lam**4) * fa[2] * ga[2] + 3 / lam**2 * (fa[1] * ga[1] + fa[2] * ga[0] / 8 + fa[0] * ga[2] / 8)
+        )
     return (total + boundary) / variance
 
 

@@ -2,6 +2,7 @@
 reconstruction while a few inducing points, re-drawn for task 2, forget it; the thesis's objective
 (nothing about ``q(u)`` stored, the kernel trained on the first task only) and the trainer's
 bookkeeping (EWC anchors, errors)."""
+
 import pytest
 import torch
 
@@ -31,8 +32,9 @@ def two_task_runs():
     tasks = [task(0), task(1)]
     results = {}
     for method, num_inducing in (("ohsvgp", 16), ("osvgp", 4)):
-        trainer = ContinualSVGPVAE(method, D, latent_dim=2, num_inducing=num_inducing, lengthscale=0.2,
-                                   hidden_dim=16, num_iter=120, lr=0.01, seed=0)
+        trainer = ContinualSVGPVAE(
+            method, D, latent_dim=2, num_inducing=num_inducing, lengthscale=0.2, hidden_dim=16, num_iter=120, lr=0.01, seed=0
+        )
         trainer.fit_task(*tasks[0])
         after_first = reconstruction_rmse(trainer, *tasks[0])
         trainer.fit_task(*tasks[1])
@@ -60,8 +62,9 @@ def _kernel_state(trainer):
 def test_the_kernel_trains_on_the_first_task_only(retrain_kernel):
     """The thesis trains the kernel hyperparameters on the initial task and keeps them fixed; the
     networks (and the noise) keep training. ``retrain_kernel=True`` trains the kernel on every task."""
-    trainer = ContinualSVGPVAE("ohsvgp", D, latent_dim=2, num_inducing=8, lengthscale=0.2, hidden_dim=8, num_iter=5,
-                               lr=0.05, seed=0, retrain_kernel=retrain_kernel)
+    trainer = ContinualSVGPVAE(
+        "ohsvgp", D, latent_dim=2, num_inducing=8, lengthscale=0.2, hidden_dim=8, num_iter=5, lr=0.05, seed=0, retrain_kernel=retrain_kernel
+    )
     trainer.fit_task(*task(0))
     after_first = _kernel_state(trainer)
     decoder_first = [p.detach().clone() for p in trainer.model.decoder.parameters()]
@@ -73,8 +76,7 @@ def test_the_kernel_trains_on_the_first_task_only(retrain_kernel):
 
 
 def test_the_first_task_trains_the_kernel():
-    trainer = ContinualSVGPVAE("ohsvgp", D, latent_dim=2, num_inducing=8, lengthscale=0.2, hidden_dim=8, num_iter=5,
-                               lr=0.05, seed=0)
+    trainer = ContinualSVGPVAE("ohsvgp", D, latent_dim=2, num_inducing=8, lengthscale=0.2, hidden_dim=8, num_iter=5, lr=0.05, seed=0)
     trainer._build(task(0)[0])
     before = _kernel_state(trainer)
     trainer.model = None  # fit_task builds the same model again (same seed)
@@ -91,8 +93,18 @@ def test_nothing_about_q_is_stored_between_tasks(method):
     num_inducing = 8 if method == "ohsvgp" else 4
     values = {}
     for online_kl in (False, True):
-        trainer = ContinualSVGPVAE(method, D, latent_dim=2, num_inducing=num_inducing, lengthscale=0.2, hidden_dim=8,
-                                   num_iter=10, lr=0.01, seed=0, online_kl=online_kl)
+        trainer = ContinualSVGPVAE(
+            method,
+            D,
+            latent_dim=2,
+            num_inducing=num_inducing,
+            lengthscale=0.2,
+            hidden_dim=8,
+            num_iter=10,
+            lr=0.01,
+            seed=0,
+            online_kl=online_kl,
+        )
         trainer.fit_task(*task(0))
         trainer._move_inducing_variables(task(1)[0])
         model = trainer.model
@@ -115,8 +127,18 @@ def test_the_online_kl_option_stores_the_whole_task_encoding(method):
     """With ``online_kl=True``, ``q_old`` is ``q(u)`` encoded from the whole finished task with the final
     networks and kernel, not whatever ``q(u)`` the last forward pass (a Fisher chunk) left in the
     strategy's cache."""
-    trainer = ContinualSVGPVAE(method, D, latent_dim=2, num_inducing=16 if method == "ohsvgp" else 4,
-                               lengthscale=0.2, hidden_dim=16, num_iter=20, lr=0.01, seed=0, online_kl=True)
+    trainer = ContinualSVGPVAE(
+        method,
+        D,
+        latent_dim=2,
+        num_inducing=16 if method == "ohsvgp" else 4,
+        lengthscale=0.2,
+        hidden_dim=16,
+        num_iter=20,
+        lr=0.01,
+        seed=0,
+        online_kl=True,
+    )
     times, y = task(0)
     trainer.fit_task(times, y)
     stored = trainer.model.gp_objective.old_mean.clone()
@@ -167,7 +189,6 @@ def test_bad_input_names_the_argument():
     times, y = task(1)
     with pytest.raises(ValueError, match="y_test"):
         trainer.evaluate(times, y, torch.full_like(y, float("nan")))
-
 
 
 def test_points_start_with_every_time_of_a_short_first_task_and_grow_to_m():

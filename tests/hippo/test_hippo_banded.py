@@ -4,6 +4,7 @@ References are scipy's adaptive Gauss-Kronrod ``quad_vec`` (independent of the p
 breakpoints where the integrand has a kink: tolerances 1e-12 relative to the largest entry, set by
 the references' own accuracy (``epsabs=1e-14`` on entries of order 0.1-1).
 """
+
 import math
 
 import gpytorch
@@ -51,8 +52,9 @@ def reference_kuf(ivars, kernel, x):
     """``∫ φ(s) k(x - s) ds`` over the support, adaptively, split at ``x``."""
     lower, upper = _span(ivars)
     points = [x] if lower < x < upper else None
-    value, _ = quad_vec(lambda s: phi(ivars, s) * kernel_value(kernel, x - s), lower, upper, points=points,
-                        epsabs=1e-14, epsrel=1e-13, limit=2000)
+    value, _ = quad_vec(
+        lambda s: phi(ivars, s) * kernel_value(kernel, x - s), lower, upper, points=points, epsabs=1e-14, epsrel=1e-13, limit=2000
+    )
     return value
 
 
@@ -63,8 +65,12 @@ def rel(a, b):
 @pytest.mark.parametrize(
     "measure, theta, M, nu",
     [
-        ("legs", 1.0, 8, 0.5), ("legs", 1.0, 8, 1.5), ("legs", 1.0, 8, 2.5),
-        ("legt", 6.0, 8, 0.5), ("lagt", 0.7, 8, 0.5), ("fout", 6.0, 9, 0.5),
+        ("legs", 1.0, 8, 0.5),
+        ("legs", 1.0, 8, 1.5),
+        ("legs", 1.0, 8, 2.5),
+        ("legt", 6.0, 8, 0.5),
+        ("lagt", 0.7, 8, 0.5),
+        ("fout", 6.0, 9, 0.5),
     ],
 )
 def test_kuf_matches_adaptive_quadrature(measure, theta, M, nu):

@@ -1,6 +1,7 @@
 """The main demo's data and output, against pvlib's own reader and a direct quadrature projection;
 its online part: the runner's CSV schema, the printed table, and what it shows (OSGPR forgets task 1,
 OHSGPR does not)."""
+
 import csv
 import os
 
@@ -15,9 +16,7 @@ from gpytorch_hippo.hippo import HiPPO
 
 
 def test_daily_ghi_equals_pvlib_daily_means():
-    frame, _ = pvlib.iotools.read_tmy3(
-        os.path.join(os.path.dirname(pvlib.__file__), "data", "723170TYA.CSV"), map_variables=True
-    )
+    frame, _ = pvlib.iotools.read_tmy3(os.path.join(os.path.dirname(pvlib.__file__), "data", "723170TYA.CSV"), map_variables=True)
     hourly = frame["ghi"].to_numpy(dtype=float)
     times, daily = load_solar_ghi("daily")
     assert times.shape == daily.shape == (365,)
@@ -63,7 +62,7 @@ def test_demo_online_part_shows_forgetting(tmp_path, capsys):
     lines = out.splitlines()
     for header in ("task-1 RMSE after task", "task-1 NLPD after task", "time per task (s)"):
         start = next(i for i, line in enumerate(lines) if line.strip().startswith(header))
-        block = [line.split() for line in lines[start + 1: start + 5]]
+        block = [line.split() for line in lines[start + 1 : start + 5]]
         assert [cells[0] for cells in block] == ["OHSGPR", "OSGPR", "OVC", "OVFF"]
         assert all(len(cells) == (11 if "task-1" in header else 5) for cells in block)  # one seed: no min-max
     assert "python -m gpytorch_hippo.experiments.online" in out and "±" not in out

@@ -11,6 +11,7 @@ that round-off to ``~1e-9`` (checked at ``1e-7`` relative).  On a CPU-only machi
 cases skip; the ``cpu`` cases still check the device plumbing and determinism, and the cache tests
 check the dtype half of "a cache built for one device/dtype is not reused for another".
 """
+
 import copy
 
 import gpytorch
@@ -186,8 +187,7 @@ def test_online_sgpr_updates_predictions_and_samples_on_device(device, assert_ma
 
     def run(where):
         x, y = (v.to(where) for v in stream())
-        model = OnlineSGPR(_online_variables(method).to(where), make_kernel(where), make_likelihood(where),
-                           captured_variance_warning=None)
+        model = OnlineSGPR(_online_variables(method).to(where), make_kernel(where), make_likelihood(where), captured_variance_warning=None)
         first = x < 1.5
         bounds = [model.update(x[first], y[first])]
         if method != "points":
@@ -280,7 +280,10 @@ def test_order_inputs_on_device(device, assert_matches_cpu):
     def run(where):
         x = torch.rand(30, 2, generator=torch.Generator().manual_seed(5), dtype=DT).to(where)
         kernel = make_kernel(where, dims=2)
-        return (order_inputs(x, "random", generator=torch.Generator().manual_seed(6)),
-                order_inputs(x, "kernel_max", kernel=kernel), order_inputs(x, "kernel_min", kernel=kernel))
+        return (
+            order_inputs(x, "random", generator=torch.Generator().manual_seed(6)),
+            order_inputs(x, "kernel_max", kernel=kernel),
+            order_inputs(x, "kernel_min", kernel=kernel),
+        )
 
     assert_matches_cpu(run(device), run(CPU), rtol=0, atol=0)

@@ -1,6 +1,7 @@
 """HiPPO interdomain inducing variables against independent references:
 adaptive/fixed high-order quadrature written here with scipy special functions, the
 recurrence's convergence as dt -> 0, Monte-Carlo rates of random features, exact path integrals."""
+
 import copy
 import math
 
@@ -45,8 +46,12 @@ def test_quadrature_kuf_equals_adaptive_quadrature():
         for n in range(3):
             xn = x[n, 0].item()
             ref, _ = scipy.integrate.quad(
-                lambda s: sf2 * math.exp(-((xn - s) ** 2) / (2 * ell**2)) * legs_phi(m, s, t), 0, t,
-                epsabs=1e-14, epsrel=1e-14, limit=200,
+                lambda s: sf2 * math.exp(-((xn - s) ** 2) / (2 * ell**2)) * legs_phi(m, s, t),
+                0,
+                t,
+                epsabs=1e-14,
+                epsrel=1e-14,
+                limit=200,
             )
             assert abs(Kuf[m, n].item() - ref) < 1e-10
 
@@ -82,8 +87,15 @@ def test_rff_kuu_error_shrinks_like_inverse_sqrt_num_rff():
     rms = []
     for R in (100, 400, 1600):
         errs = [
-            (HiPPOInducingVariables(5, "legs", t=2.0, method="recurrence", dt=0.005, num_rff=R, seed=seed, jitter=0.0)
-             .Kuu(kernel).to_dense() - exact).pow(2).mean().item()
+            (
+                HiPPOInducingVariables(5, "legs", t=2.0, method="recurrence", dt=0.005, num_rff=R, seed=seed, jitter=0.0)
+                .Kuu(kernel)
+                .to_dense()
+                - exact
+            )
+            .pow(2)
+            .mean()
+            .item()
             for seed in range(12)
         ]
         rms.append(math.sqrt(sum(errs) / len(errs)))
@@ -237,8 +249,10 @@ def test_state_dict_round_trip_after_the_stream_has_grown():
     path.append_path(torch.randn(6, 2), kernel=kernel2)
     restored = HiPPOInducingVariables(4, input_dim=2, num_rff=200)
     restored.load_state_dict(path.state_dict())
-    torch.testing.assert_close(restored.Kuf(kernel2, torch.randn(3, 2, generator=torch.Generator().manual_seed(0))),
-                               path.Kuf(kernel2, torch.randn(3, 2, generator=torch.Generator().manual_seed(0))))
+    torch.testing.assert_close(
+        restored.Kuf(kernel2, torch.randn(3, 2, generator=torch.Generator().manual_seed(0))),
+        path.Kuf(kernel2, torch.randn(3, 2, generator=torch.Generator().manual_seed(0))),
+    )
 
 
 def test_rff_kuf_keeps_the_nystrom_residual_nonnegative():

@@ -1,6 +1,7 @@
 """HiPPO memory against independent references: hand-written thesis matrices, scipy
 special functions and adaptive quadrature, scipy's ODE solver, and the recurrence's own
 convergence order."""
+
 import math
 
 import numpy as np
@@ -21,9 +22,7 @@ def signal(x):
 # ------------------------------------------------------------------ transition matrices
 def test_legs_matrices_match_thesis_for_M3():
     # eq. hippo_matrix_a / hippo_matrix_b written out by hand for M = 3
-    A_ref = torch.tensor(
-        [[-1.0, 0.0, 0.0], [-SQ(3), -2.0, 0.0], [-SQ(5), -SQ(15), -3.0]], dtype=torch.float64
-    )
+    A_ref = torch.tensor([[-1.0, 0.0, 0.0], [-SQ(3), -2.0, 0.0], [-SQ(5), -SQ(15), -3.0]], dtype=torch.float64)
     B_ref = torch.tensor([1.0, SQ(3), SQ(5)], dtype=torch.float64)
     A, B = transition("legs", 3)
     torch.testing.assert_close(A, A_ref, rtol=0, atol=1e-15)
@@ -33,9 +32,7 @@ def test_legs_matrices_match_thesis_for_M3():
 def test_legt_matrices_match_thesis_for_M3():
     # App. A: A(t) = -A/theta with A_mk = sqrt((2m+1)(2k+1)) (m >= k), (-1)^(m-k) sqrt(...) (m < k)
     theta = 2.0
-    A_thesis = torch.tensor(
-        [[1.0, -SQ(3), SQ(5)], [SQ(3), 3.0, -SQ(15)], [SQ(5), SQ(15), 5.0]], dtype=torch.float64
-    )
+    A_thesis = torch.tensor([[1.0, -SQ(3), SQ(5)], [SQ(3), 3.0, -SQ(15)], [SQ(5), SQ(15), 5.0]], dtype=torch.float64)
     A, B = transition("legt", 3, theta=theta)
     torch.testing.assert_close(A, -A_thesis / theta, rtol=0, atol=1e-15)
     torch.testing.assert_close(B, torch.tensor([1.0, SQ(3), SQ(5)], dtype=torch.float64) / theta)
@@ -138,6 +135,7 @@ def test_project_equals_adaptive_quadrature(measure):
     hippo = HiPPO(measure, M, theta)
     coeffs = project(signal, t, M, measure, theta)
     for m in range(M):
+
         def integrand(x):
             xt = torch.tensor([x], dtype=torch.float64)
             return float(signal(xt) * hippo.basis(xt, t)[0, m] * hippo.measure_density(xt, t)[0])
@@ -154,7 +152,9 @@ def test_project_lagt_laguerre_rule_over_infinite_past():
     for m in range(4):
         ref, _ = scipy.integrate.quad(
             lambda s: math.exp((t - s) / 2) * scipy.special.eval_laguerre(m, s) * math.exp(-s),
-            0, math.inf, epsabs=1e-13,
+            0,
+            math.inf,
+            epsabs=1e-13,
         )
         assert abs(coeffs[m].item() - ref) < 1e-10
 
@@ -167,9 +167,7 @@ def _ode_reference(measure, M, theta, t_end):
     """Tight-tolerance solution of dc/dt = A c + B f(t) from c(0)=0 (the continuous LegT/FouT ODE)."""
     A, B = (m.numpy() for m in transition(measure, M, theta))
     f = lambda t: math.sin(3 * t) + math.exp(-t)
-    sol = scipy.integrate.solve_ivp(
-        lambda t, c: A @ c + B * f(t), (0.0, t_end), np.zeros(M), method="DOP853", rtol=1e-12, atol=1e-14
-    )
+    sol = scipy.integrate.solve_ivp(lambda t, c: A @ c + B * f(t), (0.0, t_end), np.zeros(M), method="DOP853", rtol=1e-12, atol=1e-14)
     return torch.from_numpy(sol.y[:, -1])
 
 

@@ -4,6 +4,7 @@ References: SciPy's spherical Bessel functions and NumPy's Gauss-Legendre rule; 
 backend (exact in time, tested against adaptive quadrature in test_hippo_inducing.py); dense
 closed-form SGPR posteriors written here.
 """
+
 import copy
 import math
 import warnings
@@ -209,8 +210,10 @@ def test_negative_nystrom_residual_warns_and_consistent_defaults_do_not():
         OnlineSGPR(inconsistent, kernel, likelihood).update(x, y)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        for ivars in (HiPPOInducingVariables(40, "legs", t=6.0, method="recurrence", dt=0.02, num_rff=100),
-                      HiPPOInducingVariables(40, "legs", t=6.0)):
+        for ivars in (
+            HiPPOInducingVariables(40, "legs", t=6.0, method="recurrence", dt=0.02, num_rff=100),
+            HiPPOInducingVariables(40, "legs", t=6.0),
+        ):
             model = OnlineSGPR(ivars, kernel, likelihood)
             model.update(x, y)
             model(x).variance

@@ -15,9 +15,7 @@ def rbf(a, b, lengthscale, outputscale):
 
 
 def make_kernel(lengthscale=0.7, outputscale=1.3, batch_shape=torch.Size()):
-    kernel = gpytorch.kernels.ScaleKernel(
-        gpytorch.kernels.RBFKernel(batch_shape=batch_shape), batch_shape=batch_shape
-    ).to(DT)
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch_shape), batch_shape=batch_shape).to(DT)
     kernel.base_kernel.lengthscale = lengthscale
     kernel.outputscale = outputscale
     return kernel

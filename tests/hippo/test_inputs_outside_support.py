@@ -1,6 +1,7 @@
 """Training inputs the inducing variables cannot reach are refused with a named error (they used to be
 absorbed as zero covariance, so the fit there stayed at the prior), and long prediction grids stay
 within the cost guard, whose advice works for every inducing-variable view."""
+
 import copy
 import math
 
@@ -112,8 +113,15 @@ def test_the_botorch_model_refuses_observations_before_the_start():
     x = torch.linspace(1.0, 2.0, 20, dtype=DT).unsqueeze(-1)
     kernel = gpytorch.kernels.RBFKernel()
     kernel.lengthscale = 0.3
-    model = OnlineGPModel(x, _sine(x), HiPPOInducingVariables(12, "legs", t=2.0, start=1.0), covar_module=kernel,
-                          mean_module=gpytorch.means.ZeroMean(), fit_maxiter=0, outcome_transform=None)
+    model = OnlineGPModel(
+        x,
+        _sine(x),
+        HiPPOInducingVariables(12, "legs", t=2.0, start=1.0),
+        covar_module=kernel,
+        mean_module=gpytorch.means.ZeroMean(),
+        fit_maxiter=0,
+        outcome_transform=None,
+    )
     earlier = x[:5] - 0.9
     with pytest.raises(InputsOutsideSupportError, match="start="):
         model.condition_on_observations(earlier, _sine(earlier))

@@ -5,6 +5,7 @@ References: the quadrature backend (exact in time, any kernel; tested against ad
 test_hippo_inducing.py), SciPy's adaptive quadrature for the spectral density written here, and the
 built-in Matérn-1/2 kernel for a re-registered spec.
 """
+
 import copy
 import pickle
 
@@ -164,8 +165,14 @@ def test_a_kernel_registered_with_the_matern_spec_gets_banded_lyapunov_and_vff(r
 
 
 def test_every_backend_has_the_declared_interface():
-    for backend in (SpectralBackend(), BandedBackend(), QuadratureBackend(), RecurrenceBackend("random", "rff"),
-                    PathBackend("random"), LyapunovBackend()):
+    for backend in (
+        SpectralBackend(),
+        BandedBackend(),
+        QuadratureBackend(),
+        RecurrenceBackend("random", "rff"),
+        PathBackend("random"),
+        LyapunovBackend(),
+    ):
         assert isinstance(backend, CovarianceBackend)
         assert isinstance(backend.name, str)
     ivars = HiPPOInducingVariables(8, "legs", t=2.0)

@@ -7,6 +7,7 @@ each other to ~1e-13 relative here; the Lyapunov steps are exact identities (mod
 errors are damped from step to step (``‖Φ‖ <= sqrt(t_a/t_b)``), so 1e-10 relative leaves a margin
 of ~1000 over what is seen while any wrong term (a missing cross term, a stale state) shows at 1e-3 or more.
 """
+
 import copy
 import math
 
@@ -99,8 +100,12 @@ def test_kuf_at_inputs_spread_over_the_stream_matches_the_exact_backends(nu):
     M, lengthscale = 24, 0.5
     kernel = _kernel(nu, lengthscale=lengthscale)
     ivars, _ = _carried(M, kernel, 10.0, [200.0, 400.0, 600.0])
-    groups = [torch.tensor([-3.0, 0.2]), torch.tensor([150.0, 150.3, 151.0]), torch.tensor([333.0]),
-              torch.tensor([599.0, 600.0, 600.0, 603.0])]
+    groups = [
+        torch.tensor([-3.0, 0.2]),
+        torch.tensor([150.0, 150.3, 151.0]),
+        torch.tensor([333.0]),
+        torch.tensor([599.0, 600.0, 600.0, 603.0]),
+    ]
     x = torch.cat(groups)[torch.randperm(10, generator=torch.Generator().manual_seed(0))].double()[:, None]
     reference = _reference(M, 600.0, "auto").Kuf(kernel, x)
     assert _rel(ivars.Kuf(kernel, x), reference) < TOL

@@ -1,6 +1,7 @@
 """The batched Lyapunov engine (all streams' LegS covariances in one step) against each stream's exact spectral or
 quadrature covariances: clocks that differ, stand still, jump far, a stream start after 0, M = 16 and 64, and a
 hyperparameter change that must restart the carried state of the stream it concerns."""
+
 import gpytorch
 import pytest
 import torch

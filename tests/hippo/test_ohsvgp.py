@@ -3,6 +3,7 @@ closed form: with a Gaussian likelihood one natural-gradient step of size 1 reac
 the online ELBO, whose optimal q(u) is the collapsed bound's (Bui et al. 2017).  Covers the whole
 chain: HiPPO covariances, their cross-covariance across time (advance), the strategy and the
 online objective."""
+
 import gpytorch
 import torch
 

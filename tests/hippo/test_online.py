@@ -329,8 +329,14 @@ def test_lbfgs_fit_reaches_the_exact_gp_optimum_and_reports_it():
     from botorch.models import SingleTaskGP
 
     kernel, likelihood = modules()
-    exact = SingleTaskGP(x.unsqueeze(-1), y.unsqueeze(-1), likelihood=likelihood, covar_module=kernel,
-                         mean_module=gpytorch.means.ZeroMean(), outcome_transform=None)
+    exact = SingleTaskGP(
+        x.unsqueeze(-1),
+        y.unsqueeze(-1),
+        likelihood=likelihood,
+        covar_module=kernel,
+        mean_module=gpytorch.means.ZeroMean(),
+        outcome_transform=None,
+    )
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, exact)
     fit_gpytorch_mll(mll)
     report, ours, our_likelihood = reports["lbfgs"]

@@ -1,4 +1,5 @@
 """The OnlineELBO part of the runner: count metrics against a scipy Monte-Carlo predictive; method checks."""
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -73,8 +74,7 @@ def test_first_task_grid_start_leaves_the_stuck_initial_hyperparameters():
     data = Dataset("nb", x, y, "negative-binomial")
     fits = {}
     for start in ("given", "grid"):
-        rows, model, likelihood = run_elbo_method(data, "ovc", 20, seed=0, num_tasks=1, split=None, svgp_iters=30,
-                                                  first_fit=start)
+        rows, model, likelihood = run_elbo_method(data, "ovc", 20, seed=0, num_tasks=1, split=None, svgp_iters=30, first_fit=start)
         fits[start] = (rows[0]["nlpd"], likelihood.dispersion.item(), model.covar_module.base_kernel.lengthscale.item())
     assert fits["given"][1] < 2 and fits["given"][2] < 13  # stuck near the start
     assert 10 < fits["grid"][1] < 40 and fits["grid"][2] > 20
@@ -83,9 +83,13 @@ def test_first_task_grid_start_leaves_the_stuck_initial_hyperparameters():
     generator = torch.Generator().manual_seed(2)
     x = torch.rand(60, 2, generator=generator, dtype=torch.float64) * 10
     data = Dataset("toy2", x, torch.sin(x).sum(-1))
-    rows = {start: [(r["nlpd"], r["rmse"]) for r in run_elbo_method(data, "ovc", 8, seed=0, num_tasks=2, split="l2",
-                                                                      svgp_iters=3, first_fit=start)[0]]
-            for start in ("given", "grid")}
+    rows = {
+        start: [
+            (r["nlpd"], r["rmse"])
+            for r in run_elbo_method(data, "ovc", 8, seed=0, num_tasks=2, split="l2", svgp_iters=3, first_fit=start)[0]
+        ]
+        for start in ("given", "grid")
+    }
     assert rows["grid"] == rows["given"]  # multidimensional inputs keep the per-dimension start (measured better)
     with pytest.raises(ValueError, match="first_fit"):
         run_elbo_method(data, "ovc", 8, seed=0, num_tasks=1, split="l2", first_fit="span")

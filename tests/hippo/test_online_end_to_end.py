@@ -24,10 +24,7 @@ def negative_binomial_log_pmf(y, f, r):
     """log p(y | f) with mean e^f and dispersion r: Γ(y+r)/(Γ(r) y!) (r/(r+μ))^r (μ/(r+μ))^y."""
     log_mu = f
     log_r_plus_mu = torch.logaddexp(torch.full_like(f, math.log(r)), f)
-    return (
-        torch.lgamma(y + r) - math.lgamma(r) - torch.lgamma(y + 1)
-        + r * (math.log(r) - log_r_plus_mu) + y * (log_mu - log_r_plus_mu)
-    )
+    return torch.lgamma(y + r) - math.lgamma(r) - torch.lgamma(y + 1) + r * (math.log(r) - log_r_plus_mu) + y * (log_mu - log_r_plus_mu)
 
 
 class CountGP(gpytorch.models.ApproximateGP):

@@ -1,4 +1,5 @@
 """The online runner (experiments.online): CSV schema, bookkeeping, metrics against scipy, task splits."""
+
 import csv
 import math
 
@@ -15,8 +16,7 @@ from gpytorch_hippo.online import OnlineSGPR
 
 
 def test_quick_run_writes_the_schema_and_evaluates_every_seen_task(tmp_path, capsys):
-    rows = online.main(["--quick", "--quiet", "--methods", "ohsgpr,osgpr", "--num-inducing", "12",
-                        "--out", str(tmp_path)])
+    rows = online.main(["--quick", "--quiet", "--methods", "ohsgpr,osgpr", "--num-inducing", "12", "--out", str(tmp_path)])
     with open(tmp_path / "results.csv") as handle:
         reader = csv.reader(handle)
         assert tuple(next(reader)) == online.COLUMNS
@@ -104,8 +104,7 @@ def test_ohsgpr_backends_agree_and_the_default_is_the_fastest_exact_one(tmp_path
     # or a skipped advance moves it by far more).
     rows = {}
     for backend in ("spectral", None):
-        rows[backend], model, _ = online.run_method("irradiance", "ohsgpr", 30, seed=0, num_tasks=4, first_iters=2,
-                                                    hippo_backend=backend)
+        rows[backend], model, _ = online.run_method("irradiance", "ohsgpr", 30, seed=0, num_tasks=4, first_iters=2, hippo_backend=backend)
         assert model.inducing_variables.method == (backend or "lyapunov")
     assert len(rows[None]) == len(rows["spectral"]) == 10
     for fast, reference in zip(rows[None], rows["spectral"]):
@@ -191,8 +190,10 @@ def test_grid_start_keeps_to_the_likelihoods_noise_bound_and_names_y_when_it_can
 def test_float32_runs_agree_with_float64(method):
     """``--dtype float32``: the same rows as float64 within float32 round-off (sunspots, M = 50, 10 tasks:
     |ΔNLPD| <= 2e-4, |ΔRMSE| <= 6e-5 for OHSGPR; here irradiance, 4 tasks)."""
-    rows = {dtype: online.run_method("irradiance", method, 30, seed=0, num_tasks=4, first_iters=2, dtype=dtype)[0]
-            for dtype in (torch.float64, torch.float32)}
+    rows = {
+        dtype: online.run_method("irradiance", method, 30, seed=0, num_tasks=4, first_iters=2, dtype=dtype)[0]
+        for dtype in (torch.float64, torch.float32)
+    }
     for row64, row32 in zip(rows[torch.float64], rows[torch.float32]):
         assert abs(row64["nlpd"] - row32["nlpd"]) < 1e-3 and abs(row64["rmse"] - row32["rmse"]) < 1e-4
 
@@ -204,8 +205,22 @@ def test_the_hourly_irradiance_runner_runs_at_m_1000_on_a_short_stream(tmp_path,
     the guard's advice with an AttributeError)."""
     full = load_dataset("irradiance-hourly")
     monkeypatch.setattr(online, "load_dataset", lambda name: Dataset(name, full.x[::4], full.y[::4]))
-    rows = online.main(["--dataset", "irradiance-hourly", "--methods", "ohsgpr,ovc", "--num-inducing", "1000", "--quick",
-                        "--quiet", "--threads", "1", "--out", str(tmp_path)])
+    rows = online.main(
+        [
+            "--dataset",
+            "irradiance-hourly",
+            "--methods",
+            "ohsgpr,ovc",
+            "--num-inducing",
+            "1000",
+            "--quick",
+            "--quiet",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert {row["method"] for row in rows} == {"ohsgpr", "ovc"}
     assert all(math.isfinite(row["nlpd"]) for row in rows)
     assert (tmp_path / "online_final_fit.png").exists()

@@ -1,4 +1,5 @@
 """``--first-seed K`` of the online runner: seeds K..K+N-1, each the same rows as that seed of ``--seeds``."""
+
 import pytest
 
 from gpytorch_hippo.experiments import online
@@ -8,10 +9,13 @@ def _without_time(rows, seed):
     return [{k: v for k, v in r.items() if k != "cum_time_s"} for r in rows if r["seed"] == seed]
 
 
-@pytest.mark.parametrize("dataset, methods, extra", [
-    ("irradiance", "ohsgpr,osgpr", []),  # collapsed OnlineSGPR path: split_tasks + inducing-point init by seed
-    ("diabetes", "ohsvgp-k,osvgp", ["--split", "l2"]),  # OnlineELBO path (multidimensional inputs; scikit-learn data)
-])
+@pytest.mark.parametrize(
+    "dataset, methods, extra",
+    [
+        ("irradiance", "ohsgpr,osgpr", []),  # collapsed OnlineSGPR path: split_tasks + inducing-point init by seed
+        ("diabetes", "ohsvgp-k,osvgp", ["--split", "l2"]),  # OnlineELBO path (multidimensional inputs; scikit-learn data)
+    ],
+)
 def test_first_seed_reproduces_the_rows_of_that_seed_index(tmp_path, dataset, methods, extra):
     common = ["--quick", "--quiet", "--dataset", dataset, "--methods", methods, "--num-inducing", "8", *extra]
     both = online.main(common + ["--seeds", "2", "--out", str(tmp_path / "both")])

@@ -116,9 +116,7 @@ def test_long_low_noise_stream_keeps_the_first_task():
 def test_passing_the_jitter_on_as_information_loses_the_first_task(monkeypatch):
     """The reference failure: with no jitter noise averaged out, the same stream ends far below the
     prior on task 1 (predictive variance at the noise level around a wrong mean)."""
-    monkeypatch.setattr(
-        InducingVariables, "unshared_jitter", lambda self, other, kuu: torch.zeros(kuu.shape[:-1], dtype=kuu.dtype)
-    )
+    monkeypatch.setattr(InducingVariables, "unshared_jitter", lambda self, other, kuu: torch.zeros(kuu.shape[:-1], dtype=kuu.dtype))
     values, _, _ = _stream_task_one_nlpd()
     assert values[100] > 10.0
 
@@ -151,9 +149,7 @@ def test_online_bounds_sum_below_the_log_marginal_likelihood_and_above_the_unsmo
     smoothed = stream_bound()
     covariance = kernel(x.unsqueeze(-1)).to_dense() + 1e-2 * torch.eye(len(x), dtype=DT)
     log_marginal = torch.distributions.MultivariateNormal(torch.zeros_like(y), covariance).log_prob(y).item()
-    monkeypatch.setattr(
-        InducingVariables, "unshared_jitter", lambda self, other, kuu: torch.zeros(kuu.shape[:-1], dtype=kuu.dtype)
-    )
+    monkeypatch.setattr(InducingVariables, "unshared_jitter", lambda self, other, kuu: torch.zeros(kuu.shape[:-1], dtype=kuu.dtype))
     unsmoothed = stream_bound()
     assert smoothed <= log_marginal + 1e-8
     assert smoothed >= unsmoothed - 1e-8

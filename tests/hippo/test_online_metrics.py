@@ -1,4 +1,5 @@
 """Online-experiment metrics against closed forms and a calibrated Monte-Carlo reference."""
+
 import math
 
 import pytest
@@ -25,10 +26,10 @@ def test_interval_ece_small_when_calibrated_and_large_when_overconfident():
     # samples with sd 0.5 against data with sd 1: central c-interval covers P(|Z| < 0.5 z_c) -- closed form
     overconfident = 0.5 * calibrated
     normal = torch.distributions.Normal(0.0, 1.0)
-    expected = sum(
-        abs((2 * normal.cdf(0.5 * normal.icdf(torch.tensor((1 + c) / 2))) - 1).item() - c)
-        for c in [0.05 + 0.1 * k for k in range(10)]
-    ) / 10
+    expected = (
+        sum(abs((2 * normal.cdf(0.5 * normal.icdf(torch.tensor((1 + c) / 2))) - 1).item() - c) for c in [0.05 + 0.1 * k for k in range(10)])
+        / 10
+    )
     assert interval_ece(overconfident, y) == pytest.approx(expected, abs=0.03)
 
 

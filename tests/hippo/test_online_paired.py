@@ -1,4 +1,5 @@
 """Per-seed paired summary of the online runner's CSV, against numbers computed by hand."""
+
 import csv
 import math
 
@@ -10,24 +11,46 @@ from gpytorch_hippo.experiments import online, online_paired
 def _rows():
     """Two methods, three seeds, two tasks; the values are chosen so that the sums are easy by hand."""
     rows = []
-    nlpd_after_2 = {"ohsgpr": {0: (1.0, 3.0), 1: (2.0, 2.0), 2: (0.0, 4.0)},
-                    "osgpr": {0: (2.0, 4.0), 1: (4.0, 2.0), 2: (1.0, 3.0)}}
+    nlpd_after_2 = {"ohsgpr": {0: (1.0, 3.0), 1: (2.0, 2.0), 2: (0.0, 4.0)}, "osgpr": {0: (2.0, 4.0), 1: (4.0, 2.0), 2: (1.0, 3.0)}}
     for method, per_seed in nlpd_after_2.items():
         for seed, (task1, task2) in per_seed.items():
             time = 1.0 if method == "ohsgpr" else 10.0 + seed
             # after task 1 (ignored: not the last task) and after task 2
-            rows.append(dict(dataset="toy", method=method, num_inducing=5, seed=seed, task_trained=1, task_eval=1,
-                             nlpd=99.0, rmse=99.0, ece="", cum_time_s=0.5))
+            rows.append(
+                dict(
+                    dataset="toy",
+                    method=method,
+                    num_inducing=5,
+                    seed=seed,
+                    task_trained=1,
+                    task_eval=1,
+                    nlpd=99.0,
+                    rmse=99.0,
+                    ece="",
+                    cum_time_s=0.5,
+                )
+            )
             for task_eval, value in ((1, task1), (2, task2)):
-                rows.append(dict(dataset="toy", method=method, num_inducing=5, seed=seed, task_trained=2,
-                                 task_eval=task_eval, nlpd=value, rmse=value / 2, ece="", cum_time_s=time))
+                rows.append(
+                    dict(
+                        dataset="toy",
+                        method=method,
+                        num_inducing=5,
+                        seed=seed,
+                        task_trained=2,
+                        task_eval=task_eval,
+                        nlpd=value,
+                        rmse=value / 2,
+                        ece="",
+                        cum_time_s=time,
+                    )
+                )
     return rows
 
 
 def test_per_seed_reduces_to_the_last_task():
     seeds = online_paired.per_seed(_rows())
-    assert seeds["ohsgpr"][0] == pytest.approx({"nlpd": 2.0, "rmse": 1.0, "nlpd_task1": 1.0, "time": 1.0}
-                                               | {"ece": math.nan}, nan_ok=True)
+    assert seeds["ohsgpr"][0] == pytest.approx({"nlpd": 2.0, "rmse": 1.0, "nlpd_task1": 1.0, "time": 1.0} | {"ece": math.nan}, nan_ok=True)
     assert seeds["osgpr"][2]["nlpd"] == 2.0 and seeds["osgpr"][2]["time"] == 12.0
 
 

@@ -98,16 +98,18 @@ def test_online_elbo_state_dict_deepcopy_and_dtype_round_trip(kind):
 
 def test_online_sgpr_state_round_trip_with_a_changed_number_of_points():
     x, y = task_data(4, 0.0, 4.0, 60)
-    model = OnlineSGPR(InducingPoints(torch.linspace(0, 2, 8, dtype=DT), learn=False), make_kernel(),
-                       gpytorch.likelihoods.GaussianLikelihood().to(DT))
+    model = OnlineSGPR(
+        InducingPoints(torch.linspace(0, 2, 8, dtype=DT), learn=False), make_kernel(), gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    )
     model.update(x[:30], y[:30])
     model.inducing_variables = InducingPoints(torch.linspace(0, 4, 5, dtype=DT), learn=False)  # M: 8 -> 5
     model.update(x[30:], y[30:])
     grid = torch.linspace(0, 4, 17, dtype=DT)
     with torch.no_grad():
         reference = model(grid)
-    fresh = OnlineSGPR(InducingPoints(torch.zeros(5, dtype=DT), learn=False), make_kernel(),
-                       gpytorch.likelihoods.GaussianLikelihood().to(DT))
+    fresh = OnlineSGPR(
+        InducingPoints(torch.zeros(5, dtype=DT), learn=False), make_kernel(), gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    )
     fresh.load_state_dict(model.state_dict())
     clone = copy.deepcopy(model)
     with torch.no_grad():
@@ -196,8 +198,12 @@ def test_append_path_carries_q_forward_for_multidimensional_inputs():
 
 def test_a_changed_mean_is_rejected_for_hippo_variables():
     x, y = task_data(7)
-    ohsgpr = OnlineSGPR(make_inducing("hippo"), make_kernel(), gpytorch.likelihoods.GaussianLikelihood().to(DT),
-                        mean_module=gpytorch.means.ConstantMean().to(DT))
+    ohsgpr = OnlineSGPR(
+        make_inducing("hippo"),
+        make_kernel(),
+        gpytorch.likelihoods.GaussianLikelihood().to(DT),
+        mean_module=gpytorch.means.ConstantMean().to(DT),
+    )
     ohsgpr.update(x, y)
     ohsgpr.inducing_variables.advance(4.0)
     x2, y2 = task_data(8, 2.0, 4.0)
@@ -294,8 +300,12 @@ def test_online_sgpr_resumes_a_stream_from_saved_state(method):
     tasks = [task_data(seed=k, start=2.0 * k, end=2.0 * (k + 1)) for k in range(4)]
 
     def build():
-        return OnlineSGPR(HiPPOInducingVariables(M, "legs", t=2.0, method=method), make_kernel(),
-                          gpytorch.likelihoods.GaussianLikelihood().to(DT), captured_variance_warning=None)
+        return OnlineSGPR(
+            HiPPOInducingVariables(M, "legs", t=2.0, method=method),
+            make_kernel(),
+            gpytorch.likelihoods.GaussianLikelihood().to(DT),
+            captured_variance_warning=None,
+        )
 
     def learn(model, first, last):
         for k in range(first, last):
@@ -316,7 +326,8 @@ def test_online_sgpr_resumes_a_stream_from_saved_state(method):
     with torch.no_grad():
         torch.testing.assert_close(resumed(x).mean, whole(x).mean, rtol=0, atol=1e-10)
         torch.testing.assert_close(resumed(x).variance, whole(x).variance, rtol=0, atol=1e-10)
-    other = OnlineSGPR(HiPPOInducingVariables(M, "legs", t=4.0, method="quadrature"), make_kernel(),
-                       gpytorch.likelihoods.GaussianLikelihood().to(DT))
+    other = OnlineSGPR(
+        HiPPOInducingVariables(M, "legs", t=4.0, method="quadrature"), make_kernel(), gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    )
     with pytest.raises(ValueError, match="method"):
         other.load_state_dict(saved)

@@ -1,4 +1,5 @@
 """README's baselines example runs, and each method's online posterior mean is close to the exact GP's."""
+
 import gpytorch
 import torch
 
@@ -6,8 +7,11 @@ import torch
 def test_readme_baselines_example(capsys, run_readme_block):
     namespace = run_readme_block("FourierSchedule")
     times, series = namespace["times"], namespace["series"]
-    for name, base in (("OHSGPR", gpytorch.kernels.RBFKernel()), ("OVC", gpytorch.kernels.RBFKernel()),
-                       ("OVFF", gpytorch.kernels.MaternKernel(nu=2.5))):
+    for name, base in (
+        ("OHSGPR", gpytorch.kernels.RBFKernel()),
+        ("OVC", gpytorch.kernels.RBFKernel()),
+        ("OVFF", gpytorch.kernels.MaternKernel(nu=2.5)),
+    ):
         kernel = gpytorch.kernels.ScaleKernel(base).double()
         kernel.base_kernel.lengthscale = 5.0
         with torch.no_grad():

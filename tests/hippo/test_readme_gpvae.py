@@ -1,5 +1,6 @@
 """README's continual SVGPVAE example runs; its ELBO terms obey App. C's identity and the model has
 learned task 1 (RMSE well below the outputs' spread)."""
+
 import torch
 
 

@@ -4,6 +4,7 @@ The policy is checked against the same stream with each task's ``num_iter``/``op
 through a ``state_dict`` reload; the cache against a model that recomputes everything (``detach_test_caches``
 off), after each change a cache could outlive: an optimiser step, a hyperparameter set by hand, a
 ``load_state_dict``, an update, moved inducing variables."""
+
 import copy
 
 import gpytorch
@@ -24,8 +25,13 @@ def stream(num_tasks=5, n=30, seed=0):
 
 def hippo_model(**policy):
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5)).double()
-    return OnlineSGPR(HiPPOInducingVariables(24, "legs", t=1.0), kernel, gpytorch.likelihoods.GaussianLikelihood().double(),
-                      gpytorch.means.ConstantMean().double(), **policy)
+    return OnlineSGPR(
+        HiPPOInducingVariables(24, "legs", t=1.0),
+        kernel,
+        gpytorch.likelihoods.GaussianLikelihood().double(),
+        gpytorch.means.ConstantMean().double(),
+        **policy,
+    )
 
 
 def test_refit_every_fits_tasks_one_and_every_kth_after_it_as_by_hand_and_keeps_the_schedule_on_reload():
@@ -66,8 +72,11 @@ def test_an_explicit_num_iter_overrides_the_policy_and_bad_settings_raise():
     t, y = next(stream(1))
     model.update(t, y, num_iter=0)
     assert model.last_fit is None
-    for options, message in (({"refit_every": 0}, "refit_every"), ({"refit_iter": 0}, "refit_iter"),
-                             ({"refit_optimizer": "sgd"}, "refit_optimizer")):
+    for options, message in (
+        ({"refit_every": 0}, "refit_every"),
+        ({"refit_iter": 0}, "refit_iter"),
+        ({"refit_optimizer": "sgd"}, "refit_optimizer"),
+    ):
         with pytest.raises(ValueError, match=message):
             hippo_model(**options)
 
@@ -92,8 +101,9 @@ def test_the_cached_factors_never_outlive_what_they_depend_on(variables):
         model = hippo_model()
     else:
         kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
-        model = OnlineSGPR(InducingPoints(torch.linspace(0, 2, 15, dtype=DT).unsqueeze(-1)), kernel,
-                           gpytorch.likelihoods.GaussianLikelihood().double())
+        model = OnlineSGPR(
+            InducingPoints(torch.linspace(0, 2, 15, dtype=DT).unsqueeze(-1)), kernel, gpytorch.likelihoods.GaussianLikelihood().double()
+        )
     tasks = stream(2)
     model.update(*next(tasks))
     model.eval()
@@ -133,8 +143,9 @@ def test_gradients_through_the_cache_follow_gpytorchs_detach_test_caches():
     """With GPyTorch's default (detached test caches) the prediction's gradient in the inputs is exact
     (finite differences); with the setting off, gradients reach the hyperparameters as without a cache."""
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
-    model = OnlineSGPR(InducingPoints(torch.linspace(0, 1, 10, dtype=DT).unsqueeze(-1)), kernel,
-                       gpytorch.likelihoods.GaussianLikelihood().double())
+    model = OnlineSGPR(
+        InducingPoints(torch.linspace(0, 1, 10, dtype=DT).unsqueeze(-1)), kernel, gpytorch.likelihoods.GaussianLikelihood().double()
+    )
     model.update(*next(stream(1)))
     model.eval()
     model(torch.rand(3, dtype=DT))  # fills the cache

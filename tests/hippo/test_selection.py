@@ -1,4 +1,5 @@
 """Pivoted-Cholesky selection of inducing inputs (OVC) against a greedy reference written here."""
+
 import gpytorch
 import pytest
 import torch

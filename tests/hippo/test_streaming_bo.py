@@ -1,4 +1,5 @@
 """The streaming BO experiment: its objective against the physics it encodes, and a tiny run end to end."""
+
 import csv
 
 import numpy as np
@@ -16,8 +17,9 @@ def test_best_panel_faces_the_sun_in_clear_hours(objective):
     # Under a clear sky (beam >> diffuse) the plane-of-array irradiance is largest when the panel
     # is normal to the beam: tilt = solar zenith, azimuth = solar azimuth, and the value is at
     # least the direct normal irradiance.
-    clear = [h for h in objective.hours[:400] if objective.dni[h] > 700 and 100 < objective.sun_azimuth[h] < 260
-             and objective.zenith[h] < 85]
+    clear = [
+        h for h in objective.hours[:400] if objective.dni[h] > 700 and 100 < objective.sun_azimuth[h] < 260 and objective.zenith[h] < 85
+    ]
     assert len(clear) > 20
     for hour in clear[:: max(1, len(clear) // 10)]:
         values = objective(objective.grid, hour)

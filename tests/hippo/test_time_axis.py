@@ -1,6 +1,7 @@
 """Calendar times and missing values as time-series users have them: pandas datetimes with gaps and NaN
 targets through ``OnlineSGPR(time_axis=...)`` and ``update(..., missing="drop")``, against the same model
 fed hours and complete rows converted by hand."""
+
 import datetime
 
 import gpytorch
@@ -115,8 +116,9 @@ def test_calendar_times_need_a_time_axis_and_advance_names_it(weather):
 
 
 def test_numpy_and_pandas_numbers_take_the_model_dtype():
-    model = OnlineSGPR(HiPPOInducingVariables(10, "legs", t=1.0), gpytorch.kernels.RBFKernel(),
-                       gpytorch.likelihoods.GaussianLikelihood())  # float32
+    model = OnlineSGPR(
+        HiPPOInducingVariables(10, "legs", t=1.0), gpytorch.kernels.RBFKernel(), gpytorch.likelihoods.GaussianLikelihood()
+    )  # float32
     x = np.linspace(0.0, 1.0, 20)
     model.update(pd.Series(x), np.sin(6 * x))
     model.eval()

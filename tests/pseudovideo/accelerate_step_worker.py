@@ -1,5 +1,6 @@
 """One accelerate training step of a tiny video diffusion model; run by ``torchrun --nproc-per-node 2``
 from ``test_accelerate_training.py``, which compares it with a plain single-process step."""
+
 import sys
 
 import torch
@@ -39,11 +40,18 @@ def sgd(parameters):
 if __name__ == "__main__":
     torch.set_num_threads(1)
     if sys.argv[2:] == ["prior"]:  # a loss that is a method, not forward: AutoregressiveTokenPrior.loss
-        model, _, accelerator, _ = train(tiny_prior(), next_tokens, 1, optimizer_factory=sgd, loss="loss",
-                                         batch_loss=lambda module, batch, rng: module(batch), seed=0, cpu=True,
-                                         progress=False)
+        model, _, accelerator, _ = train(
+            tiny_prior(),
+            next_tokens,
+            1,
+            optimizer_factory=sgd,
+            loss="loss",
+            batch_loss=lambda module, batch, rng: module(batch),
+            seed=0,
+            cpu=True,
+            progress=False,
+        )
     else:
-        model, _, accelerator, _ = train(tiny_model(), next_batch, 1, optimizer_factory=sgd, seed=0, cpu=True,
-                                         progress=False)
+        model, _, accelerator, _ = train(tiny_model(), next_batch, 1, optimizer_factory=sgd, seed=0, cpu=True, progress=False)
     if accelerator.is_main_process:
         torch.save({"world_size": accelerator.num_processes, "state": model.state_dict()}, sys.argv[1])

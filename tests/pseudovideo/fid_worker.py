@@ -1,5 +1,6 @@
 """FID of a share of the images per process; run by ``torchrun --nproc-per-node 2`` from
 ``test_metrics_distributed.py``, which compares it with one process on all of them."""
+
 import sys
 
 import torch

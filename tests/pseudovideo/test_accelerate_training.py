@@ -1,6 +1,7 @@
 """Training through accelerate: one step of 2 CPU processes equals a plain single-process SGD step on
 the two processes' concatenated batches and draws, and a run resumed from a checkpoint continues
 exactly as the uninterrupted run."""
+
 import os
 import pathlib
 import subprocess
@@ -32,8 +33,16 @@ def fresh_accelerator_state():
 @pytest.mark.distributed
 def test_two_process_step_equals_single_process_step_on_the_concatenated_batch(tmp_path):
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(HERE / "accelerate_step_worker.py"), str(tmp_path / "step.pt")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(HERE / "accelerate_step_worker.py"),
+        str(tmp_path / "step.pt"),
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = torch.load(tmp_path / "step.pt")
@@ -64,8 +73,17 @@ def test_two_process_step_equals_single_process_step_on_the_concatenated_batch(t
 def test_two_process_step_of_a_loss_method_equals_single_process_step(tmp_path):
     """The token priors' loss is a method: it still runs inside the data-parallel wrapper (gradients averaged)."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(HERE / "accelerate_step_worker.py"), str(tmp_path / "step.pt"), "prior"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(HERE / "accelerate_step_worker.py"),
+        str(tmp_path / "step.pt"),
+        "prior",
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = torch.load(tmp_path / "step.pt")
@@ -81,12 +99,12 @@ def test_two_process_step_of_a_loss_method_equals_single_process_step(tmp_path):
 
 
 def test_resumed_run_continues_exactly(tmp_path):
-    common = dict(optimizer_factory=lambda p: torch.optim.Adam(p, lr=1e-2), ema_decay=0.9, seed=3, cpu=True,
-                  progress=False, checkpoint_every=2)
+    common = dict(
+        optimizer_factory=lambda p: torch.optim.Adam(p, lr=1e-2), ema_decay=0.9, seed=3, cpu=True, progress=False, checkpoint_every=2
+    )
     whole, whole_ema, _, _ = train(worker.tiny_model(), worker.next_batch, 4, checkpoint_dir=tmp_path / "a", **common)
     train(worker.tiny_model(), worker.next_batch, 2, checkpoint_dir=tmp_path / "b", **common)  # stops at step 2
-    resumed, resumed_ema, _, _ = train(worker.tiny_model(), worker.next_batch, 4, checkpoint_dir=tmp_path / "b",
-                                    resume=True, **common)
+    resumed, resumed_ema, _, _ = train(worker.tiny_model(), worker.next_batch, 4, checkpoint_dir=tmp_path / "b", resume=True, **common)
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     for a, b in zip(whole_ema.shadow_params, resumed_ema.shadow_params):
@@ -97,8 +115,9 @@ def test_resumed_run_continues_exactly(tmp_path):
 
 
 def test_accumulation_and_mixed_precision_run_and_bad_arguments_are_named(tmp_path):
-    model, _, accelerator, _ = train(worker.tiny_model(), worker.next_batch, 2, accumulation=2, mixed_precision="bf16",
-                                  cpu=True, progress=False)
+    model, _, accelerator, _ = train(
+        worker.tiny_model(), worker.next_batch, 2, accumulation=2, mixed_precision="bf16", cpu=True, progress=False
+    )
     assert accelerator.gradient_accumulation_steps == 2 and accelerator.mixed_precision == "bf16"
     assert all(torch.isfinite(p).all() for p in model.parameters())
     with pytest.raises(ValueError, match="mixed_precision"):
@@ -108,15 +127,36 @@ def test_accumulation_and_mixed_precision_run_and_bad_arguments_are_named(tmp_pa
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("runner, options, csv_name, rows", [
-    ("hvae", ["--encoders", "heat"], "hvae_results.csv", 1),
-    ("tokens", ["--frames", "1", "--model", "tokenizer,ar"], "results.csv", 2),
-])
+@pytest.mark.parametrize(
+    "runner, options, csv_name, rows",
+    [
+        ("hvae", ["--encoders", "heat"], "hvae_results.csv", 1),
+        ("tokens", ["--frames", "1", "--model", "tokenizer,ar"], "results.csv", 2),
+    ],
+)
 def test_hvae_and_tokens_runners_under_two_processes_write_once(tmp_path, runner, options, csv_name, rows):
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-               f"pseudovideo.experiments.{runner}", "--dataset", "digits", "--downsample", "1", "--quick", "--quiet",
-               *options, "--out", str(tmp_path), "--classifier-cache", str(tmp_path / "cache")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        f"pseudovideo.experiments.{runner}",
+        "--dataset",
+        "digits",
+        "--downsample",
+        "1",
+        "--quick",
+        "--quiet",
+        *options,
+        "--out",
+        str(tmp_path),
+        "--classifier-cache",
+        str(tmp_path / "cache"),
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len((tmp_path / csv_name).read_text().splitlines()) == 1 + rows
@@ -126,10 +166,34 @@ def test_hvae_and_tokens_runners_under_two_processes_write_once(tmp_path, runner
 def test_diffusion_runner_under_two_processes_writes_once(tmp_path):
     """torchrun with 2 CPU processes: they train data-parallel and only the main process evaluates and writes."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-               "pseudovideo.experiments.diffusion", "--dataset", "digits", "--downsample", "1", "--frames", "1,2",
-               "--augmentation", "markov_high", "--quick", "--quiet", "--ema-decay", "0.5", "--accumulation", "2",
-               "--out", str(tmp_path), "--classifier-cache", str(tmp_path / "cache")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "pseudovideo.experiments.diffusion",
+        "--dataset",
+        "digits",
+        "--downsample",
+        "1",
+        "--frames",
+        "1,2",
+        "--augmentation",
+        "markov_high",
+        "--quick",
+        "--quiet",
+        "--ema-decay",
+        "0.5",
+        "--accumulation",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--classifier-cache",
+        str(tmp_path / "cache"),
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (tmp_path / "results.csv").read_text().splitlines()

@@ -1,6 +1,7 @@
 """diffusers citizenship: save/load round trips (weights, config, training schedule; identical samples),
 the pseudo-video pipeline against diffusers' own DDPMPipeline/DDIMPipeline, and the image model's UNet
 refusing those pipelines by name."""
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,14 +17,14 @@ from pseudovideo.pipelines import PseudoVideoPipeline
 
 def tiny(num_frames=3, context=1, **options):
     torch.manual_seed(0)
-    return AutoregressiveVideoDiffusion(num_frames, context, image_size=4, block_out_channels=(8, 16),
-                                        num_train_timesteps=50, **options).eval()
+    return AutoregressiveVideoDiffusion(
+        num_frames, context, image_size=4, block_out_channels=(8, 16), num_train_timesteps=50, **options
+    ).eval()
 
 
 def arguments(config):
     """The constructor arguments a config records (diffusers adds private ``_...`` keys; JSON makes tuples lists)."""
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()
-            if not key.startswith("_")}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items() if not key.startswith("_")}
 
 
 def quiet(pipeline):
@@ -46,27 +47,24 @@ def test_save_and_load_round_trip_weights_config_schedule_and_samples(tmp_path, 
 
 def test_pipeline_round_trips_and_reproduces_under_a_generator(tmp_path):
     pipeline = quiet(PseudoVideoPipeline(tiny(), DDPMScheduler.from_config(tiny().scheduler.config)))
-    videos = pipeline(batch_size=3, num_inference_steps=6, generator=torch.Generator().manual_seed(2),
-                      output_type="model").videos
-    again = pipeline(batch_size=3, num_inference_steps=6, generator=torch.Generator().manual_seed(2),
-                     output_type="model").videos
+    videos = pipeline(batch_size=3, num_inference_steps=6, generator=torch.Generator().manual_seed(2), output_type="model").videos
+    again = pipeline(batch_size=3, num_inference_steps=6, generator=torch.Generator().manual_seed(2), output_type="model").videos
     assert videos.shape == (3, 3, 1, 4, 4) and torch.equal(videos, again)
     pipeline.save_pretrained(tmp_path)
     loaded = quiet(PseudoVideoPipeline.from_pretrained(tmp_path))
     assert isinstance(loaded.model, AutoregressiveVideoDiffusion) and isinstance(loaded.scheduler, DDPMScheduler)
-    reloaded = loaded(batch_size=3, num_inference_steps=6, generator=torch.Generator().manual_seed(2),
-                      output_type="model").videos
+    reloaded = loaded(batch_size=3, num_inference_steps=6, generator=torch.Generator().manual_seed(2), output_type="model").videos
     assert torch.equal(videos, reloaded)
 
 
 def test_deterministic_ddim_pipeline_is_model_sample():
     model = tiny()
     pipeline = quiet(PseudoVideoPipeline(model, DDIMScheduler.from_config(model.scheduler.config)))
-    videos = pipeline(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(3), eta=0.0,
-                      output_type="model").videos
+    videos = pipeline(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(3), eta=0.0, output_type="model").videos
     torch.testing.assert_close(videos, model.sample(2, 4, torch.Generator().manual_seed(3)), rtol=0, atol=0)
-    stochastic = pipeline(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(3), eta=1.0,
-                          output_type="model").videos
+    stochastic = pipeline(
+        batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(3), eta=1.0, output_type="model"
+    ).videos
     assert not torch.allclose(stochastic, videos)
 
 
@@ -92,20 +90,22 @@ class ImageDenoiser(torch.nn.Module):
         return UNet2DOutput(sample=self.model.unet(torch.cat([image, indicator], 1), timestep).sample)
 
 
-@pytest.mark.parametrize("pipeline_class, scheduler_class, options", [
-    (DDPMPipeline, DDPMScheduler, {}),  # ancestral sampling, the thesis's sampler
-    (DDIMPipeline, DDIMScheduler, {"eta": 1.0}),  # stochastic DDIM
-    (DDIMPipeline, DDIMScheduler, {"eta": 0.0}),
-])
+@pytest.mark.parametrize(
+    "pipeline_class, scheduler_class, options",
+    [
+        (DDPMPipeline, DDPMScheduler, {}),  # ancestral sampling, the thesis's sampler
+        (DDIMPipeline, DDIMScheduler, {"eta": 1.0}),  # stochastic DDIM
+        (DDIMPipeline, DDIMScheduler, {"eta": 0.0}),
+    ],
+)
 def test_image_model_pipeline_equals_diffusers_own_pipeline(pipeline_class, scheduler_class, options):
     model = tiny(1, 0)
     scheduler = scheduler_class.from_config(model.scheduler.config)
-    ours = quiet(PseudoVideoPipeline(model, scheduler))(batch_size=3, num_inference_steps=7,
-                                                         generator=torch.Generator().manual_seed(4), output_type="np",
-                                                         **options).videos
+    ours = quiet(PseudoVideoPipeline(model, scheduler))(
+        batch_size=3, num_inference_steps=7, generator=torch.Generator().manual_seed(4), output_type="np", **options
+    ).videos
     reference = quiet(pipeline_class(unet=ImageDenoiser(model), scheduler=scheduler_class.from_config(model.scheduler.config)))
-    theirs = reference(batch_size=3, num_inference_steps=7, generator=torch.Generator().manual_seed(4), output_type="np",
-                       **options).images
+    theirs = reference(batch_size=3, num_inference_steps=7, generator=torch.Generator().manual_seed(4), output_type="np", **options).images
     assert ours.shape == (3, 1, 4, 4, 1) and theirs.shape == (3, 4, 4, 1)
     np.testing.assert_allclose(ours[:, 0], theirs, rtol=0, atol=1e-6)
 
@@ -190,9 +190,29 @@ def test_ema_weights_are_diffusers_ema_and_restored():
 def test_runner_saves_ema_models_that_reload(tmp_path):
     from pseudovideo.experiments.diffusion import main
 
-    main(["--dataset", "digits", "--downsample", "1", "--frames", "2", "--augmentation", "markov_high", "--seeds", "1",
-          "--quick", "--quiet", "--ema-decay", "0.5", "--save-models", "--out", str(tmp_path),
-          "--classifier-cache", str(tmp_path / "cache")])
+    main(
+        [
+            "--dataset",
+            "digits",
+            "--downsample",
+            "1",
+            "--frames",
+            "2",
+            "--augmentation",
+            "markov_high",
+            "--seeds",
+            "1",
+            "--quick",
+            "--quiet",
+            "--ema-decay",
+            "0.5",
+            "--save-models",
+            "--out",
+            str(tmp_path),
+            "--classifier-cache",
+            str(tmp_path / "cache"),
+        ]
+    )
     loaded = AutoregressiveVideoDiffusion.from_pretrained(tmp_path / "model_2frame_markov_high_seed0")
     assert loaded.config.num_frames == 2 and loaded.config.clip_sample is False  # markov_high: no clipping
 
@@ -203,8 +223,19 @@ def test_hvae_and_tokens_runners_take_ema(tmp_path, runner):
 
     main = importlib.import_module(f"pseudovideo.experiments.{runner}").main
     options = ["--frames", "1", "--model", "tokenizer"] if runner == "tokens" else []
-    common = ["--dataset", "digits", "--downsample", "1", "--seeds", "1", "--quick", "--quiet",
-              "--classifier-cache", str(tmp_path / "cache"), *options]
+    common = [
+        "--dataset",
+        "digits",
+        "--downsample",
+        "1",
+        "--seeds",
+        "1",
+        "--quick",
+        "--quiet",
+        "--classifier-cache",
+        str(tmp_path / "cache"),
+        *options,
+    ]
     plain = main(common + ["--out", str(tmp_path / "plain")])
     averaged = main(common + ["--out", str(tmp_path / "ema"), "--ema-decay", "0.5"])
     assert plain[0]["is"] != averaged[0]["is"]  # the evaluated weights are the average, not the last ones

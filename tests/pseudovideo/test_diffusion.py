@@ -1,5 +1,6 @@
 """Video diffusion: the 1-frame model is DDPM's epsilon loss exactly, the Autoreg task windows follow
 the thesis (C = 2 for 4 frames), conditioning is learned, and the runner's --quick CSV contract."""
+
 import csv
 
 import pytest
@@ -11,8 +12,7 @@ from pseudovideo.models.diffusion import ABSENT, LATENT, OBSERVED, Autoregressiv
 
 def tiny(num_frames, context, image_size=4):
     torch.manual_seed(0)
-    return AutoregressiveVideoDiffusion(num_frames, context, image_size=image_size, block_out_channels=(8, 16),
-                                        num_train_timesteps=100)
+    return AutoregressiveVideoDiffusion(num_frames, context, image_size=image_size, block_out_channels=(8, 16), num_train_timesteps=100)
 
 
 def test_one_frame_loss_is_the_ddpm_epsilon_loss():
@@ -65,9 +65,15 @@ def test_sampling_shapes_and_determinism():
     assert torch.equal(first, again) and not torch.allclose(first, other)
 
 
-@pytest.mark.parametrize("args, match", [
-    ((0, 0), "num_frames"), ((1, 1), "context"), ((4, 4), "context"), ((4, 0), "context"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((0, 0), "num_frames"),
+        ((1, 1), "context"),
+        ((4, 4), "context"),
+        ((4, 0), "context"),
+    ],
+)
 def test_bad_construction_is_named(args, match):
     with pytest.raises(ValueError, match=match):
         AutoregressiveVideoDiffusion(*args, image_size=4, block_out_channels=(8, 16))
@@ -84,14 +90,34 @@ def test_bad_calls_are_named():
 
 
 def test_quick_run_writes_the_csv_contract(tmp_path):
-    rows = main(["--dataset", "digits", "--downsample", "1", "--frames", "1,2", "--augmentation", "markov_high",
-                 "--seeds", "1", "--quick", "--quiet", "--out", str(tmp_path), "--classifier-cache", str(tmp_path / "cache")])
+    rows = main(
+        [
+            "--dataset",
+            "digits",
+            "--downsample",
+            "1",
+            "--frames",
+            "1,2",
+            "--augmentation",
+            "markov_high",
+            "--seeds",
+            "1",
+            "--quick",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+            "--classifier-cache",
+            str(tmp_path / "cache"),
+        ]
+    )
     with open(tmp_path / "results.csv") as handle:
         reader = csv.DictReader(handle)
         assert reader.fieldnames == COLUMNS
         written = list(reader)
     assert [(r["model"], r["frames"], r["augmentation"]) for r in written] == [
-        ("image_ddpm", "1", "none"), ("video_diffusion", "2", "markov_high")]
+        ("image_ddpm", "1", "none"),
+        ("video_diffusion", "2", "markov_high"),
+    ]
     assert written[0]["psnr"] == "" and float(written[1]["psnr"]) > 0
     assert all(float(r["fid"]) > 0 and 1 <= float(r["is"]) <= 10 for r in written) and len(rows) == 2
     assert (tmp_path / "pseudo_videos_2frames.png").is_file() and (tmp_path / "samples_1frame_none_seed0.png").is_file()
@@ -100,8 +126,20 @@ def test_quick_run_writes_the_csv_contract(tmp_path):
 def test_first_seed_reproduces_that_seed_of_a_longer_run(tmp_path):
     """Splitting seeds across processes (``--first-seed``) must give the rows of one run over all seeds:
     a model seeded by its position in the loop instead of its seed would fail this."""
-    common = ["--dataset", "digits", "--downsample", "1", "--frames", "2", "--augmentation", "markov_first",
-              "--quick", "--quiet", "--classifier-cache", str(tmp_path / "cache")]
+    common = [
+        "--dataset",
+        "digits",
+        "--downsample",
+        "1",
+        "--frames",
+        "2",
+        "--augmentation",
+        "markov_first",
+        "--quick",
+        "--quiet",
+        "--classifier-cache",
+        str(tmp_path / "cache"),
+    ]
     both = main(common + ["--seeds", "2", "--out", str(tmp_path / "both")])
     second = main(common + ["--seeds", "1", "--first-seed", "1", "--out", str(tmp_path / "second")])
     assert [r["seed"] for r in both] == [0, 1] and [r["seed"] for r in second] == [1]

@@ -1,5 +1,6 @@
 """Sampling matches training: generated context frames have the marginals of the training pseudo
 frames (no hidden clipping), and ``sample()`` runs in the model's dtype (float64, bfloat16, autocast)."""
+
 import math
 
 import pytest
@@ -13,7 +14,8 @@ from pseudovideo.models.diffusion import CLIP_SAMPLE, AutoregressiveVideoDiffusi
 BETA, PIXEL = 0.5, -0.9
 FRAME_1_MEAN, FRAME_1_STD = PIXEL * math.sqrt(1 - BETA), math.sqrt(BETA)
 FRAME_1_OUTSIDE = 0.5 * math.erfc((1 + FRAME_1_MEAN) / FRAME_1_STD / math.sqrt(2)) + 0.5 * math.erfc(
-    (1 - FRAME_1_MEAN) / FRAME_1_STD / math.sqrt(2))
+    (1 - FRAME_1_MEAN) / FRAME_1_STD / math.sqrt(2)
+)
 
 
 def training_videos(batch, generator):
@@ -25,8 +27,9 @@ def training_videos(batch, generator):
 def trained():
     """A 2-frame model (context 1) trained for 300 steps on the videos above (~7 s)."""
     torch.manual_seed(0)
-    model = AutoregressiveVideoDiffusion(2, 1, image_size=4, block_out_channels=(8, 16), num_train_timesteps=100,
-                                         prediction_type="v_prediction")
+    model = AutoregressiveVideoDiffusion(
+        2, 1, image_size=4, block_out_channels=(8, 16), num_train_timesteps=100, prediction_type="v_prediction"
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 300)
     generator = torch.Generator().manual_seed(0)
@@ -57,8 +60,9 @@ def test_generated_context_frames_have_the_training_marginals(trained):
 def test_clipping_changes_the_marginals_and_is_opt_in(trained):
     """The sampler diffusers' schedulers give by default (``clip_sample=True``) puts every generated
     pixel in [-1, 1], where 31 % of the training frame's pixels are not: what the model used to do."""
-    clipped = AutoregressiveVideoDiffusion(2, 1, image_size=4, block_out_channels=(8, 16), num_train_timesteps=100,
-                                           prediction_type="v_prediction", clip_sample=True).eval()
+    clipped = AutoregressiveVideoDiffusion(
+        2, 1, image_size=4, block_out_channels=(8, 16), num_train_timesteps=100, prediction_type="v_prediction", clip_sample=True
+    ).eval()
     clipped.load_state_dict(trained.state_dict())
     frame = clipped.sample(512, 50, torch.Generator().manual_seed(1))[:, 0]
     assert frame.abs().max() <= 1 and FRAME_1_OUTSIDE > 0.3

@@ -1,5 +1,6 @@
 """The GPU kit's diffusion training run, at a tiny size on the CPU: it trains (the loss falls on a fixed
 batch pool) and reports what the kit records."""
+
 import math
 import pathlib
 import sys

@@ -1,5 +1,6 @@
 """HVAE of §5.2.1: the fixed encoder is the heat equation plus sigma_h noise with its Gaussian log
 density (scipy), the negative ELBO decreases under training, and the runner's --quick contract."""
+
 import csv
 import math
 
@@ -67,8 +68,20 @@ def test_bad_input_is_named():
 
 
 def test_quick_run_writes_the_csv(tmp_path):
-    rows = main(["--dataset", "digits", "--downsample", "1", "--quick", "--quiet", "--out", str(tmp_path),
-                 "--classifier-cache", str(tmp_path / "cache")])
+    rows = main(
+        [
+            "--dataset",
+            "digits",
+            "--downsample",
+            "1",
+            "--quick",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+            "--classifier-cache",
+            str(tmp_path / "cache"),
+        ]
+    )
     with open(tmp_path / "hvae_results.csv") as handle:
         reader = csv.DictReader(handle)
         assert reader.fieldnames == COLUMNS
@@ -76,6 +89,22 @@ def test_quick_run_writes_the_csv(tmp_path):
     assert [r["encoder"] for r in written] == ["heat", "learned"] and len(rows) == 2
     assert all(1 <= float(r["is"]) <= 10 for r in written)
     assert (tmp_path / "hvae_samples_heat_seed0.png").is_file()
-    later = main(["--dataset", "digits", "--downsample", "1", "--quick", "--quiet", "--encoders", "heat", "--first-seed", "2",
-                  "--out", str(tmp_path / "later"), "--classifier-cache", str(tmp_path / "cache")])
+    later = main(
+        [
+            "--dataset",
+            "digits",
+            "--downsample",
+            "1",
+            "--quick",
+            "--quiet",
+            "--encoders",
+            "heat",
+            "--first-seed",
+            "2",
+            "--out",
+            str(tmp_path / "later"),
+            "--classifier-cache",
+            str(tmp_path / "cache"),
+        ]
+    )
     assert [r["seed"] for r in later] == [2] and (tmp_path / "later" / "hvae_samples_heat_seed2.png").is_file()

@@ -1,5 +1,6 @@
 """Metrics against closed forms: the Frechet distance of two moment-matched distributions (scipy
 sqrtm), its invariances, the Inception Score formula on known class probabilities, and PSNR."""
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -113,18 +114,23 @@ def test_default_classifier_is_trained_once_then_loaded_from_cache(tmp_path):
     # the metric's features separate digits from their pixel-shuffled copies far more than two halves of digits
     feature = PenultimateFeatures(classifier)
     shuffled = images[:, :, torch.randperm(8)][:, :, :, torch.randperm(8)]
-    assert frechet_distance(images[:800], shuffled[800:1600], feature) > 3 * frechet_distance(
-        images[:800], images[800:1600], feature)
+    assert frechet_distance(images[:800], shuffled[800:1600], feature) > 3 * frechet_distance(images[:800], images[800:1600], feature)
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: psnr(torch.rand(2, 1, 4, 4), torch.rand(2, 1, 4, 5)), ValueError, "shape"),
-    (lambda: frechet_distance(torch.rand(4, 16), torch.rand(4, 1, 4, 4), ImageClassifier()), TypeError, "real"),
-    (lambda: frechet_distance(torch.rand(4, 1, 4, 4), 2 * torch.rand(4, 1, 4, 4), ImageClassifier()),
-     ValueError, r"fake must lie in \[0, 1\]"),
-    (lambda: frechet_distance(torch.rand(4, 1, 4, 4), torch.rand(4, 1, 4, 4), "features"), TypeError, "feature"),
-    (lambda: inception_score(torch.rand(1, 1, 4, 4), ImageClassifier()), ValueError, "at least 2"),
-])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: psnr(torch.rand(2, 1, 4, 4), torch.rand(2, 1, 4, 5)), ValueError, "shape"),
+        (lambda: frechet_distance(torch.rand(4, 16), torch.rand(4, 1, 4, 4), ImageClassifier()), TypeError, "real"),
+        (
+            lambda: frechet_distance(torch.rand(4, 1, 4, 4), 2 * torch.rand(4, 1, 4, 4), ImageClassifier()),
+            ValueError,
+            r"fake must lie in \[0, 1\]",
+        ),
+        (lambda: frechet_distance(torch.rand(4, 1, 4, 4), torch.rand(4, 1, 4, 4), "features"), TypeError, "feature"),
+        (lambda: inception_score(torch.rand(1, 1, 4, 4), ImageClassifier()), ValueError, "at least 2"),
+    ],
+)
 def test_bad_input_is_named(call, error, match):
     with pytest.raises(error, match=match):
         call()

@@ -1,5 +1,6 @@
 """FID across processes: two ``torchrun`` processes, each with its own share of the images, get the FID of
 their union, equal to one process on all of them."""
+
 import os
 import pathlib
 import subprocess
@@ -20,8 +21,16 @@ from pseudovideo.metrics import frechet_distance  # noqa: E402
 def test_two_processes_with_a_share_each_equal_one_process_on_all(tmp_path):
     path = os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(HERE / "fid_worker.py"), str(tmp_path / "fid.pt")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(HERE / "fid_worker.py"),
+        str(tmp_path / "fid.pt"),
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = torch.load(tmp_path / "fid.pt")

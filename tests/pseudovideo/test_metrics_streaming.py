@@ -1,5 +1,6 @@
 """Metrics at full size: FID and IS from streamed batches equal the one-shot values, and too few
 samples, a wrong data range or images outside [0, 1] are named instead of returning a number."""
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -12,8 +13,7 @@ from pseudovideo.metrics import ImageClassifier, MetricReliabilityWarning, frech
 class LinearFeatures(nn.Module):
     def __init__(self, dimension=3, pixels=16, seed=0):
         super().__init__()
-        self.matrix = nn.Parameter(torch.randn(dimension, pixels, generator=torch.Generator().manual_seed(seed),
-                                               dtype=torch.float64))
+        self.matrix = nn.Parameter(torch.randn(dimension, pixels, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
         self.num_features = dimension
 
     def forward(self, images):

@@ -1,6 +1,7 @@
 """Token priors: the AR factorisation is causal and normalised, its sampler draws from the model's own
 distribution (with temperature), masked decoding fills every token deterministically under a
 generator, and both priors learn a known Markov chain over codes to within a KL tolerance."""
+
 import itertools
 import math
 
@@ -11,10 +12,7 @@ from pseudovideo.models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
 
 # a 4-code Markov chain with distinct, non-degenerate transitions
 INITIAL = torch.tensor([0.4, 0.3, 0.2, 0.1])
-TRANSITION = torch.tensor([[0.70, 0.10, 0.10, 0.10],
-                           [0.05, 0.05, 0.80, 0.10],
-                           [0.30, 0.30, 0.20, 0.20],
-                           [0.10, 0.60, 0.05, 0.25]])
+TRANSITION = torch.tensor([[0.70, 0.10, 0.10, 0.10], [0.05, 0.05, 0.80, 0.10], [0.30, 0.30, 0.20, 0.20], [0.10, 0.60, 0.05, 0.25]])
 
 
 def markov_chains(count, length, generator):
@@ -53,7 +51,7 @@ def test_changing_a_later_token_never_changes_an_earlier_logit():
         # logits at i model z_i | z_<i: positions <= the changed one are untouched, later ones move
         torch.testing.assert_close(logits[:, : position + 1], base[:, : position + 1], atol=1e-6, rtol=0)
         if position < 17:
-            assert (logits[:, position + 1:] - base[:, position + 1:]).abs().max() > 1e-4
+            assert (logits[:, position + 1 :] - base[:, position + 1 :]).abs().max() > 1e-4
 
 
 def all_sequences(codes, length):

@@ -1,5 +1,6 @@
 """Bad input to the public entry points of pseudovideo: a ValueError/TypeError naming the argument,
 never a NaN result or an unrelated error from deep inside torch; or a correct finite result."""
+
 import pytest
 import torch
 
@@ -28,20 +29,23 @@ def test_non_finite_images(method, value):
         make_pseudo_video(_with(value), 4, method)
 
 
-@pytest.mark.parametrize("method, params, error, match", [
-    ("blur", {"rate": NAN}, ValueError, "rate"),
-    ("blur", {"rate": INF}, ValueError, "rate"),
-    ("blur", {"rate": 1e6}, ValueError, "rate"),  # exp(rate t) overflows
-    ("blur", {"rate": True}, TypeError, "rate"),
-    ("blur", {"rate": None}, TypeError, "rate"),
-    ("blur", {"kernel_size": True}, TypeError, "kernel_size"),
-    ("heat", {"max_std": INF}, ValueError, "max_std"),
-    ("heat", {"noise_std": NAN}, ValueError, "noise_std"),
-    ("heat", {"noise_std": INF}, ValueError, "noise_std"),
-    ("heat", {"min_std": "a"}, TypeError, "min_std"),
-    ("markov_first", {"beta_start": None}, TypeError, "beta_start"),
-    ("markov_high", {"beta_end": "a"}, TypeError, "beta_end"),
-])
+@pytest.mark.parametrize(
+    "method, params, error, match",
+    [
+        ("blur", {"rate": NAN}, ValueError, "rate"),
+        ("blur", {"rate": INF}, ValueError, "rate"),
+        ("blur", {"rate": 1e6}, ValueError, "rate"),  # exp(rate t) overflows
+        ("blur", {"rate": True}, TypeError, "rate"),
+        ("blur", {"rate": None}, TypeError, "rate"),
+        ("blur", {"kernel_size": True}, TypeError, "kernel_size"),
+        ("heat", {"max_std": INF}, ValueError, "max_std"),
+        ("heat", {"noise_std": NAN}, ValueError, "noise_std"),
+        ("heat", {"noise_std": INF}, ValueError, "noise_std"),
+        ("heat", {"min_std": "a"}, TypeError, "min_std"),
+        ("markov_first", {"beta_start": None}, TypeError, "beta_start"),
+        ("markov_high", {"beta_end": "a"}, TypeError, "beta_end"),
+    ],
+)
 def test_builder_hyperparameters(method, params, error, match):
     with pytest.raises(error, match=match):
         make_pseudo_video(IMAGES, 4, method, **params)
@@ -66,14 +70,17 @@ def test_heat_with_a_huge_finite_blur_width_reaches_the_image_mean():
 COVARIANCE = torch.cov(torch.rand(50, 4, generator=torch.Generator().manual_seed(1)).T.double())
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"covariance": COVARIANCE * INF}, ValueError, "covariance"),
-    ({"covariance": COVARIANCE[:0, :0]}, ValueError, "covariance"),
-    ({"beta_start": NAN}, ValueError, "beta_start"),
-    ({"beta_end": 2.0}, ValueError, "beta_end"),
-    ({"given": 3}, TypeError, "given"),
-    ({"given": [2.5]}, TypeError, "given"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"covariance": COVARIANCE * INF}, ValueError, "covariance"),
+        ({"covariance": COVARIANCE[:0, :0]}, ValueError, "covariance"),
+        ({"beta_start": NAN}, ValueError, "beta_start"),
+        ({"beta_end": 2.0}, ValueError, "beta_end"),
+        ({"given": 3}, TypeError, "given"),
+        ({"given": [2.5]}, TypeError, "given"),
+    ],
+)
 def test_min_mse_arguments(kwargs, error, match):
     arguments = {"covariance": COVARIANCE, "num_frames": 4, "method": "markov_high", "given": [3], **kwargs}
     with pytest.raises(error, match=match):
@@ -89,16 +96,19 @@ def test_optimal_predictor_and_gain_table():
     assert [row[-1] for row in rows] == [0.0, 0.0]
 
 
-@pytest.mark.parametrize("preds, target, data_range, error, match", [
-    (IMAGES, IMAGES.flip(0), 0.0, ValueError, "data_range"),
-    (IMAGES, IMAGES.flip(0), -1.0, ValueError, "data_range"),
-    (IMAGES, IMAGES.flip(0), NAN, ValueError, "data_range"),
-    (IMAGES, IMAGES.flip(0), INF, ValueError, "data_range"),
-    (_with(NAN), IMAGES, 1.0, ValueError, "preds"),
-    (IMAGES, _with(INF), 1.0, ValueError, "target"),
-    (IMAGES[:0], IMAGES[:0], 1.0, ValueError, "preds"),
-    (IMAGES.tolist(), IMAGES, 1.0, TypeError, "preds"),
-])
+@pytest.mark.parametrize(
+    "preds, target, data_range, error, match",
+    [
+        (IMAGES, IMAGES.flip(0), 0.0, ValueError, "data_range"),
+        (IMAGES, IMAGES.flip(0), -1.0, ValueError, "data_range"),
+        (IMAGES, IMAGES.flip(0), NAN, ValueError, "data_range"),
+        (IMAGES, IMAGES.flip(0), INF, ValueError, "data_range"),
+        (_with(NAN), IMAGES, 1.0, ValueError, "preds"),
+        (IMAGES, _with(INF), 1.0, ValueError, "target"),
+        (IMAGES[:0], IMAGES[:0], 1.0, ValueError, "preds"),
+        (IMAGES.tolist(), IMAGES, 1.0, TypeError, "preds"),
+    ],
+)
 def test_psnr_arguments(preds, target, data_range, error, match):
     with pytest.raises(error, match=match):
         psnr(preds, target, data_range=data_range)
@@ -132,10 +142,17 @@ def _diffusion():
 VIDEOS = 2 * torch.rand(2, 3, 1, 8, 8, generator=torch.Generator().manual_seed(2)) - 1
 
 
-@pytest.mark.parametrize("videos, error", [
-    (VIDEOS * NAN, ValueError), (VIDEOS[:0], ValueError), (VIDEOS.long(), TypeError), (VIDEOS.double(), TypeError),
-    (VIDEOS.tolist(), TypeError),
-], ids=["nan", "empty", "int", "float64", "list"])
+@pytest.mark.parametrize(
+    "videos, error",
+    [
+        (VIDEOS * NAN, ValueError),
+        (VIDEOS[:0], ValueError),
+        (VIDEOS.long(), TypeError),
+        (VIDEOS.double(), TypeError),
+        (VIDEOS.tolist(), TypeError),
+    ],
+    ids=["nan", "empty", "int", "float64", "list"],
+)
 def test_diffusion_videos(videos, error):
     with pytest.raises(error, match="videos"):
         _diffusion().training_loss(videos)
@@ -158,23 +175,32 @@ def test_diffusion_sampling_arguments():
 BINARY = (torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(3)) > 0.5).float()
 
 
-@pytest.mark.parametrize("x, error, match", [
-    (BINARY * NAN, ValueError, "x contains NaN"),
-    (BINARY[:0], ValueError, "x must not be empty"),
-    (BINARY.tolist(), ValueError, "x must be"),
-    (BINARY[..., :4, :4], ValueError, "x must have shape"),
-    (BINARY.expand(2, 3, 8, 8), ValueError, "x must have shape"),
-], ids=["nan", "empty", "list", "size", "channels"])
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        (BINARY * NAN, ValueError, "x contains NaN"),
+        (BINARY[:0], ValueError, "x must not be empty"),
+        (BINARY.tolist(), ValueError, "x must be"),
+        (BINARY[..., :4, :4], ValueError, "x must have shape"),
+        (BINARY.expand(2, 3, 8, 8), ValueError, "x must have shape"),
+    ],
+    ids=["nan", "empty", "list", "size", "channels"],
+)
 def test_hvae_input(x, error, match):
     torch.manual_seed(0)
     with pytest.raises(error, match=match):
         HeatHVAE("heat", num_latents=2, width=8, image_size=8).negative_elbo(x)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"noise_std": 0.0}, "noise_std"), ({"noise_std": NAN}, "noise_std"), ({"noise_std": -1.0}, "noise_std"),
-    ({"max_std": INF}, "max_std"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"noise_std": 0.0}, "noise_std"),
+        ({"noise_std": NAN}, "noise_std"),
+        ({"noise_std": -1.0}, "noise_std"),
+        ({"max_std": INF}, "max_std"),
+    ],
+)
 def test_hvae_hyperparameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
         HeatHVAE("heat", num_latents=2, width=8, image_size=8, **kwargs).negative_elbo(BINARY)
@@ -187,8 +213,7 @@ def test_hvae_sample_count():
 
 def test_tokenizers_and_quantizer_input():
     torch.manual_seed(0)
-    tokenizer = VideoTokenizer(num_frames=2, image_size=8, dim=8, heads=2, spatial_layers=1, temporal_layers=1,
-                               code_dim=4, codebook_size=8)
+    tokenizer = VideoTokenizer(num_frames=2, image_size=8, dim=8, heads=2, spatial_layers=1, temporal_layers=1, code_dim=4, codebook_size=8)
     videos = torch.rand(2, 2, 1, 8, 8)
     for call in (tokenizer, tokenizer.encode):
         with pytest.raises(ValueError, match="videos contains NaN"):

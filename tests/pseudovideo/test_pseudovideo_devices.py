@@ -11,6 +11,7 @@ fixture): tolerance ``1e-4`` relative for a few float32 UNet passes (its float64
 sampling are tested in ``test_diffusion_sampling.py``).  Sampled tokens
 are compared exactly (a float64 probability would have to sit within round-off of a draw to flip).
 """
+
 import pytest
 import torch
 from torch import nn
@@ -126,7 +127,10 @@ def test_image_metrics_on_device(device, assert_matches_cpu):
         real = images(where, (60, 1, 4, 4), seed=10)
         fake = images(where, (60, 1, 4, 4), seed=11) ** 2
         classifier = train_classifier(real.float(), (real.flatten(1).mean(1) > 0.5).long(), epochs=1, batch_size=20)
-        return (psnr(fake, real), frechet_distance(real, fake, LinearFeatures().to(where)),
-                inception_score(fake.float(), classifier, splits=2))
+        return (
+            psnr(fake, real),
+            frechet_distance(real, fake, LinearFeatures().to(where)),
+            inception_score(fake.float(), classifier, splits=2),
+        )
 
     assert_matches_cpu(run(device), run(CPU), rtol=1e-4, atol=1e-6)  # IS: a float32 classifier

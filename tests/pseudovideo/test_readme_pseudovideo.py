@@ -1,4 +1,5 @@
 """README's pseudo-video example runs, and its printed minimum MSE matches a hand derivation."""
+
 import torch
 
 

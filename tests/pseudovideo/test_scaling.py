@@ -1,5 +1,6 @@
 """Data ranges: one normalisation helper and its inverse, and the builders and models refusing images
 on another scale (8-bit pixels) instead of treating their noise as negligible."""
+
 import pytest
 import torch
 
@@ -55,8 +56,9 @@ def test_models_refuse_eight_bit_videos():
     model = AutoregressiveVideoDiffusion(2, 1, image_size=4, block_out_channels=(8, 16))
     with pytest.raises(ValueError, match="last frames.*to_model_range"):
         model.training_loss(videos)
-    tokenizer = VideoTokenizer(2, 4, patch_size=4, tubelet_frames=2, dim=8, heads=2, code_dim=4, codebook_size=8,
-                               spatial_layers=1, temporal_layers=1)
+    tokenizer = VideoTokenizer(
+        2, 4, patch_size=4, tubelet_frames=2, dim=8, heads=2, code_dim=4, codebook_size=8, spatial_layers=1, temporal_layers=1
+    )
     with pytest.raises(ValueError, match="videos.*to_model_range"):
         tokenizer(videos)
     assert FAR_OUTSIDE == 3.0 and check_model_range(torch.full((2,), -3.0)) is not None

@@ -1,5 +1,6 @@
 """Theorem 5.4.1 in closed form against the DDPM marginal, Monte-Carlo least squares on videos sampled
 by ``make_pseudo_video``, and real-image covariances (scikit-learn digits)."""
+
 import itertools
 
 import pytest
@@ -36,8 +37,9 @@ def test_closed_form_matches_monte_carlo_least_squares(method):
     mean = torch.tensor([0.5, -1.0, 0.2], dtype=torch.float64)
     covariance = random_covariance(n, 0)
     x = torch.distributions.MultivariateNormal(mean, covariance).sample((num,))
-    video = make_pseudo_video(x.view(num, 1, 1, n), frames, method, generator=torch.Generator().manual_seed(1),
-                              beta_end=beta_end).view(num, frames, n)
+    video = make_pseudo_video(x.view(num, 1, 1, n), frames, method, generator=torch.Generator().manual_seed(1), beta_end=beta_end).view(
+        num, frames, n
+    )
     given = [1, 2, 3]
     design = torch.cat([video[:, [s - 1 for s in given]].flatten(1), torch.ones(num, 1, dtype=torch.float64)], 1)
     solution = torch.linalg.lstsq(design, video[:, -1]).solution
@@ -77,15 +79,20 @@ def test_more_conditioning_frames_never_hurt():
     torch.testing.assert_close(min_mse(covariance, 6, "markov_high", []), covariance.trace())
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"covariance": torch.ones(2, 3), "num_frames": 4, "method": "markov_high", "given": [1]}, "covariance"),
-    ({"covariance": torch.tensor([[1.0, 2.0], [2.0, 1.0]]), "num_frames": 4, "method": "markov_high", "given": [1]},
-     "positive semi-definite"),
-    ({"covariance": torch.eye(2), "num_frames": 4, "method": "blur", "given": [1]}, "method"),
-    ({"covariance": torch.eye(2), "num_frames": 4, "method": "markov_high", "given": [4]}, "given"),
-    ({"covariance": torch.eye(2), "num_frames": 1, "method": "markov_high", "given": []}, "num_frames"),
-    ({"covariance": torch.eye(2), "num_frames": 4, "method": "markov_high", "given": [1], "rate": 0.1}, "rate"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"covariance": torch.ones(2, 3), "num_frames": 4, "method": "markov_high", "given": [1]}, "covariance"),
+        (
+            {"covariance": torch.tensor([[1.0, 2.0], [2.0, 1.0]]), "num_frames": 4, "method": "markov_high", "given": [1]},
+            "positive semi-definite",
+        ),
+        ({"covariance": torch.eye(2), "num_frames": 4, "method": "blur", "given": [1]}, "method"),
+        ({"covariance": torch.eye(2), "num_frames": 4, "method": "markov_high", "given": [4]}, "given"),
+        ({"covariance": torch.eye(2), "num_frames": 1, "method": "markov_high", "given": []}, "num_frames"),
+        ({"covariance": torch.eye(2), "num_frames": 4, "method": "markov_high", "given": [1], "rate": 0.1}, "rate"),
+    ],
+)
 def test_bad_input_is_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         min_mse(**kwargs)

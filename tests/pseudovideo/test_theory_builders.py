@@ -1,5 +1,6 @@
 """Theorem 5.4.1 beyond the default schedule: user beta schedules, heat dissipation (dense solver), the
 eigen solver against the dense joint-Gaussian computation, and per-eigendirection predictors."""
+
 import itertools
 
 import pytest
@@ -33,13 +34,13 @@ def test_user_beta_schedules_drive_builder_and_theory():
     noise = torch.Generator().manual_seed(1)
     expected = [x]
     for beta in betas:
-        expected.append((1 - beta) ** 0.5 * expected[-1] + beta ** 0.5 * torch.randn(x.shape, generator=noise,
-                                                                                      dtype=torch.float64))
+        expected.append((1 - beta) ** 0.5 * expected[-1] + beta**0.5 * torch.randn(x.shape, generator=noise, dtype=torch.float64))
     torch.testing.assert_close(video, torch.stack(expected[::-1], 1))
     covariance = random_covariance(4, 1)
     linear = torch.linspace(1e-4, 0.05, 7, dtype=torch.float64)
-    torch.testing.assert_close(min_mse(covariance, 8, "markov_high", [5, 7], betas=linear),
-                               min_mse(covariance, 8, "markov_high", [5, 7]), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        min_mse(covariance, 8, "markov_high", [5, 7], betas=linear), min_mse(covariance, 8, "markov_high", [5, 7]), rtol=1e-12, atol=0
+    )
 
 
 @pytest.mark.parametrize("method", ["markov_first", "markov_high"])
@@ -103,7 +104,8 @@ def test_heat_min_mse_and_predictor_match_monte_carlo():
         torch.testing.assert_close(solution[-1], intercept, rtol=0, atol=0.03)
     # heat frames are not first-order Markov: every earlier frame helps
     assert min_mse(covariance, frames, "heat", [1, 2, 3], image_shape=shape, **params) < 0.99 * min_mse(
-        covariance, frames, "heat", [3], image_shape=shape, **params)
+        covariance, frames, "heat", [3], image_shape=shape, **params
+    )
 
 
 def test_context_gain_table_covers_heat():
@@ -113,17 +115,23 @@ def test_context_gain_table_covers_heat():
     assert all(abs(r[4]) < 1e-9 for r in rows[:2]) and all(r[4] > 0 for r in rows[2:])
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda c: min_mse(c, 4, "heat", [3]), ValueError, "image_shape"),
-    (lambda c: min_mse(c, 4, "heat", [3], image_shape=(3, 2)), ValueError, "6 pixels"),
-    (lambda c: min_mse(c, 4, "heat", [3], image_shape=(2, 2), solver="eigen"), ValueError, "dense"),
-    (lambda c: min_mse(c, 4, "markov_first", [3], solver="fast"), ValueError, "solver"),
-    (lambda c: min_mse(c, 4, "markov_first", [3], betas=[0.1, 0.2]), ValueError, "3 values"),
-    (lambda c: min_mse(c, 4, "markov_first", [3], betas=[0.1, 0.2, 1.0]), ValueError, r"\(0, 1\)"),
-    (lambda c: optimal_predictor(torch.zeros(4), c, 4, "heat", [3], image_shape=(2, 2), per_direction=True),
-     ValueError, "per_direction"),
-    (lambda c: make_pseudo_video(torch.zeros(1, 1, 2, 2), 4, "markov_high", betas=[0.1]), ValueError, "betas"),
-])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda c: min_mse(c, 4, "heat", [3]), ValueError, "image_shape"),
+        (lambda c: min_mse(c, 4, "heat", [3], image_shape=(3, 2)), ValueError, "6 pixels"),
+        (lambda c: min_mse(c, 4, "heat", [3], image_shape=(2, 2), solver="eigen"), ValueError, "dense"),
+        (lambda c: min_mse(c, 4, "markov_first", [3], solver="fast"), ValueError, "solver"),
+        (lambda c: min_mse(c, 4, "markov_first", [3], betas=[0.1, 0.2]), ValueError, "3 values"),
+        (lambda c: min_mse(c, 4, "markov_first", [3], betas=[0.1, 0.2, 1.0]), ValueError, r"\(0, 1\)"),
+        (
+            lambda c: optimal_predictor(torch.zeros(4), c, 4, "heat", [3], image_shape=(2, 2), per_direction=True),
+            ValueError,
+            "per_direction",
+        ),
+        (lambda c: make_pseudo_video(torch.zeros(1, 1, 2, 2), 4, "markov_high", betas=[0.1]), ValueError, "betas"),
+    ],
+)
 def test_bad_theory_arguments_are_named(call, error, match):
     with pytest.raises(error, match=match):
         call(random_covariance(4, 0))

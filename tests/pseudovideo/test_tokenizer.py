@@ -1,5 +1,6 @@
 """VQ tokenizers: eq. vqvae_loss against a hand computation, straight-through gradients, perplexity,
 token shapes of the image VQ-VAE and of C-ViViT, causal temporal layers, reloads and bad input."""
+
 import math
 
 import pytest
@@ -80,7 +81,7 @@ def test_perplexity_hand_values():
     assert codebook_perplexity(torch.arange(8), 8).item() == pytest.approx(8.0)
     assert codebook_perplexity(torch.full((10,), 3), 8).item() == pytest.approx(1.0)
     # frequencies (1/2, 1/4, 1/4): entropy 1.5 log 2, perplexity 2^1.5
-    assert codebook_perplexity(torch.tensor([0, 0, 1, 2]), 8).item() == pytest.approx(2 ** 1.5, rel=1e-6)
+    assert codebook_perplexity(torch.tensor([0, 0, 1, 2]), 8).item() == pytest.approx(2**1.5, rel=1e-6)
 
 
 def test_video_and_image_token_shapes_and_decode_roundtrip():
@@ -134,12 +135,17 @@ def test_state_dict_reload_reproduces_tokens_and_pixels():
     torch.testing.assert_close(copy(videos).reconstruction, tokenizer(videos).reconstruction)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(num_frames=3, image_size=8), "tubelet_frames"), (dict(num_frames=2, image_size=10), "patch_size"),
-    (dict(num_frames=2, image_size=8, dim=10, heads=4), "heads"),
-    (dict(num_frames=2, image_size=8, spatial_layers=0, temporal_layers=0), "layer"),
-    (dict(num_frames=0, image_size=8), "num_frames"), (dict(num_frames=2, image_size=8, codebook_size=1), "codebook_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_frames=3, image_size=8), "tubelet_frames"),
+        (dict(num_frames=2, image_size=10), "patch_size"),
+        (dict(num_frames=2, image_size=8, dim=10, heads=4), "heads"),
+        (dict(num_frames=2, image_size=8, spatial_layers=0, temporal_layers=0), "layer"),
+        (dict(num_frames=0, image_size=8), "num_frames"),
+        (dict(num_frames=2, image_size=8, codebook_size=1), "codebook_size"),
+    ],
+)
 def test_bad_construction_is_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         VideoTokenizer(**kwargs)

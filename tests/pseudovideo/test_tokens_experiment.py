@@ -1,4 +1,5 @@
 """The tokens runner's --quick contract: CSV columns, one row per model and frame count, PNG grids."""
+
 import csv
 
 import pytest
@@ -7,31 +8,64 @@ from pseudovideo.experiments.tokens import COLUMNS, main, parse_arguments
 
 
 def test_quick_run_writes_the_csv_contract(tmp_path):
-    rows = main(["--dataset", "digits", "--downsample", "1", "--model", "tokenizer,ar,masked", "--frames", "1,2",
-                 "--seeds", "1", "--quick", "--quiet", "--out", str(tmp_path),
-                 "--classifier-cache", str(tmp_path / "cache")])
+    rows = main(
+        [
+            "--dataset",
+            "digits",
+            "--downsample",
+            "1",
+            "--model",
+            "tokenizer,ar,masked",
+            "--frames",
+            "1,2",
+            "--seeds",
+            "1",
+            "--quick",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+            "--classifier-cache",
+            str(tmp_path / "cache"),
+        ]
+    )
     with open(tmp_path / "results.csv") as handle:
         reader = csv.DictReader(handle)
-        assert reader.fieldnames[:9] == ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is",
-                                         "train_s"]
+        assert reader.fieldnames[:9] == ["dataset", "model", "frames", "augmentation", "seed", "psnr", "fid", "is", "train_s"]
         written = list(reader)
     assert reader.fieldnames == COLUMNS and len(written) == len(rows) == 6
     assert [(r["model"], r["frames"], r["augmentation"]) for r in written] == [
-        ("tokenizer", "1", "none"), ("ar", "1", "none"), ("masked", "1", "none"),
-        ("tokenizer", "2", "blur"), ("ar", "2", "blur"), ("masked", "2", "blur")]
+        ("tokenizer", "1", "none"),
+        ("ar", "1", "none"),
+        ("masked", "1", "none"),
+        ("tokenizer", "2", "blur"),
+        ("ar", "2", "blur"),
+        ("masked", "2", "blur"),
+    ]
     for row in written:
         assert float(row["fid"]) >= 0 and float(row["is"]) >= 1 and 1 <= float(row["perplexity"]) <= 32
         assert (row["psnr"] != "") == (row["model"] == "tokenizer")
     names = {path.name for path in tmp_path.glob("*.png")}
-    assert {"reconstructions_seed0.png", "reconstructions_1frames_seed0.png", "samples_ar_1frames_seed0.png",
-            "samples_masked_2frames_seed0.png", "samples_ar_2frames_seed0_videos.png",
-            "pseudo_videos_2frames.png"} <= names
+    assert {
+        "reconstructions_seed0.png",
+        "reconstructions_1frames_seed0.png",
+        "samples_ar_1frames_seed0.png",
+        "samples_masked_2frames_seed0.png",
+        "samples_ar_2frames_seed0_videos.png",
+        "pseudo_videos_2frames.png",
+    } <= names
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--frames", "3"], "--frames"), (["--frames", "1,x"], "--frames"), (["--model", "gan"], "--model"),
-    (["--layers", "3"], "--layers"), (["--seeds", "0"], "--seeds"), (["--first-seed", "-1"], "--first-seed"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--frames", "3"], "--frames"),
+        (["--frames", "1,x"], "--frames"),
+        (["--model", "gan"], "--model"),
+        (["--layers", "3"], "--layers"),
+        (["--seeds", "0"], "--seeds"),
+        (["--first-seed", "-1"], "--first-seed"),
+    ],
+)
 def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_arguments(argv + ["--out", "unused"])

@@ -1,4 +1,5 @@
 """Small float64 SGPA layers and inputs shared by the attention and sampler tests."""
+
 import torch
 
 from gpytorch_sgpa import SGPAttention

@@ -2,6 +2,7 @@
 ``nn.Transformer`` and a user's own type (``register_adapter``): kernel outputs against a computation
 by hand from the original weights, masks, causality, the key/value cache of ``generate``, attention
 maps and one ELBO step per family."""
+
 import copy
 import os
 
@@ -23,24 +24,34 @@ def _bert(implementation="sdpa", cls="BertForSequenceClassification", config_cls
     transformers = _transformers()
     torch.manual_seed(seed)
     options = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, **options}
-    config = getattr(transformers, config_cls)(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                               intermediate_size=64, vocab_size=100, num_labels=3, **options)
+    config = getattr(transformers, config_cls)(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100, num_labels=3, **options
+    )
     config._attn_implementation = implementation
     return getattr(transformers, cls)(config)
 
 
 def _vit(seed=0):
     torch.manual_seed(seed)
-    config = _transformers().ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=8,
-                       patch_size=4, num_channels=1, num_labels=3)
+    config = _transformers().ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        num_labels=3,
+    )
     return _transformers().ViTForImageClassification(config)
 
 
 def _gpt2(implementation="sdpa", seed=0, **options):
     torch.manual_seed(seed)
     options = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, **options}
-    config = _transformers().GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0,
-                                        eos_token_id=1, pad_token_id=1, **options)
+    config = _transformers().GPT2Config(
+        n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=1, pad_token_id=1, **options
+    )
     config._attn_implementation = implementation
     return _transformers().GPT2LMHeadModel(config)
 
@@ -84,10 +95,9 @@ def test_bert_kernel_conversion_matches_kernel_attention_by_hand(implementation)
     mask[2, 5:] = 0
     with torch.no_grad():
         output = model(ids, attention_mask=mask, output_attentions=True)
-    (x, (context, weights)), = calls
+    ((x, (context, weights)),) = calls
     allowed = mask.bool()[:, None, :].expand(3, 6, 6)
-    expected, gram = _kernel_by_hand(x, original.query.weight, original.key.weight, original.value.weight,
-                                     original.value.bias, 4, allowed)
+    expected, gram = _kernel_by_hand(x, original.query.weight, original.key.weight, original.value.weight, original.value.bias, 4, allowed)
     valid = mask.bool()
     torch.testing.assert_close(context[valid], expected[valid], rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(weights, gram, rtol=1e-8, atol=1e-8)
@@ -103,9 +113,8 @@ def test_vit_and_gpt2_kernel_conversion_keep_the_output_projection():
     calls = _capture(vit.vit.layers[0].attention)
     with torch.no_grad():
         vit(torch.randn(2, 1, 8, 8, dtype=torch.float64))
-    (x, (output, _)), = calls
-    context, _ = _kernel_by_hand(x, original.q_proj.weight, original.k_proj.weight, original.v_proj.weight,
-                                 original.v_proj.bias, 4, None)
+    ((x, (output, _)),) = calls
+    context, _ = _kernel_by_hand(x, original.q_proj.weight, original.k_proj.weight, original.v_proj.weight, original.v_proj.bias, 4, None)
     torch.testing.assert_close(output, original.o_proj(context), rtol=1e-8, atol=1e-8)
 
     gpt2 = _gpt2().double().eval()
@@ -114,7 +123,7 @@ def test_vit_and_gpt2_kernel_conversion_keep_the_output_projection():
     calls = _capture(gpt2.transformer.h[1].attn)
     with torch.no_grad():
         gpt2(torch.randint(2, 50, (2, 5)))
-    (x, (output, _)), = calls
+    ((x, (output, _)),) = calls
     weight_q, weight_k, weight_v = original.c_attn.weight.T.split(32)
     causal = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 5, 5)
     context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, original.c_attn.bias[64:], 4, causal)
@@ -204,8 +213,9 @@ def test_masks_that_are_not_padding_raise():
 
 
 # --------------------------------------------------------------------------- generation with the key/value cache
-@pytest.mark.parametrize("attention, kwargs", [("kernel", {}), ("sgpa", {"num_global": 4}),
-                                               ("sgpa", {"num_global": 4, "sampler": "diagonal"})])
+@pytest.mark.parametrize(
+    "attention, kwargs", [("kernel", {}), ("sgpa", {"num_global": 4}), ("sgpa", {"num_global": 4, "sampler": "diagonal"})]
+)
 def test_gpt2_generate_with_cache_equals_without(attention, kwargs, monkeypatch):
     """Inside posterior_mean, greedy generation with the cache (new positions from the cached
     projections) gives the tokens and scores of generation without it (whole prefix every step):
@@ -223,16 +233,21 @@ def test_gpt2_generate_with_cache_equals_without(attention, kwargs, monkeypatch)
         results = {}
         with torch.no_grad(), posterior_mean():
             for use_cache in (True, False):
-                results[use_cache] = model.generate(prompt, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                                    use_cache=use_cache, output_scores=True,
-                                                    return_dict_in_generate=True)
+                results[use_cache] = model.generate(
+                    prompt,
+                    attention_mask=mask,
+                    max_new_tokens=6,
+                    do_sample=False,
+                    use_cache=use_cache,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                )
         assert torch.equal(results[True].sequences, results[False].sequences)
         for cached, uncached in zip(results[True].scores, results[False].scores):
             torch.testing.assert_close(cached, uncached, rtol=1e-9, atol=1e-9)
     assert len(rows) == 2 * 2 * 5  # two prompts, two layers, five steps after the prompt: the cached path ran
     with torch.no_grad(), posterior_mean():  # beam search reorders the cache between steps
-        beams = [model.generate(prompt, max_new_tokens=4, num_beams=3, do_sample=False, use_cache=use_cache)
-                 for use_cache in (True, False)]
+        beams = [model.generate(prompt, max_new_tokens=4, num_beams=3, do_sample=False, use_cache=use_cache) for use_cache in (True, False)]
     assert torch.equal(beams[0], beams[1])
 
 
@@ -263,8 +278,7 @@ def test_standard_sgpa_refuses_the_cache_with_a_clear_error():
     with torch.no_grad(), pytest.raises(ValueError, match="use_cache=False"):
         model.generate(torch.randint(2, 50, (1, 3)), max_new_tokens=2, do_sample=False, use_cache=True)
     with torch.no_grad():
-        assert model.generate(torch.randint(2, 50, (1, 3)), max_new_tokens=2, do_sample=False,
-                              use_cache=False).shape == (1, 5)
+        assert model.generate(torch.randint(2, 50, (1, 3)), max_new_tokens=2, do_sample=False, use_cache=False).shape == (1, 5)
 
 
 def test_decoders_with_cross_attention_keep_it_and_cache_their_self_attention():
@@ -273,8 +287,7 @@ def test_decoders_with_cross_attention_keep_it_and_cache_their_self_attention():
     attention modules stay; two chunks through the encoder-decoder cache give the logits of one
     uncached pass inside posterior_mean."""
     gpt2 = _gpt2(add_cross_attention=True, attn_pdrop=0.5).double().eval()
-    bert = _bert(cls="BertLMHeadModel", is_decoder=True, add_cross_attention=True,
-                 attention_probs_dropout_prob=0.5).double().eval()
+    bert = _bert(cls="BertLMHeadModel", is_decoder=True, add_cross_attention=True, attention_probs_dropout_prob=0.5).double().eval()
     cross = [gpt2.transformer.h[0].crossattention, bert.bert.encoder.layer[0].crossattention]
     convert(gpt2, num_global=4)
     convert(bert, num_global=4)
@@ -309,7 +322,7 @@ def test_output_attentions_are_the_weights_of_the_posterior_mean():
     calls = _capture(adapter)
     with torch.no_grad(), posterior_mean():
         output = model(ids, attention_mask=mask, output_attentions=True)
-    (x, (context, weights)), = calls
+    ((x, (context, weights)),) = calls
     assert len(output.attentions) == 2 and output.attentions[0] is weights
     layer = adapter.attention
     values = layer._split(layer.v_proj(x))
@@ -322,8 +335,9 @@ def test_output_attentions_are_the_weights_of_the_posterior_mean():
 # --------------------------------------------------------------------------- nn.Transformer
 def test_transformer_encoder_decoder_converts_self_attention_and_keeps_cross_attention():
     torch.manual_seed(0)
-    model = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32,
-                           dropout=0.0, batch_first=True)
+    model = nn.Transformer(
+        d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32, dropout=0.0, batch_first=True
+    )
     cross = [layer.multihead_attn for layer in model.decoder.layers]
     convert(model.eval(), num_global=4)
     for layer, original in zip(model.decoder.layers, cross):
@@ -351,7 +365,7 @@ class TimmLikeAttention(nn.Module):
     def __init__(self, dim=16, num_heads=2):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)
         self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         self.attn_drop = nn.Dropout(0.0)
@@ -398,8 +412,7 @@ def test_register_adapter_for_a_user_type(monkeypatch):
     with torch.no_grad():
         output = model.blocks[0](x, attn_mask=keep[:, None, None, :])  # broadcast over the queries, as sdpa
         weight_q, weight_k, weight_v = original.qkv.weight.split(16)
-        context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, original.qkv.bias[32:], 2,
-                                     keep[:, None, :].expand(2, 5, 5))
+        context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, original.qkv.bias[32:], 2, keep[:, None, :].expand(2, 5, 5))
     valid = keep
     torch.testing.assert_close(output[valid], original.proj(context)[valid], rtol=1e-8, atol=1e-8)
 
@@ -441,14 +454,15 @@ def test_torchvision_vision_transformer_converts():
     kernel attention by hand from the trained in-projection, then one ELBO step."""
     VisionTransformer = _vision_transformer_class("torchvision")
     torch.manual_seed(0)
-    model = VisionTransformer(image_size=8, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
-                              num_classes=3).double().eval()
+    model = (
+        VisionTransformer(image_size=8, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3).double().eval()
+    )
     original = copy.deepcopy(model.encoder.layers[0].self_attention)
     convert(model, attention="kernel")
     calls = _capture(model.encoder.layers[0].self_attention)
     with torch.no_grad():
         model(torch.randn(2, 3, 8, 8, dtype=torch.float64))
-    (x, (output, weights)), = calls
+    ((x, (output, weights)),) = calls
     weight_q, weight_k, weight_v = original.in_proj_weight.split(16)
     context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, original.in_proj_bias[32:], 2, None)
     torch.testing.assert_close(output, original.out_proj(context), rtol=1e-8, atol=1e-8)
@@ -462,14 +476,15 @@ def test_torchvision_vision_transformer_converts():
 def test_timm_vision_transformer_converts():
     VisionTransformer = _vision_transformer_class("timm")
     torch.manual_seed(0)
-    model = VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=2,
-                              num_heads=2, mlp_ratio=2.0).double()
+    model = VisionTransformer(
+        img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0
+    ).double()
     original = copy.deepcopy(model.blocks[0].attn)
     convert(model, attention="kernel")
     calls = _capture(model.blocks[0].attn)
     with torch.no_grad():
         model(torch.randn(2, 1, 8, 8, dtype=torch.float64))
-    (x, output), = calls
+    ((x, output),) = calls
     weight_q, weight_k, weight_v = original.qkv.weight.split(16)
     bias_v = None if original.qkv.bias is None else original.qkv.bias[32:]
     context, _ = _kernel_by_hand(x, weight_q, weight_k, weight_v, bias_v, 2, None)
@@ -494,8 +509,7 @@ def _elbo_step(model, forward, labels, inputs, kwargs=None):
     optimizer.step()
     assert torch.isfinite(loss)
     global_names = [name for name, p in model.named_parameters() if "global_inducing_inputs" in name]
-    assert global_names and all(not torch.equal(dict(model.named_parameters())[name], before[name])
-                                for name in global_names)
+    assert global_names and all(not torch.equal(dict(model.named_parameters())[name], before[name]) for name in global_names)
     probabilities = predict_proba(model, *inputs, num_samples=3, **(kwargs or {}))
     torch.testing.assert_close(probabilities.sum(-1), torch.ones_like(probabilities[..., 0]), rtol=0, atol=1e-5)
 
@@ -504,8 +518,7 @@ def test_elbo_step_bert():
     model = _bert()
     ids, mask = torch.randint(2, 100, (4, 6)), torch.ones(4, 6, dtype=torch.long)
     mask[0, 4:] = 0
-    _elbo_step(model, lambda: model(ids, attention_mask=mask), torch.tensor([0, 1, 2, 0]), (ids,),
-               {"attention_mask": mask})
+    _elbo_step(model, lambda: model(ids, attention_mask=mask), torch.tensor([0, 1, 2, 0]), (ids,), {"attention_mask": mask})
 
 
 def test_elbo_step_vit():
@@ -522,12 +535,12 @@ def test_elbo_step_gpt2():
 
 def test_elbo_step_transformer_and_user_type(monkeypatch):
     torch.manual_seed(0)
-    transformer = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                                 dim_feedforward=32, batch_first=True)
+    transformer = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, batch_first=True)
     src, tgt = torch.randn(3, 5, 16), torch.randn(3, 4, 16)
     mask = nn.Transformer.generate_square_subsequent_mask(4)
-    _elbo_step(transformer, lambda: transformer(src, tgt, tgt_mask=mask)[..., :3], torch.tensor([[0, 1, 2, 0]] * 3),
-               (src, tgt), {"tgt_mask": mask})
+    _elbo_step(
+        transformer, lambda: transformer(src, tgt, tgt_mask=mask)[..., :3], torch.tensor([[0, 1, 2, 0]] * 3), (src, tgt), {"tgt_mask": mask}
+    )
     monkeypatch.setattr(adapters, "_BY_TYPE", dict(adapters._BY_TYPE))
     register_adapter(TimmLikeAttention, adapters.from_timm_attention)
     model = TinyViT()

@@ -52,9 +52,7 @@ def _ref_svgp(layer, h, inducing, mean_u, chol_u, x):
     class Ref(gpytorch.models.ApproximateGP):
         def __init__(self):
             dist = CholeskyVariationalDistribution(m, batch_shape=torch.Size([num_dims]))
-            strategy = UnwhitenedVariationalStrategy(
-                self, inducing, dist, learn_inducing_locations=False, jitter_val=1e-12
-            )
+            strategy = UnwhitenedVariationalStrategy(self, inducing, dist, learn_inducing_locations=False, jitter_val=1e-12)
             super().__init__(strategy)
             if layer.kernel_name == "rbf":
                 base = RBFKernel(ard_num_dims=E)
@@ -256,8 +254,13 @@ def test_decoupled_orthogonal_equals_eq_dsgp_predictive_by_hand(kernel, whitened
 
 @pytest.mark.parametrize(
     "variant,kernel,share_covariance,whitened",
-    [("orthogonal", "rbf", False, False), ("dsvgp", "rbf", False, False), ("orthogonal", "exponential", True, False),
-     ("orthogonal", "rbf", False, True), ("dsvgp", "exponential", True, True)],
+    [
+        ("orthogonal", "rbf", False, False),
+        ("dsvgp", "rbf", False, False),
+        ("orthogonal", "exponential", True, False),
+        ("orthogonal", "rbf", False, True),
+        ("dsvgp", "exponential", True, True),
+    ],
 )
 def test_decoupled_equals_gpytorch_svgp_over_global_and_amortised_keys(variant, kernel, share_covariance, whitened):
     """Eq. odsvgp / naivedsvgp are the SVGP posterior with Z = (k_g, k_a) and the structured q(u)
@@ -356,8 +359,7 @@ def test_causal_posterior_uses_the_prefix_and_steps_equal_full_recomputation(mod
 
 @pytest.mark.parametrize(
     "mode,sampler",
-    [("decoupled", "diagonal"), ("decoupled", "full"), ("decoupled", "decomposed"), ("standard", "diagonal"),
-     ("standard", "full")],
+    [("decoupled", "diagonal"), ("decoupled", "full"), ("decoupled", "decomposed"), ("standard", "diagonal"), ("standard", "full")],
 )
 def test_padded_positions_are_irrelevant(mode, sampler):
     layer = _layer(mode=mode, sampler=sampler, max_len=LENGTH)

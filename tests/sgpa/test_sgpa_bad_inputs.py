@@ -1,5 +1,6 @@
 """Bad input to the public entry points of gpytorch_sgpa: a ValueError/TypeError naming the argument,
 never a NaN result or an unrelated error from deep inside torch."""
+
 import pytest
 import torch
 from torch import nn
@@ -50,12 +51,16 @@ SGPA_LAYERS = ("sgpa", "sgpa-standard", "sgpa-causal")
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
-@pytest.mark.parametrize("x, error, match", [
-    (_with(NAN), ValueError, "x contains NaN"),
-    (_with(INF), ValueError, "x contains NaN"),
-    (_x(1e20), ValueError, "x .*too large"),  # finite, but its kernel evaluations overflow float32
-    (_x(dtype=torch.float64), TypeError, "x has dtype torch.float64"),  # float32 parameters
-], ids=["nan", "inf", "overflow", "dtype"])
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        (_with(NAN), ValueError, "x contains NaN"),
+        (_with(INF), ValueError, "x contains NaN"),
+        (_x(1e20), ValueError, "x .*too large"),  # finite, but its kernel evaluations overflow float32
+        (_x(dtype=torch.float64), TypeError, "x has dtype torch.float64"),  # float32 parameters
+    ],
+    ids=["nan", "inf", "overflow", "dtype"],
+)
 def test_layer_input(name, x, error, match):
     with pytest.raises(error, match=match):
         LAYERS[name](x)
@@ -95,19 +100,31 @@ def test_sgpa_global_inputs_and_hyperparameters():
 
 def _vit():
     torch.manual_seed(0)
-    return SGPAViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, d_model=D, num_heads=HEADS,
-                   num_layers=2, attention_kwargs={"num_global": 3})
+    return SGPAViT(
+        image_size=8,
+        patch_size=4,
+        in_channels=1,
+        num_classes=3,
+        d_model=D,
+        num_heads=HEADS,
+        num_layers=2,
+        attention_kwargs={"num_global": 3},
+    )
 
 
 IMAGES = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("images, match", [
-    (IMAGES * NAN, "images contains NaN"),
-    (IMAGES.masked_fill(IMAGES > 0.5, INF), "images contains NaN"),
-    (IMAGES[:0], "images must hold at least one"),
-    (IMAGES * 1e30, "images .*too large"),
-], ids=["nan", "inf", "empty", "overflow"])
+@pytest.mark.parametrize(
+    "images, match",
+    [
+        (IMAGES * NAN, "images contains NaN"),
+        (IMAGES.masked_fill(IMAGES > 0.5, INF), "images contains NaN"),
+        (IMAGES[:0], "images must hold at least one"),
+        (IMAGES * 1e30, "images .*too large"),
+    ],
+    ids=["nan", "inf", "empty", "overflow"],
+)
 def test_vit_input(images, match):
     vit = _vit()
     with pytest.raises(ValueError, match=match):
@@ -125,24 +142,38 @@ def test_vit_checks_once_and_its_layers_do_not():
 
 def _feature_transformer():
     torch.manual_seed(0)
-    return SGPATransformer(vocab_size=None, input_dim=3, num_classes=2, d_model=D, num_heads=HEADS, num_layers=1,
-                           max_len=6, task="regression", attention_kwargs={"num_global": 3})
+    return SGPATransformer(
+        vocab_size=None,
+        input_dim=3,
+        num_classes=2,
+        d_model=D,
+        num_heads=HEADS,
+        num_layers=1,
+        max_len=6,
+        task="regression",
+        attention_kwargs={"num_global": 3},
+    )
 
 
 FEATURES = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(2))
 TOKENS = torch.randint(0, 10, (2, 5), generator=torch.Generator().manual_seed(3))
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: _feature_transformer()(FEATURES * NAN), "tokens contains NaN"),
-    (lambda: _feature_transformer()(FEATURES * INF), "tokens contains NaN"),
-    (lambda: _feature_transformer()(FEATURES[:0]), "tokens must hold at least one"),
-    (lambda: _feature_transformer()(FEATURES[:, :0]), "tokens must hold at least one"),
-    (lambda: SGPATransformer(10, 3, D, HEADS, 1, 6, attention_kwargs={"num_global": 3})(TOKENS[:0]),
-     "tokens must hold at least one"),
-    (lambda: SGPATransformer(10, 3, D, HEADS, 1, 6, attention_kwargs={"num_global": 3})(TOKENS[:, :0]),
-     "tokens must hold at least one"),
-], ids=["features-nan", "features-inf", "features-empty", "features-no-length", "tokens-empty", "tokens-no-length"])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: _feature_transformer()(FEATURES * NAN), "tokens contains NaN"),
+        (lambda: _feature_transformer()(FEATURES * INF), "tokens contains NaN"),
+        (lambda: _feature_transformer()(FEATURES[:0]), "tokens must hold at least one"),
+        (lambda: _feature_transformer()(FEATURES[:, :0]), "tokens must hold at least one"),
+        (lambda: SGPATransformer(10, 3, D, HEADS, 1, 6, attention_kwargs={"num_global": 3})(TOKENS[:0]), "tokens must hold at least one"),
+        (
+            lambda: SGPATransformer(10, 3, D, HEADS, 1, 6, attention_kwargs={"num_global": 3})(TOKENS[:, :0]),
+            "tokens must hold at least one",
+        ),
+    ],
+    ids=["features-nan", "features-inf", "features-empty", "features-no-length", "tokens-empty", "tokens-no-length"],
+)
 def test_transformer_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -150,8 +181,7 @@ def test_transformer_input(call, match):
 
 def _decoder():
     torch.manual_seed(0)
-    return SGPADecoder(vocab_size=10, d_model=D, num_heads=HEADS, num_layers=2, max_len=8,
-                       attention_kwargs={"num_global": 3})
+    return SGPADecoder(vocab_size=10, d_model=D, num_heads=HEADS, num_layers=2, max_len=8, attention_kwargs={"num_global": 3})
 
 
 def test_decoder_input():

@@ -1,4 +1,5 @@
 """Calibration baselines of thesis ch. 3: temperature scaling, MC dropout, ensembles."""
+
 import math
 
 import pytest

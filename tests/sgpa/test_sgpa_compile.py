@@ -20,8 +20,7 @@ from gpytorch_sgpa.elbo import SGPAELBO
 from gpytorch_sgpa.transformer import SGPADecoder, SGPATransformer, SGPAViT
 
 # (attention, sampler): the decoupled samplers and the standard mode's diagonal sampler
-CONFIGS = [("sgpa", "decomposed"), ("sgpa", "diagonal"), ("sgpa", "full"), ("sgpa-dsvgp", "decomposed"),
-           ("sgpa-standard", "diagonal")]
+CONFIGS = [("sgpa", "decomposed"), ("sgpa", "diagonal"), ("sgpa", "full"), ("sgpa-dsvgp", "decomposed"), ("sgpa-standard", "diagonal")]
 
 
 def _kwargs(attention, sampler):
@@ -33,8 +32,18 @@ def _kwargs(attention, sampler):
 
 def _vit(attention, sampler):
     torch.manual_seed(0)
-    return SGPAViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, d_model=8, num_heads=2, num_layers=2,
-                   attention=attention, attention_kwargs=_kwargs(attention, sampler), dropout=0.1)
+    return SGPAViT(
+        image_size=8,
+        patch_size=4,
+        in_channels=1,
+        num_classes=3,
+        d_model=8,
+        num_heads=2,
+        num_layers=2,
+        attention=attention,
+        attention_kwargs=_kwargs(attention, sampler),
+        dropout=0.1,
+    )
 
 
 def _compiled_matches_eager(loss_fn, *inputs, elbo):
@@ -49,8 +58,9 @@ def _compiled_matches_eager(loss_fn, *inputs, elbo):
     got.backward()
 
 
-@pytest.mark.parametrize("attention,sampler,kl_weighting",
-                         [(*config, "all-over-n") for config in CONFIGS] + [("sgpa", "decomposed", "decomposed")])
+@pytest.mark.parametrize(
+    "attention,sampler,kl_weighting", [(*config, "all-over-n") for config in CONFIGS] + [("sgpa", "decomposed", "decomposed")]
+)
 def test_vit_training_loss_compiles_without_graph_breaks(attention, sampler, kl_weighting, device):
     """On CUDA this runs the sync-free paths for real (``device`` fixture: cpu, and cuda when present)."""
     model = _vit(attention, sampler).train().to(device)
@@ -90,6 +100,7 @@ def test_decoder_sequence_elbo_compiles_without_graph_breaks(device):
     mask[1, :2] = True  # left padding
     targets = tokens[:, 1:].masked_fill(mask[:, 1:], -100)
     elbo = SGPAELBO(model, num_data=50).to(device)
+
     def loss_fn(tokens, mask, targets):
         logits, kl = model(tokens, mask)
         return -elbo(logits[:, :-1], kl, targets)
@@ -98,6 +109,7 @@ def test_decoder_sequence_elbo_compiles_without_graph_breaks(device):
 
 
 # ---- the sync-free paths, forced on the CPU -------------------------------------------------------
+
 
 @pytest.fixture
 def accelerator_path(monkeypatch):
@@ -118,8 +130,8 @@ def test_sync_free_cholesky_equals_psd_safe_cholesky_where_nothing_fails(acceler
     factor = multihead.psd_cholesky(matrix)
     expected = psd_safe_cholesky(matrix)
     torch.testing.assert_close(factor, expected, rtol=0, atol=0)
-    grad, = torch.autograd.grad(factor.square().sum(), matrix)
-    expected_grad, = torch.autograd.grad(expected.square().sum(), matrix)
+    (grad,) = torch.autograd.grad(factor.square().sum(), matrix)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), matrix)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-12)
 
 

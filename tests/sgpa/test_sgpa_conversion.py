@@ -1,6 +1,7 @@
 """Conversions that keep what a trained network computes: kernel attention → every SGPA variant
 (orthogonal SGPA through its mean gate), the value bias of ``nn.MultiheadAttention``, old state
 dicts, and the kernel scale chosen from the softmax logits (``calibration_inputs``)."""
+
 import copy
 import math
 
@@ -84,10 +85,8 @@ def test_the_thesis_start_without_the_gate_changes_the_function(trained_kernel_m
     default = convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8)
     for layer in (m for m in default.modules() if isinstance(m, SGPAttention)):
         torch.testing.assert_close(layer.global_cov_factor(), 0.1 * torch.eye(8).expand(2, 8, 8, 8))
-    ungated = convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8, mean_gate=None,
-                      global_cov_init=None)
-    assert all(m.global_mean_gate is None and m.global_chol_lower.abs().sum() > 0
-               for m in ungated.modules() if isinstance(m, SGPAttention))
+    ungated = convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8, mean_gate=None, global_cov_init=None)
+    assert all(m.global_mean_gate is None and m.global_chol_lower.abs().sum() > 0 for m in ungated.modules() if isinstance(m, SGPAttention))
     with pytest.raises(ValueError, match="global_cov_init"):
         convert(copy.deepcopy(trained_kernel_model), attention="sgpa", num_global=8, global_cov_init=0.0)
     with torch.no_grad(), posterior_mean():
@@ -123,8 +122,9 @@ def test_softmax_to_sgpa_in_one_step_starts_at_the_kernel_network(trained_softma
             torch.testing.assert_close(sgpa(x), expected, rtol=0, atol=1e-5)
         assert (sgpa(x) - expected).abs().max() > 1e-3  # samples still spread around it
     if attention == "sgpa":
-        thesis = convert(copy.deepcopy(trained_softmax_model), attention="sgpa", mean_gate=None, global_cov_init=None,
-                         **kwargs, **calibration)
+        thesis = convert(
+            copy.deepcopy(trained_softmax_model), attention="sgpa", mean_gate=None, global_cov_init=None, **kwargs, **calibration
+        )
         with torch.no_grad(), posterior_mean():
             assert (thesis(x) - expected).abs().max() > 1e-2
 
@@ -133,9 +133,16 @@ def _bert_classifier(seed):
     """A small random BERT classifier (no dropout, evaluation mode) and a padded batch of its inputs."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                     vocab_size=100, num_labels=3, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=100,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = transformers.BertForSequenceClassification(config).eval()
     ids = torch.randint(2, 100, (4, 6))
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 6, [1] * 5 + [0]])
@@ -187,12 +194,10 @@ def _dense_gated(layer, x, causal):
         mean = weights @ v + gate * cross @ layer.global_values
     else:
         mean = (gram - nystrom) @ v + cross @ effective
-    mean_kl = ((v * ((gram - nystrom) @ v)).sum((-3, -2, -1))
-               + (effective * (k_gg @ effective)).sum((-3, -2, -1)))
+    mean_kl = (v * ((gram - nystrom) @ v)).sum((-3, -2, -1)) + (effective * (k_gg @ effective)).sum((-3, -2, -1))
     with torch.no_grad():
         ungated_global = factors.kl.sum()  # γ² ‖Lᵀ v_g‖² + covariance terms
-        values_kl = 0.5 * (gate.view(-1).square() * (factors.chol.transpose(-2, -1) @ layer.global_values)
-                           .square().sum((-2, -1))).sum()
+        values_kl = 0.5 * (gate.view(-1).square() * (factors.chol.transpose(-2, -1) @ layer.global_values).square().sum((-2, -1))).sum()
     return mean, 0.5 * mean_kl + (ungated_global - values_kl)
 
 
@@ -212,7 +217,7 @@ def test_gated_mean_and_kl_are_those_of_the_effective_global_values(causal):
         with posterior_mean():
             full, _ = layer(x)
             for t in range(x.shape[1]):
-                out, state = layer.forward_step(x[:, t:t + 1], state)
+                out, state = layer.forward_step(x[:, t : t + 1], state)
                 outputs.append(out)
         torch.testing.assert_close(torch.cat(outputs, 1), full, rtol=1e-8, atol=1e-8)
 
@@ -287,8 +292,7 @@ def test_calibration_matches_the_spread_and_mass_of_the_softmax_logits():
         gram = layer.kernel(layer._split(layer.qk_proj(h))).to_dense()
     allowed = torch.ones(48, 1, 6, 6, dtype=torch.bool)
     outputscale = layer.kernel.outputscale.view(1, -1, 1, 1)
-    torch.testing.assert_close(_spread((gram / outputscale).log(), allowed), _spread(logits, allowed),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_spread((gram / outputscale).log(), allowed), _spread(logits, allowed), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(gram.sum(-1).log().mean((0, 2)), torch.zeros(2), rtol=0, atol=1e-4)
     assert not torch.equal(layer.kernel.outputscale, default.encoder.layers[0].self_attn.attention.kernel.outputscale)
     sgpa = convert(copy.deepcopy(softmax), attention="sgpa", num_global=4, calibration_inputs=(x,))
@@ -333,16 +337,28 @@ def test_gated_gpt2_generates_the_same_with_and_without_the_cache():
     of the kernel network, and at other γ too."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(9)
-    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0,
-                                     eos_token_id=1, pad_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = transformers.GPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        vocab_size=50,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     config._attn_implementation = "sdpa"
     model = convert(transformers.GPT2LMHeadModel(config).double().eval(), attention="kernel")
     prompt = torch.randint(2, 50, (2, 4))
 
     def scores(use_cache):
         with torch.no_grad(), posterior_mean():
-            out = model.generate(prompt, max_new_tokens=4, do_sample=False, use_cache=use_cache, output_scores=True,
-                                 return_dict_in_generate=True)
+            out = model.generate(
+                prompt, max_new_tokens=4, do_sample=False, use_cache=use_cache, output_scores=True, return_dict_in_generate=True
+            )
         return torch.stack(out.scores)
 
     kernel_scores = scores(False)

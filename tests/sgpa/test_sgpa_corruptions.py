@@ -1,4 +1,5 @@
 """Corrupted test sets: each corruption against an independent reference."""
+
 import math
 
 import numpy as np

@@ -7,6 +7,7 @@
   its value and gradients must equal a recomputation, and it must recompute after the parameters
   change or a backward pass has freed that graph.
 """
+
 import collections
 import copy
 
@@ -62,8 +63,9 @@ def _solve_formula(layer, x, global_inputs, noise):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("variant,whitened,share_covariance",
-                         [("orthogonal", False, False), ("orthogonal", True, False), ("dsvgp", False, True)])
+@pytest.mark.parametrize(
+    "variant,whitened,share_covariance", [("orthogonal", False, False), ("orthogonal", True, False), ("dsvgp", False, True)]
+)
 def test_inverse_factor_products_equal_the_triangular_solve_formulas(dtype, variant, whitened, share_covariance):
     layer = _layer(variant=variant, whitened=whitened, share_covariance=share_covariance, sampler="decomposed")
     layer = layer.to(dtype)
@@ -143,8 +145,17 @@ def test_global_kl_reuses_the_forward_factors_until_they_change_or_are_backpropa
 @pytest.mark.parametrize("kl_weighting", ["decomposed", "all-over-n"])
 def test_elbo_step_with_reused_global_kl_equals_recomputation(kl_weighting, count_global_factors):
     torch.manual_seed(0)
-    model = SGPAViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, d_model=D_MODEL, num_heads=HEADS,
-                    num_layers=2, attention="sgpa", attention_kwargs={"num_global": NUM_GLOBAL}).double()
+    model = SGPAViT(
+        image_size=8,
+        patch_size=4,
+        in_channels=1,
+        num_classes=3,
+        d_model=D_MODEL,
+        num_heads=HEADS,
+        num_layers=2,
+        attention="sgpa",
+        attention_kwargs={"num_global": NUM_GLOBAL},
+    ).double()
     twin = copy.deepcopy(model)
     images, labels = torch.rand(5, 1, 8, 8, dtype=torch.double), torch.tensor([0, 1, 2, 1, 0])
     gradients = []
@@ -196,8 +207,7 @@ def test_kernel_blocks_in_the_frame_of_the_global_keys_equal_gpytorch(name):
     jitter = gpytorch.settings.cholesky_jitter.value(torch.double) * layer.kernel.outputscale.reshape(-1, 1, 1)
     expected_gram_g = _gpytorch_kernel(layer.kernel, keys, keys) + jitter * torch.eye(NUM_GLOBAL, dtype=torch.double)
     torch.testing.assert_close(factors.chol @ factors.chol.mT, expected_gram_g, **TIGHT)
-    inputs = [queries, global_inputs, layer.qk_proj.weight, layer.kernel.base_kernel.raw_lengthscale,
-              layer.kernel.raw_outputscale]
+    inputs = [queries, global_inputs, layer.qk_proj.weight, layer.kernel.base_kernel.raw_lengthscale, layer.kernel.raw_outputscale]
     weights = torch.randn(2, *cross.shape[:-1], NUM_GLOBAL + 7, dtype=torch.double)
     ours = torch.autograd.grad((torch.cat([gram, cross], -1) * weights[0]).sum() + factors.chol.sum(), inputs)
     reference_chol = torch.linalg.cholesky(expected_gram_g)
@@ -258,8 +268,18 @@ def test_an_sgpa_training_step_dispatches_less_than_three_times_the_operators_of
     totals = {}
     for attention, kwargs in (("kernel", {}), ("sgpa", {"num_global": 4})):
         torch.manual_seed(0)
-        model = SGPAViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, d_model=8, num_heads=2,
-                        num_layers=2, attention=attention, attention_kwargs=kwargs, dropout=0.1)
+        model = SGPAViT(
+            image_size=8,
+            patch_size=4,
+            in_channels=1,
+            num_classes=3,
+            d_model=8,
+            num_heads=2,
+            num_layers=2,
+            attention=attention,
+            attention_kwargs=kwargs,
+            dropout=0.1,
+        )
         elbo = SGPAELBO(model, num_data=100) if attention == "sgpa" else None
 
         def step():

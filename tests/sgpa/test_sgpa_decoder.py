@@ -25,8 +25,9 @@ CONFIGS = [
 
 def _decoder(attention, kwargs, seed=0, num_layers=2):
     torch.manual_seed(seed)
-    model = SGPADecoder(VOCAB, d_model=8, num_heads=2, num_layers=num_layers, max_len=LENGTH, attention=attention,
-                        attention_kwargs=kwargs).double()
+    model = SGPADecoder(
+        VOCAB, d_model=8, num_heads=2, num_layers=num_layers, max_len=LENGTH, attention=attention, attention_kwargs=kwargs
+    ).double()
     with torch.no_grad():  # moderate variational parameters keep the conditionals well conditioned
         for name, p in model.named_parameters():
             if "global_chol" in name or "global_values" in name:
@@ -74,14 +75,12 @@ def test_sequence_elbo_sums_token_log_likelihoods_and_skips_ignored_targets():
     logits, kl = model(tokens)
     logits = logits[:, :-1]
     log_probs = F.log_softmax(logits, -1)
-    expected_ell = torch.stack([
-        sum(log_probs[b, t, targets[b, t]] for t in range(LENGTH - 1) if targets[b, t] != IGNORE_INDEX)
-        for b in range(BATCH)
-    ])
+    expected_ell = torch.stack(
+        [sum(log_probs[b, t, targets[b, t]] for t in range(LENGTH - 1) if targets[b, t] != IGNORE_INDEX) for b in range(BATCH)]
+    )
     torch.testing.assert_close(elbo.expected_log_likelihood(logits, targets), expected_ell, **TIGHT)
     global_kl = model.global_kl()  # the exact ELBO counts the shared global KL once per data set
-    torch.testing.assert_close(elbo(logits, kl, targets), expected_ell.mean() - (kl - global_kl) - global_kl / 50,
-                               **TIGHT)
+    torch.testing.assert_close(elbo(logits, kl, targets), expected_ell.mean() - (kl - global_kl) - global_kl / 50, **TIGHT)
     # Monte-Carlo sample dimensions in front are averaged
     stacked = torch.stack([logits, logits])
     torch.testing.assert_close(elbo.expected_log_likelihood(stacked, targets), expected_ell, **TIGHT)
@@ -102,8 +101,7 @@ def test_decoder_learns_to_count_and_generates_the_rule():
     vocab, length = 7, 8
     starts = torch.randint(0, vocab, (128, 1))
     data = (starts + torch.arange(length)) % vocab
-    model = SGPADecoder(vocab, d_model=16, num_heads=2, num_layers=1, max_len=length, attention="sgpa",
-                        attention_kwargs={"num_global": 4})
+    model = SGPADecoder(vocab, d_model=16, num_heads=2, num_layers=1, max_len=length, attention="sgpa", attention_kwargs={"num_global": 4})
     elbo = SGPAELBO(model, num_data=128, anneal_steps=20)
     optimiser = torch.optim.Adam(elbo.parameters(), lr=1e-2)
     for _ in range(80):

@@ -10,6 +10,7 @@ small Cholesky factorisations and triangular solves of well-conditioned matrices
 parameters are scaled by 0.3, as in the CPU tests), where CPU and CUDA round-off differ at
 ``~1e-14`` relative; checked at ``1e-9``.  On a CPU-only machine the ``cuda`` cases skip.
 """
+
 import contextlib
 import copy
 
@@ -155,12 +156,16 @@ def test_sgpa_eval_cache_is_not_reused_across_dtype_and_device(device):
 def make_decoder(where, attention="sgpa", kwargs=None):
     torch.manual_seed(0)
     kwargs = {"num_global": 4} if kwargs is None else kwargs
-    return moderate(SGPADecoder(9, d_model=8, num_heads=2, num_layers=2, max_len=8, attention=attention,
-                                attention_kwargs=kwargs).double()).to(where).eval()
+    return (
+        moderate(SGPADecoder(9, d_model=8, num_heads=2, num_layers=2, max_len=8, attention=attention, attention_kwargs=kwargs).double())
+        .to(where)
+        .eval()
+    )
 
 
-@pytest.mark.parametrize("attention, kwargs", [("sgpa", None), ("sgpa", {"num_global": 4, "sampler": "full"}),
-                                               ("sgpa-standard", {}), ("kernel", {})])
+@pytest.mark.parametrize(
+    "attention, kwargs", [("sgpa", None), ("sgpa", {"num_global": 4, "sampler": "full"}), ("sgpa-standard", {}), ("kernel", {})]
+)
 def test_decoder_generate_on_device(device, assert_matches_cpu, attention, kwargs):
     """``generate`` with a seeded CPU generator (the next-token draws are made where the generator lives)
     and greedy decoding; tokens equal the CPU's exactly."""
@@ -184,8 +189,18 @@ def test_sequence_and_classification_elbos_on_device(device, assert_matches_cpu)
         decoder = make_decoder(where).train()
         tokens = torch.randint(0, 9, (BATCH, 7), generator=torch.Generator().manual_seed(5)).to(where)
         torch.manual_seed(0)
-        vit = moderate(SGPAViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, d_model=8, num_heads=2,
-                               num_layers=1, attention_kwargs={"num_global": 4}).double()).to(where)
+        vit = moderate(
+            SGPAViT(
+                image_size=8,
+                patch_size=4,
+                in_channels=1,
+                num_classes=3,
+                d_model=8,
+                num_heads=2,
+                num_layers=1,
+                attention_kwargs={"num_global": 4},
+            ).double()
+        ).to(where)
         images = torch.rand(BATCH, 1, 8, 8, generator=torch.Generator().manual_seed(6), dtype=DT).to(where)
         labels = torch.tensor([0, 2, 1], device=where)
         with noise_from_cpu():
@@ -205,8 +220,19 @@ def test_sequence_and_classification_elbos_on_device(device, assert_matches_cpu)
 def test_regression_elbo_on_device(device, assert_matches_cpu, likelihood):
     def run(where):
         torch.manual_seed(0)
-        vit = moderate(SGPAViT(image_size=8, patch_size=4, in_channels=1, num_classes=2, d_model=8, num_heads=2,
-                               num_layers=1, task="regression", attention_kwargs={"num_global": 4}).double()).to(where)
+        vit = moderate(
+            SGPAViT(
+                image_size=8,
+                patch_size=4,
+                in_channels=1,
+                num_classes=2,
+                d_model=8,
+                num_heads=2,
+                num_layers=1,
+                task="regression",
+                attention_kwargs={"num_global": 4},
+            ).double()
+        ).to(where)
         images = torch.rand(BATCH, 1, 8, 8, generator=torch.Generator().manual_seed(6), dtype=DT).to(where)
         targets = torch.randn(BATCH, 2, generator=torch.Generator().manual_seed(7), dtype=DT).to(where)
         elbo = SGPAELBO(vit, num_data=50, likelihood=likelihood).to(where)
@@ -226,7 +252,7 @@ def test_metrics_accept_tensors_on_device(device, assert_matches_cpu):
         ood = torch.softmax(0.3 * torch.randn(25, 4, generator=generator, dtype=DT), -1).to(where)
         labels = torch.randint(0, 4, (40,), generator=generator).to(where)
         targets = torch.randn(30, generator=generator, dtype=DT).to(where)
-        samples = (targets + 0.3 * torch.randn(5, 30, generator=generator, dtype=DT).to(where))
+        samples = targets + 0.3 * torch.randn(5, 30, generator=generator, dtype=DT).to(where)
         return classification_metrics(probs, labels, ood), regression_metrics(targets, samples, torch.tensor(0.4, device=where))
 
     assert_matches_cpu(run(device), run(CPU), rtol=1e-12, atol=1e-14)

@@ -1,5 +1,6 @@
 """Data-parallel training: one DDP step with 2 gloo processes equals one
 single-process step on the same global batch; the global KL is counted once."""
+
 import os
 import pathlib
 import subprocess
@@ -61,9 +62,33 @@ def test_calibration_runner_under_torchrun_writes_once_with_world_size(tmp_path)
     import csv
 
     out = tmp_path / "out"
-    _torchrun(["-m", "gpytorch_sgpa.experiments.calibration", "--quick", "--dataset", "digits", "--methods", "sgpa",
-               "--train-size", "64", "--val-size", "32", "--test-size", "32", "--ood-size", "32", "--batch-size", "16",
-               "--no-progress", "--threads", "1", "--out", str(out)], tmp_path)
+    _torchrun(
+        [
+            "-m",
+            "gpytorch_sgpa.experiments.calibration",
+            "--quick",
+            "--dataset",
+            "digits",
+            "--methods",
+            "sgpa",
+            "--train-size",
+            "64",
+            "--val-size",
+            "32",
+            "--test-size",
+            "32",
+            "--ood-size",
+            "32",
+            "--batch-size",
+            "16",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
     with open(out / "results.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [(row["method"], row["world_size"]) for row in rows] == [("sgpa", "2")]
@@ -81,16 +106,39 @@ def test_language_model_runner_under_torchrun_trains_and_rank_0_writes(tmp_path)
     archive = tmp_path / "vader.tar.gz"
     fake_vader_corpora(archive)
     out = tmp_path / "out"
-    result = _torchrun(["-m", "gpytorch_sgpa.experiments.language_model", "--quick", "--methods", "mle-sdp,mcd,sgpa",
-                        "--seeds", "1", "--train-size", "60", "--test-size", "30", "--shift-size", "20",
-                        "--batch-size", "16", "--no-progress", "--threads", "1", "--out", str(out)],
-                       tmp_path, env={"PROBSEQ_VADER_ARCHIVE": str(archive)})
+    result = _torchrun(
+        [
+            "-m",
+            "gpytorch_sgpa.experiments.language_model",
+            "--quick",
+            "--methods",
+            "mle-sdp,mcd,sgpa",
+            "--seeds",
+            "1",
+            "--train-size",
+            "60",
+            "--test-size",
+            "30",
+            "--shift-size",
+            "20",
+            "--batch-size",
+            "16",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+        env={"PROBSEQ_VADER_ARCHIVE": str(archive)},
+    )
     with open(out / "results.csv") as handle:
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames) == lm.CSV_COLUMNS
         rows = list(reader)
     assert [(row["method"], row["seed"], row["world_size"]) for row in rows] == [
-        (method, "0", "2") for method in ("mle-sdp", "mcd", "sgpa")]
+        (method, "0", "2") for method in ("mle-sdp", "mcd", "sgpa")
+    ]
     for row in rows:
         assert float(row["token_nll"]) > 0 and 0 <= float(row["accuracy"]) <= 1
     assert list(out.iterdir()) == [out / "results.csv"]

@@ -1,5 +1,6 @@
 """SGPA inside a stock ``nn.TransformerEncoder``: ``MultiheadSGPAttention``, ``convert`` and the KL
 collected by ``kl_divergence``."""
+
 import copy
 import math
 
@@ -18,8 +19,7 @@ class StockClassifier(nn.Module):
     def __init__(self, d_model=16, num_heads=2, num_layers=2, num_classes=3, batch_first=True, dtype=torch.float32):
         super().__init__()
         self.embed = nn.Linear(4, d_model)
-        layer = nn.TransformerEncoderLayer(d_model, num_heads, dim_feedforward=32, dropout=0.0,
-                                           batch_first=batch_first)
+        layer = nn.TransformerEncoderLayer(d_model, num_heads, dim_feedforward=32, dropout=0.0, batch_first=batch_first)
         self.encoder = nn.TransformerEncoder(layer, num_layers)
         self.head = nn.Linear(d_model, num_classes)
         self.to(dtype)
@@ -128,8 +128,7 @@ def test_converted_stock_classifier_trains_with_the_elbo():
         (-value).backward()
         layer = next(m for m in model.modules() if isinstance(m, SGPAttention))
         if step == 0:  # converted at mean gate 0: the gate gets the likelihood's gradient, v_g not yet
-            for parameter in (layer.global_mean_gate, layer.global_inducing_inputs, layer.global_chol_lower,
-                              layer.kernel.raw_outputscale):
+            for parameter in (layer.global_mean_gate, layer.global_inducing_inputs, layer.global_chol_lower, layer.kernel.raw_outputscale):
                 assert parameter.grad is not None and parameter.grad.abs().sum() > 0
         if step == 1:  # the gate has moved: v_g reaches the mean
             assert layer.global_values.grad.abs().sum() > 0
@@ -162,8 +161,7 @@ def test_kl_divergence_sums_the_layers_and_elbo_counts_global_kl_once():
     torch.testing.assert_close(elbo(logits, total, y), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("attention, kwargs", [("sgpa-dsvgp", {"num_global": 8}),
-                                               ("sgpa-standard", {"max_len": 6})])
+@pytest.mark.parametrize("attention, kwargs", [("sgpa-dsvgp", {"num_global": 8}), ("sgpa-standard", {"max_len": 6})])
 def test_posterior_mean_of_converted_model_equals_kernel_attention_model(attention, kwargs, monkeypatch):
     """MLE kernel attention first, then SGPA from it (the thesis's path): with zero noise the SGPA
     sample is its posterior mean K_qk v (eq. fpost / naivedsvgp), the kernel attention's output."""

@@ -1,4 +1,5 @@
 """End-to-end calibration runner on scikit-learn digits (no Debian dataset needed)."""
+
 import csv
 import math
 
@@ -52,19 +53,36 @@ def test_ts_mcd_de_reuse_the_mle_network(runner):
 
     scaler = TemperatureScaling().fit(val_logits, runner.task.val.labels)
     val_labels = runner.task.val.labels
-    assert float(torch.nn.functional.cross_entropy(scaler(val_logits).detach(), val_labels)) <= float(
-        torch.nn.functional.cross_entropy(val_logits, val_labels)) + 1e-9
+    assert (
+        float(torch.nn.functional.cross_entropy(scaler(val_logits).detach(), val_labels))
+        <= float(torch.nn.functional.cross_entropy(val_logits, val_labels)) + 1e-9
+    )
 
 
 def test_cli_writes_contract_csv_and_table(tmp_path, capsys):
-    rows = main(["--dataset", "digits", "--methods", "mle-sdp,sgpa", "--seeds", "2", "--quick",
-                 "--train-size", "128", "--test-size", "64", "--out", str(tmp_path), "--no-progress"])
+    rows = main(
+        [
+            "--dataset",
+            "digits",
+            "--methods",
+            "mle-sdp,sgpa",
+            "--seeds",
+            "2",
+            "--quick",
+            "--train-size",
+            "128",
+            "--test-size",
+            "64",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     with open(tmp_path / "results.csv") as handle:
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames) == CSV_COLUMNS
         written = list(reader)
-    assert [(r["method"], r["seed"]) for r in written] == [("mle-sdp", "0"), ("sgpa", "0"), ("mle-sdp", "1"),
-                                                           ("sgpa", "1")]
+    assert [(r["method"], r["seed"]) for r in written] == [("mle-sdp", "0"), ("sgpa", "0"), ("mle-sdp", "1"), ("sgpa", "1")]
     assert all(0 <= float(r["accuracy"]) <= 1 and math.isfinite(float(r["nll"])) for r in written)
     assert len(rows) == 4 and (tmp_path / "results.png").is_file()
     table = capsys.readouterr().out

@@ -1,4 +1,5 @@
 """Offline data loaders: IDX parsing, missing-package errors, the vaderSentiment archive, tokenization."""
+
 import gzip
 
 import numpy as np

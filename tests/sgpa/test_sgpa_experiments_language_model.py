@@ -1,4 +1,5 @@
 """Language-model experiment: encoding, per-word scores against hand computations, the CLI's CSV."""
+
 import csv
 import math
 
@@ -77,8 +78,24 @@ def test_cli_writes_contract_csv(tmp_path, monkeypatch, capsys):
     archive = tmp_path / "vader.tar.gz"
     fake_vader_corpora(archive)
     monkeypatch.setenv("PROBSEQ_VADER_ARCHIVE", str(archive))
-    rows = lm.main(["--quick", "--methods", "mle-kernel,mcd,sgpa", "--seeds", "2", "--train-size", "60",
-                    "--test-size", "30", "--shift-size", "20", "--no-progress", "--out", str(tmp_path / "out")])
+    rows = lm.main(
+        [
+            "--quick",
+            "--methods",
+            "mle-kernel,mcd,sgpa",
+            "--seeds",
+            "2",
+            "--train-size",
+            "60",
+            "--test-size",
+            "30",
+            "--shift-size",
+            "20",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     with open(tmp_path / "out" / "results.csv") as handle:
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames) == lm.CSV_COLUMNS
@@ -105,8 +122,22 @@ def test_cli_passes_the_kl_weighting_and_parameterisation_to_sgpa(tmp_path, monk
             built.append((self.kl_weighting, {m.whitened for m in model.modules() if hasattr(m, "whitened")}))
 
     monkeypatch.setattr(lm, "SGPAELBO", Recording)
-    common = ["--quick", "--methods", "sgpa", "--seeds", "1", "--train-size", "40", "--test-size", "10",
-              "--shift-size", "10", "--no-progress", "--out", str(tmp_path / "out")]
+    common = [
+        "--quick",
+        "--methods",
+        "sgpa",
+        "--seeds",
+        "1",
+        "--train-size",
+        "40",
+        "--test-size",
+        "10",
+        "--shift-size",
+        "10",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     lm.main(common)
     lm.main(common + ["--kl-weighting", "decomposed", "--no-whitened"])
     assert built == [("all-over-n", {True}), ("decomposed", {False})]

@@ -1,4 +1,5 @@
 """Paired per-seed comparison: differences, sign test and paired t against hand computations."""
+
 import csv
 import math
 

@@ -1,5 +1,6 @@
 """--sampler reaches every decoupled SGPA layer of the calibration runner, and its draws differ
 from the diagonal sampler's only in the cross-position correlations (same predictive mean)."""
+
 from dataclasses import replace
 
 import torch

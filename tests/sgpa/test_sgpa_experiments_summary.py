@@ -1,4 +1,5 @@
 """Summary statistics of the calibration runner (mean +- 2 s.e., thesis ch. 3) and argument checks."""
+
 import math
 
 import numpy as np
@@ -23,7 +24,8 @@ def _row(method, seed, value):
 def test_csv_columns_are_the_issue_contract():
     assert ",".join(CSV_COLUMNS) == (
         "dataset,method,seed,accuracy,nll,ece,mce,auroc,aupr,train_s_per_epoch,infer_s_per_batch,"
-        "selected_epoch,kl_init,kl_final,world_size,ece_all,mce_all")  # the original columns, then the added ones (none renamed)
+        "selected_epoch,kl_init,kl_final,world_size,ece_all,mce_all"
+    )  # the original columns, then the added ones (none renamed)
 
 
 def test_summary_mean_and_two_standard_errors():

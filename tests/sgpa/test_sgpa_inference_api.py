@@ -29,8 +29,9 @@ def test_posterior_mean_is_the_layers_posterior_mean_and_deterministic():
 
 def _vit():
     torch.manual_seed(1)
-    return SGPAViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, d_model=8, num_heads=2, num_layers=2,
-                   attention_kwargs={"num_global": 3}).eval()
+    return SGPAViT(
+        image_size=8, patch_size=4, in_channels=1, num_classes=3, d_model=8, num_heads=2, num_layers=2, attention_kwargs={"num_global": 3}
+    ).eval()
 
 
 def test_predict_proba_for_the_package_models_and_for_converted_ones():

@@ -1,4 +1,5 @@
 """Metrics of thesis ch. 3 / App. B.2 against scikit-learn, scipy and hand computations."""
+
 import math
 
 import numpy as np
@@ -30,10 +31,10 @@ def test_accuracy_nll_mcc_match_sklearn(num_classes):
     predicted = probs.argmax(-1).numpy()
     assert metrics.accuracy(probs, labels) == pytest.approx(accuracy_score(labels, predicted))
     assert metrics.negative_log_likelihood(probs, labels) == pytest.approx(
-        log_loss(labels.numpy(), probs.numpy(), labels=list(range(num_classes))), rel=1e-10)
+        log_loss(labels.numpy(), probs.numpy(), labels=list(range(num_classes))), rel=1e-10
+    )
     assert metrics.matthews_correlation(probs, labels) == pytest.approx(matthews_corrcoef(labels, predicted))
-    assert metrics.matthews_correlation(torch.as_tensor(predicted), labels) == pytest.approx(
-        matthews_corrcoef(labels, predicted))
+    assert metrics.matthews_correlation(torch.as_tensor(predicted), labels) == pytest.approx(matthews_corrcoef(labels, predicted))
 
 
 def test_mcc_constant_prediction_is_zero_like_sklearn():

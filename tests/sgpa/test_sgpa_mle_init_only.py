@@ -1,5 +1,6 @@
 """With only SGPA methods requested, the mle-kernel network that initialises SGPA is trained only
 for ``mle_init_epochs`` epochs, and gives the same snapshot as the full MLE run."""
+
 from dataclasses import replace
 
 import torch
@@ -67,9 +68,17 @@ def test_stop_after_keeps_the_full_schedule():
         torch.manual_seed(0)
         model = calibration.build_network(task, "mle-kernel", CONFIG)
         snapshots = []
-        train_classifier(model, task.train, epochs=4, batch_size=32, lr=1e-2, seed=0, progress=False,
-                         stop_after=stop_after,
-                         on_epoch_end=lambda e, m: snapshots.append({k: v.clone() for k, v in m.state_dict().items()}))
+        train_classifier(
+            model,
+            task.train,
+            epochs=4,
+            batch_size=32,
+            lr=1e-2,
+            seed=0,
+            progress=False,
+            stop_after=stop_after,
+            on_epoch_end=lambda e, m: snapshots.append({k: v.clone() for k, v in m.state_dict().items()}),
+        )
         states.append(snapshots)
     assert len(states[0]) == 4 and len(states[1]) == 2
     assert all(torch.equal(states[0][1][k], states[1][1][k]) for k in states[0][1])

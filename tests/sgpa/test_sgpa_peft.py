@@ -2,6 +2,7 @@
 parameters train beside the adapter, the global keys use the adapted ``W_qk`` (so
 ``merge_and_unload`` keeps the function) and the adapter saved with SGPA's parameters reloads the
 function exactly."""
+
 import copy
 import importlib.util
 
@@ -13,8 +14,10 @@ import gpytorch_sgpa
 from gpytorch_sgpa import SGPAttention, posterior_mean
 from gpytorch_sgpa.lora import get_peft_model, load_adapter, lora_target_modules, save_adapter, sgpa_parameter_names
 
-needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers") is None,
-                                reason='needs peft and transformers: pip install "probseq[zoo]"')
+needs_peft = pytest.mark.skipif(
+    importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers") is None,
+    reason='needs peft and transformers: pip install "probseq[zoo]"',
+)
 
 LAYERS = ("bert.encoder.layer.0.attention.self.attention", "bert.encoder.layer.1.attention.self.attention")
 
@@ -27,11 +30,17 @@ def _converted():
 
     transformers.utils.logging.set_verbosity_error()
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=16, num_labels=3)
+    config = transformers.BertConfig(
+        vocab_size=60,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=3,
+    )
     model = transformers.BertForSequenceClassification(config).eval()
-    inputs = dict(input_ids=torch.randint(1, 60, (3, 7)),
-                  attention_mask=torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 7]))
+    inputs = dict(input_ids=torch.randint(1, 60, (3, 7)), attention_mask=torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 7]))
     gpytorch_sgpa.convert(model, attention="kernel", calibration_inputs=inputs)
     gpytorch_sgpa.convert(model, num_global=4, calibration_inputs=inputs)
     with torch.no_grad():
@@ -55,6 +64,7 @@ def _mean_logits(model, inputs):
     with torch.no_grad(), posterior_mean():
         return model(**inputs).logits
 
+
 def _adapted(model):
     """``model`` with LoRA (r = 2), its LoRA weights and SGPA parameters moved off their initial values, in eval mode."""
     peft_model = get_peft_model(model, r=2, lora_alpha=4)
@@ -64,7 +74,6 @@ def _adapted(model):
             parameter = peft_model.get_parameter(name)
             parameter.add_(0.1 * torch.randn_like(parameter))
     return peft_model.eval()
-
 
 
 def test_a_missing_peft_names_the_extra(monkeypatch):
@@ -80,9 +89,19 @@ def test_lora_trains_the_adapter_and_the_sgpa_parameters_only():
     assert targets == [f"{layer}.{projection}" for layer in LAYERS for projection in ("qk_proj", "v_proj")]
     assert gpytorch_sgpa.lora_target_modules is lora_target_modules
     own = sgpa_parameter_names(model)
-    assert set(own) == {f"{layer}.{name}" for layer in LAYERS
-                        for name in ("global_inducing_inputs", "global_values", "global_chol_lower", "global_chol_log_diag",
-                                     "global_mean_gate", "kernel.raw_outputscale", "kernel.base_kernel.raw_lengthscale")}
+    assert set(own) == {
+        f"{layer}.{name}"
+        for layer in LAYERS
+        for name in (
+            "global_inducing_inputs",
+            "global_values",
+            "global_chol_lower",
+            "global_chol_log_diag",
+            "global_mean_gate",
+            "kernel.raw_outputscale",
+            "kernel.base_kernel.raw_lengthscale",
+        )
+    }
     peft_model = get_peft_model(model, r=2, lora_alpha=4)
     prefix = "base_model.model."
     trainable = {name for name, p in peft_model.named_parameters() if p.requires_grad}

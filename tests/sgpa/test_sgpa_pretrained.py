@@ -2,6 +2,7 @@
 ``gpytorch_sgpa.from_pretrained``, and ``torch.save`` / ``torch.load`` of the whole module, give the
 saved model's outputs exactly (posterior mean, and samples drawn under the same seed); the
 model's own ``from_pretrained`` refuses to give the softmax network silently."""
+
 import io
 
 import pytest
@@ -14,22 +15,35 @@ transformers = pytest.importorskip("transformers")
 
 
 def _bert(layers=2):
-    config = transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=16, num_labels=3)
-    inputs = dict(input_ids=torch.randint(1, 60, (3, 7)),
-                  attention_mask=torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 7]))
+    config = transformers.BertConfig(
+        vocab_size=60,
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=3,
+    )
+    inputs = dict(input_ids=torch.randint(1, 60, (3, 7)), attention_mask=torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 7]))
     return transformers.BertForSequenceClassification(config), inputs
 
 
 def _vit():
-    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=2,
-                                    num_attention_heads=2, intermediate_size=32, num_labels=3)
+    config = transformers.ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
     return transformers.ViTForImageClassification(config), dict(pixel_values=torch.rand(3, 1, 8, 8))
 
 
 def _gpt2():
-    config = transformers.GPT2Config(vocab_size=60, n_embd=16, n_layer=2, n_head=2, n_positions=16, bos_token_id=0,
-                                     eos_token_id=1)
+    config = transformers.GPT2Config(vocab_size=60, n_embd=16, n_layer=2, n_head=2, n_positions=16, bos_token_id=0, eos_token_id=1)
     return transformers.GPT2LMHeadModel(config), dict(input_ids=torch.randint(1, 60, (3, 7)))
 
 
@@ -82,8 +96,7 @@ def test_save_pretrained_and_from_pretrained_give_the_saved_model(family, tmp_pa
         assert torch.equal(tensor, saved[name]), name
     # saved again from the reloaded model, and reloaded through the Auto class
     reloaded.save_pretrained(tmp_path / "again")
-    auto = {"bert": "AutoModelForSequenceClassification", "vit": "AutoModelForImageClassification",
-            "gpt2": "AutoModelForCausalLM"}[family]
+    auto = {"bert": "AutoModelForSequenceClassification", "vit": "AutoModelForImageClassification", "gpt2": "AutoModelForCausalLM"}[family]
     again = gpytorch_sgpa.from_pretrained(getattr(transformers, auto), tmp_path / "again")
     assert torch.equal(_outputs(again, inputs)[1], sample)
 
@@ -127,10 +140,12 @@ def test_without_the_package_imported_transformers_refuses_the_checkpoint(tmp_pa
     _quiet()
     model, _ = _converted("bert")
     model.save_pretrained(tmp_path)
-    code = ("import sys, transformers\n"
-            f"try:\n    transformers.BertForSequenceClassification.from_pretrained({str(tmp_path)!r})\n"
-            "except ValueError as error:\n    sys.exit(0 if 'gpytorch_sgpa' in str(error) else 2)\n"
-            "sys.exit(1)\n")
+    code = (
+        "import sys, transformers\n"
+        f"try:\n    transformers.BertForSequenceClassification.from_pretrained({str(tmp_path)!r})\n"
+        "except ValueError as error:\n    sys.exit(0 if 'gpytorch_sgpa' in str(error) else 2)\n"
+        "sys.exit(1)\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
 

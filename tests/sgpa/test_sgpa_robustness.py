@@ -93,8 +93,15 @@ def test_forward_step_is_finite_and_matches_forward_in_float32(sampler, whitened
 def test_decoder_with_left_padding_ignores_the_padded_tokens(attention):
     """Causal attention + left padding: rows with no allowed key must not turn the outputs NaN."""
     torch.manual_seed(0)
-    model = SGPADecoder(50, d_model=D_MODEL, num_heads=HEADS, num_layers=2, max_len=LENGTH, attention=attention,
-                        attention_kwargs={"num_global": NUM_GLOBAL} if attention == "sgpa" else None).eval()
+    model = SGPADecoder(
+        50,
+        d_model=D_MODEL,
+        num_heads=HEADS,
+        num_layers=2,
+        max_len=LENGTH,
+        attention=attention,
+        attention_kwargs={"num_global": NUM_GLOBAL} if attention == "sgpa" else None,
+    ).eval()
     tokens = torch.randint(0, 50, (BATCH, LENGTH))
     mask = torch.zeros(BATCH, LENGTH, dtype=torch.bool)
     mask[0, :4] = True  # left padding
@@ -123,9 +130,15 @@ def test_sdp_fully_masked_rows_give_zero_attention():
 
 
 # ------------------------------------------------------------------------------- mixed precision
-MIXED = [("sgpa", {"sampler": "diagonal"}), ("sgpa", {"sampler": "full"}), ("sgpa", {"sampler": "decomposed"}),
-         ("sgpa", {"variant": "dsvgp"}), ("sgpa", {"whitened": True}), ("sgpa", {"whitened": False}),
-         ("standard", {"mode": "standard", "max_len": LENGTH})]
+MIXED = [
+    ("sgpa", {"sampler": "diagonal"}),
+    ("sgpa", {"sampler": "full"}),
+    ("sgpa", {"sampler": "decomposed"}),
+    ("sgpa", {"variant": "dsvgp"}),
+    ("sgpa", {"whitened": True}),
+    ("sgpa", {"whitened": False}),
+    ("standard", {"mode": "standard", "max_len": LENGTH}),
+]
 
 
 @pytest.mark.parametrize("name,kwargs", MIXED)
@@ -156,8 +169,12 @@ def test_autocast_and_half_layers_match_float32(name, kwargs, half_dtype):
 # ------------------------------------------------------------------------------- hooks
 @pytest.mark.parametrize(
     "build",
-    [lambda: _layer(), lambda: _layer(mode="standard", max_len=LENGTH), lambda: KernelAttention(D_MODEL, HEADS),
-     lambda: ScaledDotProductAttention(D_MODEL, HEADS)],
+    [
+        lambda: _layer(),
+        lambda: _layer(mode="standard", max_len=LENGTH),
+        lambda: KernelAttention(D_MODEL, HEADS),
+        lambda: ScaledDotProductAttention(D_MODEL, HEADS),
+    ],
 )
 def test_forward_hooks_fire_on_every_layer(build):
     layer = build()

@@ -56,8 +56,7 @@ def _reference_terms(layer, x):
 @pytest.mark.parametrize("whitened", [False, True])
 def test_decomposed_sample_equals_the_formula_by_hand(variant, share_covariance, kernel, whitened):
     """Given the noise, the sample is m + A C_d ε_d + sqrt(k(q,q) - A K_gg Aᵀ) ξ exactly."""
-    layer = _layer(variant=variant, share_covariance=share_covariance, sampler="decomposed", kernel=kernel,
-                   whitened=whitened)
+    layer = _layer(variant=variant, share_covariance=share_covariance, sampler="decomposed", kernel=kernel, whitened=whitened)
     layer = _identity_output(layer)
     x = _inputs()
     noise = layer.sample_noise(BATCH, LENGTH)

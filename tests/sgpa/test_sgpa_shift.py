@@ -1,4 +1,5 @@
 """``--shift`` of the calibration runner on the seconds-sized digits task."""
+
 import csv
 from dataclasses import replace
 
@@ -11,16 +12,38 @@ from gpytorch_sgpa.experiments.calibration import QUICK_CONFIG, SHIFT_COLUMNS, _
 
 
 def test_shift_csv_rows_and_an_independent_recomputation(tmp_path):
-    main(["--dataset", "digits", "--quick", "--methods", "mle-kernel,sgpa", "--seeds", "1", "--shift",  # one seed: 0
-          "--test-size", "48", "--val-size", "32", "--train-size", "128",
-          "--no-progress", "--out", str(tmp_path)])
+    main(
+        [
+            "--dataset",
+            "digits",
+            "--quick",
+            "--methods",
+            "mle-kernel,sgpa",
+            "--seeds",
+            "1",
+            "--shift",  # one seed: 0
+            "--test-size",
+            "48",
+            "--val-size",
+            "32",
+            "--train-size",
+            "128",
+            "--no-progress",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     with open(tmp_path / "shift.csv") as handle:
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames) == SHIFT_COLUMNS
         rows = list(reader)
     keys = {(r["method"], r["seed"], r["corruption"], r["severity"]) for r in rows}
-    expected = {(m, str(seed), c, str(s)) for m in ("mle-kernel", "sgpa") for seed in (0,)
-                for c, s in [("none", 0)] + [(c, s) for c in CORRUPTIONS for s in SEVERITIES]}
+    expected = {
+        (m, str(seed), c, str(s))
+        for m in ("mle-kernel", "sgpa")
+        for seed in (0,)
+        for c, s in [("none", 0)] + [(c, s) for c in CORRUPTIONS for s in SEVERITIES]
+    }
     assert keys == expected and len(rows) == len(expected)
     assert (tmp_path / "shift.png").stat().st_size > 0
     with open(tmp_path / "results.csv") as handle:

@@ -1,5 +1,6 @@
 """``--preset thesis`` of the calibration runner: each setting against the thesis and the SGPA
 authors' code, the learning-rate schedule against a hand computation, and a tiny run."""
+
 import csv
 import math
 from dataclasses import fields
@@ -39,13 +40,21 @@ def test_presets_set_the_thesis_items_and_keep_the_default_by_name():
 
 
 def test_thesis_num_global_is_twice_the_average_length_over_the_heads():
-    image = Task(name="f", kind="image", train=None, val=None, test=None, ood=None, num_classes=10, kernel="rbf",
-                 image_size=28, patch_size=7)
+    image = Task(
+        name="f", kind="image", train=None, val=None, test=None, ood=None, num_classes=10, kernel="rbf", image_size=28, patch_size=7
+    )
     assert thesis_num_global(image, 4) == 8  # 16 patches, 4 heads (CIFAR: 64 patches, 4 heads -> 32)
     mask = torch.tensor([[False] * 9 + [True] * 3, [False] * 12, [False] * 4 + [True] * 8])  # lengths 9, 12, 4
-    text = Task(name="t", kind="text", train=Split(torch.zeros(3, 12, dtype=torch.long), torch.zeros(3, dtype=torch.long),
-                                                   mask),
-                val=None, test=None, ood=None, num_classes=2, kernel="exponential")
+    text = Task(
+        name="t",
+        kind="text",
+        train=Split(torch.zeros(3, 12, dtype=torch.long), torch.zeros(3, dtype=torch.long), mask),
+        val=None,
+        test=None,
+        ood=None,
+        num_classes=2,
+        kernel="exponential",
+    )
     assert thesis_num_global(text, 4) == math.ceil(2 * (25 / 3) / 4) == 5  # CoLA: ~10 tokens, 4 heads, 5 keys
 
 
@@ -64,8 +73,9 @@ def test_thesis_kernel_initialisation_is_the_authors():
     default = build_network(task, "sgpa", ExperimentConfig())
     default_kernel = next(m.kernel for m in default.modules() if hasattr(m, "kernel") and hasattr(m.kernel, "outputscale"))
     head_dim = ExperimentConfig().d_model // ExperimentConfig().num_heads
-    torch.testing.assert_close(default_kernel.base_kernel.lengthscale.detach(),
-                               torch.full_like(default_kernel.base_kernel.lengthscale, math.sqrt(head_dim)))
+    torch.testing.assert_close(
+        default_kernel.base_kernel.lengthscale.detach(), torch.full_like(default_kernel.base_kernel.lengthscale, math.sqrt(head_dim))
+    )
 
 
 def replace_sizes(config):
@@ -97,8 +107,9 @@ def test_train_classifier_follows_the_schedule_and_restarts_adam_each_epoch(monk
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
     generator = torch.Generator().manual_seed(0)
     data = Split(torch.randn(40, 1, 2, 2, generator=generator), torch.randint(0, 3, (40,), generator=generator))
-    train_classifier(model, data, epochs=4, batch_size=10, lr=5e-4, lr_final=1e-5, warmup_fraction=0.1,
-                     restart_optimizer_each_epoch=True, progress=False)
+    train_classifier(
+        model, data, epochs=4, batch_size=10, lr=5e-4, lr_final=1e-5, warmup_fraction=0.1, restart_optimizer_each_epoch=True, progress=False
+    )
     lrs = [lr for _, lr, _ in seen]
     assert lrs == pytest.approx([5e-4 * learning_rate_factor(s, 16, 1e-5 / 5e-4, 2) for s in range(16)], rel=1e-12)
     assert lrs[0] == pytest.approx(1e-5) and lrs[2] == pytest.approx(5e-4) and lrs[-1] == pytest.approx(1e-5)
@@ -118,9 +129,30 @@ def test_tiny_run_with_the_thesis_preset(tmp_path, monkeypatch):
             built.append(self)
 
     monkeypatch.setattr(gpytorch_sgpa.elbo, "SGPAELBO", RecordingELBO)
-    rows = main(["--dataset", "digits", "--methods", "mle-kernel,sgpa", "--seeds", "1", "--quick", "--preset", "thesis",
-                 "--epochs", "3", "--mle-init-epochs", "1", "--train-size", "128", "--test-size", "64",
-                 "--out", str(tmp_path), "--no-progress"])
+    rows = main(
+        [
+            "--dataset",
+            "digits",
+            "--methods",
+            "mle-kernel,sgpa",
+            "--seeds",
+            "1",
+            "--quick",
+            "--preset",
+            "thesis",
+            "--epochs",
+            "3",
+            "--mle-init-epochs",
+            "1",
+            "--train-size",
+            "128",
+            "--test-size",
+            "64",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     (elbo,) = built
     steps_per_epoch = math.ceil(128 / QUICK_CONFIG.batch_size)
     assert elbo.kl_weighting == "authors"

@@ -1,6 +1,7 @@
 """``SGPATrainer`` (``transformers.Trainer`` on the ELBO) against the package's own loop on the same
 batches: with and without gradient accumulation, ``beta="auto"`` and annealing; a resumed run against
 the uninterrupted one; deterministic evaluation (the 2-process torchrun run: test_sgpa_distributed.py)."""
+
 import pathlib
 import sys
 
@@ -57,8 +58,7 @@ def test_gradient_accumulation_equals_the_package_loop_on_the_whole_batch(tmp_pa
     draw their noise in different orders)."""
     with gpytorch_sgpa.posterior_mean():
         reference, reference_elbo = worker.package_loop(worker.model(), 8, 3, LR, beta, 2)
-        run = worker.trainer(worker.model(), tmp_path, batch_size=4, accumulation=2, steps=3, lr=LR, beta=beta,
-                             anneal_steps=2)
+        run = worker.trainer(worker.model(), tmp_path, batch_size=4, accumulation=2, steps=3, lr=LR, beta=beta, anneal_steps=2)
         run.train()
     assert run.elbo.beta == pytest.approx(reference_elbo.beta, rel=1e-6)  # float32 KL summed per micro-batch
     assert int(run.elbo.num_updates) == 3
@@ -77,13 +77,11 @@ def test_gradient_accumulation_equals_the_package_loop_on_the_whole_batch(tmp_pa
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
     """β chosen at the first step is restored from the checkpoint (re-choosing it from the batch at the
     resumed step would differ) and the annealing counter continues from the restored step."""
-    whole = worker.trainer(worker.model(), tmp_path / "whole", batch_size=8, steps=4, lr=LR, beta="auto",
-                           anneal_steps=3, save_steps=2)
+    whole = worker.trainer(worker.model(), tmp_path / "whole", batch_size=8, steps=4, lr=LR, beta="auto", anneal_steps=3, save_steps=2)
     whole.train()
     checkpoint = tmp_path / "whole" / "checkpoint-2"
     assert (checkpoint / "sgpa_elbo.json").is_file()
-    resumed = worker.trainer(worker.model(), tmp_path / "whole", batch_size=8, steps=4, lr=LR, beta="auto",
-                             anneal_steps=3, save_steps=2)
+    resumed = worker.trainer(worker.model(), tmp_path / "whole", batch_size=8, steps=4, lr=LR, beta="auto", anneal_steps=3, save_steps=2)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.elbo.beta == whole.elbo.beta and int(resumed.elbo.num_updates) == 4
     _assert_same(resumed.model, whole.model, rtol=0, atol=0)
@@ -104,8 +102,7 @@ def test_evaluate_and_predict_are_deterministic_and_do_not_choose_beta(tmp_path)
     assert metrics["eval_loss"] == pytest.approx(nll, rel=1e-5)
     run.train()
     assert run.elbo.beta < 1
-    sampled = worker.trainer(run.model, tmp_path / "sampled", batch_size=8, steps=1, lr=LR, beta=0.1,
-                             anneal_steps=0, eval_samples=5)
+    sampled = worker.trainer(run.model, tmp_path / "sampled", batch_size=8, steps=1, lr=LR, beta=0.1, anneal_steps=0, eval_samples=5)
     once, again = sampled.predict(worker.Rows()).predictions, sampled.predict(worker.Rows()).predictions
     assert (once == again).all() and abs(once - mean.numpy()).max() > 1e-4  # samples, not the mean
     torch.manual_seed(worker.SEED)

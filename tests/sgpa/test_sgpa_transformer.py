@@ -105,8 +105,9 @@ def test_elbo_gradients_reach_every_parameter(attention):
 
 def test_vit_patch_embedding_is_linear_map_of_patches():
     torch.manual_seed(0)
-    vit = SGPAViT(image_size=8, patch_size=4, in_channels=2, num_classes=5, d_model=8, num_heads=2, num_layers=1,
-                  attention="kernel").double()
+    vit = SGPAViT(
+        image_size=8, patch_size=4, in_channels=2, num_classes=5, d_model=8, num_heads=2, num_layers=1, attention="kernel"
+    ).double()
     images = torch.randn(3, 2, 8, 8, dtype=torch.double)
     patches = images.unfold(2, 4, 4).unfold(3, 4, 4)  # (B, C, 2, 2, 4, 4)
     patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(3, 4, 2 * 16)

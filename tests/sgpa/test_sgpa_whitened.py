@@ -74,8 +74,7 @@ def test_whitened_layer_matches_the_port_of_the_authors_equations(kernel):
         chosen = gpytorch.kernels.ScaleKernel(base, batch_shape=torch.Size([HEADS]))
     else:
         chosen = kernel
-    layer = SGPAttention(D_MODEL, HEADS, kernel=chosen, num_global=NUM_GLOBAL, whitened=True,
-                         kernel_init="authors").double()
+    layer = SGPAttention(D_MODEL, HEADS, kernel=chosen, num_global=NUM_GLOBAL, whitened=True, kernel_init="authors").double()
     kernel = "matern52" if kernel == "object" else kernel
     if kernel == "exponential":  # the authors' e⁻⁴ output scale: raise it so every term is sizeable
         layer.kernel.outputscale = 0.5
@@ -88,8 +87,9 @@ def test_whitened_layer_matches_the_port_of_the_authors_equations(kernel):
     k_g = torch.stack([layer.global_inducing_inputs[h] @ w[h].T for h in range(HEADS)])
     log_ls = layer.kernel.base_kernel.lengthscale.log().squeeze(1)  # (H, e)
     log_sf = layer.kernel.outputscale.log()
-    mean, cov, kl = _port_layer(kernel, q, v_a, k_g, layer.global_values, layer.global_chol_lower,
-                                layer.global_chol_log_diag, log_ls, log_sf)
+    mean, cov, kl = _port_layer(
+        kernel, q, v_a, k_g, layer.global_values, layer.global_chol_lower, layer.global_chol_log_diag, log_ls, log_sf
+    )
     tol = dict(rtol=1e-7, atol=1e-9)
     torch.testing.assert_close(post.mean, mean, **tol)
     torch.testing.assert_close(post.covariance, cov, **tol)
@@ -122,8 +122,7 @@ def test_whitening_shrinks_the_initial_global_kl_of_a_vit():
     kls = {}
     for whitened in (False, True):
         torch.manual_seed(0)
-        vit = SGPAViT(28, 7, 1, 10, d_model=64, num_heads=4, num_layers=2,
-                      attention_kwargs={"whitened": whitened, "num_global": 32})
+        vit = SGPAViT(28, 7, 1, 10, d_model=64, num_heads=4, num_layers=2, attention_kwargs={"whitened": whitened, "num_global": 32})
         with torch.no_grad():
             kls[whitened] = float(vit(torch.rand(4, 1, 28, 28))[1])
     assert kls[False] > 5 * kls[True]

@@ -1,6 +1,7 @@
 """A converted BERT fine-tuned by ``SGPATrainer`` on fixed data, and the package's own loop on the same
 batches; run by ``test_sgpa_trainer.py`` in process and under torchrun (``python trainer_worker.py OUT``:
 2 ranks of 4 sequences per step, rank 0 saves the parameters and β to ``OUT``)."""
+
 import os
 import sys
 
@@ -27,9 +28,17 @@ def model():
     import transformers
 
     torch.manual_seed(SEED)
-    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=16, num_labels=CLASSES,
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = transformers.BertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=CLASSES,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     network = transformers.BertForSequenceClassification(config)
     return gpytorch_sgpa.convert(network, num_global=4)
 
@@ -76,14 +85,34 @@ def trainer(network, output_dir, batch_size, steps, lr, beta, anneal_steps, accu
             return SequentialSampler(self.train_dataset)
 
     arguments = transformers.TrainingArguments(
-        output_dir=str(output_dir), per_device_train_batch_size=batch_size, per_device_eval_batch_size=8,
-        gradient_accumulation_steps=accumulation, max_steps=steps, learning_rate=lr, lr_scheduler_type="constant",
-        max_grad_norm=0.0, logging_steps=1, report_to="none", use_cpu=True, seed=SEED, disable_tqdm=True,
-        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, dataloader_num_workers=0,
-        ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None)
+        output_dir=str(output_dir),
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=8,
+        gradient_accumulation_steps=accumulation,
+        max_steps=steps,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        seed=SEED,
+        disable_tqdm=True,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        dataloader_num_workers=0,
+        ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
+    )
     elbo = SGPAELBO(network, num_data=NUM_DATA, beta=beta, anneal_steps=anneal_steps)
-    return InOrder(network, arguments, train_dataset=Rows(), eval_dataset=Rows(), elbo=elbo,
-                   optimizers=(torch.optim.SGD(network.parameters(), lr=lr), None), **kwargs)
+    return InOrder(
+        network,
+        arguments,
+        train_dataset=Rows(),
+        eval_dataset=Rows(),
+        elbo=elbo,
+        optimizers=(torch.optim.SGD(network.parameters(), lr=lr), None),
+        **kwargs,
+    )
 
 
 if __name__ == "__main__":
@@ -95,5 +124,11 @@ if __name__ == "__main__":
         run = trainer(model(), sys.argv[2], batch_size=4, steps=3, lr=0.5, beta="auto", anneal_steps=2)
         run.train()
     if run.args.process_index == 0:
-        torch.save({"world_size": run.args.world_size, "beta": run.elbo.beta,
-                    "state": {k: v.detach().clone() for k, v in run.model.state_dict().items()}}, sys.argv[1])
+        torch.save(
+            {
+                "world_size": run.args.world_size,
+                "beta": run.elbo.beta,
+                "state": {k: v.detach().clone() for k, v in run.model.state_dict().items()},
+            },
+            sys.argv[1],
+        )

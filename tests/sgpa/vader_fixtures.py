@@ -1,4 +1,5 @@
 """A fake ``vaderSentiment-3.3.2`` sdist: the nested archive layout the loader reads, tiny corpora."""
+
 import io
 import tarfile
 
@@ -30,6 +31,7 @@ def fake_vader_corpora(path):
     corpora = {}
     for corpus, count in (("movie", 120), ("nyt", 40)):
         lengths = torch.randint(3, 9, (count,), generator=generator).tolist()
-        corpora[corpus] = [(0.5, " ".join(words[p] for p in torch.randint(0, len(words), (n,), generator=generator).tolist()))
-                           for n in lengths]
+        corpora[corpus] = [
+            (0.5, " ".join(words[p] for p in torch.randint(0, len(words), (n,), generator=generator).tolist())) for n in lengths
+        ]
     fake_vader_sdist(path, corpora)
