@@ -59,7 +59,7 @@ def reference_kuf(ivars, kernel, x):
 
 
 def rel(a, b):
-    return float((a - b).abs().max() / b.abs().max().detach())
+    return float(((a - b).abs().max() / b.abs().max()).detach())
 
 
 @pytest.mark.parametrize(
