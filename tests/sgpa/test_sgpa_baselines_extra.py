@@ -156,3 +156,29 @@ def test_the_calibration_benchmark_runs_every_baseline_at_a_tiny_size(monkeypatc
                         "--ensemble-size", "0", "--lora-rank", "0", "--no-laplace", "--num-samples", "1",
                         "--calibration", "20"])[0].keys() == {"softmax", "softmax + TS", "MC dropout", "recipe (SGPA)"}
     assert "5 + 20 epochs" not in printed and "1 + 20 epochs (preset long)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers") is None,
+                    reason='needs peft and transformers: pip install "probseq[zoo]"')
+def test_the_peft_benchmark_measures_every_method_at_a_tiny_size(tmp_path, monkeypatch, capsys):
+    from vader_fixtures import fake_vader_sdist
+
+    words = ["good", "bad", "film", "plot", "actors", "boring", "great", "the", "a", "is"]
+    generator = torch.Generator().manual_seed(0)
+    corpora = {corpus: [(1.5 if i % 2 else -1.5, " ".join(words[p] for p in torch.randint(0, 10, (6,), generator=generator).tolist()))
+                        for i in range(count)] for corpus, count in (("movie", 100), ("nyt", 30))}
+    fake_vader_sdist(tmp_path / "vader.tar.gz", corpora)
+    monkeypatch.setenv("PROBSEQ_VADER_ARCHIVE", str(tmp_path / "vader.tar.gz"))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    peft_benchmark = pytest.importorskip("sgpa_peft")
+    per_seed = peft_benchmark.main(["--seeds", "0", "--test", "20", "--epochs", "1", "--fine-tune", "1", "--num-samples", "2",
+                                    "--calibration", "16", "--lora-rank", "2", "--num-global", "4"])
+    rows = per_seed[0]
+    assert list(rows) == list(peft_benchmark.METHODS)
+    for row in rows.values():
+        assert 0 <= row["accuracy"] <= 1 and row["nll"] > 0 and row["seconds"] > 0 and row["peak_mib"] >= 0
+    assert rows["recipe, LoRA"]["trainable"] < rows["recipe, full fine-tuning"]["trainable"] == rows["recipe, full fine-tuning"][
+        "total_parameters"]
+    assert rows["softmax, LoRA"]["trainable"] < rows["softmax (full)"]["trainable"]
+    printed = capsys.readouterr().out
+    assert "| recipe: LoRA minus full |" in printed and "| softmax: LoRA minus full |" in printed
