@@ -108,10 +108,10 @@ def test_ovff_online_equals_batch_and_approaches_the_exact_gp(dtype):
     x = x[x[:, 0].argsort()].to(dtype)
     y = torch.sin(3 * x[:, 0]) + 0.2 * torch.randn(80, generator=generator, dtype=torch.float64).to(dtype)
     x_test = torch.linspace(A + 0.2, B - 0.2, 30, dtype=dtype).unsqueeze(-1)
-    online = OnlineSGPR(FourierInducingVariables(40, A, B), kernel, likelihood)
+    online = OnlineSGPR(FourierInducingVariables(40, A, B), kernel, likelihood, captured_variance_warning=None)  # online = batch
     for half in (slice(0, 40), slice(40, 80)):  # two tasks, features unchanged (Kuu_cross = Kuu)
         online.update(x[half], y[half])
-    batch = OnlineSGPR(FourierInducingVariables(40, A, B), kernel, likelihood)
+    batch = OnlineSGPR(FourierInducingVariables(40, A, B), kernel, likelihood, captured_variance_warning=None)
     batch.update(x, y)
     online.eval(), batch.eval()
     with torch.no_grad():
@@ -146,7 +146,7 @@ def test_kuu_cross_reload_and_bad_input():
         FourierInducingVariables(-1, A, B)
     # a trained OVFF model reloads into a fresh one through state_dict
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-    model = OnlineSGPR(features, kernel, likelihood).double()
+    model = OnlineSGPR(features, kernel, likelihood, captured_variance_warning=None).double()  # 9 features: a reload test
     x = torch.linspace(A, B, 20, dtype=torch.float64).unsqueeze(-1)
     model.update(x, torch.cos(x[:, 0]))
     fresh = OnlineSGPR(FourierInducingVariables(4, A, B), matern(2.5), gpytorch.likelihoods.GaussianLikelihood().double()).double()
