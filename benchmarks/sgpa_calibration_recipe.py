@@ -80,8 +80,7 @@ def in_chunks(predict, images):
 def scores(probs, labels, probs_ood) -> dict:
     ece, _ = calibration_errors(probs, labels)
     auroc, _ = ood_detection_scores(probs, probs_ood)
-    return dict(accuracy=accuracy(probs, labels), nll=negative_log_likelihood(probs.clamp_min(1e-12), labels), ece=ece,
-                ood_auroc=auroc)
+    return dict(accuracy=accuracy(probs, labels), nll=negative_log_likelihood(probs.clamp_min(1e-12), labels), ece=ece, ood_auroc=auroc)
 
 
 def run_seed(seed, data, args) -> dict:
@@ -127,8 +126,9 @@ def run_seed(seed, data, args) -> dict:
             member = train(PatchViT(dropout=0.1), train_x, train_y, args.epochs, member_generator, args.lr)
             members.append(train(member, train_x, train_y, 2 * args.fine_tune, member_generator, args.lr))
         ensemble = EnsembleClassifier(members)
-        results[f"deep ensemble ({args.ensemble_size})"] = scores(in_chunks(ensemble.predict_proba, test_x), test_y,
-                                                               in_chunks(ensemble.predict_proba, ood_x))
+        results[f"deep ensemble ({args.ensemble_size})"] = scores(
+            in_chunks(ensemble.predict_proba, test_x), test_y, in_chunks(ensemble.predict_proba, ood_x)
+        )
         results[f"deep ensemble ({args.ensemble_size})"]["seconds"] = softmax_seconds + time.perf_counter() - clock
 
     if args.laplace:
@@ -147,9 +147,13 @@ def run_seed(seed, data, args) -> dict:
         tune = lambda model, elbo=None: train(model, train_x, train_y, args.fine_tune, lora_generator, args.lr, elbo=elbo)
         kernel = convert(copy.deepcopy(trained), attention="kernel", calibration_inputs=calibration)
         kernel, _ = lora_recipe_stage(kernel, tune, args.lora_rank, ["head"])
-        adapted, trainable = lora_recipe_stage(convert(kernel.merge_and_unload(), num_global=args.num_global,
-                                                       calibration_inputs=calibration),
-                                               tune, args.lora_rank, ["head"], elbo_data=len(train_y))
+        adapted, trainable = lora_recipe_stage(
+            convert(kernel.merge_and_unload(), num_global=args.num_global, calibration_inputs=calibration),
+            tune,
+            args.lora_rank,
+            ["head"],
+            elbo_data=len(train_y),
+        )
         lora = lambda images: in_chunks(lambda chunk: predict_proba(adapted, chunk, num_samples=args.num_samples), images)
         results["recipe + LoRA"] = scores(lora(test_x), test_y, lora(ood_x))
         results["recipe + LoRA"]["seconds"] = time.perf_counter() - clock
@@ -157,9 +161,11 @@ def run_seed(seed, data, args) -> dict:
         recipe_scores["trainable"] = sum(p.numel() for p in recipe.parameters())
 
     results[RECIPE] = recipe_scores
-    print(f"seed {seed}: {time.perf_counter() - start:.0f} s, temperature {temperature:.2f}"
-          + (f", Laplace prior precision {results['last-layer Laplace']['prior_precision']:.3g}" if args.laplace else ""),
-          flush=True)
+    print(
+        f"seed {seed}: {time.perf_counter() - start:.0f} s, temperature {temperature:.2f}"
+        + (f", Laplace prior precision {results['last-layer Laplace']['prior_precision']:.3g}" if args.laplace else ""),
+        flush=True,
+    )
     return results
 
 
@@ -181,12 +187,17 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_recipe_arguments(parser)
     parser.add_argument("--val", type=int, default=1000)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                        help="long: --fine-tune 10, i.e. 2 x 10 = 20 fine-tuning epochs per method")
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), default="default", help="long: --fine-tune 10, i.e. 2 x 10 = 20 fine-tuning epochs per method"
+    )
     parser.add_argument("--ensemble-size", type=int, default=5, help="deep-ensemble members (0 or 1: not run)")
     parser.add_argument("--lora-rank", type=int, default=8, help="rank of the recipe + LoRA run (0: not run)")
-    parser.add_argument("--no-laplace", dest="laplace", action="store_false",
-                        help="skip the last-layer Laplace baseline (skipped anyway without laplace-torch)")
+    parser.add_argument(
+        "--no-laplace",
+        dest="laplace",
+        action="store_false",
+        help="skip the last-layer Laplace baseline (skipped anyway without laplace-torch)",
+    )
     parser.add_argument("--json", help="write the per-seed results to this file")
     preset, _ = parser.parse_known_args(argv)
     parser.set_defaults(**PRESETS[preset.preset])
@@ -200,8 +211,15 @@ def main(argv=None) -> dict:
     ood, _ = load_mnist_ood()
     split = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
     train_i, val_i = split[: args.train], split[args.train : args.train + args.val]
-    data = (images[train_i].float(), labels[train_i], images[val_i].float(), labels[val_i],
-            test_images[: args.test].float(), test_labels[: args.test], ood[: args.test].float())
+    data = (
+        images[train_i].float(),
+        labels[train_i],
+        images[val_i].float(),
+        labels[val_i],
+        test_images[: args.test].float(),
+        test_labels[: args.test],
+        ood[: args.test].float(),
+    )
     per_seed = {seed: run_seed(seed, data, args) for seed in args.seeds}
     if args.json:
         with open(args.json, "w") as file:
@@ -209,16 +227,23 @@ def main(argv=None) -> dict:
     methods = list(next(iter(per_seed.values())))
     spread = lambda values: f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
     seconds = lambda values: f"{statistics.mean(values):.0f} ± {statistics.stdev(values):.0f}" if len(values) > 1 else f"{values[0]:.0f}"
-    print(f"\n{args.train} training images, {len(args.seeds)} seeds, {args.epochs} + {2 * args.fine_tune} epochs"
-          f" (preset {args.preset}), torch {torch.__version__}\n")
+    print(
+        f"\n{args.train} training images, {len(args.seeds)} seeds, {args.epochs} + {2 * args.fine_tune} epochs"
+        f" (preset {args.preset}), torch {torch.__version__}\n"
+    )
     print("| method | accuracy | NLL | ECE | OOD AUROC (MNIST) | wall time (s) |\n| --- | --- | --- | --- | --- | --- |")
     for method in methods:
-        print(f"| {method} | " + " | ".join(spread([per_seed[s][method][m] for s in args.seeds]) for m in METRICS)
-              + f" | {seconds([per_seed[s][method]['seconds'] for s in args.seeds])} |")
+        print(
+            f"| {method} | "
+            + " | ".join(spread([per_seed[s][method][m] for s in args.seeds]) for m in METRICS)
+            + f" | {seconds([per_seed[s][method]['seconds'] for s in args.seeds])} |"
+        )
     if "recipe + LoRA" in methods:
         trainable = per_seed[args.seeds[0]]
-        print(f"\nrecipe + LoRA trains {trainable['recipe + LoRA']['trainable']:,} parameters in its SGPA stage, "
-              f"the recipe {trainable[RECIPE]['trainable']:,}")
+        print(
+            f"\nrecipe + LoRA trains {trainable['recipe + LoRA']['trainable']:,} parameters in its SGPA stage, "
+            f"the recipe {trainable[RECIPE]['trainable']:,}"
+        )
     print("\npaired: method minus recipe per seed (recipe better in k of n seeds)\n")
     print("| method | accuracy | NLL | ECE | OOD AUROC |\n| --- | --- | --- | --- | --- |")
     for method in methods[:-1]:

@@ -34,6 +34,7 @@ unknown words map to the vocabulary's unknown token) from the test sentences by 
 
     OMP_NUM_THREADS=1 python benchmarks/sgpa_peft.py --seeds 0 1 2      # about 3.5 min a seed on one core
 """
+
 from __future__ import annotations
 
 import argparse
@@ -160,8 +161,9 @@ def run_method(method, workdir, args) -> dict:
         model = tune(model, 2 * args.fine_tune)
         result["trainable"] = result["trainable_kernel_stage"] = sum(p.numel() for p in model.parameters())
     elif method == "softmax, LoRA":
-        config = peft.LoraConfig(target_modules=["query", "value"], r=args.lora_rank, lora_alpha=2 * args.lora_rank,
-                                 modules_to_save=["classifier"])
+        config = peft.LoraConfig(
+            target_modules=["query", "value"], r=args.lora_rank, lora_alpha=2 * args.lora_rank, modules_to_save=["classifier"]
+        )
         model = peft.get_peft_model(model, config)
         result["trainable"] = result["trainable_kernel_stage"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         model = tune(model, 2 * args.fine_tune)
@@ -174,10 +176,12 @@ def run_method(method, workdir, args) -> dict:
     elif method == "recipe, LoRA":
         kernel = gpytorch_sgpa.convert(model, attention="kernel", calibration_inputs=calibration)
         kernel, result["trainable_kernel_stage"] = lora_recipe_stage(
-            kernel, lambda m: tune(m, args.fine_tune), args.lora_rank, ["classifier"])
+            kernel, lambda m: tune(m, args.fine_tune), args.lora_rank, ["classifier"]
+        )
         sgpa = gpytorch_sgpa.convert(kernel.merge_and_unload(), num_global=args.num_global, calibration_inputs=calibration)
         model, result["trainable"] = lora_recipe_stage(
-            sgpa, lambda m, elbo: tune(m, args.fine_tune, elbo=elbo), args.lora_rank, ["classifier"], elbo_data=len(train))
+            sgpa, lambda m, elbo: tune(m, args.fine_tune, elbo=elbo), args.lora_rank, ["classifier"], elbo_data=len(train)
+        )
     else:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     result["seconds"] = time.perf_counter() - start
@@ -186,8 +190,12 @@ def run_method(method, workdir, args) -> dict:
     sgpa = method.startswith("recipe")
     probs = probabilities(model, ids[test], mask[test], args.num_samples, sgpa)
     probs_ood = probabilities(model, ood_ids, ood_mask, args.num_samples, sgpa)
-    result.update(accuracy=accuracy(probs, labels[test]), nll=negative_log_likelihood(probs.clamp_min(1e-12), labels[test]),
-                  ece=calibration_errors(probs, labels[test])[0], ood_auroc=ood_detection_scores(probs, probs_ood)[0])
+    result.update(
+        accuracy=accuracy(probs, labels[test]),
+        nll=negative_log_likelihood(probs.clamp_min(1e-12), labels[test]),
+        ece=calibration_errors(probs, labels[test])[0],
+        ood_auroc=ood_detection_scores(probs, probs_ood)[0],
+    )
     return result
 
 
@@ -200,12 +208,21 @@ def pretrain(seed, args, workdir) -> None:
     test = test[: args.test]
     ood = torch.randperm(len(ood_ids), generator=torch.Generator().manual_seed(0))[: args.test]
     torch.manual_seed(seed)
-    config = transformers.BertConfig(vocab_size=vocabulary_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=128, max_position_embeddings=64, num_labels=2, pad_token_id=0)
+    config = transformers.BertConfig(
+        vocab_size=vocabulary_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        num_labels=2,
+        pad_token_id=0,
+    )
     model = transformers.BertForSequenceClassification(config)
     model = fit(model, (ids, mask, labels), train[: args.train], args.epochs, torch.Generator().manual_seed(seed), args.lr)
-    torch.save({"model": model, "data": (ids, mask, labels, train, test, ood_ids[ood], ood_mask[ood])},
-               os.path.join(workdir, "pretrained.pt"))
+    torch.save(
+        {"model": model, "data": (ids, mask, labels, train, test, ood_ids[ood], ood_mask[ood])}, os.path.join(workdir, "pretrained.pt")
+    )
 
 
 def parse(argv=None):
@@ -256,37 +273,54 @@ def main(argv=None) -> dict:
                     raise RuntimeError(f"{method}, seed {seed} failed:\n{done.stderr[-4000:]}")
                 per_seed[seed][method] = json.loads(done.stdout.strip().splitlines()[-1])
                 row = per_seed[seed][method]
-                print(f"  {method}: {row['seconds']:.0f} s, peak +{row['peak_mib']:.0f} MiB, accuracy {row['accuracy']:.3f}, "
-                      f"NLL {row['nll']:.3f}, ECE {row['ece']:.3f}, OOD AUROC {row['ood_auroc']:.3f}", flush=True)
+                print(
+                    f"  {method}: {row['seconds']:.0f} s, peak +{row['peak_mib']:.0f} MiB, accuracy {row['accuracy']:.3f}, "
+                    f"NLL {row['nll']:.3f}, ECE {row['ece']:.3f}, OOD AUROC {row['ood_auroc']:.3f}",
+                    flush=True,
+                )
     if args.json:
         with open(args.json, "w") as file:
             json.dump({"args": vars(args), "torch": torch.__version__, "results": per_seed}, file, indent=1)
     seeds = args.seeds
-    print(f"\n{min(args.train, 8454)} training sentences, {len(seeds)} seeds, {args.epochs} + {2 * args.fine_tune} epochs, "
-          f"LoRA rank {args.lora_rank}, torch {torch.__version__}\n")
-    print("| method | trainable (kernel stage / SGPA stage) | grad + Adam state (MiB) | peak RSS growth (MiB) | wall time (s) "
-          "| accuracy | NLL | ECE | OOD AUROC (NYT) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        f"\n{min(args.train, 8454)} training sentences, {len(seeds)} seeds, {args.epochs} + {2 * args.fine_tune} epochs, "
+        f"LoRA rank {args.lora_rank}, torch {torch.__version__}\n"
+    )
+    print(
+        "| method | trainable (kernel stage / SGPA stage) | grad + Adam state (MiB) | peak RSS growth (MiB) | wall time (s) "
+        "| accuracy | NLL | ECE | OOD AUROC (NYT) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
     for method in args.methods:
         rows = [per_seed[s][method] for s in seeds]
         trainable = f"{rows[0]['trainable_kernel_stage']:,} / {rows[0]['trainable']:,} of {rows[0]['total_parameters']:,}"
         state = 3 * 4 * max(rows[0]["trainable_kernel_stage"], rows[0]["trainable"]) / 2**20  # float32 gradient, Adam's m and v
-        print(f"| {method} | {trainable} | {state:.1f} | {_spread([r['peak_mib'] for r in rows], 1)} | "
-              f"{_spread([r['seconds'] for r in rows], 0)} | " + " | ".join(_spread([r[m] for r in rows]) for m in METRICS) + " |")
-    pairs = [(f"{kind}: LoRA minus full", lora, full) for kind, lora, full in
-             (("softmax", "softmax, LoRA", "softmax (full)"), ("recipe", "recipe, LoRA", "recipe, full fine-tuning"))
-             if lora in args.methods and full in args.methods]
+        print(
+            f"| {method} | {trainable} | {state:.1f} | {_spread([r['peak_mib'] for r in rows], 1)} | "
+            f"{_spread([r['seconds'] for r in rows], 0)} | " + " | ".join(_spread([r[m] for r in rows]) for m in METRICS) + " |"
+        )
+    pairs = [
+        (f"{kind}: LoRA minus full", lora, full)
+        for kind, lora, full in (("softmax", "softmax, LoRA", "softmax (full)"), ("recipe", "recipe, LoRA", "recipe, full fine-tuning"))
+        if lora in args.methods and full in args.methods
+    ]
     if pairs:
         print("\npaired: LoRA minus full fine-tuning per seed (LoRA better in k of n seeds)\n")
-        print("| | peak RSS growth (MiB) | wall time (s) | accuracy | NLL | ECE | OOD AUROC |\n"
-              "| --- | --- | --- | --- | --- | --- | --- |")
+        print("| | peak RSS growth (MiB) | wall time (s) | accuracy | NLL | ECE | OOD AUROC |\n| --- | --- | --- | --- | --- | --- | --- |")
     for name, lora, full in pairs:
         cells = []
-        for metric, higher in (("peak_mib", False), ("seconds", False), ("accuracy", True), ("nll", False), ("ece", False),
-                               ("ood_auroc", True)):
+        for metric, higher in (
+            ("peak_mib", False),
+            ("seconds", False),
+            ("accuracy", True),
+            ("nll", False),
+            ("ece", False),
+            ("ood_auroc", True),
+        ):
             differences = [per_seed[s][lora][metric] - per_seed[s][full][metric] for s in seeds]
             wins = sum((d > 0) if higher else (d < 0) for d in differences)
-            cells.append(f"{_spread(differences, 1 if metric == 'peak_mib' else 0 if metric == 'seconds' else 3)} "
-                         f"({wins}/{len(differences)})")
+            cells.append(
+                f"{_spread(differences, 1 if metric == 'peak_mib' else 0 if metric == 'seconds' else 3)} ({wins}/{len(differences)})"
+            )
         print(f"| {name} | " + " | ".join(cells) + " |")
     return per_seed
 

