@@ -187,6 +187,7 @@ def test_ema_weights_are_diffusers_ema_and_restored():
         make_ema(model, 1.0)
 
 
+@pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images
 def test_runner_saves_ema_models_that_reload(tmp_path):
     from pseudovideo.experiments.diffusion import main
 
@@ -217,6 +218,7 @@ def test_runner_saves_ema_models_that_reload(tmp_path):
     assert loaded.config.num_frames == 2 and loaded.config.clip_sample is False  # markov_high: no clipping
 
 
+@pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images
 @pytest.mark.parametrize("runner", ["hvae", "tokens"])
 def test_hvae_and_tokens_runners_take_ema(tmp_path, runner):
     import importlib

@@ -60,9 +60,11 @@ def test_inception_score_classifier_keyword_is_deprecated():
 def test_too_few_samples_are_named():
     feature = LinearFeatures(dimension=8)
     two = torch.rand(2, 1, 4, 4, generator=torch.Generator().manual_seed(1))
-    with pytest.warns(MetricReliabilityWarning, match="2 real images of 8-dimensional features"):
+    with pytest.warns(MetricReliabilityWarning) as record:
         frechet_distance(two, two.flip(0), feature)
-    with pytest.raises(ValueError, match="fake needs at least 2 images"):
+    messages = sorted(str(w.message) for w in record if issubclass(w.category, MetricReliabilityWarning))
+    assert len(messages) == 2 and "2 fake images of 8-dimensional" in messages[0] and "2 real images of 8-dimensional" in messages[1]
+    with pytest.raises(ValueError, match="fake needs at least 2 images"), pytest.warns(MetricReliabilityWarning, match="2 real"):
         frechet_distance(two, iter([two[:1]]), feature)
     classifier = ImageClassifier(1, 3, 8).eval()
     ten = torch.rand(10, 1, 8, 8, generator=torch.Generator().manual_seed(2))

@@ -7,6 +7,7 @@ import pytest
 from pseudovideo.experiments.tokens import COLUMNS, main, parse_arguments
 
 
+@pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images
 def test_quick_run_writes_the_csv_contract(tmp_path):
     rows = main(
         [
