@@ -34,6 +34,7 @@ test: $(STAMP) $(VADER_ARCHIVE)
 .PHONY: lint
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 clean:
 	rm -rf $(VENV) out *.egg-info

@@ -1,4 +1,4 @@
-"""The code meets the ruff configuration in pyproject.toml (``ruff check .``), as CI runs it."""
+"""The code meets the ruff configuration in pyproject.toml (``ruff check .``) and is formatted by ``ruff format``, as CI runs it."""
 
 import pathlib
 import shutil
@@ -10,11 +10,20 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_ruff_check_passes():
+def ruff(*arguments: str) -> subprocess.CompletedProcess:
+    """``ruff <arguments>`` over the tracked Python files (the whole tree where git is not available), without a cache."""
     pytest.importorskip("ruff", reason="ruff is in the test extra: pip install 'probseq[test]'")
-    command = [sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)]
+    files = [str(ROOT)]
     if shutil.which("git") and (ROOT / ".git").exists():  # the tracked files only, not build outputs
         files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-        command = [sys.executable, "-m", "ruff", "check", "--no-cache", *files]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "ruff", *arguments, "--no-cache", *files], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_ruff_check_passes():
+    result = ruff("check")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_leaves_every_file_as_it_is():
+    result = ruff("format", "--check")
+    assert result.returncode == 0, "run `ruff format` on:\n" + result.stdout + result.stderr

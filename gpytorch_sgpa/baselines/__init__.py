@@ -1,5 +1,7 @@
-"""Calibration baselines of thesis ch. 3: MC dropout, temperature scaling, deep / SGPA ensembles."""
+"""Calibration baselines of thesis ch. 3: MC dropout, temperature scaling, deep / SGPA ensembles, last-layer Laplace."""
+
 from .ensemble import EnsembleClassifier
+from .laplace import LastLayerLaplace
 from .mc_dropout import dropout_enabled, mc_dropout_predict_proba
 from .prediction import predict_proba
 from .temperature import TemperatureScaling
@@ -10,4 +12,5 @@ __all__ = [
     "dropout_enabled",
     "TemperatureScaling",
     "EnsembleClassifier",
+    "LastLayerLaplace",
 ]

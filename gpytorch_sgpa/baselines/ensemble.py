@@ -1,4 +1,5 @@
 """Deep ensembles (Lakshminarayanan et al. 2017) and SGPA ensembles (thesis ch. 3 "DE", "SGPAE")."""
+
 from __future__ import annotations
 
 import torch

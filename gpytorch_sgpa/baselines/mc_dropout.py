@@ -1,4 +1,5 @@
 """Monte-Carlo dropout (Gal & Ghahramani 2016), the MCD baseline of thesis ch. 3."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,13 +8,16 @@ import torch
 
 from .prediction import _check_num_samples, logits_of
 
-_DROPOUT_TYPES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
-                  torch.nn.AlphaDropout)
+_DROPOUT_TYPES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout)
 # PyTorch's Transformer modules take a fused inference path in eval mode that skips their dropout
 # (and nn.MultiheadAttention applies its attention dropout only in training mode): MC dropout runs
 # them in training mode, which changes nothing else in them (no batch statistics)
-_FAST_PATH_TYPES = (torch.nn.TransformerEncoder, torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer,
-                    torch.nn.MultiheadAttention)
+_FAST_PATH_TYPES = (
+    torch.nn.TransformerEncoder,
+    torch.nn.TransformerEncoderLayer,
+    torch.nn.TransformerDecoderLayer,
+    torch.nn.MultiheadAttention,
+)
 
 
 @contextlib.contextmanager

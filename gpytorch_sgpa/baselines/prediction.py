@@ -1,4 +1,5 @@
 """Class probabilities from any classifier in this package."""
+
 from __future__ import annotations
 
 import torch

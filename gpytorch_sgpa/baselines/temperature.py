@@ -1,4 +1,5 @@
 """Temperature scaling (Guo et al. 2017), fitted on a validation set (thesis ch. 3 "TS" baseline)."""
+
 from __future__ import annotations
 
 import torch
@@ -38,9 +39,9 @@ class TemperatureScaling(torch.nn.Module):
             raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
         logits = logits.detach().double()
         labels = labels.detach().long()
-        optimizer = torch.optim.LBFGS([self.log_temperature], lr=1.0, max_iter=max_iter,
-                                      tolerance_grad=1e-10, tolerance_change=1e-12,
-                                      line_search_fn="strong_wolfe")
+        optimizer = torch.optim.LBFGS(
+            [self.log_temperature], lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12, line_search_fn="strong_wolfe"
+        )
 
         def closure():
             optimizer.zero_grad()
