@@ -168,6 +168,7 @@ def test_the_calibration_benchmark_runs_every_baseline_at_a_tiny_size(monkeypatc
     reason='needs peft and transformers: pip install "probseq[zoo]"',
 )
 def test_the_peft_benchmark_measures_every_method_at_a_tiny_size(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # also under --import-mode=importlib (CI's zoo check)
     from vader_fixtures import fake_vader_sdist
 
     words = ["good", "bad", "film", "plot", "actors", "boring", "great", "the", "a", "is"]
