@@ -1,8 +1,19 @@
+import importlib.util
 import pathlib
 import re
 
 import pytest
 import torch
+
+#: the project's own warning classes, errors in every test (a test that provokes one says so: pytest.warns or a marked
+#: filter), with the package each needs (a wheel installed without the video extra has no pseudovideo.metrics)
+PROJECT_WARNINGS = {"pseudovideo.metrics.MetricReliabilityWarning": "torchmetrics"}
+
+
+def pytest_configure(config):
+    for warning, needs in PROJECT_WARNINGS.items():
+        if importlib.util.find_spec(needs) is not None:
+            config.addinivalue_line("filterwarnings", f"error::{warning}")
 
 
 @pytest.fixture(autouse=True, scope="session")
