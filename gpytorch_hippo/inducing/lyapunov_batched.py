@@ -271,10 +271,11 @@ class LyapunovStreams:
         """``cov(u_s, u'_s)`` ``(S, M, M)`` with another batch of such sets (e.g. the stored task's), jitter on the
         streams whose two sets are the same (the same clock)."""
         inputs = self._inputs(streams, kernel)
-        if inputs is None or len(others) != len(streams) or self._inputs(others, kernel) is None:
+        other_inputs = None if inputs is None or len(others) != len(streams) else self._inputs(others, kernel)
+        if other_inputs is None:
             return None
         t, lower, ell, scale = inputs
-        t_other, lower_other, _, _ = self._inputs(others, kernel)
+        t_other, lower_other, _, _ = other_inputs
         if not torch.equal(lower, lower_other) or any(a.num_inducing != b.num_inducing for a, b in zip(streams, others)):
             return None
         C = self.legs.cross(torch.minimum(t, t_other), torch.maximum(t, t_other), lower, ell, scale).to(_dtype(kernel))
@@ -286,9 +287,10 @@ class LyapunovStreams:
     def unshared_jitter(self, streams, others, kuu: Tensor) -> Tensor | None:
         """``(S, M)``: the jitter variances of ``streams`` that ``others`` do not share (all of a stream's, unless its two
         sets have the same clock)."""
-        if self._inputs_without_kernel(others) is None:
+        t_other = self._inputs_without_kernel(others)
+        if t_other is None:
             return None
-        t, t_other = self._inputs_without_kernel(streams), self._inputs_without_kernel(others)
+        t = stream_clocks(streams)
         return self.jitter_variance(streams, kuu) * (t != t_other).to(kuu.dtype)[:, None]
 
     @staticmethod
