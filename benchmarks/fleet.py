@@ -14,7 +14,8 @@ points per stream is compared between the two.
     python benchmarks/fleet.py --scaling                # time per task per stream at S = 100, 1,000, 10,000 (M = 32)
     python benchmarks/fleet.py --variables hippo --streams 100 --tasks 10   # LegS bases, a clock per stream
     python benchmarks/fleet.py --variables hippo --shared                   # ... with one kernel for every stream
-    python benchmarks/fleet.py --variables hippo --threads 2                # the batched model on both cores of a 2-core CPU
+    python benchmarks/fleet.py --variables hippo --threads 1 2              # the batched model on one and on both cores
+    python benchmarks/fleet.py --variables hippo --device cuda              # the batched model on a GPU, the loop on the CPU
 """
 
 from __future__ import annotations
@@ -75,31 +76,39 @@ def single_model(points, lengthscale, noise, kind="points"):
 
 
 def run(
-    streams: int, tasks: int, size: int, num_inducing: int, loop: bool = True, kind: str = "points", shared: bool = False, threads: int = 1
+    streams: int,
+    tasks: int,
+    size: int,
+    num_inducing: int,
+    loop: bool = True,
+    kind: str = "points",
+    shared: bool = False,
+    threads: tuple[int, ...] = (1,),
+    device: str = "cpu",
 ) -> dict:
-    """One fleet: the batched model with ``threads`` torch threads, the loop with one (its tiny operations are
-    fastest on one thread)."""
+    """One fleet: the batched model on ``device``, once per torch thread count in ``threads``; the loop on the CPU
+    with one thread (its tiny operations are fastest there)."""
     x, y, lengthscales, noises = fleet_data(streams, tasks, size)
     if shared:
         lengthscales = lengthscales.median().expand(streams).clone()
     points = torch.linspace(0, tasks, num_inducing, dtype=DT).expand(streams, num_inducing).unsqueeze(-1).clone()
-    batched = batched_model(points, lengthscales, noises, kind, shared)
-    torch.set_num_threads(threads)
-    start = time.perf_counter()
-    for k in range(tasks):
-        if kind == "hippo" and k > 0:
-            batched.inducing_variables.advance(float(k + 1))
-        batched.update(x[k], y[k])
-    batched_seconds = time.perf_counter() - start
-    torch.set_num_threads(1)
-    summary_bytes = sum(t.numel() * t.element_size() for t in batched._summary())
-    result = {
-        "streams": streams,
-        "M": num_inducing,
-        "batched_s": batched_seconds,
-        "per_task_per_stream_us": 1e6 * batched_seconds / (tasks * streams),
-        "bytes_per_stream": summary_bytes / streams,
-    }
+    result = {"streams": streams, "M": num_inducing, "batched_s": {}}
+    for count in threads:
+        batched = batched_model(points, lengthscales, noises, kind, shared).to(device)
+        x_device, y_device = x.to(device), y.to(device)
+        torch.set_num_threads(count)
+        _synchronize(device)
+        start = time.perf_counter()
+        for k in range(tasks):
+            if kind == "hippo" and k > 0:
+                batched.inducing_variables.advance(float(k + 1))
+            batched.update(x_device[k], y_device[k])
+        _synchronize(device)
+        result["batched_s"][count] = time.perf_counter() - start
+        torch.set_num_threads(1)
+    fastest = min(result["batched_s"].values())
+    result["per_task_per_stream_us"] = 1e6 * fastest / (tasks * streams)
+    result["bytes_per_stream"] = sum(t.numel() * t.element_size() for t in batched._summary()) / streams
     if loop:
         singles = [single_model(points[s], lengthscales[s], noises[s], kind) for s in range(streams)]
         start = time.perf_counter()
@@ -109,13 +118,18 @@ def run(
                     model.inducing_variables.advance(float(k + 1))
                 model.update(x[k, s], y[k, s])
         result["loop_s"] = time.perf_counter() - start
-        result["speedup"] = result["loop_s"] / batched_seconds
+        result["speedup"] = {count: result["loop_s"] / seconds for count, seconds in result["batched_s"].items()}
         test = torch.linspace(0, tasks, 20, dtype=DT)
         batched.eval()
         with torch.no_grad():
-            joint = batched(test.expand(streams, -1).unsqueeze(-1)).mean
+            joint = batched(test.expand(streams, -1).unsqueeze(-1).to(device)).mean.cpu()
             result["max_mean_gap"] = max(float((joint[s] - singles[s].eval()(test).mean).abs().max()) for s in range(0, streams, 97))
     return result
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def main(argv=None) -> list[dict]:
@@ -132,33 +146,37 @@ def main(argv=None) -> list[dict]:
         help="OSGPR-fixed points (default) or LegS bases with a clock per stream (lyapunov backend)",
     )
     parser.add_argument("--shared", action="store_true", help="one kernel for every stream (no batch shape), not one per stream")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the batched model (the loop runs on one)")
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[1], help="torch thread counts of the batched model, each timed (the loop runs on one)"
+    )
+    parser.add_argument("--device", default="cpu", help="where the batched model runs, e.g. cuda (the loop runs on the CPU)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", RuntimeWarning)
+    threads = tuple(args.threads)
     rows = []
     if args.scaling:
         print("| S | M | batched (s) | per task per stream (µs) | summary bytes per stream |")
         print("| --- | --- | --- | --- | --- |")
         for streams in (100, 1000, 10000):
-            row = run(streams, args.tasks, args.size, 32, loop=False, kind=args.variables, shared=args.shared, threads=args.threads)
+            row = run(streams, args.tasks, args.size, 32, False, args.variables, args.shared, threads, args.device)
             rows.append(row)
-            print(f"| {streams:,} | 32 | {row['batched_s']:.2f} | {row['per_task_per_stream_us']:.1f} | {row['bytes_per_stream']:.0f} |")
+            seconds = min(row["batched_s"].values())
+            print(f"| {streams:,} | 32 | {seconds:.2f} | {row['per_task_per_stream_us']:.1f} | {row['bytes_per_stream']:.0f} |")
         return rows
     hyperparameters = "one shared kernel" if args.shared else "a kernel per stream"
     print(
-        f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, {hyperparameters}, "
-        f"{args.threads} torch thread(s) for the batched model, one for the loop"
+        f"S = {args.streams:,} streams, {args.tasks} tasks of {args.size} points, {args.variables}, {hyperparameters}; "
+        f"the batched model on {args.device} with n torch threads, the loop over S models on the CPU with one"
     )
-    print("| M | batched (s) | loop over S models (s) | loop / batched | summary bytes per stream | max |mean gap| |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    batched_columns = " | ".join(f"batched, {n} thread{'s' * (n > 1)} (s) | loop / batched" for n in threads)
+    print(f"| M | loop over S models (s) | {batched_columns} | summary bytes per stream | max |mean gap| |")
+    print("| --- " * (4 + 2 * len(threads)) + "|")
     for num_inducing in args.num_inducing:
-        row = run(args.streams, args.tasks, args.size, num_inducing, kind=args.variables, shared=args.shared, threads=args.threads)
+        row = run(args.streams, args.tasks, args.size, num_inducing, True, args.variables, args.shared, threads, args.device)
         rows.append(row)
-        print(
-            f"| {num_inducing} | {row['batched_s']:.2f} | {row['loop_s']:.1f} | {row['speedup']:.0f}x | "
-            f"{row['bytes_per_stream']:.0f} | {row['max_mean_gap']:.1e} |"
-        )
+        cells = " | ".join(f"{row['batched_s'][n]:.2f} | {row['speedup'][n]:.1f}x" for n in threads)
+        print(f"| {num_inducing} | {row['loop_s']:.1f} | {cells} | {row['bytes_per_stream']:.0f} | {row['max_mean_gap']:.1e} |")
     return rows
 
 

@@ -10,7 +10,15 @@ except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path 
 
 from .gpvae import SVGPVAE, ContinualSVGPVAE, ElasticWeightConsolidation
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
-from .inducing import FourierInducingVariables, HiPPOInducingVariables, InducingPoints, InducingVariables, InputsOutsideSupportError
+from .inducing import (
+    CapturedVarianceWarning,
+    FourierInducingVariables,
+    HiPPOInducingVariables,
+    InconsistentCovarianceWarning,
+    InducingPoints,
+    InducingVariables,
+    InputsOutsideSupportError,
+)
 from .likelihoods import NegativeBinomialLikelihood
 from .online import OnlineELBO, OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs
@@ -28,6 +36,8 @@ __all__ = [
     "transition",
     "InducingVariables",
     "InputsOutsideSupportError",
+    "CapturedVarianceWarning",
+    "InconsistentCovarianceWarning",
     "InducingPoints",
     "HiPPOInducingVariables",
     "FourierInducingVariables",

@@ -85,13 +85,19 @@ def _check_theta(theta) -> float:
 
 
 def transition(measure: str, M: int, theta: float = 1.0, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
-    """Continuous-time HiPPO matrices ``(A, B)`` of ``dc/dt = A(t) c + B(t) f`` (thesis eq. (2.10)).
+    r"""Continuous-time HiPPO matrices ``(A, B)`` of :math:`\frac{\mathrm{d}c}{\mathrm{d}t} = A(t)\, c + B(t)\, f` (thesis eq. (2.10)).
 
     For ``"legs"`` the returned ``A`` (M x M) and ``B`` (M,) are the time-invariant parts of
-    ``A(t) = A/t`` and ``B(t) = B/t`` (thesis eqs. (2.14), (2.15)).  For the other
-    measures they are ``A(t)`` and ``B(t)`` themselves (App. A; ``theta`` is the window length of
+    :math:`A(t) = A/t` and :math:`B(t) = B/t` (thesis eqs. (2.14), (2.15)).  For the other
+    measures they are :math:`A(t)` and :math:`B(t)` themselves (App. A; ``theta`` is the window length of
     LegT/FouT and the time scale of LagT).  FouT is in the real cos/sin form described in the
     module docstring.
+
+    :param measure: one of :data:`MEASURES`: ``"legs"``, ``"legt"``, ``"lagt"``, ``"fout"``.
+    :param M: the state size (number of basis functions), a positive int; odd for ``"fout"``.
+    :param theta: window length (LegT/FouT) or time scale (LagT) :math:`\theta > 0`, in the signal's time unit;
+        ignored by LegS. Default 1.
+    :param dtype: dtype of the returned matrices (computed in float64); default ``torch.float64``.
     """
     measure = _check_measure(measure)
     M = _check_order(M, measure)
@@ -250,14 +256,25 @@ def quadrature_rule(
     dtype: torch.dtype = torch.float64,
     num_panels: int = 1,
 ) -> tuple[Tensor, Tensor]:
-    """Nodes ``x_q`` and weights ``w_q`` with ``sum_q w_q h(x_q) ~= int_start^t h(x) omega^{(t)}(x) dx``.
+    r"""Nodes :math:`x_q` and weights :math:`w_q` with
+    :math:`\sum_q w_q h(x_q) \approx \int_{\mathrm{start}}^t h(x)\, \omega^{(t)}(x)\, \mathrm{d}x`.
 
     The signal is taken to be zero before ``start`` (``start=-inf`` integrates the whole measure).
     Gauss-Legendre on the support (clipped at ``start``), split into ``num_panels`` equal panels
     of ``num_nodes`` nodes each (composite rule, for integrands varying faster than the basis,
-    such as kernels with short length scales); Gauss-Laguerre in ``s = (t-x)/theta`` for LagT
-    with ``start=-inf``.  Exact for polynomials of degree ``< 2*num_nodes`` (times the
+    such as kernels with short length scales); Gauss-Laguerre in :math:`s = (t - x)/\theta` for LagT
+    with ``start=-inf``.  Exact for polynomials of degree :math:`< 2\,\mathrm{num\_nodes}` (times the
     exponential weight for LagT), so the HiPPO projections of polynomials are exact to round-off.
+
+    :param measure: one of :data:`MEASURES`.
+    :param t: the current time :math:`t` of the measure :math:`\omega^{(t)}`; positive for ``"legs"``.
+    :param theta: window length (LegT/FouT) or time scale (LagT) :math:`\theta > 0`; ignored by LegS. Default 1.
+    :param num_nodes: Gauss nodes per panel (per rule for Gauss-Laguerre), a positive int; default 200.
+    :param start: lower integration limit (the signal is zero before it); default 0, ``-inf`` for the whole measure.
+    :param dtype: dtype of the returned nodes and weights (computed in float64); default ``torch.float64``.
+    :param num_panels: number of equal panels of the composite Gauss-Legendre rule, a positive int; default 1.
+        Not used by Gauss-Laguerre.
+    :return: ``(nodes, weights)``, each ``(num_panels * num_nodes,)`` (``(num_nodes,)`` for Gauss-Laguerre).
     """
     measure = _check_measure(measure)
     theta = _check_theta(theta)
@@ -299,11 +316,19 @@ def project(
     num_nodes: int = 200,
     start: float = 0.0,
 ) -> Tensor:
-    """Exact HiPPO coefficients ``c_m(t) = int fn(x) g_m^{(t)}(x) omega^{(t)}(x) dx`` (thesis eq. (2.7)).
+    r"""Exact HiPPO coefficients :math:`c_m(t) = \int f(x)\, g_m^{(t)}(x)\, \omega^{(t)}(x)\, \mathrm{d}x` (thesis eq. (2.7)).
 
     Computed by Gauss quadrature (see :func:`quadrature_rule`); ``fn`` maps a float64 tensor of
     times ``(Q,)`` to values ``(..., Q)``.  Returns ``(..., M)`` in float64.  This is the reference
     every recurrence is tested against.
+
+    :param fn: the signal :math:`f`, a callable from times ``(Q,)`` (float64) to values ``(..., Q)``.
+    :param t: the time :math:`t` at which the history is projected; positive for ``"legs"``.
+    :param M: the number of coefficients, a positive int; odd for ``"fout"``.
+    :param measure: one of :data:`MEASURES`.
+    :param theta: window length (LegT/FouT) or time scale (LagT) :math:`\theta > 0`; ignored by LegS. Default 1.
+    :param num_nodes: Gauss nodes of the quadrature rule; default 200.
+    :param start: the time before which the signal is zero; default 0, ``-inf`` for the whole measure.
     """
     measure = _check_measure(measure)
     M = _check_order(M, measure)
@@ -324,10 +349,10 @@ def _augmented_exponential(A: Tensor, B: Tensor, step: Tensor) -> tuple[Tensor, 
 
 
 class HiPPO(nn.Module):
-    """HiPPO memory: discretised ODE ``dc/dt = A(t) c + B(t) f`` (thesis eq. (2.10)).
+    r"""HiPPO memory: discretised ODE :math:`\frac{\mathrm{d}c}{\mathrm{d}t} = A(t)\, c + B(t)\, f` (thesis eq. (2.10)).
 
-    Each step from ``t_{k-1}`` to ``t_k`` (``h = t_k - t_{k-1}``, non-uniform allowed) is
-    ``c_k = Abar_k c_{k-1} + P_k f_{k-1} + Q_k f_k``:
+    Each step from :math:`t_{k-1}` to :math:`t_k` (:math:`h = t_k - t_{k-1}`, non-uniform allowed) is
+    :math:`c_k = \bar A_k c_{k-1} + P_k f_{k-1} + Q_k f_k`:
 
     * ``forward_euler``: ``Abar = I + h A(t_{k-1})``, ``P = h B(t_{k-1})``, ``Q = 0`` (first order);
     * ``backward_euler``: ``Abar = (I - h A(t_k))^{-1}``, ``P = 0``, ``Q = Abar h B(t_k)`` (first order);
@@ -339,7 +364,13 @@ class HiPPO(nn.Module):
     LegS's ``A/t`` is singular at ``t = 0``.  A step leaving ``t = 0`` forgets the state, as the
     exact flow does (``(t/0)^A = 0``), and sets the exact projection of the linear interpolant of
     ``f_0, f_1`` on ``[0, t_1]``; no division by zero occurs.  Forward Euler on LegS is unstable for
-    steps ``h > 2 t/M`` (the HiPPO paper's observation), so use it only with small ``M``.
+    steps :math:`h > 2t/M` (the HiPPO paper's observation), so use it only with small ``M``.
+
+    :param measure: one of :data:`MEASURES`: ``"legs"``, ``"legt"``, ``"lagt"``, ``"fout"`` (module docstring).
+    :param M: the state size (number of basis functions), a positive int; odd for ``"fout"``.
+    :param theta: window length (LegT/FouT) or time scale (LagT) :math:`\theta > 0`, in the signal's time unit;
+        ignored by LegS. Default 1.
+    :param discretization: one of :data:`DISCRETIZATIONS` (above); default ``"bilinear"``.
     """
 
     def __init__(self, measure: str, M: int, theta: float = 1.0, discretization: str = "bilinear"):
@@ -370,7 +401,12 @@ class HiPPO(nn.Module):
         return E
 
     def step_matrices(self, t_prev: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Batched ``(Abar, P, Q)`` in float64 for steps ``t_prev -> t`` (1-D tensors of equal length)."""
+        r"""Batched :math:`(\bar A, P, Q)` in float64 for steps ``t_prev -> t`` (1-D tensors of equal length).
+
+        :param t_prev: start times of the steps ``(K,)``; :math:`\ge 0` for LegS (a step from 0 is the exact start).
+        :param t: end times of the steps ``(K,)``, each greater than its ``t_prev``.
+        :return: :math:`\bar A` ``(K, M, M)``, :math:`P` ``(K, M)`` and :math:`Q` ``(K, M)``.
+        """
         A, B = self.A.double(), self.B.double()
         t_prev, t = t_prev.double(), t.double()
         eye = torch.eye(self.M, dtype=torch.float64, device=A.device)
@@ -479,7 +515,11 @@ class HiPPO(nn.Module):
 
     # ----------------------------------------------------------------- recurrence
     def initial_state(self, f0, t0: float = 0.0) -> Tensor:
-        """State at the first sample ``t0`` of a stream: ``f_0 e_0`` for LegS, zero otherwise."""
+        r"""State at the first sample ``t0`` of a stream: :math:`f_0 e_0` for LegS, zero otherwise.
+
+        :param f0: the first sample :math:`f_0`, a scalar or tensor ``(...)``; the state is ``(..., M)``.
+        :param t0: its time (default 0); :math:`\ge 0` for LegS. Only checked: the state does not depend on it.
+        """
         f0 = _floating(f0, "f0", self.A.device)
         t0 = check_finite_scalar(t0, "t0")
         if self.measure == "legs" and t0 < 0:
@@ -487,11 +527,17 @@ class HiPPO(nn.Module):
         return f0[..., None] * self._initial_vector().to(f0.dtype)
 
     def step(self, c: Tensor, f, t_prev: float, t: float, f_prev=None) -> Tensor:
-        """One online update ``c(t_prev) -> c(t)`` given the new sample ``f = f(t)``.
+        r"""One online update :math:`c(t_{\mathrm{prev}}) \to c(t)` given the new sample :math:`f = f(t)`.
 
         ``f_prev`` (the sample at ``t_prev``) is required by the schemes that use it
-        (forward Euler, bilinear, zoh, and LegS leaving ``t = 0``).  Streaming a signal with
+        (forward Euler, bilinear, zoh, and LegS leaving :math:`t = 0`).  Streaming a signal with
         ``initial_state`` followed by ``step`` equals one :meth:`scan` to round-off.
+
+        :param c: the state :math:`c(t_{\mathrm{prev}})`, ``(..., M)``.
+        :param f: the new sample :math:`f(t)`, a scalar or tensor broadcasting to ``c.shape[:-1]``.
+        :param t_prev: the time of ``c``; :math:`\ge 0` for LegS.
+        :param t: the time of ``f``, greater than ``t_prev``.
+        :param f_prev: the sample :math:`f(t_{\mathrm{prev}})`; ``None`` (default) only for schemes that do not use it.
         """
         c = _floating(c, "c", None)  # an integer state steps in float64, not in integers
         if c.shape[-1] != self.M:
@@ -515,11 +561,14 @@ class HiPPO(nn.Module):
         return out
 
     def scan(self, signal, times) -> Tensor:
-        """Memory states ``c(t_k)`` for all samples: ``signal`` (..., T) at ``times`` (T,) -> (..., T, M).
+        r"""Memory states :math:`c(t_k)` for all samples: ``signal`` (..., T) at ``times`` (T,) -> (..., T, M).
 
         Fast path: the per-step matrices are computed once per time grid (batched, cached) and
         applied to all leading dimensions at once; only the ``T``-long loop of small matrix
         products remains in Python.
+
+        :param signal: the samples :math:`f(t_k)`, ``(..., T)``.
+        :param times: the sample times ``(T,)``, strictly increasing; :math:`\ge 0` for LegS.
         """
         times = self._check_times(times)
         signal = self._check_signal(signal, times)
@@ -563,10 +612,12 @@ class HiPPO(nn.Module):
         return self._cache_kernel
 
     def kernel(self, times) -> Tensor:
-        """The ``T x M`` "HiPPO kernel" ``K`` with ``c(t_T) = sum_k f_k K_k`` (float64, cached).
+        r"""The ``T x M`` "HiPPO kernel" :math:`K` with :math:`c(t_T) = \sum_k f_k K_k` (float64, cached).
 
         The convolution view of S4, here also for the time-varying LegS: the stream's initial
-        state ``E f_0`` (module docstring) is folded into ``K_0``.
+        state :math:`E f_0` (module docstring) is folded into :math:`K_0`.
+
+        :param times: the sample times ``(T,)``, strictly increasing; :math:`\ge 0` for LegS.
         """
         times = self._check_times(times)
         K, W = self._unrolled(times)
@@ -575,12 +626,17 @@ class HiPPO(nn.Module):
         return K
 
     def final_state(self, signal, times, initial_state: Tensor | None = None) -> Tensor:
-        """Only the last state ``c(t_T)``: one product of the signal with :meth:`kernel`.
+        r"""Only the last state :math:`c(t_T)`: one product of the signal with :meth:`kernel`.
 
-        ``O(batch T M)`` work instead of the scan's ``O(batch T M^2)``; equals
+        :math:`O(\mathrm{batch}\, T M)` work instead of the scan's :math:`O(\mathrm{batch}\, T M^2)`; equals
         ``scan(signal, times)[..., -1, :]`` to round-off.  With ``initial_state`` (..., M) the
         stream continues from that state at ``times[0]`` instead of starting afresh, so a long
         stream can be absorbed piece by piece (each piece's grid starting at the previous end).
+
+        :param signal: the samples :math:`f(t_k)`, ``(..., T)``.
+        :param times: the sample times ``(T,)``, strictly increasing; :math:`\ge 0` for LegS.
+        :param initial_state: the state ``(..., M)`` at ``times[0]`` to continue from; ``None`` (default) starts
+            afresh (:meth:`initial_state` of ``signal[..., 0]``).
         """
         times = self._check_times(times)
         signal = self._check_signal(signal, times)
@@ -593,16 +649,23 @@ class HiPPO(nn.Module):
 
     # ----------------------------------------------------------------- bases
     def basis(self, x, t) -> Tensor:
-        """``g_m^{(t)}(x)`` for ``x`` (N,) and ``t`` scalar or (...) -> (..., N, M).
+        r""":math:`g_m^{(t)}(x)` for ``x`` (N,) and ``t`` scalar or (...) -> (..., N, M).
 
         Polynomials (LegS/LegT/LagT) and Fourier functions are defined for all ``x``; only
         :meth:`measure_density` restricts to the support.
+
+        :param x: evaluation times ``(N,)``.
+        :param t: the current time(s) :math:`t` of the bases, a scalar or tensor ``(...)``; positive for LegS.
         """
         x, t = self._check_points(x, t)
         return _basis(self.measure, self.M, self.theta, x, t)
 
     def measure_density(self, x, t) -> Tensor:
-        """``omega^{(t)}(x)`` for ``x`` (N,) and ``t`` scalar or (...) -> (..., N)."""
+        r""":math:`\omega^{(t)}(x)` for ``x`` (N,) and ``t`` scalar or (...) -> (..., N).
+
+        :param x: evaluation times ``(N,)``.
+        :param t: the current time(s) :math:`t` of the measure, a scalar or tensor ``(...)``; positive for LegS.
+        """
         x, t = self._check_points(x, t)
         return _measure_density(self.measure, self.theta, x, t)
 
@@ -622,7 +685,12 @@ class HiPPO(nn.Module):
         return _measure_density(self.measure, self.theta, x, torch.tensor(t, dtype=x.dtype, device=x.device))
 
     def reconstruct(self, c: Tensor, x, t) -> Tensor:
-        """``sum_m c_m g_m^{(t)}(x)``: ``c`` (..., M), ``x`` (N,) -> (..., N)."""
+        r""":math:`\sum_m c_m g_m^{(t)}(x)`: ``c`` (..., M), ``x`` (N,) -> (..., N).
+
+        :param c: the coefficients (memory state) ``(..., M)``.
+        :param x: evaluation times ``(N,)``.
+        :param t: the time :math:`t` of the state (of its bases), a scalar or a tensor broadcasting with ``c``'s batch.
+        """
         c = _floating(c, "c", None)
         if c.shape[-1] != self.M:
             raise ValueError(f"c must have last dimension M = {self.M}, got {tuple(c.shape)}")

@@ -19,14 +19,15 @@ class NegativeBinomialLikelihood(_OneDimensionalLikelihood):
             \Big(\frac{r}{r + \mu}\Big)^{r} \Big(\frac{\mu}{r + \mu}\Big)^{y},
         \qquad \mu = e^{f},
 
-    so ``E[y|f] = e^f`` and ``Var[y|f] = \mu + \mu^2 / r``; the learnable dispersion ``r > 0``
-    (``total_count`` of ``torch.distributions.NegativeBinomial``) recovers the Poisson as
-    ``r -> ∞``. ``expected_log_prob`` (the ELL term of thesis eq. (4.6)) uses
+    so :math:`\mathbb{E}[y \mid f] = e^f` and :math:`\operatorname{Var}[y \mid f] = \mu + \mu^2 / r`; the learnable
+    dispersion :math:`r > 0` (``total_count`` of ``torch.distributions.NegativeBinomial``) recovers the Poisson as
+    :math:`r \to \infty`. ``expected_log_prob`` (the expected log-likelihood term
+    :math:`\sum_i \mathbb{E}_{q(f_i)}[\log p(y_i \mid f_i)]` of the online ELBO, thesis eq. (4.6)) uses
     GPyTorch's 1-D Gauss-Hermite quadrature.
 
-    :param dispersion_prior: optional prior on ``r``.
-    :param dispersion_constraint: constraint on ``r`` (default ``Positive()``).
-    :param batch_shape: batch shape of ``r``.
+    :param dispersion_prior: optional prior on :math:`r`; ``None`` (default) registers none.
+    :param dispersion_constraint: constraint on :math:`r`; ``None`` (default) means ``Positive()``.
+    :param batch_shape: batch shape of :math:`r` (default ``torch.Size()``, one shared dispersion).
     """
 
     def __init__(
@@ -60,11 +61,22 @@ class NegativeBinomialLikelihood(_OneDimensionalLikelihood):
         self.initialize(raw_dispersion=self.raw_dispersion_constraint.inverse_transform(value))
 
     def forward(self, function_samples: Tensor, *args, **kwargs) -> torch.distributions.NegativeBinomial:
+        r"""The conditional :math:`p(y \mid f)`, a ``NegativeBinomial`` with mean :math:`e^f` and dispersion :math:`r`.
+
+        :param function_samples: latent function values :math:`f`, any shape ``(..., N)`` broadcastable with :math:`r`.
+        """
         r = self.dispersion.squeeze(-1)
         # total_count * exp(logits) = exp(f): the mean of the counts.
         return torch.distributions.NegativeBinomial(total_count=r, logits=function_samples - r.log(), validate_args=False)
 
     def expected_log_prob(self, observations: Tensor, function_dist, *args, **kwargs) -> Tensor:
+        r"""Per-point :math:`\mathbb{E}_{q(f_i)}[\log p(y_i \mid f_i)]` by Gauss-Hermite quadrature.
+
+        :param observations: the counts :math:`y`, non-negative integers (any float dtype), shape ``(..., N)``.
+        :param function_dist: the Gaussian marginals :math:`q(f)` (a ``MultivariateNormal`` over the ``N`` points).
+        :return: the expected log-likelihoods ``(..., N)``.
+        :raises ValueError: if ``observations`` holds NaN, negative or non-integer values.
+        """
         if torch.isnan(observations).any():
             raise ValueError("observations contains NaN values")
         if (observations < 0).any() or (observations != observations.round()).any():

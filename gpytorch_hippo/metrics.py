@@ -22,13 +22,22 @@ def _check_same_shape(**tensors: Tensor) -> None:
 
 
 def rmse(mean: Tensor, y: Tensor) -> float:
-    """``sqrt(mean((y - ŷ)^2))`` with ``ŷ`` the predictive mean."""
+    r""":math:`\sqrt{\tfrac{1}{N} \sum_i (y_i - \hat y_i)^2}` with :math:`\hat y` the predictive mean.
+
+    :param mean: predictive means :math:`\hat y`, any shape (the same as ``y``).
+    :param y: observations, the same shape as ``mean``.
+    """
     _check_same_shape(mean=mean, y=y)
     return (y - mean).pow(2).mean().sqrt().item()
 
 
 def gaussian_nlpd(mean: Tensor, variance: Tensor, y: Tensor) -> float:
-    """``-mean_i log N(y_i; mean_i, variance_i)`` for a Gaussian predictive (variance includes noise)."""
+    r""":math:`-\tfrac{1}{N} \sum_i \log \mathcal{N}(y_i; \mu_i, \sigma_i^2)` for a Gaussian predictive (variance includes noise).
+
+    :param mean: predictive means :math:`\mu_i`, any shape (the same as ``y``).
+    :param variance: predictive variances :math:`\sigma_i^2 > 0` of ``y`` (observation noise included), the same shape.
+    :param y: observations, the same shape as ``mean``.
+    """
     _check_same_shape(mean=mean, variance=variance, y=y)
     if (variance <= 0).any():
         raise ValueError("variance must be positive")
@@ -36,15 +45,20 @@ def gaussian_nlpd(mean: Tensor, variance: Tensor, y: Tensor) -> float:
 
 
 def nlpd_from_log_density(log_density: Tensor) -> float:
-    """NLPD from per-point predictive log densities ``log p̂(y_i | x_i)`` (any likelihood)."""
+    r"""NLPD :math:`-\tfrac{1}{N} \sum_i \log \hat p(y_i \mid x_i)` from per-point predictive log densities (any likelihood).
+
+    :param log_density: the log densities :math:`\log \hat p(y_i \mid x_i)`, any shape (averaged over all entries).
+    """
     return -log_density.mean().item()
 
 
 def interval_ece(samples: Tensor, y: Tensor, levels=INTERVAL_LEVELS) -> float:
-    """Thesis interval ECE: ``mean_k |coverage of the central c_k interval - c_k|``.
+    r"""Thesis interval ECE: :math:`\tfrac{1}{K} \sum_k |\mathrm{coverage}_k - c_k|`, the coverage of the central :math:`c_k` interval.
 
     :param samples: predictive samples ``(S, N)`` of ``y`` (thesis: ``S = 100``).
     :param y: observations ``(N,)``.
+    :param levels: the central-interval probabilities :math:`c_k \in (0, 1)`; default ``INTERVAL_LEVELS``,
+        :math:`c_k = 0.05, 0.15, \dots, 0.95`.
     """
     if samples.dim() != 2 or samples.shape[-1] != y.shape[-1] or y.dim() != 1:
         raise ValueError(f"samples must be (S, N) and y (N,), got {tuple(samples.shape)} and {tuple(y.shape)}")

@@ -35,7 +35,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ._validation import check_finite_scalar, check_tensor, floating_dtype
-from .inducing.base import InducingVariables
+from .inducing.base import CapturedVarianceWarning, InducingVariables
 from .inducing.points import InducingPoints
 from .nystrom import nystrom_residual
 from .timeaxis import TimeAxis, is_datetime_like
@@ -58,7 +58,12 @@ CHECK_COST_FRACTION = 0.05
 def frozen_copy(module: torch.nn.Module, share: bool = True) -> torch.nn.Module:
     """A detached deep copy of ``module`` (inducing variables, mean function) whose tensors receive
     no gradients; a copy of inducing variables is owned by no variational strategy. ``share``: a module
-    with its own ``frozen_copy`` (batched streams' variables) makes it, sharing what is identical."""
+    with its own ``frozen_copy`` (batched streams' variables) makes it, sharing what is identical.
+
+    :param module: the module to copy (inducing variables, a mean function).
+    :param share: ``True`` (default): use the module's own ``frozen_copy`` where it has one (streams in the same state
+        share one copied set); ``False``: a plain ``copy.deepcopy``, every tensor its own.
+    """
     snapshot = module.frozen_copy() if share and hasattr(module, "frozen_copy") else copy.deepcopy(module)
     for parameter in snapshot.parameters():
         parameter.requires_grad_(False)
@@ -96,9 +101,12 @@ def _check_mean_unchanged(old_inducing_variables: InducingVariables, old_mean: t
 
 
 def to_working_dtype(tensor: Tensor) -> Tensor:
-    """``tensor`` in the dtype of the online algebra: at least GPyTorch's Cholesky dtype
+    r"""``tensor`` in the dtype of the online algebra: at least GPyTorch's Cholesky dtype
     (``settings._linalg_dtype_cholesky``, float64), so that a float32 model is the float64 model
-    rounded once at its outputs (``K_uu`` is conditioned only by its jitter, ``κ ≈ M / 10⁻⁶``)."""
+    rounded once at its outputs (:math:`K_{uu}` is conditioned only by its jitter, :math:`\kappa \approx M / 10^{-6}`).
+
+    :param tensor: a floating tensor; one of the working dtype (float64) already is returned as it is.
+    """
     return tensor.to(torch.promote_types(tensor.dtype, gpytorch.settings._linalg_dtype_cholesky.value()))
 
 
@@ -203,6 +211,14 @@ class FitReport(NamedTuple):
     ``status``: ``"stopped"`` (Adam ran its ``num_iter`` steps), or BoTorch's optimisation status of the
     L-BFGS-B fit (``"success"``: converged; ``"stopped"``: ``num_iter`` reached; ``"failure"``);
     ``bound_before``/``bound_after``: the task's online bound (not divided by ``N``) at the start and end.
+
+    :param optimizer: ``"adam"`` or ``"lbfgs"``, the optimiser of the fit.
+    :param iterations: the iterations run (Adam: ``num_iter``; L-BFGS-B: the steps BoTorch reports).
+    :param status: how the fit ended, as above.
+    :param message: the optimiser's message (for Adam, ``"<num_iter> Adam steps"``).
+    :param bound_before: the task's online bound at the start of the fit (summed over batched streams).
+    :param bound_after: the task's online bound at the end of the fit (summed over batched streams).
+    :param seconds: wall-clock seconds from the start of the optimisation to the end of the fit (the final bound included).
     """
 
     optimizer: str
@@ -217,13 +233,14 @@ class FitReport(NamedTuple):
 class OnlineSGPR(gpytorch.Module):
     r"""Collapsed online sparse GP regression (OSGPR / OHSGPR), Bui et al. (2017), thesis §4.2.2.
 
-    Each call of :meth:`update` absorbs one task ``(X, y)``. For a Gaussian likelihood the online
-    ELBO (thesis eq. (4.6)) is maximised in closed form over ``q(b)``. Writing
-    ``L = chol(K_bb)``, ``v = L^{-1}(b - μ_b)``, ``W = L^{-1} K_bX`` and, for the old inducing
-    variables, ``L' = chol(K'_aa)`` (old hyperparameters), the ratio ``q_old(a) / p_old(a)`` is a
-    Gaussian factor ``exp(-½ w^T Λ' w + w^T η' + c')`` in ``w = L'^{-1}(a - μ'_a)``. Under the new
-    prior ``w = δ + T^T v + ε`` with ``T = L^{-1} K_ba L'^{-T}``, ``δ = L'^{-1}(μ_a - μ'_a)`` and
-    ``cov(ε) = C = L'^{-1}(K_aa - Q_aa) L'^{-T}``; so the optimal ``q(v) = N(B^{-1}η, B^{-1})`` with
+    Each call of :meth:`update` absorbs one task :math:`(X, y)`. For a Gaussian likelihood the online
+    ELBO (thesis eq. (4.6)) is maximised in closed form over :math:`q(b)`. Writing
+    :math:`L = \operatorname{chol}(K_{bb})`, :math:`v = L^{-1}(b - \mu_b)`, :math:`W = L^{-1} K_{bX}` and, for the old inducing
+    variables, :math:`L' = \operatorname{chol}(K'_{aa})` (old hyperparameters), the ratio :math:`q_{old}(a) / p_{old}(a)` is a
+    Gaussian factor :math:`\exp(-\tfrac12 w^T \Lambda' w + w^T \eta' + c')` in :math:`w = L'^{-1}(a - \mu'_a)`. Under the new
+    prior :math:`w = \delta + T^T v + \varepsilon` with :math:`T = L^{-1} K_{ba} L'^{-T}`, :math:`\delta = L'^{-1}(\mu_a - \mu'_a)` and
+    :math:`\operatorname{cov}(\varepsilon) = C = L'^{-1}(K_{aa} - Q_{aa}) L'^{-T}`; so the optimal
+    :math:`q(v) = N(B^{-1}\eta, B^{-1})` with
 
     .. math::
         B = I + W W^T / σ^2 + T Λ' T^T,\qquad
@@ -238,9 +255,9 @@ class OnlineSGPR(gpytorch.Module):
         - \tfrac12 \operatorname{tr}(Λ' C) - \tfrac12 δ^TΛ'δ + δ^Tη'
         + \tfrac12\log|B'| - \tfrac12 η'^T B'^{-1} η',
 
-    which is Bui et al.'s collapsed bound (their ``D_a^{-1} = S_a^{-1} - K'^{-1}_{aa}`` is
-    ``L'^{-T} Λ' L'^{-1}`` here; nothing is inverted but triangular factors and ``B``, whose
-    eigenvalues are ``>= 1``). For the first task the old terms vanish and this is Titsias'
+    which is Bui et al.'s collapsed bound (their :math:`D_a^{-1} = S_a^{-1} - K'^{-1}_{aa}` is
+    :math:`L'^{-T} \Lambda' L'^{-1}` here; nothing is inverted but triangular factors and :math:`B`, whose
+    eigenvalues are :math:`\ge 1`). For the first task the old terms vanish and this is Titsias'
     SGPR bound (the bound that follows thesis eq. (2.40)). With the same inducing inputs and
     hyperparameters throughout, the posterior after any sequence of tasks equals batch SGPR on all
     data, and the per-task bounds sum to the batch bound.
@@ -282,6 +299,9 @@ class OnlineSGPR(gpytorch.Module):
         online bound; the other tasks are closed-form updates. A mean that interdomain inducing variables
         cannot follow (they project ``f - m``) is left out of refits after task 1. ``None`` (default): no fit
         unless ``num_iter`` asks for one.
+    :param refit_iter: iterations of each policy refit (``num_iter`` of :meth:`update`), a positive int; default 50.
+    :param refit_optimizer: the optimiser of the policy refits, ``"lbfgs"`` (default) or ``"adam"`` (the ``optimizer``
+        of :meth:`update`; Adam runs at the ``lr`` given to :meth:`update`).
 
     In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
     ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
@@ -354,6 +374,7 @@ class OnlineSGPR(gpytorch.Module):
         #: fraction of the prior variance captured at the last captured-variance check (``None`` before one)
         self.last_captured_variance = None
         self._prediction_cache = None  # (key, factors) of forward(): see _prediction_factors
+        self._b_chol_cache = None  # (posterior_precision, (version, storage), chol(I + posterior_precision)): _stored_b_chol
         #: :class:`FitReport` of the last update that fitted hyperparameters (``None`` before one)
         self.last_fit = None
         self._warning_level = -1.0 if captured_variance_warning is None else captured_variance_warning
@@ -446,7 +467,8 @@ class OnlineSGPR(gpytorch.Module):
         W = solve_lower(chol, to_working_dtype(ivs.Kuf(kernel, x)))
         noise = to_working_dtype(self._noise()[..., None] if noise is None else noise).expand(y.shape)  # σ_i²
         resid = to_working_dtype(y - self.mean_module(x))
-        per_point = torch.log(2 * math.pi * noise) + (resid.square() + nystrom_residual(to_working_dtype(kernel(x, diag=True)), W)) / noise
+        residual = nystrom_residual(to_working_dtype(kernel(x, diag=True)), W, floating_dtype(kernel))  # diag(K_XX - Q_XX)
+        per_point = torch.log(2 * math.pi * noise) + (resid.square() + residual) / noise
         if mask is not None:  # a padded point: no column of W, no residual, no term of the bound
             observed = mask.to(W.dtype)
             W, resid, per_point = W * observed.unsqueeze(-2), resid * observed, per_point * observed
@@ -461,7 +483,7 @@ class OnlineSGPR(gpytorch.Module):
             )
             old_mean_now = old.prior_mean(self.mean_module)
             delta = -old_prior_mean if old_mean_now is None else to_working_dtype(old_mean_now) - old_prior_mean  # μ_a - μ'_a
-            old_b_chol = psd_safe_cholesky(old_precision + torch.eye(old_precision.shape[-1], dtype=W.dtype, device=W.device))
+            old_b_chol = self._stored_b_chol()
             old_c = solve_lower(old_b_chol, old_shift.unsqueeze(-1)).squeeze(-1)
             if _unchanged_points(old, ivs, old_chol, chol, W):
                 # b = a with the same Kuu: T = I, C = 0, no jitter to average; the update is Λ' + WWᵀ/σ²
@@ -509,13 +531,19 @@ class OnlineSGPR(gpytorch.Module):
         b_chol = psd_safe_cholesky(precision + eye)
         c = solve_lower(b_chol, shift.unsqueeze(-1)).squeeze(-1)
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
-        return bound.to(dtype), precision, shift, chol
+        return bound.to(dtype), precision, shift, chol, b_chol
 
     def log_bound(self, train_x, train_y, noise: Tensor | None = None) -> Tensor:
-        """Collapsed online bound (thesis eq. (4.6) at the optimal ``q(u)``) of absorbing
-        ``(train_x, train_y)`` into the current summary, with the current hyperparameters (``noise``:
+        """Collapsed online bound (the online ELBO of Bui et al. (2017), thesis eq. (4.6), at the optimal ``q(u)``) of
+        absorbing ``(train_x, train_y)`` into the current summary, with the current hyperparameters (``noise``:
         per-point noise variances instead of the likelihood's, as in :meth:`update`). The state is not
-        changed; differentiable with respect to the hyperparameters."""
+        changed; differentiable with respect to the hyperparameters.
+
+        :param train_x: the task's inputs ``(N, D)`` (or ``(N,)``), as in :meth:`update`.
+        :param train_y: the task's targets ``(N,)``, all finite.
+        :param noise: noise variances broadcasting to ``train_y``'s shape; ``None`` (default): the likelihood's.
+        :return: the bound (not divided by ``N``); ``(S,)`` for ``S`` batched streams.
+        """
         train_x, train_y, noise = self._task(train_x, train_y, noise, "raise")
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
         self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
@@ -609,7 +637,7 @@ class OnlineSGPR(gpytorch.Module):
             self.last_fit = self._fit(train_x, train_y, noise, num_iter, lr, optimizer, progress, mask, fixed_mean)
         keep = (lambda tensor: tensor.clone()) if differentiable else (lambda tensor: tensor.detach().clone())
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
-            bound, precision, shift, chol = self._bound_and_posterior(train_x, train_y, noise, mask)
+            bound, precision, shift, chol, b_chol = self._bound_and_posterior(train_x, train_y, noise, mask)
             _check_finite_result("the online update", bound, precision, shift)
             with torch.no_grad():
                 self._check_memory(train_x, chol, time.perf_counter() - start)
@@ -618,10 +646,11 @@ class OnlineSGPR(gpytorch.Module):
                 prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)
             else:
                 prior_mean = to_working_dtype(prior_mean)
-            summary = (chol, precision, shift, prior_mean.expand(shift.shape))
+            summary = (chol, precision, shift, prior_mean.expand(shift.shape), b_chol)
             if mask is not None and self.has_posterior and not bool(mask.any(-1).all()):
-                summary = _keep_streams_without_points(mask.any(-1), summary, self._summary())
-            self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean = map(keep, summary)
+                summary = _keep_streams_without_points(mask.any(-1), summary, (*self._summary(), self._stored_b_chol()))
+            self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean, b_chol = map(keep, summary)
+            self._remember_b_chol(b_chol)
         with torch.no_grad():
             self.posterior_inducing_variables = frozen_copy(self.inducing_variables)
             self.posterior_mean_module = frozen_copy(self.mean_module)
@@ -762,17 +791,34 @@ class OnlineSGPR(gpytorch.Module):
                 f"threshold {self.captured_variance_warning:.0%}): expect underfitting and lost memory there; "
                 f"{ivs.coverage_advice('too few')} (warned again below {self._warning_level:.1%}; "
                 "model.last_captured_variance holds the latest value)",
-                RuntimeWarning,
+                CapturedVarianceWarning,
                 stacklevel=3,
             )
         clock.update(updates=0.0, check=time.perf_counter() - start)
 
     # ------------------------------------------------------------------ posterior
+    def _stored_b_chol(self) -> Tensor:
+        """``chol(B') = chol(I + Λ')`` of the stored summary, kept from the update that stored ``Λ'`` for as long as
+        that very tensor is unchanged (its identity, storage and version counter: a reload, ``.to``, an assignment or an
+        in-place change of ``posterior_precision`` recomputes it)."""
+        precision = self.posterior_precision
+        cached = self._b_chol_cache
+        if cached is not None and cached[0] is precision and cached[1] == (precision._version, precision.data_ptr()):
+            return cached[2]
+        precision = to_working_dtype(precision)
+        b_chol = psd_safe_cholesky(precision + torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device))
+        self._remember_b_chol(b_chol)
+        return b_chol
+
+    def _remember_b_chol(self, b_chol: Tensor) -> None:
+        """Keep ``chol(I + Λ')`` for the stored ``Λ'`` (not for a differentiable summary: its graph is the user's)."""
+        precision = self.posterior_precision
+        self._b_chol_cache = None if b_chol.requires_grad else (precision, (precision._version, precision.data_ptr()), b_chol)
+
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:
         """``(mean, chol(B))`` of the stored ``q(v) = N(B^{-1} η', B^{-1})``."""
-        precision, shift = to_working_dtype(self.posterior_precision), to_working_dtype(self.posterior_shift)
-        eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
-        b_chol = psd_safe_cholesky(precision + eye)
+        shift = to_working_dtype(self.posterior_shift)
+        b_chol = self._stored_b_chol()
         mean = torch.cholesky_solve(shift.unsqueeze(-1), b_chol).squeeze(-1)
         return mean, b_chol
 
@@ -787,7 +833,12 @@ class OnlineSGPR(gpytorch.Module):
         return MultivariateNormal(mean, factor @ factor.mT)
 
     def forward(self, x) -> MultivariateNormal:
-        """Latent ``q(f(x))`` (thesis eq. (2.36) with the optimal ``q(u)``); ``x`` as in :meth:`update`."""
+        r"""Latent :math:`q(f(x)) = \int p(f(x) \mid u)\, q(u)\, \mathrm{d}u` (thesis eq. (2.36) with the optimal :math:`q(u)`);
+        ``x`` as in :meth:`update`.
+
+        :param x: test inputs ``(N, D)`` (or ``(N,)``; ``(S, N, D)`` for batched streams): numbers, or calendar times
+            with ``time_axis``.
+        """
         x = check_tensor(self._as_inputs(x, "x"), "x", dtype=floating_dtype(self.covar_module), min_dim=1)
         if x.dim() == 1:
             x = x.unsqueeze(-1)
@@ -801,7 +852,7 @@ class OnlineSGPR(gpytorch.Module):
         chol_now, mean_w, middle = self._prediction_factors(kernel, ivs)
         W = solve_lower(chol_now, to_working_dtype(ivs.Kuf(kernel, x)))
         mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1).to(prior_mean.dtype)
-        nystrom_residual(to_working_dtype(kernel(x, diag=True)), W)  # warns if Kuu and Kuf are inconsistent
+        nystrom_residual(to_working_dtype(kernel(x, diag=True)), W, floating_dtype(kernel))  # warns if Kuu and Kuf disagree
         left, right = W.mT.to(mean.dtype), (middle @ W).to(mean.dtype)
         if x.shape[-2] > DENSE_PREDICTION_POINTS:  # kept as a product, so variances at N points cost O(N M)
             return MultivariateNormal(mean, prior_covar + MatmulLinearOperator(left, right))
@@ -869,27 +920,35 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         \mathcal L^o = \sum_i E_{q(f_i)}[\log p(y_i | f_i)]
             + KL(\tilde q(a) \| p_{old}(a)) - KL(\tilde q(a) \| q_{old}(a)) - KL(q(b) \| p(b)),
 
-    with ``\tilde q(a) = \int p(a | b) q(b) db``. The two ``a`` terms are evaluated together as
-    ``E_{\tilde q}[\log q_{old}(a) - \log p_{old}(a)]`` (the entropy of ``\tilde q`` cancels, so
-    a singular ``\tilde q`` -- e.g. ``a = b`` -- is harmless); where the new variables do not share
-    the old ones' jitter, ``\log q_{old}/p_{old}`` is averaged over that jitter noise as in
+    with :math:`\tilde q(a) = \int p(a \mid b)\, q(b)\, \mathrm{d}b`. The two :math:`a` terms are evaluated together as
+    :math:`E_{\tilde q}[\log q_{old}(a) - \log p_{old}(a)]` (the entropy of :math:`\tilde q` cancels, so
+    a singular :math:`\tilde q` -- e.g. :math:`a = b` -- is harmless); where the new variables do not share
+    the old ones' jitter, :math:`\log q_{old}/p_{old}` is averaged over that jitter noise as in
     :class:`OnlineSGPR` (:func:`_smooth_ratio`). Like GPyTorch's ``VariationalELBO``
     the value is divided by ``num_data`` (the size of the *current* task), and ``beta`` scales
     the KL-type terms.
 
+    :param likelihood: the GPyTorch likelihood :math:`p(y \mid f)` (any).
+    :param model: a GPyTorch ``ApproximateGP`` whose variational strategy is (or wraps) an
+        :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`.
+    :param num_data: the size :math:`N` of the current task (the ELBO is divided by it), a positive int.
+    :param beta: the factor of the KL-type terms, a float ``>= 0``; default 1.
+    :param combine_terms: ``True`` (default): :meth:`forward` returns one value; ``False``: its terms (likelihood, KL,
+        log prior and, where the model has them, added losses), as GPyTorch's ``VariationalELBO``.
+
     The model must use :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`
     (directly or inside ``IndependentMultitaskVariationalStrategy``). Call :meth:`end_task` after
-    training on each task: it stores ``q_old(a)`` (mean and Cholesky factor of ``S_a``), the
-    Cholesky factor of ``K'_aa`` (with the jitter of the inducing variables), ``μ'_a`` and frozen
+    training on each task: it stores :math:`q_{old}(a)` (mean and Cholesky factor of :math:`S_a`), the
+    Cholesky factor of :math:`K'_{aa}` (with the jitter of the inducing variables), :math:`\mu'_a` and frozen
     copies of the inducing variables and of the mean function, all in the module tree (saved by
     ``state_dict``, moved by ``.to``). Then move HiPPO inducing variables with
     ``model.variational_strategy.advance(t_new)`` or ``.append_path(x_ordered)`` (both refused
     before :meth:`end_task`) or replace point ones. Before the first :meth:`end_task` this is the
-    plain SVGP ELBO (thesis eq. (2.38)). With HiPPO inducing variables this trains OHSVGP,
+    plain SVGP ELBO (Hensman et al. (2013), thesis eq. (2.38)). With HiPPO inducing variables this trains OHSVGP,
     with inducing points OSVGP.
 
-    A mean function may change between tasks with point inducing variables (``μ'_a`` is stored
-    and ``μ_a = m_new(Z_a)``); interdomain ones project ``f - m``, so there a change raises.
+    A mean function may change between tasks with point inducing variables (:math:`\mu'_a` is stored
+    and :math:`\mu_a = m_{new}(Z_a)`); interdomain ones project :math:`f - m`, so there a change raises.
     """
 
     def __init__(self, likelihood, model, num_data: int, beta: float = 1.0, combine_terms: bool = True):
@@ -942,6 +1001,8 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         """Store ``q_old(a)``, ``chol(K'_aa)``, ``μ'_a`` and the inducing variables at the end of a task.
 
         ``num_data``: size of the *next* task (the ELBO's normaliser), if it differs from this one's.
+
+        :param num_data: the size of the next task, a positive int; ``None`` (default): keep the current ``num_data``.
         """
         if num_data is not None:
             if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data < 1:
@@ -1021,7 +1082,11 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         return self.likelihood.expected_log_prob(target, approximate_dist_f, **kwargs).sum(-1)
 
     def forward(self, approximate_dist_f, target, **kwargs):
-        """``\\mathcal L^o / N`` for a minibatch of the current task (``N = num_data``)."""
+        r""":math:`\mathcal L^o / N` for a minibatch of the current task (:math:`N` = ``num_data``).
+
+        :param approximate_dist_f: the model's output :math:`q(f)` at the minibatch's inputs (a ``MultivariateNormal``).
+        :param target: the minibatch's targets, matching the output's event shape.
+        """
         check_tensor(target, "target", min_dim=1)
         if approximate_dist_f.event_shape.numel() == 0 or target.numel() == 0:
             raise ValueError("the minibatch is empty: approximate_dist_f and target need at least one data point")

@@ -111,20 +111,23 @@ def _sample(q_u: MultivariateNormal, num_samples: int, generator: torch.Generato
 
 
 def sample_coefficients(model, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
-    """Draws ``u ~ q(u) = N(m_u, S_u)`` of the model's inducing variables: ``(num_samples, *batch, M)``.
+    r"""Draws :math:`u \sim q(u) = \mathcal{N}(m_u, S_u)` of the model's inducing variables: ``(num_samples, *batch, M)``.
 
-    Drawn as ``m_u + chol(S_u) ε`` with ``ε ~ N(0, I)`` from ``generator`` (so a seeded generator gives
-    reproducible draws). By thesis App. C these are draws of the HiPPO coefficients of ``f ~ q_t(f)``.
+    Drawn as :math:`m_u + \operatorname{chol}(S_u)\, \varepsilon` with :math:`\varepsilon \sim \mathcal{N}(0, I)` from
+    ``generator`` (so a seeded generator gives reproducible draws). By thesis App. C these are draws of the HiPPO
+    coefficients of :math:`f \sim q_t(f)`.
 
     :param model: an :class:`~gpytorch_hippo.online.OnlineSGPR` with at least one task absorbed, or a
         GPyTorch ``ApproximateGP`` using :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`.
+    :param num_samples: number of draws, a positive int.
+    :param generator: random generator for :math:`\varepsilon`; ``None`` (default) uses the global one.
     """
     num_samples = _check_num_samples(num_samples)
     return _sample(_posterior(model).q_u, num_samples, generator)
 
 
 def sample_reconstruction(model, x: Tensor, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
-    r"""Samples of the finite-basis posterior ``f(x) = m(x) + Σ_m u_m g_m^{(t)}(x)``, ``u ~ q(u)``
+    r"""Samples of the finite-basis posterior :math:`f(x) = m(x) + \sum_m u_m g_m^{(t)}(x)`, :math:`u \sim q(u)`
     (thesis App. C.2): ``(num_samples, *batch, N)``.
 
     :param model: an :class:`~gpytorch_hippo.online.OnlineSGPR` or an ``ApproximateGP`` with
@@ -148,11 +151,16 @@ def sample_reconstruction(model, x: Tensor, num_samples: int, generator: torch.G
 
 def reconstruction_moments(model, x: Tensor) -> MultivariateNormal:
     r"""The exact distribution of the finite-basis reconstruction at ``x`` (thesis App. C):
-    ``N(m(x) + G m_u, G S_u G^T)`` with ``G = [g_m^{(t)}(x_n)]`` (``N x M``).
+    :math:`\mathcal{N}(m(x) + G m_u,\, G S_u G^\top)` with :math:`G = [g_m^{(t)}(x_n)]_{nm}` (``N x M``).
 
-    The covariance has rank ``<= M`` and is returned as a ``RootLinearOperator`` with root
-    ``G chol(S_u)`` (sampling and marginal variances work; ``log_prob`` needs ``N <= M``).
+    The covariance has rank :math:`\le M` and is returned as a ``RootLinearOperator`` with root
+    :math:`G \operatorname{chol}(S_u)` (sampling and marginal variances work; ``log_prob`` needs :math:`N \le M`).
     Arguments as in :func:`sample_reconstruction`.
+
+    :param model: an :class:`~gpytorch_hippo.online.OnlineSGPR` or an ``ApproximateGP`` with
+        :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy` whose inducing variables have a
+        ``basis(x)`` method.
+    :param x: 1-D inputs ``(N,)`` or ``(N, 1)``.
     """
     x = _check_x(x)
     posterior = _posterior(model)

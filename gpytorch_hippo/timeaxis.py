@@ -50,12 +50,17 @@ def _as_datetime64(values) -> np.ndarray | None:
 
 
 def is_datetime_like(values) -> bool:
-    """Whether ``values`` are calendar times that :class:`TimeAxis` converts."""
+    """Whether ``values`` are calendar times that :class:`TimeAxis` converts.
+
+    :param values: anything: a pandas ``Timestamp``/``DatetimeIndex``/``Series``, NumPy ``datetime64`` values,
+        ``datetime``/``date`` objects (or sequences of them), tensors or numbers (the last two are not calendar times).
+    :raises TypeError: for time-zone-aware times.
+    """
     return _as_datetime64(values) is not None
 
 
 class TimeAxis:
-    """Calendar times as numbers: ``t = (time - origin) / unit``, in float64.
+    r"""Calendar times as numbers: :math:`t = (\mathrm{time} - \mathrm{origin}) / \mathrm{unit}`, in float64.
 
     :param unit: one of ``"W"``, ``"D"``, ``"h"``, ``"m"``, ``"s"``, ``"ms"``, ``"us"``, ``"ns"`` (NumPy's codes).
     :param origin: the time that becomes ``t = 0`` (a ``Timestamp``, ``datetime``, ``datetime64`` or ISO
@@ -69,7 +74,9 @@ class TimeAxis:
     def __init__(self, unit: str = "h", origin=None):
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+        #: the unit of the numbers (NumPy's code, e.g. ``"h"``)
         self.unit = unit
+        #: the time that is ``t = 0`` (``numpy.datetime64`` in ns; ``None`` until set or taken from the first times)
         self.origin = None
         if origin is not None:
             if isinstance(origin, str):
@@ -104,7 +111,11 @@ class TimeAxis:
         return torch.as_tensor(offsets, dtype=torch.float64)
 
     def to_datetime(self, t) -> np.ndarray:
-        """The calendar times ``origin + t * unit`` of numbers ``t`` (``datetime64[ns]``), e.g. for plots."""
+        r"""The calendar times :math:`\mathrm{origin} + t \cdot \mathrm{unit}` of numbers ``t`` (``datetime64[ns]``), e.g. for plots.
+
+        :param t: times in :attr:`unit` since :attr:`origin`, a tensor, array or number of any shape (rounded to nanoseconds).
+        :raises RuntimeError: if the axis has no origin yet.
+        """
         if self.origin is None:
             raise RuntimeError("this TimeAxis has no origin yet: convert the first times (or pass origin=) first")
         t = np.asarray(t.detach().cpu() if isinstance(t, Tensor) else t, dtype=np.float64)
@@ -117,5 +128,9 @@ class TimeAxis:
 
     @classmethod
     def from_state(cls, state: dict) -> TimeAxis:
+        """The axis that :meth:`state` saved.
+
+        :param state: a dict with ``"unit"`` (one of :data:`UNITS`) and ``"origin"`` (an ISO string, or ``None``/absent for none yet).
+        """
         origin = state.get("origin")
         return cls(state["unit"], None if origin is None else np.datetime64(origin, "ns"))

@@ -29,7 +29,11 @@ __all__ = ["InterdomainVariationalStrategy"]
 
 
 def solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
-    """``chol^{-1} rhs`` for a lower-triangular ``chol``, computed in ``chol``'s dtype and cast back."""
+    r""":math:`L^{-1} R` for a lower-triangular :math:`L` (``chol``), computed in ``chol``'s dtype and cast back.
+
+    :param chol: the lower-triangular factor :math:`L`, ``(..., M, M)``.
+    :param rhs: the right-hand side :math:`R`, ``(..., M, N)`` (batch dimensions broadcast); the result has its dtype.
+    """
     return torch.linalg.solve_triangular(chol, rhs.to(chol.dtype), upper=False).to(rhs.dtype)
 
 
@@ -271,7 +275,13 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     def get_fantasy_model(self, inputs: Tensor, targets: Tensor, mean_module=None, covar_module=None, **kwargs):
         """GPyTorch's online variational conditioning (Maddox et al. 2021): an ``ExactGP`` on the
         pseudo-observations :attr:`pseudo_points` and ``(inputs, targets)``; point inducing variables
-        only (HiPPO ones raise, naming the online models that condition them)."""
+        only (HiPPO ones raise, naming the online models that condition them).
+
+        :param inputs: the new inputs ``(..., N, d)``.
+        :param targets: the new observations ``(..., N)``.
+        :param mean_module: mean of the fantasy ``ExactGP``; ``None`` (default) takes ``model.mean_module``.
+        :param covar_module: kernel of the fantasy ``ExactGP``; ``None`` (default) takes ``model.covar_module``.
+        """
         if not self.has_fantasy_strategy:
             raise NotImplementedError(self._no_fantasy_message())
         if self._explicit_kernel is not None or isinstance(getattr(self.model, "covar_module", None), gpytorch.kernels.Kernel):
@@ -306,10 +316,12 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         return MultivariateNormal(mean, root @ root.mT)
 
     def inducing_marginal(self, other: InducingVariables) -> MultivariateNormal:
-        """``\\tilde q(u') = \\int p(u' | u) q(u) du`` for another set ``u'`` (thesis eq. (4.6)).
+        r""":math:`\tilde q(u') = \int p(u' \mid u)\, q(u)\, \mathrm{d}u` for another set :math:`u'` (thesis eq. (4.6)).
 
-        Uses ``cov(u, u') = inducing_variables.Kuu_cross(other, kernel)`` and the prior
+        Uses :math:`\operatorname{cov}(u, u')` ``= inducing_variables.Kuu_cross(other, kernel)`` and the prior
         ``N(other.prior_mean, other.Kuu(kernel))``; returns a full covariance.
+
+        :param other: the inducing variables :math:`u'` (any :class:`~gpytorch_hippo.inducing.InducingVariables`, any number).
         """
         self._clear_cache_if_stale()
         q = self.variational_distribution
@@ -324,31 +336,41 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     # ------------------------------------------------------------------ moving the inducing variables
     def advance(self, t_new: float) -> None:
-        """Move HiPPO inducing variables (time inputs) to ``t_new`` and carry ``q(u)`` forward.
+        r"""Move HiPPO inducing variables (time inputs) to ``t_new`` and carry ``q(u)`` forward.
 
-        The new ``q(u')`` is ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis eq. (4.6)), so
+        The new :math:`q(u')` is :math:`\tilde q(u') = \int p(u' \mid u)\, q(u)\, \mathrm{d}u` (thesis eq. (4.6)), so
         the posterior is the one of the finished task seen through the moved variables (exactly, in
         the Gaussian family of the variational distribution: a mean-field ``q`` keeps the marginals).
         The inducing variables refuse ``advance`` themselves while this strategy owns them. With an
         :class:`~gpytorch_hippo.online.OnlineELBO` attached, call its ``end_task()`` first: it stores
         ``q_old(a)`` of the finished task, which moving the variables would otherwise overwrite.
+
+        :param t_new: the new time :math:`t` of the bases, later than the current one (same unit as the inputs).
         """
         self._move_inducing_variables("advance", lambda variables: variables.advance(t_new))
 
     def append_path(self, x_ordered: Tensor, step: int = 1) -> None:
         """Extend the path of multidimensional HiPPO inducing variables with a task's ordered inputs
         (thesis §4.4), carrying ``q(u)`` forward as :meth:`advance` does (nothing to carry before
-        ``q(u)`` is first used)."""
+        ``q(u)`` is first used).
+
+        :param x_ordered: the task's inputs ``(N, d)`` in path order.
+        :param step: use every ``step``-th input (a positive int, default 1), at path times ``step * dt`` apart.
+        """
         kernel = self.kernel
         self._move_inducing_variables("append_path", lambda variables: variables.append_path(x_ordered, step=step, kernel=kernel))
 
     def replace_inducing_variables(self, inducing_variables: InducingVariables) -> None:
-        """Use other inducing variables, of any number (e.g. OSVGP's re-drawn points), and carry
-        ``q(u)`` to them as :meth:`advance` does: ``\\tilde q(u') = \\int p(u' | u) q(u) du`` (thesis
-        thesis eq. (4.6)). When their number changes the variational distribution is rebuilt
+        r"""Use other inducing variables, of any number (e.g. OSVGP's re-drawn points), and carry
+        ``q(u)`` to them as :meth:`advance` does: :math:`\tilde q(u') = \int p(u' \mid u)\, q(u)\, \mathrm{d}u`
+        (thesis eq. (4.6)). When their number changes the variational distribution is rebuilt
         (same class, batch shape and ``mean_init_std``), so optimisers must be built anew.
         Assigning ``variational_strategy.inducing_variables`` directly keeps the old ``q(u)``
-        parameters as they are, and needs the same number of inducing variables."""
+        parameters as they are, and needs the same number of inducing variables.
+
+        :param inducing_variables: the new inducing variables :math:`u'` (any
+            :class:`~gpytorch_hippo.inducing.InducingVariables`).
+        """
         if not isinstance(inducing_variables, InducingVariables):
             raise TypeError(
                 f"inducing_variables must be an InducingVariables instance (e.g. InducingPoints), got {type(inducing_variables).__name__}"
@@ -479,7 +501,13 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         **kwargs,
     ) -> MultivariateNormal:
         """``q(f(x))`` with its full covariance, lazily (``diag`` is accepted for GPyTorch's seam and
-        not needed: reading only the variances of the result costs ``O(N M^2)`` anyway)."""
+        not needed: reading only the variances of the result costs :math:`O(N M^2)` anyway).
+
+        :param x: the inputs ``(..., N, d)``.
+        :param inducing_values: the mean of the variational distribution ``(..., M)`` (whitened :math:`v` or :math:`u`).
+        :param variational_inducing_covar: its covariance ``(..., M, M)``; ``None`` (default) for a ``Delta`` (point mass).
+        :param diag: ignored (GPyTorch's interface); the covariance is always full and lazy.
+        """
         prior = self.model.forward(x, **kwargs)
         Kuf = self.inducing_variables.Kuf(self.kernel, x)
         return self._conditional(

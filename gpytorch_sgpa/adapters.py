@@ -78,7 +78,12 @@ def register_adapter(module_type: type, fn: Callable) -> None:
     """Let :func:`gpytorch_sgpa.convert` replace every module of type ``module_type`` (and of its
     subclasses that have no adapter of their own) by ``fn(module, attention, **attention_kwargs)``,
     an ``nn.Module``, or leave it when ``fn`` returns ``None``.  Registering a type again replaces
-    its adapter."""
+    its adapter.
+
+    :param module_type: the ``nn.Module`` subclass whose instances ``fn`` converts.
+    :param fn: the adapter, called as ``fn(module, attention, **attention_kwargs)``; returns the replacement module or
+        ``None`` to leave the module.
+    """
     if not isinstance(module_type, type) or not issubclass(module_type, nn.Module):
         raise TypeError(f"module_type must be a subclass of torch.nn.Module, got {module_type!r}")
     if not callable(fn):
@@ -87,7 +92,10 @@ def register_adapter(module_type: type, fn: Callable) -> None:
 
 
 def adapter_for(module: nn.Module) -> Callable | None:
-    """The adapter of the most specific class of ``module`` (its MRO order) that has one."""
+    """The adapter of the most specific class of ``module`` (its MRO order) that has one.
+
+    :param module: the module to look up (its class and base classes are tried in MRO order).
+    """
     for cls in type(module).__mro__:
         if cls in _BY_TYPE:
             return _BY_TYPE[cls]
@@ -98,7 +106,11 @@ def adapter_for(module: nn.Module) -> Callable | None:
 
 
 def child_defaults(parent: nn.Module, name: str) -> dict | None:
-    """Defaults for converting ``parent``'s child ``name``, or ``None``: leave it (cross-attention)."""
+    """Defaults for converting ``parent``'s child ``name``, or ``None``: leave it (cross-attention).
+
+    :param parent: the module that holds the child.
+    :param name: the child's attribute name in ``parent`` (e.g. ``"self_attn"``).
+    """
     if isinstance(parent, nn.TransformerDecoderLayer):
         if name == "multihead_attn":
             return None
@@ -277,6 +289,11 @@ class SelfAttentionAdapter(nn.Module):
     the replaced module's output path (``None``: the model applies its own afterwards, as BERT's
     ``BertSelfOutput``).  Subclasses give the call convention of the module they replace and call
     :meth:`attend`.
+
+    :param attention: the package's kernel or SGPA layer that computes the heads (its output projection the identity).
+    :param output: the replaced module's output path applied after the heads; ``None`` (the default): none, the model
+        applies its own afterwards.
+    :param layer_idx: the layer's index in a Hugging Face key/value cache; ``None`` (the default) for a model without one.
     """
 
     def __init__(self, attention: nn.Module, output: nn.Module | None = None, layer_idx: int | None = None):
@@ -297,7 +314,15 @@ class SelfAttentionAdapter(nn.Module):
     def attend(self, x: Tensor, mask=None, cache=None, output_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``(output, weights)`` for ``x`` ``(B, L, d_model)``; ``mask`` as the module's family passes
         it; ``cache``: a Hugging Face cache whose layer ``self.layer_idx`` holds the projected keys
-        ``s W_qk`` and values ``s W_v`` of the prefix (updated here)."""
+        ``s W_qk`` and values ``s W_v`` of the prefix (updated here).
+
+        :param x: the input of the attention block, ``(B, L, d_model)``.
+        :param mask: the attention mask as the module's family passes it (bool ``True`` = attend, or additive float ``0`` /
+            very negative; 2-D to 4-D, broadcast to ``(B, 1, L, L_k)``); ``None`` (the default): no mask.
+        :param cache: a Hugging Face cache (updated in place); ``None`` (the default): no cache, the whole sequence at once.
+        :param output_weights: whether to return the kernel weights of the posterior mean, ``(B, H, L, L_k)``, too (else
+            ``None``).
+        """
         layer = self.attention
         batch, length, _ = x.shape
         past = 0 if cache is None else cache.get_seq_length(self.layer_idx)
@@ -332,7 +357,11 @@ class SelfAttentionAdapter(nn.Module):
 
     def reconverted(self, attention: str, **kwargs) -> SelfAttentionAdapter | None:
         """This adapter with its kernel-attention layer turned into ``attention`` (the thesis's path:
-        MLE kernel attention first, then SGPA from its weights, App. B.4); ``None`` if it holds none."""
+        MLE kernel attention first, then SGPA from its weights, App. B.4); ``None`` if it holds none.
+
+        :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+            (``"kernel"`` gives ``None``: nothing to do).
+        """
         source = self.attention
         if not isinstance(source, KernelAttention) or attention == "kernel":
             return None
@@ -423,7 +452,12 @@ def _no_head_mask(kwargs: dict) -> None:
 class BertSelfAttentionAdapter(SelfAttentionAdapter):
     """In place of ``BertSelfAttention`` (and RoBERTa's, XLM-RoBERTa's, CamemBERT's, ELECTRA's):
     ``forward(hidden_states, attention_mask=None, cache=None, **kwargs) -> (context, weights)``,
-    the context before ``BertSelfOutput``; ``weights``: see :mod:`gpytorch_sgpa.adapters`."""
+    the context before ``BertSelfOutput``; ``weights``: see :mod:`gpytorch_sgpa.adapters`.
+
+    :param attention: the package's kernel or SGPA layer that computes the heads.
+    :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
+    :param layer_idx: the layer's index in the Hugging Face key/value cache; ``None`` (the default): no cache.
+    """
 
     def __init__(self, attention, config, layer_idx=None):
         super().__init__(attention, None, layer_idx)
@@ -431,7 +465,13 @@ class BertSelfAttentionAdapter(SelfAttentionAdapter):
 
     def forward(self, hidden_states: Tensor, attention_mask=None, cache=None, **kwargs):
         """``(context, weights)``: the heads' outputs ``(B, L, d_model)`` and, with
-        ``output_attentions``, the kernel weights ``(B, H, L, L_k)`` of the posterior mean."""
+        ``output_attentions``, the kernel weights ``(B, H, L, L_k)`` of the posterior mean.
+
+        :param hidden_states: the input of the attention block, ``(B, L, d_model)``.
+        :param attention_mask: the Hugging Face attention mask (bool ``True`` = attend, or additive float ``0`` / very
+            negative); ``None`` (the default): no mask.
+        :param cache: the Hugging Face key/value cache (also accepted as ``past_key_values``); ``None`` (the default): none.
+        """
         cache = kwargs.pop("past_key_values", cache)
         if kwargs.get("encoder_hidden_states") is not None:
             raise ValueError("a converted self-attention module got encoder_hidden_states (cross-attention)")
@@ -442,14 +482,24 @@ class BertSelfAttentionAdapter(SelfAttentionAdapter):
 
 class ViTAttentionAdapter(SelfAttentionAdapter):
     """In place of ``ViTAttention``: ``forward(hidden_states, attention_mask=None, **kwargs) ->
-    (output, weights)``, its ``o_proj`` applied after the heads."""
+    (output, weights)``, its ``o_proj`` applied after the heads.
+
+    :param attention: the package's kernel or SGPA layer that computes the heads.
+    :param output: the replaced ``ViTAttention``'s ``o_proj``, applied after the heads.
+    :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
+    """
 
     def __init__(self, attention, output, config):
         super().__init__(attention, output)
         self.config = config
 
     def forward(self, hidden_states: Tensor, attention_mask=None, **kwargs):
-        """``(o_proj(context), weights)`` as :meth:`BertSelfAttentionAdapter.forward`."""
+        """``(o_proj(context), weights)`` as :meth:`BertSelfAttentionAdapter.forward`.
+
+        :param hidden_states: the input of the attention block, ``(B, L, d_model)``.
+        :param attention_mask: the Hugging Face attention mask (bool ``True`` = attend, or additive float ``0`` / very
+            negative); ``None`` (the default): no mask.
+        """
         _no_head_mask(kwargs)
         context, weights = self.attend(hidden_states, attention_mask, None, _output_attentions(self, kwargs))
         return self.output(context), weights
@@ -462,7 +512,13 @@ class GPT2AttentionAdapter(SelfAttentionAdapter):
     ``generate``) the first call runs the layer on the prompt and stores ``s W_qk`` and ``s W_v``;
     later calls compute only the new positions from them, which inside
     :func:`~gpytorch_sgpa.posterior_mean` gives the outputs of the uncached pass.  Sampling there
-    draws fresh noise at each call (the global noise of a sequence is not kept across calls)."""
+    draws fresh noise at each call (the global noise of a sequence is not kept across calls).
+
+    :param attention: the package's kernel or SGPA layer that computes the heads (causal by default).
+    :param output: the replaced module's ``c_proj`` followed by its ``resid_dropout``, applied after the heads.
+    :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
+    :param layer_idx: the layer's index in the Hugging Face key/value cache; ``None`` (the default): no cache.
+    """
 
     def __init__(self, attention, output, config, layer_idx=None):
         super().__init__(attention, output, layer_idx)
@@ -479,7 +535,17 @@ class GPT2AttentionAdapter(SelfAttentionAdapter):
         **kwargs,
     ):
         """``(resid_dropout(c_proj(context)), weights)``; ``cache`` (or ``past_key_values``) as
-        ``GPT2Attention`` takes it."""
+        ``GPT2Attention`` takes it.
+
+        :param hidden_states: the input of the attention block, ``(B, L, d_model)`` (``L`` new positions with a cache).
+        :param cache: the Hugging Face key/value cache (also accepted as ``past_key_values``); ``None`` (the default): none.
+        :param attention_mask: the Hugging Face attention mask (bool ``True`` = attend, or additive float ``0`` / very
+            negative); ``None`` (the default): the causal structure only.
+        :param encoder_hidden_states: must be ``None`` (the default): cross-attention is not converted and raises.
+        :param encoder_attention_mask: ignored (accepted for ``GPT2Attention``'s call signature).
+        :param output_attentions: whether to return the kernel weights ``(B, H, L, L_k)`` as well (also on when the config
+            asks for them); ``False`` (the default): ``weights`` is ``None``.
+        """
         cache = kwargs.pop("past_key_values", cache)
         if encoder_hidden_states is not None:
             raise ValueError("a converted self-attention module got encoder_hidden_states (cross-attention)")
@@ -492,14 +558,27 @@ class GPT2AttentionAdapter(SelfAttentionAdapter):
 
 class TimmAttentionAdapter(SelfAttentionAdapter):
     """In place of timm's ``Attention``: ``forward(x, attn_mask=None, is_causal=False) -> output``
-    with its ``norm``, ``gate``, ``proj`` and ``proj_drop`` applied after the heads."""
+    with its ``norm``, ``gate``, ``proj`` and ``proj_drop`` applied after the heads.
+
+    :param attention: the package's kernel or SGPA layer that computes the heads.
+    :param norm: the replaced module's ``norm`` applied to the heads' output (``nn.Identity`` in timm's default).
+    :param gate: the replaced module's ``gate`` Linear layer, or ``None`` where it has none.
+    :param proj: the replaced module's output projection ``proj``.
+    :param proj_drop: the replaced module's output dropout ``proj_drop``.
+    """
 
     def __init__(self, attention, norm, gate, proj, proj_drop):
         super().__init__(attention, proj)
         self.norm, self.gate, self.proj_drop = norm, gate, proj_drop
 
     def forward(self, x: Tensor, attn_mask=None, is_causal: bool = False):
-        """``proj_drop(proj(norm(context) ⊙ σ(gate(x))))`` (no gate: ``proj_drop(proj(norm(context)))``)."""
+        """``proj_drop(proj(norm(context) ⊙ σ(gate(x))))`` (no gate: ``proj_drop(proj(norm(context)))``).
+
+        :param x: the input of the attention block, ``(B, L, d_model)``.
+        :param attn_mask: timm's attention mask (bool ``True`` = attend, or additive float ``0`` / ``-inf``); ``None``
+            (the default): no mask.
+        :param is_causal: whether the caller asks for causal attention; must match the layer's ``causal`` (else raises).
+        """
         if is_causal and not self.causal:
             raise ValueError("is_causal=True for a layer built with causal=False: convert with causal=True")
         if not is_causal and attn_mask is None and self.causal:
@@ -515,7 +594,12 @@ class TimmAttentionAdapter(SelfAttentionAdapter):
 def from_bert_self_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> BertSelfAttentionAdapter:
     """``BertSelfAttention``-style module (``query``, ``key``, ``value`` Linear layers, no output
     projection) → :class:`BertSelfAttentionAdapter`; ``causal`` defaults to the module's
-    ``is_causal`` (BERT as a decoder), ``dropout`` to its attention dropout."""
+    ``is_causal`` (BERT as a decoder), ``dropout`` to its attention dropout.
+
+    :param module: the ``BertSelfAttention``-style module to replace (its trained weights start the new layer).
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+        (default ``"sgpa"``).
+    """
     d_model = module.query.in_features
     if module.all_head_size != d_model:
         raise ValueError(f"convert needs num_heads * head_size = hidden size, got {module.all_head_size} != {d_model}")
@@ -538,7 +622,12 @@ def from_bert_self_attention(module: nn.Module, attention: str = "sgpa", **kwarg
 
 
 def from_vit_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> ViTAttentionAdapter:
-    """``ViTAttention`` (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``) → :class:`ViTAttentionAdapter`."""
+    """``ViTAttention`` (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``) → :class:`ViTAttentionAdapter`.
+
+    :param module: the ``ViTAttention`` module to replace (its trained weights start the new layer).
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+        (default ``"sgpa"``).
+    """
     d_model = module.q_proj.in_features
     if module.q_proj.out_features != d_model:
         raise ValueError(f"convert needs num_heads * head_dim = hidden size, got {module.q_proj.out_features} != {d_model}")
@@ -562,7 +651,12 @@ def from_vit_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> 
 
 def from_gpt2_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> GPT2AttentionAdapter | None:
     """``GPT2Attention`` (fused ``c_attn`` Conv1D, ``c_proj``) → :class:`GPT2AttentionAdapter`,
-    causal unless ``causal=False`` is given; the cross-attention variant is left (``None``)."""
+    causal unless ``causal=False`` is given; the cross-attention variant is left (``None``).
+
+    :param module: the ``GPT2Attention`` module to replace (its trained weights start the new layer).
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+        (default ``"sgpa"``).
+    """
     if module.is_cross_attention:
         return None
     d_model = module.embed_dim
@@ -591,7 +685,12 @@ def from_timm_attention(module: nn.Module, attention: str = "sgpa", **kwargs) ->
     """timm's ``Attention`` (fused ``qkv`` Linear, ``num_heads``, ``head_dim``, ``q_norm`` /
     ``k_norm``, ``attn_drop``, ``norm``, ``gate``, ``proj``, ``proj_drop``) →
     :class:`TimmAttentionAdapter`.  Query/key normalisation (``qk_norm=True``) has no counterpart
-    in a kernel layer with a shared ``W_qk`` and raises."""
+    in a kernel layer with a shared ``W_qk`` and raises.
+
+    :param module: timm's ``Attention`` module to replace (its trained weights start the new layer).
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+        (default ``"sgpa"``).
+    """
     if not (isinstance(module.q_norm, nn.Identity) and isinstance(module.k_norm, nn.Identity)):
         raise ValueError(
             "convert does not support timm Attention with qk_norm: a kernel layer's queries and keys share "
@@ -645,7 +744,11 @@ def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.M
     """Keep ``output_attentions`` of converted ``transformers`` models: their models record the
     weights with forward hooks on the attention modules' classes, installed at the first request.
     Hooks already on a replaced module were moved to its replacement by ``convert``; where the model
-    has not installed them yet, the same recording hook goes on the replacement now."""
+    has not installed them yet, the same recording hook goes on the replacement now.
+
+    :param root: the converted model (every ``transformers`` ``PreTrainedModel`` under it is handled).
+    :param replaced: the replacements ``convert`` made, ``{id(old): (old, new)}``.
+    """
     if "transformers" not in sys.modules:  # then no model of it is in the tree; do not import it
         return
     try:

@@ -74,14 +74,22 @@ def posterior_mean():
 
 
 class SGPANoise(NamedTuple):
-    """Standard-normal draws behind one SGPA sample (thesis eq. (3.17)).
+    r"""Standard-normal draws behind one SGPA sample (thesis eq. (3.17), the reparameterisation
+    :math:`m + \Sigma^{1/2} \varepsilon` of the head outputs; Chen & Li (2023), SGPA).
 
     ``local``: ``(B, H, L, e)``, one per position and output dimension.  ``global_``:
     ``(B, H, e, M)`` or ``None``; only used by the decoupled mode with ``sampler="full"``
     (``diag_sample=False``), where the sample is
-    ``m + chol(K_qq - K_qg K_gg⁻¹ K_gq) ε_local + K_qg K_gg⁻¹ C_d ε_global`` and ``S_g = C Cᵀ``
-    (exact draw from ``N(m_d, Σ_d)`` of thesis eq. (3.15)), and with ``sampler="decomposed"``, where
-    it is ``m + sqrt(diag(K_qq - K_qg K_gg⁻¹ K_gq)) ⊙ ε_local + K_qg K_gg⁻¹ C_d ε_global``.
+    :math:`m + \operatorname{chol}(K_{qq} - K_{qg} K_{gg}^{-1} K_{gq}) \varepsilon_\text{local} +
+    K_{qg} K_{gg}^{-1} C_d \varepsilon_\text{global}`
+    and :math:`S_g = C C^\top` (exact draw from :math:`\mathcal{N}(m_d, \Sigma_d)` of thesis eq. (3.15)), and with
+    ``sampler="decomposed"``, where it is
+    :math:`m + \sqrt{\operatorname{diag}(K_{qq} - K_{qg} K_{gg}^{-1} K_{gq})} \odot \varepsilon_\text{local} +
+    K_{qg} K_{gg}^{-1} C_d \varepsilon_\text{global}`.
+
+    :param local: the standard-normal draws of the local (per-position) part, ``(B, H, L, e)``.
+    :param global\_: the standard-normal draws of the global part, ``(B, H, e, M)``; ``None`` (the default) where the
+        layer's sampler uses none (standard mode, or ``sampler="diagonal"``).
     """
 
     local: Tensor
@@ -93,7 +101,13 @@ class SGPAPosterior(NamedTuple):
 
     ``mean``: ``(B, H, L, e)``; ``variance``: ``(B, H, L, e)`` marginal variances; ``covariance``:
     ``(B, H, e, L, L)`` when requested, else ``None``; ``kl``: ``(B,)`` per-sequence KL summed over
-    heads and output dimensions (App. B.1.2).
+    heads and output dimensions (thesis App. B.1.2; Chen & Li (2023), SGPA).
+
+    :param mean: the posterior mean of each head's output, ``(B, H, L, e)``.
+    :param variance: the marginal posterior variances, ``(B, H, L, e)``.
+    :param covariance: the posterior covariance across positions per output dimension, ``(B, H, e, L, L)``, or ``None``
+        when not requested (``full_covariance=False``).
+    :param kl: the per-sequence KL divergence, ``(B,)``, summed over heads and output dimensions.
     """
 
     mean: Tensor
@@ -404,20 +418,28 @@ class SGPAttention(_MultiHeadAttention):
 
     # ------------------------------------------------------------------ pieces
     def global_cov_factor(self, dtype: torch.dtype | None = None) -> Tensor:
-        """``C`` (``S_g = C Cᵀ``, whitened ``S_g = L C Cᵀ Lᵀ``): strictly lower part plus ``exp``
-        diagonal, ``(H, e or 1, M, M)``."""
+        r""":math:`C` (:math:`S_g = C C^\top`, whitened :math:`S_g = L C C^\top L^\top`): strictly lower part plus
+        :math:`\exp` diagonal, ``(H, e or 1, M, M)``.
+
+        :param dtype: the dtype of the result; ``None`` (the default) keeps the parameters' dtype.
+        """
         lower, log_diag = self.global_chol_lower, self.global_chol_log_diag
         if dtype is not None:
             lower, log_diag = lower.to(dtype), log_diag.to(dtype)
         return lower.tril(-1) + torch.diag_embed(log_diag.exp())
 
     def global_keys(self, global_inputs: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
-        """``k_g = G_φ(Z_g) W_qk`` per head (thesis eq. (3.16)), ``(H, M, e)``, in ``dtype`` if given.
+        r""":math:`k_g = G_\phi(Z_g) W_{qk}` per head (thesis eq. (3.16)), ``(H, M, e)``, in ``dtype`` if given.
 
         A ``qk_proj`` other than a plain bias-free ``nn.Linear`` (a ``peft`` LoRA layer around it) is
         called on the inputs, as for the queries (head ``h``'s keys: head ``h``'s block of the projection
         of its own inputs), so the keys are those of the adapted weight and merging the adapter keeps
-        them; a plain ``W_qk`` gives each head's block only (``H`` times fewer products)."""
+        them; a plain :math:`W_{qk}` gives each head's block only (:math:`H` times fewer products).
+
+        :param global_inputs: the global inducing inputs after the block's feature map, :math:`G_\phi(Z_g)`,
+            ``(H, M, d_model)``; ``None`` (the default) uses the layer's ``global_inducing_inputs``.
+        :param dtype: the dtype of the keys; ``None`` (the default) keeps the projection's dtype.
+        """
         inputs = self._global_inputs(global_inputs)
         projection = self.qk_proj
         heads, num_global = self.num_heads, inputs.shape[1]
@@ -477,7 +499,7 @@ class SGPAttention(_MultiHeadAttention):
         return factors
 
     def global_kl(self, global_inputs: Tensor | None = None) -> Tensor:
-        """KL of the global inducing variables (App. B.1.2), summed over heads and output
+        r"""KL of the global inducing variables (App. B.1.2), summed over heads and output
         dimensions: the part of every sequence's KL that all sequences share (``0`` for standard).
 
         With gradients enabled it reuses the global factors (and their autograd graph) of the
@@ -486,6 +508,9 @@ class SGPAttention(_MultiHeadAttention):
         :class:`~gpytorch_sgpa.elbo.SGPAELBO` asks for it right after the forward pass: the
         ``K_gg`` Cholesky and the global KL, forward and backward, are then computed once per step.
         The value is the same as recomputing it (tested).
+
+        :param global_inputs: the global inducing inputs after the block's feature map, :math:`G_\phi(Z_g)`,
+            ``(H, M, d_model)``; ``None`` (the default) uses the layer's ``global_inducing_inputs``.
         """
         dtype = _gp_dtype(self.qk_proj.weight.dtype)
         if self.mode != "decoupled":
@@ -566,7 +591,15 @@ class SGPAttention(_MultiHeadAttention):
         global_inputs: Tensor | None = None,
         full_covariance: bool = False,
     ) -> SGPAPosterior:
-        """Posterior of each head's output at the queries (thesis eqs. (3.4), (3.15), (B.14))."""
+        r"""Posterior of each head's output at the queries (thesis eqs. (3.4), (3.15), (B.14): the standard, orthogonally
+        decoupled and decoupled SVGP posteriors of the class description; Chen & Li (2023), SGPA).
+
+        :param x: the layer input, ``(B, L, d_model)``.
+        :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions; ``None`` (the default): no padding.
+        :param global_inputs: the global inducing inputs after the block's feature map, :math:`G_\phi(Z_g)`,
+            ``(H, M, d_model)`` (decoupled mode only); ``None`` (the default) uses ``global_inducing_inputs``.
+        :param full_covariance: whether to return the covariance across positions as well (else ``covariance`` is ``None``).
+        """
         self._check_input(x, key_padding_mask)
         with _no_autocast(x):
             params = exp_kernel_parameters(self.kernel, _gp_dtype(x.dtype))
@@ -576,7 +609,14 @@ class SGPAttention(_MultiHeadAttention):
 
     def sample_noise(self, batch_size: int, length: int, dtype=None, device=None, generator: torch.Generator | None = None) -> SGPANoise:
         """Draw the standard-normal noise one forward pass of ``batch_size × length`` uses (from
-        ``generator`` if given, on its device); zeros inside :func:`posterior_mean`."""
+        ``generator`` if given, on its device); zeros inside :func:`posterior_mean`.
+
+        :param batch_size: the number of sequences :math:`B`.
+        :param length: the sequence length :math:`L`.
+        :param dtype: the dtype of the draws; ``None`` (the default): the dtype of ``qk_proj``'s weight.
+        :param device: the device the draws are returned on; ``None`` (the default): that of ``qk_proj``'s weight.
+        :param generator: the random number generator to draw from; ``None`` (the default): the global one.
+        """
         check_int(batch_size, "batch_size")
         check_int(length, "length")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -620,10 +660,18 @@ class SGPAttention(_MultiHeadAttention):
         global_inputs: Tensor | None = None,
         noise: SGPANoise | None = None,
     ):
-        """One reparameterised sample of the layer output and the batch-mean KL (thesis eq. (3.17)).
+        r"""One reparameterised sample of the layer output and the batch-mean KL (thesis eq. (3.17): the head outputs
+        :math:`m + \Sigma^{1/2} \varepsilon` with :math:`\varepsilon \sim \mathcal{N}(0, I)`; Chen & Li (2023), SGPA).
 
         The KL (and its global part) is also kept in ``last_kl`` until the next call, for
         :func:`gpytorch_sgpa.kl_divergence` to collect without a change to the caller's ``forward``.
+
+        :param x: the layer input, ``(B, L, d_model)``.
+        :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions; ``None`` (the default): no padding.
+        :param global_inputs: the global inducing inputs after the block's feature map, :math:`G_\phi(Z_g)`,
+            ``(H, M, d_model)`` (decoupled mode only); ``None`` (the default) uses ``global_inducing_inputs``.
+        :param noise: the standard-normal draws of the sample (shapes as from :meth:`sample_noise`); ``None`` (the
+            default) draws fresh ones (zeros inside :func:`posterior_mean`).
         """
         self._check_input(x, key_padding_mask)
         batch, length, _ = x.shape
@@ -652,12 +700,20 @@ class SGPAttention(_MultiHeadAttention):
         global_inputs: Tensor | None = None,
         noise: SGPANoise | None = None,
     ):
-        """Process one new token ``x_t`` ``(B, 1, d_model)`` of a causal layer using the cache ``state``.
+        r"""Process one new token ``x_t`` ``(B, 1, d_model)`` of a causal layer using the cache ``state``.
 
         Returns ``(output_t, state)``; ``output_t`` is ``(B, 1, d_model)``.  With the noise of
         position ``t`` (``noise.local[:, :, t:t+1]``; ``noise.global_`` is read at the first step),
         the outputs equal those of :meth:`forward` on the whole prefix.  The global factors are
         computed at the first step and kept in the state.  Padding is not supported here.
+
+        :param x_t: the new token's layer input, ``(B, 1, d_model)``.
+        :param state: the cache of the earlier steps, as returned by the previous call; ``None`` (the default) starts a
+            new sequence.
+        :param global_inputs: the global inducing inputs after the block's feature map, :math:`G_\phi(Z_g)`,
+            ``(H, M, d_model)``, read at the first step only; ``None`` (the default) uses ``global_inducing_inputs``.
+        :param noise: the standard-normal draws of this position (``local`` ``(B, H, 1, e)``); ``None`` (the default)
+            draws fresh ones.
         """
         self._check_step(x_t, state)
         batch = x_t.shape[0]

@@ -60,7 +60,14 @@ def _pretrained_roots(module: nn.Module, pretrained: type) -> list[nn.Module]:
 
 def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, replaced: dict) -> None:
     """Append a conversion of ``root`` (``replaced``: ``id(old) -> (old, new)``) to the ``config.sgpa``
-    of the ``transformers`` models in or around it (the format: :mod:`gpytorch_sgpa.pretrained`)."""
+    of the ``transformers`` models in or around it (the format: :mod:`gpytorch_sgpa.pretrained`).
+
+    :param root: the module :func:`~gpytorch_sgpa.convert` converted.
+    :param attention: the layer type it converted to (one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`).
+    :param attention_kwargs: the layer keyword arguments of the conversion (JSON-serialisable values are saved, the
+        others' names listed as ``unsaved_kwargs``).
+    :param replaced: the replacements made, ``{id(old): (old, new)}``.
+    """
     if "transformers" not in sys.modules:  # then no model of it is in the tree; do not import it
         return
     from transformers import PretrainedConfig, PreTrainedModel

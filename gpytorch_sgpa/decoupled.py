@@ -37,7 +37,19 @@ from .samplers import PosteriorTerms
 
 
 class GlobalFactors(NamedTuple):
-    """Per-head quantities of the global inducing variables, shared by every sequence."""
+    r"""Per-head quantities of the global inducing variables, shared by every sequence.
+
+    :param keys: the global keys :math:`k_g`, ``(H, M, e)``.
+    :param chol: :math:`L` with :math:`L L^\top = K_{gg} + \text{jitter}\, I`, ``(H, M, M)`` lower triangular.
+    :param chol_inverse: :math:`L^{-1}`, ``(H, M, M)`` lower triangular.
+    :param whitened_cov_factor: :math:`W_d` (:math:`L^{-1} C_d` unwhitened, :math:`C_d` whitened), ``(H, e or 1, M, M)``.
+    :param whitened_values: :math:`L^\top v_g`, ``(H, M, e)``; ``None`` for the dsvgp variant (no :math:`v_g`).
+    :param kl: the global part of the KL per head, ``(H,)``, summed over output dimensions.
+    :param key_features: the global keys' augmented inputs :math:`\tilde b` of :func:`~gpytorch_sgpa.kernels.exp_features`,
+        ``(H, M, e + 2)`` (RBF) or ``(H, M, e + 1)`` (exponential); ``None`` (the default) for other kernels.
+    :param centre: the centre of the RBF frame (mean of :math:`k_g / \ell`), ``(H, 1, e)``, that the queries are scaled
+        in too; ``None`` (the default) for other kernels.
+    """
 
     keys: Tensor  # k_g, (H, M, e)
     chol: Tensor  # L with L Lᵀ = K_gg + jitter I, (H, M, M)
@@ -54,9 +66,19 @@ class GlobalFactors(NamedTuple):
 def global_factors(
     layer, global_inputs: Tensor | None, dtype: torch.dtype, params: ExpKernelParameters | None = None, keys: Tensor | None = None
 ) -> GlobalFactors:
-    """``k_g``, ``L``, ``W_d``, ``Lᵀ v_g`` and the global KL, computed in ``dtype``; ``params``: the
+    r""":math:`k_g`, :math:`L`, :math:`W_d`, :math:`L^\top v_g` and the global KL, computed in ``dtype``; ``params``: the
     kernel's hyperparameters already read by the caller (read here when omitted); ``keys``: the
-    layer's ``global_keys(global_inputs, dtype)`` already computed by the caller (computed here when omitted)."""
+    layer's ``global_keys(global_inputs, dtype)`` already computed by the caller (computed here when omitted).
+
+    :param layer: the decoupled :class:`~gpytorch_sgpa.attention.SGPAttention` layer whose parameters are read.
+    :param global_inputs: the global inducing inputs after the block's feature map, :math:`G_\phi(Z_g)`,
+        ``(H, M, d_model)``; ``None``: the layer's ``global_inducing_inputs``.
+    :param dtype: the dtype the factors are computed in.
+    :param params: the kernel's hyperparameters (:func:`~gpytorch_sgpa.kernels.exp_kernel_parameters`); ``None`` (the
+        default): read here (and ``None`` again for kernels other than RBF / exponential).
+    :param keys: the global keys ``layer.global_keys(global_inputs, dtype)``, ``(H, M, e)``; ``None`` (the default):
+        computed here.
+    """
     keys = keys if keys is not None else layer.global_keys(global_inputs, dtype)
     params = params if params is not None else exp_kernel_parameters(layer.kernel, dtype)
     key_features = centre = None
@@ -110,16 +132,27 @@ class _RowSquares(torch.autograd.Function):
 
 
 def mean_gate(layer, dtype: torch.dtype) -> Tensor | None:
-    """The layer's per-head mean gate ``γ`` as ``(H, 1, 1)`` in ``dtype``, or ``None`` (``γ = 1``)."""
+    r"""The layer's per-head mean gate :math:`\gamma` as ``(H, 1, 1)`` in ``dtype``, or ``None`` (:math:`\gamma = 1`).
+
+    :param layer: the SGPA layer (its ``global_mean_gate`` parameter, ``(H,)``, or none).
+    :param dtype: the dtype of the result.
+    """
     gate = getattr(layer, "global_mean_gate", None)
     return None if gate is None else gate.to(dtype).reshape(-1, 1, 1)
 
 
 def decoupled_kernel_blocks(kernel, params: ExpKernelParameters | None, queries: Tensor, factors: GlobalFactors):
-    """``K_qq = K_qa = K_aa`` ``(B, H, L, L)`` and ``K_qg`` ``(B, H, L, M)``: RBF and exponential
-    kernels build the queries' augmented inputs once, in the frame of the global keys, whose ``b̃``
+    r""":math:`K_{qq} = K_{qa} = K_{aa}` ``(B, H, L, L)`` and :math:`K_{qg}` ``(B, H, L, M)``: RBF and exponential
+    kernels build the queries' augmented inputs once, in the frame of the global keys, whose :math:`\tilde b`
     the global factors already hold (one product and one ``exp`` per block); other kernels
-    evaluate both blocks with their own ``forward``."""
+    evaluate both blocks with their own ``forward``.
+
+    :param kernel: the layer's GPyTorch kernel (``batch_shape (H,)``).
+    :param params: the RBF / exponential hyperparameters of :func:`~gpytorch_sgpa.kernels.exp_kernel_parameters`, or
+        ``None`` for other kernels (then ``kernel``'s own ``forward`` is used).
+    :param queries: the queries (= amortised keys) :math:`q`, ``(B, H, L, e)``.
+    :param factors: the layer's :class:`GlobalFactors` (their keys and, for RBF / exponential, their features).
+    """
     if params is None or factors.key_features is None:
         return _blocks(kernel, queries, (factors.keys,), include_self=True)
     features = exp_features(params, scaled_inputs(params, queries, factors.centre))
@@ -142,11 +175,29 @@ def decoupled_terms(
     global_noise: Tensor | None,
     params: ExpKernelParameters | None = None,
 ) -> PosteriorTerms:
-    """Mean, KL and what ``sampler`` (``None``: :meth:`~gpytorch_sgpa.attention.SGPAttention.posterior`) needs, from ``K_qq`` (``gram``)
-    and ``K_qg`` (``cross``).
+    r"""Mean, KL and what ``sampler`` (``None``: :meth:`~gpytorch_sgpa.attention.SGPAttention.posterior`) needs, from :math:`K_{qq}`
+    (``gram``) and :math:`K_{qg}` (``cross``).
 
-    With ``global_noise`` ``ε`` (``(B, H, e, M)``) the mean already holds the correlated global part
-    of the sample, ``Aᵀ W_d ε_d``: it shares the one product with ``Aᵀ`` the orthogonal mean needs.
+    With ``global_noise`` :math:`\varepsilon` (``(B, H, e, M)``) the mean already holds the correlated global part
+    of the sample, :math:`A^\top W_d \varepsilon_d`: it shares the one product with :math:`A^\top` the orthogonal mean needs.
+
+    :param layer: the decoupled :class:`~gpytorch_sgpa.attention.SGPAttention` layer.
+    :param queries: the queries (= amortised keys) :math:`q`, ``(B, H, L, e)``.
+    :param values: the amortised values :math:`v_a`, ``(B, H, L, e)``, zero at padded positions.
+    :param gram: :math:`K_{qq} = K_{qa} = K_{aa}`, ``(B, H, L, L)``.
+    :param cross: :math:`K_{qg}`, ``(B, H, L, M)``.
+    :param gram_values: :math:`K_{qa} v_a`, ``(B, H, L, e)``.
+    :param amortised_mean: :math:`K_{qa} v_a` with the causal mask applied (``gram_values`` itself for a non-causal layer),
+        ``(B, H, L, e)``.
+    :param causal: bool ``(L, L)``, ``True`` where query :math:`i` may use key :math:`j \le i`; ``None`` for a
+        non-causal layer.
+    :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions, or ``None``.
+    :param factors: the layer's :class:`GlobalFactors` in the dtype of ``queries``.
+    :param full_covariance: whether to return the covariance across positions, ``(B, H, e, L, L)``.
+    :param sampler: ``"full"``, ``"decomposed"`` or ``"diagonal"`` (:mod:`~gpytorch_sgpa.samplers`), or ``None`` for
+        :meth:`~gpytorch_sgpa.attention.SGPAttention.posterior` (mean, variance and optionally covariance).
+    :param global_noise: the standard-normal draws :math:`\varepsilon` of the global part, ``(B, H, e, M)``, or ``None``.
+    :param params: the RBF / exponential hyperparameters, or ``None`` (the default) for other kernels.
     """
     # Aᵀ = K_qg L⁻ᵀ, (B, H, L, M): in this layout the product, the row sums of squares and their
     # backward passes are cheaper than with A itself (benchmarks/sgpa_cost.py --profile)
@@ -210,9 +261,17 @@ def decoupled_terms(
 
 
 def decoupled_step_sample(layer, query, value, gram_row, mean, state) -> Tensor:
-    """Sample at the new position ``t`` from the cached prefix (``state``), equal to the last row
-    of the batched sample: the orthogonal correction uses ``Σ_j a_j v_jᵀ`` over the prefix, the
-    full sampler grows the Cholesky factor of ``K_qq - AᵀA + jitter I`` by one row."""
+    r"""Sample at the new position :math:`t` from the cached prefix (``state``), equal to the last row
+    of the batched sample: the orthogonal correction uses :math:`\sum_j a_j v_j^\top` over the prefix, the
+    full sampler grows the Cholesky factor of :math:`K_{qq} - A^\top A + \text{jitter}\, I` by one row.
+
+    :param layer: the causal decoupled :class:`~gpytorch_sgpa.attention.SGPAttention` layer.
+    :param query: the new position's query (= amortised key) :math:`q_t`, ``(B, H, 1, e)``.
+    :param value: the new position's value :math:`v_t`, ``(B, H, 1, e)``.
+    :param gram_row: :math:`k(q_t, q_{\le t})`, ``(B, H, 1, t + 1)`` (its last entry :math:`k(q_t, q_t)`).
+    :param mean: the amortised mean :math:`k(q_t, q_{\le t}) v_{\le t}`, ``(B, H, 1, e)``.
+    :param state: the layer's :class:`~gpytorch_sgpa.multihead.SGPAStepState` (updated in place).
+    """
     factors = state.global_factors
     cross = dense_kernel(layer.kernel, query, factors.keys)  # (B, H, 1, M)
     whitened = torch.linalg.solve_triangular(factors.chol, cross.transpose(-2, -1), upper=False)  # (B,H,M,1)

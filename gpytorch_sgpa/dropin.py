@@ -73,7 +73,7 @@ class MultiheadSGPAttention(nn.Module):
     average_attn_weights=True, is_causal=False)`` returns ``(output, None)``:
 
     * self-attention only: ``key`` and ``value`` must equal ``query`` (SGPA's keys are its
-      queries, eq. ``fhl``); cross-attention raises;
+      queries, :math:`q = k_a = s W_{qk}`, thesis eq. (3.16); Chen & Li (2023), SGPA); cross-attention raises;
     * ``query``: ``(L, N, E)``, or ``(N, L, E)`` with ``batch_first=True``, or unbatched ``(L, E)``;
     * ``key_padding_mask``: ``(N, L)`` (``(L,)`` unbatched), bool (``True`` = ignore) or float
       ``0`` / ``-inf`` (what ``nn.TransformerEncoder`` passes);
@@ -87,6 +87,14 @@ class MultiheadSGPAttention(nn.Module):
     ``in_proj_weight`` / ``in_proj_bias`` are ``None`` and ``_qkv_same_embed_dim`` is ``True``:
     ``nn.TransformerEncoderLayer`` reads them to decide on its fused inference kernel, which would
     bypass this module; ``in_proj_bias is None`` switches that kernel off.
+
+    :param embed_dim: the model width :math:`E` (``d_model``), a multiple of ``num_heads``.
+    :param num_heads: the number of attention heads.
+    :param dropout: the layer's dropout probability, in ``[0, 1)`` (passed to the package layer).
+    :param batch_first: whether inputs are ``(N, L, E)`` rather than ``(L, N, E)`` (default ``False``, as
+        :class:`torch.nn.MultiheadAttention`).
+    :param attention: the package layer's type, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES` (default
+        ``"sgpa"``).
     """
 
     def __init__(
@@ -146,6 +154,19 @@ class MultiheadSGPAttention(nn.Module):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ):
+        """``(output, None)``: the layer output, shaped as ``query``, and no attention weights (see the class).
+
+        :param query: the input, ``(L, N, E)``, ``(N, L, E)`` with ``batch_first=True``, or unbatched ``(L, E)``.
+        :param key: must equal ``query`` (self-attention only).
+        :param value: must equal ``query`` (self-attention only).
+        :param key_padding_mask: ``(N, L)`` (``(L,)`` unbatched), bool (``True`` = ignore) or float ``0`` / ``-inf``;
+            ``None`` (the default): no padding.
+        :param need_weights: ignored: no attention weights are returned (accepted for the interface).
+        :param attn_mask: ``None`` (the default) or, for a layer built with ``causal=True``, the causal mask ``(L, L)``
+            (``True`` / ``-inf`` above the diagonal); anything else raises.
+        :param average_attn_weights: ignored (accepted for the interface).
+        :param is_causal: whether the caller asks for causal attention; must match the layer's ``causal``.
+        """
         if not isinstance(query, Tensor) or query.dim() not in (2, 3):
             raise ValueError(
                 f"query must be a tensor (L, E) or {'(N, L, E)' if self.batch_first else '(L, N, E)'}, "
@@ -200,24 +221,32 @@ def _recorded(module: nn.Module, part: str) -> Tensor:
 
 
 def kl_divergence(module: nn.Module) -> Tensor:
-    """Sum of the KL terms (App. B.1.2; batch-mean per sequence) of every SGPA layer in ``module``'s
-    tree, from each layer's most recent forward call (a scalar carrying gradients).
+    """Sum of the KL terms (thesis App. B.1.2, the KL of the SGPA posterior of Chen & Li (2023); batch-mean per
+    sequence) of every SGPA layer in ``module``'s tree, from each layer's most recent forward call (a scalar carrying
+    gradients).
 
     Use it right after the forward pass whose ELBO it enters:
     ``elbo(logits, gpytorch_sgpa.kl_divergence(model), y)``.  A layer called several times in one
     pass contributes its last call only. Collected with gradients enabled after a forward pass that
     ran without them (an evaluation pass in between), it raises instead of returning a KL that
     would not train.
+
+    :param module: the model (or layer) whose SGPA layers' KL terms are summed; it must hold at least one.
     """
     return _recorded(module, "total")
 
 
 @torch.no_grad()
 def predict_proba(model: nn.Module, *inputs, num_samples: int = 10, **kwargs) -> Tensor:
-    """Class probabilities of any model with SGPA layers, averaged over ``num_samples`` posterior
-    samples: ``mean_s softmax(logits_s)`` with ``logits_s`` from the model's own ``forward(*inputs,
+    r"""Class probabilities of any model with SGPA layers, averaged over ``num_samples`` posterior
+    samples: :math:`\frac{1}{S} \sum_s \operatorname{softmax}(\text{logits}_s)` with :math:`\text{logits}_s` from the
+    model's own ``forward(*inputs,
     **kwargs)`` (a tensor, the first element of a tuple, or an output with ``.logits`` as Hugging
-    Face's). Runs in eval mode (restored afterwards); inside :func:`posterior_mean` one pass suffices."""
+    Face's). Runs in eval mode (restored afterwards); inside :func:`posterior_mean` one pass suffices.
+
+    :param model: the model with SGPA layers; its ``forward`` returns logits ``(..., num_classes)``.
+    :param num_samples: the number of posterior samples (forward passes) averaged, a positive int (default 10).
+    """
     _sgpa_layers(model)
     check_int(num_samples, "num_samples")
     training = model.training
@@ -248,7 +277,10 @@ def _logits(output) -> Tensor:
 
 def global_kl_divergence(module: nn.Module) -> Tensor:
     """The part of :func:`kl_divergence` from the global inducing variables (shared by all
-    sequences, so ``SGPAELBO(kl_weighting="decomposed")`` divides it by ``num_data``)."""
+    sequences, so ``SGPAELBO(kl_weighting="decomposed")`` divides it by ``num_data``).
+
+    :param module: the model (or layer) whose SGPA layers' global KL parts are summed; it must hold at least one.
+    """
     return _recorded(module, "global_")
 
 
@@ -336,24 +368,28 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     A replacement starts in the training or evaluation mode of the module it replaces, and forward
     hooks and pre-hooks of that module move to it (it has the same call convention).
 
-    Initialisation from kernel attention (the thesis's path, App. B.4): ``W_qk``, ``W_v`` (and its
+    Initialisation from kernel attention (the thesis's path, App. B.4): :math:`W_{qk}`, :math:`W_v` (and its
     bias), the output projection and the kernel hyperparameters are copied, and the converted model
     computes the kernel network's function: inside :func:`posterior_mean` its outputs are the
     kernel network's, for every variant.  Standard SGPA and DSVGP: their posterior mean is
-    ``K_qk v_a`` (eqs. ``fpost``, B.14).  Orthogonal SGPA (the default): its mean
-    ``K_qa v_a + K_qg (v_g - K_gg⁻¹ K_ga v_a)`` (eq. ``odsvgp``) carries a correction that no
-    parameter ``v_g`` cancels for every input (``K_gg⁻¹ K_ga v_a`` varies with the sequence), so the
-    layer gets a learnable per-head mean gate ``γ``, ``m = K_qa v_a + γ K_qg (v_g - K_gg⁻¹ K_ga v_a)``,
-    started at ``γ = 0`` (``mean_gate=0.0``; ``mean_gate=None`` gives the thesis's ungated mean).  For
-    every ``γ`` this is eq. ``odsvgp`` with the global mean parameter ``γ v_g + (1 - γ) K_gg⁻¹ K_ga v_a``,
-    whose KL the layer computes (:class:`~gpytorch_sgpa.attention.SGPAttention`), and at ``γ = 0``
-    ``∂m/∂γ ≠ 0``: the first ELBO step moves ``γ``, then ``v_g`` and ``Z_g`` get the likelihood's
-    gradients.  The global covariance of decoupled SGPA starts at ``C = c I`` (whitened, the default:
-    ``S_g = c² K_gg``) with ``c = global_cov_init``, default 0.1, so the samples start near the mean;
+    :math:`K_{qk} v_a` (thesis eqs. (3.4), (B.14)).  Orthogonal SGPA (the default): its mean
+    :math:`K_{qa} v_a + K_{qg} (v_g - K_{gg}^{-1} K_{ga} v_a)` (thesis eq. (3.15), the orthogonally decoupled
+    posterior) carries a correction that no
+    parameter :math:`v_g` cancels for every input (:math:`K_{gg}^{-1} K_{ga} v_a` varies with the sequence), so the
+    layer gets a learnable per-head mean gate :math:`\gamma`,
+    :math:`m = K_{qa} v_a + \gamma K_{qg} (v_g - K_{gg}^{-1} K_{ga} v_a)`,
+    started at :math:`\gamma = 0` (``mean_gate=0.0``; ``mean_gate=None`` gives the thesis's ungated mean).  For
+    every :math:`\gamma` this is the mean of thesis eq. (3.15) with the global mean parameter
+    :math:`\gamma v_g + (1 - \gamma) K_{gg}^{-1} K_{ga} v_a`,
+    whose KL the layer computes (:class:`~gpytorch_sgpa.attention.SGPAttention`), and at :math:`\gamma = 0`
+    :math:`\partial m / \partial \gamma \ne 0`: the first ELBO step moves :math:`\gamma`, then :math:`v_g` and
+    :math:`Z_g` get the likelihood's gradients.  The global covariance of decoupled SGPA starts at :math:`C = c I`
+    (whitened, the default: :math:`S_g = c^2 K_{gg}`) with :math:`c` = ``global_cov_init``, default 0.1, so the
+    samples start near the mean;
     ``global_cov_init=None`` keeps the random start of ``variational_init_std``.  SGPA's other
     variational parameters start as in :class:`SGPAttention`.
 
-    From softmax attention (separate ``W_q``, ``W_k``): ``W_qk = (W_q + W_k) / 2``, ``W_v`` with its
+    From softmax attention (separate :math:`W_q`, :math:`W_k`): :math:`W_{qk} = (W_q + W_k) / 2`, :math:`W_v` with its
     bias and the output path are copied; the shared query/key bias is dropped (a stationary kernel
     does not see a common shift of queries and keys).  The function computed changes (softmax →
     kernel), so fine-tune afterwards.  Converted to SGPA in one step, a layer starts as from kernel
@@ -364,7 +400,7 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     ``calibration_inputs`` (what the model is called with: a tensor, a tuple of positional arguments
     or a dict of keyword arguments; a batch of training inputs) each layer's length and output scales
     are set, per head, so that the spread of the kernel's log-weights over the keys equals that of the
-    trained logits ``q·k/√d`` and a query's weights sum to 1 in geometric mean, as softmax weights do
+    trained logits :math:`q \cdot k / \sqrt{d}` and a query's weights sum to 1 in geometric mean, as softmax weights do
     (:mod:`gpytorch_sgpa.kernel_scale`).
     To decoupled SGPA, ``calibration_inputs`` also places each head's global inducing inputs on
     tokens of the layer's inputs (the mean is unchanged: the gate is 0).
@@ -377,6 +413,13 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
 
     ``nn.TransformerEncoder``\ s in the tree get ``use_nested_tensor = False``: their nested-tensor
     inference path would bypass the new attention modules.
+
+    :param module: the model (or a single attention module) to convert in place.
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES` (default
+        ``"sgpa"``: decoupled orthogonal SGPA).
+    :param calibration_inputs: what ``module`` is called with on a batch of training inputs (a tensor, a tuple of
+        positional arguments or a dict of keyword arguments), to calibrate the kernels' scales and place the global
+        inducing inputs; ``None`` (the default): no calibration.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")

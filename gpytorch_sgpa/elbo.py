@@ -181,8 +181,13 @@ class SGPAELBO(gpytorch.Module):
         self.set_auto_beta(self.beta_totals(targets, weighted_kl), outputs.shape[-1])
 
     def beta_totals(self, targets: Tensor, weighted_kl: Tensor) -> Tensor:
-        """``(Σ_b KL_weighted, Σ_b P_b)`` over a batch's sequences (float64): what ``beta="auto"`` sums
-        over the batches (and ranks) it chooses ``β`` from (:meth:`set_auto_beta`)."""
+        r""":math:`(\sum_b \mathrm{KL}_\mathrm{weighted}, \sum_b P_b)` over a batch's sequences (float64): what
+        ``beta="auto"`` sums over the batches (and ranks) it chooses :math:`\beta` from (:meth:`set_auto_beta`).
+
+        :param targets: the batch's targets: class indices ``(B,)`` (:math:`P_b = 1`) or token sequences ``(B, L)``
+            (:math:`P_b`: the positions not equal to :data:`IGNORE_INDEX`).
+        :param weighted_kl: the batch's :math:`\mathrm{KL}_\mathrm{weighted}` (:meth:`weighted_kl`), a scalar tensor.
+        """
         rows = targets.shape[0]
         positions = (targets != IGNORE_INDEX).sum() if targets.dim() == 2 else rows
         return torch.stack(
@@ -193,8 +198,12 @@ class SGPAELBO(gpytorch.Module):
         )
 
     def set_auto_beta(self, totals: Tensor, num_classes: int) -> float:
-        """Fix ``β = min(1, 0.1 P log C / KL_weighted)`` of ``beta="auto"`` from ``totals`` (summed
-        :meth:`beta_totals`; under ``torch.distributed`` summed over the ranks here) and return it."""
+        r"""Fix :math:`\beta = \min(1, 0.1\, P \log C / \mathrm{KL}_\mathrm{weighted})` of ``beta="auto"`` from ``totals``
+        (summed :meth:`beta_totals`; under ``torch.distributed`` summed over the ranks here) and return it.
+
+        :param totals: the sums of :meth:`beta_totals` over the batches used, ``(2,)`` float64.
+        :param num_classes: the number of classes :math:`C` (the logits' last dimension).
+        """
         if not self.auto_beta:
             raise ValueError("set_auto_beta needs an SGPAELBO built with beta='auto'")
         totals = totals.clone()
@@ -217,7 +226,13 @@ class SGPAELBO(gpytorch.Module):
         return self.beta * (self.num_updates.to(dtype) / self.anneal_steps).clamp(max=1.0)
 
     def expected_log_likelihood(self, outputs: Tensor, targets: Tensor) -> Tensor:
-        """Monte-Carlo ``E_q[log p(y_b | F_b)]`` per data point, ``(B,)`` (mean over sample dims)."""
+        r"""Monte-Carlo :math:`\mathbb{E}_q[\log p(y_b \mid F_b)]` per data point, ``(B,)`` (mean over sample dims).
+
+        :param outputs: the model outputs: logits ``(..., B, C)`` or ``(..., B, L, C)`` for the categorical likelihood,
+            else ``(..., B, D)``; leading dimensions are samples.
+        :param targets: class indices ``(B,)``, token sequences ``(B, L)`` (:data:`IGNORE_INDEX` at unscored
+            positions), or regression targets ``(B, D)`` / ``(B,)``.
+        """
         check_tensor(outputs, "outputs", floating=True)
         check_tensor(targets, "targets")
         if targets.dim() == 0 or targets.shape[0] == 0 or targets.numel() == 0:
@@ -260,7 +275,10 @@ class SGPAELBO(gpytorch.Module):
         return ell.reshape(-1, ell.shape[-1]).mean(0)
 
     def weighted_kl(self, kl: Tensor) -> Tensor:
-        """``KL_weighted`` of the chosen ``kl_weighting`` for the model's ``kl_total`` ``kl``."""
+        r""":math:`\mathrm{KL}_\mathrm{weighted}` of the chosen ``kl_weighting`` for the model's ``kl_total`` ``kl``.
+
+        :param kl: the model's ``kl_total`` of the forward pass, a scalar tensor (batch-mean per-sequence KL).
+        """
         if self.kl_weighting == "all-over-n":
             return kl / self.num_data
         if self.kl_weighting == "authors":
@@ -272,7 +290,13 @@ class SGPAELBO(gpytorch.Module):
         return kl - global_kl + global_kl / self.num_data
 
     def forward(self, outputs: Tensor, kl: Tensor, targets: Tensor) -> Tensor:
-        """ELBO per data point: ``mean_b ELL_b - w_t · KL_weighted``."""
+        r"""ELBO per data point: :math:`\frac{1}{B} \sum_b \mathrm{ELL}_b - w_t \, \mathrm{KL}_\mathrm{weighted}`
+        (thesis eq. (3.18), the module's formula).
+
+        :param outputs: the model outputs of the forward pass (see :meth:`expected_log_likelihood`).
+        :param kl: the model's ``kl_total`` of the same pass, a scalar tensor.
+        :param targets: the targets (see :meth:`expected_log_likelihood`).
+        """
         if not isinstance(kl, Tensor) or kl.dim() != 0:
             raise ValueError("kl must be a scalar tensor (the model's kl_total)")
         check_tensor(kl, "kl", floating=True)

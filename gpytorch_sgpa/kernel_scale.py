@@ -40,7 +40,10 @@ _PLACE = "_global_inputs_from_data"
 
 
 def mark_for_placement(layer: nn.Module) -> None:
-    """Let ``calibration_inputs`` place the global inducing inputs of a decoupled SGPA ``layer``."""
+    """Let ``calibration_inputs`` place the global inducing inputs of a decoupled SGPA ``layer``.
+
+    :param layer: the new kernel or SGPA layer (only a decoupled SGPA layer is marked).
+    """
     if getattr(layer, "mode", None) == "decoupled":
         layer.__dict__[_PLACE] = True
 
@@ -139,7 +142,12 @@ def calibrate_kernel_scales(model: nn.Module, inputs) -> int:
     from softmax attention, and the global inducing inputs of decoupled SGPA it has just built from
     kernel attention (see the module's docstring); ``inputs``: what ``model`` is called with
     (a tensor, a tuple of positional arguments, or a dict of keyword arguments).  Returns the number
-    of layers calibrated."""
+    of layers calibrated.
+
+    :param model: the converted model.
+    :param inputs: what ``model`` is called with: a tensor, a tuple of positional arguments, or a dict of keyword
+        arguments.
+    """
     from .attention import posterior_mean
 
     layers = [m for m in model.modules() if getattr(m, _STASH, None) is not None or _PLACE in m.__dict__]
@@ -182,7 +190,10 @@ def calibrate_kernel_scales(model: nn.Module, inputs) -> int:
 
 
 def forget_softmax_projections(model: nn.Module) -> None:
-    """Drop what ``convert`` kept of the softmax projections for the calibration."""
+    """Drop what ``convert`` kept of the softmax projections for the calibration.
+
+    :param model: the converted model (every module under it is cleared).
+    """
     for module in model.modules():
         for name in (_STASH, _PLACE):
             module.__dict__.pop(name, None)

@@ -54,18 +54,24 @@ class ExponentialKernel(Kernel):
 
 
 def make_attention_kernel(kernel: str | Kernel, head_dim: int, num_heads: int, init: str = "sdp") -> ScaleKernel:
-    """Per-head attention kernel ``ScaleKernel(base(ard_num_dims=head_dim))`` with batch shape ``(num_heads,)``.
+    r"""Per-head attention kernel ``ScaleKernel(base(ard_num_dims=head_dim))`` with batch shape ``(num_heads,)``.
 
     ``kernel`` is ``"rbf"`` (GPyTorch's ARD :class:`~gpytorch.kernels.RBFKernel`),
     ``"exponential"`` (:class:`ExponentialKernel`), ``"matern12"``/``"matern32"``/``"matern52"``
     (GPyTorch's ARD :class:`~gpytorch.kernels.MaternKernel`, ν = 1/2, 3/2, 5/2), or a GPyTorch
     :class:`~gpytorch.kernels.ScaleKernel` with ``batch_shape == (num_heads,)`` (any base kernel:
     it is evaluated by its own ``forward``; its output scale sets the Cholesky jitter), returned
-    as is.  ``init="sdp"``: lengthscales start at ``head_dim ** 0.5`` (RBF, Matérn) and
-    ``head_dim ** 0.25`` (exponential, so that ``q·k/σ² = q·k/√d`` as in scaled dot-product
-    attention, thesis eq. (3.1)), output scales at 1.  ``init="authors"``: the SGPA authors' public
-    code, ``log ℓ_j ~ N(0, 1)`` and ``σ_f² = 1`` (RBF, Matérn), ``log ℓ_j ~ N(4, 1)`` and
-    ``σ_f² = e⁻⁴`` (exponential), drawn from torch's global generator.
+    as is.  ``init="sdp"``: lengthscales start at :math:`\sqrt{e}` (``head_dim ** 0.5``; RBF, Matérn) and
+    :math:`e^{1/4}` (exponential, so that :math:`q \cdot k / \sigma^2 = q \cdot k / \sqrt{e}` as in scaled dot-product
+    attention, thesis eq. (3.1), :math:`\operatorname{softmax}(q k^\top / \sqrt{d_k})\, v`), output scales at 1.
+    ``init="authors"``: the SGPA authors' public code (Chen & Li (2023), SGPA), :math:`\log \ell_j \sim \mathcal{N}(0, 1)`
+    and :math:`\sigma_f^2 = 1` (RBF, Matérn), :math:`\log \ell_j \sim \mathcal{N}(4, 1)` and
+    :math:`\sigma_f^2 = e^{-4}` (exponential), drawn from torch's global generator.
+
+    :param kernel: the kernel's name, one of :data:`KERNEL_NAMES`, or a GPyTorch ``ScaleKernel`` (returned as is).
+    :param head_dim: the head dimension :math:`e`, the kernel's number of ARD lengthscales.
+    :param num_heads: the number of heads :math:`H`, the kernel's batch shape.
+    :param init: the hyperparameters' initialisation, ``"sdp"`` (the default) or ``"authors"`` (above).
     """
     if init not in KERNEL_INITS:
         raise ValueError(f"init (kernel_init) must be one of {KERNEL_INITS}, got {init!r}")
@@ -121,8 +127,14 @@ def _check_features(x1: Tensor, others) -> None:
 
 
 class ExpKernelParameters(NamedTuple):
-    """Hyperparameters of an RBF or exponential attention kernel, read once per forward pass
-    (every GPyTorch property read is a softplus and, in training, a node of the backward pass)."""
+    r"""Hyperparameters of an RBF or exponential attention kernel, read once per forward pass
+    (every GPyTorch property read is a softplus and, in training, a node of the backward pass).
+
+    :param form: ``"rbf"`` or ``"exponential"``.
+    :param lengthscale: the ARD lengthscales :math:`\ell`, ``(H, 1, d)``.
+    :param outputscale: the output scales :math:`\sigma_f^2`, ``(H,)``.
+    :param log_outputscale: :math:`\log \sigma_f^2`, ``(H, 1, 1)``.
+    """
 
     form: str  # "rbf" or "exponential"
     lengthscale: Tensor  # (heads, 1, d)
@@ -131,7 +143,12 @@ class ExpKernelParameters(NamedTuple):
 
 
 class ExpFeatures(NamedTuple):
-    """Augmented inputs with ``k(x, y) = exp(query(x) · key(y))`` (see :func:`kernel_blocks`)."""
+    r"""Augmented inputs with :math:`k(x, y) = \exp(\tilde a(x) \cdot \tilde b(y))` (see :func:`kernel_blocks`).
+
+    :param query: the augmented query inputs :math:`\tilde a`, ``(..., H, N, d + 2)`` (RBF) or ``(..., H, N, d + 1)``
+        (exponential); ``None`` where only the keys were built.
+    :param key: the augmented key inputs :math:`\tilde b`, of the same widths.
+    """
 
     query: Tensor  # (..., heads, N, d + 2) RBF, (..., heads, N, d + 1) exponential
     key: Tensor
@@ -139,7 +156,11 @@ class ExpFeatures(NamedTuple):
 
 def exp_kernel_parameters(kernel: Kernel, dtype: torch.dtype) -> ExpKernelParameters | None:
     """The hyperparameters of a kernel of :func:`make_attention_kernel` in ``dtype``, ``None`` for
-    any other kernel (which is then evaluated by its own ``forward``)."""
+    any other kernel (which is then evaluated by its own ``forward``).
+
+    :param kernel: the attention kernel (a ``ScaleKernel`` of :func:`make_attention_kernel`, or any GPyTorch kernel).
+    :param dtype: the dtype of the returned hyperparameters.
+    """
     form = _attention_form(kernel)
     if form is None:
         return None
@@ -148,15 +169,24 @@ def exp_kernel_parameters(kernel: Kernel, dtype: torch.dtype) -> ExpKernelParame
 
 
 def scaled_inputs(params: ExpKernelParameters, x: Tensor, centre: Tensor | None = None) -> Tensor:
-    """``a = x / ℓ - centre``; RBF distances do not depend on the centre, which only keeps the
-    expanded form ``|a|² + |b|² - 2 aᵀb`` accurate in float32 (GPyTorch centres too)."""
+    r""":math:`a = x / \ell - \text{centre}`; RBF distances do not depend on the centre, which only keeps the
+    expanded form :math:`|a|^2 + |b|^2 - 2 a^\top b` accurate in float32 (GPyTorch centres too).
+
+    :param params: the kernel's hyperparameters (:func:`exp_kernel_parameters`).
+    :param x: the inputs, ``(..., H, N, d)``.
+    :param centre: the centre subtracted after scaling, ``(..., H, 1, d)``; ``None`` (the default): none.
+    """
     a = x.div(params.lengthscale)
     return a if centre is None else a - centre
 
 
 def centred_scaled_inputs(params: ExpKernelParameters, x: Tensor) -> tuple[Tensor, Tensor | None]:
     """``(a, centre)``: :func:`scaled_inputs` centred at their mean over the points (RBF; the centre is
-    detached, distances do not depend on it) for inputs ``(..., heads, N, d)``; exponential: no centre."""
+    detached, distances do not depend on it) for inputs ``(..., heads, N, d)``; exponential: no centre.
+
+    :param params: the kernel's hyperparameters (:func:`exp_kernel_parameters`).
+    :param x: the inputs, ``(..., H, N, d)``.
+    """
     a = scaled_inputs(params, x)
     if params.form != "rbf":
         return a, None
@@ -165,9 +195,15 @@ def centred_scaled_inputs(params: ExpKernelParameters, x: Tensor) -> tuple[Tenso
 
 
 def exp_features(params: ExpKernelParameters, a: Tensor, query: bool = True) -> ExpFeatures:
-    """``ã`` and ``b̃`` of scaled inputs ``a`` (:func:`scaled_inputs`) with ``k = exp(ã · b̃)``:
-    RBF ``ã = (a, log σ_f² - ½|a|², 1)``, ``b̃ = (a, 1, -½|a|²)``; exponential ``ã = (a, log σ_f²)``,
-    ``b̃ = (a, 1)``.  ``query=False`` builds ``b̃`` only (``ã`` is ``None``)."""
+    r""":math:`\tilde a` and :math:`\tilde b` of scaled inputs :math:`a` (:func:`scaled_inputs`) with
+    :math:`k = \exp(\tilde a \cdot \tilde b)`: RBF :math:`\tilde a = (a, \log \sigma_f^2 - \tfrac12 |a|^2, 1)`,
+    :math:`\tilde b = (a, 1, -\tfrac12 |a|^2)`; exponential :math:`\tilde a = (a, \log \sigma_f^2)`,
+    :math:`\tilde b = (a, 1)`.  ``query=False`` builds :math:`\tilde b` only (:math:`\tilde a` is ``None``).
+
+    :param params: the kernel's hyperparameters (:func:`exp_kernel_parameters`).
+    :param a: the scaled inputs of :func:`scaled_inputs`, ``(..., H, N, d)``.
+    :param query: whether to build the query features :math:`\tilde a` too (default ``True``).
+    """
     ones = a.new_ones(()).expand(*a.shape[:-1], 1)
     if params.form == "exponential":
         augmented = torch.cat([a, params.log_outputscale.expand(*a.shape[:-1], 1)], -1) if query else None
@@ -178,25 +214,34 @@ def exp_features(params: ExpKernelParameters, a: Tensor, query: bool = True) -> 
 
 
 def exp_kernel(query: Tensor, key: Tensor) -> Tensor:
-    """``exp(query keyᵀ)``: one product and one ``exp`` per kernel block."""
+    r""":math:`\exp(\tilde a \tilde b^\top)`: one product and one ``exp`` per kernel block.
+
+    :param query: the augmented query inputs :math:`\tilde a`, ``(..., H, N, d')``.
+    :param key: the augmented key inputs :math:`\tilde b`, ``(..., H, M, d')``.
+    """
     return query.matmul(key.transpose(-2, -1)).exp()
 
 
 def kernel_blocks(kernel: Kernel, x1: Tensor, *others: Tensor) -> list[Tensor]:
-    """``[k(x1, x1), k(x1, o) for o in others]`` sharing the work that depends on ``x1`` only.
+    r"""``[k(x1, x1), k(x1, o) for o in others]`` sharing the work that depends on ``x1`` only.
 
     Same shapes and broadcasting as :func:`evaluate_kernel`.  For the kernels of
     :func:`make_attention_kernel` every block is ``exp`` of one matrix product of augmented,
-    lengthscale-scaled inputs ``a = x / ℓ`` (:func:`exp_features`):
+    lengthscale-scaled inputs :math:`a = x / \ell` (:func:`exp_features`):
 
-    * RBF: ``σ_f² exp(-½‖a - b‖²) = exp(ãᵀ b̃)`` with ``ã = (a, log σ_f² - ½‖a‖², 1)`` and
-      ``b̃ = (b, 1, -½‖b‖²)``, inputs centred at the mean of ``x1`` first (as GPyTorch does);
-    * exponential: ``σ_f² exp(aᵀb) = exp(ãᵀ b̃)`` with ``ã = (a, log σ_f²)``, ``b̃ = (b, 1)``.
+    * RBF: :math:`\sigma_f^2 \exp(-\tfrac12 \|a - b\|^2) = \exp(\tilde a^\top \tilde b)` with
+      :math:`\tilde a = (a, \log \sigma_f^2 - \tfrac12 \|a\|^2, 1)` and :math:`\tilde b = (b, 1, -\tfrac12 \|b\|^2)`,
+      inputs centred at the mean of ``x1`` first (as GPyTorch does);
+    * exponential: :math:`\sigma_f^2 \exp(a^\top b) = \exp(\tilde a^\top \tilde b)` with
+      :math:`\tilde a = (a, \log \sigma_f^2)`, :math:`\tilde b = (b, 1)`.
 
-    So ``K_qq`` and ``K_qg`` of SGPA cost one product and one ``exp`` each (the augmented ``x1`` is
+    So :math:`K_{qq}` and :math:`K_{qg}` of SGPA cost one product and one ``exp`` each (the augmented ``x1`` is
     built once); the backward pass is one multiplication and two products per block (no
-    elementwise chain over the ``N × M`` entries).  Equal to GPyTorch's ``kernel.forward`` up to
+    elementwise chain over the :math:`N \times M` entries).  Equal to GPyTorch's ``kernel.forward`` up to
     rounding (tested); any other kernel falls back to ``kernel.forward`` block by block.
+
+    :param kernel: the attention kernel, a GPyTorch kernel with batch shape ``(H,)``.
+    :param x1: the first inputs, ``(..., H, N, d)``.
     """
     _check_inputs(kernel, x1, *others)
     return _blocks(kernel, x1, others, include_self=True)
@@ -234,13 +279,24 @@ def evaluate_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: 
     broadcast.  Returns ``(..., heads, N, M)``, or ``(..., heads, N)`` when ``diag=True`` (the
     pairs ``k(x1_i, x2_i)``).  Evaluation is eager, which is what attention needs: every entry is
     used; the kernels of :func:`make_attention_kernel` take the lean path of :func:`kernel_blocks`.
+
+    :param kernel: the attention kernel, a GPyTorch kernel with batch shape ``(H,)``.
+    :param x1: the first inputs, ``(..., H, N, d)``.
+    :param x2: the second inputs, ``(..., H, M, d)``; ``None`` (the default): ``x1``.
+    :param diag: whether to return only the pairs :math:`k(x_{1,i}, x_{2,i})` (default ``False``: the full matrix).
     """
     _check_inputs(kernel, x1, *(() if x2 is None else (x2,)))
     return dense_kernel(kernel, x1, x2, diag)
 
 
 def dense_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: bool = False) -> Tensor:
-    """:func:`evaluate_kernel` without its argument checks (the layers' inputs are checked once at their entry)."""
+    """:func:`evaluate_kernel` without its argument checks (the layers' inputs are checked once at their entry).
+
+    :param kernel: the attention kernel, a GPyTorch kernel with batch shape ``(H,)``.
+    :param x1: the first inputs, ``(..., H, N, d)``.
+    :param x2: the second inputs, ``(..., H, M, d)``; ``None`` (the default): ``x1``.
+    :param diag: whether to return only the pairs :math:`k(x_{1,i}, x_{2,i})` (default ``False``: the full matrix).
+    """
     if diag:
         if (x2 is None or x2 is x1) and _attention_form(kernel) == "rbf":  # k(x, x) = σ_f²
             return kernel.outputscale.to(x1.dtype).unsqueeze(-1).expand(*x1.shape[:-1])

@@ -46,7 +46,10 @@ def _attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def lora_target_modules(model: nn.Module) -> list[str]:
     """The full names of the ``qk_proj`` and ``v_proj`` projections of every SGPA and kernel-attention
-    layer of ``model`` (a converted model, or a ``PeftModel`` around one): ``LoraConfig(target_modules=...)``."""
+    layer of ``model`` (a converted model, or a ``PeftModel`` around one): ``LoraConfig(target_modules=...)``.
+
+    :param model: a converted model, or a ``PeftModel`` around one; it must hold an SGPA or kernel-attention layer.
+    """
     return [f"{name}.{projection}" for name, _ in _attention_layers(model) for projection in ("qk_proj", "v_proj")]
 
 
@@ -54,7 +57,10 @@ def sgpa_parameter_names(model: nn.Module) -> list[str]:
     """Names (as ``model.named_parameters()`` gives them) of the attention layers' own parameters: every
     parameter of an SGPA or kernel-attention layer except those of its projections ``qk_proj``,
     ``v_proj``, ``out_proj`` (global inducing inputs, variational parameters, mean gate, kernel
-    hyperparameters; standard SGPA's ``cov_proj``)."""
+    hyperparameters; standard SGPA's ``cov_proj``).
+
+    :param model: a converted model, or a ``PeftModel`` around one; it must hold an SGPA or kernel-attention layer.
+    """
     names = []
     for layer_name, layer in _attention_layers(model):
         for name, _ in layer.named_parameters():
@@ -66,7 +72,11 @@ def sgpa_parameter_names(model: nn.Module) -> list[str]:
 def get_peft_model(model: nn.Module, config=None, **lora_kwargs):
     """``peft.get_peft_model(model, config)`` for a converted model, with SGPA's parameters
     (:func:`sgpa_parameter_names`) trainable.  ``config``: a ``peft`` config (used as is), or ``None``
-    for ``LoraConfig(target_modules=lora_target_modules(model), **lora_kwargs)``."""
+    for ``LoraConfig(target_modules=lora_target_modules(model), **lora_kwargs)``.
+
+    :param model: the converted model to wrap.
+    :param config: a ``peft`` config, used as is; ``None`` (the default) builds a ``LoraConfig`` from ``lora_kwargs``.
+    """
     peft = require("peft", "zoo", "gpytorch_sgpa.lora")
     if config is None:
         config = peft.LoraConfig(target_modules=lora_target_modules(model), **lora_kwargs)
@@ -87,7 +97,11 @@ def _base_model(peft_model) -> nn.Module:
 
 def save_adapter(peft_model, path: str | os.PathLike, **kwargs) -> None:
     """``peft_model.save_pretrained(path, **kwargs)`` and SGPA's parameters (:func:`sgpa_parameter_names`
-    of the base model) in ``path/sgpa_parameters.safetensors``."""
+    of the base model) in ``path/sgpa_parameters.safetensors``.
+
+    :param peft_model: the ``PeftModel`` around a converted model.
+    :param path: the directory to write to (created if needed).
+    """
     _base_model(peft_model)
     peft_model.save_pretrained(path, **kwargs)
     save_sgpa_parameters(peft_model, path)
@@ -96,7 +110,11 @@ def save_adapter(peft_model, path: str | os.PathLike, **kwargs) -> None:
 def save_sgpa_parameters(peft_model, path: str | os.PathLike) -> None:
     """SGPA's parameters of ``peft_model``'s base model in ``path/sgpa_parameters.safetensors``, the part of a
     converted model that ``peft``'s own ``save_pretrained`` leaves out (``SGPATrainer`` writes it beside every
-    adapter it saves)."""
+    adapter it saves).
+
+    :param peft_model: the ``PeftModel`` around a converted model.
+    :param path: the directory to write ``sgpa_parameters.safetensors`` to (created if needed).
+    """
     safetensors = require("safetensors.torch", "zoo", "gpytorch_sgpa.lora.save_sgpa_parameters", package="safetensors")
     base = _base_model(peft_model)
     os.makedirs(path, exist_ok=True)
@@ -110,7 +128,12 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, is_trainable: bool =
     with SGPA's parameters loaded from ``path`` (written by :func:`save_adapter`); ``model``: the
     converted model the adapter was trained on (e.g. from :func:`~gpytorch_sgpa.from_pretrained`).
     Every saved parameter must exist in ``model`` and every SGPA parameter of ``model`` must be saved
-    (``ValueError`` otherwise); with ``is_trainable`` they are trainable, as after :func:`get_peft_model`."""
+    (``ValueError`` otherwise); with ``is_trainable`` they are trainable, as after :func:`get_peft_model`.
+
+    :param model: the converted model the adapter was trained on.
+    :param path: the directory written by :func:`save_adapter`.
+    :param is_trainable: whether the LoRA weights and SGPA's parameters are trainable (default ``False``: inference).
+    """
     peft = require("peft", "zoo", "gpytorch_sgpa.lora.load_adapter")
     safetensors = require("safetensors.torch", "zoo", "gpytorch_sgpa.lora.load_adapter", package="safetensors")
     file = os.path.join(path, SGPA_PARAMETERS_FILE)

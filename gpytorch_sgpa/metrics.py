@@ -86,16 +86,24 @@ def _check_labels(labels, num_rows: int, num_classes: int | None, name: str = "l
 
 
 def accuracy(probs, labels) -> float:
-    """Fraction of inputs whose most probable class equals the label."""
+    """Fraction of inputs whose most probable class equals the label.
+
+    :param probs: the predicted class probabilities, ``(N, C)``, rows summing to 1.
+    :param labels: the true classes, ``(N,)`` integers in ``[0, C)``.
+    """
     probs = _check_probs(probs)
     labels = _check_labels(labels, probs.shape[0], probs.shape[1])
     return float((probs.argmax(-1) == labels).double().mean())
 
 
 def negative_log_likelihood(probs, labels) -> float:
-    """Mean negative log predictive probability of the true class (thesis App. B.2.1).
+    r"""Mean negative log predictive probability of the true class (thesis App. B.2.1),
+    :math:`-\frac{1}{N} \sum_i \log p_{i, y_i}`.
 
     No clipping: a zero probability on a true class gives ``inf``.
+
+    :param probs: the predicted class probabilities, ``(N, C)``, rows summing to 1.
+    :param labels: the true classes, ``(N,)`` integers in ``[0, C)``.
     """
     probs = _check_probs(probs)
     labels = _check_labels(labels, probs.shape[0], probs.shape[1])
@@ -103,16 +111,20 @@ def negative_log_likelihood(probs, labels) -> float:
 
 
 def calibration_errors(probs, labels, num_bins: int = 15) -> tuple[float, float]:
-    """Expected and maximum calibration error with ``num_bins`` equal-width bins (thesis App. B.2.2).
+    r"""Expected and maximum calibration error with ``num_bins`` equal-width bins (thesis App. B.2.2).
 
-    The confidence of an input is its largest class probability; bin ``b`` holds confidences in
-    ``((b - 1) / B, b / B]``. ECE is ``sum_b (n_b / N) |acc_b - conf_b|``; MCE is the largest
-    ``|acc_b - conf_b|`` over non-empty bins.
+    The confidence of an input is its largest class probability; bin :math:`b` holds confidences in
+    :math:`((b - 1) / B, b / B]`. ECE is :math:`\sum_b (n_b / N)\, |\mathrm{acc}_b - \mathrm{conf}_b|`; MCE is the
+    largest :math:`|\mathrm{acc}_b - \mathrm{conf}_b|` over non-empty bins.
 
     Not ``torchmetrics``' ``CalibrationError``: it bins ``[b / B, (b + 1) / B)`` and puts
     confidence exactly 1 in a bin of its own (a ``B + 1``-th), so saturated predictions (exact 1.0
     after a float32 softmax) are scored apart from the other confident ones, which is not the
     thesis's definition.  Away from bin edges the two agree (``tests/sgpa/test_sgpa_metrics.py``).
+
+    :param probs: the predicted class probabilities, ``(N, C)``, rows summing to 1.
+    :param labels: the true classes, ``(N,)`` integers in ``[0, C)``.
+    :param num_bins: the number of equal-width confidence bins :math:`B`, a positive int (default 15).
     """
     probs = _check_probs(probs)
     labels = _check_labels(labels, probs.shape[0], probs.shape[1])
@@ -125,6 +137,10 @@ def calibration_errors_from_confidence(confidence, correct, num_bins: int = 15) 
 
     For predictions too many to hold as probability rows, e.g. every next-token prediction of a
     language model: ``confidence`` ``(N,)`` in ``[0, 1]``, ``correct`` bool or 0/1 ``(N,)``.
+
+    :param confidence: each prediction's confidence (its largest class probability), ``(N,)`` in ``[0, 1]``.
+    :param correct: whether each prediction is right, ``(N,)`` bool or 0/1.
+    :param num_bins: the number of equal-width confidence bins :math:`B`, a positive int (default 15).
     """
     if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
         raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
@@ -149,19 +165,27 @@ def calibration_errors_from_confidence(confidence, correct, num_bins: int = 15) 
 
 
 def all_class_calibration_errors(probs, labels, num_bins: int = 15) -> tuple[float, float]:
-    """ECE and MCE over all ``N C`` (probability, outcome) pairs, the definition of the SGPA authors' evaluation.
+    r"""ECE and MCE over all :math:`N C` (probability, outcome) pairs, the definition of the SGPA authors' evaluation.
 
-    Every class probability ``p_ic`` is a prediction whose outcome is ``1[y_i = c]`` (the one-hot
-    label), not only the top label's. With ``n_b`` of the ``N C`` probabilities in bin ``b``
-    (``[(b - 1) / B, b / B)``, the last bin closed at 1),
+    Every class probability :math:`p_{ic}` is a prediction whose outcome is :math:`\mathbb{1}[y_i = c]` (the one-hot
+    label), not only the top label's. With :math:`n_b` of the :math:`N C` probabilities in bin :math:`b`
+    (:math:`[(b - 1) / B, b / B)`, the last bin closed at 1),
 
-    ``ECE = sum_b (n_b / (N C)) |mean_{(i,c) in b} 1[y_i = c] - mean_{(i,c) in b} p_ic|``,
-    ``MCE = max_b |...|`` over non-empty bins.
+    .. math::
+
+        \mathrm{ECE} = \sum_b \frac{n_b}{N C} \Big| \operatorname{mean}_{(i,c) \in b} \mathbb{1}[y_i = c]
+        - \operatorname{mean}_{(i,c) \in b} p_{ic} \Big|,
+
+    and :math:`\mathrm{MCE}` the largest of these gaps over non-empty bins.
 
     The authors' README states that their ECE/MCE are computed this way ("for all classes, not just
     the max-prob class"). The many near-zero probabilities of a confident classifier sit in the
     first bin with outcomes that are almost all 0, so this ECE is smaller than the top-label one
-    (by about a factor ``C`` for ``C`` classes when the top label carries the miscalibration).
+    (by about a factor :math:`C` for :math:`C` classes when the top label carries the miscalibration).
+
+    :param probs: the predicted class probabilities, ``(N, C)``, rows summing to 1.
+    :param labels: the true classes, ``(N,)`` integers in ``[0, C)``.
+    :param num_bins: the number of equal-width confidence bins :math:`B`, a positive int (default 15).
     """
     probs = _check_probs(probs)
     labels = _check_labels(labels, probs.shape[0], probs.shape[1])
@@ -179,12 +203,22 @@ def all_class_calibration_errors(probs, labels, num_bins: int = 15) -> tuple[flo
 
 
 def expected_calibration_error(probs, labels, num_bins: int = 15) -> float:
-    """ECE with equal-width bins; see :func:`calibration_errors`."""
+    """ECE with equal-width bins; see :func:`calibration_errors`.
+
+    :param probs: the predicted class probabilities, ``(N, C)``, rows summing to 1.
+    :param labels: the true classes, ``(N,)`` integers in ``[0, C)``.
+    :param num_bins: the number of equal-width confidence bins :math:`B`, a positive int (default 15).
+    """
     return calibration_errors(probs, labels, num_bins)[0]
 
 
 def maximum_calibration_error(probs, labels, num_bins: int = 15) -> float:
-    """MCE with equal-width bins; see :func:`calibration_errors`."""
+    """MCE with equal-width bins; see :func:`calibration_errors`.
+
+    :param probs: the predicted class probabilities, ``(N, C)``, rows summing to 1.
+    :param labels: the true classes, ``(N,)`` integers in ``[0, C)``.
+    :param num_bins: the number of equal-width confidence bins :math:`B`, a positive int (default 15).
+    """
     return calibration_errors(probs, labels, num_bins)[1]
 
 
@@ -193,6 +227,9 @@ def matthews_correlation(predictions, labels) -> float:
 
     ``predictions`` is either an ``N x C`` probability matrix (its argmax is used) or ``N`` integer
     class predictions. Returns 0 when the coefficient is undefined (a constant prediction or label).
+
+    :param predictions: the predictions: probabilities ``(N, C)`` or class indices ``(N,)``.
+    :param labels: the true classes, ``(N,)`` non-negative integers.
     """
     predictions = _as_tensor(predictions, "predictions")
     if predictions.dim() == 2:
@@ -217,7 +254,10 @@ def matthews_correlation(predictions, labels) -> float:
 
 
 def predictive_entropy(probs) -> torch.Tensor:
-    """Entropy ``-sum_c p_c log p_c`` of each row of ``probs`` (``0 log 0 = 0``), the OOD score of chapter 3."""
+    r"""Entropy :math:`-\sum_c p_c \log p_c` of each row of ``probs`` (:math:`0 \log 0 = 0`), the OOD score of chapter 3.
+
+    :param probs: the predicted class probabilities, ``(N, C)``, rows summing to 1.
+    """
     probs = _check_probs(probs)
     return -torch.special.xlogy(probs, probs).sum(-1)
 
@@ -258,11 +298,14 @@ def _average_precision(scores: torch.Tensor, is_positive: torch.Tensor) -> float
 
 
 def ood_detection_scores(probs_in, probs_out) -> tuple[float, float]:
-    """AUROC and AUPR for detecting out-of-distribution inputs by predictive entropy (chapter 3).
+    r"""AUROC and AUPR for detecting out-of-distribution inputs by predictive entropy (chapter 3).
 
     OOD inputs are the positive class and higher entropy means "more likely OOD". AUROC is the
     Mann-Whitney statistic (ties count one half); AUPR is the average precision
-    ``sum_k (R_k - R_{k-1}) P_k`` over distinct entropy thresholds.
+    :math:`\sum_k (R_k - R_{k-1}) P_k` over distinct entropy thresholds.
+
+    :param probs_in: the class probabilities of the in-distribution inputs, ``(N_in, C)`` (the negatives).
+    :param probs_out: the class probabilities of the out-of-distribution inputs, ``(N_out, C)`` (the positives).
     """
     entropy_in = predictive_entropy(_check_probs(probs_in, "probs_in"))
     entropy_out = predictive_entropy(_check_probs(probs_out, "probs_out"))
@@ -276,6 +319,12 @@ def classification_metrics(probs, labels, ood_probs=None, num_bins: int = 15) ->
 
     Keys: ``accuracy, nll, ece, mce`` (top label), ``ece_all, mce_all`` (all classes,
     :func:`all_class_calibration_errors`), ``mcc, auroc, aupr`` (the last two are NaN without ``ood_probs``).
+
+    :param probs: the predicted class probabilities, ``(N, C)``, rows summing to 1.
+    :param labels: the true classes, ``(N,)`` integers in ``[0, C)``.
+    :param ood_probs: the class probabilities of out-of-distribution inputs, ``(N_out, C)``; ``None`` (the default):
+        no OOD scores.
+    :param num_bins: the number of equal-width confidence bins :math:`B`, a positive int (default 15).
     """
     ece, mce = calibration_errors(probs, labels, num_bins)
     ece_all, mce_all = all_class_calibration_errors(probs, labels, num_bins)
@@ -306,25 +355,37 @@ def _check_regression(name: str, value, like: torch.Tensor | None = None) -> tor
 
 
 def mean_absolute_error(predictions, targets) -> float:
-    """Mean of ``|y - y_hat|`` (thesis App. B.3.2)."""
+    r"""Mean of :math:`|y - \hat y|` (thesis App. B.3.2).
+
+    :param predictions: the predictions :math:`\hat y`, of the shape of ``targets``.
+    :param targets: the true values :math:`y`, finite.
+    """
     targets = _check_regression("targets", targets)
     predictions = _check_regression("predictions", predictions, targets)
     return float((predictions - targets).abs().mean())
 
 
 def root_mean_squared_error(predictions, targets) -> float:
-    """Square root of the mean of ``(y - y_hat)^2`` (thesis App. B.3.2)."""
+    r"""Square root of the mean of :math:`(y - \hat y)^2` (thesis App. B.3.2).
+
+    :param predictions: the predictions :math:`\hat y`, of the shape of ``targets``.
+    :param targets: the true values :math:`y`, finite.
+    """
     targets = _check_regression("targets", targets)
     predictions = _check_regression("predictions", predictions, targets)
     return float((predictions - targets).pow(2).mean().sqrt())
 
 
 def laplace_negative_log_likelihood(targets, locations, scale) -> float:
-    """Mean NLL of ``targets`` under a Laplace likelihood ``exp(-|y - f| / b) / (2b)`` (App. B.3.2).
+    r"""Mean NLL of ``targets`` under a Laplace likelihood :math:`\exp(-|y - f| / b) / (2b)` (thesis App. B.3.2).
 
     ``locations`` is either ``N`` function values or ``S x N`` Monte-Carlo samples of them; with
-    samples the predictive density is the mixture ``(1/S) sum_s g(y | f_s)``. ``scale`` is ``b > 0``
-    (a scalar or broadcastable to ``locations``).
+    samples the predictive density is the mixture :math:`\frac{1}{S} \sum_s g(y \mid f_s)`. ``scale`` is
+    :math:`b > 0` (a scalar or broadcastable to ``locations``).
+
+    :param targets: the true values :math:`y`, ``(N,)``.
+    :param locations: the function values :math:`f`, ``(N,)``, or Monte-Carlo samples of them, ``(S, N)``.
+    :param scale: the Laplace scale :math:`b > 0`, a scalar or broadcastable to ``locations``.
     """
     targets = _check_regression("targets", targets)
     if targets.dim() != 1:
@@ -346,6 +407,10 @@ def regression_metrics(targets, locations, scale) -> dict[str, float]:
     """MAE and RMSE of the predictive mean and the Laplace NLL; keys ``mae, rmse, nll``.
 
     ``locations`` is ``N`` or ``S x N`` samples; the predictive mean is the average over samples.
+
+    :param targets: the true values :math:`y`, ``(N,)``.
+    :param locations: the function values :math:`f`, ``(N,)``, or Monte-Carlo samples of them, ``(S, N)``.
+    :param scale: the Laplace scale :math:`b > 0`, a scalar or broadcastable to ``locations``.
     """
     locations_t = _check_regression("locations", locations)
     mean = locations_t.mean(0) if locations_t.dim() == 2 else locations_t

@@ -16,11 +16,18 @@ __all__ = ["ScaledDotProductAttention", "KernelAttention"]
 
 
 class ScaledDotProductAttention(_MultiHeadAttention):
-    r"""Multi-head scaled dot-product attention, thesis eq. (3.1): ``softmax(q kᵀ/√d_k) v`` (MLE baseline).
+    r"""Multi-head scaled dot-product attention, thesis eq. (3.1): :math:`\operatorname{softmax}(q k^\top / \sqrt{d_k})\, v`
+    (MLE baseline).
 
-    Separate query/key/value projections, head outputs combined by thesis eq. (2.4);
+    Separate query/key/value projections, head outputs combined by thesis eq. (2.4) (concatenated and multiplied by the
+    output projection :math:`W_o`, Vaswani et al. (2017));
     ``dropout`` acts on the attention weights (MC dropout keeps it active at test time).
     Returns ``(output, kl)`` with ``kl = 0``.
+
+    :param d_model: the width of the layer's input and output, a multiple of ``num_heads``.
+    :param num_heads: the attention heads :math:`H`; each has ``d_model // num_heads`` dimensions.
+    :param dropout: the dropout probability, in ``[0, 1)``, of the attention weights.
+    :param causal: whether position :math:`i` attends to the keys :math:`j \le i` only (a decoder layer).
     """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, causal: bool = False):
@@ -30,6 +37,12 @@ class ScaledDotProductAttention(_MultiHeadAttention):
         self.v_proj = nn.Linear(d_model, d_model)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, global_inputs: Tensor | None = None):
+        """``(output, kl)``: the layer output ``(B, L, d_model)`` and a zero KL (a scalar tensor).
+
+        :param x: the layer input, ``(B, L, d_model)``.
+        :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions; ``None`` (the default): no padding.
+        :param global_inputs: ignored (accepted for the call signature the SGPA layers share).
+        """
         self._check_input(x, key_padding_mask)
         q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
         scores = q.matmul(k.transpose(-2, -1)) / math.sqrt(self.head_dim)
@@ -47,7 +60,14 @@ class ScaledDotProductAttention(_MultiHeadAttention):
         return output, x.new_zeros(())
 
     def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
-        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
+        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``.
+
+        :param x_t: the new token's layer input, ``(B, 1, d_model)``.
+        :param state: the key/value cache of the earlier steps, as returned by the previous call; ``None`` (the default)
+            starts a new sequence.
+        :param global_inputs: ignored (accepted for the call signature the SGPA layers share).
+        :param noise: ignored (the layer is deterministic apart from dropout).
+        """
         self._check_step(x_t, state)
         q, k, v = self._split(self.q_proj(x_t)), self._split(self.k_proj(x_t)), self._split(self.v_proj(x_t))
         state = _append_to_cache(state, k, v)
@@ -59,13 +79,21 @@ class ScaledDotProductAttention(_MultiHeadAttention):
 
 
 class KernelAttention(_MultiHeadAttention):
-    r"""Multi-head kernel attention, thesis eq. (3.2): ``F = K_{qk} v`` (MLE baseline).
+    r"""Multi-head kernel attention, thesis eq. (3.2): :math:`F = K_{qk} v` (MLE baseline).
 
-    Queries and keys share one projection ``W_qk`` (Tsai et al., 2019) so that ``K_{qk}`` is a
+    Queries and keys share one projection :math:`W_{qk}` (Tsai et al., 2019) so that :math:`K_{qk}` is a
     symmetric kernel's Gram matrix; ``kernel`` is ``"rbf"`` (ARD-RBF) or ``"exponential"``, one
     set of hyperparameters per head, initialised by ``kernel_init`` (see
     :func:`~gpytorch_sgpa.kernels.make_attention_kernel`).  ``dropout`` acts on the Gram matrix entries.  Returns
     ``(output, kl)`` with ``kl = 0``.
+
+    :param d_model: the width of the layer's input and output, a multiple of ``num_heads``.
+    :param num_heads: the attention heads :math:`H`; each has ``d_model // num_heads`` dimensions.
+    :param kernel: the kernel's name (``"rbf"``, ``"exponential"``, ``"matern12"``, ``"matern32"``, ``"matern52"``) or a
+        GPyTorch ``ScaleKernel`` with ``batch_shape (num_heads,)`` (:func:`~gpytorch_sgpa.kernels.make_attention_kernel`).
+    :param dropout: the dropout probability, in ``[0, 1)``, of the Gram matrix entries.
+    :param causal: whether position :math:`i` attends to the keys :math:`j \le i` only (a decoder layer).
+    :param kernel_init: the kernel hyperparameters' initialisation, ``"sdp"`` or ``"authors"``.
     """
 
     def __init__(
@@ -84,6 +112,12 @@ class KernelAttention(_MultiHeadAttention):
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, global_inputs: Tensor | None = None):
+        """``(output, kl)``: the layer output ``(B, L, d_model)`` and a zero KL (a scalar tensor).
+
+        :param x: the layer input, ``(B, L, d_model)``.
+        :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions; ``None`` (the default): no padding.
+        :param global_inputs: ignored (accepted for the call signature the SGPA layers share).
+        """
         self._check_input(x, key_padding_mask)
         q, v = self._split(self.qk_proj(x)), self._split(self.v_proj(x))
         gram = dense_kernel(self.kernel, q)
@@ -96,7 +130,14 @@ class KernelAttention(_MultiHeadAttention):
         return output, x.new_zeros(())
 
     def forward_step(self, x_t: Tensor, state: SGPAStepState | None = None, global_inputs=None, noise=None):
-        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``."""
+        """One new token ``(B, 1, d_model)`` of a causal layer with a key/value cache: ``(output_t, state)``.
+
+        :param x_t: the new token's layer input, ``(B, 1, d_model)``.
+        :param state: the key/value cache of the earlier steps, as returned by the previous call; ``None`` (the default)
+            starts a new sequence.
+        :param global_inputs: ignored (accepted for the call signature the SGPA layers share).
+        :param noise: ignored (the layer is deterministic apart from dropout).
+        """
         self._check_step(x_t, state)
         q, v = self._split(self.qk_proj(x_t)), self._split(self.v_proj(x_t))
         state = _append_to_cache(state, q, v)

@@ -151,6 +151,8 @@ def psd_cholesky(matrix: Tensor) -> Tensor:
     ``psd_safe_cholesky``'s largest jitter, and the factor is recomputed once with gradient; a
     matrix that fails even then gets a NaN factor (so the loss is NaN) instead of ``NotPSDError``.
     Where no matrix fails, both paths return the same factor.
+
+    :param matrix: the symmetric positive semi-definite matrices, ``(..., n, n)``.
     """
     if _checks_on_host(matrix):
         return psd_safe_cholesky(matrix)
@@ -175,12 +177,16 @@ def _masked_cholesky(matrix: Tensor, valid: Tensor | None, jitter: Tensor) -> Te
 
 
 class ForwardKL:
-    """The KL terms of a layer's most recent forward call (read by ``gpytorch_sgpa.kl_divergence``).
+    r"""The KL terms of a layer's most recent forward call (read by ``gpytorch_sgpa.kl_divergence``).
 
     ``total``: the batch-mean per-sequence KL the call returned; ``global_``: its part from the
     global inducing variables (decoupled SGPA; ``0`` for standard).  Both carry the autograd graph
     of that call, so a copy (``copy.deepcopy``, pickling) starts empty instead of copying the graph,
     which ``deepcopy`` of a non-leaf tensor would refuse.
+
+    :param total: the batch-mean per-sequence KL of the call (a scalar tensor); ``None`` (the default): no call yet.
+    :param global\_: the part of ``total`` from the global inducing variables (a scalar tensor); ``None`` (the default):
+        no call yet.
     """
 
     __slots__ = ("total", "global_")
@@ -198,12 +204,28 @@ class ForwardKL:
 
 @dataclass
 class SGPAStepState:
-    """Key/value cache of a causal attention layer for autoregressive prediction.
+    r"""Key/value cache of a causal attention layer for autoregressive prediction.
 
     Created by the first ``forward_step`` call of a causal :class:`~gpytorch_sgpa.attention.SGPAttention`,
     :class:`~gpytorch_sgpa.attention.KernelAttention` or :class:`~gpytorch_sgpa.attention.ScaledDotProductAttention`
     and updated in place by the following ones (the maximum-likelihood layers use ``keys`` and
     ``values`` only).  ``length`` tokens have been processed.
+
+    :param keys: the keys of the processed positions, ``(B, H, t, e)`` (for SGPA the projected queries, which are the
+        amortised keys).
+    :param values: the values of the processed positions, ``(B, H, t, e)``.
+    :param global_factors: the decoupled layer's :class:`~gpytorch_sgpa.decoupled.GlobalFactors`, computed at the first
+        step; ``None`` (the default) otherwise.
+    :param projected_values: :math:`\sum_j a_j v_j^\top` over the prefix, ``(B, H, M, e)`` (decoupled); ``None``
+        (the default) otherwise.
+    :param whitened_keys: :math:`a_j = L^{-1} K_{g k_j}` of the prefix, ``(B, H, M, t)`` (decoupled, ``"full"`` and
+        ``"diagonal"`` samplers); ``None`` (the default) otherwise.
+    :param conditional_chol: the Cholesky factor of :math:`K_{qq} - A^\top A` over the prefix, ``(B, H, t, t)``
+        (decoupled, ``"full"`` sampler); ``None`` (the default) otherwise.
+    :param local_noise: the standard-normal draws of the prefix's positions, ``(B, H, t, e)`` (SGPA); ``None`` (the
+        default) otherwise.
+    :param global_noise: the standard-normal draws of the global part, ``(B, H, e, M)`` (decoupled, ``"full"`` and
+        ``"decomposed"`` samplers); ``None`` (the default) otherwise.
     """
 
     keys: Tensor  # (B, H, t, e)

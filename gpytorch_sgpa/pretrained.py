@@ -89,6 +89,10 @@ def from_pretrained(model_class, path: str | os.PathLike):
     (``config.sgpa``), loads every saved tensor (strict: a missing or unexpected key raises, tied
     weights excepted) and returns the model in evaluation mode, as ``transformers`` does.  A
     checkpoint without a recorded conversion raises: load it with ``model_class.from_pretrained``.
+
+    :param model_class: the model's ``transformers`` class (``BertForSequenceClassification``, ...) or an
+        ``AutoModel*`` class.
+    :param path: the directory the converted model was saved to.
     """
     transformers = require("transformers", "zoo", "gpytorch_sgpa.from_pretrained")
     path = os.fspath(path)

@@ -29,15 +29,20 @@ __all__ = ["PosteriorTerms", "SAMPLERS", "SGPA_SAMPLERS"]
 
 
 class PosteriorTerms(NamedTuple):
-    """What a posterior hands to :meth:`~gpytorch_sgpa.attention.SGPAttention.posterior` and to the samplers.
+    r"""What a posterior hands to :meth:`~gpytorch_sgpa.attention.SGPAttention.posterior` and to the samplers.
 
-    ``mean`` ``(B, H, L, e)`` (for the decoupled ``"full"``/``"decomposed"`` samplers it already
-    holds the correlated global part ``Aᵀ W_d ε_d`` of the sample); ``variance`` ``(B, H, L, e)``
-    marginal variances; ``covariance`` ``(B, H, e, L, L)``; ``kl`` ``(B,)``; ``chol_factor``
-    ``(B, H, L, L)`` a square root of the covariance shared by the output dimensions;
-    ``residual_variance`` ``(B, H, L)`` the diagonal of ``K_qq - Q_qq``; ``global_kl`` the scalar part
-    of every sequence's KL that the global inducing variables contribute (decoupled only).
     Unneeded terms are ``None``.
+
+    :param mean: the posterior mean, ``(B, H, L, e)``; for the decoupled ``"full"``/``"decomposed"`` samplers it
+        already holds the correlated global part :math:`A^\top W_d \varepsilon_d` of the sample.
+    :param variance: the marginal variances, ``(B, H, L, e)``, or ``None``.
+    :param covariance: the covariance across positions per output dimension, ``(B, H, e, L, L)``, or ``None``.
+    :param kl: the per-sequence KL, ``(B,)``.
+    :param chol_factor: a square root of the covariance shared by the output dimensions, ``(B, H, L, L)``, or ``None``
+        (the default).
+    :param residual_variance: the diagonal of :math:`K_{qq} - Q_{qq}`, ``(B, H, L)``, or ``None`` (the default).
+    :param global_kl: the scalar part of every sequence's KL that the global inducing variables contribute (decoupled
+        only); ``None`` (the default) otherwise.
     """
 
     mean: Tensor
@@ -50,17 +55,34 @@ class PosteriorTerms(NamedTuple):
 
 
 def diagonal_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
-    """Independent marginals ``m + sqrt(Σ_d(q, q)) ξ`` (the thesis's diagonalised sampler, App. B.4)."""
+    r"""Independent marginals :math:`m + \sqrt{\Sigma_d(q, q)}\, \xi` (the thesis's diagonalised sampler, App. B.4;
+    Chen & Li (2023), SGPA).
+
+    :param terms: the posterior terms (``mean`` and ``variance`` are read).
+    :param local: the standard-normal draws :math:`\xi`, ``(B, H, L, e)``.
+    :param jitter: the lower clamp of the variances before the square root (the relative Cholesky jitter).
+    """
     return torch.addcmul(terms.mean, terms.variance.clamp_min(jitter).sqrt(), local)
 
 
 def full_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
-    """Full covariance ``m + L ξ`` with ``L`` the posterior's square-root factor (thesis eq. (3.17))."""
+    r"""Full covariance :math:`m + L \xi` with :math:`L` the posterior's square-root factor (thesis eq. (3.17), the
+    reparameterised sample of Chen & Li (2023), SGPA).
+
+    :param terms: the posterior terms (``mean`` and ``chol_factor`` are read).
+    :param local: the standard-normal draws :math:`\xi`, ``(B, H, L, e)``.
+    :param jitter: unused (the factor already holds the jitter); accepted for the samplers' common signature.
+    """
     return terms.mean + terms.chol_factor.matmul(local)
 
 
 def decomposed_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
-    """``m + A C_d ε_d`` (already in ``mean``) ``+ sqrt(diag(K_qq - Q_qq)) ξ``."""
+    r""":math:`m + A C_d \varepsilon_d` (already in ``mean``) :math:`+ \sqrt{\operatorname{diag}(K_{qq} - Q_{qq})}\, \xi`.
+
+    :param terms: the posterior terms (``mean`` and ``residual_variance`` are read).
+    :param local: the standard-normal draws :math:`\xi`, ``(B, H, L, e)``.
+    :param jitter: the lower clamp of the residual variances before the square root (the relative Cholesky jitter).
+    """
     return torch.addcmul(terms.mean, terms.residual_variance.unsqueeze(-1).clamp_min(jitter).sqrt(), local)
 
 

@@ -57,7 +57,12 @@ class SGPATrainer(transformers.Trainer):
     """``Trainer(model, args, ..., elbo=SGPAELBO(model, num_data, beta=..., anneal_steps=...),
     eval_samples=0)``: fine-tunes ``model`` on ``-elbo`` (module docstring).  ``elbo.model`` must be
     ``model``; an ELBO with parameters of its own (a Gaussian or Laplace likelihood) needs an
-    optimizer given through ``optimizers=``.  Batches need ``labels``."""
+    optimizer given through ``optimizers=``.  Batches need ``labels``.
+
+    :param elbo: the objective, an :class:`~gpytorch_sgpa.elbo.SGPAELBO` whose ``model`` is the trained model.
+    :param eval_samples: the posterior samples averaged per evaluation prediction, an int >= 0 (default 0: the
+        posterior mean, one pass).
+    """
 
     loss_is_scaled_for_ga = True  # compute_loss scales each micro-batch by its share of the step
 
@@ -93,8 +98,13 @@ class SGPATrainer(transformers.Trainer):
         return value
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """``Trainer``'s micro-batches of one optimizer step; counts the step's sequences on all
-        processes and, at the first step with ``beta="auto"``, chooses ``β`` from them."""
+        r"""``Trainer``'s micro-batches of one optimizer step; counts the step's sequences on all
+        processes and, at the first step with ``beta="auto"``, chooses :math:`\beta` from them.
+
+        :param epoch_iterator: the iterator over the training batches (as ``Trainer`` passes it).
+        :param num_batches: the number of micro-batches of the optimizer step.
+        :param device: the device the sequence count is reduced on.
+        """
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if batch_samples:
             rows = sum(len(batch["labels"]) for batch in batch_samples)
@@ -120,8 +130,15 @@ class SGPATrainer(transformers.Trainer):
         self.elbo.set_auto_beta(totals, classes)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """``-W (n_i / G) elbo(logits, kl_divergence(model), labels)`` for a micro-batch of ``n_i``
-        sequences (module docstring), the ELBO's counter set to the optimizer step."""
+        r""":math:`-W (n_i / G)\, \mathrm{ELBO}_i` with :math:`\mathrm{ELBO}_i` = ``elbo(logits, kl_divergence(model),
+        labels)`` for a micro-batch of :math:`n_i` sequences (:math:`W` processes, :math:`G` sequences per optimizer
+        step; module docstring), the ELBO's counter set to the optimizer step.
+
+        :param model: the model being trained (``inputs`` are its keyword arguments).
+        :param inputs: the micro-batch, a mapping with ``labels`` and the model's other inputs.
+        :param return_outputs: whether to return ``(loss, outputs)`` rather than the loss alone (default ``False``).
+        :param num_items_in_batch: ignored: the scale comes from the step's sequence count (accepted for ``Trainer``).
+        """
         inputs = dict(inputs)
         labels = inputs.pop("labels")
         outputs = model(**inputs)
@@ -136,7 +153,10 @@ class SGPATrainer(transformers.Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def log(self, logs: dict, *args, **kwargs) -> None:
-        """``Trainer.log`` with ``kl``, ``beta`` and ``kl_weight`` added to training logs."""
+        """``Trainer.log`` with ``kl``, ``beta`` and ``kl_weight`` added to training logs.
+
+        :param logs: the values to log, as ``Trainer.log`` takes them.
+        """
         if "loss" in logs and self._last_kl is not None:
             logs = {**logs, "kl": float(self._last_kl), "beta": self.elbo.beta, "kl_weight": self.elbo.kl_weight}
         super().log(logs, *args, **kwargs)
@@ -161,7 +181,11 @@ class SGPATrainer(transformers.Trainer):
                 json.dump({"beta": self.elbo.beta, "num_updates": self.state.global_step}, handle)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """``Trainer.train``; resuming from a checkpoint restores the ELBO's ``β``."""
+        """``Trainer.train``; resuming from a checkpoint restores the ELBO's ``β``.
+
+        :param resume_from_checkpoint: a checkpoint directory, ``True`` for the last one in ``args.output_dir``, or
+            ``None`` / ``False`` (the default): start afresh; as ``Trainer.train``.
+        """
         if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
             if resume_from_checkpoint is True:
                 resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(self.args.output_dir)
@@ -179,7 +203,13 @@ class SGPATrainer(transformers.Trainer):
 
     # ------------------------------------------------------------------ evaluation
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """``(loss, logits, labels)`` of the deterministic prediction (module docstring)."""
+        """``(loss, logits, labels)`` of the deterministic prediction (module docstring).
+
+        :param model: the evaluated model.
+        :param inputs: the batch, a mapping with the model's inputs and optionally ``labels``.
+        :param prediction_loss_only: whether to return only the loss (``(loss, None, None)``).
+        :param ignore_keys: ignored (accepted for ``Trainer``'s signature).
+        """
         inputs = dict(self._prepare_inputs(inputs))
         labels = inputs.pop("labels", None)
         with torch.no_grad():

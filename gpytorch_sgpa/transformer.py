@@ -48,6 +48,14 @@ def build_attention(
     ``factory(d_model, num_heads, **attention_kwargs)`` and must return a module with the
     attention call signature ``forward(x, key_padding_mask=None, global_inputs=None) -> (out, kl)``.
     ``dropout`` is passed unless ``attention_kwargs`` sets it.
+
+    :param attention: a name in :data:`ATTENTION_TYPES` or a factory (above).
+    :param d_model: the width of the layer's input and output, a multiple of ``num_heads``.
+    :param num_heads: the number of attention heads.
+    :param max_len: the longest sequence, used by ``"sgpa-standard"`` only; ``None`` (the default): not given.
+    :param dropout: the layer's dropout probability, in ``[0, 1)`` (default 0), unless ``attention_kwargs`` sets it.
+    :param attention_kwargs: further keyword arguments of the layer (e.g. ``kernel``, ``num_global``); ``None`` (the
+        default): none.
     """
     if attention_kwargs is not None and not isinstance(attention_kwargs, Mapping):
         raise TypeError(f"attention_kwargs must be a dict or None, got {type(attention_kwargs).__name__}")
@@ -71,9 +79,15 @@ def build_attention(
 
 
 class SGPABlock(nn.Module):
-    """One Transformer layer: feature map ``G_φ`` (residual 2-layer MLP + LayerNorm) then attention.
+    r"""One Transformer layer: feature map :math:`G_\phi` (residual 2-layer MLP + LayerNorm) then attention.
 
     ``forward(f, key_padding_mask=None) -> (f_next, kl)`` with ``f`` ``(B, L, d_model)``.
+
+    :param d_model: the model width, the size of the last dimension of ``f``.
+    :param attention: the block's attention layer (e.g. from :func:`build_attention`).
+    :param hidden_dim: the hidden width of the feature map's 2-layer MLP.
+    :param dropout: the dropout probability, in ``[0, 1)``, of the MLP's hidden and output activations and of the
+        attention output (default 0).
     """
 
     def __init__(self, d_model: int, attention: nn.Module, hidden_dim: int, dropout: float = 0.0):
@@ -86,7 +100,12 @@ class SGPABlock(nn.Module):
         self.attention = attention
 
     def feature_map(self, f: Tensor, apply_dropout: bool = True) -> Tensor:
-        """``G_φ(f) = LayerNorm(f + W₂ σ(W₁ f))`` (thesis eq. (3.16))."""
+        r""":math:`G_\phi(f) = \operatorname{LayerNorm}(f + W_2 \sigma(W_1 f))` (thesis eq. (3.16), the deep-kernel
+        feature map; :math:`\sigma` the GELU).
+
+        :param f: the block input :math:`F^{l-1}` (or the global inducing inputs), ``(..., d_model)``.
+        :param apply_dropout: whether to apply the block's dropout (default ``True``; ``False`` for :math:`G_\phi(Z_g)`).
+        """
         hidden = self.activation(self.linear1(f))
         if apply_dropout:
             hidden = self.dropout(hidden)
@@ -103,16 +122,27 @@ class SGPABlock(nn.Module):
         return self.feature_map(inducing, apply_dropout=False)
 
     def forward(self, f: Tensor, key_padding_mask: Tensor | None = None, noise: SGPANoise | None = None):
+        r"""``(f_next, kl)``: :math:`F^l = s + \operatorname{attention}(s)` with :math:`s = G_\phi(F^{l-1})`, and the
+        attention's KL (a scalar tensor).
+
+        :param f: the block input :math:`F^{l-1}`, ``(B, L, d_model)``.
+        :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions; ``None`` (the default): no padding.
+        :param noise: the SGPA layer's standard-normal draws; ``None`` (the default): drawn by the layer.
+        """
         s = self.feature_map(f)
         extra = {} if noise is None else {"noise": noise}
         out, kl = self.attention(s, key_padding_mask=key_padding_mask, global_inputs=self.global_inputs(), **extra)
         return s + self.dropout(out), kl
 
     def forward_step(self, f_t: Tensor, state=None, noise: SGPANoise | None = None):
-        """One new position ``(B, 1, d_model)`` through a causal block: ``(f_next_t, state)``.
+        r"""One new position ``(B, 1, d_model)`` through a causal block: ``(f_next_t, state)``.
 
-        ``G_φ`` acts position-wise, so only the attention keeps a cache (its ``forward_step``);
-        ``G_φ(Z_g)`` is computed at the first step and kept by the attention's state.
+        :math:`G_\phi` acts position-wise, so only the attention keeps a cache (its ``forward_step``);
+        :math:`G_\phi(Z_g)` is computed at the first step and kept by the attention's state.
+
+        :param f_t: the new position's block input, ``(B, 1, d_model)``.
+        :param state: the attention's cache of the earlier steps; ``None`` (the default) starts a new sequence.
+        :param noise: the SGPA layer's standard-normal draws of this position; ``None`` (the default): drawn by the layer.
         """
         s = self.feature_map(f_t)
         global_inputs = self.global_inputs() if state is None else None
@@ -227,6 +257,8 @@ class _SGPAModel(nn.Module):
 
         Uses the current mode (call ``eval()`` first to switch dropout off and reuse cached
         global factors).
+
+        :param num_samples: the number of forward passes, a positive int (default 10).
         """
         _positive_int("num_samples", num_samples)
         return torch.stack([self._outputs_only(self(*inputs, **kwargs)) for _ in range(num_samples)])
@@ -238,14 +270,17 @@ class _SGPAModel(nn.Module):
         return (outputs, kl) if self.return_kl else outputs
 
     def predict_proba(self, *inputs, num_samples: int = 10, **kwargs) -> Tensor:
-        """Class probabilities averaged over ``num_samples`` posterior samples, ``(B, num_classes)``."""
+        """Class probabilities averaged over ``num_samples`` posterior samples, ``(B, num_classes)``.
+
+        :param num_samples: the number of posterior samples (forward passes) averaged, a positive int (default 10).
+        """
         if self.task != "classification":
             raise ValueError("predict_proba needs task='classification'; use sample_outputs for regression")
         return torch.softmax(self.sample_outputs(*inputs, num_samples=num_samples, **kwargs), dim=-1).mean(0)
 
 
 class SGPATransformer(_SGPAModel):
-    """Transformer encoder for token sequences (or feature sequences) with pluggable attention.
+    r"""Transformer encoder for token sequences (or feature sequences) with pluggable attention.
 
     ``forward(tokens, key_padding_mask=None) -> (outputs, kl_total)``: ``tokens`` is a long
     tensor ``(B, L)`` of ids in ``[0, vocab_size)``, or, when ``vocab_size is None``, a float
@@ -254,11 +289,24 @@ class SGPATransformer(_SGPAModel):
     outputs ``(B, num_classes)`` (``task="regression"``, ``num_classes`` = number of outputs).
     ``attention`` is one of :data:`ATTENTION_TYPES` or a layer factory (:func:`build_attention`);
     ``attention_kwargs`` go to every attention layer (e.g. ``kernel="exponential"``,
-    ``num_global=16``).  ``hidden_dim`` of the ``G_φ`` MLP defaults to ``2 * d_model``.
+    ``num_global=16``).  ``hidden_dim`` of the :math:`G_\phi` MLP defaults to ``2 * d_model``.
 
     Eager on the CPU the models check their inputs and outputs for NaN/Inf once per call (their
     layers then skip their own checks); on accelerators and under ``torch.compile`` these value
     checks are skipped.
+
+    :param vocab_size: the number of token ids, or ``None`` for float feature sequences of width ``input_dim``.
+    :param num_classes: the number of classes (classification) or of regression outputs.
+    :param d_model: the model width, a multiple of ``num_heads``.
+    :param num_heads: the attention heads per layer.
+    :param num_layers: the number of :class:`SGPABlock` layers.
+    :param max_len: the longest sequence (the learned positional embedding's length).
+    :param attention: the attention layers, one of :data:`ATTENTION_TYPES` or a factory (default ``"sgpa"``).
+    :param attention_kwargs: keyword arguments of every attention layer; ``None`` (the default): none.
+    :param task: ``"classification"`` (the default) or ``"regression"``.
+    :param dropout: the dropout probability, in ``[0, 1)``, of the embedding, the blocks and the attention (default 0).
+    :param hidden_dim: the hidden width of the :math:`G_\phi` MLP; ``None`` (the default): ``2 * d_model``.
+    :param input_dim: the width of float feature sequences, needed when ``vocab_size`` is ``None`` (else ignored).
     """
 
     def __init__(
@@ -285,6 +333,12 @@ class SGPATransformer(_SGPAModel):
         self.input_dim = input_dim
 
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None):
+        """``(outputs, kl_total)`` (``outputs`` alone with ``return_kl = False``); see the class.
+
+        :param tokens: token ids ``(B, L)`` in ``[0, vocab_size)``, or float features ``(B, L, input_dim)`` when
+            ``vocab_size`` is ``None``.
+        :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions; ``None`` (the default): no padding.
+        """
         check_tensor(tokens, "tokens")
         if self.vocab_size is not None:
             if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
@@ -308,10 +362,23 @@ class SGPATransformer(_SGPAModel):
 
 
 class SGPAViT(_SGPAModel):
-    """Vision Transformer: non-overlapping ``patch_size`` patches → linear embedding → layers → head.
+    r"""Vision Transformer: non-overlapping ``patch_size`` patches → linear embedding → layers → head.
 
     ``forward(images) -> (outputs, kl_total)`` with ``images`` ``(B, in_channels, image_size,
     image_size)``.  Same layers, pooling and head as :class:`SGPATransformer`.
+
+    :param image_size: the height and width of the (square) images, in pixels, a multiple of ``patch_size``.
+    :param patch_size: the height and width of each patch, in pixels.
+    :param in_channels: the number of image channels.
+    :param num_classes: the number of classes (classification) or of regression outputs.
+    :param d_model: the model width, a multiple of ``num_heads``.
+    :param num_heads: the attention heads per layer.
+    :param num_layers: the number of :class:`SGPABlock` layers.
+    :param attention: the attention layers, one of :data:`ATTENTION_TYPES` or a factory (default ``"sgpa"``).
+    :param attention_kwargs: keyword arguments of every attention layer; ``None`` (the default): none.
+    :param task: ``"classification"`` (the default) or ``"regression"``.
+    :param dropout: the dropout probability, in ``[0, 1)``, of the embedding, the blocks and the attention (default 0).
+    :param hidden_dim: the hidden width of the :math:`G_\phi` MLP; ``None`` (the default): ``2 * d_model``.
     """
 
     def __init__(
@@ -352,6 +419,10 @@ class SGPAViT(_SGPAModel):
         self.patch_embedding = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, images: Tensor):
+        """``(outputs, kl_total)`` (``outputs`` alone with ``return_kl = False``); see the class.
+
+        :param images: the images, ``(B, in_channels, image_size, image_size)``, in the model's dtype.
+        """
         check_tensor(images, "images", floating=True)
         expected = (self.in_channels, self.image_size, self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
@@ -373,9 +444,9 @@ class SGPADecoder(_SGPAModel):
     SGPA to decoder-based Transformers", sketches an online ELBO with HiPPO-based adaptive inducing
     keys, which is *not* what this class does).  This is the direct extension with the static prior
     and ELBO of the encoder: every layer is an :class:`SGPABlock` whose attention is built with
-    ``causal=True``, so position ``i`` attends to the amortised keys ``j <= i`` only (for SGPA: the
-    SVGP posterior given the prefix's keys and the global keys).  ``G_φ``, the final LayerNorm and the linear head act position-wise, so
-    :meth:`forward_step` (one token at a time, each layer with its key/value cache) reproduces
+    ``causal=True``, so position :math:`i` attends to the amortised keys :math:`j \le i` only (for SGPA: the
+    SVGP posterior given the prefix's keys and the global keys).  :math:`G_\phi`, the final LayerNorm and the linear head act
+    position-wise, so :meth:`forward_step` (one token at a time, each layer with its key/value cache) reproduces
     :meth:`forward` given the same noise.
 
     * ``forward(tokens, key_padding_mask=None, noise=None) -> (logits, kl_total)``: ``tokens``
@@ -386,6 +457,18 @@ class SGPADecoder(_SGPAModel):
       (sequence targets, ``-100`` marks positions to ignore, ``num_data`` = number of sequences);
     * :meth:`generate` samples continuations autoregressively with the caches;
       :meth:`sample_outputs` stacks the logits of several posterior samples.
+
+    :param vocab_size: the number of token ids (the logits' width).
+    :param d_model: the model width, a multiple of ``num_heads``.
+    :param num_heads: the attention heads per layer.
+    :param num_layers: the number of :class:`SGPABlock` layers.
+    :param max_len: the longest sequence, prompt and generated tokens together.
+    :param attention: the attention layers, one of :data:`ATTENTION_TYPES` or a factory (default ``"sgpa"``); each is
+        built with ``causal=True``.
+    :param attention_kwargs: keyword arguments of every attention layer (``causal=False`` is refused); ``None`` (the
+        default): none.
+    :param dropout: the dropout probability, in ``[0, 1)``, of the embedding, the blocks and the attention (default 0).
+    :param hidden_dim: the hidden width of the :math:`G_\phi` MLP; ``None`` (the default): ``2 * d_model``.
     """
 
     def __init__(
@@ -446,13 +529,26 @@ class SGPADecoder(_SGPAModel):
 
     def sample_noise(self, batch_size: int, length: int, generator: torch.Generator | None = None) -> list:
         """Per-layer standard-normal draws of one forward pass (``None`` for non-SGPA layers), from
-        ``generator`` if given."""
+        ``generator`` if given.
+
+        :param batch_size: the number of sequences :math:`B`.
+        :param length: the sequence length :math:`L`.
+        :param generator: the random number generator to draw from; ``None`` (the default): the global one.
+        """
         return [
             layer.attention.sample_noise(batch_size, length, generator=generator) if isinstance(layer.attention, SGPAttention) else None
             for layer in self.layers
         ]
 
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None, noise: list | None = None):
+        r"""``(logits, kl_total)`` (``logits`` alone with ``return_kl = False``), ``logits`` ``(B, L, vocab_size)``
+        predicting the token after each position; see the class.
+
+        :param tokens: the token ids, ``(B, L)`` in ``[0, vocab_size)`` with :math:`L \le` ``max_len``.
+        :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions; ``None`` (the default): no padding.
+        :param noise: one :class:`SGPANoise` (or ``None``) per layer, e.g. from :meth:`sample_noise`; ``None`` (the
+            default): every layer draws its own.
+        """
         self._check_tokens(tokens)
         h, kl_total = self._run_layers(self.embedding(tokens), key_padding_mask, self._check_noise(noise))
         logits = self.head(self.final_norm(h))
@@ -464,6 +560,11 @@ class SGPADecoder(_SGPAModel):
 
         ``noise``: per layer an :class:`SGPANoise` of one position (``local`` ``(B, H, 1, e)``;
         ``global_`` is read at the first step), or ``None`` to draw it.
+
+        :param token: the new token ids, ``(B,)``.
+        :param states: the per-layer caches returned by the previous call; ``None`` (the default) starts new sequences.
+        :param noise: one :class:`SGPANoise` of this position (or ``None``) per layer; ``None`` (the default): every
+            layer draws its own.
         """
         if not isinstance(token, Tensor) or token.dim() != 1:
             raise ValueError(f"token must be a 1-D integer tensor (batch,), got {getattr(token, 'shape', token)!r}")
@@ -482,13 +583,19 @@ class SGPADecoder(_SGPAModel):
     def generate(
         self, prompt: Tensor, num_tokens: int, temperature: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None
     ) -> Tensor:
-        """Continue ``prompt`` ``(B, T0)`` by ``num_tokens`` tokens: ``(B, T0 + num_tokens)``.
+        r"""Continue ``prompt`` ``(B, T0)`` by ``num_tokens`` tokens: ``(B, T0 + num_tokens)``.
 
         One posterior sample path per sequence (the SGPA layers draw their global noise once, at the
         first step, and fresh local noise per position); the next token is drawn from
-        ``softmax(logits / temperature)`` or taken as the arg max (``greedy=True``). With a
+        :math:`\operatorname{softmax}(\text{logits} / \text{temperature})` or taken as the arg max (``greedy=True``). With a
         ``generator`` every draw (the layers' noise and the tokens) comes from it, so the output
         depends on the generator's state alone.
+
+        :param prompt: the token ids to continue, ``(B, T0)``.
+        :param num_tokens: the number of tokens to generate, a positive int.
+        :param temperature: the softmax temperature, > 0 (default 1).
+        :param greedy: whether to take the arg max instead of sampling (default ``False``).
+        :param generator: the random number generator of every draw; ``None`` (the default): the global one.
         """
         _positive_int("num_tokens", num_tokens)
         check_real(temperature, "temperature", low=0.0, low_open=True)

@@ -7,7 +7,11 @@ import torch
 
 #: the project's own warning classes, errors in every test (a test that provokes one says so: pytest.warns or a marked
 #: filter), with the package each needs (a wheel installed without the video extra has no pseudovideo.metrics)
-PROJECT_WARNINGS = {"pseudovideo.metrics.MetricReliabilityWarning": "torchmetrics"}
+PROJECT_WARNINGS = {
+    "pseudovideo.metrics.MetricReliabilityWarning": "torchmetrics",
+    "gpytorch_hippo.inducing.base.CapturedVarianceWarning": "gpytorch",
+    "gpytorch_hippo.inducing.base.InconsistentCovarianceWarning": "gpytorch",
+}
 
 
 def pytest_configure(config):

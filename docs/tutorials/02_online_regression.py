@@ -33,6 +33,7 @@ import torch
 
 from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, OnlineSGPR
 from gpytorch_hippo.data import load_solar_ghi
+from gpytorch_hippo.inducing import CapturedVarianceWarning
 
 SMALL = os.environ.get("PROBSEQ_TUTORIAL_SIZE") == "small"
 times, ghi = load_solar_ghi("daily")
@@ -59,7 +60,7 @@ def task(k):
 # Hyperparameters are trained on the first task only (`num_iter` Adam steps), then fixed. Before each later
 # task OHSGPR moves its bases to the task's end; OSGPR moves its points into the task.
 # A model whose inducing variables keep too little of the prior variance over the inputs seen so
-# far says so with a `RuntimeWarning` (`InducingVariables.captured_variance`); the cell prints it.
+# far says so with a `CapturedVarianceWarning` (`InducingVariables.captured_variance`); the cell prints it.
 
 # %%
 models = {
@@ -75,7 +76,7 @@ for k in range(num_tasks):
             else:
                 model.inducing_variables = InducingPoints(torch.linspace(span * k, span * (k + 1), M, dtype=torch.float64), learn=False)
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", RuntimeWarning)
+            warnings.simplefilter("always", CapturedVarianceWarning)
             model.update(times[task(k)], y[task(k)], num_iter=(10 if SMALL else 30) if k == 0 else 0)
         for warning in caught:
             print(f"{name}, task {k + 1}: {warning.message}")

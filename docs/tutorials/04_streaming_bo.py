@@ -35,7 +35,7 @@ from botorch.sampling import SobolQMCNormalSampler
 
 from gpytorch_hippo.botorch import OnlineGPModel
 from gpytorch_hippo.experiments.streaming_bo import IrradianceObjective
-from gpytorch_hippo.inducing import HiPPOInducingVariables
+from gpytorch_hippo.inducing import CapturedVarianceWarning, HiPPOInducingVariables
 
 SMALL = os.environ.get("PROBSEQ_TUTORIAL_SIZE") == "small"
 torch.set_num_threads(1)
@@ -57,7 +57,7 @@ X = torch.tensor(np.c_[x0, [time_of(k) for k in range(INIT)]])
 Y = torch.tensor([objective(x0[k : k + 1], hours[k])[0] for k in range(INIT)]).unsqueeze(-1)
 inducing = HiPPOInducingVariables(32, "legs", input_dim=3, num_rff=1000)  # OHSGPR
 with warnings.catch_warnings(record=True) as caught:  # printed below, with the loop's
-    warnings.simplefilter("always", RuntimeWarning)
+    warnings.simplefilter("always", CapturedVarianceWarning)
     model = OnlineGPModel(X, Y, inducing, outcome_transform=Standardize(m=1), fit_maxiter=50, keep_data=False)
 print("length scales (tilt, azimuth, time):", model.covar_module.lengthscale.detach().numpy().round(3))
 
@@ -65,7 +65,7 @@ print("length scales (tilt, azimuth, time):", model.covar_module.lengthscale.det
 # ## The loop: acquire, observe, update
 # `condition_on_observations` returns the updated model (the old one is left as it was, which
 # is what BoTorch's fantasies rely on). The acquisition is maximised over the angles with the time
-# fixed at the next hour. The cell ends with the model's `RuntimeWarning`s, if any: a model whose
+# fixed at the next hour. The cell ends with the model's `CapturedVarianceWarning`s, if any: a model whose
 # inducing variables keep too little of the prior variance over the inputs seen so far says so
 # (`InducingVariables.captured_variance`).
 
@@ -84,14 +84,14 @@ for k in range(INIT, STEPS):
     best_angles.append(objective.grid[grid_values.argmax()])
     regret.append(max(grid_values.max(), value) - value)
     with warnings.catch_warnings(record=True) as step_warnings:
-        warnings.simplefilter("always", RuntimeWarning)
+        warnings.simplefilter("always", CapturedVarianceWarning)
         model = model.condition_on_observations(candidate.detach(), torch.tensor([[value]]))
     caught += step_warnings
 print(f"{model.num_updates} updates; mean regret {np.mean(regret):.3f} kW/m^2")
 for warning in caught:
     print("warning:", warning.message)
 # the fantasy models of the look-ahead acquisitions below run the same check; their warnings are left out
-warnings.filterwarnings("ignore", message="the .* inducing variables keep only", category=RuntimeWarning)
+warnings.simplefilter("ignore", CapturedVarianceWarning)
 
 # %%
 chosen, best_angles = np.array(chosen), np.array(best_angles)

@@ -55,7 +55,7 @@ _multi_output_model: type | None = None
 
 class OnlineCollapsedMLL(MarginalLogLikelihood):
     """The collapsed online bound of absorbing ``(train_x, train_y)`` into ``model``'s stored summary
-    (:meth:`OnlineSGPR.log_bound`, thesis eq. (4.6) at the optimal ``q(u)``) plus the log
+    (:meth:`OnlineSGPR.log_bound`, the online bound of Bui et al. (2017), thesis eq. (4.6), at the optimal ``q(u)``) plus the log
     priors of the hyperparameters, divided by the batch size, as ``fit_gpytorch_mll`` expects.
 
     :param model: an :class:`OnlineGPModel`.
@@ -72,6 +72,11 @@ class OnlineCollapsedMLL(MarginalLogLikelihood):
         self.train_x, self.train_y, self.noise = train_x, train_y, noise
 
     def forward(self, function_dist=None, target=None, **kwargs) -> Tensor:
+        """The bound per data point for the stored batch ``(train_x, train_y)``; the arguments are ignored.
+
+        :param function_dist: ignored (GPyTorch's interface; the collapsed bound needs no ``q(f)``).
+        :param target: ignored (the targets are ``train_y``).
+        """
         bound = self.model.online.log_bound(self.train_x, self.train_y, noise=self.noise)
         for _, module, prior, closure, _ in self.model.named_priors():  # the likelihood is inside the model
             bound = bound + prior.log_prob(closure(module)).sum()
@@ -88,7 +93,12 @@ class OnlineCollapsedMLL(MarginalLogLikelihood):
         return type(state)((key, value) for key, value in state.items() if isinstance(value, Tensor))
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Loads :meth:`state_dict`'s tensors; the non-tensor extra state it leaves out is kept."""
+        """Loads :meth:`state_dict`'s tensors; the non-tensor extra state it leaves out is kept.
+
+        :param state_dict: a dict of tensors, as :meth:`state_dict` returns.
+        :param strict: raise on unexpected keys or missing tensors (missing ``_extra_state`` is fine); default ``True``.
+        :param assign: ``torch.nn.Module.load_state_dict``'s: assign the tensors instead of copying them in; default ``False``.
+        """
         result = super().load_state_dict(state_dict, strict=False, assign=assign)
         if strict and result.unexpected_keys:
             raise RuntimeError(f"unexpected keys in state_dict: {result.unexpected_keys}")
@@ -373,7 +383,10 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         model's own updates (BoTorch's ``fit_gpytorch_mll`` with an ``ExactMarginalLogLikelihood``, a
         torch training loop, ``load_hyperparameters``) recomputes the stored posterior from the kept data
         (``keep_data=True``) with the new hyperparameters, so that it equals a fresh model's; without kept
-        data the stored ``q(u)`` is carried to them as the online update carries it (Bui et al. 2017)."""
+        data the stored ``q(u)`` is carried to them as the online update carries it (Bui et al. 2017).
+
+        :param mode: ``True`` (default) for train mode, ``False`` for eval mode.
+        """
         super().train(mode)
         for name in ("input_transform", "outcome_transform"):  # statistics of the first batch, then fixed
             if hasattr(self, name):
@@ -385,7 +398,11 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     def transform_inputs(self, X: Tensor, input_transform=None) -> Tensor:
         """BoTorch's input transform in eval mode; in train mode the identity, because the inputs a training
         loop or ``fit_gpytorch_mll`` passes (:attr:`train_inputs`) are in the model space already (a second
-        transform would re-learn ``Normalize``'s bounds from them)."""
+        transform would re-learn ``Normalize``'s bounds from them).
+
+        :param X: inputs ``(*b, n, d)``.
+        :param input_transform: the transform to apply in eval mode; ``None`` (default): the model's own.
+        """
         if self.training:
             return X
         return super().transform_inputs(X, input_transform=input_transform)
@@ -402,10 +419,16 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             self.online.update(inputs, targets, num_iter=0, noise=noise)
         self._record_hyperparameters()
 
-    def load_hyperparameters(self, state_dict: dict) -> None:
+    def load_hyperparameters(self, state_dict: dict):
         """Warm start: load the kernel and likelihood of ``state_dict`` and keep this model's data, counters,
         transforms and mean (fitted to this model's first batch in its outcome space, and fixed after it) and
-        posterior (recomputed from the kept data with the loaded hyperparameters when ``keep_data=True``)."""
+        posterior (recomputed from the kept data with the loaded hyperparameters when ``keep_data=True``).
+
+        :param state_dict: a ``state_dict`` of an :class:`OnlineGPModel` with the same modules; its keys of this
+            model's own state (posterior, counters, data, transforms, mean, inducing variables) are ignored.
+        :return: ``(missing_keys, unexpected_keys)`` as ``torch.nn.Module.load_state_dict`` returns them, for the
+            hyperparameters (this model's own state, kept on purpose, is not reported missing).
+        """
         own = (
             "online.posterior",
             "online.num_tasks",
@@ -426,7 +449,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         if unexpected:
             raise RuntimeError(f"unexpected keys in state_dict: {unexpected}")
         self.eval()
-        return result
+        return torch.nn.modules.module._IncompatibleKeys([k for k in result.missing_keys if not k.startswith(own)], [])
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Restore a checkpoint, or warm-start as ``SingleTaskGP`` does.
@@ -436,7 +459,13 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         model with other observations (BoTorch tutorials' ``model.load_state_dict(old_model.state_dict())``
         after rebuilding on more data) is a warm start, :meth:`load_hyperparameters`: with kept data the
         posterior is recomputed from this model's data; without (``keep_data=False``) it is refused, because
-        this model's observations could not be recovered."""
+        this model's observations could not be recovered.
+
+        :param state_dict: a ``state_dict`` of an :class:`OnlineGPModel` with the same modules.
+        :param strict: as ``torch.nn.Module.load_state_dict`` (raise on missing or unexpected keys); default ``True``.
+            Not used by a warm start, which ignores this model's own keys.
+        :param assign: as ``torch.nn.Module.load_state_dict`` (assign instead of copying); default ``False``.
+        """
         if self._is_warm_start(state_dict):
             if self.stored_inputs is not None:
                 return self.load_hyperparameters(state_dict)
@@ -483,7 +512,18 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         """Rebuild a checkpointed model without its training data: the same modules (or defaults) as
         when it was built, then its ``state_dict`` (posterior, hyperparameters, counters, kept data).
         ``options``: ``fit_maxiter``, ``refit_every``, ``keep_data`` (default: whether the checkpoint has kept
-        data), ``ordering`` as in the constructor."""
+        data), ``ordering`` as in the constructor.
+
+        :param state_dict: the checkpoint, a ``state_dict`` of an :class:`OnlineGPModel`.
+        :param inducing_variables: inducing variables of the same kind and number as when the model was built
+            (values are loaded); ``None`` (default): the default inducing points, read from the checkpoint.
+        :param covar_module: the kernel as built (default ``SingleTaskGP``'s, its dimension read from the checkpoint's
+            length scale; required when that kernel has none).
+        :param likelihood: the likelihood as built (default ``SingleTaskGP``'s).
+        :param mean_module: the mean as built (default ``ConstantMean``).
+        :param input_transform: the input transform as built (default none); its statistics are loaded.
+        :param outcome_transform: the outcome transform as built (default ``Standardize(m=1)``; ``None``: none).
+        """
         reference = state_dict["online.posterior_shift"]
         lengthscale = state_dict.get("online.covar_module.raw_lengthscale")
         if covar_module is None and lengthscale is None:
@@ -540,7 +580,14 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         posterior_transform: PosteriorTransform | None = None,
     ) -> GPyTorchPosterior:
         """``q(f(X))`` (or ``q(y(X))`` with ``observation_noise``) for ``X`` of shape ``(*b, q, d)``:
-        a ``GPyTorchPosterior`` over ``broadcast(b, batch_shape) x q x 1`` in the outcome space."""
+        a ``GPyTorchPosterior`` over ``broadcast(b, batch_shape) x q x 1`` in the outcome space.
+
+        :param X: inputs ``(*b, q, d)`` in the original input space (``(q,)`` for 1-D inputs).
+        :param output_indices: ``None`` (default) or ``[0]``: the model has one output.
+        :param observation_noise: ``False`` (default): the latent ``f``; ``True``: add the likelihood's noise; a tensor
+            ``(*b, q, 1)``: these noise variances, added in the model's (outcome-transformed) space as BoTorch does.
+        :param posterior_transform: BoTorch ``PosteriorTransform`` applied to the result; ``None`` (default): none.
+        """
         if output_indices is not None and list(output_indices) != [0]:
             raise ValueError(f"output_indices must be None or [0] for a single-output model, got {output_indices!r}")
         X = check_tensor(X, "X", dtype=floating_dtype(self.covar_module))
@@ -579,7 +626,10 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         (transformed) outcome space; BoTorch's acquisitions call :meth:`posterior`. Train mode, as an
         ``ExactGP``: the prior ``N(m(X), k(X, X))`` at model-space inputs such as :attr:`train_inputs`, so that
         ``ExactMarginalLogLikelihood`` (``fit_gpytorch_mll``, a torch training loop) is the exact marginal
-        likelihood of the kept data; back in eval mode the stored posterior is recomputed (:meth:`train`)."""
+        likelihood of the kept data; back in eval mode the stored posterior is recomputed (:meth:`train`).
+
+        :param X: inputs ``(*b, n, d)``: original-space inputs in eval mode, model-space inputs in train mode.
+        """
         X = check_tensor(X, "X", dtype=floating_dtype(self.covar_module), min_dim=2)
         if self.training:
             return MultivariateNormal(self.mean_module(X), self.covar_module(X))
@@ -590,6 +640,11 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
 
         ``X``: ``(*b, n, d)``; ``Y``: ``(*b', n, 1)`` with ``b'`` broadcasting with ``b`` (BoTorch's
         fantasies put the samples in front). The original model is not changed.
+
+        :param X: new inputs ``(*b, n, d)`` in the original input space.
+        :param Y: their observations ``(*b', n, 1)`` in the original outcome space.
+        :param kwargs: only ``noise``: known noise variances ``(*batch, n, 1)`` like ``Y`` (original outcome space);
+            without it the likelihood's noise is used.
         """
         unknown = sorted(set(kwargs) - {"noise"})
         if unknown:
@@ -607,7 +662,13 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
 
     def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any) -> OnlineGPModel:
         """GPyTorch's name for conditioning, as BoTorch's ``ModelListGP.condition_on_observations`` calls it:
-        ``inputs`` ``(*b, n, d)``, ``targets`` ``(*b', n)`` and ``noise`` already in the outcome-transformed space."""
+        ``inputs`` ``(*b, n, d)``, ``targets`` ``(*b', n)`` and ``noise`` already in the outcome-transformed space.
+
+        :param inputs: new inputs ``(*b, n, d)`` in the original input space.
+        :param targets: their observations ``(*b', n)`` in the outcome-transformed space.
+        :param noise: known noise variances of the observations (outcome-transformed space), broadcasting to
+            ``targets``; ``None`` (default): the likelihood's noise.
+        """
         if kwargs:
             raise TypeError(f"get_fantasy_model got unexpected keyword arguments {sorted(kwargs)}")
         targets = check_tensor(targets, "targets").unsqueeze(-1)
@@ -628,7 +689,14 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         """Streaming step: :meth:`condition_on_observations` with an un-batched ``(n, d)`` batch, then,
         every ``refit_every`` batches, hyperparameters refreshed on the new batch's online bound
         before it is absorbed. ``Yvar``: the batch's known noise variances ``(n, 1)``, required by a
-        model built with ``train_Yvar``."""
+        model built with ``train_Yvar``.
+
+        :param X: the batch's inputs ``(n, d)`` in the original input space.
+        :param Y: its observations ``(n, 1)`` in the original outcome space.
+        :param Yvar: its known noise variances ``(n, 1)`` (original outcome space); ``None`` (default) for a model
+            that learns its noise.
+        :return: a new model; this one is not changed.
+        """
         check_X_Y(X, Y, "X", "Y")
         if X.dim() != 2:
             raise ValueError(f"X must have shape (n, d) in observe (streaming data), got {tuple(X.shape)}")
@@ -650,7 +718,14 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         hyperparameters with ``fit_gpytorch_mll`` (L-BFGS-B, at most ``maxiter`` iterations). A fit
         that ends below its starting bound (L-BFGS-B can stop "ABNORMAL" after a bad line search) is
         rolled back: a refit never leaves the bound lower than it found it. ``noise``: known noise
-        variances of the batch (model space)."""
+        variances of the batch (model space).
+
+        :param x: the batch's inputs ``(n, d)`` in the model (input-transformed) space.
+        :param y: its targets ``(n,)`` in the model (outcome-transformed) space.
+        :param maxiter: the most L-BFGS-B iterations (default 100).
+        :param noise: known noise variances ``(n,)`` of the batch in the model space; ``None`` (default): the
+            likelihood's noise, which is then fitted too.
+        """
         mll = OnlineCollapsedMLL(self, x, y, noise)
         with torch.no_grad():
             start = mll()
@@ -771,7 +846,11 @@ def default_inducing_points(train_x: Tensor, num_inducing: int | None = None) ->
     for later batches, in the unit cube when the inputs lie in it (BoTorch's convention: inputs scaled to
     ``[0, 1]^d``, e.g. by ``Normalize``), otherwise in their bounding box widened by 10 % of its size on
     every side. Later batches should stay in that box; for a time axis that grows,
-    :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables` keep the whole stream."""
+    :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables` keep the whole stream.
+
+    :param train_x: the first batch's model-space inputs ``(n, d)`` (leading batch dimensions are flattened).
+    :param num_inducing: the number of points, an int in ``[1, 2^14]``; ``None`` (default): :data:`DEFAULT_NUM_INDUCING`.
+    """
     num = DEFAULT_NUM_INDUCING if num_inducing is None else num_inducing
     if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= 2**14:
         raise ValueError(f"num_inducing must be an int in [1, 16384], got {num_inducing!r}")

@@ -51,6 +51,24 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
     in the transformed spaces (it holds no transforms); ``covar_module``, ``mean_module`` and
     ``inducing_variables`` are per output and read there. ``likelihood`` is a
     ``LikelihoodList`` of the outputs' likelihoods.
+
+    :param train_X: first batch of inputs, ``(n, d)``.
+    :param train_Y: its targets, ``(n, m)`` with ``m > 1`` outputs.
+    :param train_Yvar: known observation noise variances ``(n, m)``; ``None`` (default): each output learns its noise.
+    :param inducing_variables: one set of inducing variables, copied per output, or a sequence of ``m`` sets;
+        ``None`` (default): :func:`~gpytorch_hippo.botorch.models.default_inducing_points` per output.
+    :param covar_module: kernel, copied per output (default: ``SingleTaskGP``'s).
+    :param likelihood: ``GaussianLikelihood``, copied per output (default: ``SingleTaskGP``'s).
+    :param mean_module: prior mean, copied per output (default ``ConstantMean``).
+    :param input_transform: shared input transform (default none); statistics from the first batch, then fixed.
+    :param outcome_transform: shared outcome transform, default ``Standardize(m=m)``; ``None``: no transform.
+    :param fit_maxiter: L-BFGS iterations of each output's first fit (default 100; ``0``: keep the given hyperparameters).
+    :param refit_every: each output refreshes its hyperparameters in every ``k``-th :meth:`observe`; ``None``
+        (default): never.
+    :param keep_data: store the observed data per output (default ``True``); ``False``: only the online summaries.
+    :param ordering: criterion of :func:`~gpytorch_hippo.ordering.order_inputs` for path variables (default
+        ``"kernel_max"``).
+    :param num_inducing: number of default inducing points per output (default :data:`~gpytorch_hippo.botorch.models.DEFAULT_NUM_INDUCING`).
     """
 
     def __init__(
@@ -124,20 +142,33 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         self.eval()
 
     def train(self, mode: bool = True) -> MultiOutputOnlineGPModel:
-        """GPyTorch's modes; each output refreshes its own stored posterior (:meth:`OnlineGPModel.train`)."""
+        """GPyTorch's modes; each output refreshes its own stored posterior (:meth:`OnlineGPModel.train`).
+
+        :param mode: ``True`` (default) for train mode, ``False`` for eval mode.
+        """
         return Model.train(self, mode)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """A checkpoint of this model restored whole, or a warm start per output
         (:meth:`OnlineGPModel.load_state_dict`): kernels, likelihoods and means loaded, this model's data,
-        transforms and posteriors (recomputed from the kept data) kept."""
+        transforms and posteriors (recomputed from the kept data) kept.
+
+        :param state_dict: a ``state_dict`` of a :class:`MultiOutputOnlineGPModel` with the same number of outputs.
+        :param strict: as ``torch.nn.Module.load_state_dict`` for a whole checkpoint (default ``True``); a warm start ignores it.
+        :param assign: as ``torch.nn.Module.load_state_dict`` for a whole checkpoint (default ``False``).
+        :return: ``(missing_keys, unexpected_keys)`` as ``torch.nn.Module.load_state_dict`` returns them (a warm start:
+            each output's, under its ``outputs.j.`` prefix).
+        """
         per_output = [
             {k[len(f"outputs.{j}.") :]: v for k, v in state_dict.items() if k.startswith(f"outputs.{j}.")} for j in range(len(self.outputs))
         ]
         if any(output._is_warm_start(sub) for output, sub in zip(self.outputs, per_output)):
-            for output, sub in zip(self.outputs, per_output):
-                output.load_state_dict(sub) if output._is_warm_start(sub) else output.load_hyperparameters(sub)
-            return None
+            missing, unexpected = [], []
+            for j, (output, sub) in enumerate(zip(self.outputs, per_output)):
+                result = output.load_state_dict(sub) if output._is_warm_start(sub) else output.load_hyperparameters(sub)
+                missing += [f"outputs.{j}.{key}" for key in result.missing_keys]
+                unexpected += [f"outputs.{j}.{key}" for key in result.unexpected_keys]
+            return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
         return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
 
     # ------------------------------------------------------------------ BoTorch's model contract
@@ -182,7 +213,14 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         posterior_transform: PosteriorTransform | None = None,
     ) -> GPyTorchPosterior:
         """The independent outputs' joint posterior at ``X`` ``(*b, q, d)``: a ``GPyTorchPosterior`` over
-        ``broadcast(b, batch_shape) x q x m'`` (``m'`` = ``len(output_indices)``, default all ``m``)."""
+        ``broadcast(b, batch_shape) x q x m'`` (``m'`` = ``len(output_indices)``, default all ``m``).
+
+        :param X: inputs ``(*b, q, d)`` in the original input space.
+        :param output_indices: the outputs to return, a non-empty list of ints in ``[0, m)``; ``None`` (default): all.
+        :param observation_noise: ``False`` (default): the latent ``f``; ``True``: add each output's likelihood noise;
+            a tensor ``(*b, q, m)``: these noise variances, one column per output (model space).
+        :param posterior_transform: BoTorch ``PosteriorTransform`` applied to the result; ``None`` (default): none.
+        """
         indices = list(range(self.num_outputs)) if output_indices is None else list(output_indices)
         if not indices or any(not isinstance(j, int) or not 0 <= j < self.num_outputs for j in indices):
             raise ValueError(f"output_indices must be a non-empty list of ints in [0, {self.num_outputs}), got {output_indices!r}")
@@ -211,7 +249,10 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
 
     def forward(self, X: Tensor) -> MultivariateNormal:
         """``q(f(X))`` in the model's spaces, batched over the outputs: mean ``(*b, m, q)``, as
-        BoTorch's batched multi-output GPs return from ``model(X)``."""
+        BoTorch's batched multi-output GPs return from ``model(X)``.
+
+        :param X: inputs ``(*b, q, d)`` in the original input space.
+        """
         X = check_tensor(X, "X", dtype=floating_dtype(self.outputs[0].covar_module), min_dim=2)
         x = self.transform_inputs(X)
         mvns = [output.online(x) for output in self.outputs]
@@ -222,7 +263,12 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
 
     def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> MultiOutputOnlineGPModel:
         """A new model with ``(X, Y)``, ``Y`` of ``(*b', n, m)``, absorbed by one online update per output
-        (``noise``: ``(*b, n, m)``, in the outcome space as ``Y``). The original model is not changed."""
+        (``noise``: ``(*b, n, m)``, in the outcome space as ``Y``). The original model is not changed.
+
+        :param X: new inputs ``(*b, n, d)`` in the original input space.
+        :param Y: their observations ``(*b', n, m)`` in the original outcome space.
+        :param kwargs: only ``noise``: known noise variances ``(*b, n, m)`` like ``Y``; without it the likelihoods' noise.
+        """
         unknown = sorted(set(kwargs) - {"noise"})
         if unknown:
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
@@ -248,6 +294,12 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         )
 
     def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any):
+        """Not supported for several outputs: raises ``NotImplementedError`` (use :meth:`condition_on_observations`).
+
+        :param inputs: new inputs (GPyTorch's interface).
+        :param targets: their observations.
+        :param noise: their noise variances.
+        """
         raise NotImplementedError(
             "get_fantasy_model of a multi-output OnlineGPModel: use condition_on_observations with Y of shape "
             f"(*batch, n, {self.num_outputs}), or put single-output OnlineGPModels in a ModelListGP"
@@ -255,7 +307,12 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
 
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> MultiOutputOnlineGPModel:
         """Streaming step for ``(X, Y)`` of ``(n, d)``, ``(n, m)`` (and known noise ``Yvar`` ``(n, m)``): every
-        output's :meth:`OnlineGPModel.observe` (with its own hyperparameter refreshes every ``refit_every`` batches)."""
+        output's :meth:`OnlineGPModel.observe` (with its own hyperparameter refreshes every ``refit_every`` batches).
+
+        :param X: the batch's inputs ``(n, d)`` in the original input space.
+        :param Y: its observations ``(n, m)`` in the original outcome space.
+        :param Yvar: its known noise variances ``(n, m)``; ``None`` (default) for outputs that learn their noise.
+        """
         check_X_Y(X, Y, "X", "Y", self.num_outputs)
         if X.dim() != 2:
             raise ValueError(f"X must have shape (n, d) in observe (streaming data), got {tuple(X.shape)}")
@@ -268,7 +325,12 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         )
 
     def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100) -> None:
-        """Each output's :meth:`OnlineGPModel.fit_hyperparameters` on its column of ``y`` ``(n, m)`` (model space)."""
+        """Each output's :meth:`OnlineGPModel.fit_hyperparameters` on its column of ``y`` ``(n, m)`` (model space).
+
+        :param x: the batch's inputs ``(n, d)`` in the model (input-transformed) space.
+        :param y: its targets ``(n, m)`` in the model (outcome-transformed) space.
+        :param maxiter: the most L-BFGS-B iterations per output (default 100).
+        """
         for j, output in enumerate(self.outputs):
             output.fit_hyperparameters(x, y[..., j], maxiter=maxiter)
 

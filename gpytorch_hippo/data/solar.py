@@ -16,6 +16,9 @@ def load_solar_ghi(resolution: str = "daily", dtype: torch.dtype = torch.float64
 
     ``resolution="daily"`` gives 365 daily means at ``times = 0, 1, ..., 364`` (days);
     ``"hourly"`` gives the 8760 raw hourly values at ``times = 0, ..., 8759`` (hours).
+
+    :param resolution: ``"daily"`` (default) or ``"hourly"``.
+    :param dtype: dtype of both returned tensors (default ``torch.float64``).
     """
     if resolution not in ("daily", "hourly"):
         raise ValueError(f"resolution must be 'daily' or 'hourly', got {resolution!r}")

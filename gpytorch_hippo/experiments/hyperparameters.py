@@ -29,7 +29,14 @@ def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor
     what the bound supports (the ``OnlineELBO`` runs, :func:`.online_elbo.first_task_start`).
 
     Noise levels at or below the likelihood's noise constraint are left out of the grid (GPyTorch
-    refuses to set them); if every level is, a ``ValueError`` names ``y``."""
+    refuses to set them); if every level is, a ``ValueError`` names ``y``.
+
+    :param kernel: a ``ScaleKernel`` whose base kernel has a ``lengthscale`` (set in place, with the outputscale).
+    :param likelihood: a ``GaussianLikelihood`` (its noise is set in place).
+    :param x: inputs ``(N, d)``.
+    :param y: targets ``(N,)``.
+    :param num_inducing: score by the sparse bound with this many points when below ``N``; ``None`` (default): exact.
+    """
     constraint = getattr(getattr(likelihood, "noise_covar", None), "raw_noise_constraint", None)
     noise_floor = float(getattr(constraint, "lower_bound", 0.0))
     with torch.no_grad():

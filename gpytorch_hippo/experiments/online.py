@@ -54,7 +54,9 @@ from ..online import OnlineSGPR
 from .hyperparameters import grid_start
 from .online_elbo import ELBO_METHODS, FIRST_TASK_KERNELS, PREPROCESSINGS, run_elbo_method
 
+#: The methods the runner compares (``--methods``).
 METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
+#: The HiPPO covariance backends of ``--hippo-backend``.
 HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact ones; ohsgpr-rff is the recurrence
 #: The columns of the CSV the runner writes.
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
@@ -71,7 +73,16 @@ def make_schedule(
 ):
     """The inducing-variable schedule of ``method`` (module docstring); ``hippo_backend`` is the
     exact backend of ``ohsgpr`` (:class:`~gpytorch_hippo.HiPPOInducingVariables`'s ``method``;
-    ``None``: ``lyapunov`` for LegS, else ``auto``)."""
+    ``None``: ``lyapunov`` for LegS, else ``auto``).
+
+    :param method: one of :data:`METHODS`.
+    :param num_inducing: the number ``M`` of inducing variables (OVFF: ``(M - 1) // 2`` frequencies).
+    :param series_x: the whole series' times ``(N, 1)`` (its range and spacing place the bases and features).
+    :param num_tasks: the number of tasks (sets the window ``theta`` of non-LegS measures: one task's length).
+    :param osgpr_iters: Adam steps on the inducing inputs per later task of ``osgpr`` and ``ovc-optz``.
+    :param measure: the HiPPO measure of ``ohsgpr`` (default ``"legs"``).
+    :param hippo_backend: one of :data:`HIPPO_BACKENDS`, or ``None`` (default) as above.
+    """
     if hippo_backend is None:
         hippo_backend = "lyapunov" if measure == "legs" else "auto"
     if hippo_backend not in HIPPO_BACKENDS:
@@ -97,7 +108,12 @@ def make_schedule(
 
 
 def make_kernel(method: str, span: float) -> gpytorch.kernels.Kernel:
-    """RBF (Matérn-5/2 for OVFF), length scale initialised to ``span / 50``, trained on task 1."""
+    """RBF (Matérn-5/2 for OVFF), length scale initialised to ``span / 50``, trained on task 1.
+
+    :param method: one of :data:`METHODS` (``"ovff"`` gets the Matérn-5/2 kernel).
+    :param span: the series' time span (last minus first time).
+    :return: a float64 ``ScaleKernel``.
+    """
     base = gpytorch.kernels.MaternKernel(nu=2.5) if method == "ovff" else gpytorch.kernels.RBFKernel()
     kernel = gpytorch.kernels.ScaleKernel(base).double()
     kernel.base_kernel.lengthscale = torch.tensor(span / 50, dtype=torch.float64)
@@ -109,7 +125,15 @@ def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: tor
     ``"grid"`` (default) begins at :func:`grid_start`'s best grid point, ``"given"`` at the kernel's
     current hyperparameters with noise 0.1 (the runner before the grid: it left speech, monthly
     sunspots and hourly irradiance far from the optimum, docs/results.md); then ``num_iter`` Adam
-    steps of rate ``lr``."""
+    steps of rate ``lr``.
+
+    :param kernel: the kernel, fitted in place (a ``ScaleKernel`` for ``start="grid"``).
+    :param x: the task's inputs ``(N, d)``.
+    :param y: its targets ``(N,)``.
+    :param num_iter: the number of Adam steps.
+    :param lr: the Adam learning rate.
+    :param start: ``"grid"`` (default) or ``"given"``, as above.
+    """
     if start not in ("grid", "given"):
         raise ValueError(f"start must be 'grid' or 'given', got {start!r}")
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
@@ -137,7 +161,13 @@ def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: tor
 
 
 def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Test NLPD and RMSE of the Gaussian predictive (thesis §4.6 metrics)."""
+    """Test NLPD and RMSE of the Gaussian predictive (thesis §4.6 metrics).
+
+    :param model: the online model (left in train mode afterwards).
+    :param x: test inputs ``(N, d)``.
+    :param y: test targets ``(N,)``.
+    :return: ``{"nlpd": ..., "rmse": ...}``.
+    """
     model.eval()
     with torch.no_grad():
         predictive = model.likelihood(model(x))
@@ -168,7 +198,29 @@ def run_method(
     """Rows of :data:`COLUMNS` for one method and seed, the final model and the data (for plots).
     Counts and multidimensional data go to :func:`~.online_elbo.run_elbo_method` (``split``,
     ``svgp_iters``, ``first_task_kernel``, ``preprocessing``); Gaussian series use the collapsed :class:`OnlineSGPR` methods, in ``dtype``
-    after the first task's float64 hyperparameter fit."""
+    after the first task's float64 hyperparameter fit.
+
+    :param dataset: one of :data:`~gpytorch_hippo.data.DATASETS`.
+    :param method: one of :data:`METHODS` (Gaussian series) or of :data:`~gpytorch_hippo.experiments.online_elbo.ELBO_METHODS` (the others).
+    :param num_inducing: the number ``M`` of inducing variables.
+    :param seed: seeds the task split, the random inducing points and the initialisation.
+    :param num_tasks: the number of tasks (default 10).
+    :param first_iters: Adam steps of the first task's exact-GP fit, and per task with ``train_kernel`` (default 100).
+    :param osgpr_iters: Adam steps on the inducing inputs per later task of ``osgpr``/``ovc-optz`` (default 100).
+    :param lr: Adam learning rate of the Gaussian-series methods (default 0.05; the ELBO methods use 0.01).
+    :param train_kernel: keep training the hyperparameters on every task's online bound (default ``False``).
+    :param measure: the HiPPO measure of ``ohsgpr`` (default ``"legs"``).
+    :param progress: show a progress bar over the tasks (default ``False``).
+    :param split: task split of multidimensional data (ELBO methods), ``"first-dim"`` or ``"l2"``; ``None`` (default):
+        :func:`~gpytorch_hippo.data.split_tasks`'s default.
+    :param svgp_iters: Adam steps per task of the ELBO methods (default 200).
+    :param first_fit: start of the first task's fit, ``"grid"`` (default) or ``"given"``.
+    :param hippo_backend: exact backend of ``ohsgpr`` (:func:`make_schedule`); ``None`` (default): by measure.
+    :param dtype: dtype of the online models after the float64 fit (default ``torch.float64``).
+    :param first_task_kernel: of :func:`~.online_elbo.run_elbo_method`, ``"exact-gp"`` (default) or ``"elbo"``.
+    :param preprocessing: of :func:`~.online_elbo.run_elbo_method`, ``"thesis"`` (default) or ``"standardise"``.
+    :return: ``(rows, final model, data set)``.
+    """
     data = load_dataset(dataset)
     if data.likelihood != "gaussian" or not data.is_series:
         rows, model, _ = run_elbo_method(
@@ -234,7 +286,17 @@ def run(
 ):
     """All rows, and the final model of each method for the first seed. With ``out``,
     ``out/results.csv`` is rewritten after every (seed, method), so that an interrupted run keeps
-    the rows of the methods it finished."""
+    the rows of the methods it finished.
+
+    :param dataset: one of :data:`~gpytorch_hippo.data.DATASETS`.
+    :param methods: the methods to run (see :func:`run_method`).
+    :param num_inducing: the number ``M`` of inducing variables.
+    :param seeds: the seeds (values, not a count).
+    :param progress: show progress bars (default ``True``).
+    :param out: output directory of ``results.csv``; ``None`` (default): nothing written.
+    :param options: further keyword arguments of :func:`run_method`.
+    :return: ``(rows, {method: (model, data)})``.
+    """
     rows, finals = [], {}
     for seed in seeds:
         for method in tqdm(methods, desc=f"{dataset} M={num_inducing} seed {seed}", disable=not progress):
@@ -248,6 +310,11 @@ def run(
 
 
 def write_csv(rows: list[dict], out: str) -> str:
+    """Write ``out/results.csv`` (columns :data:`COLUMNS`) and return its path.
+
+    :param rows: the rows, dicts with the keys :data:`COLUMNS`.
+    :param out: the output directory (created).
+    """
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "results.csv")
     with open(path, "w", newline="") as handle:
@@ -270,7 +337,10 @@ def _over_seen_tasks(rows: list[dict], method: str, metric: str) -> dict[int, li
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95 % Student-t interval over seeds (0 for one seed)."""
+    """Mean and half-width of the 95 % Student-t interval over seeds (0 for one seed).
+
+    :param values: one value per seed (at least one).
+    """
     import scipy.stats
 
     values = torch.tensor(values, dtype=torch.float64)
@@ -281,7 +351,11 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
 
 
 def summary(rows: list[dict]) -> str:
-    """After the last task: NLPD and RMSE over all tasks' test points and cumulative time, mean ± 95 % CI."""
+    """After the last task: NLPD and RMSE over all tasks' test points and cumulative time, mean ± 95 % CI.
+
+    :param rows: the rows of :func:`run`.
+    :return: the table as text.
+    """
     last = max(r["task_trained"] for r in rows)
     metrics = ("nlpd", "rmse", "ece") if any(r["ece"] != "" for r in rows) else ("nlpd", "rmse")
     header = "".join(f"{m.upper() + ' (all tasks)':>18s} " for m in metrics)
@@ -306,7 +380,13 @@ def summary(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], finals: dict, out: str) -> list[str]:
     """NLPD/RMSE vs number of learned tasks (thesis figs. 4.3/4.4) and each method's final predictive
-    mean ± 2 sd over the whole series with its inducing inputs marked (fig. 4.5)."""
+    mean ± 2 sd over the whole series with its inducing inputs marked (fig. 4.5).
+
+    :param rows: the rows of :func:`run`.
+    :param finals: ``{method: (model, data)}`` of :func:`run`; only :class:`OnlineSGPR` models get the second figure.
+    :param out: the output directory (must exist).
+    :return: the paths of the figures written.
+    """
     matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -352,6 +432,10 @@ def plot(rows: list[dict], finals: dict, out: str) -> list[str]:
 
 
 def main(argv=None):
+    """The command line (module docstring): run, write the CSV and figures, print the summary.
+
+    :param argv: the arguments; ``None`` (default): ``sys.argv[1:]``. ``--help`` lists them.
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="irradiance", choices=DATASETS)
     parser.add_argument("--split", default=None, choices=("first-dim", "l2"), help="task split of multidimensional data (§4.6.2)")

@@ -43,6 +43,7 @@ from ..ordering import order_inputs
 from ..variational import InterdomainVariationalStrategy
 from .hyperparameters import grid_start
 
+#: The variational (OHSVGP-family) methods of the runner.
 ELBO_METHODS = ("ohsvgp", "ohsvgp-k", "ohsvgp-o", "osvgp", "ovc")
 #: ``first_task_kernel`` of :func:`run_elbo_method` (multidimensional inputs).
 FIRST_TASK_KERNELS = ("exact-gp", "elbo")
@@ -51,7 +52,12 @@ PREPROCESSINGS = ("thesis", "standardise")
 
 
 class OnlineApproximateGP(gpytorch.models.ApproximateGP):
-    """SVGP with any inducing variables (Cholesky ``q(u)``), a kernel and a mean."""
+    """SVGP with any inducing variables (Cholesky ``q(u)``), a kernel and a mean.
+
+    :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
+    :param kernel: the prior kernel.
+    :param mean_module: the prior mean.
+    """
 
     def __init__(self, inducing_variables, kernel, mean_module):
         distribution = gpytorch.variational.CholeskyVariationalDistribution(inducing_variables.num_inducing)
@@ -59,10 +65,18 @@ class OnlineApproximateGP(gpytorch.models.ApproximateGP):
         self.covar_module, self.mean_module = kernel, mean_module
 
     def forward(self, x):
+        """The prior :math:`p(f(x))`.
+
+        :param x: inputs ``(N, d)``.
+        """
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def methods_for(data: Dataset) -> tuple:
+    """The methods of :data:`ELBO_METHODS` that apply to ``data`` (series or multidimensional inputs).
+
+    :param data: the data set.
+    """
     return ("ohsvgp", "osvgp", "ovc") if data.is_series else ("ohsvgp-k", "ohsvgp-o", "osvgp", "ovc")
 
 
@@ -83,7 +97,16 @@ def first_task_start(
     maximises the negative-binomial log likelihood of ``y`` at the rate ``exp`` of that GP's
     posterior mean, over 41 values log-spaced in [0.1, 10⁴].  The task-1 ELBO steps (lr 0.01) move
     a softplus parameter by about 0.01 per step, so without this the initial ``span / 50`` length
-    scale and ``r = 1`` are where the fit ends (docs/results.md)."""
+    scale and ``r = 1`` are where the fit ends (docs/results.md).
+
+    :param kernel: the ``ScaleKernel``, set in place.
+    :param likelihood: a ``GaussianLikelihood`` (noise set) or a
+        :class:`~gpytorch_hippo.likelihoods.NegativeBinomialLikelihood` (dispersion set).
+    :param mean_constant: the prior mean's constant (subtracted from ``y``, or from the log counts).
+    :param x: the first task's inputs ``(N, d)``.
+    :param y: its targets ``(N,)`` (counts for the negative binomial).
+    :param num_inducing: passed to :func:`~.hyperparameters.grid_start`; ``None`` (default): its default.
+    """
     with torch.no_grad():
         if isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
             grid_start(kernel, likelihood, x, y - mean_constant, num_inducing)
@@ -120,7 +143,14 @@ def fit_exact_gp(
     progress on a flat ridge of the likelihood; the modules have no priors for BoTorch's retries to
     sample new starts from), the fit restarts from the same start with BoTorch's Adam fitter
     (``fit_gpytorch_mll_torch``, at most 1,000 steps) and warns. Returns the fitter that succeeded,
-    ``"lbfgs"`` or ``"adam"``."""
+    ``"lbfgs"`` or ``"adam"``.
+
+    :param kernel: the kernel, fitted in place.
+    :param likelihood: the Gaussian likelihood, fitted in place.
+    :param mean_module: the mean, fitted in place.
+    :param x: the first task's inputs ``(N, d)``.
+    :param y: its targets ``(N,)``.
+    """
     from botorch.exceptions.errors import ModelFittingError
     from botorch.fit import fit_gpytorch_mll
     from botorch.models import SingleTaskGP
@@ -191,7 +221,24 @@ def run_elbo_method(
     (task 1 trains ``q(u)`` only, and OHSVGP-k orders task 1 with the fitted kernel); ``"elbo"`` trains
     them on task 1's online ELBO and orders task 1 with the starting kernel (the runner before).
     ``preprocessing="thesis"``: :func:`~gpytorch_hippo.data.minmax_inputs` and a global 10 % test split;
-    ``"standardise"``: the data as loaded (standardised) and 20 % of each task held out."""
+    ``"standardise"``: the data as loaded (standardised) and 20 % of each task held out.
+
+    :param data: the data set (counts or multidimensional inputs; series with a Gaussian likelihood work too).
+    :param method: one of :func:`methods_for` ``(data)``.
+    :param num_inducing: the number ``M`` of inducing variables.
+    :param seed: seeds the task split, the random inducing points and features, and the evaluation's samples.
+    :param num_tasks: the number of tasks.
+    :param split: task split of multidimensional data, ``"first-dim"`` or ``"l2"``; ``None``: ``"time"`` for series,
+        ``"first-dim"`` otherwise.
+    :param svgp_iters: Adam steps per task (default 200).
+    :param lr: Adam learning rate (default 0.01).
+    :param num_rff: random Fourier features of the multidimensional HiPPO variables (default 1000).
+    :param progress: unused (kept for the runner's signature).
+    :param first_fit: ``"grid"`` (default) or ``"given"``, as above.
+    :param first_task_kernel: one of :data:`FIRST_TASK_KERNELS`, as above (default ``"exact-gp"``).
+    :param preprocessing: one of :data:`PREPROCESSINGS`, as above (default ``"thesis"``).
+    :return: ``(rows, final model, likelihood)``.
+    """
     if first_fit not in ("grid", "given"):
         raise ValueError(f"first_fit must be 'grid' or 'given', got {first_fit!r}")
     if first_task_kernel not in FIRST_TASK_KERNELS:

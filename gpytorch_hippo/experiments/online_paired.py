@@ -31,6 +31,7 @@ from scipy import stats
 
 __all__ = ["per_seed", "mean_se", "paired", "format_tables", "main"]
 
+#: The per-row quantities the paired comparison reads.
 QUANTITIES = ("nlpd", "rmse", "ece", "nlpd_task1", "time")
 
 
@@ -39,7 +40,10 @@ def _number(value) -> float:
 
 
 def per_seed(rows: Sequence[dict]) -> dict[str, dict[int, dict[str, float]]]:
-    """``method -> seed -> {quantity: value}`` after each (method, seed)'s last task (module docstring)."""
+    """``method -> seed -> {quantity: value}`` after each (method, seed)'s last task (module docstring).
+
+    :param rows: the rows of a ``results.csv`` (dicts of strings, as ``csv.DictReader`` gives).
+    """
     last: dict[tuple, int] = {}
     for r in rows:
         key = (r["method"], int(r["seed"]))
@@ -55,7 +59,10 @@ def per_seed(rows: Sequence[dict]) -> dict[str, dict[int, dict[str, float]]]:
 
 
 def mean_se(values: Sequence[float]) -> tuple:
-    """Mean and standard error (sample sd / sqrt(n); nan for one value)."""
+    r"""Mean and standard error (:math:`s / \sqrt{n}` with :math:`s` the sample sd; nan for one value).
+
+    :param values: the values, at least one.
+    """
     n = len(values)
     mean = sum(values) / n
     if n < 2:
@@ -65,7 +72,12 @@ def mean_se(values: Sequence[float]) -> tuple:
 
 def paired(reference: dict[int, dict[str, float]], other: dict[int, dict[str, float]], quantity: str) -> dict:
     """Differences ``other - reference`` over the seeds both have: per seed, mean, s.e., number of
-    seeds where ``other`` is lower, and the exact two-sided sign-test p-value of the non-zero ones."""
+    seeds where ``other`` is lower, and the exact two-sided sign-test p-value of the non-zero ones.
+
+    :param reference: ``seed -> {quantity: value}`` of the reference method (from :func:`per_seed`).
+    :param other: the same for the compared method.
+    :param quantity: one of :data:`QUANTITIES`.
+    """
     seeds = sorted(set(reference) & set(other))
     if not seeds:
         raise ValueError("the two methods share no seed to pair")
@@ -83,7 +95,11 @@ def _fmt(mean: float, se: float, digits: int = 3) -> str:
 
 
 def format_tables(rows: Sequence[dict], reference: str = None) -> str:
-    """The two Markdown tables of the module docstring."""
+    """The two Markdown tables of the module docstring.
+
+    :param rows: the rows of one or more ``results.csv`` files.
+    :param reference: the method the others are paired against; ``None`` (default): ``ohsgpr``, or ``ohsvgp`` without it.
+    """
     seeds = per_seed(rows)
     if reference is None:
         reference = "ohsgpr" if "ohsgpr" in seeds else "ohsvgp"
@@ -126,6 +142,10 @@ def format_tables(rows: Sequence[dict], reference: str = None) -> str:
 
 
 def main(argv=None) -> str:
+    """The command line (module docstring): read the CSV files, print and return the tables.
+
+    :param argv: the arguments (CSV paths, ``--reference``); ``None`` (default): ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(prog="python -m gpytorch_hippo.experiments.online_paired", description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", nargs="+", help="results.csv files of the online runner (rows are concatenated)")
     parser.add_argument("--reference", default=None, help="method the others are paired against (default ohsgpr/ohsvgp)")

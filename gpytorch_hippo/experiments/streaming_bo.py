@@ -39,16 +39,24 @@ from tqdm import tqdm
 
 from .._optional import require
 
+#: The surrogates the streaming-BO runner compares.
 METHODS = ("ohsgpr", "osgpr", "exact", "svgp")
+#: The acquisition functions of ``--acquisition``.
 ACQUISITIONS = ("ucb", "qkg", "qjes")
+#: The columns of the CSV the runner writes.
 COLUMNS = ("method", "seed", "step", "hour", "tilt", "azimuth", "value", "best_value", "regret", "surrogate_seconds", "acquisition_seconds")
 TILT_RANGE, AZIMUTH_RANGE = (0.0, 90.0), (90.0, 270.0)
 
 
 class IrradianceObjective:
-    """Plane-of-array irradiance (kW/m²) of hour ``k`` of the TMY3 year as a function of panel angles.
+    r"""Plane-of-array irradiance (kW/m²) of hour ``k`` of the TMY3 year as a function of panel angles.
 
-    Inputs live in the unit square: ``x = (tilt / 90, (azimuth - 90) / 180)``.
+    Inputs live in the unit square: :math:`x = (\beta / 90, (\gamma - 90) / 180)` (tilt :math:`\beta`, azimuth
+    :math:`\gamma`, in degrees).
+
+    :param first_day: the first day of the year used (0-based; default 80, about the March equinox).
+    :param min_elevation: the least solar elevation in degrees of a used hour (default 10; hours with zero GHI are
+        left out too).
     """
 
     def __init__(self, first_day: int = 80, min_elevation: float = 10.0):
@@ -81,6 +89,10 @@ class IrradianceObjective:
         return np.nan_to_num(np.asarray(poa, dtype=float)) / 1000.0
 
     def best(self, hour: int) -> float:
+        """The largest irradiance over the 1° x 2° grid of angles during ``hour`` (kW/m²).
+
+        :param hour: the hour of the TMY3 year (an index into its 8760 hours).
+        """
         return float(self(self.grid, hour).max())
 
 
@@ -90,7 +102,12 @@ def _time_feature(hour: int, first_hour: int, last_hour: int) -> float:
 
 
 class OnlineSurrogate:
-    """OHSGPR / OSGPR through :class:`~gpytorch_hippo.botorch.OnlineGPModel`."""
+    """OHSGPR / OSGPR through :class:`~gpytorch_hippo.botorch.OnlineGPModel`.
+
+    :param method: ``"ohsgpr"`` (HiPPO-LegS path variables) or ``"osgpr"`` (points at the latest ``M`` inputs).
+    :param num_inducing: the number ``M`` of inducing variables.
+    :param fit_maxiter: L-BFGS iterations of the hyperparameter fit on the first batch.
+    """
 
     def __init__(self, method: str, num_inducing: int, fit_maxiter: int):
         self.method, self.num_inducing, self.fit_maxiter = method, num_inducing, fit_maxiter
@@ -98,6 +115,11 @@ class OnlineSurrogate:
         self.recent = None
 
     def observe(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Build the model on the first batch, then absorb each later one by an online update.
+
+        :param x: inputs ``(n, 3)`` (tilt, azimuth, time feature) in the unit cube.
+        :param y: observations ``(n, 1)`` (kW/m²).
+        """
         from botorch.models.transforms import Standardize
 
         from ..botorch import OnlineGPModel
@@ -117,13 +139,23 @@ class OnlineSurrogate:
 
 
 class RefittedSurrogate:
-    """BoTorch's ``SingleTaskGP`` or ``SingleTaskVariationalGP`` refitted on all data at every step."""
+    """BoTorch's ``SingleTaskGP`` or ``SingleTaskVariationalGP`` refitted on all data at every step.
+
+    :param method: ``"exact"`` (``SingleTaskGP``) or ``"svgp"`` (``SingleTaskVariationalGP``).
+    :param num_inducing: the number of inducing points of ``"svgp"`` (at most the number of data).
+    :param maxiter: L-BFGS iterations of each refit.
+    """
 
     def __init__(self, method: str, num_inducing: int, maxiter: int):
         self.method, self.num_inducing, self.maxiter = method, num_inducing, maxiter
         self.model, self.X, self.Y = None, None, None
 
     def observe(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Append the batch and refit on all data, warm-started from the previous model.
+
+        :param x: inputs ``(n, 3)`` in the unit cube.
+        :param y: observations ``(n, 1)``.
+        """
         from botorch.fit import fit_gpytorch_mll
         from botorch.models import SingleTaskGP, SingleTaskVariationalGP
         from botorch.models.transforms import Standardize
@@ -151,7 +183,13 @@ class RefittedSurrogate:
 
 
 def make_acquisition(name: str, model, bounds: torch.Tensor, t_next: float):
-    """The acquisition ``name`` for the next hour ``t_next`` (the time feature is fixed by the optimiser)."""
+    """The acquisition ``name`` for the next hour ``t_next`` (the time feature is fixed by the optimiser).
+
+    :param name: one of :data:`ACQUISITIONS`: ``"ucb"``, ``"qkg"`` or ``"qjes"`` (see :func:`run`).
+    :param model: the surrogate, a BoTorch model.
+    :param bounds: the input bounds ``(2, 3)``.
+    :param t_next: the time feature of the next hour, in ``[0, 1]``.
+    """
     from botorch.acquisition import UpperConfidenceBound, qKnowledgeGradient
     from botorch.acquisition.joint_entropy_search import qJointEntropySearch
     from botorch.acquisition.utils import get_optimal_samples
@@ -180,7 +218,18 @@ def run(
     """One streaming BO run per method; returns one row per (method, step) with the CSV columns.
     ``acquisition``: ``"ucb"`` (β = 4), ``"qkg"`` (one-shot knowledge gradient, 8 fantasies at the next
     hour) or ``"qjes"`` (joint entropy search with 8 optimal samples of the next hour, drawn from
-    pathwise samples of every surrogate)."""
+    pathwise samples of every surrogate).
+
+    :param steps: the number of daylight hours of the run, initial ones included (default 220).
+    :param init: the number of initial random observations, fewer than ``steps`` (default 20).
+    :param seed: seeds the initial points, the noise and the surrogates.
+    :param methods: surrogates among :data:`METHODS` (default all).
+    :param num_inducing: the number ``M`` of inducing variables of ``ohsgpr``, ``osgpr`` and ``svgp`` (default 32).
+    :param noise_std: the standard deviation of the observation noise in kW/m² (default 0.01).
+    :param svgp_maxiter: L-BFGS iterations of each ``svgp`` refit (default 20).
+    :param progress: show progress bars (default ``True``).
+    :param acquisition: one of :data:`ACQUISITIONS` (default ``"ucb"``).
+    """
     from botorch.optim import optimize_acqf
 
     if acquisition not in ACQUISITIONS:
@@ -249,7 +298,11 @@ def run(
 
 def summarise(rows: list[dict], window: int = 20) -> list[dict]:
     """Per method: mean regret over all BO steps and over the last ``window``, and the surrogate time
-    per step over the first and last ``window`` BO steps (first step excluded: it holds the first fit)."""
+    per step over the first and last ``window`` BO steps (first step excluded: it holds the first fit).
+
+    :param rows: the rows of :func:`run`.
+    :param window: the number of steps of the first and last windows (default 20).
+    """
     summary = []
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
@@ -272,6 +325,11 @@ def summarise(rows: list[dict], window: int = 20) -> list[dict]:
 
 
 def format_table(summary: list[dict], window: int) -> str:
+    """The Markdown table of :func:`summarise`'s numbers.
+
+    :param summary: the entries of :func:`summarise`.
+    :param window: the window it used (for the column names).
+    """
     header = (
         f"| method | mean regret (kW/m²) | regret, last {window} | surrogate s/step, first {window} | "
         f"surrogate s/step, last {window} | growth | exact / method, last {window} | acquisition s/step |"
@@ -287,6 +345,11 @@ def format_table(summary: list[dict], window: int) -> str:
 
 
 def plot(rows: list[dict], path: str) -> None:
+    """Regret (10-step moving mean) and surrogate seconds per step against the step, one line per method.
+
+    :param rows: the rows of :func:`run`.
+    :param path: the image file to write.
+    """
     matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -310,6 +373,10 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> list[dict]:
+    """The command line (module docstring): run, write the CSV and the figure, print the table.
+
+    :param argv: the arguments; ``None`` (default): ``sys.argv[1:]``. ``--help`` lists them.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="out/streaming_bo")
     parser.add_argument("--steps", type=int, default=220)

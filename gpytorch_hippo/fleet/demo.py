@@ -51,14 +51,21 @@ COLUMNS = (
 
 
 class EmploymentModelFactory:
-    """``factory(num_streams)``: a batched ``OnlineSGPR`` for standardised monthly series in years, Matérn-3/2
+    r"""``factory(num_streams)``: a batched ``OnlineSGPR`` for standardised monthly series in years, Matérn-3/2
     (``ℓ = lengthscale``, outputscale 1), noise variance ``noise``, the same for every stream; ``inducing``
     ``"points"``: ``M`` inducing points fixed on ``[0, horizon]`` (OSGPR-fixed); ``"hippo"``: ``M`` LegS bases
     per stream, each with its own clock (OHSGPR, lyapunov backend), moved to the latest month a stream has
     seen by ``before_update``.
 
     :attr:`before_update` is the fleet's hook (``StreamFleet(before_update=...)``) for inducing variables that
-    move with each stream's clock; fixed points need none (``None``)."""
+    move with each stream's clock; fixed points need none (``None``).
+
+    :param num_inducing: the number ``M`` of inducing points or LegS bases per stream.
+    :param horizon: the end of the time span in years (the points are spread on ``[0, horizon]``).
+    :param inducing: ``"points"`` (default) or ``"hippo"``.
+    :param lengthscale: the Matérn-3/2 length scale :math:`\ell` in years (default 1.5).
+    :param noise: the Gaussian noise variance, in standardised units (default 0.01).
+    """
 
     #: ``before_update(model, X, mask)`` before each batched update, or ``None``
     before_update = None
@@ -76,6 +83,10 @@ class EmploymentModelFactory:
         return f"{'OHSGPR' if self.inducing == 'hippo' else 'OSGPR-fixed'} M={self.num_inducing}"
 
     def kernel_and_likelihood(self, batch: torch.Size):
+        """The float64 scaled Matérn-3/2 kernel and Gaussian likelihood of the factory's settings.
+
+        :param batch: their batch shape, ``(num_streams,)``.
+        """
         kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch), batch_shape=batch).double()
         kernel.base_kernel.lengthscale = self.lengthscale
         likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double()
@@ -94,7 +105,12 @@ class EmploymentModelFactory:
 
     @staticmethod
     def advance_clocks(model: OnlineSGPR, X: torch.Tensor, mask: torch.Tensor) -> None:
-        """Move each stream's LegS bases to its latest observed time (a stream without points stays)."""
+        """Move each stream's LegS bases to its latest observed time (a stream without points stays).
+
+        :param model: the batched model, with batched HiPPO inducing variables.
+        :param X: the task's padded inputs ``(S, n, 1)`` (times in years).
+        :param mask: ``(S, n)``, ``True`` at real points, ``False`` at padding.
+        """
         latest = torch.where(mask, X[..., 0], torch.tensor(-math.inf, dtype=X.dtype)).amax(-1)
         clocks = model.inducing_variables.t.to(X)
         model.inducing_variables.advance(torch.maximum(clocks, latest))
@@ -102,7 +118,12 @@ class EmploymentModelFactory:
 
 def split_task(task: dict, seed: int, test_fraction: float = 0.2) -> tuple[dict, dict]:
     """``(train, test)``: a random ``test_fraction`` of each stream's points held out (at least one, and at
-    least one left to learn from)."""
+    least one left to learn from).
+
+    :param task: a mapping stream id -> ``(t, y)``, as :meth:`~gpytorch_hippo.data.SeriesFleet.tasks` returns.
+    :param seed: seed of the random split.
+    :param test_fraction: the fraction of each stream's points to hold out (default 0.2).
+    """
     generator = torch.Generator().manual_seed(seed)
     train, test = {}, {}
     for stream, (t, y) in task.items():
@@ -129,7 +150,15 @@ def first_task_memory(
     factory, tasks: list[tuple[dict, dict]], engine: str = "local", num_shards: int = 2, checkpoint_dir=None
 ) -> tuple[StreamFleet, dict, float]:
     """Learn ``tasks`` (``(train, test)`` pairs) with a fleet; each stream's first task scored right after it
-    and at the end: ``{stream: (first_task, rmse_after, nlpd_after, rmse_end, nlpd_end)}``; seconds of updates."""
+    and at the end: ``{stream: (first_task, rmse_after, nlpd_after, rmse_end, nlpd_end)}``; seconds of updates.
+
+    :param factory: the model factory (an :class:`EmploymentModelFactory`: it also gives ``before_update`` and ``noise``).
+    :param tasks: the ``(train, test)`` mappings of :func:`split_task`, in order.
+    :param engine: the fleet's engine, ``"local"`` (default) or ``"ray"``.
+    :param num_shards: the fleet's number of shards (default 2).
+    :param checkpoint_dir: the fleet's checkpoint directory; ``None`` (default): none.
+    :return: the fleet (still open), the scores and the seconds spent in updates.
+    """
     fleet = StreamFleet(factory, engine=engine, num_shards=num_shards, checkpoint_dir=checkpoint_dir, before_update=factory.before_update)
     first, after, seconds = {}, {}, 0.0
     for k, (train, test) in enumerate(tasks):
@@ -145,7 +174,11 @@ def first_task_memory(
 
 def loop_baseline(factory: EmploymentModelFactory, tasks: list[tuple[dict, dict]]) -> tuple[dict, float]:
     """One single-stream model (``factory(1)``) per series through the same tasks, in a Python loop; the models
-    and seconds of updates."""
+    and seconds of updates.
+
+    :param factory: the model factory.
+    :param tasks: the ``(train, test)`` mappings of :func:`split_task`, in order (only ``train`` is used).
+    """
     models, seconds = {}, 0.0
     for train, _ in tasks:
         start = time.perf_counter()
@@ -172,7 +205,20 @@ def run(
     hippo: tuple[int, ...] = (96,),
 ) -> dict:
     """The demo: a fleet per variant, the per-stream first-task memory, the batched-vs-loop throughput; writes
-    ``out/fleet_memory.csv`` (:data:`COLUMNS`) and ``out/fleet_memory.png``; returns the numbers it prints."""
+    ``out/fleet_memory.csv`` (:data:`COLUMNS`) and ``out/fleet_memory.png``; returns the numbers it prints.
+
+    :param out: output directory (created).
+    :param num_tasks: the number of consecutive blocks of months (default 8).
+    :param variants: ``M`` of each OSGPR-fixed variant (default ``(24, 96)``); the last is the one timed against the loop.
+    :param engine: the fleets' engine, ``"local"`` (default) or ``"ray"``.
+    :param num_shards: the fleets' number of shards (default 2).
+    :param seed: seed of the train/test splits (task ``k`` uses ``seed + k``).
+    :param data: the series; ``None`` (default): :func:`~gpytorch_hippo.data.load_us_employment`.
+    :param plot: write the figure (default ``True``; needs matplotlib).
+    :param hippo: ``M`` of each OHSGPR variant (default ``(96,)``).
+    """
+    if not variants:
+        raise ValueError("variants needs at least one M: its last OSGPR-fixed variant is timed against the loop")
     os.makedirs(out, exist_ok=True)
     data = load_us_employment() if data is None else data
     horizon = float(data.times[-1])
@@ -266,6 +312,11 @@ def _figure(path: str, data: SeriesFleet, fleets: dict, shown: list[str], grid: 
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """The command line: parse the arguments and :func:`run` the demo.
+
+    :param argv: the arguments (``--out``, ``--tasks``, ``--inducing``, ``--hippo``, ``--engine``, ``--shards``,
+        ``--seed``, ``--threads``); ``None`` (default): ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m gpytorch_hippo.fleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -23,8 +23,12 @@ _FLEET_FILE = "fleet.json"
 
 
 def shard_of(stream_id, num_shards: int) -> int:
-    """The shard of ``stream_id``: ``crc32(repr(stream_id)) mod num_shards``, the same in every process and
-    whatever the order in which streams arrive (so a re-delivered task finds the same shards)."""
+    r"""The shard of ``stream_id``: :math:`\mathrm{crc32}(\mathrm{repr}(s)) \bmod \mathrm{num\_shards}`, the same in
+    every process and whatever the order in which streams arrive (so a re-delivered task finds the same shards).
+
+    :param stream_id: the stream's id (an int or a str; its ``repr`` is hashed).
+    :param num_shards: the number of shards, a positive int.
+    """
     return zlib.crc32(repr(stream_id).encode()) % num_shards
 
 
@@ -238,7 +242,16 @@ class StreamFleet:
     ) -> StreamFleet:
         """The fleet whose checkpoints are in ``checkpoint_dir`` (its ``num_shards`` read from there), each shard
         at its last written task; deliver again the tasks after the last one :meth:`update` returned from
-        (tasks a shard absorbed already are skipped). The other arguments: as for the constructor."""
+        (tasks a shard absorbed already are skipped). The other arguments: as for the constructor.
+
+        :param checkpoint_dir: the directory a fleet wrote its checkpoints to (with its ``fleet.json``).
+        :param model_factory: ``model_factory(num_streams)``, building the same models as the fleet's did.
+        :param engine: ``"local"`` (default) or ``"ray"``; need not be the one the fleet ran on.
+        :param before_update: ``before_update(model, X, mask)`` before each shard update; ``None`` (default): none.
+        :param ray_init: keyword arguments of ``ray.init`` (Ray engine); ``None`` (default): Ray's own.
+        :param actor_options: options of the shard actors (Ray engine); ``None`` (default): none.
+        :param max_restarts: how many dead actors the Ray engine replaces (default 100).
+        """
         manifest = os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)
         if not os.path.exists(manifest):
             raise FileNotFoundError(f"{manifest} not found: {checkpoint_dir} holds no fleet")
@@ -265,7 +278,10 @@ class StreamFleet:
         return set.intersection(*self._task_ids)
 
     def shard_of(self, stream_id) -> int:
-        """The shard that holds (or will hold) ``stream_id``."""
+        """The shard that holds (or will hold) ``stream_id``.
+
+        :param stream_id: the stream's id (an int or a str).
+        """
         return shard_of(stream_id, self.num_shards)
 
     # ------------------------------------------------------------------ tasks
@@ -276,6 +292,9 @@ class StreamFleet:
         are checked before any shard sees them (:class:`StreamDataError` naming the stream). Every shard
         records ``task_id`` and writes its checkpoint. Returns whether any shard absorbed the task now
         (``False``: it was delivered before, nothing changed).
+
+        :param task_id: the task's id, an int or a str (stored in the checkpoints; a repeated id is skipped).
+        :param data: mapping stream id (int or str) -> ``(X, y)``, ``X`` ``(n, d)`` or ``(n,)``, ``y`` ``(n,)``, finite.
         """
         _check_id(task_id, "task_id")
         if not isinstance(data, Mapping):
@@ -293,7 +312,12 @@ class StreamFleet:
     def predict(self, stream_ids: Sequence, X, observation_noise: bool = False) -> tuple[Tensor, Tensor]:
         """Mean and variance ``(len(stream_ids), n)`` of each stream's latent ``f`` at ``X`` (with
         ``observation_noise``: of ``y``, the likelihood's noise added). ``X``: ``(n, d)`` or ``(n,)``, the
-        same inputs for every stream, or ``(len(stream_ids), n, d)``, each stream's own."""
+        same inputs for every stream, or ``(len(stream_ids), n, d)``, each stream's own.
+
+        :param stream_ids: ids of streams the fleet holds.
+        :param X: the inputs (tensor or array), as above.
+        :param observation_noise: ``False`` (default): the latent ``f``; ``True``: ``y``, with the likelihood's noise.
+        """
         stream_ids = list(stream_ids)
         known = {s: k for k, members in enumerate(self._members) for s in members}
         unknown = [s for s in stream_ids if s not in known]
@@ -326,7 +350,11 @@ class StreamFleet:
 
 
 def atomic_save_json(obj, path: str) -> None:
-    """``obj`` as JSON in ``path``, written through a temporary file and ``os.replace``."""
+    """``obj`` as JSON in ``path``, written through a temporary file and ``os.replace``.
+
+    :param obj: a JSON-serialisable object.
+    :param path: the destination file; its directory must exist.
+    """
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "w") as file:
         json.dump(obj, file)

@@ -34,7 +34,11 @@ CHECKPOINT_FORMAT = 1
 
 
 class StreamDataError(ValueError):
-    """Bad data of one or more streams (NaN or infinite values, mismatched shapes); ``stream_ids`` names them."""
+    """Bad data of one or more streams (NaN or infinite values, mismatched shapes); ``stream_ids`` names them.
+
+    :param message: the error message.
+    :param stream_ids: the ids of the streams with bad data (stored as a list).
+    """
 
     def __init__(self, message: str, stream_ids: list):
         super().__init__(message)
@@ -42,12 +46,20 @@ class StreamDataError(ValueError):
 
 
 def checkpoint_path(checkpoint_dir: str | os.PathLike, index: int) -> str:
-    """The file of shard ``index`` in ``checkpoint_dir``."""
+    """The file of shard ``index`` in ``checkpoint_dir``.
+
+    :param checkpoint_dir: the fleet's checkpoint directory.
+    :param index: the shard's index (``shard-<index>.pt``, four digits).
+    """
     return os.path.join(os.fspath(checkpoint_dir), f"shard-{index:04d}.pt")
 
 
 def atomic_save(obj, path: str) -> None:
-    """``torch.save(obj)`` to ``path`` through a temporary file in the same directory and ``os.replace``."""
+    """``torch.save(obj)`` to ``path`` through a temporary file in the same directory and ``os.replace``.
+
+    :param obj: what to save (anything ``torch.save`` takes).
+    :param path: the destination file; its directory must exist.
+    """
     directory = os.path.dirname(path) or "."
     handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
     try:
@@ -63,9 +75,13 @@ def atomic_save(obj, path: str) -> None:
 
 
 def set_prior_summary(model: OnlineSGPR) -> None:
-    """Store the prior as ``model``'s summary: ``Λ' = 0``, ``η' = 0`` (``q(v) = N(0, I) = p(v)``),
-    ``L' = chol(K_uu)``, ``μ'_u = m(u)``. The next update of such a stream is exactly its first one
-    (every term of the stored task is multiplied by ``Λ'`` or ``η'``)."""
+    r"""Store the prior as ``model``'s summary: :math:`\Lambda' = 0`, :math:`\eta' = 0`
+    (:math:`q(v) = \mathcal{N}(0, I) = p(v)`), :math:`L' = \operatorname{chol}(K_{uu})`, :math:`\mu'_u = m(u)`.
+    The next update of such a stream is exactly its first one (every term of the stored task is multiplied by
+    :math:`\Lambda'` or :math:`\eta'`).
+
+    :param model: the (batched) online model whose stored summary is overwritten in place.
+    """
     ivs, kernel = model.inducing_variables, model.covar_module
     with torch.no_grad():
         chol = psd_safe_cholesky(_working(to_dense(ivs.Kuu(kernel))))
@@ -94,6 +110,11 @@ def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict
     * an entry of ``new`` only is ``new``'s (the new streams' own modules, e.g. ``streams.<s>.*`` of
       ``BatchedInducingVariables`` of HiPPO bases), an entry of ``old`` only is ``old``'s
       (buffers a fresh model allocates at its first task, e.g. ``OnlineSGPR.seen_input_range``).
+
+    :param old: the ``state_dict`` of the model of ``old_streams`` streams.
+    :param new: the ``state_dict`` of a fresh model of ``new_streams`` streams.
+    :param old_streams: the number of streams of ``old``.
+    :param new_streams: the number of streams of ``new``, at least ``old_streams``.
     """
     grown = {}
     for key, fresh in new.items():
@@ -121,7 +142,13 @@ def grow_state(old: dict, new: dict, old_streams: int, new_streams: int) -> dict
 
 class PackedTask(NamedTuple):
     """The part of a task for one shard, packed for transport (a few tensors, not one per stream):
-    ``x (P, n, d)``, ``y (P, n)`` padded, ``counts (P,)`` the points of stream ``stream_ids[i]``."""
+    ``x (P, n, d)``, ``y (P, n)`` padded, ``counts (P,)`` the points of stream ``stream_ids[i]``.
+
+    :param stream_ids: the ``P`` stream ids, in row order.
+    :param x: inputs ``(P, n, d)``, zero-padded after each stream's ``counts[i]`` points.
+    :param y: observations ``(P, n)``, NaN-padded.
+    :param counts: the number of points of each stream ``(P,)`` (long).
+    """
 
     stream_ids: list
     x: Tensor
@@ -130,7 +157,10 @@ class PackedTask(NamedTuple):
 
     @classmethod
     def from_mapping(cls, data: Mapping[Hashable, tuple[Tensor, Tensor]]) -> PackedTask:
-        """Pack ``{stream_id: (X (n_s, d), y (n_s,))}``: zeros pad ``x``, NaN pads ``y``."""
+        """Pack ``{stream_id: (X (n_s, d), y (n_s,))}``: zeros pad ``x``, NaN pads ``y``.
+
+        :param data: the mapping from stream id to its inputs ``(n_s, d)`` and observations ``(n_s,)``.
+        """
         stream_ids = list(data)
         pairs = [data[s] for s in stream_ids]
         n = max((y.shape[0] for _, y in pairs), default=0)
@@ -145,7 +175,10 @@ class PackedTask(NamedTuple):
 
     def padded(self, stream_ids: list) -> tuple[Tensor, Tensor, Tensor]:
         """``(X (S, n, d), y (S, n), mask (S, n))`` over the shard's ``stream_ids`` (rows of streams absent
-        from the task: no point), ``False`` in ``mask`` at padding."""
+        from the task: no point), ``False`` in ``mask`` at padding.
+
+        :param stream_ids: all the shard's stream ids (a superset of the task's), in the model's row order.
+        """
         rows = torch.tensor([stream_ids.index(s) for s in self.stream_ids], dtype=torch.long)
         x = torch.zeros(len(stream_ids), *self.x.shape[1:], dtype=self.x.dtype)
         y = torch.full((len(stream_ids), self.y.shape[1]), torch.nan, dtype=self.y.dtype)
@@ -165,6 +198,10 @@ class Shard:
     streams start from the factory's hyperparameters and the prior summary (:func:`set_prior_summary`),
     so their first task is their first update. The new streams join in the order of the task's mapping.
 
+    :param index: the shard's index (its checkpoint is ``checkpoint_dir/shard-<index>.pt``).
+    :param model_factory: ``model_factory(num_streams)`` builds a batched :class:`~gpytorch_hippo.OnlineSGPR` of
+        batch shape ``(num_streams,)``.
+    :param checkpoint_dir: directory of the checkpoints; ``None`` (default): none are written.
     :param before_update: ``before_update(model, X, mask)``, called before each batched update (e.g. to
         advance the inducing variables of the streams with points in the task to their new time; leave the
         other streams' variables as they are).
@@ -241,7 +278,11 @@ class Shard:
     def update(self, task_id, task: PackedTask | Mapping[Hashable, tuple[Tensor, Tensor]]) -> dict:
         """Absorb task ``task_id`` (this shard's part: a :class:`PackedTask`, or a mapping stream id ->
         ``(X (n, d), y (n,))``, checked by the fleet) unless it was absorbed before; then write the
-        checkpoint. Returns ``{"absorbed": bool, "stream_ids": [...]}``."""
+        checkpoint. Returns ``{"absorbed": bool, "stream_ids": [...]}``.
+
+        :param task_id: the task's id (any hashable value; a repeated id is skipped).
+        :param task: this shard's part of the task.
+        """
         if task_id in self.task_ids:
             return {"absorbed": False, "stream_ids": list(self.stream_ids)}
         if not isinstance(task, PackedTask):
@@ -265,7 +306,12 @@ class Shard:
     def predict(self, stream_ids: list, x: Tensor, observation_noise: bool = False) -> tuple[Tensor, Tensor]:
         """Mean and variance ``(len(stream_ids), n)`` of the latent ``f`` (``observation_noise``: of ``y``)
         at ``x`` (``(len(stream_ids), n, d)``) for streams of this shard, on the CPU (the model may live on
-        another device: tasks are moved to it)."""
+        another device: tasks are moved to it).
+
+        :param stream_ids: ids of streams of this shard.
+        :param x: inputs ``(len(stream_ids), n, d)``, row ``i`` for stream ``stream_ids[i]``.
+        :param observation_noise: ``False`` (default): the latent ``f``; ``True``: ``y``, with the likelihood's noise.
+        """
         rows = [self.stream_ids.index(s) for s in stream_ids]
         model = self.model
         inputs = x[:1].expand(len(self.stream_ids), *x.shape[1:]).clone()

@@ -149,7 +149,12 @@ class ContinualSVGPVAE:
     def fit_task(self, times: Tensor, y: Tensor, mask: Tensor | None = None) -> None:
         """Train on one task (its ``times``, ``y`` with NaN or ``mask=False`` at unobserved
         entries), then store EWC's Fisher and anchor (and, with ``online_kl``, the GP's ``q_old``).
-        After the first task the kernel is frozen unless ``retrain_kernel``."""
+        After the first task the kernel is frozen unless ``retrain_kernel``.
+
+        :param times: the task's times ``(T,)``, strictly increasing, after the previous task's last time.
+        :param y: its observations ``(T, D)``, NaN at unobserved entries.
+        :param mask: ``(T, D)`` bool, ``True`` at observed entries; ``None`` (default): where ``y`` is not NaN.
+        """
         times, y = times.to(self.dtype), y.to(self.dtype)
         if self.model is None:
             self._build(times)
@@ -190,9 +195,16 @@ class ContinualSVGPVAE:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self, times: Tensor, y_observed: Tensor, y_test: Tensor, num_samples: int = 100) -> dict[str, float]:
-        """NLPD, RMSE and interval ECE on the finite entries of ``y_test``, with ``q(u)`` encoded
+        r"""NLPD, RMSE and interval ECE on the finite entries of ``y_test``, with ``q(u)`` encoded
         from the finite entries of ``y_observed`` (NaN elsewhere); the predictive of an entry is the
-        mixture over ``num_samples`` latent draws of ``N(φ(f_t)_d, σ_d²)``."""
+        mixture over ``num_samples`` latent draws of :math:`\mathcal{N}(\varphi(f_t)_d, \sigma_d^2)`.
+
+        :param times: the times ``(T,)`` of the entries.
+        :param y_observed: the entries to encode ``(T, D)``, NaN elsewhere.
+        :param y_test: the held-out entries ``(T, D)`` to score, NaN elsewhere.
+        :param num_samples: the number of latent draws (default 100).
+        :return: ``{"nlpd": ..., "rmse": ..., "ece": ...}``.
+        """
         if self.model is None:
             raise RuntimeError("fit_task must be called before evaluate")
         times, y_observed, y_test = times.to(self.dtype), y_observed.to(self.dtype), y_test.to(self.dtype)

@@ -76,7 +76,10 @@ class ElasticWeightConsolidation(torch.nn.Module):
 
     @torch.no_grad()
     def consolidate(self, task_fisher: list[Tensor]) -> None:
-        """Add a finished task's Fisher diagonal (from :func:`fisher_diagonal`) and anchor at ``θ``."""
+        r"""Add a finished task's Fisher diagonal (from :func:`fisher_diagonal`) and anchor at the current :math:`\theta`.
+
+        :param task_fisher: one non-negative tensor per protected parameter, shaped like it.
+        """
         parameters = list(self.protected.parameters())
         if len(task_fisher) != len(parameters) or any(f.shape != p.shape for f, p in zip(task_fisher, parameters)):
             raise ValueError("task_fisher must hold one tensor per protected parameter, shaped like it")
@@ -88,7 +91,8 @@ class ElasticWeightConsolidation(torch.nn.Module):
         self.num_consolidated += 1
 
     def penalty(self) -> Tensor:
-        """``(λ/2) Σ F (θ - θ*)^2`` (a differentiable scalar; zero before the first consolidation)."""
+        r""":math:`\frac{\lambda}{2} \sum_i F_i (\theta_i - \theta^*_i)^2` (a differentiable scalar; zero before the first
+        consolidation)."""
         parameters = list(self.protected.parameters())
         total = parameters[0].new_zeros(())
         for p, anchor, fisher in zip(parameters, self.anchors, self.fisher):

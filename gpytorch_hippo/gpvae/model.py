@@ -30,11 +30,15 @@ __all__ = ["EncodedVariationalDistribution", "LatentGP", "SVGPVAE", "SVGPVAETerm
 
 
 class EncodedVariationalDistribution(gpytorch.variational._VariationalDistribution):
-    """``q(v) = N(mean, root root^T)`` with no parameters of its own: it is set from the encoder's
-    pseudo-observations by :meth:`SVGPVAE.encode_posterior` (amortised inference, thesis App. C).
+    r""":math:`q(v) = \mathcal{N}(\mathrm{mean}, R R^\top)` (:math:`R` = ``root``) with no parameters of its own: it is set
+    from the encoder's pseudo-observations by :meth:`SVGPVAE.encode_posterior` (amortised inference, thesis App. C).
 
     ``mean`` and ``root`` are non-persistent buffers, so that the strategy's eval-mode caches see
     every new encoding (it drops them when a watched buffer changes) and ``state_dict`` skips them.
+
+    :param num_inducing: the number ``M`` of inducing variables.
+    :param batch_shape: batch shape, ``(L,)`` for ``L`` latent channels (default ``()``).
+    :param mean_init_std: GPyTorch's initialisation noise of the mean (default 0; unused: the mean is set, not learned).
     """
 
     def __init__(self, num_inducing: int, batch_shape: torch.Size = torch.Size([]), mean_init_std: float = 0.0):
@@ -52,7 +56,11 @@ class EncodedVariationalDistribution(gpytorch.variational._VariationalDistributi
         return self.dtype_anchor.device
 
     def set(self, mean: Tensor, root: Tensor) -> None:
-        """Use ``q(v) = N(mean, root root^T)`` (batch ``(L,)``, size ``M``) until the next call."""
+        r"""Use :math:`q(v) = \mathcal{N}(\mathrm{mean}, R R^\top)` (batch ``(L,)``, size ``M``) until the next call.
+
+        :param mean: the mean ``(L, M)`` (the distribution's shape).
+        :param root: the covariance root :math:`R`, ``(L, M, M)``.
+        """
         if mean.shape != self.shape() or root.shape != (*self.shape(), self.num_inducing_points):
             raise ValueError(
                 f"mean and root must have shapes {tuple(self.shape())} and {(*self.shape(), self.num_inducing_points)}, "
@@ -67,7 +75,10 @@ class EncodedVariationalDistribution(gpytorch.variational._VariationalDistributi
         return MultivariateNormal(self.encoded_mean, RootLinearOperator(self.encoded_root))
 
     def initialize_variational_distribution(self, prior_dist: MultivariateNormal) -> None:
-        """Called by the strategy before first use and when it carries ``q`` across ``advance``."""
+        """Called by the strategy before first use and when it carries ``q`` across ``advance``.
+
+        :param prior_dist: the distribution to set: its mean and the Cholesky factor of its covariance (detached).
+        """
         covariance = to_dense(prior_dist.lazy_covariance_matrix).detach()
         self.set(prior_dist.mean.detach().expand(self.shape()).clone(), psd_safe_cholesky(covariance).expand(*self.shape(), -1).clone())
 
@@ -77,6 +88,7 @@ class LatentGP(gpytorch.models.ApproximateGP):
 
     :param inducing_variables: shared (``Kuu`` of shape ``(M, M)``) or per channel (``(L, M, M)``).
     :param kernel: the prior kernel, batch shape ``()`` (shared) or ``(L,)`` (per channel).
+    :param num_channels: the number ``L`` of latent channels.
     """
 
     def __init__(self, inducing_variables: InducingVariables, kernel: gpytorch.kernels.Kernel, num_channels: int):
@@ -86,15 +98,25 @@ class LatentGP(gpytorch.models.ApproximateGP):
         self.covar_module = kernel
 
     def forward(self, x: Tensor) -> MultivariateNormal:
+        r"""The prior :math:`p(f(x)) = \mathcal{N}(0, k(x, x))` of each channel.
+
+        :param x: times ``(L, T, 1)`` (or broadcasting to the kernel's batch shape).
+        """
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 class SVGPVAETerms(NamedTuple):
-    """The terms of the SVGPVAE ELBO (thesis App. C), each summed over time and channels.
+    r"""The terms of the SVGPVAE ELBO (thesis App. C), each summed over time and channels.
 
-    ``elbo = reconstruction - pseudo_fit + gp_elbo``, where ``gp_elbo`` is the "Hensman" ELBO ``L_H``
-    of the latent GPs on the pseudo-observations (online with ``online_kl=True``) and ``pseudo_fit`` is its data term
-    ``Σ_t E_q log N(ỹ_t | f_t, ṽ_t)``.
+    :math:`\mathrm{elbo} = \mathrm{reconstruction} - \mathrm{pseudo\_fit} + \mathrm{gp\_elbo}`, where ``gp_elbo`` is the
+    "Hensman" ELBO :math:`\mathcal{L}_H` of the latent GPs on the pseudo-observations (online with ``online_kl=True``)
+    and ``pseudo_fit`` is its data term :math:`\sum_t \mathbb{E}_q \log \mathcal{N}(\tilde y_t \mid f_t, \tilde v_t)`.
+
+    :param elbo: the SVGPVAE ELBO, a scalar.
+    :param reconstruction: :math:`\sum_t \mathbb{E}_{q(f_t)} \log \mathcal{N}(y_t \mid \varphi(f_t), \sigma^2)` over the
+        observed entries (a Monte-Carlo mean over the draws).
+    :param pseudo_fit: the data term of ``gp_elbo`` above.
+    :param gp_elbo: :math:`\sum_l \mathcal{L}_H^l`, the latent GPs' ELBO on the pseudo-observations.
     """
 
     elbo: Tensor
@@ -129,7 +151,7 @@ class SVGPVAE(gpytorch.Module):
     Hensman ELBO ``Σ_t E_q log N(ỹ_t | f_t, ṽ_t) - KL(q(u) ‖ p(u))``, GPyTorch's ``VariationalELBO``
     (the thesis, App. C.3, after Jazbec et al. 2021). With ``online_kl=True`` it is
     :class:`~gpytorch_hippo.online.OnlineELBO` instead, and after ``gp_objective.end_task()`` its KL
-    becomes the online KL of thesis eq. (4.6), which ties ``q(u)`` of the new task to a stored
+    becomes the online KL of Bui et al. (2017) (thesis eq. (4.6)), which ties ``q(u)`` of the new task to a stored
     posterior of the old ones (a departure from the thesis, whose continual SVGPVAE keeps its memory in
     the EWC-protected networks and the inducing variables only).
 
@@ -191,14 +213,23 @@ class SVGPVAE(gpytorch.Module):
 
     # ------------------------------------------------------------------ inference
     def encode(self, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Pseudo-observations ``(ỹ, ṽ)``, each ``(L, T)``, from zero-filled ``y`` and its mask."""
+        r"""Pseudo-observations :math:`(\tilde y, \tilde v)`, each ``(L, T)``, from zero-filled ``y`` and its mask.
+
+        :param y: observations ``(T, D)``, zero at missing entries.
+        :param mask: ``(T, D)`` bool, ``True`` at observed entries.
+        """
         out = self.encoder(torch.cat([y, mask.to(y.dtype)], dim=-1))
         mean, raw_var = out.split(self.latent_dim, dim=-1)
         var = torch.nn.functional.softplus(raw_var) + self.min_pseudo_variance
         return mean.mT, var.mT
 
     def set_posterior(self, times: Tensor, pseudo_mean: Tensor, pseudo_var: Tensor) -> None:
-        """Set the latent GPs' whitened ``q(v) = N(B^{-1} W ṽ^{-1} ỹ, B^{-1})`` (class docstring)."""
+        r"""Set the latent GPs' whitened :math:`q(v) = \mathcal{N}(B^{-1} W \tilde v^{-1} \tilde y, B^{-1})` (class docstring).
+
+        :param times: the task's times ``(T,)``.
+        :param pseudo_mean: the pseudo-observations :math:`\tilde y`, ``(L, T)``.
+        :param pseudo_var: their variances :math:`\tilde v > 0`, ``(L, T)``.
+        """
         strategy = self.latent_gp.variational_strategy
         kernel = strategy.kernel
         ivs = strategy.inducing_variables
@@ -214,14 +245,22 @@ class SVGPVAE(gpytorch.Module):
         strategy.variational_params_initialized.fill_(1)
 
     def encode_posterior(self, times: Tensor, y: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Encode ``(times, y, mask)``, set ``q(u)`` from it; returns ``(ỹ, ṽ, mask)``."""
+        r"""Encode ``(times, y, mask)``, set ``q(u)`` from it; returns :math:`(\tilde y, \tilde v, \mathrm{mask})`.
+
+        :param times: the times ``(T,)``, finite and strictly increasing.
+        :param y: observations ``(T, D)``, NaN allowed at missing entries.
+        :param mask: ``(T, D)`` bool, ``True`` at observed entries; ``None`` (default): where ``y`` is not NaN.
+        """
         times, y, mask = self._check(times, y, mask)
         pseudo_mean, pseudo_var = self.encode(y, mask)
         self.set_posterior(times, pseudo_mean, pseudo_var)
         return pseudo_mean, pseudo_var, mask
 
     def latent_marginals(self, times: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and variance of ``q(f_t^l)``, each ``(L, T)``, under the current ``q(u)``."""
+        r"""Mean and variance of :math:`q(f_t^l)`, each ``(L, T)``, under the current ``q(u)``.
+
+        :param times: the times ``(T,)``.
+        """
         q_f = self.latent_gp(self._latent_inputs(times))
         return q_f.mean, q_f.variance
 
@@ -233,9 +272,15 @@ class SVGPVAE(gpytorch.Module):
         return (log_density * mask.to(y.dtype)).sum((-2, -1))
 
     def gp_terms(self, times: Tensor, pseudo_mean: Tensor, pseudo_var: Tensor) -> tuple[Tensor, Tensor, MultivariateNormal]:
-        """``(pseudo_fit, gp_elbo, q(f))`` of the latent GPs with ``q(u)`` set from the pseudo-observations
-        ``(ỹ, ṽ)`` (each ``(L, T)``): ``pseudo_fit = Σ_{l,t} E_q log N(ỹ | f, ṽ)`` and ``gp_elbo`` its
-        Hensman ELBO ``Σ_l L_H^l`` (online with ``online_kl=True``), computed by ``gp_objective``."""
+        r"""``(pseudo_fit, gp_elbo, q(f))`` of the latent GPs with ``q(u)`` set from the pseudo-observations
+        :math:`(\tilde y, \tilde v)` (each ``(L, T)``):
+        :math:`\mathrm{pseudo\_fit} = \sum_{l,t} \mathbb{E}_q \log \mathcal{N}(\tilde y \mid f, \tilde v)` and ``gp_elbo`` its
+        Hensman ELBO :math:`\sum_l \mathcal{L}_H^l` (online with ``online_kl=True``), computed by ``gp_objective``.
+
+        :param times: the task's times ``(T,)``.
+        :param pseudo_mean: the pseudo-observations :math:`\tilde y`, ``(L, T)``.
+        :param pseudo_var: their variances :math:`\tilde v > 0`, ``(L, T)``.
+        """
         self.set_posterior(times, pseudo_mean, pseudo_var)
         q_f = self.latent_gp(self._latent_inputs(times))
         num_data = times.shape[0]
@@ -245,7 +290,13 @@ class SVGPVAE(gpytorch.Module):
 
     def elbo_terms(self, times: Tensor, y: Tensor, mask: Tensor | None = None, num_samples: int = 1) -> SVGPVAETerms:
         """The SVGPVAE ELBO of one (whole) task (thesis App. C), with ``num_samples`` reparameterised
-        draws of ``f_t`` from its marginal ``q(f_t)`` for the reconstruction term."""
+        draws of :math:`f_t` from its marginal :math:`q(f_t)` for the reconstruction term.
+
+        :param times: the task's times ``(T,)``, finite and strictly increasing.
+        :param y: observations ``(T, D)``, NaN allowed at missing entries.
+        :param mask: ``(T, D)`` bool, ``True`` at observed entries; ``None`` (default): where ``y`` is not NaN.
+        :param num_samples: the number of draws, a positive int (default 1).
+        """
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         times, y, mask = self._check(times, y, mask)
@@ -260,8 +311,14 @@ class SVGPVAE(gpytorch.Module):
     # ------------------------------------------------------------------ prediction
     @torch.no_grad()
     def predictive_samples(self, times: Tensor, y: Tensor, mask: Tensor | None = None, num_samples: int = 100) -> Tensor:
-        """Draws of the decoded mean ``φ(f_t)``, ``(S, T, D)``, with ``q(u)`` encoded from the
-        observed entries of ``y``; the predictive of ``y_t`` is their mixture with noise ``σ²``."""
+        r"""Draws of the decoded mean :math:`\varphi(f_t)`, ``(S, T, D)``, with ``q(u)`` encoded from the
+        observed entries of ``y``; the predictive of :math:`y_t` is their mixture with noise :math:`\sigma^2`.
+
+        :param times: the times ``(T,)``, finite and strictly increasing.
+        :param y: observations ``(T, D)``, NaN allowed at missing entries (those to predict).
+        :param mask: ``(T, D)`` bool, ``True`` at the entries to encode; ``None`` (default): where ``y`` is not NaN.
+        :param num_samples: the number ``S`` of draws (default 100).
+        """
         self.encode_posterior(times, y, mask)
         mean, var = self.latent_marginals(times)
         eps = torch.randn(num_samples, *mean.shape, dtype=mean.dtype, device=mean.device)

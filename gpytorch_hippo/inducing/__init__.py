@@ -1,7 +1,7 @@
 """Inducing variables: objects that know their own covariances (``Kuu``, ``Kuf``; the interface is
 :class:`~gpytorch_hippo.inducing.base.InducingVariables`), so that one variational strategy serves them all."""
 
-from .base import InducingVariables, InputsOutsideSupportError
+from .base import CapturedVarianceWarning, InconsistentCovarianceWarning, InducingVariables, InputsOutsideSupportError
 from .covariances import CovarianceBackend, StationaryKernelSpec, register_stationary_kernel
 from .fourier import FourierInducingVariables
 from .hippo_variables import HiPPOInducingVariables
@@ -11,6 +11,8 @@ from .selection import select_pivoted_cholesky
 __all__ = [
     "InducingVariables",
     "InputsOutsideSupportError",
+    "CapturedVarianceWarning",
+    "InconsistentCovarianceWarning",
     "InducingPoints",
     "HiPPOInducingVariables",
     "select_pivoted_cholesky",

@@ -58,7 +58,10 @@ BASE_NODES = 24
 
 
 def support_span(ivars) -> tuple[float, float]:
-    """``[lower, t]``: the measure's support, clipped at the stream start (LagT: at ``t - 80 θ``)."""
+    r"""``[lower, t]``: the measure's support, clipped at the stream start (LagT: at :math:`t - 80 \theta`).
+
+    :param ivars: 1-D HiPPO inducing variables (or a view with their ``t``, ``start``, ``measure`` and ``memory``).
+    """
     t, theta = ivars.t, ivars.memory.theta
     if ivars.measure == "legs":
         lower = max(0.0, ivars.start)
@@ -70,7 +73,14 @@ def support_span(ivars) -> tuple[float, float]:
 
 
 class Panels:
-    """Uniform panels on the support with ``p`` Gauss-Legendre nodes each and ``φ_m`` at the nodes."""
+    r"""Uniform panels on the support with ``p`` Gauss-Legendre nodes each and :math:`\phi_m` at the nodes.
+
+    :param ivars: the 1-D HiPPO inducing variables whose support (:func:`support_span`) is divided.
+    :param lengthscale: the kernel's length scale :math:`\ell`: panels are at most :data:`PANEL_WIDTH` :math:`\ell` wide
+        (and :data:`PANEL_WIDTH` :math:`\theta` for LagT).
+    :param device: the device of the nodes and basis values.
+    :param window: ``(lo, hi)``: only the panels meeting the time range ``[lo, hi]`` get nodes; ``None`` (default): all.
+    """
 
     def __init__(self, ivars, lengthscale: float, device, window=None):
         """``window = (lo, hi)``: only the panels meeting the time range ``[lo, hi]`` get nodes and ``φ``
@@ -108,31 +118,42 @@ class Panels:
         return self.phi(self.nodes.reshape(-1)).reshape(self.weighted.shape)
 
     def phi(self, s: Tensor) -> Tensor:
-        """``φ_m(s) = g_m^{(t)}(s) ω^{(t)}(s)`` for ``s`` (N,) -> (N, M)."""
+        r""":math:`\phi_m(s) = g_m^{(t)}(s)\, \omega^{(t)}(s)` for ``s`` ``(N,)`` -> ``(N, M)``.
+
+        :param s: times ``(N,)``, float64.
+        """
         memory, t = self.ivars.memory, self.ivars.t
         return memory.basis(s, t) * memory.measure_density(s, t)[:, None]
 
 
 def matern_values(kernel, r: Tensor) -> Tensor:
-    """``k(r) = σ² q(λ|r|) e^{-λ|r|}`` from the kernel's own hyperparameters (differentiable): the
+    r""":math:`k(r) = \sigma^2 q(\lambda|r|)\, e^{-\lambda|r|}` from the kernel's own hyperparameters (differentiable): the
     ``values`` of its registration (:mod:`.covariances`).
 
     Closed form on the differences themselves: GPyTorch's pairwise distances lose digits for close
     points, which the exact rules here would otherwise inherit.
+
+    :param kernel: a registered Matérn kernel (optionally in a scale wrapper), one length scale.
+    :param r: differences :math:`x - s`, any shape.
     """
     spec, outputscale, lengthscale, _ = kernel_parts(kernel)
     return spec.values(r, outputscale, lengthscale)
 
 
 def separable_far_panels(kernel, centred: Tensor, width: float):
-    """``k(x - s) = Σ_ij A[x, i] E_d[i, j] B[s, j]`` for ``x`` in panel ``i`` and ``s`` in panel ``i + d``, ``d >= 1``.
+    r""":math:`k(x - s) = \sum_{ij} A[x, i]\, E_d[i, j]\, B[s, j]` for ``x`` in panel ``i`` and ``s`` in panel ``i + d``, ``d >= 1``.
 
-    ``centred``: the nodes' offsets from their panel's centre.  There ``|x - s| = d w + b - a`` never
-    changes sign, so the kernel is the analytic branch ``σ² q(λτ) e^{-λτ}``; with ``α = -λa``,
-    ``β = λb``, ``δ = λ d w`` and the trinomial expansion of ``q(δ + α + β)``:
-    ``A = α^i e^{-α}``, ``B = β^j e^{-β}``, ``E_d[i, j] = σ² e^{-δ} Σ_k c_k k!/(i! j! (k-i-j)!) δ^{k-i-j}``
-    -- rank ``ν + 1/2``-ish instead of ``p``: the Markov (state-space) structure of Matérn kernels.
+    ``centred``: the nodes' offsets from their panel's centre.  There :math:`|x - s| = d w + b - a` never
+    changes sign, so the kernel is the analytic branch :math:`\sigma^2 q(\lambda\tau) e^{-\lambda\tau}`; with
+    :math:`\alpha = -\lambda a`, :math:`\beta = \lambda b`, :math:`\delta = \lambda d w` and the trinomial expansion of
+    :math:`q(\delta + \alpha + \beta)`: :math:`A = \alpha^i e^{-\alpha}`, :math:`B = \beta^j e^{-\beta}`,
+    :math:`E_d[i, j] = \sigma^2 e^{-\delta} \sum_k c_k \frac{k!}{i!\, j!\, (k-i-j)!} \delta^{k-i-j}`
+    -- rank :math:`\nu + 1/2` instead of ``p``: the Markov (state-space) structure of Matérn kernels.
     Returns ``A``, ``B`` (``p x r``) and the function ``d -> E_d``.
+
+    :param kernel: a registered Matérn kernel (optionally in a scale wrapper), one length scale.
+    :param centred: the nodes' offsets from their panel's centre, ``(p,)``.
+    :param width: the panels' width :math:`w`, in the inputs' unit.
     """
     spec, outputscale, lengthscale, _ = kernel_parts(kernel)
     rate = math.sqrt(2 * spec.nu) / lengthscale.reshape(())
@@ -177,6 +198,11 @@ class BandedBackend:
     name = "banded"
 
     def supports(self, ivars, kernel) -> bool:
+        """Whether ``ivars`` are 1-D with a finite support and ``kernel`` a registered Matérn kernel with one length scale.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         if ivars.input_dim != 1:
             return False
         try:
@@ -270,19 +296,38 @@ class BandedBackend:
 
     def local_kuf(self, ivars, kernel, times: Tensor, dtype) -> Tensor:
         """``Kuf`` at ``times`` (N,) float64 -> (N, M) from the panels within the kernel's reach of
-        ``times`` only: the cost per input does not grow with ``t`` (used by the Lyapunov backend)."""
+        ``times`` only: the cost per input does not grow with ``t`` (used by the Lyapunov backend).
+
+        :param ivars: the HiPPO inducing variables (or a view of them at another time).
+        :param kernel: the GP's Matérn kernel.
+        :param times: the inputs ``(N,)``, float64.
+        :param dtype: the dtype of the result.
+        """
         ell, reach = self._scales(kernel)
         low, high = (float(times.min()), float(times.max())) if times.numel() else (0.0, -1.0)
         panels = Panels(ivars, ell, ivars.breakpoints.device, window=(low - 2 * reach, high + 2 * reach))
         return self._kuf_at(panels, kernel, times, dtype)
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        r""":math:`\operatorname{cov}(u, f(x))` by the banded panel rule: ``(*batch, M, N)`` in ``x``'s dtype.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's Matérn kernel.
+        :param x: inputs ``(*batch, N, 1)``.
+        """
         panels = self._panels(ivars, kernel)
         times = x[..., 0].double()
         flat = self._kuf_at(panels, kernel, times.reshape(-1), x.dtype)
         return flat.reshape(*times.shape, -1).mT
 
     def cross(self, a, b, kernel) -> Tensor:
+        r""":math:`\operatorname{cov}(u_a, u_b)` without jitter, ``(M, M')`` in the kernel's dtype; ``Kuu`` (symmetrised)
+        when ``b`` is ``a``.
+
+        :param a: the first set of HiPPO inducing variables (the outer integral runs over its support).
+        :param b: the second set, or ``a`` itself.
+        :param kernel: the GP's Matérn kernel.
+        """
         dtype = next(iter(kernel.parameters())).dtype
         panels_b = self._panels(b, kernel)
         if b is a:

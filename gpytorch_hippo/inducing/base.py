@@ -21,21 +21,33 @@ class InputsOutsideSupportError(ValueError):
     covariance with the inducing variables is zero or truncated -- so they would be lost silently."""
 
 
+class CapturedVarianceWarning(RuntimeWarning):
+    """The inducing variables keep too little of the prior variance over the inputs seen so far
+    (:meth:`InducingVariables.captured_variance` below a model's ``captured_variance_warning`` level): expect underfitting
+    and lost memory there. A ``RuntimeWarning``, so filters written for it keep working; escalate it with
+    ``warnings.simplefilter("error", CapturedVarianceWarning)``."""
+
+
+class InconsistentCovarianceWarning(RuntimeWarning):
+    """``K_uu`` and ``K_uf`` disagree: the Nyström residual :math:`k(x, x) - K_{xu} K_{uu}^{-1} K_{ux}` is negative beyond
+    round-off (e.g. HiPPO ``kuf="ode"`` with few random features), so predictive variances and bounds are unreliable."""
+
+
 class InducingVariables(gpytorch.Module):
     r"""Abstract set of ``M`` inducing variables ``u = (u_1, ..., u_M)`` of a GP ``f ~ GP(m, k)``.
 
     Subclasses implement
 
     * :attr:`num_inducing` -- ``M``;
-    * :meth:`Kuu` -- ``cov(u, u)`` as a ``(*batch, M, M)`` PSD ``LinearOperator`` (jitter included);
-    * :meth:`Kuf` -- ``cov(u, f(x))`` as a ``(*batch, M, N)`` tensor for inputs ``x`` of shape
+    * :meth:`Kuu` -- :math:`\operatorname{cov}(u, u)` as a ``(*batch, M, M)`` PSD ``LinearOperator`` (jitter included);
+    * :meth:`Kuf` -- :math:`\operatorname{cov}(u, f(x))` as a ``(*batch, M, N)`` tensor for inputs ``x`` of shape
       ``(*batch, N, D)`` (batch dimensions broadcast like GPyTorch's);
 
     and may override :meth:`Kuu_cross` (covariance with another set, needed by the online
-    updates of thesis eq. (4.6) when old and new inducing variables differ) and
+    updates of Bui et al. (2017), thesis eq. (4.6), when old and new inducing variables differ) and
     :meth:`prior_mean`.
 
-    **Jitter policy.** :meth:`Kuu` returns ``K_uu + jitter * I`` with
+    **Jitter policy.** :meth:`Kuu` returns :math:`K_{uu} + \mathrm{jitter}\, I` with
     ``jitter = self.jitter`` when set, otherwise
     ``gpytorch.settings.variational_cholesky_jitter.value(dtype)`` (1e-4 for float32, 1e-6 for
     float64) times :meth:`_jitter_scale` -- ``1`` for point inducing variables (the value GPyTorch's
@@ -53,6 +65,9 @@ class InducingVariables(gpytorch.Module):
     interdomain inducing variables are projections of the centred process ``f - m`` (so a mean
     function shifts ``f`` but not ``u``). :class:`~gpytorch_hippo.inducing.InducingPoints`
     overrides this with ``m(Z)`` so that ``u = f(Z)`` exactly as in GPyTorch.
+
+    :param jitter: the diagonal jitter :meth:`Kuu` adds, a float ``>= 0``; ``None`` (default): the policy above
+        (GPyTorch's variational jitter, absolute or relative to :math:`\operatorname{mean}(\operatorname{diag} K_{uu})`).
     """
 
     jitter: float | None = None
@@ -74,16 +89,23 @@ class InducingVariables(gpytorch.Module):
         raise NotImplementedError
 
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
-        """Prior covariance ``cov(u, u) + jitter I``: a ``(*batch, M, M)`` PSD ``LinearOperator``."""
+        r"""Prior covariance :math:`\operatorname{cov}(u, u) + \mathrm{jitter}\, I`: a ``(*batch, M, M)`` PSD ``LinearOperator``.
+
+        :param kernel: the GP's kernel :math:`k` (a GPyTorch kernel; its hyperparameters are used as they are now).
+        """
         raise NotImplementedError
 
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
-        """Prior cross-covariance ``cov(u, f(x))``: ``(*batch, M, N)`` for ``x`` of shape ``(*batch, N, D)``."""
+        r"""Prior cross-covariance :math:`\operatorname{cov}(u, f(x))`: ``(*batch, M, N)`` for ``x`` of shape ``(*batch, N, D)``.
+
+        :param kernel: the GP's kernel :math:`k`.
+        :param x: inputs ``(*batch, N, D)``.
+        """
         raise NotImplementedError
 
     def captured_variance(self, kernel: gpytorch.kernels.Kernel, grid: Tensor, reduction: str = "mean") -> Tensor:
         """Fraction of the prior variance these variables capture on ``grid`` ``(*batch, N, D)``:
-        ``[K_fu K_uu⁻¹ K_uf]_nn / k(x_n, x_n)`` (1: the sparse prior is exact there), averaged over
+        :math:`[K_{fu} K_{uu}^{-1} K_{uf}]_{nn} / k(x_n, x_n)` (1: the sparse prior is exact there), averaged over
         the grid (``reduction="mean"``, shape ``batch``) or per point (``"none"``, ``(*batch, N)``).
 
         Rule of thumb for HiPPO-LegS on ``[0, t]`` with an RBF length scale ``ℓ``: the ``M`` basis
@@ -91,6 +113,10 @@ class InducingVariables(gpytorch.Module):
         package README); a value well below 1 means a larger ``M`` (or a longer ``ℓ``) is needed.
         LegS resolves the two ends of ``[0, t]`` best and the middle worst (Legendre polynomials
         oscillate fastest near ±1), which ``reduction="none"`` shows.
+
+        :param kernel: the GP's kernel :math:`k`.
+        :param grid: inputs ``(*batch, N, D)`` at which the captured fraction is evaluated.
+        :param reduction: ``"mean"`` (default): the average over the grid; ``"none"``: one value per point.
         """
         if reduction not in ("mean", "none"):
             raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
@@ -113,7 +139,11 @@ class InducingVariables(gpytorch.Module):
         """Raise :class:`InputsOutsideSupportError` if 1-D inputs ``x`` ``(*batch, N, 1)`` lie before or
         beyond :meth:`input_support` (by more than round-off of ``x``'s dtype), naming the fix
         (:meth:`coverage_advice`: e.g. ``advance(t)`` or ``start=`` for HiPPO bases). Online models call
-        it on every task's training inputs; predictions outside the support stay allowed (forecasting)."""
+        it on every task's training inputs; predictions outside the support stay allowed (forecasting).
+
+        :param x: inputs ``(*batch, N, 1)``; inputs of another dimension, or none, are not checked.
+        :param what: how the error message names the inputs (default ``"training inputs"``).
+        """
         support = self.input_support()
         if support is None or x.shape[-1] != 1 or x.numel() == 0:
             return
@@ -131,13 +161,20 @@ class InducingVariables(gpytorch.Module):
     def coverage_advice(self, cause: str) -> str:
         """What to change when the online models find inputs ``"before"`` or ``"beyond"``
         :meth:`input_support`, or ``"too few"`` variables to capture them
-        (:meth:`~gpytorch_hippo.inducing.base.InducingVariables.captured_variance`)."""
+        (:meth:`~gpytorch_hippo.inducing.base.InducingVariables.captured_variance`).
+
+        :param cause: ``"before"``, ``"beyond"`` (inputs outside :meth:`input_support`) or ``"too few"``.
+        :return: the advice, a clause for an error or warning message.
+        """
         if cause in ("before", "beyond"):
             return "move or replace the inducing variables so that they reach the new inputs"
         return "use more inducing variables, or place them where the inputs are (e.g. pivoted Cholesky, inducing.select_pivoted_cholesky)"
 
     def jitter_value(self, dtype: torch.dtype) -> float:
-        """The diagonal jitter added by :meth:`Kuu` for matrices of ``dtype`` (see the class docstring)."""
+        """The diagonal jitter added by :meth:`Kuu` for matrices of ``dtype`` (see the class docstring).
+
+        :param dtype: the matrices' floating dtype (GPyTorch's default jitter depends on it; a relative one does not).
+        """
         if self.jitter is not None:
             return self.jitter
         return gpytorch.settings.variational_cholesky_jitter.value(dtype=torch.float64 if self._relative_jitter else dtype)
@@ -146,13 +183,20 @@ class InducingVariables(gpytorch.Module):
         """Variances ``(*batch, M)`` of the jitter noise of these variables that ``other`` does not
         share (class docstring: ``Kuu_cross`` carries the shared part); ``kuu`` is :meth:`Kuu`
         densified. Online updates average the stored task over this noise
-        (:func:`gpytorch_hippo.online._smooth_ratio`) so that it never counts as information about ``f``."""
+        (:func:`gpytorch_hippo.online._smooth_ratio`) so that it never counts as information about ``f``.
+
+        :param other: the other set (e.g. the current variables, for these stored ones).
+        :param kuu: :meth:`Kuu` of these variables as a dense ``(*batch, M, M)`` tensor.
+        """
         unshared = ~self._shares_jitter_with(other)
         return self.jitter_variance(kuu) * unshared.to(kuu.dtype)
 
     def jitter_variance(self, kuu: Tensor) -> Tensor:
-        """Variances ``(*batch, M)`` of the jitter white noise that :meth:`Kuu` adds (``kuu`` is its
-        densified value; for a relative jitter the scale is read off it, an ``O(jitter²)`` difference)."""
+        r"""Variances ``(*batch, M)`` of the jitter white noise that :meth:`Kuu` adds (``kuu`` is its
+        densified value; for a relative jitter the scale is read off it, an :math:`O(\mathrm{jitter}^2)` difference).
+
+        :param kuu: :meth:`Kuu` as a dense ``(*batch, M, M)`` tensor (jitter included).
+        """
         variance = self.jitter_value(kuu.dtype) * self._jitter_scale(kuu)
         return torch.full(kuu.shape[:-1], variance, dtype=kuu.dtype, device=kuu.device)
 
@@ -173,8 +217,11 @@ class InducingVariables(gpytorch.Module):
         return 1.0
 
     def add_jitter(self, covariance: LinearOperator | Tensor) -> LinearOperator:
-        """Return ``covariance + jitter * I`` following the jitter policy of this set (a dense
-        ``covariance`` stays dense: the same values as linear_operator's added diagonal, formed once)."""
+        r"""Return :math:`\mathrm{covariance} + \mathrm{jitter}\, I` following the jitter policy of this set (a dense
+        ``covariance`` stays dense: the same values as linear_operator's added diagonal, formed once).
+
+        :param covariance: the covariance without jitter, ``(*batch, M, M)``, a tensor or ``LinearOperator``.
+        """
         jitter = self.jitter_value(covariance.dtype) * self._jitter_scale(covariance)
         if isinstance(covariance, Tensor):
             eye = torch.eye(covariance.shape[-1], dtype=covariance.dtype, device=covariance.device)
@@ -193,7 +240,10 @@ class InducingVariables(gpytorch.Module):
             )
 
     def prior_mean(self, mean_module: gpytorch.means.Mean | None) -> Tensor | None:
-        """Prior mean ``E[u]`` of shape ``(*batch, M)``, or ``None`` when it is zero (the default)."""
+        r"""Prior mean :math:`\mathbb{E}[u]` of shape ``(*batch, M)``, or ``None`` when it is zero (the default).
+
+        :param mean_module: the GP's prior mean function :math:`m` (``None``: zero).
+        """
         return None
 
     def Kuu_cross(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel) -> Tensor:
@@ -206,6 +256,9 @@ class InducingVariables(gpytorch.Module):
         implementation of :meth:`Kuf` pairs with it for free. A new pair of interdomain types
         overrides ``_cross_covariance`` in one of them (adding the jitter on the variables the two
         sets share, see the class docstring). Returns a dense ``(*batch, M, M')`` tensor.
+
+        :param other: the other set of inducing variables (``M'`` of them).
+        :param kernel: the GP's kernel :math:`k`.
         """
         if not isinstance(other, InducingVariables):
             raise TypeError(f"other must be an InducingVariables instance, got {type(other).__name__}")

@@ -166,7 +166,10 @@ class BatchedInducingVariables(InducingVariables):
 
     # ------------------------------------------------------------------ the interface
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
-        """``(S, M, M)``: each stream's ``Kuu`` under its own hyperparameters."""
+        """``(S, M, M)``: each stream's ``Kuu`` under its own hyperparameters.
+
+        :param kernel: the GP's kernel, with ``batch_shape=(S,)`` (stream ``s`` sees index ``s``) or shared.
+        """
         batched = None if self._engine is None else self._engine.Kuu(self.streams, kernel)
         if batched is not None:
             return DenseLinearOperator(batched)
@@ -180,7 +183,11 @@ class BatchedInducingVariables(InducingVariables):
 
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
         """``(S, M, N)`` for inputs ``(S, N, D)``: stream ``s``'s ``Kuf`` at its own inputs ``x[s]`` (a group of
-        streams with the same state, :meth:`_groups`, in one call on their inputs together)."""
+        streams with the same state, :meth:`_groups`, in one call on their inputs together).
+
+        :param kernel: the GP's kernel, with ``batch_shape=(S,)`` or shared.
+        :param x: inputs ``(S, N, D)``, stream ``s``'s at ``x[s]``.
+        """
         x = self._stream_inputs(x)
         batched = None if self._engine is None else self._engine.Kuf(self.streams, kernel, x)
         if batched is not None:
@@ -194,7 +201,11 @@ class BatchedInducingVariables(InducingVariables):
         return self._grouped(kernel, value)
 
     def Kuu_cross(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel) -> Tensor:
-        """``(S, M, M')``: stream by stream with another batch of ``S`` streams (e.g. the stored copy)."""
+        """``(S, M, M')``: stream by stream with another batch of ``S`` streams (e.g. the stored copy).
+
+        :param other: another :class:`BatchedInducingVariables` of ``S`` streams.
+        :param kernel: the GP's kernel, with ``batch_shape=(S,)`` or shared.
+        """
         if not isinstance(other, BatchedInducingVariables) or len(other.streams) != len(self.streams):
             raise TypeError(f"the cross-covariance of {len(self.streams)} batched streams needs another batch of as many streams")
         batched = None if self._engine is None else self._engine.Kuu_cross(self.streams, other.streams, kernel)
@@ -209,6 +220,10 @@ class BatchedInducingVariables(InducingVariables):
         return self._grouped(kernel, value, other)
 
     def prior_mean(self, mean_module: gpytorch.means.Mean | None) -> Tensor | None:
+        """``(S, M)``: each stream's prior mean under its slice of ``mean_module``, or ``None`` where all are zero.
+
+        :param mean_module: the GP's prior mean function, with ``batch_shape=(S,)`` or shared (``None``: zero).
+        """
         if type(self.streams[0]).prior_mean is InducingVariables.prior_mean:
             return None  # the streams' variables have a zero prior mean whatever the mean function
         means = [self._per_stream(mean_module, i, s.prior_mean) for i, s in enumerate(self.streams)]
@@ -217,6 +232,12 @@ class BatchedInducingVariables(InducingVariables):
         return torch.stack([torch.zeros(self.num_inducing) if m is None else m for m in means])
 
     def unshared_jitter(self, other: InducingVariables, kuu: Tensor) -> Tensor:
+        """``(S, M)``: each stream's jitter variances that the same stream of ``other`` does not share
+        (:meth:`~gpytorch_hippo.inducing.base.InducingVariables.unshared_jitter`).
+
+        :param other: another batch of ``S`` streams (any other set: the base class's rule).
+        :param kuu: the ``Kuu`` of these streams, ``(S, M, M)`` dense.
+        """
         if not isinstance(other, BatchedInducingVariables) or len(other.streams) != len(self.streams):
             return super().unshared_jitter(other, kuu)
         batched = None if self._engine is None else self._engine.unshared_jitter(self.streams, other.streams, kuu)
@@ -225,6 +246,10 @@ class BatchedInducingVariables(InducingVariables):
         return self._stack(lambda i, s: s.unshared_jitter(other.streams[i], kuu[i]))
 
     def jitter_variance(self, kuu: Tensor) -> Tensor:
+        """``(S, M)``: the variances of the jitter that :meth:`Kuu` adds to each stream.
+
+        :param kuu: the ``Kuu`` of these streams, ``(S, M, M)`` dense.
+        """
         if self._engine is not None:
             return self._engine.jitter_variance(self.streams, kuu)
         return self._stack(lambda i, s: s.jitter_variance(kuu[i]))
@@ -241,7 +266,11 @@ class BatchedInducingVariables(InducingVariables):
         return torch.tensor(supports, dtype=torch.float64)
 
     def check_inputs_within_support(self, x: Tensor, what: str = "training inputs") -> None:
-        """Each stream's inputs ``x[s]`` against its own support; the error names the stream."""
+        """Each stream's inputs ``x[s]`` against its own support; the error names the stream.
+
+        :param x: inputs ``(S, N, 1)`` (others are not checked).
+        :param what: how the error message names the inputs (default ``"training inputs"``).
+        """
         if x.dim() < 3:
             return
         supports = self.stream_supports()
@@ -259,6 +288,10 @@ class BatchedInducingVariables(InducingVariables):
                 raise InputsOutsideSupportError(f"stream {i}: {error}") from None
 
     def coverage_advice(self, cause: str) -> str:
+        """The first stream's advice (:meth:`~gpytorch_hippo.inducing.base.InducingVariables.coverage_advice`).
+
+        :param cause: ``"before"``, ``"beyond"`` or ``"too few"``.
+        """
         return self.streams[0].coverage_advice(cause)
 
     # ------------------------------------------------------------------ streams that move (HiPPO clocks)
@@ -269,7 +302,10 @@ class BatchedInducingVariables(InducingVariables):
 
     def advance(self, t_new: float | Tensor) -> None:
         """Move each stream's bases to its ``t_new`` (a float for all, or ``(S,)``); a stream whose ``t_new``
-        equals its clock stays where it is (e.g. a stream without data in this task)."""
+        equals its clock stays where it is (e.g. a stream without data in this task).
+
+        :param t_new: the new end times: a number for every stream, or a tensor ``(S,)``.
+        """
         self._check_movable("advance(t_new)")
         targets = torch.as_tensor(t_new, dtype=torch.float64).detach().cpu()
         if targets.dim() == 0:
@@ -288,7 +324,10 @@ class BatchedInducingVariables(InducingVariables):
 
 
 def stream_clocks(streams: Sequence[nn.Module]) -> Tensor:
-    """``(S,)`` float64: the clocks ``t`` (the last of their breakpoints) of streams that have them, read in one concatenation."""
+    """``(S,)`` float64: the clocks ``t`` (the last of their breakpoints) of streams that have them, read in one concatenation.
+
+    :param streams: the ``S`` single-stream sets, each with a ``breakpoints`` buffer (HiPPO bases).
+    """
     breakpoints = [s.breakpoints for s in streams]
     ends = torch.tensor([b.shape[0] for b in breakpoints]).cumsum(0) - 1
     return torch.cat(breakpoints).detach().cpu().double()[ends]
@@ -316,7 +355,10 @@ def _state_key(module: nn.Module, seen: dict | None = None) -> tuple:
 
 def share_equal_buffers(modules: list[nn.Module]) -> None:
     """Make the buffers that all ``modules`` hold with equal values one tensor object (e.g. the Fourier draws
-    of one seed), so that their copies and state keys read it once."""
+    of one seed), so that their copies and state keys read it once.
+
+    :param modules: the modules (e.g. the streams' sets), all with the buffers of ``modules[0]``; changed in place.
+    """
     for name, first in modules[0].named_buffers():
         owners = []
         for module in modules[1:]:

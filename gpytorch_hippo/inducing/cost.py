@@ -35,7 +35,10 @@ class CovarianceCostError(ValueError):
 
 def lengthscale_of(kernel) -> float | None:
     """The shortest length scale of ``kernel`` (``None`` if it has none); ``ValueError`` if it is
-    NaN, infinite or not positive (diverged hyperparameters)."""
+    NaN, infinite or not positive (diverged hyperparameters).
+
+    :param kernel: a GPyTorch kernel; the first of its modules (itself, then submodules) with a ``lengthscale`` is read.
+    """
     for module in kernel.modules():
         lengthscale = getattr(module, "lengthscale", None)
         if isinstance(lengthscale, torch.Tensor):
@@ -49,8 +52,11 @@ def lengthscale_of(kernel) -> float | None:
 
 
 def kernel_reach(kernel) -> float | None:
-    """Distance ``R`` beyond which a 1-D registered ``kernel`` is below ``2e-18 σ²`` (``None``: a kernel
-    without a registration or without a registered reach)."""
+    r"""Distance :math:`R` beyond which a 1-D registered ``kernel`` is below :math:`2 \cdot 10^{-18} \sigma^2` (``None``: a kernel
+    without a registration or without a registered reach).
+
+    :param kernel: a GPyTorch kernel, registered in :mod:`.covariances` (optionally in a scale wrapper), one length scale.
+    """
     try:
         spec, _, lengthscale, _ = kernel_parts(kernel)
     except (TypeError, ValueError):
@@ -65,6 +71,13 @@ def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float 
     """Raise :class:`CovarianceCostError` if ``entries`` exceeds ``limit`` (default :data:`MAX_ENTRIES`).
 
     The message gives the span of the bases in length scales and what to change.
+
+    :param entries: the number of values (float64 entries or kernel evaluations) the evaluation would form.
+    :param what: what would form them, for the message (e.g. ``"the quadrature rule (nodes x M)"``).
+    :param ivars: the inducing variables being evaluated (their 1-D support goes into the message); ``None``: none.
+    :param kernel: the kernel, whose shortest length scale goes into the message unless ``lengthscale`` is given.
+    :param limit: the largest number of values allowed; default :data:`MAX_ENTRIES`.
+    :param lengthscale: the length scale for the message, in the inputs' unit; ``None``: read from ``kernel``.
     """
     limit = MAX_ENTRIES if limit is None else limit
     if entries <= limit:

@@ -71,15 +71,29 @@ class CovarianceBackend(Protocol):
     name: str
 
     def supports(self, ivars: Any, kernel: gpytorch.kernels.Kernel) -> bool:
-        """Whether the backend computes these variables' covariances under ``kernel`` (no exception)."""
+        """Whether the backend computes these variables' covariances under ``kernel`` (no exception).
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         ...
 
     def cross(self, a: Any, b: Any, kernel: gpytorch.kernels.Kernel) -> Tensor:
-        """``cov(u_a, u_b)`` without jitter, ``(M, M')``; ``Kuu`` when ``b`` is ``a``."""
+        r""":math:`\operatorname{cov}(u_a, u_b)` without jitter, ``(M, M')``; ``Kuu`` when ``b`` is ``a``.
+
+        :param a: the first set of HiPPO inducing variables (``M``).
+        :param b: the second set (``M'``), or ``a`` itself.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         ...
 
     def Kuf(self, ivars: Any, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
-        """``cov(u, f(x))``, ``(*batch, M, N)`` for inputs ``x`` of shape ``(*batch, N, D)``."""
+        r""":math:`\operatorname{cov}(u, f(x))`, ``(*batch, M, N)`` for inputs ``x`` of shape ``(*batch, N, D)``.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        :param x: inputs ``(*batch, N, D)``, already checked by the inducing variables.
+        """
         ...
 
 
@@ -120,7 +134,13 @@ class StationaryKernelSpec:
 
 
 class KernelParts(NamedTuple):
-    """A supported kernel taken apart: its registration, ``σ²`` (shape ``()``), ``ℓ`` (``(D,)``) and the unwrapped kernel."""
+    r"""A supported kernel taken apart: its registration, :math:`\sigma^2` (shape ``()``), :math:`\ell` (``(D,)``) and the unwrapped kernel.
+
+    :param spec: the registration of the (unwrapped) kernel.
+    :param outputscale: :math:`\sigma^2`, shape ``()`` (``1`` without a scale wrapper), differentiable.
+    :param lengthscale: :math:`\ell`, shape ``(D,)`` (``(1,)`` for a kernel without ARD), differentiable.
+    :param base: the kernel inside the scale wrapper, or the kernel itself.
+    """
 
     spec: StationaryKernelSpec
     outputscale: Tensor
@@ -129,7 +149,12 @@ class KernelParts(NamedTuple):
 
 
 class Resolved(NamedTuple):
-    """A kernel looked up without evaluating its hyperparameters (:func:`resolve_kernel`)."""
+    """A kernel looked up without evaluating its hyperparameters (:func:`resolve_kernel`).
+
+    :param spec: the registration of the (unwrapped) kernel, ``None`` if it has none.
+    :param base: the kernel inside the scale wrapper, or the kernel itself.
+    :param outputscale: ``kernel -> outputscale`` of the scale wrapper, ``None`` without one.
+    """
 
     #: the registration of the (unwrapped) kernel, ``None`` if it has none
     spec: StationaryKernelSpec | None
@@ -175,7 +200,10 @@ def register_stationary_kernel(
 
 
 def unregister_stationary_kernel(kernel_class: type) -> None:
-    """Remove the entry of ``kernel_class`` (``KeyError`` if it has none)."""
+    """Remove the entry of ``kernel_class`` (``KeyError`` if it has none).
+
+    :param kernel_class: a class registered with :func:`register_stationary_kernel` (its subclasses' own entries stay).
+    """
     del _REGISTRY[kernel_class]
     del _DESCRIPTIONS[kernel_class]
 
@@ -185,8 +213,13 @@ def register_scale_wrapper(
     base: Callable[[gpytorch.kernels.Kernel], gpytorch.kernels.Kernel],
     outputscale: Callable[[gpytorch.kernels.Kernel], Tensor],
 ) -> None:
-    """Register a kernel class that multiplies a wrapped kernel by a scale: ``base(kernel)`` is the
-    wrapped kernel, ``outputscale(kernel)`` the factor ``σ²``."""
+    r"""Register a kernel class that multiplies a wrapped kernel by a scale: ``base(kernel)`` is the
+    wrapped kernel, ``outputscale(kernel)`` the factor :math:`\sigma^2`.
+
+    :param wrapper_class: a :class:`gpytorch.kernels.Kernel` subclass (and its subclasses), e.g. ``ScaleKernel``.
+    :param base: ``kernel -> wrapped kernel`` for an instance of ``wrapper_class``.
+    :param outputscale: ``kernel -> σ²`` for an instance, a tensor with one element (differentiable).
+    """
     if not (isinstance(wrapper_class, type) and issubclass(wrapper_class, gpytorch.kernels.Kernel)):
         raise TypeError(f"wrapper_class must be a gpytorch Kernel subclass, got {wrapper_class!r}")
     _SCALE_WRAPPERS[wrapper_class] = (base, outputscale)
@@ -209,7 +242,10 @@ def supported_kernels() -> str:
 
 def resolve_kernel(kernel: gpytorch.kernels.Kernel) -> Resolved:
     """``(spec or None, base kernel, outputscale function or None)``: a scale wrapper looked through,
-    no hyperparameter evaluated (cheap enough for a check on every call)."""
+    no hyperparameter evaluated (cheap enough for a check on every call).
+
+    :param kernel: a GPyTorch kernel.
+    """
     wrapper = _lookup(_SCALE_WRAPPERS, kernel)
     base, outputscale = (kernel, None) if wrapper is None else (wrapper[0](kernel), wrapper[1])
     resolve = _lookup(_REGISTRY, base)
@@ -217,7 +253,10 @@ def resolve_kernel(kernel: gpytorch.kernels.Kernel) -> Resolved:
 
 
 def registered_spec(kernel: gpytorch.kernels.Kernel) -> StationaryKernelSpec | None:
-    """The spec of ``kernel`` (a scale wrapper looked through), or ``None`` if it is not registered."""
+    """The spec of ``kernel`` (a scale wrapper looked through), or ``None`` if it is not registered.
+
+    :param kernel: a GPyTorch kernel.
+    """
     return resolve_kernel(kernel).spec
 
 
@@ -226,6 +265,8 @@ def kernel_parts(kernel: gpytorch.kernels.Kernel) -> KernelParts:
 
     ``TypeError`` for a kernel without a registration, ``ValueError`` for a batched kernel
     (length scale or output scale with batch dimensions).
+
+    :param kernel: a registered GPyTorch kernel (optionally in a scale wrapper) without a batch shape.
     """
     spec, base, scale = resolve_kernel(kernel)
     if spec is None:
@@ -247,12 +288,22 @@ def kernel_parts(kernel: gpytorch.kernels.Kernel) -> KernelParts:
 
 # ---------------------------------------------------------------------- the built-in kernels
 def rbf_values(r: Tensor, outputscale: Tensor, lengthscale: Tensor) -> Tensor:
-    """``σ² exp(-r²/(2ℓ²))``."""
+    r""":math:`\sigma^2 \exp(-r^2 / (2\ell^2))`, the RBF kernel's ``values``.
+
+    :param r: differences :math:`x - x'`, any shape.
+    :param outputscale: :math:`\sigma^2`, a tensor broadcasting to ``r``.
+    :param lengthscale: :math:`\ell`, a one-element tensor; its dtype is the result's.
+    """
     return outputscale * torch.exp(-0.5 * (r.to(lengthscale.dtype) / lengthscale) ** 2)
 
 
 def rbf_spectral_density_of(omega: Tensor, outputscale: Tensor, lengthscale: Tensor) -> Tensor:
-    """``S(ω) = σ² ℓ/√(2π) exp(-ω²ℓ²/2)`` (float64)."""
+    r""":math:`S(\omega) = \sigma^2 \ell / \sqrt{2\pi}\, \exp(-\omega^2 \ell^2 / 2)` (float64), the RBF spectral density.
+
+    :param omega: angular frequencies :math:`\omega`, any shape, float64.
+    :param outputscale: :math:`\sigma^2`, a tensor broadcasting to ``omega``.
+    :param lengthscale: :math:`\ell`, a one-element tensor.
+    """
     ell = lengthscale.reshape(()).double()
     return outputscale.double() * ell / math.sqrt(2 * math.pi) * torch.exp(-0.5 * (omega * ell) ** 2)
 

@@ -33,8 +33,11 @@ _MATERN_INTEGRAL = {0.5: (1, lambda lam: 1 / (2 * lam)), 1.5: (2, lambda lam: 1 
 
 
 def matern_parameters(kernel: gpytorch.kernels.Kernel) -> tuple[float, Tensor, Tensor]:
-    """``(ν, λ, σ²)`` of ``MaternKernel`` or ``ScaleKernel(MaternKernel)`` (any kernel registered with a Matérn
-    ``ν``, :mod:`.covariances`); ``λ = √(2ν)/ℓ``; batched kernels give batched values."""
+    r""":math:`(\nu, \lambda, \sigma^2)` of ``MaternKernel`` or ``ScaleKernel(MaternKernel)`` (any kernel registered with a Matérn
+    :math:`\nu`, :mod:`.covariances`); :math:`\lambda = \sqrt{2\nu}/\ell`; batched kernels give batched values.
+
+    :param kernel: a Matérn kernel with :math:`\nu \in \{1/2, 3/2, 5/2\}` on 1-D inputs, optionally in a scale wrapper.
+    """
     spec, base, scale = resolve_kernel(kernel)
     if spec is None or spec.nu not in _MATERN_INTEGRAL:
         raise TypeError(
@@ -80,11 +83,19 @@ class FourierInducingVariables(InducingVariables):
         return f"num_frequencies={self.num_frequencies}, a={self.a:g}, b={self.b:g}"
 
     def frequencies(self, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
-        """``ω_0 = 0, ω_1, ..., ω_K``."""
+        r"""The frequencies :math:`\omega_0 = 0, \omega_1, \dots, \omega_K`, :math:`\omega_k = 2\pi k/(b - a)`: ``(K + 1,)``.
+
+        :param dtype: the dtype of the result; default ``torch.float64``.
+        :param device: the device of the result (default: the CPU).
+        """
         return 2 * math.pi * torch.arange(self.num_frequencies + 1, dtype=dtype, device=device) / (self.b - self.a)
 
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
-        """``φ(x)``, shape ``(*batch, M, N)``; ``kernel`` is checked but not needed (reproducing property)."""
+        r""":math:`\phi(x)`, shape ``(*batch, M, N)``; ``kernel`` is checked but not needed (reproducing property).
+
+        :param kernel: the GP's Matérn kernel (:func:`matern_parameters`); only checked.
+        :param x: inputs ``(*batch, N, 1)`` within ``[a, b]`` (others raise ``ValueError``).
+        """
         matern_parameters(kernel)
         x = check_tensor(x, "x", dtype=floating_dtype(kernel))  # finite; integers in the kernel's dtype
         if x.dim() < 2 or x.shape[-1] != 1:
@@ -96,7 +107,10 @@ class FourierInducingVariables(InducingVariables):
         return torch.cat([torch.cos(phase), torch.sin(phase[..., 1:, :])], dim=-2)
 
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
-        """``<φ_i, φ_j>_H``: diagonal plus the low-rank boundary terms (module docstring), plus jitter."""
+        r""":math:`\langle \phi_i, \phi_j \rangle_{\mathcal H}`: diagonal plus the low-rank boundary terms (module docstring), plus jitter.
+
+        :param kernel: the GP's Matérn kernel (:func:`matern_parameters`); a batched kernel gives a batch of matrices.
+        """
         nu, lam, variance = matern_parameters(kernel)
         power, coefficient = _MATERN_INTEGRAL[nu]
         lam, variance = lam[..., None], variance[..., None]
@@ -153,6 +167,11 @@ class FourierInducingVariables(InducingVariables):
         return float(self.a), float(self.b)
 
     def coverage_advice(self, cause: str) -> str:
+        """What to change for inputs outside ``[a, b]``, or for too few frequencies
+        (:meth:`~gpytorch_hippo.inducing.base.InducingVariables.coverage_advice`).
+
+        :param cause: ``"before"``, ``"beyond"`` (inputs outside ``[a, b]``) or ``"too few"``.
+        """
         if cause in ("before", "beyond"):
             return "the Fourier features live on [a, b]: choose an interval that contains every input of the stream"
         return "use more frequencies (num_frequencies) or a longer length scale"

@@ -79,15 +79,23 @@ class QuadratureBackend:
     name = "quadrature"
 
     def supports(self, ivars, kernel) -> bool:
+        """Whether ``ivars`` have 1-D (time) inputs; any kernel.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k` (not restricted).
+        """
         return ivars.input_dim == 1
 
     def rule(self, ivars, kernel) -> tuple[Tensor, Tensor]:
-        """Nodes on ``[lower, t]`` and ``weights * g_m^{(t)}(nodes)`` (Q x M).
+        r"""Nodes on ``[lower, t]`` and :math:`w_q\, g_m^{(t)}(x_q)` at the nodes (``Q x M``).
 
         Default: one panel per length scale with ``max(num_nodes, ceil(M / panels) + 24)`` nodes, so
         that the panels together integrate the degree ``M - 1`` basis (whose oscillations crowd
         the ends of the support) times the kernel.  Uniform panels of 12 nodes -- this backend's
-        earlier rule -- missed ``Kuu`` by 27% at ``M = 150``, ``t/ℓ = 8``.
+        earlier rule -- missed ``Kuu`` by 27% at ``M = 150``, :math:`t/\ell = 8`.
+
+        :param ivars: the HiPPO inducing variables (their ``num_nodes`` and ``num_panels`` set the rule).
+        :param kernel: the GP's kernel; its shortest length scale sets the default panels.
         """
         panels, nodes_per_panel = self.layout(ivars, kernel)
         check_work(float(panels) * nodes_per_panel * ivars.num_inducing, "the quadrature rule (nodes x M)", ivars, kernel)
@@ -97,7 +105,11 @@ class QuadratureBackend:
         return nodes, weights[:, None] * ivars.memory.basis(nodes, ivars.t)
 
     def layout(self, ivars, kernel) -> tuple[int, int]:
-        """``(panels, nodes per panel)`` of :meth:`rule`."""
+        """``(panels, nodes per panel)`` of :meth:`rule`.
+
+        :param ivars: the HiPPO inducing variables (``num_panels`` given: that layout, ``num_nodes`` per panel).
+        :param kernel: the GP's kernel; its shortest length scale sets the default number of panels.
+        """
         panels, nodes_per_panel = ivars.num_panels, ivars.num_nodes
         if panels is None:
             lower, t = _span(ivars)
@@ -106,11 +118,21 @@ class QuadratureBackend:
         return panels, nodes_per_panel
 
     def size(self, ivars, kernel) -> int:
-        """Number of nodes of :meth:`rule`."""
+        """Number of nodes of :meth:`rule`.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         panels, nodes_per_panel = self.layout(ivars, kernel)
         return panels * nodes_per_panel
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        r""":math:`\operatorname{cov}(u, f(x)) = \sum_q k(x, x_q)\, w_q\, g_m^{(t)}(x_q)`: ``(*batch, M, N)`` in ``x``'s dtype.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        :param x: inputs ``(*batch, N, 1)``.
+        """
         nodes, weighted_basis = self.rule(ivars, kernel)
         nodes, weighted_basis = nodes[:, None].to(x.dtype), weighted_basis.to(x.dtype)
         chunk = max(1, QUADRATURE_CHUNK_ENTRIES // nodes.shape[0])  # k(x, nodes) in blocks: memory O(Q + N M)
@@ -120,6 +142,13 @@ class QuadratureBackend:
         return torch.cat(blocks, dim=-2).mT
 
     def cross(self, a, b, kernel) -> Tensor:
+        r""":math:`\operatorname{cov}(u_a, u_b)` without jitter by the double rule, ``(M, M')`` in the kernel's dtype;
+        ``Kuu`` (symmetrised) when ``b`` is ``a``.
+
+        :param a: the first set of HiPPO inducing variables.
+        :param b: the second set, or ``a`` itself.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         # k(nodes, nodes') has Q Q' entries: that many kernel evaluations, formed a block of rows at a time
         check_work(float(self.size(a, kernel)) * self.size(b, kernel), "the quadrature Kuu (node pairs)", a, kernel)
         nodes, weighted = self.rule(a, kernel)
@@ -150,6 +179,12 @@ class SpectralBackend:
         self._transforms: dict = {}
 
     def supports(self, ivars, kernel) -> bool:
+        """Whether ``ivars`` are 1-D with a support not clipped by ``start`` (:func:`.spectral.hippo_support`) and
+        ``kernel`` is registered with a spectral density and a ``spectral_cutoff`` (RBF), with one length scale.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         if ivars.input_dim != 1:
             return False
         try:
@@ -198,6 +233,12 @@ class SpectralBackend:
         return base * 2 ** max(0, math.ceil(math.log2(max(needed, base) / base) - 1e-12))
 
     def cross(self, a, b, kernel) -> Tensor:
+        r""":math:`\operatorname{cov}(u_a, u_b) = F_a^\top F_b` without jitter, ``(M, M')`` in the kernel's dtype.
+
+        :param a: the first set of HiPPO inducing variables.
+        :param b: the second set, or ``a`` itself (then ``Kuu``).
+        :param kernel: the GP's kernel :math:`k`.
+        """
         (centre_a, half_a), (centre_b, half_b) = self._support(a), self._support(b)
         band = self._bucket(half_a, abs(centre_a - centre_b) + half_a + half_b)
         omega, scale = self._rule(kernel, band, max(a.num_inducing, b.num_inducing), a.breakpoints.device, a)
@@ -206,6 +247,12 @@ class SpectralBackend:
         return (F_a.mT @ F_b).to(_kernel_dtype(kernel))
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        r""":math:`\operatorname{cov}(u, f(x)) = F^\top \psi(x)`: ``(*batch, M, N)`` in ``x``'s dtype.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        :param x: inputs ``(*batch, N, 1)``.
+        """
         centre, half_width = self._support(ivars)
         times = x[..., 0].double()
         reach = float((times.detach() - centre).abs().max()) if times.numel() else 0.0
@@ -228,12 +275,19 @@ class FourierFeatures:
     ``"quadrature"``: Gauss-Legendre nodes over frequency and ``a = 2 w S(ω)``, deterministic and exact in
     the limit: a tensor-product rule on ``[0, 9.5/ℓ]`` (RBF, any ``D``, about ``R`` nodes) or, in 1-D,
     ``R`` nodes on ``ω = λ tan(φ)``, ``φ ∈ [0, π/2)`` (Matérn, ``λ = √(2ν)/ℓ``).
+
+    :param kind: ``"random"`` or ``"quadrature"``.
     """
 
     def __init__(self, kind: str):
         self.kind = kind
 
     def frequencies_and_weights(self, ivars, kernel) -> tuple[Tensor, Tensor]:
+        r"""The frequencies ``W`` ``(R', D)`` and weights ``a`` ``(R',)`` of :math:`\psi`, in the length scale's dtype.
+
+        :param ivars: the HiPPO inducing variables (their spectral samples ``rff_normal``, ``rff_chi2`` and ``num_rff``).
+        :param kernel: the GP's kernel, registered with a Gaussian (RBF) or Matérn spectral density.
+        """
         spec, outputscale, lengthscale, _ = kernel_parts(kernel)
         if lengthscale.numel() not in (1, ivars.input_dim):
             raise ValueError(f"kernel has {lengthscale.numel()} length scales but input_dim = {ivars.input_dim}")
@@ -297,7 +351,13 @@ class FourierFeatures:
 
 
 class RecurrenceBackend:
-    """The thesis's recurrence (eq. (4.10) and §4.3.2) for time inputs, features carried across ``advance``."""
+    """The thesis's recurrence (Chen et al. (2025), thesis eq. (4.10) and §4.3.2) for time inputs, features carried
+    across ``advance``.
+
+    :param features: the kind of :class:`FourierFeatures`, ``"random"`` or ``"quadrature"``.
+    :param kuf: ``"rff"``: ``Kuf`` from the same features as ``Kuu``; ``"ode"``: from the HiPPO ODE driven by the exact
+        kernel (:class:`~.hippo_variables.HiPPOInducingVariables`).
+    """
 
     name = "recurrence"
 
@@ -307,10 +367,18 @@ class RecurrenceBackend:
         self._cache = None  # (signature, breakpoints, Z)
 
     def supports(self, ivars, kernel) -> bool:
+        """Whether ``ivars`` have 1-D (time) inputs.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k` (checked where it is used).
+        """
         return ivars.input_dim == 1
 
     def grid(self, ivars) -> Tensor:
-        """Uniform steps of at most ``dt`` between consecutive breakpoints."""
+        """Uniform steps of at most ``dt`` between consecutive breakpoints: the times ``(T,)``, float64.
+
+        :param ivars: the HiPPO inducing variables (their ``breakpoints`` and ``dt``).
+        """
         bounds = list(zip(ivars.breakpoints[:-1].tolist(), ivars.breakpoints[1:].tolist()))
         counts = [max(1, (right - left) / ivars.dt - 1e-9) for left, right in bounds]
         check_work(sum(counts), f"the recurrence grid (steps of dt = {ivars.dt:g})", ivars)
@@ -326,7 +394,11 @@ class RecurrenceBackend:
         check_work(float(steps) * (M * M + 2 * ivars.num_rff + 2 * M), f"the recurrence over {steps} steps of dt = {ivars.dt:g}", ivars)
 
     def memory(self, ivars, kernel) -> Tensor:
-        """``Z`` (2R x M): HiPPO projections of the features along the time grid, resumed from the cache."""
+        """``Z`` (2R x M): HiPPO projections of the features along the time grid, resumed from the cache.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel (its spectral density defines the features).
+        """
         _, _, lengthscale, _ = kernel_parts(kernel)
         differentiable = torch.is_grad_enabled() and any(p.requires_grad for p in kernel.parameters())
         signature = kernel_signature(kernel) + (self.features.kind,)
@@ -353,6 +425,13 @@ class RecurrenceBackend:
         return Z
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        r""":math:`\operatorname{cov}(u, f(x))`: :math:`Z^\top \psi(x)` (``kuf="rff"``) or the HiPPO ODE driven by
+        :math:`k(x, s)` (``kuf="ode"``); ``(*batch, M, N)``.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        :param x: inputs ``(*batch, N, 1)``.
+        """
         if self.kuf == "rff":
             return (self.features(ivars, kernel, x) @ self.memory(ivars, kernel).to(x.dtype)).mT
         grid = self.grid(ivars)
@@ -362,6 +441,12 @@ class RecurrenceBackend:
         return ivars.memory.final_state(K, grid).mT
 
     def cross(self, a, b, kernel) -> Tensor:
+        r""":math:`\operatorname{cov}(u_a, u_b) \approx Z_a^\top Z_b`, ``(M, M')`` in the kernel's dtype.
+
+        :param a: the first set of HiPPO inducing variables.
+        :param b: the second set (the same features and seed as ``a``), or ``a`` itself.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         if a.features != b.features or not torch.equal(a.rff_normal, b.rff_normal):
             raise ValueError("cross-covariance by Fourier features needs both sets to share their features (same seed and features)")
         Z = self.memory(a, kernel)
@@ -370,7 +455,10 @@ class RecurrenceBackend:
 
 
 class PathBackend:
-    """Random-feature memory along the ordered path of multidimensional inputs (thesis §4.4)."""
+    """Random-feature memory along the ordered path of multidimensional inputs (thesis §4.4).
+
+    :param features: the kind of :class:`FourierFeatures`, ``"random"`` or ``"quadrature"``.
+    """
 
     name = "path"
 
@@ -379,9 +467,20 @@ class PathBackend:
         self._cache = None  # (signature, breakpoints, Z)
 
     def supports(self, ivars, kernel) -> bool:
+        """Whether ``ivars`` have multidimensional inputs.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k` (checked where it is used).
+        """
         return ivars.input_dim > 1
 
     def memory(self, ivars, kernel) -> Tensor:
+        """``Z`` (2R x M): the committed path memory continued over the current task's ordered inputs.
+
+        :param ivars: the multidimensional HiPPO inducing variables, with a non-empty path
+            (:meth:`~.hippo_variables.HiPPOInducingVariables.append_path`).
+        :param kernel: the GP's kernel; its length scale must not change once a task is committed.
+        """
         if ivars.path_pending.shape[0] == 0:
             raise RuntimeError("the path is empty: call append_path(x_ordered) before using the inducing variables")
         ivars.remember_kernel(kernel)  # append_path's default kernel for folding this task into the memory
@@ -417,9 +516,21 @@ class PathBackend:
         return _fresh_memory(ivars).final_state(features, times)
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        r""":math:`\operatorname{cov}(u, f(x)) \approx Z^\top \psi(x)`: ``(*batch, M, N)``.
+
+        :param ivars: the multidimensional HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        :param x: inputs ``(*batch, N, D)``.
+        """
         return (self.features(ivars, kernel, x) @ self.memory(ivars, kernel).to(x.dtype)).mT
 
     def cross(self, a, b, kernel) -> Tensor:
+        r""":math:`\operatorname{cov}(u_a, u_b) \approx Z_a^\top Z_b`, ``(M, M')`` in the kernel's dtype.
+
+        :param a: the first set of multidimensional HiPPO inducing variables.
+        :param b: the second set (the same spectral samples as ``a``), or ``a`` itself.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         if not torch.equal(a.rff_normal, b.rff_normal):
             raise ValueError("cross-covariance by random features needs both sets to share their spectral samples (same seed)")
         Z = self.memory(a, kernel)

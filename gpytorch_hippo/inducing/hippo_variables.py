@@ -65,7 +65,7 @@ FEATURES = ("random", "quadrature")
 
 
 class HiPPOInducingVariables(InducingVariables):
-    """``M`` HiPPO inducing variables ``u_m^{(t)} = int f(x) phi_m^{(t)}(x) dx`` (thesis §4.3).
+    r"""``M`` HiPPO inducing variables :math:`u_m^{(t)} = \int f(x)\, \phi_m^{(t)}(x)\, \mathrm{d}x` (Chen et al. (2025), thesis §4.3).
 
     :param num_inducing: ``M``, the number of basis functions.
     :param measure: ``"legs"`` (keeps the whole past, the thesis's choice), ``"legt"``, ``"lagt"``
@@ -88,14 +88,16 @@ class HiPPOInducingVariables(InducingVariables):
     :param discretization: HiPPO discretisation of the recurrence (default bilinear).
     :param num_nodes: quadrature nodes per panel (at least; default 12); by default one panel per
         length scale with at least ``ceil(M / panels) + 24`` nodes each, unless ``num_panels`` is given.
+    :param num_panels: number of equal panels of the quadrature backend's composite Gauss-Legendre rule, each with
+        exactly ``num_nodes`` nodes; ``None`` (default): one panel per length scale, as described for ``num_nodes``.
     :param start: start of the stream; the integrals run over ``[start, t]``.
-    :param jitter: ``None`` (default): ``Kuu`` gets ``ε · mean(diag Kuu)`` with GPyTorch's
-        ``ε = variational_cholesky_jitter`` of float64 (1e-6, in every dtype), relative because LegS
-        ``Var(u_0) ≈ σ²√(2π)ℓ/t`` shrinks as the stream grows.  A float: that absolute value.
+    :param jitter: ``None`` (default): ``Kuu`` gets :math:`\varepsilon \operatorname{mean}(\operatorname{diag} K_{uu})` with GPyTorch's
+        :math:`\varepsilon` = ``variational_cholesky_jitter`` of float64 (1e-6, in every dtype), relative because LegS
+        :math:`\operatorname{Var}(u_0) \approx \sigma^2 \sqrt{2\pi}\, \ell / t` shrinks as the stream grows.  A float: that absolute value.
     :param seed: seed of the spectral samples (fixed at construction, so that ``Kuu`` of the
         same variables is deterministic and two snapshots share their features).
-    :param kuf: recurrence only.  ``"rff"`` (default): ``Kfu = Zᵀψ(x)`` from the same features as
-        ``Kuu = ZᵀZ``; the Nyström residual ``k(x,x) - Kfu Kuu⁻¹ Kuf`` is then that of a projection
+    :param kuf: recurrence only.  ``"rff"`` (default): :math:`K_{fu} = Z^\top \psi(x)` from the same features as
+        :math:`K_{uu} = Z^\top Z`; the Nyström residual :math:`k(x, x) - K_{fu} K_{uu}^{-1} K_{uf}` is then that of a projection
         and cannot go negative.  ``"ode"`` (the thesis): ``Kfu`` rows solve the ODE driven by the
         exact kernel; with few features the Monte-Carlo error of ``Kuu`` alone can make the
         residual negative (a ``RuntimeWarning`` says so where it is used).
@@ -106,9 +108,9 @@ class HiPPOInducingVariables(InducingVariables):
         hyperparameters) or without one (shared). 1-D inputs, every backend.
 
     **Conditioning.** The eigenvalues of ``Kuu`` decay like the kernel's spectral density at
-    frequencies ``~ m / t``, so its condition number is set by the jitter: at most ``M / ε``
+    frequencies :math:`\sim m / t`, so its condition number is set by the jitter: at most :math:`M / \varepsilon`
     with the relative default.  Quadrature and spectral matrices are symmetric PSD before the
-    jitter; feature estimates ``ZᵀZ`` are PSD by construction.
+    jitter; feature estimates :math:`Z^\top Z` are PSD by construction.
     """
 
     #: the backends by method name (:meth:`_make_backends`); :meth:`_backend_for` chooses among them
@@ -248,6 +250,11 @@ class HiPPOInducingVariables(InducingVariables):
         return support_span(self) if self.input_dim == 1 else None
 
     def coverage_advice(self, cause: str) -> str:
+        """What to change for inputs ``"before"`` or ``"beyond"`` the bases' support, or for ``"too few"`` variables
+        (:meth:`~gpytorch_hippo.inducing.base.InducingVariables.coverage_advice`), for this measure.
+
+        :param cause: ``"before"``, ``"beyond"`` or ``"too few"``.
+        """
         if cause == "beyond":
             return "call inducing_variables.advance(t_new) with t_new at or beyond the task's last input before update"
         if cause == "before":
@@ -270,14 +277,22 @@ class HiPPOInducingVariables(InducingVariables):
         return max(float(diagonal.mean()), torch.finfo(diagonal.dtype).tiny)
 
     def advance(self, t_new: float) -> None:
-        """Move the bases forward to ``t_new`` (1-D inputs); the recurrence state is carried."""
+        """Move the bases forward to ``t_new`` (1-D inputs); the recurrence state is carried.
+
+        :param t_new: the new end time, greater than the current :attr:`t` (a number in the inputs' time unit, not a
+            calendar time).
+        """
         t_new = self.check_advance(t_new)
         self.breakpoints = torch.cat([self.breakpoints, self.breakpoints.new_tensor([t_new])])
 
     @staticmethod
     def advance_streams(streams: Sequence[HiPPOInducingVariables], targets: Tensor) -> None:
         """``streams[i].advance(targets[i])`` for every stream whose target is not its clock, all checked before any
-        moves (a batch of streams, :class:`~.batched.BatchedInducingVariables`); the error names the stream ``i``."""
+        moves (a batch of streams, :class:`~.batched.BatchedInducingVariables`); the error names the stream ``i``.
+
+        :param streams: the ``S`` single-stream HiPPO sets (1-D inputs).
+        :param targets: the new end times ``(S,)``, float64 on the CPU; a stream whose target equals its clock stays.
+        """
         current = stream_clocks(streams)
         moving = targets != current
         bad = ~torch.isfinite(targets) | (targets.abs() > MAX_TIME) | ~(targets > current)
@@ -292,7 +307,10 @@ class HiPPOInducingVariables(InducingVariables):
             stream.breakpoints = torch.cat([stream.breakpoints, stream.breakpoints.new_tensor([float(targets[i])])])
 
     def check_advance(self, t_new) -> float:
-        """``t_new`` as a float, or the error that :meth:`advance` raises for it."""
+        """``t_new`` as a float, or the error that :meth:`advance` raises for it.
+
+        :param t_new: the proposed new end time (it must exceed the current :attr:`t`).
+        """
         if self.input_dim != 1:
             raise RuntimeError("multidimensional HiPPO inducing variables advance with append_path(x_ordered)")
         self._check_movable("advance(t_new)")
@@ -314,7 +332,10 @@ class HiPPOInducingVariables(InducingVariables):
         return None
 
     def basis(self, x: Tensor) -> Tensor:
-        """``g_m^{(t)}(x)`` at the current ``t`` for time inputs ``x`` of shape ``(N,)`` or ``(N, 1)`` -> ``(N, M)``."""
+        """:math:`g_m^{(t)}(x)` at the current ``t`` for time inputs ``x`` of shape ``(N,)`` or ``(N, 1)`` -> ``(N, M)``.
+
+        :param x: time inputs ``(N,)`` or ``(N, 1)``, finite; the result has their dtype (integers: the default dtype).
+        """
         if self.input_dim != 1:
             raise RuntimeError("basis(x) is defined for 1-D time inputs only")
         x = self._check_inputs(x)[..., 0]
@@ -324,11 +345,14 @@ class HiPPOInducingVariables(InducingVariables):
 
     # ------------------------------------------------------------------ the interface
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
-        """``[Kuf]_{mn} = int k(x_n, s) phi_m^{(t)}(s) ds`` (thesis eq. (4.10)); ``(*batch, M, N)``.
+        r""":math:`[K_{uf}]_{mn} = \int k(x_n, s)\, \phi_m^{(t)}(s)\, \mathrm{d}s` (thesis eq. (4.10)); ``(*batch, M, N)``.
 
-        Exactly zero, whatever the backend, for inputs further than the kernel's reach ``R``
-        (:func:`.cost.kernel_reach`) from the bases' support ``[lower, t]``: ``k(x - s) < 2e-18 σ²``
+        Exactly zero, whatever the backend, for inputs further than the kernel's reach :math:`R`
+        (:func:`.cost.kernel_reach`) from the bases' support ``[lower, t]``: :math:`k(x - s) < 2 \cdot 10^{-18} \sigma^2`
         there.  Only the other inputs reach the backend, so forecasts far past ``t`` cost nothing.
+
+        :param kernel: the GP's kernel :math:`k` (its dtype is that of integer inputs).
+        :param x: inputs ``(*batch, N, D)`` (``(N,)`` allowed for 1-D inputs), finite.
         """
         x = self._check_inputs(x, dtype=floating_dtype(kernel))
         backend = self._backend_for(kernel)
@@ -347,7 +371,11 @@ class HiPPOInducingVariables(InducingVariables):
         return out.mT
 
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
-        """``Kuu`` (thesis eq. (4.11)) plus the jitter of the class docstring."""
+        r""":math:`[K_{uu}]_{mn} = \iint \phi_m^{(t)}(s)\, k(s, s')\, \phi_n^{(t)}(s')\, \mathrm{d}s\, \mathrm{d}s'` (thesis eq. (4.11))
+        plus the jitter of the class docstring.
+
+        :param kernel: the GP's kernel :math:`k`.
+        """
         return self.add_jitter(self._backend_for(kernel).cross(self, self, kernel))
 
     def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):
@@ -386,6 +414,10 @@ class HiPPOInducingVariables(InducingVariables):
         task's inputs are folded into the path memory and dropped; only the new task's inputs
         are kept, until the next call.  Folding uses ``kernel`` (default: the kernel these
         variables were last evaluated with).
+
+        :param x_ordered: the task's inputs ``(N, D)`` in path order, ``N >= 1``.
+        :param step: use every ``step``-th input, a positive int; default 1.
+        :param kernel: the kernel that folds the previous task into the memory; ``None`` (default): the last one used.
         """
         if self.input_dim == 1:
             raise RuntimeError("append_path is for multidimensional inputs; use advance(t_new) for time inputs")
@@ -407,7 +439,10 @@ class HiPPOInducingVariables(InducingVariables):
         )
 
     def remember_kernel(self, kernel: gpytorch.kernels.Kernel) -> None:
-        """Keep ``kernel`` as :meth:`append_path`'s default (the path backend calls this on every evaluation)."""
+        """Keep ``kernel`` as :meth:`append_path`'s default (the path backend calls this on every evaluation).
+
+        :param kernel: the GP's kernel (held as a plain reference, not a submodule).
+        """
         object.__setattr__(self, "_last_kernel", kernel)  # nn.Module.__setattr__ would register it as a submodule
 
     def _commit_pending(self, kernel) -> None:

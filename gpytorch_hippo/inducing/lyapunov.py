@@ -73,28 +73,39 @@ class _At:
 
 
 def kernel_scales(kernel) -> tuple[float, float, StationaryKernelSpec]:
-    """``(ℓ, reach R, spec)``: beyond ``R`` the kernel is below ``2e-18 σ²`` (RBF: ``e^{-45}``); ``spec``
-    its registration (:mod:`.covariances`), which has a reach (:meth:`LyapunovBackend.check`)."""
+    r""":math:`(\ell, R, \mathrm{spec})`: beyond the reach :math:`R` the kernel is below :math:`2 \cdot 10^{-18} \sigma^2`
+    (RBF: :math:`e^{-45}`); ``spec`` its registration (:mod:`.covariances`), which has a reach (:meth:`LyapunovBackend.check`).
+
+    :param kernel: a registered 1-D kernel with a reach (optionally in a scale wrapper), one length scale.
+    """
     spec, _, lengthscale, _ = kernel_parts(kernel)
     ell = float(lengthscale.detach())
     return ell, spec.reach * ell, spec
 
 
 def kernel_function(kernel):
-    """``r -> k(r)`` (RBF: ``σ² exp(-r²/(2ℓ²))``) from the kernel's own hyperparameters (differentiable), read once."""
+    r"""``r -> k(r)`` (RBF: :math:`\sigma^2 \exp(-r^2/(2\ell^2))`) from the kernel's own hyperparameters (differentiable), read once.
+
+    :param kernel: a registered kernel (optionally in a scale wrapper) without a batch shape.
+    """
     spec, outputscale, lengthscale, _ = kernel_parts(kernel)
     return lambda r: spec.values(r, outputscale, lengthscale)
 
 
 def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
-    """``Kuf[m](x) = ∫ k(x - s) φ_m(s, t) ds`` (thesis eq. (4.9)) at ``times`` (N,) -> (N, M).
+    r""":math:`K_{uf}[m](x) = \int k(x - s)\, \phi_m(s, t)\, \mathrm{d}s` (thesis eq. (4.9)) at ``times`` (N,) -> (N, M).
 
     Only ``s`` within the kernel's reach of ``x`` contributes, so the rule is local: Matérn through
     :meth:`BandedBackend.local_kuf` (panels split at the kink), RBF (an analytic kernel) by the same composite
     Gauss-Legendre panels (width ``<= 4ℓ``; the integrand is analytic, no split), grouped by the
     panel of ``x`` and summed over the panels within the reach.  Inputs more than four reaches
-    apart get rules of their own, so the cost is ``O(M)`` per input even for inputs spread over the
-    whole stream (a grid over ``[start, t]``), not ``O(M t / ℓ)``.
+    apart get rules of their own, so the cost is :math:`O(M)` per input even for inputs spread over the
+    whole stream (a grid over ``[start, t]``), not :math:`O(M t / \ell)`.
+
+    :param at: the LegS set (or a view of it at time ``t`` with support ``[start, t]``).
+    :param kernel: a registered Matérn or RBF kernel with a reach, one length scale.
+    :param times: the inputs ``(N,)``, float64.
+    :param dtype: the dtype of the result.
     """
     ell, reach, spec = kernel_scales(kernel)
     out = torch.zeros(times.shape[0], at.num_inducing, dtype=dtype, device=times.device)
@@ -175,8 +186,14 @@ def _propagator_rules(memory, t_a: float, t_b: float) -> list[tuple[Tensor, floa
 
 
 def propagator(memory, t_a: float, t_b: float) -> Tensor:
-    """``Φ = e^{A log(t_b/t_a)}`` as the exact re-expansion ``φ(x, t_b) = Φ φ(x, t_a)``, ``x <= t_a``:
-    ``Φ = (t_a/t_b) ∫_0^1 g(z t_a/t_b) g(z)ᵀ dz`` by an exact Gauss-Legendre rule (module docstring)."""
+    r""":math:`\Phi = e^{A \log(t_b/t_a)}` as the exact re-expansion :math:`\phi(x, t_b) = \Phi \phi(x, t_a)`, :math:`x \le t_a`:
+    :math:`\Phi = (t_a/t_b) \int_0^1 g(z t_a/t_b)\, g(z)^\top \mathrm{d}z` by an exact Gauss-Legendre rule (module docstring).
+
+    :param memory: the LegS :class:`~gpytorch_hippo.hippo.HiPPO` memory of the set (its ``M`` and device).
+    :param t_a: the earlier time :math:`t_a > 0`.
+    :param t_b: the later time :math:`t_b \ge t_a`.
+    :return: :math:`\Phi`, ``(M, M)`` float64.
+    """
     g, weighted = _weighted_bases(memory, _propagator_rules(memory, t_a, t_b))
     return weighted.mT @ g
 
@@ -196,14 +213,22 @@ def _forcing_rule(ivars, kernel, t_a: float, t_b: float) -> tuple[Tensor, float,
 
 
 def forcing(ivars, kernel, t_a: float, t_b: float, rule=None, weighted_basis: Tensor | None = None) -> Tensor:
-    """``X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx = cov(c(t_a), d)`` (M x M), over ``x <= t_a + R`` only.
+    r""":math:`X = \int_{t_a}^{t_b} K_{uf}(t_a, x)\, \phi(x, t_b)^\top \mathrm{d}x = \operatorname{cov}(c(t_a), d)` (M x M),
+    over :math:`x \le t_a + R` only.
 
-    Composite Gauss-Legendre in ``x`` on panels of ``<= ℓ``: ``Kuf(t_a, x)`` is analytic for ``x > t_a``
-    (one branch of the kernel) and ``φ(·, t_b)`` a degree ``M - 1`` polynomial, ``P_{M-1}(cos θ)``
-    with ``θ = arccos(2x/t_b - 1)``, so a panel spanning ``Δθ`` holds about ``M Δθ / π`` of its zeros:
-    ``M Δθ`` nodes (π per zero) beyond the kernel's, at most the end-panel count ``M / sqrt(t_b / ℓ)``
-    of :class:`~.banded.Panels` (zeros crowd ``t_b``; away from it far fewer nodes are needed).
-    ``rule``, ``weighted_basis``: that rule and its weighted ``φ`` when the caller formed them already.
+    Composite Gauss-Legendre in ``x`` on panels of :math:`\le \ell`: :math:`K_{uf}(t_a, x)` is analytic for :math:`x > t_a`
+    (one branch of the kernel) and :math:`\phi(\cdot, t_b)` a degree ``M - 1`` polynomial, :math:`P_{M-1}(\cos \theta)`
+    with :math:`\theta = \arccos(2x/t_b - 1)`, so a panel spanning :math:`\Delta\theta` holds about :math:`M \Delta\theta / \pi`
+    of its zeros: :math:`M \Delta\theta` nodes (:math:`\pi` per zero) beyond the kernel's, at most the end-panel count
+    :math:`M / \sqrt{t_b / \ell}` of :class:`~.banded.Panels` (zeros crowd :math:`t_b`; away from it far fewer nodes are needed).
+    ``rule``, ``weighted_basis``: that rule and its weighted :math:`\phi` when the caller formed them already.
+
+    :param ivars: the LegS inducing variables (their ``M``, ``start`` and memory).
+    :param kernel: a registered Matérn or RBF kernel with a reach.
+    :param t_a: the step's start :math:`t_a`.
+    :param t_b: the step's end :math:`t_b > t_a`.
+    :param rule: ``(nodes, t_b, weights)`` of the rule in ``x``; ``None`` (default): formed here.
+    :param weighted_basis: the rule's weighted :math:`\phi(x, t_b)`, ``(Q, M)``; ``None`` (default): formed here.
     """
     rule = _forcing_rule(ivars, kernel, t_a, t_b) if rule is None else rule
     if weighted_basis is None:
@@ -212,12 +237,19 @@ def forcing(ivars, kernel, t_a: float, t_b: float, rule=None, weighted_basis: Te
 
 
 def segment_covariance(ivars, kernel, t_a: float, t_b: float, lower: float | None = None) -> Tensor:
-    """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` (thesis eq. (4.11) on ``[t_a, t_b]`` alone); ``lower``: the
-    support's start that sets the node density (default the variables' ``start``, clipped at 0).
+    r""":math:`D = \operatorname{cov}(\int_{t_a}^{t_b} f\, \phi(\cdot, t_b))` (thesis eq. (4.11) on ``[t_a, t_b]`` alone); ``lower``:
+    the support's start that sets the node density (default the variables' ``start``, clipped at 0).
 
     Matérn: the banded backend on that support.  RBF: :func:`segment_rule` in both variables (the
-    integrand is analytic), ``D = Wᵀ (k(nodes, nodes) W)`` with ``k`` banded: the panel pairs within
+    integrand is analytic), :math:`D = W^\top (k(\mathrm{nodes}, \mathrm{nodes}) W)` with ``k`` banded: the panel pairs within
     the reach only.
+
+    :param ivars: the LegS inducing variables (their ``M``, ``start``, memory and backends).
+    :param kernel: a registered Matérn or RBF kernel with a reach.
+    :param t_a: the segment's start.
+    :param t_b: the segment's end, :math:`t_b > t_a`; the bases are those at :math:`t_b`.
+    :param lower: the support's start for the node density (RBF only); ``None`` (default): ``max(0, start)``.
+    :return: :math:`D`, ``(M, M)`` float64.
     """
     ell, reach, spec = kernel_scales(kernel)
     if spec.matern:
@@ -238,11 +270,17 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float, lower: float | Non
 
 
 def segment_rule(ivars, t_a: float, t_b: float, width: float, lower: float | None = None) -> tuple[Tensor, Tensor]:
-    """Composite Gauss-Legendre on ``[t_a, t_b]``: nodes ``(P, p)`` and ``w φ(nodes, t_b)`` ``(P, p, M)``.
+    r"""Composite Gauss-Legendre on ``[t_a, t_b]``: nodes ``(P, p)`` and :math:`w\, \phi(\mathrm{nodes}, t_b)` ``(P, p, M)``.
 
-    Panels of at most ``width``; ``p = 24 + M sqrt(w / (t_b - lower))`` nodes, the density that
+    Panels of at most ``width``; :math:`p = 24 + M \sqrt{w / (t_b - \mathrm{lower})}` nodes, the density that
     :class:`~.banded.Panels` gives a panel of the whole support (a degree ``M - 1`` polynomial has
     about that many zeros in an end panel), so the segment costs what its panels would within ``[0, t_b]``.
+
+    :param ivars: the LegS inducing variables (their ``M``, ``start`` and memory).
+    :param t_a: the segment's start.
+    :param t_b: the segment's end, :math:`t_b > t_a`.
+    :param width: the widest panel, in the inputs' unit.
+    :param lower: the support's start that sets the node density; ``None`` (default): ``max(0, start)``.
     """
     count = max(1, math.ceil((t_b - t_a) / width))
     half = (t_b - t_a) / (2 * count)
@@ -261,10 +299,18 @@ def _reexpansion_rule(memory, t_a: float, t_b: float) -> tuple[Tensor, float, Te
 
 
 def segment_reexpansion(memory, t_a: float, t_b: float, weighted_basis: Tensor | None = None) -> Tensor:
-    """``T`` with ``g(x, t_b) = T g(x - t_a, L)`` on ``[t_a, t_b]``, ``L = t_b - t_a``: the bases at
-    ``t_b`` in the segment's own LegS bases (both degree ``M - 1``; ``T = (1/L) ∫ g(x, t_b) g(x - t_a, L)ᵀ dx``
-    by an exact ``M + 1``-node Gauss-Legendre rule).  By stationarity the segment's coefficients have
-    the covariance ``Kuu`` of a LegS set at ``t = L`` started at 0, so ``D = (L / t_b)² T Kuu(L) Tᵀ``."""
+    r""":math:`T` with :math:`g(x, t_b) = T g(x - t_a, L)` on ``[t_a, t_b]``, :math:`L = t_b - t_a`: the bases at
+    :math:`t_b` in the segment's own LegS bases (both degree ``M - 1``;
+    :math:`T = (1/L) \int g(x, t_b)\, g(x - t_a, L)^\top \mathrm{d}x` by an exact ``M + 1``-node Gauss-Legendre rule).
+    By stationarity the segment's coefficients have the covariance ``Kuu`` of a LegS set at :math:`t = L` started at 0,
+    so :math:`D = (L / t_b)^2\, T K_{uu}(L) T^\top`.
+
+    :param memory: the LegS :class:`~gpytorch_hippo.hippo.HiPPO` memory (its ``M`` and device).
+    :param t_a: the segment's start.
+    :param t_b: the segment's end, :math:`t_b > t_a`.
+    :param weighted_basis: the rule's weighted bases at :math:`t_b`, ``(M + 1, M)``; ``None`` (default): formed here.
+    :return: :math:`T`, ``(M, M)`` float64.
+    """
     if weighted_basis is None:
         (weighted_basis,) = _weighted_bases(memory, [_reexpansion_rule(memory, t_a, t_b)])
     return weighted_basis.mT @ _segment_nodes(memory.M, memory.A.device)[2]
@@ -279,7 +325,12 @@ def _segment_nodes(M: int, device) -> tuple[Tensor, Tensor, Tensor]:
 
 def exact_backend(at, kernel, backends: Mapping[str, CovarianceBackend]) -> CovarianceBackend:
     """The exact backend among ``backends`` that starts (or restarts) the carried state: spectral
-    (RBF), banded (Matérn), else quadrature."""
+    (RBF), banded (Matérn), else quadrature.
+
+    :param at: the LegS set (or a view of it at time ``t``).
+    :param kernel: the GP's kernel :math:`k`.
+    :param backends: the backends by name; ``"spectral"``, ``"banded"`` and ``"quadrature"`` are used.
+    """
     for name in ("spectral", "banded"):
         if backends[name].supports(at, kernel):
             return backends[name]
@@ -315,7 +366,11 @@ class LyapunovBackend:
     def check(ivars, kernel) -> None:
         """Raise a clear error for anything but LegS, 1-D inputs and a supported stationary kernel: registered
         (:mod:`.covariances`) with a reach and either Matérn (banded local rules) or a Gaussian
-        spectral density (RBF: analytic, composite Gauss-Legendre local rules)."""
+        spectral density (RBF: analytic, composite Gauss-Legendre local rules).
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         if ivars.measure != "legs":
             raise ValueError(f"method='lyapunov' needs measure='legs' (its ODE is LegS's), got measure={ivars.measure!r}")
         if ivars.input_dim != 1:
@@ -335,6 +390,11 @@ class LyapunovBackend:
             raise ValueError("batched kernels are not supported by HiPPOInducingVariables (outputscale has batch dims)")
 
     def supports(self, ivars, kernel) -> bool:
+        """Whether :meth:`check` passes.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         try:
             self.check(ivars, kernel)
         except (TypeError, ValueError):
@@ -385,7 +445,13 @@ class LyapunovBackend:
         return seen[2]
 
     def state(self, ivars, kernel, t: float) -> Tensor:
-        """``K(t)`` (float64, no gradient), integrated forward from the carried state."""
+        """``K(t)`` (float64, no gradient), integrated forward from the carried state.
+
+        :param ivars: the LegS inducing variables.
+        :param kernel: the GP's kernel (the state is kept for one kernel signature).
+        :param t: the time of ``K(t)``; a ``t`` behind the state restarts it.
+        :return: ``K(t)``, ``(M, M)``, without jitter.
+        """
         key = self._key(ivars, kernel)
         if self._state is not None and self._state[0] == key and self._state[1] == t:
             return self._state[2]
@@ -427,7 +493,13 @@ class LyapunovBackend:
         return (backend if isinstance(backend, LyapunovBackend) else LyapunovBackend()).state(lo, kernel, lo.t)
 
     def cross(self, a, b, kernel) -> Tensor:
-        """``cov(u_a, u_b)`` (``M x M``); ``Kuu`` when ``b`` is ``a`` or at the same ``t``."""
+        r""":math:`\operatorname{cov}(u_a, u_b)` without jitter (``M x M``), in the kernel's dtype; ``Kuu`` when ``b`` is ``a`` or
+        at the same ``t``.
+
+        :param a: the first LegS set.
+        :param b: the second LegS set, with the same ``num_inducing`` and ``start``, or ``a`` itself.
+        :param kernel: the GP's kernel :math:`k`.
+        """
         for ivars in (a, b):
             self.check(ivars, kernel)
         if a.num_inducing != b.num_inducing or a.start != b.start:
@@ -448,6 +520,12 @@ class LyapunovBackend:
         return (C if lo is a else C.mT).to(dtype)
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        r""":math:`\operatorname{cov}(u, f(x))` by the local rule (:func:`local_kuf`): ``(*batch, M, N)`` in ``x``'s dtype.
+
+        :param ivars: the LegS inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        :param x: inputs ``(*batch, N, 1)``.
+        """
         self.check(ivars, kernel)
         times = x[..., 0].double()
         flat = local_kuf(_At(ivars, ivars.t, ivars.start), kernel, times.reshape(-1), x.dtype)

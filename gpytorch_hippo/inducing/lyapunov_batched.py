@@ -44,9 +44,13 @@ MAX_WINDOW_REACHES = 8.0
 
 
 def rbf_hyperparameters(kernel: Kernel, size: int) -> tuple[Tensor, Tensor] | None:
-    """``(ℓ, σ²)``, each ``(S,)`` float64, of a kernel registered with a Gaussian spectral density (RBF; optionally in a
+    r""":math:`(\ell, \sigma^2)`, each ``(S,)`` float64, of a kernel registered with a Gaussian spectral density (RBF; optionally in a
     scale wrapper) that is shared or has ``batch_shape=(S,)`` and one length scale; ``None`` for any other kernel (the
-    per-stream backends take it)."""
+    per-stream backends take it).
+
+    :param kernel: the GP's kernel (detached values are read).
+    :param size: the number of streams ``S``.
+    """
     spec, base, outputscale = resolve_kernel(kernel)
     if spec is None or not spec.gaussian or spec.reach != RBF_CUTOFF:
         return None
@@ -66,7 +70,13 @@ def _legendre(z: Tensor, M: int, scale: Tensor) -> Tensor:
 
 def composite_rule(lower: Tensor, upper: Tensor, panels: int, nodes: int) -> tuple[Tensor, Tensor]:
     """``panels`` equal panels of ``nodes`` Gauss-Legendre nodes on each ``[lower_s, upper_s]`` -> nodes, weights ``(S, Q)``
-    (an empty interval gets zero weights)."""
+    (an empty interval gets zero weights).
+
+    :param lower: the intervals' starts, ``(S,)``.
+    :param upper: the intervals' ends, ``(S,)`` (``upper < lower``: an empty interval).
+    :param panels: the number of equal panels per interval, a positive int.
+    :param nodes: Gauss-Legendre nodes per panel, an int ``>= 2``; ``Q = panels * nodes``.
+    """
     z, w = gauss_legendre(nodes, device=lower.device)
     fraction = ((torch.arange(panels, dtype=z.dtype, device=z.device)[:, None] + (z + 1) / 2) / panels).reshape(-1)
     width = (upper - lower).clamp_min(0)
@@ -92,6 +102,8 @@ class BatchedLegS:
 
     The carried state, ``(t, K(t))`` for every stream, is kept with the hyperparameters and starts it was computed for;
     a stream whose hyperparameters or start changed, or whose clock is behind the state, restarts from nothing.
+
+    :param num_inducing: ``M``, the number of LegS basis functions of every stream.
     """
 
     def __init__(self, num_inducing: int):
@@ -102,16 +114,30 @@ class BatchedLegS:
     # ------------------------------------------------------------------ the integrals
     @staticmethod
     def kernel(a: Tensor, b: Tensor, ell: Tensor) -> Tensor:
-        """``exp(-(a_i - b_j)²/(2ℓ²))`` ``(S, I, J)`` for ``a`` ``(S, I)``, ``b`` ``(S, J)``, ``ℓ`` ``(S,)`` (formed in place;
-        the output scale ``σ²`` is applied by the caller to a smaller factor)."""
+        r""":math:`\exp(-(a_i - b_j)^2/(2\ell^2))` ``(S, I, J)`` for ``a`` ``(S, I)``, ``b`` ``(S, J)``, :math:`\ell` ``(S,)``
+        (formed in place; the output scale :math:`\sigma^2` is applied by the caller to a smaller factor).
+
+        :param a: the first points, ``(S, I)``.
+        :param b: the second points, ``(S, J)``.
+        :param ell: the length scales :math:`\ell_s`, ``(S,)``.
+        """
         scale = (0.5**0.5 / ell)[:, None]
         values = (a * scale)[:, :, None] - (b * scale)[:, None, :]
         return values.square_().neg_().exp_()
 
     def kuf(self, x: Tensor, t: Tensor, lower: Tensor, upper: Tensor, ell: Tensor, scale: Tensor) -> Tensor:
-        """``∫_lower^upper k(x - u) φ(u, t) du`` for inputs ``x`` ``(S, N)`` -> ``(S, N, M)`` (``φ(u, t) = q(2u/t - 1)/t``),
-        over the window of ``u`` within ``R`` of the stream's inputs; exactly zero for inputs further than ``R`` from
-        ``[lower, upper]`` (as :meth:`HiPPOInducingVariables.Kuf`)."""
+        r""":math:`\int_{\mathrm{lower}}^{\mathrm{upper}} k(x - u)\, \phi(u, t)\, \mathrm{d}u` for inputs ``x`` ``(S, N)`` -> ``(S, N, M)``
+        (:math:`\phi(u, t) = q(2u/t - 1)/t`), over the window of ``u`` within :math:`R` of the stream's inputs; exactly zero
+        for inputs further than :math:`R` from ``[lower, upper]``
+        (as :meth:`~.hippo_variables.HiPPOInducingVariables.Kuf`).
+
+        :param x: the inputs, ``(S, N)`` float64.
+        :param t: the bases' time :math:`t_s`, ``(S,)`` (a set at ``t = 0`` has an empty support).
+        :param lower: the start of each stream's integration range, ``(S,)``.
+        :param upper: the end of each stream's integration range, ``(S,)`` (``t`` for the whole support).
+        :param ell: the length scales :math:`\ell_s`, ``(S,)``.
+        :param scale: the output scales :math:`\sigma_s^2`, ``(S,)``.
+        """
         reach = RBF_CUTOFF * ell
         t = torch.where(t > 0, t, 1.0)  # a set at t = 0 has an empty support: zero weights, whatever t's value
         low = torch.maximum(lower, x.min(-1).values - reach)
@@ -126,15 +152,26 @@ class BatchedLegS:
         return out.masked_fill_(far[..., None], 0.0)
 
     def propagator(self, t_a: Tensor, t_b: Tensor) -> Tensor:
-        """``Φ = e^{A log(t_b/t_a)}`` ``(S, M, M)``: ``φ(x, t_b) = Φ φ(x, t_a)`` for ``x <= t_a``, by the exact
-        ``M + 2``-node rule of :func:`.lyapunov.propagator` (``Φ = I`` where ``t_a = t_b``, ``0`` where ``t_a = 0``)."""
+        r""":math:`\Phi = e^{A \log(t_b/t_a)}` ``(S, M, M)``: :math:`\phi(x, t_b) = \Phi \phi(x, t_a)` for :math:`x \le t_a`, by the exact
+        ``M + 2``-node rule of :func:`.lyapunov.propagator` (:math:`\Phi = I` where :math:`t_a = t_b`, ``0`` where :math:`t_a = 0`).
+
+        :param t_a: the earlier times, ``(S,)``.
+        :param t_b: the later times, ``(S,)``, positive and ``>= t_a``.
+        """
         z, w = gauss_legendre(self.M + 2, device=t_a.device)
         ratio = (t_a / t_b)[:, None]
         moved = _legendre(ratio * (z + 1) - 1, self.M, ratio * w / 2)
         return moved.mT @ _legendre(z, self.M, torch.ones_like(z))
 
     def forcing(self, t_a, t_b, lower, ell, scale) -> Tensor:
-        """``X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx`` ``(S, M, M)`` over ``x <= t_a + R``."""
+        r""":math:`X = \int_{t_a}^{t_b} K_{uf}(t_a, x)\, \phi(x, t_b)^\top \mathrm{d}x` ``(S, M, M)`` over :math:`x \le t_a + R`.
+
+        :param t_a: the steps' starts, ``(S,)``.
+        :param t_b: the steps' ends, ``(S,)``, ``>= t_a``.
+        :param lower: the start of each stream's support, ``(S,)``.
+        :param ell: the length scales :math:`\ell_s`, ``(S,)``.
+        :param scale: the output scales :math:`\sigma_s^2`, ``(S,)``.
+        """
         high = torch.minimum(t_b, t_a + RBF_CUTOFF * ell)
         panels, nodes = _counts(high - t_a, ell, t_b, self.M, PANEL)
         x, w = composite_rule(t_a, high, panels, nodes)
@@ -142,8 +179,14 @@ class BatchedLegS:
         return kuf.mT @ _legendre(2 * x / t_b[:, None] - 1, self.M, w / t_b[:, None])
 
     def segment(self, t_a, t_b, ell, scale) -> Tensor:
-        """``D = cov(∫_{t_a}^{t_b} f φ(·, t_b))`` ``(S, M, M)``: one double integral over segments of at most
-        :data:`PIECE` length scales, the carried recursion of a set started at ``t_a`` over longer ones."""
+        r""":math:`D = \operatorname{cov}(\int_{t_a}^{t_b} f\, \phi(\cdot, t_b))` ``(S, M, M)``: one double integral over segments of at
+        most :data:`PIECE` length scales, the carried recursion of a set started at ``t_a`` over longer ones.
+
+        :param t_a: the segments' starts, ``(S,)``.
+        :param t_b: the segments' ends, ``(S,)``, ``>= t_a``.
+        :param ell: the length scales :math:`\ell_s`, ``(S,)``.
+        :param scale: the output scales :math:`\sigma_s^2`, ``(S,)``.
+        """
         pieces = max(1, math.ceil(float(((t_b - t_a) / (PIECE * ell)).max())))
         if pieces == 1:
             panels, nodes = _counts(t_b - t_a, ell, t_b, self.M, PANEL)
@@ -163,8 +206,16 @@ class BatchedLegS:
         return K
 
     def step(self, t_a, K_a, t_b, lower, ell, scale) -> tuple[Tensor, Tensor]:
-        """``(K(t_b), C(t_a, t_b))`` from ``K(t_a)`` for sets whose support starts at ``lower`` (module docstring).
-        Streams that step by the same ratio ``t_b/t_a`` (e.g. a fleet on one clock) share ``Φ``: one product for all."""
+        r"""``(K(t_b), C(t_a, t_b))`` from ``K(t_a)`` for sets whose support starts at ``lower`` (module docstring).
+        Streams that step by the same ratio :math:`t_b/t_a` (e.g. a fleet on one clock) share :math:`\Phi`: one product for all.
+
+        :param t_a: the steps' starts, ``(S,)``.
+        :param K_a: the carried states :math:`K(t_a)`, ``(S, M, M)``.
+        :param t_b: the steps' ends, ``(S,)``, ``>= t_a``.
+        :param lower: the start of each stream's support, ``(S,)``.
+        :param ell: the length scales :math:`\ell_s`, ``(S,)``.
+        :param scale: the output scales :math:`\sigma_s^2`, ``(S,)``.
+        """
         X = self.forcing(t_a, t_b, lower, ell, scale)
         ratio = t_a / t_b
         if bool((ratio == ratio[0]).all()):
@@ -179,7 +230,13 @@ class BatchedLegS:
 
     # ------------------------------------------------------------------ the carried state
     def state(self, t: Tensor, lower: Tensor, ell: Tensor, scale: Tensor) -> Tensor:
-        """``K(t)`` ``(S, M, M)``, carried forward from the newest state of the same streams (module docstring)."""
+        r"""``K(t)`` ``(S, M, M)``, carried forward from the newest state of the same streams (module docstring).
+
+        :param t: the streams' clocks, ``(S,)``.
+        :param lower: the start of each stream's support, ``(S,)``.
+        :param ell: the length scales :math:`\ell_s`, ``(S,)``.
+        :param scale: the output scales :math:`\sigma_s^2`, ``(S,)``.
+        """
         for state in reversed(self._states):
             if _same(state, t=t, lower=lower, ell=ell, scale=scale):
                 return state["K"]
@@ -196,7 +253,15 @@ class BatchedLegS:
         return K
 
     def cross(self, t_a: Tensor, t_b: Tensor, lower, ell, scale) -> Tensor:
-        """``C(t_a, t_b) = cov(c(t_a), c(t_b))`` for ``t_a <= t_b`` stream by stream (``K(t_a)`` where they are equal)."""
+        r""":math:`C(t_a, t_b) = \operatorname{cov}(c(t_a), c(t_b))` for :math:`t_a \le t_b` stream by stream
+        (:math:`K(t_a)` where they are equal).
+
+        :param t_a: the earlier clocks, ``(S,)``.
+        :param t_b: the later clocks, ``(S,)``, ``>= t_a`` (else ``ValueError``).
+        :param lower: the start of each stream's support, ``(S,)``.
+        :param ell: the length scales :math:`\ell_s`, ``(S,)``.
+        :param scale: the output scales :math:`\sigma_s^2`, ``(S,)``.
+        """
         if bool((t_a > t_b).any()):
             raise ValueError("C(t_a, t_b) needs t_a <= t_b for every stream")
         for step in reversed(self._steps):
@@ -216,9 +281,13 @@ def _same(entry: dict, **values: Tensor) -> bool:
 
 
 class LyapunovStreams:
-    """What :class:`~.batched.BatchedInducingVariables` asks of a batched engine, for ``S`` HiPPO-LegS sets with
+    r"""What :class:`~.batched.BatchedInducingVariables` asks of a batched engine, for ``S`` HiPPO-LegS sets with
     ``method="lyapunov"``: ``Kuu``, ``Kuf`` and ``Kuu_cross`` of all streams from one :class:`BatchedLegS`, with the sets'
-    jitter (``ε mean(diag Kuu)`` per stream), or ``None`` where it does not apply (the streams' own backends then answer)."""
+    jitter (:math:`\varepsilon \operatorname{mean}(\operatorname{diag} K_{uu})` per stream), or ``None`` where it does not apply (the
+    streams' own backends then answer).
+
+    :param num_inducing: ``M``, the number of LegS basis functions of every stream.
+    """
 
     def __init__(self, num_inducing: int):
         self.legs = BatchedLegS(num_inducing)
@@ -232,22 +301,36 @@ class LyapunovStreams:
         hyperparameters = rbf_hyperparameters(kernel, len(streams))
         if hyperparameters is None or not all(bool(torch.isfinite(v).all() and (v > 0).all()) for v in hyperparameters):
             return None  # the streams' own backends name the problem
-        starts = torch.tensor([max(0.0, s.start) for s in streams], dtype=torch.float64)
-        return stream_clocks(streams), starts, *hyperparameters
+        device = hyperparameters[0].device  # the step runs where the kernel is
+        starts = torch.tensor([max(0.0, s.start) for s in streams], dtype=torch.float64, device=device)
+        return stream_clocks(streams).to(device), starts, *hyperparameters
 
     def jitter_scale(self, streams, covariance: Tensor) -> Tensor:
-        """``(S,)``: the scale of each stream's jitter (``mean(diag)`` of its covariance, or ``1`` for a given jitter)."""
+        """``(S,)``: the scale of each stream's jitter (``mean(diag)`` of its covariance, or ``1`` for a given jitter).
+
+        :param streams: the ``S`` single-stream HiPPO sets (their ``jitter`` is read).
+        :param covariance: the streams' covariances, ``(S, M, M)``.
+        """
         if streams[0].jitter is not None:
             return covariance.new_ones(covariance.shape[0])
         diagonal = torch.diagonal(covariance.detach(), dim1=-2, dim2=-1).mean(-1)
         return diagonal.clamp_min(torch.finfo(covariance.dtype).tiny)
 
     def jitter_variance(self, streams, kuu: Tensor) -> Tensor:
-        """``(S, M)``: the variance of the jitter that ``Kuu`` adds to each stream."""
+        """``(S, M)``: the variance of the jitter that ``Kuu`` adds to each stream.
+
+        :param streams: the ``S`` single-stream HiPPO sets.
+        :param kuu: their ``Kuu``, ``(S, M, M)`` (jitter included).
+        """
         variance = streams[0].jitter_value(kuu.dtype) * self.jitter_scale(streams, kuu)
         return variance[:, None].expand(kuu.shape[:-1])
 
     def Kuu(self, streams, kernel: Kernel) -> Tensor | None:
+        """``(S, M, M)``: every stream's ``K(t)`` plus its jitter, or ``None`` where the batched rule does not apply.
+
+        :param streams: the ``S`` single-stream HiPPO sets.
+        :param kernel: the GP's kernel, shared or with ``batch_shape=(S,)``.
+        """
         inputs = self._inputs(streams, kernel)
         if inputs is None:
             return None
@@ -257,19 +340,29 @@ class LyapunovStreams:
 
     def Kuf(self, streams, kernel: Kernel, x: Tensor) -> Tensor | None:
         """``(S, M, N)`` at inputs ``x`` ``(S, N, 1)``; ``None`` for inputs spread over more than
-        :data:`MAX_WINDOW_REACHES` reaches (the per-stream rule splits those into windows of their own)."""
+        :data:`MAX_WINDOW_REACHES` reaches (the per-stream rule splits those into windows of their own).
+
+        :param streams: the ``S`` single-stream HiPPO sets.
+        :param kernel: the GP's kernel, shared or with ``batch_shape=(S,)``.
+        :param x: inputs ``(S, N, 1)``, stream ``s``'s at ``x[s]``.
+        """
         inputs = self._inputs(streams, kernel)
         if inputs is None or x.shape[-1] != 1 or x.shape[-2] == 0:
             return None
         t, lower, ell, scale = inputs
-        times = x[..., 0].detach().double().cpu()
+        times = x[..., 0].detach().to(device=t.device, dtype=torch.float64)
         if bool(((times.max(-1).values - times.min(-1).values) > MAX_WINDOW_REACHES * RBF_CUTOFF * ell).any()):
             return None
         return self.legs.kuf(times, t, lower, t, ell, scale).mT.to(device=x.device, dtype=_dtype(kernel))
 
     def Kuu_cross(self, streams, others, kernel: Kernel) -> Tensor | None:
-        """``cov(u_s, u'_s)`` ``(S, M, M)`` with another batch of such sets (e.g. the stored task's), jitter on the
-        streams whose two sets are the same (the same clock)."""
+        r""":math:`\operatorname{cov}(u_s, u'_s)` ``(S, M, M)`` with another batch of such sets (e.g. the stored task's), jitter on the
+        streams whose two sets are the same (the same clock).
+
+        :param streams: the ``S`` single-stream HiPPO sets.
+        :param others: the other batch's ``S`` sets (other starts or ``M``: ``None``).
+        :param kernel: the GP's kernel, shared or with ``batch_shape=(S,)``.
+        """
         inputs = self._inputs(streams, kernel)
         other_inputs = None if inputs is None or len(others) != len(streams) else self._inputs(others, kernel)
         if other_inputs is None:
@@ -279,19 +372,27 @@ class LyapunovStreams:
         if not torch.equal(lower, lower_other) or any(a.num_inducing != b.num_inducing for a, b in zip(streams, others)):
             return None
         C = self.legs.cross(torch.minimum(t, t_other), torch.maximum(t, t_other), lower, ell, scale).to(_dtype(kernel))
-        cross = torch.where((t <= t_other)[:, None, None], C, C.mT)
+        later = t > t_other
+        cross = C.mT if bool(later.all()) else torch.where(later[:, None, None], C.mT, C) if bool(later.any()) else C
         same = t == t_other  # the same variables (a stored copy of the same sets) where the clocks agree
+        if not bool(same.any()):
+            return cross
         jitter = streams[0].jitter_value(cross.dtype) * self.jitter_scale(streams, cross) * same.to(cross.dtype)
         return cross + jitter[:, None, None] * torch.eye(cross.shape[-1], dtype=cross.dtype, device=cross.device)
 
     def unshared_jitter(self, streams, others, kuu: Tensor) -> Tensor | None:
         """``(S, M)``: the jitter variances of ``streams`` that ``others`` do not share (all of a stream's, unless its two
-        sets have the same clock)."""
+        sets have the same clock).
+
+        :param streams: the ``S`` single-stream HiPPO sets.
+        :param others: the other batch's ``S`` sets.
+        :param kuu: the ``Kuu`` of ``streams``, ``(S, M, M)``.
+        """
         t_other = self._inputs_without_kernel(others)
         if t_other is None:
             return None
-        t = stream_clocks(streams)
-        return self.jitter_variance(streams, kuu) * (t != t_other).to(kuu.dtype)[:, None]
+        moved = (stream_clocks(streams) != t_other).to(device=kuu.device, dtype=kuu.dtype)
+        return self.jitter_variance(streams, kuu) * moved[:, None]
 
     @staticmethod
     def _inputs_without_kernel(streams) -> Tensor | None:

@@ -63,12 +63,19 @@ class InducingPoints(InducingVariables):
         return points if dtype is None or points.dtype == dtype else points.to(dtype)
 
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
-        """``k(Z, Z) + jitter I`` (see :class:`InducingVariables` for the jitter policy)."""
+        r""":math:`k(Z, Z) + \mathrm{jitter}\, I` (see :class:`InducingVariables` for the jitter policy).
+
+        :param kernel: the GP's kernel :math:`k`; the points are cast to the dtype shared with it.
+        """
         dtype = torch.promote_types(self.points.dtype, floating_dtype(kernel, self.points.dtype))
         return self.add_jitter(kernel(self._checked_points(dtype)))
 
     def Kuf(self, kernel: gpytorch.kernels.Kernel, x: Tensor) -> Tensor:
-        """``k(Z, x)`` of shape ``(*batch, M, N)``."""
+        """:math:`k(Z, x)` of shape ``(*batch, M, N)``.
+
+        :param kernel: the GP's kernel :math:`k`.
+        :param x: inputs ``(*batch, N, D)``, ``D`` that of the points; finite (batch dimensions broadcast with the points').
+        """
         x = self._check_inputs(x, "x", kernel)
         points = self._checked_points(x.dtype)
         batch_shape = torch.broadcast_shapes(points.shape[:-2], x.shape[:-2])
@@ -77,7 +84,10 @@ class InducingPoints(InducingVariables):
         return kernel(points, x).to_dense()
 
     def prior_mean(self, mean_module: gpytorch.means.Mean | None) -> Tensor | None:
-        """``m(Z)``, so that ``u = f(Z)`` including the mean (GPyTorch's convention); ``None`` without a mean."""
+        """:math:`m(Z)`, so that :math:`u = f(Z)` including the mean (GPyTorch's convention); ``None`` without a mean.
+
+        :param mean_module: the GP's prior mean function :math:`m`; ``None`` or a ``ZeroMean``: zero (returns ``None``).
+        """
         if mean_module is None or isinstance(mean_module, gpytorch.means.ZeroMean):
             return None
         return mean_module(self.points)

@@ -32,8 +32,15 @@ def select_pivoted_cholesky(kernel: gpytorch.kernels.Kernel, candidates: Tensor,
 
     Only the diagonal and ``num`` columns of ``k(X, X)`` are evaluated, ``O(N num²)`` time and
     ``O(N num)`` memory: with ``l_m`` the ``m``-th row of the partial factor and ``d`` the residual
-    variances, pivot ``i_m = argmax d``, ``l_m = (k(X, x_{i_m}) - L_{<m}ᵀ L_{<m, i_m}) / \sqrt{d_{i_m}}``,
-    ``d ← d - l_m²``.
+    variances, pivot :math:`i_m = \operatorname{argmax} d`,
+    :math:`l_m = (k(X, x_{i_m}) - L_{<m}^\top L_{<m, i_m}) / \sqrt{d_{i_m}}`, :math:`d \leftarrow d - l_m^2`.
+
+    :param kernel: the GP's kernel :math:`k`; one with a ``batch_shape`` gives one selection per batch member.
+    :param candidates: the candidate inputs ``(N, D)`` (e.g. the old inducing inputs and the new task's inputs).
+    :param num: the most points to select, an int in ``[1, N]``.
+    :param tol: stop once the largest residual variance is at most ``tol`` times the largest prior variance, a float
+        in ``[0, 1)``; default ``1e-10``, ``0``: stop only where a residual variance reaches zero.
+    :return: the selected rows ``(m, D)`` (``(*batch, m, D)`` for a batched kernel), ``m <= num``, in pivot order.
     """
     if not isinstance(candidates, Tensor) or candidates.dim() != 2:
         raise ValueError(f"candidates must be a (N, D) tensor, got {getattr(candidates, 'shape', type(candidates))}")

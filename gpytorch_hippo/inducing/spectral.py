@@ -44,20 +44,31 @@ SUPPORTED_KERNELS = supported_kernels()
 def spectral_parts(kernel: gpytorch.kernels.Kernel) -> tuple[Tensor, Tensor, float | None]:
     """``(outputscale, lengthscale (D,), nu)`` of a registered stationary kernel (:mod:`.covariances`);
     ``nu`` is the Matérn smoothness, ``None`` for any other kernel (RBF).  ``TypeError`` for a kernel
-    without a registration, ``ValueError`` for a batched one."""
+    without a registration, ``ValueError`` for a batched one.
+
+    :param kernel: a registered GPyTorch kernel (optionally in a scale wrapper).
+    """
     spec, outputscale, lengthscale, _ = kernel_parts(kernel)
     return outputscale, lengthscale, spec.nu if spec.matern else None
 
 
 def kernel_signature(kernel: gpytorch.kernels.Kernel) -> tuple:
-    """What a cached quantity built from ``kernel`` depends on: type, ``nu``, hyperparameter values, dtype, device."""
+    """What a cached quantity built from ``kernel`` depends on: type, ``nu``, hyperparameter values, dtype, device.
+
+    :param kernel: a GPyTorch kernel (its modules' types and ``nu``, and its raw parameters, are read).
+    """
     values = tuple((name, p.dtype, p.device, tuple(p.detach().reshape(-1).tolist())) for name, p in kernel.named_parameters())
     types = tuple((type(m).__name__, getattr(m, "nu", None)) for m in kernel.modules())
     return types + values
 
 
 def rbf_spectral_density(kernel: gpytorch.kernels.Kernel, omega: Tensor) -> Tensor:
-    """``S(ω) = σ² ℓ/√(2π) exp(-ω²ℓ²/2)`` of a 1-D RBF kernel, differentiable in ``σ²`` and ``ℓ`` (float64)."""
+    r""":math:`S(\omega) = \sigma^2 \ell / \sqrt{2\pi}\, \exp(-\omega^2 \ell^2 / 2)` of a 1-D RBF kernel, differentiable in
+    :math:`\sigma^2` and :math:`\ell` (float64).
+
+    :param kernel: an RBF kernel (any kernel registered with a Gaussian spectral density), optionally in a scale wrapper.
+    :param omega: angular frequencies :math:`\omega`, any shape.
+    """
     spec, outputscale, lengthscale, _ = kernel_parts(kernel)
     if not spec.gaussian:
         raise TypeError("rbf_spectral_density needs an RBF kernel")
@@ -94,7 +105,12 @@ def _legendre_pair(n: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gauss_legendre(n: int, device=None) -> tuple[Tensor, Tensor]:
-    """``n``-point Gauss-Legendre nodes and weights on ``[-1, 1]`` (float64), O(n^2) by Newton's method, cached."""
+    """``n``-point Gauss-Legendre nodes and weights on ``[-1, 1]`` (float64), :math:`O(n^2)` by Newton's method, cached.
+
+    :param n: the number of nodes, an int ``>= 2``.
+    :param device: the device of the returned tensors (default: the CPU).
+    :return: ``(nodes, weights)``, each ``(n,)``, nodes increasing.
+    """
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an integer >= 2, got {n!r}")
     nodes, weights = _gauss_legendre_numpy(n)
@@ -102,12 +118,15 @@ def gauss_legendre(n: int, device=None) -> tuple[Tensor, Tensor]:
 
 
 def spherical_jn(M: int, x: Tensor) -> Tensor:
-    """Spherical Bessel functions ``j_0..j_{M-1}`` at ``x >= 0``: ``(*x.shape, M)``.
+    r"""Spherical Bessel functions :math:`j_0, \dots, j_{M-1}` at :math:`x \ge 0`: ``(*x.shape, M)``.
 
-    Upward recurrence ``j_{n+1} = (2n+1)/x j_n - j_{n-1}`` is stable for ``n <= x``; above it the
-    ratios ``r_n = j_n / j_{n-1} = 1 / ((2n+1)/x - r_{n+1})`` are run downward from ``r = 0`` well above
+    Upward recurrence :math:`j_{n+1} = (2n+1)/x\, j_n - j_{n-1}` is stable for :math:`n \le x`; above it the
+    ratios :math:`r_n = j_n / j_{n-1} = 1 / ((2n+1)/x - r_{n+1})` are run downward from :math:`r = 0` well above
     ``M`` (Miller's algorithm in ratio form, so nothing overflows) and chained up from the last stable
     value.  Values below 1e-250 are set to zero (they would be subnormal, and slow).
+
+    :param M: the number of orders, a positive int.
+    :param x: the arguments, any shape, all :math:`\ge 0`.
     """
     if (x < 0).any():
         raise ValueError("spherical_jn needs x >= 0")
@@ -132,8 +151,15 @@ def spherical_jn(M: int, x: Tensor) -> Tensor:
 
 
 def hippo_support(measure: str, M: int, theta: float, t: float, start: float) -> tuple[float, float] | None:
-    """``(c, h)``, centre and half-width of the basis functions' support, or ``None`` where
-    :func:`hippo_transform` has no closed form (a support clipped by the stream start)."""
+    r"""``(c, h)``, centre and half-width of the basis functions' support, or ``None`` where
+    :func:`hippo_transform` has no closed form (a support clipped by the stream start).
+
+    :param measure: ``"legs"``, ``"legt"``, ``"lagt"`` or ``"fout"`` (:data:`gpytorch_hippo.hippo.MEASURES`).
+    :param M: the number of basis functions (LagT's support bound :math:`h = (4M + 10)\theta` grows with it).
+    :param theta: window length (LegT/FouT) or time scale (LagT) :math:`\theta > 0`; ignored by LegS.
+    :param t: the bases' current time :math:`t`.
+    :param start: the stream start (the signal is zero before it).
+    """
     if measure in ("legs", "legt"):
         lower = 0.0 if measure == "legs" else t - theta
         return None if start > lower else (t - (t - lower) / 2, (t - lower) / 2)
@@ -143,17 +169,25 @@ def hippo_support(measure: str, M: int, theta: float, t: float, start: float) ->
 
 
 def hippo_transform(measure: str, M: int, theta: float, t: float, start: float, omega: Tensor) -> Tensor:
-    """``D`` (complex, ``(Q, M)``) with ``ĉ_m(ω) = e^{iωc} D_m(ω)``, ``(c, h)`` from :func:`hippo_support`.
+    r"""``D`` (complex, ``(Q, M)``) with :math:`\hat c_m(\omega) = e^{i\omega c} D_m(\omega)`, ``(c, h)`` from :func:`hippo_support`.
 
-    Closed forms (``φ_m = g_m ω^{(t)}`` as in :mod:`gpytorch_hippo.hippo`):
+    Closed forms (:math:`\phi_m = g_m \omega^{(t)}` as in :mod:`gpytorch_hippo.hippo`):
 
-    * LegS on ``[0, t]`` and LegT on ``[t-θ, t]``: ``D_m = √(2m+1) i^m j_m(ωh)`` (``∫ e^{iaz} P_m(z) dz
-      = 2 i^m j_m(a)`` on ``[-1, 1]``);
-    * LagT: ``D_m = (iωθ)^m / (1 + iωθ)^{m+1}`` with ``c = t`` (the Laplace transform of
-      ``L_m(r) e^{-r}``), exact when the stream start cuts off less than ``2 e^{-(t-start)/(2θ)}``
-      of it (``|L_m(r)| <= e^{r/2}``): ``(t - start)/θ >= 80``; ``h = (4M + 10) θ`` bounds its support;
-    * FouT: ``D_0 = sinc(ωh)``, cos/sin pair ``k``: ``(-1)^k/√2 [sinc((ω-a)h) ± sinc((ω+a)h)]`` (times
-      ``i`` for the sine), ``a = 2πk/θ``.
+    * LegS on :math:`[0, t]` and LegT on :math:`[t-\theta, t]`: :math:`D_m = \sqrt{2m+1}\, i^m j_m(\omega h)`
+      (:math:`\int_{-1}^1 e^{iaz} P_m(z)\, dz = 2 i^m j_m(a)`);
+    * LagT: :math:`D_m = (i\omega\theta)^m / (1 + i\omega\theta)^{m+1}` with :math:`c = t` (the Laplace transform of
+      :math:`L_m(r) e^{-r}`), exact when the stream start cuts off less than :math:`2 e^{-(t-\mathrm{start})/(2\theta)}`
+      of it (:math:`|L_m(r)| \le e^{r/2}`): :math:`(t - \mathrm{start})/\theta \ge 80`; :math:`h = (4M + 10) \theta` bounds its support;
+    * FouT: :math:`D_0 = \operatorname{sinc}(\omega h)`, cos/sin pair :math:`k`:
+      :math:`(-1)^k/\sqrt2\, [\operatorname{sinc}((\omega-a)h) \pm \operatorname{sinc}((\omega+a)h)]` (times
+      :math:`i` for the sine), :math:`a = 2\pi k/\theta`.
+
+    :param measure: ``"legs"``, ``"legt"``, ``"lagt"`` or ``"fout"``.
+    :param M: the number of basis functions; odd for ``"fout"``.
+    :param theta: window length (LegT/FouT) or time scale (LagT) :math:`\theta > 0`; ignored by LegS.
+    :param t: the bases' current time :math:`t`.
+    :param start: the stream start; a support it clips raises ``ValueError`` (no closed form).
+    :param omega: angular frequencies ``(Q,)`` (computed in float64).
     """
     support = hippo_support(measure, M, theta, t, start)
     if support is None:

@@ -8,10 +8,12 @@ from .prediction import predict_proba
 
 
 class EnsembleClassifier(torch.nn.Module):
-    """Averages the predictive class probabilities of ``K`` independently trained classifiers.
+    r"""Averages the predictive class probabilities of :math:`K` independently trained classifiers.
 
     With MLE members this is a deep ensemble; with SGPA members (each averaging its own Monte-Carlo
-    samples) it is an SGPA ensemble: ``p(y|x) = (1/K) sum_k p_k(y|x)``.
+    samples) it is an SGPA ensemble: :math:`p(y \mid x) = \frac{1}{K} \sum_k p_k(y \mid x)`.
+
+    :param members: the ``K`` trained classifiers (``torch.nn.Module``), a non-empty sequence.
     """
 
     def __init__(self, members):
@@ -23,7 +25,10 @@ class EnsembleClassifier(torch.nn.Module):
 
     @torch.no_grad()
     def predict_proba(self, *inputs, num_samples: int = 1, **forward_kwargs) -> torch.Tensor:
-        """Mean over members of each member's predictive probabilities (``num_samples`` per member)."""
+        """Mean over members of each member's predictive probabilities (``num_samples`` per member).
+
+        :param num_samples: the forward passes (posterior samples) averaged per member, a positive int (default 1).
+        """
         total = None
         for member in self.members:
             probs = predict_proba(member, *inputs, num_samples=num_samples, **forward_kwargs)

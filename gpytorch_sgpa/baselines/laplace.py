@@ -60,11 +60,19 @@ def _check_positive_int(value, name):
 
 
 class LastLayerLaplace(nn.Module):
-    """A last-layer Laplace approximation of ``model``, a classifier whose forward returns logits and whose
+    r"""A last-layer Laplace approximation of ``model``, a classifier whose forward returns logits and whose
     last layer is an ``nn.Linear`` (found by ``laplace-torch``, or named by ``last_layer_name``, e.g.
     ``"head"``).  :meth:`fit` on the training data, then :meth:`predict_proba`.
 
     ``model`` itself is not changed: ``laplace-torch`` works on a copy, in evaluation mode (no dropout).
+
+    :param model: the trained classifier; its forward returns logits ``(N, C)`` and its last layer is an ``nn.Linear``.
+    :param hessian_structure: the Hessian approximation of the last layer, one of :data:`HESSIAN_STRUCTURES` (default
+        ``"kron"``, Kronecker-factored).
+    :param last_layer_name: the module name of the last ``nn.Linear`` (e.g. ``"head"``); ``None`` (the default): found by
+        ``laplace-torch``.
+    :param prior_precision: the initial prior precision :math:`\lambda > 0` (default 1; the fitted value with
+        ``optimize_prior="marglik"``).
     """
 
     def __init__(self, model: nn.Module, hessian_structure: str = "kron", last_layer_name: str | None = None, prior_precision: float = 1.0):
@@ -93,7 +101,13 @@ class LastLayerLaplace(nn.Module):
     ) -> LastLayerLaplace:
         """Fit the posterior of the last layer at the trained weights on ``inputs`` (``N x ...``) and integer
         ``labels`` (``N``); with ``optimize_prior="marglik"`` (the default) choose the prior precision by the
-        marginal likelihood (``None``: keep ``prior_precision``).  Returns ``self``."""
+        marginal likelihood (``None``: keep ``prior_precision``).  Returns ``self``.
+
+        :param inputs: the training inputs, ``(N, ...)``.
+        :param labels: the training classes, ``(N,)`` integers in ``[0, C)``.
+        :param batch_size: the batch size of the passes over the data, a positive int (default 100).
+        :param optimize_prior: ``"marglik"`` (the default) or ``None`` (above).
+        """
         _check_inputs(inputs)
         if not isinstance(labels, torch.Tensor) or labels.shape != inputs.shape[:1] or labels.is_floating_point():
             raise ValueError(
@@ -143,7 +157,13 @@ class LastLayerLaplace(nn.Module):
         self, inputs: torch.Tensor, num_samples: int = 100, link_approx: str = "probit", batch_size: int = 500
     ) -> torch.Tensor:
         """Predictive class probabilities ``(N, C)`` of the linearised (GLM) predictive; ``link_approx``:
-        ``"probit"`` (default, deterministic), ``"bridge"``, or ``"mc"`` with ``num_samples`` samples."""
+        ``"probit"`` (default, deterministic), ``"bridge"``, or ``"mc"`` with ``num_samples`` samples.
+
+        :param inputs: the inputs, ``(N, ...)``.
+        :param num_samples: the Monte-Carlo samples of ``link_approx="mc"``, a positive int (default 100; unused otherwise).
+        :param link_approx: ``"probit"`` (the default), ``"bridge"`` or ``"mc"``, the approximation of the softmax's expectation.
+        :param batch_size: the number of inputs per ``laplace-torch`` call, a positive int (default 500).
+        """
         if self.laplace is None:
             raise RuntimeError("LastLayerLaplace is not fitted: call fit(inputs, labels) first")
         _check_inputs(inputs)

@@ -27,6 +27,8 @@ def dropout_enabled(model: torch.nn.Module):
 
     Raises ``ValueError`` if ``model`` has no dropout module with ``p > 0`` (MC dropout would then
     silently return the deterministic prediction).
+
+    :param model: the model whose dropout is switched on; it must hold a dropout module with ``p > 0``.
     """
     dropouts = [m for m in model.modules() if isinstance(m, _DROPOUT_TYPES) and m.p > 0]
     if not dropouts:
@@ -45,7 +47,11 @@ def dropout_enabled(model: torch.nn.Module):
 
 @torch.no_grad()
 def mc_dropout_predict_proba(model: torch.nn.Module, *inputs, num_samples: int = 10, **forward_kwargs) -> torch.Tensor:
-    """Class probabilities averaged over ``num_samples`` dropout masks (thesis ch. 3 uses 10 samples)."""
+    """Class probabilities averaged over ``num_samples`` dropout masks (thesis ch. 3 uses 10 samples).
+
+    :param model: the classifier with dropout; its forward returns logits (or ``(logits, kl)``).
+    :param num_samples: the number of dropout masks (forward passes) averaged, a positive int (default 10).
+    """
     _check_num_samples(num_samples)
     with dropout_enabled(model):
         total = None

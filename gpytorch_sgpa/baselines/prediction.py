@@ -6,7 +6,10 @@ import torch
 
 
 def logits_of(output) -> torch.Tensor:
-    """The logits of a model output: models here return ``(logits, kl)``; plain modules return logits."""
+    """The logits of a model output: models here return ``(logits, kl)``; plain modules return logits.
+
+    :param output: a model output: a tuple or list whose first element is the logits, or the logits themselves.
+    """
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
@@ -22,6 +25,9 @@ def predict_proba(model: torch.nn.Module, *inputs, num_samples: int = 1, **forwa
     A model with its own ``predict_proba`` (SGPA Transformers, ensembles) is asked for it; otherwise
     the softmax of its logits is averaged (one pass suffices for a deterministic MLE model).
     The model's train/eval mode is restored afterwards.
+
+    :param model: the classifier; its forward returns logits (or ``(logits, kl)``), or it has its own ``predict_proba``.
+    :param num_samples: the number of forward passes averaged, a positive int (default 1).
     """
     _check_num_samples(num_samples)
     was_training = model.training

@@ -33,7 +33,12 @@ class TemperatureScaling(torch.nn.Module):
                 raise ValueError(f"labels must lie in [0, {logits.shape[1]})")
 
     def fit(self, logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 100) -> TemperatureScaling:
-        """Fit ``T`` on held-out ``logits`` (``N x C``) and integer ``labels`` (``N``); returns ``self``."""
+        r"""Fit :math:`T` on held-out ``logits`` (``N x C``) and integer ``labels`` (``N``); returns ``self``.
+
+        :param logits: the held-out (validation) logits, ``(N, C)`` with :math:`C \ge 2`, finite.
+        :param labels: the held-out classes, ``(N,)`` integers in ``[0, C)``.
+        :param max_iter: the most L-BFGS iterations, a positive int (default 100).
+        """
         self._check(logits, labels)
         if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
             raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
@@ -53,10 +58,16 @@ class TemperatureScaling(torch.nn.Module):
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        """Calibrated logits ``logits / T`` (same dtype as the input)."""
+        r"""Calibrated logits :math:`\text{logits} / T` (same dtype as the input).
+
+        :param logits: the logits to calibrate, ``(N, C)``, finite.
+        """
         self._check(logits, None)
         return logits / self.log_temperature.exp().to(logits.dtype)
 
     def predict_proba(self, logits: torch.Tensor) -> torch.Tensor:
-        """Calibrated class probabilities ``softmax(logits / T)``."""
+        r"""Calibrated class probabilities :math:`\\operatorname{softmax}(\text{logits} / T)`.
+
+        :param logits: the logits to calibrate, ``(N, C)``, finite.
+        """
         return self.forward(logits).softmax(-1)

@@ -47,8 +47,12 @@ SEVERITIES = (1, 2, 3, 4, 5)
 
 
 def gaussian_blur(images: Tensor, sigma: float) -> Tensor:
-    """Separable Gaussian blur (standard deviation ``sigma`` pixels, radius ``int(3σ + 0.5)``,
-    replicated edges; the same filter as ``scipy.ndimage.gaussian_filter(mode="nearest")``)."""
+    r"""Separable Gaussian blur (standard deviation ``sigma`` pixels, radius :math:`\lfloor 3\sigma + 0.5 \rfloor`,
+    replicated edges; the same filter as ``scipy.ndimage.gaussian_filter(mode="nearest")``).
+
+    :param images: the images, ``(N, C, H, W)`` float.
+    :param sigma: the blur's standard deviation :math:`\sigma`, in pixels, > 0.
+    """
     radius = int(3.0 * sigma + 0.5)
     offsets = torch.arange(-radius, radius + 1, dtype=images.dtype, device=images.device)
     weights = torch.exp(-0.5 * (offsets / sigma) ** 2)
@@ -61,7 +65,11 @@ def gaussian_blur(images: Tensor, sigma: float) -> Tensor:
 
 def rotate(images: Tensor, degrees: Tensor) -> Tensor:
     """Rotate each image about its centre by ``degrees`` (``(N,)``, counter-clockwise as displayed
-    with row 0 on top, like ``torch.rot90``), bilinear, zero outside the image."""
+    with row 0 on top, like ``torch.rot90``), bilinear, zero outside the image.
+
+    :param images: the images, ``(N, C, H, W)`` float.
+    :param degrees: each image's rotation angle, ``(N,)``, in degrees (positive: counter-clockwise).
+    """
     radians = degrees.to(images.dtype) * (math.pi / 180.0)
     cos, sin = torch.cos(radians), torch.sin(radians)
     zero = torch.zeros_like(cos)
@@ -79,7 +87,14 @@ def _pixelate(images: Tensor, fraction: float) -> Tensor:
 
 
 def corrupt(images: Tensor, corruption: str, severity: int, seed: int = 0) -> Tensor:
-    """``images`` ``(N, C, H, W)`` in ``[0, 1]`` corrupted by ``corruption`` at ``severity`` (1–5)."""
+    """``images`` ``(N, C, H, W)`` in ``[0, 1]`` corrupted by ``corruption`` at ``severity`` (1–5).
+
+    :param images: the images, ``(N, C, H, W)`` float in ``[0, 1]``.
+    :param corruption: the corruption, one of :data:`CORRUPTIONS`.
+    :param severity: the severity, one of :data:`SEVERITIES` (1 mildest, 5 strongest).
+    :param seed: the seed of the random corruptions (noise, rotation signs), combined with ``corruption`` and
+        ``severity`` (default 0).
+    """
     if not isinstance(images, Tensor) or not images.is_floating_point() or images.dim() != 4:
         raise ValueError(f"images must be a float tensor (N, C, H, W), got {getattr(images, 'shape', type(images))}")
     if corruption not in SEVERITY_PARAMETERS:

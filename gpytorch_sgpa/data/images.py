@@ -50,6 +50,9 @@ def load_fashion_mnist(split: str = "train", root: str | os.PathLike | None = No
     ``split`` is ``"train"`` (60,000) or ``"test"`` (10,000). ``root`` defaults to
     ``/usr/share/datasets/fashion-mnist`` where ``apt-get install dataset-fashion-mnist`` puts the
     files. Raises ``FileNotFoundError`` naming the package when they are missing.
+
+    :param split: ``"train"`` (the default, 60,000 images) or ``"test"`` (10,000).
+    :param root: the folder holding the ``*-ubyte.gz`` files; ``None`` (the default): ``FASHION_MNIST_ROOT``.
     """
     if split not in _FASHION_FILES:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")

@@ -10,6 +10,10 @@ def split_indices(num_items: int, sizes, seed: int = 0) -> list[torch.Tensor]:
 
     ``sizes`` is a sequence of non-negative integers whose sum is at most ``num_items``; one
     ``torch.Generator`` seeded with ``seed`` makes the split reproducible.
+
+    :param num_items: the number of items to split, a non-negative int.
+    :param sizes: the sizes of the index sets, non-negative ints summing to at most ``num_items``.
+    :param seed: the seed of the random permutation (default 0).
     """
     if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 0:
         raise ValueError(f"num_items must be a non-negative integer, got {num_items!r}")

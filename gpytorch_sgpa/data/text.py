@@ -48,6 +48,10 @@ def load_vader_snippets(corpus: str = "movie", archive: str | os.PathLike | None
     :func:`default_vader_archive`). Nothing is downloaded: a missing archive raises
     ``FileNotFoundError`` with the ``pip download`` command that fetches it.
     Returns ``(sentences: list[str], ratings: float64 tensor)``.
+
+    :param corpus: ``"movie"`` (the default), ``"nyt"``, ``"amazon"`` or ``"tweets"``.
+    :param archive: the path of the vaderSentiment 3.3.2 sdist ``.tar.gz``; ``None`` (the default):
+        :func:`default_vader_archive`.
     """
     if corpus not in _CORPUS_FILES:
         raise ValueError(f"corpus must be one of {sorted(_CORPUS_FILES)}, got {corpus!r}")
@@ -83,6 +87,9 @@ def binary_sentiment(sentences, ratings):
     Sentences rated exactly 0 (neutral; 37 of the 10,605 movie sentences) have no binary label
     and are excluded; the returned ``kept`` indices say which sentences remain.
     Returns ``(sentences, labels: int64 tensor, kept: int64 tensor)``.
+
+    :param sentences: the sentences, a list of ``N`` strings.
+    :param ratings: their mean sentiment ratings, ``N`` finite numbers (in ``[-4, 4]`` for the vader corpora).
     """
     ratings = torch.as_tensor(ratings, dtype=torch.float64)
     if ratings.dim() != 1 or ratings.shape[0] != len(sentences):
@@ -95,14 +102,21 @@ def binary_sentiment(sentences, ratings):
 
 
 def tokenize(sentence: str) -> list[str]:
-    """Lower-case word tokens (letters/digits with an optional ``'s``-style suffix) plus ``!`` and ``?``."""
+    """Lower-case word tokens (letters/digits with an optional ``'s``-style suffix) plus ``!`` and ``?``.
+
+    :param sentence: the text to split.
+    """
     if not isinstance(sentence, str):
         raise TypeError(f"sentence must be a str, got {type(sentence).__name__}")
     return _TOKEN_PATTERN.findall(sentence.lower())
 
 
 class Vocabulary:
-    """Token-to-index map with ``<pad>`` = 0 and ``<unk>`` = 1, built from training sentences only."""
+    """Token-to-index map with ``<pad>`` = 0 and ``<unk>`` = 1, built from training sentences only.
+
+    :param tokens: the vocabulary's tokens in index order from 2 on (``"<pad>"`` and ``"<unk>"`` among them are
+        skipped).
+    """
 
     pad_index = 0
     unk_index = 1
@@ -113,7 +127,12 @@ class Vocabulary:
 
     @classmethod
     def build(cls, sentences, min_freq: int = 1, max_size: int | None = None) -> Vocabulary:
-        """The ``max_size`` most frequent tokens seen at least ``min_freq`` times (ties: first seen)."""
+        """The ``max_size`` most frequent tokens seen at least ``min_freq`` times (ties: first seen).
+
+        :param sentences: the training sentences (strings), tokenised by :func:`tokenize`.
+        :param min_freq: the least number of occurrences a kept token has, a positive int (default 1).
+        :param max_size: the most tokens kept (besides ``<pad>`` and ``<unk>``); ``None`` (the default): no limit.
+        """
         if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
             raise ValueError(f"min_freq must be a positive integer, got {min_freq!r}")
         if max_size is not None and (not isinstance(max_size, int) or max_size < 1):
@@ -126,6 +145,10 @@ class Vocabulary:
         return len(self.itos)
 
     def encode(self, sentence: str) -> list[int]:
+        """The token indices of ``sentence`` (:func:`tokenize`; unknown tokens map to ``unk_index``).
+
+        :param sentence: the text to encode.
+        """
         return [self.stoi.get(token, self.unk_index) for token in tokenize(sentence)]
 
 
@@ -135,6 +158,12 @@ def encode_sentences(sentences, vocabulary: Vocabulary, max_len: int | None = No
     ``T`` is ``max_len`` or the longest sentence. A sentence longer than ``max_len`` raises
     ``ValueError`` unless ``truncate=True`` keeps its first ``max_len`` tokens. A sentence without
     any token raises ``ValueError`` (attention over an empty sequence is undefined).
+
+    :param sentences: the sentences (strings) to encode.
+    :param vocabulary: the vocabulary mapping tokens to indices (unknown tokens to ``<unk>``).
+    :param max_len: the padded length :math:`T`, a positive int; ``None`` (the default): the longest sentence's.
+    :param truncate: whether a sentence longer than ``max_len`` keeps its first ``max_len`` tokens instead of raising
+        (default ``False``).
     """
     encoded = [vocabulary.encode(sentence) for sentence in sentences]
     if not encoded:

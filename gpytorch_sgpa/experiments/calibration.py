@@ -130,13 +130,50 @@ _ATTENTION_OF_FAMILY = {
 
 @dataclass
 class ExperimentConfig:
-    """Sizes and optimisation settings; defaults are the CPU-sized runs reported in docs/results.md.
+    r"""Sizes and optimisation settings; defaults are the CPU-sized runs reported in docs/results.md.
 
-    ``num_global=None``: the thesis's rule ``M_g = O(T_avg / H)`` as ``ceil(2 T_avg / H)``
+    ``num_global=None``: the thesis's rule :math:`M_g = O(T_\text{avg} / H)` as :math:`\lceil 2 T_\text{avg} / H \rceil`
     (:func:`thesis_num_global`). ``lr`` decays linearly to ``lr_final`` (``None``: ``lr / 10``) after
     a warm-up from ``lr_final`` over ``lr_warmup_fraction`` of the updates; ``restart_optimizer``
     builds a new Adam every epoch. The KL weight ramps from 0 to ``beta`` over ``kl_anneal_epochs``
     epochs or, when ``kl_anneal_fraction > 0``, over that fraction of the ELBO updates.
+
+    :param train_size: the training examples drawn per seed (default 8000).
+    :param val_size: the validation examples drawn per seed, for checkpoint selection and temperature scaling (default 1000).
+    :param test_size: the test examples drawn per seed (default 2000).
+    :param ood_size: the out-of-distribution examples drawn per seed (default 1000).
+    :param epochs: the training epochs of every method, SGPA's ``mle_init_epochs`` included (default 8).
+    :param batch_size: the (global) batch size of training and prediction (default 100).
+    :param lr: the peak Adam learning rate (default ``1e-3``).
+    :param d_model: the model width of every network (default 64).
+    :param num_heads: the attention heads per layer (default 4).
+    :param num_layers: the Transformer layers (default 2).
+    :param num_global: the global inducing inputs :math:`M_g` per head of decoupled SGPA; ``None``: the thesis's rule
+        (above; default 32).
+    :param dropout: the dropout probability of every network (default 0.1, as in App. B.4).
+    :param ensemble_size: the members of the ``de`` and ``sgpae`` ensembles (default 3).
+    :param num_samples: the Monte-Carlo passes of SGPA predictions and the dropout masks of ``mcd`` (default 10).
+    :param kl_anneal_epochs: the epochs over which the KL weight ramps from 0 to ``beta`` (default 0: no annealing).
+    :param kl_anneal_fraction: the fraction, in ``[0, 1]``, of the ELBO updates over which the KL weight ramps from 0 to
+        ``beta``; replaces ``kl_anneal_epochs`` when > 0 (default 0).
+    :param lr_final: the learning rate at the last update, in ``(0, lr]``; ``None`` (the default): ``lr / 10``.
+    :param lr_warmup_fraction: the fraction, in ``[0, 1)``, of the updates warming up from ``lr_final`` to ``lr``
+        (default 0).
+    :param restart_optimizer: whether a new Adam (moments reset) is built every epoch (default ``False``).
+    :param mle_init_epochs: the epochs of ``mle-kernel`` training SGPA networks start from, in ``[0, epochs)`` (default 2;
+        0: SGPA trains from scratch).
+    :param beta: the multiplier :math:`\beta` of the weighted KL in the ELBO (default 1).
+    :param kl_weighting: the ELBO's KL weighting, one of :data:`~gpytorch_sgpa.elbo.KL_WEIGHTINGS` (default
+        ``"all-over-n"``).
+    :param whitened: whether the SGPA layers' global covariance is whitened (default ``True``).
+    :param kernel_init: the kernel hyperparameters' initialisation, ``"sdp"`` (the default) or ``"authors"``.
+    :param select_on_validation: whether the checkpoint with the best validation accuracy is evaluated (default
+        ``True``) rather than the final epoch's.
+    :param sampler: the sampler of the decoupled SGPA layers, ``"diagonal"`` (the default, the thesis's), ``"full"`` or
+        ``"decomposed"``.
+    :param patch_size: the ViT patch side in pixels; ``None`` (the default): 7 for ``fashion_mnist``, 4 for ``digits``.
+    :param max_len: the longest token sequence of ``vader`` (longer sentences are truncated; default 64).
+    :param shift: whether to evaluate on the corrupted test sets too (image datasets; default ``False``).
     """
 
     train_size: int = 8000
@@ -211,10 +248,15 @@ PRESETS = {
 
 
 def thesis_num_global(task: Task, num_heads: int) -> int:
-    """``M_g = ceil(2 T_avg / H)``: the thesis's ``M_g = O(T_avg / H)`` ("usually sufficient", §3.3) with
-    the constant of its own settings (CIFAR: 64 patches, 4 heads, ``M_g = 32``; CoLA: 5 keys for
-    sentences of about 10 tokens and 4 heads); ``T_avg`` is the mean number of non-padding tokens of
-    the training sequences (patches for images). Fashion-MNIST with patch 7 and 4 heads: 8."""
+    r""":math:`M_g = \lceil 2 T_\text{avg} / H \rceil`: the thesis's :math:`M_g = O(T_\text{avg} / H)` ("usually
+    sufficient", §3.3) with
+    the constant of its own settings (CIFAR: 64 patches, 4 heads, :math:`M_g = 32`; CoLA: 5 keys for
+    sentences of about 10 tokens and 4 heads); :math:`T_\text{avg}` is the mean number of non-padding tokens of
+    the training sequences (patches for images). Fashion-MNIST with patch 7 and 4 heads: 8.
+
+    :param task: the task whose training sequences give :math:`T_\text{avg}`.
+    :param num_heads: the number of attention heads :math:`H`.
+    """
     if task.kind == "image":
         average_length = (task.image_size // task.patch_size) ** 2
     else:
@@ -223,7 +265,11 @@ def thesis_num_global(task: Task, num_heads: int) -> int:
 
 
 def make_config(preset: str = "default", base: ExperimentConfig | None = None, **overrides) -> ExperimentConfig:
-    """``base`` (default :class:`ExperimentConfig`) with the settings of :data:`PRESETS` ``[preset]``, then ``overrides``."""
+    """``base`` (default :class:`ExperimentConfig`) with the settings of :data:`PRESETS` ``[preset]``, then ``overrides``.
+
+    :param preset: a key of :data:`PRESETS` (default ``"default"``: no change).
+    :param base: the configuration the preset is applied to; ``None`` (the default): :class:`ExperimentConfig` ``()``.
+    """
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
     return replace(replace(base or ExperimentConfig(), **PRESETS[preset]), **overrides)
@@ -231,7 +277,22 @@ def make_config(preset: str = "default", base: ExperimentConfig | None = None, *
 
 @dataclass
 class Task:
-    """Train / validation / test / OOD splits and how to build a network for them."""
+    """Train / validation / test / OOD splits and how to build a network for them.
+
+    :param name: the dataset's name (one of ``DATASETS``).
+    :param kind: ``"image"`` or ``"text"``.
+    :param train: the training split.
+    :param val: the validation split.
+    :param test: the test split.
+    :param ood: the out-of-distribution split (its labels are not used).
+    :param num_classes: the number of classes.
+    :param kernel: the attention kernel's name (``"rbf"`` for images, ``"exponential"`` for text).
+    :param image_size: the image side in pixels (default 0: text).
+    :param in_channels: the image channels (default 1).
+    :param patch_size: the ViT patch side in pixels (default 0: text).
+    :param vocab_size: the vocabulary size (default 0: images).
+    :param max_len: the longest token sequence (default 0: images).
+    """
 
     name: str
     kind: str  # "image" or "text"
@@ -269,7 +330,12 @@ def _image_task(name, train_pool, test_pool, ood_pool, config: ExperimentConfig,
 
 
 def load_task(dataset: str, config: ExperimentConfig, seed: int) -> Task:
-    """Build the splits of ``dataset`` for one seed (different seeds draw different subsets)."""
+    """Build the splits of ``dataset`` for one seed (different seeds draw different subsets).
+
+    :param dataset: one of ``DATASETS``.
+    :param config: the sizes of the splits (and ``patch_size``, ``max_len``).
+    :param seed: the seed of the random subsets.
+    """
     if dataset == "fashion_mnist":
         return _image_task(
             dataset, load_fashion_mnist("train"), load_fashion_mnist("test"), load_mnist_ood(), config, seed, config.patch_size or 7
@@ -311,7 +377,13 @@ def load_task(dataset: str, config: ExperimentConfig, seed: int) -> Task:
 
 
 def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn.Module:
-    """The shared architecture of every method, with the attention of ``family`` plugged in."""
+    """The shared architecture of every method, with the attention of ``family`` plugged in.
+
+    :param task: the task (its kind, sizes, classes and kernel).
+    :param family: the network family: ``"mle-sdp"``, ``"mle-kernel"``, ``"sgpa"``, ``"sgpa-dsvgp"`` or
+        ``"sgpa-standard"``.
+    :param config: the architecture and SGPA settings.
+    """
     from ..transformer import SGPATransformer, SGPAViT
 
     attention = _ATTENTION_OF_FAMILY[family]
@@ -584,7 +656,14 @@ class _Runner:
 
 def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool = True) -> list[dict]:
     """Train and evaluate ``methods`` for every seed; returns one row (dict of CSV columns) per pair
-    (on rank 0; other ranks of a ``torch.distributed`` run train alongside and return ``[]``)."""
+    (on rank 0; other ranks of a ``torch.distributed`` run train alongside and return ``[]``).
+
+    :param dataset: one of ``DATASETS``.
+    :param methods: a non-empty subset of ``METHODS``.
+    :param seeds: the seeds (each draws its own data subsets and initialisation).
+    :param config: the experiment's settings.
+    :param progress: whether to show tqdm progress bars (default ``True``).
+    """
     methods = list(methods)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
@@ -611,7 +690,12 @@ def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool =
 
 
 def summarize(rows, columns=METRIC_COLUMNS) -> list[dict]:
-    """Per (dataset, method): mean and two standard errors (``2 * std(ddof=1) / sqrt(n)``) of each metric."""
+    r"""Per (dataset, method): mean and two standard errors (:math:`2 s / \sqrt{n}`, :math:`s` the standard deviation
+    with ``ddof=1``) of each metric.
+
+    :param rows: the result rows (dicts with ``dataset``, ``method`` and the ``columns``).
+    :param columns: the metric columns summarised (default ``METRIC_COLUMNS``).
+    """
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["dataset"], row["method"]), []).append(row)
@@ -626,7 +710,11 @@ def summarize(rows, columns=METRIC_COLUMNS) -> list[dict]:
 
 
 def format_table(summary, columns=METRIC_COLUMNS) -> str:
-    """Markdown table of ``mean ± 2 s.e.`` per method."""
+    """Markdown table of ``mean ± 2 s.e.`` per method.
+
+    :param summary: the entries of :func:`summarize`.
+    :param columns: the metric columns shown (default ``METRIC_COLUMNS``).
+    """
     header = "| dataset | method | n | " + " | ".join(columns) + " |"
     lines = [header, "|" + "---|" * (3 + len(columns))]
     for entry in summary:
@@ -640,6 +728,12 @@ def format_table(summary, columns=METRIC_COLUMNS) -> str:
 
 
 def write_csv(rows, path: Path, columns=CSV_COLUMNS) -> None:
+    """Write ``rows`` as a CSV file with a header (floats with 6 significant digits).
+
+    :param rows: the rows, dicts holding every column.
+    :param path: the file to write.
+    :param columns: the columns, in order (default :data:`CSV_COLUMNS`).
+    """
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
@@ -648,7 +742,11 @@ def write_csv(rows, path: Path, columns=CSV_COLUMNS) -> None:
 
 
 def plot_summary(summary, path: Path) -> None:
-    """Bar charts (mean ± 2 s.e.) of accuracy, NLL, ECE, MCE, AUROC and AUPR per method."""
+    """Bar charts (mean ± 2 s.e.) of accuracy, NLL, ECE, MCE, AUROC and AUPR per method.
+
+    :param summary: the entries of :func:`summarize`.
+    :param path: the image file to write.
+    """
     matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -680,7 +778,11 @@ def _shift_means(shift_rows, column: str) -> dict[str, list[float]]:
 
 
 def format_shift_table(shift_rows, column: str = "ece") -> str:
-    """Markdown table of ``column`` per method and severity (mean over corruptions and seeds)."""
+    """Markdown table of ``column`` per method and severity (mean over corruptions and seeds).
+
+    :param shift_rows: the rows of the corrupted test sets (columns :data:`SHIFT_COLUMNS`).
+    :param column: the metric shown (default ``"ece"``).
+    """
     lines = [
         f"| method | {column} clean | " + " | ".join(f"severity {s}" for s in SEVERITIES) + " |",
         "|---|" + "---|" * (1 + len(SEVERITIES)),
@@ -692,7 +794,11 @@ def format_shift_table(shift_rows, column: str = "ece") -> str:
 
 def plot_shift(shift_rows, path: Path) -> None:
     """Accuracy, NLL and ECE vs severity per method (thesis Fig. 3.3 style): the line is the mean
-    over corruptions and seeds, the band the range of the per-corruption means."""
+    over corruptions and seeds, the band the range of the per-corruption means.
+
+    :param shift_rows: the rows of the corrupted test sets (columns :data:`SHIFT_COLUMNS`).
+    :param path: the image file to write.
+    """
     matplotlib = require("matplotlib", "plots", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -729,7 +835,10 @@ def plot_shift(shift_rows, path: Path) -> None:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"3"`` -> seeds 0, 1, 2; ``"4,7"`` -> seeds 4 and 7."""
+    """``"3"`` -> seeds 0, 1, 2; ``"4,7"`` -> seeds 4 and 7.
+
+    :param text: a count ``N`` (seeds ``0 .. N-1``) or a comma-separated list of non-negative integers.
+    """
     try:
         if "," in text:
             seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -853,6 +962,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> list[dict]:
+    """The command line (module docstring): train, evaluate, write the CSVs and figures; returns the rows.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     args = build_parser().parse_args(argv)
     require("matplotlib", "plots", "the runner's figures")  # before hours of training, not after
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -71,7 +71,12 @@ def is_main() -> bool:
 
 
 def shard(index: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """Rank ``rank``'s contiguous part of a global batch's ``index`` (sizes differ by at most 1)."""
+    r"""Rank ``rank``'s contiguous part of a global batch's ``index`` (sizes differ by at most 1).
+
+    :param index: the global batch's example indices, ``(n,)`` with :math:`n \ge` ``world_size``.
+    :param rank: this process's rank, in ``[0, world_size)``.
+    :param world_size: the number of processes.
+    """
     if len(index) < world_size:
         raise ValueError(
             f"a batch of {len(index)} examples cannot be split over world_size={world_size} ranks; "
@@ -81,12 +86,19 @@ def shard(index: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 
 def rank_seed(seed: int, rank: int) -> int:
-    """Seed of rank ``rank``'s noise stream: distinct per rank, a fixed function of ``seed``."""
+    """Seed of rank ``rank``'s noise stream: distinct per rank, a fixed function of ``seed``.
+
+    :param seed: the run's seed.
+    :param rank: the process's rank.
+    """
     return (seed * 1_000_003 + rank * 7_919) % (2**63 - 1)
 
 
 def broadcast_from_main(compute: Callable[[], float]) -> float:
-    """``compute()`` on rank 0, its value on every rank (no call elsewhere); plain call without a group."""
+    """``compute()`` on rank 0, its value on every rank (no call elsewhere); plain call without a group.
+
+    :param compute: the function computing the value, called on rank 0 only.
+    """
     rank, world_size = world()
     if world_size == 1:
         return compute()
@@ -98,7 +110,10 @@ def broadcast_from_main(compute: Callable[[], float]) -> float:
 
 
 def average_gradients(parameters) -> None:
-    """All-reduce (mean) the gradients of ``parameters`` that DDP does not manage (e.g. a likelihood's)."""
+    """All-reduce (mean) the gradients of ``parameters`` that DDP does not manage (e.g. a likelihood's).
+
+    :param parameters: the parameters whose ``.grad`` is averaged over the ranks in place (those without one are skipped).
+    """
     world_size = world()[1]
     for parameter in parameters:
         if parameter.grad is not None:

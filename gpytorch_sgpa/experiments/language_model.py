@@ -70,6 +70,30 @@ BOS, EOS = "<bos>", "<eos>"
 
 @dataclass(frozen=True)
 class LMConfig:
+    """Sizes and optimisation settings of the language-model runner (Adam, learning rate decaying linearly to a tenth).
+
+    :param train_size: the training movie-review sentences per seed (default 7000).
+    :param test_size: the held-out movie-review sentences per seed (default 2000).
+    :param shift_size: the NYT editorial sentences per seed, the domain-shift set (default 1000).
+    :param vocab_size: the most frequent training words kept, besides ``<pad>``, ``<unk>``, ``<bos>`` and ``<eos>``
+        (default 1000).
+    :param max_len: the predicted positions per sentence (longer sentences are cut; default 32).
+    :param epochs: the training epochs (default 10).
+    :param batch_size: the (global) batch size in sentences (default 100).
+    :param lr: the peak Adam learning rate (default ``1e-3``).
+    :param d_model: the model width (default 64).
+    :param num_heads: the attention heads per layer (default 4).
+    :param num_layers: the decoder layers (default 2).
+    :param num_global: the global inducing inputs per head of the SGPA layers (default 32).
+    :param num_samples: the passes averaged by ``mcd`` and ``sgpa`` predictions (default 10).
+    :param dropout: the dropout probability (default 0.1).
+    :param kl_anneal_epochs: the epochs over which the KL weight ramps from 0 to 1 (default 0: no annealing).
+    :param sampler: the SGPA layers' sampler, ``"diagonal"`` (the default, the thesis's), ``"full"`` or ``"decomposed"``.
+    :param kl_weighting: the ELBO's KL weighting, one of :data:`~gpytorch_sgpa.elbo.KL_WEIGHTINGS` (default
+        ``"all-over-n"``).
+    :param whitened: whether the SGPA layers' global covariance is whitened (default ``True``).
+    """
+
     train_size: int = 7000
     test_size: int = 2000
     shift_size: int = 1000
@@ -108,7 +132,12 @@ QUICK_CONFIG = LMConfig(
 
 def encode_for_lm(sentences, vocabulary: Vocabulary, max_len: int) -> Split:
     """``<bos> w_1 … w_n <eos>`` cut to ``max_len + 1`` tokens; inputs are the first ``max_len``,
-    targets the next ``max_len`` (``-100`` where padded), padding mask on the inputs."""
+    targets the next ``max_len`` (``-100`` where padded), padding mask on the inputs.
+
+    :param sentences: the sentences (strings) to encode.
+    :param vocabulary: the vocabulary, with ``<bos>`` and ``<eos>`` among its tokens.
+    :param max_len: the number of input (and target) positions per sentence.
+    """
     bos, eos = vocabulary.stoi[BOS], vocabulary.stoi[EOS]
     inputs = torch.full((len(sentences), max_len), vocabulary.pad_index, dtype=torch.long)
     targets = torch.full((len(sentences), max_len), IGNORE_INDEX, dtype=torch.long)
@@ -126,10 +155,16 @@ def _build_vocabulary(train_sentences, size: int) -> Vocabulary:
 
 @torch.no_grad()
 def evaluate_lm(model: SGPADecoder, data: Split, num_samples: int, batch_size: int, dropout: bool = False):
-    """Per-word ``(log p(true), confidence, correct)`` over all non-padded targets, and s/batch.
+    r"""Per-word :math:`\\log p(\text{true word})`, confidence and correctness over all non-padded targets, and s/batch.
 
     Probabilities are averaged over ``num_samples`` passes (posterior samples for SGPA, dropout masks
     when ``dropout=True``); the model is otherwise in eval mode.
+
+    :param model: the trained decoder (its forward returns ``(logits, kl)``).
+    :param data: the encoded sentences (:func:`encode_for_lm`).
+    :param num_samples: the passes averaged, a positive int.
+    :param batch_size: the sentences per batch.
+    :param dropout: whether the dropout modules stay active (MC dropout; default ``False``).
     """
     model.eval()
     if dropout:
@@ -182,7 +217,13 @@ def _decoder(method: str, vocab_size: int, config: LMConfig) -> SGPADecoder:
 
 
 def run(methods, seeds, config: LMConfig, progress: bool = True) -> list[dict]:
-    """Train and evaluate ``methods`` for every seed; one row (dict of CSV columns) per pair."""
+    """Train and evaluate ``methods`` for every seed; one row (dict of CSV columns) per pair.
+
+    :param methods: a non-empty subset of :data:`METHODS`.
+    :param seeds: the seeds (each draws its own sentences and initialisation).
+    :param config: the experiment's settings.
+    :param progress: whether to show tqdm progress bars (default ``True``).
+    """
     methods = list(methods)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
@@ -267,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> list[dict]:
+    """The command line (module docstring): train, evaluate, write ``results.csv``; returns the rows.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     args = build_parser().parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     config = QUICK_CONFIG if args.quick else LMConfig()

@@ -26,7 +26,10 @@ __all__ = ["paired_differences", "sign_test", "format_paired", "main"]
 
 def sign_test(differences) -> float:
     """Exact two-sided sign-test p-value of the non-zero ``differences`` (1.0 when there are none;
-    NaN when a difference is NaN, e.g. a KL column of a method without one)."""
+    NaN when a difference is NaN, e.g. a KL column of a method without one).
+
+    :param differences: the per-seed differences (floats).
+    """
     if any(math.isnan(d) for d in differences):
         return math.nan
     nonzero = [d for d in differences if d != 0]
@@ -37,7 +40,12 @@ def sign_test(differences) -> float:
 
 
 def paired_differences(rows_a, rows_b, metrics) -> list[dict]:
-    """Per metric: seeds, differences ``b - a`` per seed, mean, paired-t p and sign-test p."""
+    """Per metric: seeds, differences ``b - a`` per seed, mean, paired-t p and sign-test p.
+
+    :param rows_a: the rows of the reference A (dicts with ``seed`` and the metric columns).
+    :param rows_b: the rows of the compared B, paired with A's by seed.
+    :param metrics: the metric columns to compare.
+    """
     by_seed_a = {int(r["seed"]): r for r in rows_a}
     by_seed_b = {int(r["seed"]): r for r in rows_b}
     seeds = sorted(set(by_seed_a) & set(by_seed_b))
@@ -65,7 +73,12 @@ def paired_differences(rows_a, rows_b, metrics) -> list[dict]:
 
 
 def format_paired(results, label_a: str, label_b: str) -> str:
-    """Markdown table of the per-seed differences ``B - A``."""
+    """Markdown table of the per-seed differences ``B - A``.
+
+    :param results: the entries of :func:`paired_differences`.
+    :param label_a: the name of A shown in the heading (e.g. its ``CSV:METHOD``).
+    :param label_b: the name of B shown in the heading.
+    """
     lines = [
         f"B - A with A = {label_a}, B = {label_b}",
         "",
@@ -93,6 +106,10 @@ def _read(spec: str):
 
 
 def main(argv=None) -> list[dict]:
+    """The command line (module docstring): print the paired table of two methods and return its entries.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(prog="python -m gpytorch_sgpa.experiments.paired", description=__doc__.split("\n\n")[0])
     parser.add_argument("a", help="CSV:METHOD of the reference A")
     parser.add_argument("b", help="CSV:METHOD of the compared B")

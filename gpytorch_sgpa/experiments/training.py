@@ -17,7 +17,12 @@ from . import distributed
 @dataclass
 class Split:
     """Aligned examples: ``features`` (images ``N x C x H x W`` or token ids ``N x T``), an optional
-    key padding mask ``N x T`` (True = padding) and integer ``labels`` ``N``."""
+    key padding mask ``N x T`` (True = padding) and integer ``labels`` ``N``.
+
+    :param features: images ``(N, C, H, W)`` or token ids ``(N, T)``.
+    :param labels: the labels, ``(N,)`` integers (or targets ``(N, T)`` for language models).
+    :param padding_mask: bool ``(N, T)``, ``True`` at padding; ``None`` (the default): no padding.
+    """
 
     features: torch.Tensor
     labels: torch.Tensor
@@ -33,11 +38,18 @@ class Split:
         return self.features.shape[0]
 
     def batch(self, index):
-        """``(inputs, forward_kwargs, labels)`` for the rows in ``index``."""
+        """``(inputs, forward_kwargs, labels)`` for the rows in ``index``.
+
+        :param index: the rows to take (an index tensor or anything a tensor accepts as an index).
+        """
         kwargs = {} if self.padding_mask is None else {"key_padding_mask": self.padding_mask[index]}
         return self.features[index], kwargs, self.labels[index]
 
     def subset(self, index) -> Split:
+        """The split of the rows in ``index``.
+
+        :param index: the rows to keep (an index tensor or anything a tensor accepts as an index).
+        """
         return Split(self.features[index], self.labels[index], None if self.padding_mask is None else self.padding_mask[index])
 
 
@@ -49,17 +61,27 @@ def _batches(num_items: int, batch_size: int, generator: torch.Generator | None)
 def mle_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy: mean over inputs for class labels ``(B,)``; for token sequences ``(B, L)``
     (logits ``(B, L, C)``, ``-100`` = ignore) the summed per-sequence NLL averaged over sequences,
-    the scale of :class:`~gpytorch_sgpa.elbo.SGPAELBO`'s expected log-likelihood."""
+    the scale of :class:`~gpytorch_sgpa.elbo.SGPAELBO`'s expected log-likelihood.
+
+    :param logits: the logits, ``(B, C)`` or ``(B, L, C)``.
+    :param labels: class labels ``(B,)`` or token targets ``(B, L)`` (``-100`` = ignore).
+    """
     if labels.dim() == 1:
         return torch.nn.functional.cross_entropy(logits, labels)
     return torch.nn.functional.cross_entropy(logits.transpose(1, -1), labels, reduction="sum") / labels.shape[0]
 
 
 def learning_rate_factor(step: int, total_steps: int, final_ratio: float = 0.1, warmup_steps: int = 0) -> float:
-    """The learning rate of update ``step`` (from 0) over ``lr``: a linear warm-up from ``final_ratio``
+    r"""The learning rate of update ``step`` (from 0) over ``lr``: a linear warm-up from ``final_ratio``
     to 1 over ``warmup_steps`` updates, then a linear decay from 1 to ``final_ratio`` at the last update
-    ``total_steps - 1`` (thesis App. B.4: ``lr`` decaying linearly to ``lr_final = final_ratio lr``;
-    the SGPA authors' code warms up from ``lr_final`` first)."""
+    ``total_steps - 1`` (thesis App. B.4: ``lr`` decaying linearly to :math:`\text{lr\_final} = \text{final\_ratio} \cdot \text{lr}`;
+    the SGPA authors' code warms up from ``lr_final`` first).
+
+    :param step: the update's index, from 0.
+    :param total_steps: the number of updates of the whole schedule.
+    :param final_ratio: the factor at the start of the warm-up and at the last update, ``lr_final / lr`` (default 0.1).
+    :param warmup_steps: the number of warm-up updates (default 0).
+    """
     if step < warmup_steps:
         return final_ratio + (1.0 - final_ratio) * step / warmup_steps
     return 1.0 - (1.0 - final_ratio) * (step - warmup_steps) / max(total_steps - 1 - warmup_steps, 1)
@@ -82,8 +104,8 @@ def train_classifier(
     warmup_fraction: float = 0.0,
     restart_optimizer_each_epoch: bool = False,
 ) -> float:
-    """Adam with a learning rate decaying linearly to ``lr_final`` (default ``lr / 10``; thesis App.
-    B.4), after a linear warm-up from ``lr_final`` over ``ceil(warmup_fraction · steps)`` updates
+    r"""Adam with a learning rate decaying linearly to ``lr_final`` (default ``lr / 10``; thesis App.
+    B.4), after a linear warm-up from ``lr_final`` over :math:`\lceil \text{warmup\_fraction} \cdot \text{steps} \rceil` updates
     (:func:`learning_rate_factor`); ``restart_optimizer_each_epoch`` builds a new Adam (moments
     reset) at every epoch, as the SGPA authors' code does. Returns s/epoch.
 
@@ -95,8 +117,24 @@ def train_classifier(
 
     Under ``torch.distributed`` (:mod:`.distributed`, e.g. launched by torchrun) ``batch_size`` is
     the global batch: each rank trains on its shard through ``DistributedDataParallel`` with its
-    loss scaled by ``world_size · n_rank / batch_size``, which makes the step that of one process on
+    loss scaled by :math:`\text{world\_size} \cdot n_\text{rank} / \text{batch\_size}`, which makes the step that of one process on
     the whole batch (derivation in :mod:`.distributed`); the ranks' noise streams differ.
+
+    :param model: the network; its forward returns logits or ``(logits, kl)``.
+    :param data: the training split.
+    :param epochs: the epochs of the learning-rate schedule, a positive int.
+    :param batch_size: the (global) batch size, a positive int.
+    :param lr: the peak learning rate, > 0.
+    :param elbo: the :class:`~gpytorch_sgpa.elbo.SGPAELBO` of ``model`` (its parameters are trained); ``None`` (the
+        default): MLE.
+    :param seed: the seed of the batch order (and of the ranks' noise streams; default 0).
+    :param progress: whether to show a tqdm progress bar (default ``True``).
+    :param description: the progress bar's label (default ``"train"``).
+    :param on_epoch_end: ``on_epoch_end(epoch, model)`` called after each epoch; ``None`` (the default): none.
+    :param stop_after: the number of epochs actually trained, in ``[1, epochs]``; ``None`` (the default): ``epochs``.
+    :param lr_final: the learning rate at the last update, in ``(0, lr]``; ``None`` (the default): ``lr / 10``.
+    :param warmup_fraction: the fraction of the updates warming up, in ``[0, 1)`` (default 0).
+    :param restart_optimizer_each_epoch: whether a new Adam is built every epoch (default ``False``).
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"epochs, batch_size and lr must be positive, got {epochs}, {batch_size}, {lr}")
@@ -170,7 +208,12 @@ def train_classifier(
 
 @torch.no_grad()
 def predict_in_batches(predict_fn, data: Split, batch_size: int) -> tuple[torch.Tensor, float]:
-    """Concatenated ``predict_fn(inputs, **kwargs)`` over batches, and the mean seconds per batch."""
+    """Concatenated ``predict_fn(inputs, **kwargs)`` over batches, and the mean seconds per batch.
+
+    :param predict_fn: called as ``predict_fn(inputs, **kwargs)`` per batch (``kwargs``: the padding mask, if any).
+    :param data: the split to predict.
+    :param batch_size: the examples per batch.
+    """
     outputs, elapsed = [], 0.0
     batches = _batches(len(data), batch_size, None)
     for index in batches:

@@ -8,13 +8,20 @@ from torch import nn
 
 def add_seed_arguments(parser: argparse.ArgumentParser) -> None:
     """``--seeds S --first-seed K`` run seeds ``K, ..., K+S-1``; every model is seeded by its seed alone,
-    so one seed's rows do not depend on which other seeds run (seeds can be split across processes)."""
+    so one seed's rows do not depend on which other seeds run (seeds can be split across processes).
+
+    :param parser: the runner's argument parser, to which ``--seeds`` and ``--first-seed`` are added.
+    """
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds (first-seed .. first-seed+S-1)")
     parser.add_argument("--first-seed", type=int, default=0, help="first seed (default 0)")
 
 
 def seed_range(args: argparse.Namespace, parser: argparse.ArgumentParser) -> range:
-    """The seeds ``args`` asks for; a clear parser error for ``--seeds < 1`` or ``--first-seed < 0``."""
+    """The seeds ``args`` asks for; a clear parser error for ``--seeds < 1`` or ``--first-seed < 0``.
+
+    :param args: the parsed arguments (``seeds`` and ``first_seed``).
+    :param parser: the parser whose ``error`` reports invalid values.
+    """
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.first_seed < 0:
@@ -23,7 +30,10 @@ def seed_range(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ran
 
 
 def add_ema_argument(parser: argparse.ArgumentParser) -> None:
-    """``--ema-decay D``: evaluate an exponential moving average of the weights (diffusers' ``EMAModel``)."""
+    """``--ema-decay D``: evaluate an exponential moving average of the weights (diffusers' ``EMAModel``).
+
+    :param parser: the runner's argument parser, to which ``--ema-decay`` is added.
+    """
     parser.add_argument(
         "--ema-decay",
         type=float,
@@ -35,7 +45,11 @@ def add_ema_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def make_ema(model: nn.Module, decay: float):
-    """diffusers' ``EMAModel`` of ``model``'s parameters, or ``None`` for ``decay == 0``."""
+    """diffusers' ``EMAModel`` of ``model``'s parameters, or ``None`` for ``decay == 0``.
+
+    :param model: the trained model whose parameters are averaged.
+    :param decay: the EMA decay :math:`D`, in ``[0, 1)``; 0: no average.
+    """
     if not 0.0 <= decay < 1.0:
         raise ValueError(f"--ema-decay must lie in [0, 1), got {decay}")
     if decay == 0.0:
@@ -47,7 +61,11 @@ def make_ema(model: nn.Module, decay: float):
 
 @contextmanager
 def ema_weights(model: nn.Module, ema):
-    """Inside the block ``model`` holds the averaged weights (``ema`` from :func:`make_ema`); then its own."""
+    """Inside the block ``model`` holds the averaged weights (``ema`` from :func:`make_ema`); then its own.
+
+    :param model: the model whose parameters are swapped for the block.
+    :param ema: the ``EMAModel`` of :func:`make_ema`, or ``None`` (then ``model`` keeps its own weights).
+    """
     if ema is None:
         yield model
         return

@@ -49,7 +49,10 @@ class _LossOf(nn.Module):
 
 
 class TrainingProgress:
-    """What a checkpoint keeps beside the model and optimiser: the step count and the data generator."""
+    """What a checkpoint keeps beside the model and optimiser: the step count and the data generator.
+
+    :param generator: the process's data generator (its state is saved and restored).
+    """
 
     def __init__(self, generator: torch.Generator):
         self.generator, self.step = generator, 0
@@ -58,6 +61,10 @@ class TrainingProgress:
         return {"step": self.step, "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the step count and the generator's state.
+
+        :param state: a state of :meth:`state_dict` (``step`` and the generator's state).
+        """
         self.step = int(state["step"])
         self.generator.set_state(state["generator"])
 
@@ -65,7 +72,13 @@ class TrainingProgress:
 class TrainingResult(NamedTuple):
     """What :func:`train` returns: the unwrapped ``model``, its ``ema`` (or ``None``), the
     ``accelerator`` (``is_main_process``, ``num_processes``, ...) and this process's data ``generator``
-    in its state after training."""
+    in its state after training.
+
+    :param model: the trained model, unwrapped, in evaluation mode.
+    :param ema: the ``EMAModel`` of its weights, or ``None`` (``ema_decay=0``).
+    :param accelerator: the ``accelerate.Accelerator`` of the run.
+    :param generator: this process's data generator, in its state after training.
+    """
 
     model: nn.Module
     ema: Any
@@ -74,7 +87,11 @@ class TrainingResult(NamedTuple):
 
 
 def rank_seed(seed: int, rank: int) -> int:
-    """The data generator's seed of process ``rank``: ``seed`` on rank 0, distinct on the others."""
+    """The data generator's seed of process ``rank``: ``seed`` on rank 0, distinct on the others.
+
+    :param seed: the run's seed.
+    :param rank: the process index.
+    """
     return seed + 1_000_003 * rank
 
 
@@ -108,6 +125,28 @@ def train(
     ``seed``) and seeded by :func:`rank_seed` on the others. ``scheduler_factory(optimizer)`` adds a
     learning-rate schedule stepped once per optimiser step. ``resume=True`` loads
     ``checkpoint_dir`` if it holds a checkpoint (the run then continues from its step).
+
+    :param model: the model; its ``forward`` (or the method ``loss``) returns the training loss.
+    :param next_batch: ``next_batch(generator)`` returns one micro-batch (a tensor, moved to the accelerator's device).
+    :param steps: the total number of optimiser steps, >= 0 (a resumed run counts those already done).
+    :param optimizer_factory: ``optimizer_factory(parameters)`` builds the optimiser (default Adam at ``lr = 5e-4``).
+    :param scheduler_factory: ``scheduler_factory(optimizer)`` builds a learning-rate schedule stepped once per optimiser
+        step; ``None`` (the default): none.
+    :param loss: the name of the model's method that returns the loss (default ``"forward"``).
+    :param batch_loss: ``batch_loss(wrapped, batch, generator)`` computes a micro-batch's loss; ``None`` (the default):
+        ``wrapped(batch, generator)``.
+    :param generator: the data generator of process 0, whose stream the run continues; ``None`` (the default): seeded
+        by ``seed``.
+    :param accumulation: the micro-batches per optimiser step, a positive int (default 1).
+    :param mixed_precision: ``"no"`` (the default), ``"bf16"`` or ``"fp16"`` (``MIXED_PRECISION``).
+    :param ema_decay: the decay of the weights' EMA, in ``[0, 1)`` (default 0: no EMA).
+    :param checkpoint_dir: the folder of the checkpoints; ``None`` (the default): no checkpoints.
+    :param checkpoint_every: the optimiser steps between checkpoints, >= 0 (default 0: none).
+    :param resume: whether to continue from the checkpoint in ``checkpoint_dir`` if it holds one (default ``False``).
+    :param seed: the seed of the data generators (default 0).
+    :param cpu: whether to train on the CPU even where an accelerator is available (default ``False``).
+    :param progress: whether to show a tqdm progress bar on the main process (default ``True``).
+    :param description: the progress bar's label (default ``"training"``).
     """
     accelerate = require("accelerate", "video", "pseudovideo.experiments.accelerated")
     check_int(steps, "steps", low=0)

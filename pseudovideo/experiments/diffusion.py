@@ -51,6 +51,10 @@ QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "ba
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
+    """The command line of the runner (module docstring), with ``--quick`` applied and the lists parsed.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(description="image DDPM vs video diffusion on pseudo videos (thesis §5.4)")
     parser.add_argument(
         "--dataset",
@@ -133,7 +137,11 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 
 def to_model_space(images: torch.Tensor, downsample: int) -> torch.Tensor:
-    """``[0, 1]`` images -> average-pooled, ``[-1, 1]``, padded with ``-1`` to a multiple of 4 pixels."""
+    """``[0, 1]`` images -> average-pooled, ``[-1, 1]``, padded with ``-1`` to a multiple of 4 pixels.
+
+    :param images: the images, ``(N, C, H, W)`` in ``[0, 1]``.
+    :param downsample: the average-pooling factor, a positive int (1: none).
+    """
     pooled = F.avg_pool2d(images, downsample) if downsample > 1 else images
     size = pooled.shape[-1]
     pad = (-size) % 4
@@ -141,18 +149,40 @@ def to_model_space(images: torch.Tensor, downsample: int) -> torch.Tensor:
 
 
 def to_image_space(frames: torch.Tensor, size: int) -> torch.Tensor:
-    """Model-space frames -> the central ``size x size`` crop in ``[0, 1]`` (clipped, as DDPM samplers do)."""
+    """Model-space frames -> the central ``size x size`` crop in ``[0, 1]`` (clipped, as DDPM samplers do).
+
+    :param frames: model-space frames, ``(..., H', W')`` in about ``[-1, 1]``.
+    :param size: the side of the central crop, in pixels (the images' side after downsampling).
+    """
     start = (frames.shape[-1] - size) // 2
     return ((frames[..., start : start + size, start : start + size] + 1) / 2).clamp(0, 1)
 
 
 def build_videos(images, frames, augmentation, generator):
+    """Training videos ``(N, frames, C, H, W)`` whose last frame is ``images`` (a single frame for ``frames == 1``).
+
+    :param images: the images in model space, ``(N, C, H, W)``.
+    :param frames: the frames per video, a positive int.
+    :param augmentation: the pseudo-video builder, one of :data:`~pseudovideo.augment.METHODS` (unused for one frame).
+    :param generator: the random generator of the noisy builders.
+    """
     return images[:, None] if frames == 1 else make_pseudo_video(images, frames, augmentation, generator=generator)
 
 
 def run_model(args, train, held_out, size, frames, augmentation, seed, classifier, out):
     """Train one model through accelerate (data-parallel under ``accelerate launch``/``torchrun``) and, on
-    the main process, evaluate it; ``None`` on the other processes."""
+    the main process, evaluate it; ``None`` on the other processes.
+
+    :param args: the parsed command line (:func:`parse_arguments`).
+    :param train: the training images in model space, ``(N, C, H, W)``.
+    :param held_out: the held-out images in model space, ``(N', C, H, W)``.
+    :param size: the image side after downsampling, in pixels.
+    :param frames: the frames per video (1: the image DDPM).
+    :param augmentation: the pseudo-video builder (``"none"`` for the image model).
+    :param seed: the seed of the model's initialisation and data.
+    :param classifier: the metric classifier (:func:`~pseudovideo.metrics.default_classifier`).
+    :param out: the output folder (:class:`~pathlib.Path`).
+    """
     torch.manual_seed(seed)
     clip = default_clip_sample(augmentation) if args.clip_sample == "auto" else args.clip_sample == "on"
     model = AutoregressiveVideoDiffusion(
@@ -196,6 +226,20 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
 
 
 def evaluate(args, model, held_out, size, frames, augmentation, seed, classifier, out, generator, train_s):
+    """The result row of a trained model (FID, IS, PSNR; module docstring); also writes its sample figures.
+
+    :param args: the parsed command line (:func:`parse_arguments`).
+    :param model: the trained model, in evaluation mode.
+    :param held_out: the held-out images in model space, ``(N', C, H, W)``.
+    :param size: the image side after downsampling, in pixels.
+    :param frames: the frames per video (1: the image DDPM).
+    :param augmentation: the pseudo-video builder (``"none"`` for the image model).
+    :param seed: the model's seed (for the file names and the row).
+    :param classifier: the metric classifier (:func:`~pseudovideo.metrics.default_classifier`).
+    :param out: the output folder (:class:`~pathlib.Path`).
+    :param generator: the random generator of the sampling and of the held-out pseudo videos.
+    :param train_s: the training time in seconds.
+    """
     videos = model.sample(args.samples, args.sampling_steps, generator)
     last = to_image_space(videos[:, -1], size)
     real = to_image_space(held_out[: args.samples], size)
@@ -228,7 +272,11 @@ def evaluate(args, model, held_out, size, frames, augmentation, seed, classifier
 
 def experiment_images(args):
     """Training and held-out images in model space, the image side after downsampling, and the
-    metric classifier: the set-up shared by the pseudo-video runners."""
+    metric classifier: the set-up shared by the pseudo-video runners.
+
+    :param args: the parsed command line (``dataset``, ``train_images``, ``samples``, ``downsample``,
+        ``classifier_cache``).
+    """
     images, _ = load_images(args.dataset, limit=args.train_images + args.samples)
     model_images = to_model_space(images, args.downsample)
     classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
@@ -236,6 +284,10 @@ def experiment_images(args):
 
 
 def main(argv=None) -> list[dict]:
+    """The command line (module docstring): train and evaluate every model, write the CSV and figures; returns the rows.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     args = parse_arguments(argv)
     print(f"data: {SUBSTITUTES[args.dataset]}", flush=True)
     out = Path(args.out)
@@ -271,11 +323,18 @@ def main(argv=None) -> list[dict]:
 
 def use_cpu(args) -> bool:
     """accelerate's ``cpu`` flag: on a machine without CUDA it must be set for processes launched by
-    ``torchrun``/``accelerate launch`` to form a (gloo) data-parallel group."""
+    ``torchrun``/``accelerate launch`` to form a (gloo) data-parallel group.
+
+    :param args: the parsed command line (its ``cpu`` flag).
+    """
     return args.cpu or not torch.cuda.is_available()
 
 
 def format_row(row: dict) -> str:
+    """One printed line of a result row.
+
+    :param row: a result row (columns ``COLUMNS``).
+    """
     psnr_text = f"{row['psnr']:.2f}" if row["psnr"] != "" and not math.isnan(row["psnr"]) else "-"
     return (
         f"{row['model']:<16}{row['frames']:>3} {row['augmentation']:<13} seed {row['seed']}  FID {row['fid']:8.3f}  "

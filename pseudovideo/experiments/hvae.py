@@ -34,6 +34,10 @@ QUICK = {"train_images": 64, "steps": 2, "samples": 16, "batch_size": 8, "latent
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
+    """The command line of the runner (module docstring), with ``--quick`` applied and the lists parsed.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(description="heat-encoder HVAE vs learnable-encoder HVAE (thesis §5.2.1)")
     parser.add_argument("--dataset", choices=DATASETS, default="mnist")
     parser.add_argument("--encoders", default="heat,learned")
@@ -71,6 +75,10 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> list[dict]:
+    """The command line (module docstring): train and evaluate every HVAE, write the CSV and sample grids; returns the rows.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     args = parse_arguments(argv)
     print(f"data: {SUBSTITUTES[args.dataset]}", flush=True)
     out = Path(args.out)

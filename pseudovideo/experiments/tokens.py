@@ -76,6 +76,10 @@ QUICK = {
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
+    """The command line of the runner (module docstring), with ``--quick`` applied and the lists parsed.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(description="VQ tokenizers and token priors on pseudo videos (thesis §5.3)")
     parser.add_argument(
         "--dataset",
@@ -141,13 +145,23 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 
 def pseudo_videos(images: torch.Tensor, frames: int) -> torch.Tensor:
-    """``(N, C, H, W)`` -> blur pseudo videos ``(N, T, C, H, W)`` (rate 0.05 up to 8 frames, else 0.01)."""
+    """``(N, C, H, W)`` -> blur pseudo videos ``(N, T, C, H, W)`` (rate 0.05 up to 8 frames, else 0.01).
+
+    :param images: the images in model space, ``(N, C, H, W)``.
+    :param frames: the frames per video :math:`T` (1: the images themselves).
+    """
     if frames == 1:
         return images
     return make_pseudo_video(images, frames, "blur", rate=0.05 if frames <= 8 else 0.01)
 
 
 def build_tokenizer(args, frames: int, image_size: int):
+    """The image VQ-VAE (``frames == 1``) or the C-ViViT video tokenizer, sized by the command line.
+
+    :param args: the parsed command line (``dim``, ``heads``, ``layers``, ``code_dim``, ``codebook_size``, ``beta``).
+    :param frames: the frames per video :math:`T`.
+    :param image_size: the side of the (padded) model-space images, in pixels.
+    """
     shared = dict(dim=args.dim, heads=args.heads, code_dim=args.code_dim, codebook_size=args.codebook_size, beta=args.beta)
     if frames == 1:
         return ImageTokenizer(image_size, spatial_layers=args.layers, **shared)
@@ -155,6 +169,11 @@ def build_tokenizer(args, frames: int, image_size: int):
 
 
 def last_frame(videos: torch.Tensor, frames: int) -> torch.Tensor:
+    """The last frame of each video ``(N, T, C, H, W)``, or the images themselves for ``frames == 1``.
+
+    :param videos: videos ``(N, T, C, H, W)``, or images ``(N, C, H, W)`` for one frame.
+    :param frames: the frames per video :math:`T`.
+    """
     return videos if frames == 1 else videos[:, -1]
 
 
@@ -163,7 +182,18 @@ def optimise(model, next_batch, batch_loss, steps, args, description, generator,
     (:func:`pseudovideo.experiments.accelerated.train`, data-parallel when launched on several
     processes); returns the seconds taken and whether this is the main process.
 
-    With ``--ema-decay`` the model ends with diffusers' ``EMAModel`` average of its weights."""
+    With ``--ema-decay`` the model ends with diffusers' ``EMAModel`` average of its weights.
+
+    :param model: the tokenizer or prior to train.
+    :param next_batch: ``next_batch(generator)`` returns one batch.
+    :param batch_loss: ``batch_loss(wrapped, batch, generator)`` returns a batch's loss.
+    :param steps: the optimiser steps (also the length of the cosine schedule).
+    :param args: the parsed command line (``lr``, ``ema_decay``, ``cpu``, ``quiet``).
+    :param description: the progress bar's label.
+    :param generator: the data generator of the main process, whose stream the training continues.
+    :param seed: the seed of the other processes' generators.
+    :param loss: the name of the model's method that returns the loss (default ``"forward"``; ``"loss"`` for the priors).
+    """
     start = time.perf_counter()
     result = accelerated_train(
         model,
@@ -186,16 +216,36 @@ def optimise(model, next_batch, batch_loss, steps, args, description, generator,
 
 
 def count_parameters(model) -> int:
+    """The number of entries of ``model``'s parameters.
+
+    :param model: the model.
+    """
     return sum(p.numel() for p in model.parameters())
 
 
 @torch.no_grad()
 def in_batches(function, inputs, size=256):
+    """``function`` applied to chunks of ``inputs`` along the first dimension, the results concatenated (no gradients).
+
+    :param function: the function of one chunk, returning a tensor.
+    :param inputs: the inputs, split along dimension 0.
+    :param size: the chunk size (default 256).
+    """
     return torch.cat([function(chunk) for chunk in inputs.split(size)])
 
 
 def run_frames(args, train, held_out, size, frames, seed, classifier, out):
-    """Train the tokenizer and the requested priors for one frame count; the CSV rows and PNGs."""
+    """Train the tokenizer and the requested priors for one frame count; the CSV rows and PNGs.
+
+    :param args: the parsed command line (:func:`parse_arguments`).
+    :param train: the training images in model space, ``(N, C, H, W)``.
+    :param held_out: the held-out images in model space, ``(N', C, H, W)``.
+    :param size: the image side after downsampling, in pixels.
+    :param frames: the frames per video :math:`T` (1: the image models).
+    :param seed: the seed of the models' initialisation and data.
+    :param classifier: the metric classifier (:func:`~pseudovideo.metrics.default_classifier`).
+    :param out: the output folder (:class:`~pathlib.Path`).
+    """
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     augmentation = "none" if frames == 1 else "blur"
@@ -287,6 +337,10 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
 
 
 def main(argv=None) -> list[dict]:
+    """The command line (module docstring): train and evaluate every model, write the CSV and figures; returns the rows.
+
+    :param argv: the command-line arguments; ``None`` (the default): ``sys.argv[1:]``.
+    """
     args = parse_arguments(argv)
     print(f"data: {SUBSTITUTES[args.dataset]}", flush=True)
     torch.set_num_threads(args.threads)
@@ -322,6 +376,10 @@ def main(argv=None) -> list[dict]:
 
 
 def format_row(row: dict) -> str:
+    """One printed line of a result row.
+
+    :param row: a result row (columns ``COLUMNS``).
+    """
     psnr_text = f"{row['psnr']:.2f}" if row["psnr"] != "" and not math.isnan(row["psnr"]) else "-"
     return (
         f"{row['model']:<10}{row['frames']:>3} {row['augmentation']:<5} seed {row['seed']}  PSNR {psnr_text:>6}  "

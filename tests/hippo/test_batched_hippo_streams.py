@@ -3,6 +3,8 @@ each stream equals its own single-stream model (lyapunov and spectral backends) 
 a stream without points, per-stream ``advance`` and a ``state_dict`` reload."""
 
 import copy
+import importlib.util
+import pathlib
 import warnings
 
 import gpytorch
@@ -255,3 +257,22 @@ def test_streams_in_the_same_state_share_a_stored_copy_and_load_their_own_values
     k = kernel()
     with torch.no_grad():
         torch.testing.assert_close(frozen.Kuu(k).to_dense(), moved.Kuu(k).to_dense(), rtol=0, atol=1e-12)
+
+
+def test_the_fleet_benchmark_times_each_thread_count_and_its_batched_fleet_equals_the_loop():
+    """``benchmarks/fleet.py`` at a tiny size: a time and a ratio per thread count, and the batched model's
+    posterior means equal to the loop's (the gap it prints)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fleet.py"
+    spec = importlib.util.spec_from_file_location("fleet_benchmark", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    threads = torch.get_num_threads()
+    try:
+        argv = ["--streams", "5", "--tasks", "3", "--size", "6", "--num-inducing", "6", "--variables", "hippo", "--threads", "1", "2"]
+        (row,) = benchmark.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(row["batched_s"]) == set(row["speedup"]) == {1, 2}
+    assert all(row["speedup"][n] == pytest.approx(row["loop_s"] / row["batched_s"][n]) for n in (1, 2))
+    assert row["max_mean_gap"] < 1e-8
+    assert row["bytes_per_stream"] == 8 * (2 * 6 * 6 + 2 * 6)  # chol, precision (M x M), shift, prior mean (M): O(M²)

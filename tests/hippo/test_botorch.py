@@ -235,6 +235,7 @@ def test_acquisition_functions_and_fantasies():
     assert torch.isfinite(value).all()
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # few inducing variables, to be fast
 def test_keep_data_and_train_inputs():
     x, y = data(10, 9)
     lean, _ = fixed_model(InducingPoints(x[:4], learn=False), x, y, keep_data=False)
@@ -271,6 +272,7 @@ def test_state_dict_reload_and_float32():
     torch.testing.assert_close(mean32.double(), model.posterior(test).mean, rtol=0, atol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # few inducing variables, to be fast
 def test_refit_every_refreshes_hyperparameters_on_the_online_bound():
     x, y = data(30, 11)
     z = torch.rand(8, 2, dtype=DOUBLE, generator=torch.Generator().manual_seed(0))
@@ -291,6 +293,7 @@ def test_refit_every_refreshes_hyperparameters_on_the_online_bound():
     assert torch.equal(never.observe(x[15:], y[15:]).covar_module.lengthscale, never.covar_module.lengthscale)
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # few inducing variables, to be fast
 def test_a_fit_that_lowers_the_bound_is_rolled_back(monkeypatch):
     # L-BFGS-B can stop "ABNORMAL" at a worse point (seen for 2 of 30 random inducing inputs in the
     # test above); a stand-in optimiser that ruins the lengthscale must leave the model as it was.

@@ -122,6 +122,20 @@ def test_model_call_and_stored_data_follow_batched_multi_output_layout():
     assert isinstance(multi.likelihood, gpytorch.likelihoods.LikelihoodList)
 
 
+def test_a_warm_start_loads_each_outputs_hyperparameters_and_reports_the_keys_as_torch_does():
+    """BoTorch's tutorials rebuild on more data and call ``model.load_state_dict(old_model.state_dict())``: each
+    output takes the old model's kernel and noise, keeps its own data, and the call returns torch's result."""
+    old, _ = multi_and_singles("points", keep_data=True)
+    x, y = data(30, 3)
+    new = OnlineGPModel(x, y, inducing("points"), outcome_transform=Standardize(2), input_transform=Normalize(2), keep_data=True)
+    result = new.load_state_dict(old.state_dict())
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    for j in range(2):
+        torch.testing.assert_close(new.outputs[j].covar_module.lengthscale, old.outputs[j].covar_module.lengthscale, rtol=0, atol=0)
+        torch.testing.assert_close(new.outputs[j].likelihood.noise, old.outputs[j].likelihood.noise, rtol=0, atol=0)
+    assert new.train_targets.shape == (2, 30)
+
+
 def test_log_nehvi_equals_model_list_of_single_output_models_and_optimises():
     multi, singles = multi_and_singles("points")
     X_baseline, _ = data(25, 0)

@@ -191,6 +191,7 @@ def test_without_kept_data_a_warm_start_by_load_state_dict_is_refused():
     torch.testing.assert_close(new.covar_module.base_kernel.lengthscale, old.covar_module.base_kernel.lengthscale)
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # few inducing variables, to be fast
 def test_a_checkpoint_rebuilds_without_data_and_refits_on_the_same_schedule():
     x, y = data(30, seed=3)
     model = OnlineGPModel(x[:10], y[:10], points(), **modules(), fit_maxiter=5, refit_every=2, outcome_transform=None, keep_data=False)

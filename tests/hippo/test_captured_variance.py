@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, OnlineSGPR, online
-from gpytorch_hippo.inducing import FourierInducingVariables, InputsOutsideSupportError
+from gpytorch_hippo.inducing import CapturedVarianceWarning, FourierInducingVariables, InputsOutsideSupportError
 
 DT = torch.float64
 
@@ -61,8 +61,9 @@ def test_update_warns_when_the_memory_is_too_small():
     y = torch.sin(x[:, 0])
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
     model = OnlineSGPR(HiPPOInducingVariables(10, "legs", t=30.0), kernel, likelihood)
-    with pytest.warns(RuntimeWarning, match="keep only"):
+    with pytest.warns(CapturedVarianceWarning, match="keep only"):
         model.update(x, y)
+    assert issubclass(CapturedVarianceWarning, RuntimeWarning)  # filters written for RuntimeWarning still apply
     quiet = OnlineSGPR(HiPPOInducingVariables(10, "legs", t=30.0), kernel, likelihood, captured_variance_warning=None)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -95,7 +96,7 @@ def test_the_warning_names_the_worst_point_of_the_stream():
     x = torch.linspace(0, 30, 120, dtype=DT).unsqueeze(-1)
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
     model = OnlineSGPR(HiPPOInducingVariables(10, "legs", t=30.0), kernel, likelihood)
-    with pytest.warns(RuntimeWarning, match=r"at worst, at x = ") as record:
+    with pytest.warns(CapturedVarianceWarning, match=r"at worst, at x = ") as record:
         model.update(x, torch.sin(x[:, 0]))
     worst_x = float(str(record[0].message).split("at x = ")[1].split(";")[0])
     assert 5.0 < worst_x < 25.0  # mid-stream, not at either end
@@ -111,19 +112,19 @@ def _stream(num_tasks, size=40.0, n=80, seed=0):
 
 
 def _learn(model, tasks, size=40.0, advance=True):
-    """Learn ``tasks``, the captured-variance check on every task; the RuntimeWarnings raised."""
+    """Learn ``tasks``, the captured-variance check on every task; the warnings raised."""
     model._check_clock = {"updates": 0.0, "check": 0.0}
     online.CHECK_COST_FRACTION, fraction = float("inf"), online.CHECK_COST_FRACTION
     try:
         with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always", RuntimeWarning)
+            warnings.simplefilter("always", CapturedVarianceWarning)
             for k, (x, y) in enumerate(tasks):
                 if k > 0 and advance:
                     model.inducing_variables.advance(size * (k + 1))
                 model.update(x, y)
     finally:
         online.CHECK_COST_FRACTION = fraction
-    return [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+    return [str(w.message) for w in record if issubclass(w.category, CapturedVarianceWarning)]
 
 
 def _level(message):

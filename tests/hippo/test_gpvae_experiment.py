@@ -54,6 +54,9 @@ def test_standardise_ignores_gaps():
         assert finite.std().item() == pytest.approx(1.0, rel=1e-12)
     with pytest.raises(ValueError, match="two finite entries"):
         standardise(torch.full((5, 2), float("nan"), dtype=DT))
+    values[3, 2] = float("inf")  # not a gap: it would make the column's mean and deviation infinite
+    with pytest.raises(ValueError, match="inf"):
+        standardise(values)
 
 
 def test_make_tasks_partitions_the_observed_entries():

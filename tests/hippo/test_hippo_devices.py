@@ -209,6 +209,37 @@ def test_online_sgpr_updates_predictions_and_samples_on_device(device, assert_ma
     assert_matches_cpu(run(device), run(CPU), **POSTERIOR)
 
 
+@pytest.mark.parametrize("rbf", [True, False], ids=["batched-lyapunov-engine", "per-stream-backends"])
+def test_batched_streams_update_and_predict_on_device(device, assert_matches_cpu, rbf):
+    """Three LegS streams with their own clocks and kernels as one batched model (RBF: the batched Lyapunov
+    engine forms every stream's covariances where the kernel lives; Matérn: each stream's own backend)."""
+    streams = torch.Size([3])
+
+    def run(where):
+        base = gpytorch.kernels.RBFKernel(batch_shape=streams) if rbf else gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=streams)
+        kernel = gpytorch.kernels.ScaleKernel(base, batch_shape=streams).to(device=where, dtype=DT)
+        kernel.base_kernel.lengthscale = torch.tensor([0.4, 0.7, 1.1], dtype=DT, device=where).view(3, 1, 1)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=streams).to(device=where, dtype=DT)
+        starts = torch.tensor([1.0, 1.5, 2.0], dtype=DT)
+        variables = HiPPOInducingVariables(10, "legs", t=starts, method="lyapunov", batch_shape=streams).to(where)
+        model = OnlineSGPR(variables, kernel, likelihood, captured_variance_warning=None)
+        generator = torch.Generator().manual_seed(5)
+        bounds = []
+        for k in range(3):
+            if k > 0:
+                model.inducing_variables.advance(starts + k)
+            x = (starts + k - 1)[:, None] + torch.rand(3, 12, generator=generator, dtype=DT)
+            y = torch.sin(2 * x) + 0.1 * torch.randn(3, 12, generator=generator, dtype=DT)
+            bounds.append(model.update(x.to(where).unsqueeze(-1), y.to(where)))
+        model.eval()
+        grid = torch.linspace(0.5, 4.0, 9, dtype=DT).expand(3, -1).unsqueeze(-1).to(where)
+        with torch.no_grad():
+            prediction = model(grid)
+        return bounds, prediction.mean, prediction.variance
+
+    assert_matches_cpu(run(device), run(CPU), **POSTERIOR)
+
+
 class OHSVGP(gpytorch.models.ApproximateGP):
     def __init__(self, inducing_variables):
         q = gpytorch.variational.NaturalVariationalDistribution(inducing_variables.num_inducing)

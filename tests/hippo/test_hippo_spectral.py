@@ -15,7 +15,7 @@ import pytest
 import scipy.special
 import torch
 
-from gpytorch_hippo import HiPPOInducingVariables, OnlineSGPR
+from gpytorch_hippo import HiPPOInducingVariables, InconsistentCovarianceWarning, OnlineSGPR
 from gpytorch_hippo.inducing.spectral import gauss_legendre, spherical_jn
 
 DT = torch.float64
@@ -207,7 +207,7 @@ def test_negative_nystrom_residual_warns_and_consistent_defaults_do_not():
     y = torch.sin(3 * x)
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
     inconsistent = HiPPOInducingVariables(40, "legs", t=6.0, method="recurrence", dt=0.02, num_rff=100, kuf="ode", jitter=1e-8)
-    with pytest.warns(RuntimeWarning, match="Nyström residual"):
+    with pytest.warns(InconsistentCovarianceWarning, match="Nyström residual"):
         OnlineSGPR(inconsistent, kernel, likelihood).update(x, y)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)

@@ -154,3 +154,33 @@ def test_gradients_through_the_cache_follow_gpytorchs_detach_test_caches():
     with gpytorch.settings.detach_test_caches(False):
         model(x).variance.sum().backward()
     assert kernel.raw_outputscale.grad is not None and kernel.raw_outputscale.grad.abs() > 0
+
+
+def test_the_stored_factor_of_b_is_recomputed_whenever_the_stored_precision_changes():
+    """``chol(I + Λ')``, kept from the update that stored ``Λ'``, against a model that never had it: after a
+    reload of another state, an in-place change and an assignment, the next update's bound and the predictions
+    equal those of a copy whose kept factor was dropped."""
+    model = hippo_model()
+    tasks = list(stream(4))
+    model.update(*tasks[0])
+    x = torch.linspace(0, 3, 25, dtype=DT)
+
+    def check(task):
+        fresh = copy.deepcopy(model)
+        fresh._b_chol_cache = None
+        for m in (model, fresh):
+            m.inducing_variables.advance(float(task[0].max().ceil()))
+        bound, fresh_bound = model.update(*task), fresh.update(*task)
+        torch.testing.assert_close(bound, fresh_bound, rtol=1e-13, atol=0)
+        with torch.no_grad():
+            torch.testing.assert_close(model.eval()(x).mean, fresh.eval()(x).mean, rtol=1e-12, atol=1e-13)
+        model.train()
+
+    other = copy.deepcopy(model)
+    other.update(*tasks[0])  # the same task twice: another stored Λ' of the same shape
+    model.load_state_dict(other.state_dict())
+    check(tasks[1])
+    model.posterior_precision.mul_(0.5)  # in place
+    check(tasks[2])
+    model.posterior_precision = 2 * model.posterior_precision  # a new tensor
+    check(tasks[3])

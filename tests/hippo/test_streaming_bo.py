@@ -29,6 +29,7 @@ def test_best_panel_faces_the_sun_in_clear_hours(objective):
         assert values.max() >= objective.dni[hour] / 1000 - 1e-9
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # a short run with the path memory
 def test_tiny_run_writes_csv_and_table(tmp_path, capsys):
     rows = streaming_bo.main(["--out", str(tmp_path), "--steps", "13", "--init", "10", "--threads", "1", "--no-progress"])
     assert {r["method"] for r in rows} == set(streaming_bo.METHODS)
@@ -57,6 +58,7 @@ def test_bad_arguments():
         streaming_bo.run(steps=12, init=10, acquisition="ei")
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # few inducing variables, to be fast
 @pytest.mark.parametrize("acquisition, methods", [("qkg", ("ohsgpr", "osgpr")), ("qjes", ("osgpr", "exact"))])
 def test_look_ahead_and_entropy_search_steps_run_on_the_online_surrogates(acquisition, methods):
     rows = streaming_bo.run(steps=12, init=10, methods=methods, acquisition=acquisition, progress=False)
