@@ -110,11 +110,14 @@ def to_working_dtype(tensor: Tensor) -> Tensor:
     return tensor.to(torch.promote_types(tensor.dtype, gpytorch.settings._linalg_dtype_cholesky.value()))
 
 
-def _check_inputs(train_x, train_y, dtype: torch.dtype, x_name: str = "train_x", y_name: str = "train_y") -> tuple[Tensor, Tensor]:
-    """Finite tensors in the model's floating ``dtype`` (integers promoted), ``x`` as ``(N, D)``, ``y`` as ``(N,)``."""
+def _check_inputs(
+    train_x, train_y, dtype: torch.dtype, x_name: str = "train_x", y_name: str = "train_y", streams: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Finite tensors in the model's floating ``dtype`` (integers promoted), ``x`` as ``(N, D)``, ``y`` as ``(N,)``;
+    for a model of ``streams`` batched streams, ``x`` of ``y``'s shape ``(S, N)`` is read as 1-D times ``(S, N, 1)``."""
     train_x = check_tensor(train_x, x_name, dtype=dtype)
     train_y = check_tensor(train_y, y_name, dtype=dtype)
-    if train_x.dim() == 1:
+    if train_x.dim() == 1 or (streams is not None and train_x.dim() == 2 and train_x.shape == train_y.shape == (streams, train_x.shape[1])):
         train_x = train_x.unsqueeze(-1)
     if train_x.dim() < 2 or train_x.shape[-2] < 1:
         raise ValueError(f"{x_name} must have shape (N, D) or (N,) with N >= 1, got {tuple(train_x.shape)}")
@@ -412,6 +415,11 @@ class OnlineSGPR(gpytorch.Module):
     def _noise(self) -> Tensor:
         return self.likelihood.noise.squeeze(-1)
 
+    def _num_streams(self) -> int | None:
+        """``S`` of a model of batched streams (its likelihood has ``batch_shape=(S,)``), else ``None``."""
+        noise = self._noise()
+        return int(noise.shape[0]) if noise.dim() == 1 else None
+
     def _as_inputs(self, x, name: str):
         """Inputs as given by the user: calendar times through :attr:`time_axis`, NumPy/pandas numbers
         as tensors; tensors unchanged (``_check_inputs`` validates them)."""
@@ -545,7 +553,7 @@ class OnlineSGPR(gpytorch.Module):
         :return: the bound (not divided by ``N``); ``(S,)`` for ``S`` batched streams.
         """
         train_x, train_y, noise = self._task(train_x, train_y, noise, "raise")
-        train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
+        train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module), streams=self._num_streams())
         self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
         return self._bound_and_posterior(train_x, train_y, noise)[0]
 
@@ -603,7 +611,7 @@ class OnlineSGPR(gpytorch.Module):
         train_x, train_y, noise = self._task(train_x, train_y, noise, missing)
         if train_y.numel() == 0 and train_x.numel() == 0:
             return None  # an empty task leaves the model as it was
-        train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module))
+        train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module), streams=self._num_streams())
         self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
         fixed_mean = False
         if num_iter is None:

@@ -27,6 +27,7 @@ import math
 import torch
 from torch import Tensor
 
+from .._validation import floating_dtype
 from .cost import check_work
 from .covariances import DECAY_RANGE, MATERN_POLYNOMIALS, kernel_parts
 from .spectral import gauss_legendre
@@ -328,7 +329,7 @@ class BandedBackend:
         :param b: the second set, or ``a`` itself.
         :param kernel: the GP's Matérn kernel.
         """
-        dtype = next(iter(kernel.parameters())).dtype
+        dtype = floating_dtype(kernel)
         panels_b = self._panels(b, kernel)
         if b is a:
             cov = panels_b.weighted.to(dtype).reshape(-1, a.num_inducing).mT @ self._kuf_at_nodes(panels_b, kernel, dtype)

@@ -229,7 +229,9 @@ class BatchedInducingVariables(InducingVariables):
         means = [self._per_stream(mean_module, i, s.prior_mean) for i, s in enumerate(self.streams)]
         if all(m is None for m in means):
             return None
-        return torch.stack([torch.zeros(self.num_inducing) if m is None else m for m in means])
+        given = next(m for m in means if m is not None)
+        zero = torch.zeros(self.num_inducing, dtype=given.dtype, device=given.device)
+        return torch.stack([zero if m is None else m for m in means])
 
     def unshared_jitter(self, other: InducingVariables, kuu: Tensor) -> Tensor:
         """``(S, M)``: each stream's jitter variances that the same stream of ``other`` does not share

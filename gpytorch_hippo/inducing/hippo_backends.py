@@ -39,6 +39,7 @@ import math
 import torch
 from torch import Tensor
 
+from .._validation import floating_dtype
 from ..hippo import HiPPO, quadrature_rule
 from .cost import MAX_SPECTRAL_NODES, check_work
 from .covariances import RBF_CUTOFF, kernel_parts
@@ -46,12 +47,6 @@ from .spectral import gauss_legendre, hippo_support, hippo_transform, kernel_sig
 
 #: largest block of ``k(x, nodes)`` that :meth:`QuadratureBackend.Kuf` forms at once
 QUADRATURE_CHUNK_ENTRIES = 2**24
-
-
-def _kernel_dtype(kernel) -> torch.dtype:
-    for parameter in kernel.parameters():
-        return parameter.dtype
-    return torch.get_default_dtype()
 
 
 def _shortest_lengthscale(kernel) -> float:
@@ -153,7 +148,7 @@ class QuadratureBackend:
         check_work(float(self.size(a, kernel)) * self.size(b, kernel), "the quadrature Kuu (node pairs)", a, kernel)
         nodes, weighted = self.rule(a, kernel)
         other_nodes, other_weighted = (nodes, weighted) if b is a else self.rule(b, kernel)
-        dtype = _kernel_dtype(kernel)
+        dtype = floating_dtype(kernel)
         nodes, other_nodes = nodes[:, None].to(dtype), other_nodes[:, None].to(dtype)
         weighted, other_weighted = weighted.to(dtype), other_weighted.to(dtype)
         chunk = max(1, QUADRATURE_CHUNK_ENTRIES // other_nodes.shape[0])
@@ -244,7 +239,7 @@ class SpectralBackend:
         omega, scale = self._rule(kernel, band, max(a.num_inducing, b.num_inducing), a.breakpoints.device, a)
         F_a = self._features(a, omega, scale)
         F_b = F_a if b is a else self._features(b, omega, scale)
-        return (F_a.mT @ F_b).to(_kernel_dtype(kernel))
+        return (F_a.mT @ F_b).to(floating_dtype(kernel))
 
     def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
         r""":math:`\operatorname{cov}(u, f(x)) = F^\top \psi(x)`: ``(*batch, M, N)`` in ``x``'s dtype.
@@ -451,7 +446,7 @@ class RecurrenceBackend:
             raise ValueError("cross-covariance by Fourier features needs both sets to share their features (same seed and features)")
         Z = self.memory(a, kernel)
         Z_b = Z if b is a else b._backend_for(kernel).memory(b, kernel)
-        return (Z.mT @ Z_b).to(_kernel_dtype(kernel))
+        return (Z.mT @ Z_b).to(floating_dtype(kernel))
 
 
 class PathBackend:
@@ -535,7 +530,7 @@ class PathBackend:
             raise ValueError("cross-covariance by random features needs both sets to share their spectral samples (same seed)")
         Z = self.memory(a, kernel)
         Z_b = Z if b is a else b._backend_for(kernel).memory(b, kernel)
-        return (Z.mT @ Z_b).to(_kernel_dtype(kernel))
+        return (Z.mT @ Z_b).to(floating_dtype(kernel))
 
 
 def _fresh_memory(ivars) -> HiPPO:

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from .._validation import floating_dtype
 from ..hippo import normalized_legendre
 from .banded import BandedBackend, Panels, support_span
 from .cost import MAX_ENTRIES
@@ -504,7 +505,7 @@ class LyapunovBackend:
             self.check(ivars, kernel)
         if a.num_inducing != b.num_inducing or a.start != b.start:
             raise ValueError("method='lyapunov': cross-covariance needs two sets with the same num_inducing and start")
-        dtype = next(iter(kernel.parameters())).dtype
+        dtype = floating_dtype(kernel)
         if self._differentiable(kernel):
             return exact_backend(_At(a, a.t, a.start), kernel, a._backends).cross(a, b, kernel).to(dtype)
         if b is a or a.t == b.t:

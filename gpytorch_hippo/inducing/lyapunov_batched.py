@@ -25,6 +25,7 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from .._validation import floating_dtype
 from ..hippo import normalized_legendre
 from .batched import stream_clocks
 from .covariances import RBF_CUTOFF, resolve_kernel
@@ -402,4 +403,4 @@ class LyapunovStreams:
 
 
 def _dtype(kernel: Kernel) -> torch.dtype:
-    return next(iter(kernel.parameters())).dtype
+    return floating_dtype(kernel)

@@ -149,6 +149,20 @@ def test_errors_name_the_stream():
         HiPPOInducingVariables(M, "legs", input_dim=2, batch_shape=torch.Size([S]))
 
 
+def test_times_of_the_targets_shape_are_one_dimensional_inputs():
+    """``update(X, y)`` with ``X`` of shape ``(S, n)``, as ``y``: the same bound and posterior as ``(S, n, 1)``, and a
+    forgotten ``advance`` is still caught per stream."""
+    _, x, y, _ = ragged_tasks(1)[0]
+    y = torch.nan_to_num(y)
+    flat, column = batched_model("lyapunov"), batched_model("lyapunov")
+    torch.testing.assert_close(flat.update(x[..., 0], y), column.update(x, y), rtol=0, atol=0)
+    torch.testing.assert_close(flat.posterior_precision, column.posterior_precision, rtol=0, atol=0)
+    late = x[..., 0].clone()
+    late[2, 0] = STARTS[2] + 5.0
+    with pytest.raises(InputsOutsideSupportError, match="stream 2"):
+        flat.update(late, y)
+
+
 def test_the_captured_variance_warning_names_the_worst_stream():
     ivs = HiPPOInducingVariables(6, "legs", t=torch.tensor([2.0, 40.0]), method="spectral", batch_shape=torch.Size([2]))
     assert isinstance(ivs, BatchedInducingVariables)
