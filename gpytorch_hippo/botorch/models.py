@@ -46,7 +46,14 @@ from ..online import OnlineSGPR
 from ..ordering import ORDERING_CRITERIA, order_inputs
 from ._checks import check_points_near, check_X_Y, check_Yvar, split_third_argument
 
-__all__ = ["OnlineGPModel", "OnlineCollapsedMLL", "default_inducing_points", "DEFAULT_NUM_INDUCING", "register_multi_output_model"]
+__all__ = [
+    "OnlineGPModel",
+    "OnlineModelBase",
+    "OnlineCollapsedMLL",
+    "default_inducing_points",
+    "DEFAULT_NUM_INDUCING",
+    "register_multi_output_model",
+]
 
 # The class that ``OnlineGPModel(train_X, train_Y)`` builds for ``m > 1`` outputs, registered by
 # gpytorch_hippo.botorch.multioutput (which imports this module, so this one cannot import it).
@@ -108,7 +115,42 @@ class OnlineCollapsedMLL(MarginalLogLikelihood):
         return result
 
 
-class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
+class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):
+    """What the online BoTorch surrogates share, :class:`OnlineGPModel` (one output) and
+    :class:`~gpytorch_hippo.botorch.multioutput.MultiOutputOnlineGPModel` (independent outputs, one
+    :class:`OnlineGPModel` each): BoTorch's input transform, learned on the first batch and applied to each batch
+    as it arrives (never re-applied to stored inputs), and BoTorch's fantasies through ``condition_on_observations``.
+    Not a model by itself."""
+
+    def transform_inputs(self, X: Tensor, input_transform=None) -> Tensor:
+        """BoTorch's input transform in eval mode; in train mode the identity, because the inputs a training
+        loop or ``fit_gpytorch_mll`` passes (:attr:`train_inputs`) are in the model space already (a second
+        transform would re-learn ``Normalize``'s bounds from them).
+
+        :param X: inputs ``(*b, n, d)``.
+        :param input_transform: the transform to apply in eval mode; ``None`` (default): the model's own.
+        """
+        if self.training:
+            return X
+        return super().transform_inputs(X, input_transform=input_transform)
+
+    def _set_transformed_inputs(self) -> None:
+        """No-op: inputs are transformed when they arrive; nothing is re-transformed in ``eval()``."""
+
+    def _revert_to_original_inputs(self) -> None:
+        """No-op (see :meth:`_set_transformed_inputs`)."""
+
+    def _inputs_to_model_space(self, X: Tensor, fit_transforms: bool = False) -> Tensor:
+        """``X`` through the input transform; ``fit_transforms`` learns its statistics from ``X`` (the first batch)."""
+        if not hasattr(self, "input_transform"):
+            return X
+        self.input_transform.train(fit_transforms)
+        x = self.input_transform(X)
+        self.input_transform.eval()
+        return x
+
+
+class OnlineGPModel(OnlineModelBase):
     r"""BoTorch surrogate over :class:`~gpytorch_hippo.online.OnlineSGPR` (OHSGPR / OSGPR).
 
     The first batch ``(train_X, train_Y)`` is absorbed at construction, after its hyperparameters
@@ -163,10 +205,12 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
     """
 
     def __new__(cls, train_X: Tensor | None = None, train_Y: Tensor | None = None, *args: Any, **kwargs: Any):
+        # as SingleTaskGP takes (n, m) targets: OnlineGPModel(train_X, train_Y) with m > 1 outputs builds the registered
+        # multi-output model (not an OnlineGPModel: one per output inside it), which Python then does not re-initialise
         if cls is OnlineGPModel and isinstance(train_Y, Tensor) and train_Y.dim() >= 2 and train_Y.shape[-1] > 1:
             if _multi_output_model is None:  # gpytorch_hippo.botorch imports the multi-output module with this one
                 raise RuntimeError("no multi-output model is registered: import gpytorch_hippo.botorch")
-            cls = _multi_output_model
+            return _multi_output_model(train_X, train_Y, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(
@@ -395,18 +439,6 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             self.refresh_posterior()
         return self
 
-    def transform_inputs(self, X: Tensor, input_transform=None) -> Tensor:
-        """BoTorch's input transform in eval mode; in train mode the identity, because the inputs a training
-        loop or ``fit_gpytorch_mll`` passes (:attr:`train_inputs`) are in the model space already (a second
-        transform would re-learn ``Normalize``'s bounds from them).
-
-        :param X: inputs ``(*b, n, d)``.
-        :param input_transform: the transform to apply in eval mode; ``None`` (default): the model's own.
-        """
-        if self.training:
-            return X
-        return super().transform_inputs(X, input_transform=input_transform)
-
     def refresh_posterior(self) -> None:
         """Recompute the stored posterior from all kept data (``keep_data=True``) with the current
         hyperparameters, as one batch: the posterior of a fresh model built on that data."""
@@ -565,12 +597,6 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             if name in ("train_inputs", "train_targets"):  # the property raised: keep its message
                 self._stored_data(name)
             raise
-
-    def _set_transformed_inputs(self) -> None:
-        """No-op: inputs are transformed when they arrive; nothing is re-transformed in ``eval()``."""
-
-    def _revert_to_original_inputs(self) -> None:
-        """No-op (see :meth:`_set_transformed_inputs`)."""
 
     def posterior(
         self,
@@ -762,12 +788,7 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
         """Transformed inputs and targets, broadcast to a common batch shape; ``fit_transforms``
         learns the transforms' statistics from this batch (train mode), later batches reuse them;
         ``outcome_transformed``: ``Y`` is in the model's outcome space already."""
-        if hasattr(self, "input_transform"):
-            self.input_transform.train(fit_transforms)
-            x = self.input_transform(X)
-            self.input_transform.eval()
-        else:
-            x = X
+        x = self._inputs_to_model_space(X, fit_transforms)
         if hasattr(self, "outcome_transform") and not outcome_transformed:
             self.outcome_transform.train(fit_transforms)
             Y, _ = self.outcome_transform(Y, X=x)
@@ -819,16 +840,16 @@ class OnlineGPModel(Model, FantasizeMixin, gpytorch.models.GP):
             self._internal_refit = previous
 
 
-def register_multi_output_model(model_class: type[OnlineGPModel]) -> type[OnlineGPModel]:
+def register_multi_output_model(model_class: type[OnlineModelBase]) -> type[OnlineModelBase]:
     """Make ``OnlineGPModel(train_X, train_Y, ...)`` with ``train_Y`` of shape ``(n, m)``, ``m > 1``, build a
     ``model_class`` with the same arguments. A class decorator: it returns ``model_class``.
     :class:`~gpytorch_hippo.botorch.multioutput.MultiOutputOnlineGPModel` registers itself when
     :mod:`gpytorch_hippo.botorch` is imported.
 
-    :param model_class: a subclass of :class:`OnlineGPModel` that takes the constructor's arguments."""
+    :param model_class: a subclass of :class:`OnlineModelBase` that takes :class:`OnlineGPModel`'s arguments."""
     global _multi_output_model
-    if not (isinstance(model_class, type) and issubclass(model_class, OnlineGPModel)):
-        raise TypeError(f"model_class must be a subclass of OnlineGPModel, got {model_class!r}")
+    if not (isinstance(model_class, type) and issubclass(model_class, OnlineModelBase) and model_class is not OnlineGPModel):
+        raise TypeError(f"model_class must be a subclass of OnlineModelBase other than OnlineGPModel, got {model_class!r}")
     _multi_output_model = model_class
     return model_class
 

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from .._validation import check_tensor, floating_dtype
 from ..inducing.base import InducingVariables
 from ._checks import check_points_near, check_X_Y, check_Yvar, split_third_argument
-from .models import OnlineGPModel, register_multi_output_model
+from .models import OnlineGPModel, OnlineModelBase, register_multi_output_model
 
 __all__ = ["MultiOutputOnlineGPModel"]
 
@@ -43,9 +43,12 @@ _PER_OUTPUT = ("covar_module", "mean_module", "inducing_variables", "online")
 
 
 @register_multi_output_model
-class MultiOutputOnlineGPModel(OnlineGPModel):
+class MultiOutputOnlineGPModel(OnlineModelBase):
     """``m`` independent online sparse GPs on shared inputs, built by ``OnlineGPModel`` from an
-    ``(n, m)`` ``train_Y`` (see :class:`~gpytorch_hippo.botorch.OnlineGPModel` for the arguments).
+    ``(n, m)`` ``train_Y`` (see :class:`~gpytorch_hippo.botorch.OnlineGPModel` for the arguments). It is not an
+    :class:`~gpytorch_hippo.botorch.OnlineGPModel` but holds one per output, as BoTorch's ``ModelListGP`` holds its
+    models, and shares with it the base :class:`~gpytorch_hippo.botorch.models.OnlineModelBase` (BoTorch's
+    transforms and fantasies).
 
     ``outputs[j]`` is output ``j``'s single-output :class:`~gpytorch_hippo.botorch.OnlineGPModel`
     in the transformed spaces (it holds no transforms); ``covar_module``, ``mean_module`` and
@@ -88,7 +91,7 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         ordering: str = "kernel_max",
         num_inducing: int | None = None,
     ):
-        super(OnlineGPModel, self).__init__()
+        super().__init__()
         train_Yvar, inducing_variables = split_third_argument(train_Yvar, inducing_variables)
         num_outputs = train_Y.shape[-1]
         check_X_Y(train_X, train_Y, "train_X", "train_Y", num_outputs)
@@ -191,7 +194,7 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
     def __getattr__(self, name: str):
         if name in _PER_OUTPUT:
             raise AttributeError(
-                f"a model with {len(self._modules['outputs'])} outputs has one {name} per output: read model.outputs[j].{name}"
+                f"a model with {len(self._modules.get('outputs', ()))} outputs has one {name} per output: read model.outputs[j].{name}"
             )
         return super().__getattr__(name)
 
@@ -345,9 +348,10 @@ class MultiOutputOnlineGPModel(OnlineGPModel):
         self, X: Tensor, Y: Tensor, fit_transforms: bool = False, outcome_transformed: bool = False
     ) -> tuple[Tensor, Tensor]:
         """Transformed inputs ``(*b, n, d)`` and targets ``(*b, n, m)`` (see :meth:`OnlineGPModel._to_model_space`)."""
-        x, _ = super()._to_model_space(X, Y[..., :1], fit_transforms=fit_transforms, outcome_transformed=True)
+        x = self._inputs_to_model_space(X, fit_transforms)
         if hasattr(self, "outcome_transform") and not outcome_transformed:
             self.outcome_transform.train(fit_transforms)
             Y, _ = self.outcome_transform(Y, X=x)
             self.outcome_transform.eval()
-        return x, Y.expand(*x.shape[:-1], Y.shape[-1])
+        batch = torch.broadcast_shapes(x.shape[:-2], Y.shape[:-2])
+        return x.expand(*batch, *x.shape[-2:]), Y.expand(*batch, *Y.shape[-2:])

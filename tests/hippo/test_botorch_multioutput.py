@@ -109,6 +109,24 @@ def test_t_batched_conditioning_and_output_subsets():
     torch.testing.assert_close(empty.posterior(test).mean[0], multi.posterior(test).mean, rtol=0, atol=1e-12)
 
 
+def test_the_multi_output_model_composes_single_output_models_instead_of_disabling_an_inherited_one():
+    """Substitutability: the m-output model is not an ``OnlineGPModel`` whose kernel, mean and inducing variables
+    raise; it is a BoTorch ``Model`` (with ``OnlineGPModel``'s base) that holds one working ``OnlineGPModel`` per
+    output, as ``ModelListGP`` holds its models."""
+    from botorch.models.model import Model
+
+    from gpytorch_hippo.botorch.models import OnlineModelBase, register_multi_output_model
+
+    multi, _ = multi_and_singles("points")
+    assert not isinstance(multi, OnlineGPModel) and isinstance(multi, OnlineModelBase) and isinstance(multi, Model)
+    for output in multi.outputs:
+        assert type(output) is OnlineGPModel and output.covar_module.lengthscale.shape[-1] == 2
+    with pytest.raises(AttributeError, match=r"outputs\[j\]\.covar_module"):
+        multi.covar_module
+    with pytest.raises(TypeError, match="OnlineModelBase"):
+        register_multi_output_model(OnlineGPModel)
+
+
 def test_model_call_and_stored_data_follow_batched_multi_output_layout():
     multi, _ = multi_and_singles("points", keep_data=True)
     x_new, y_new = data(4, 8)
