@@ -1,4 +1,6 @@
-"""One variational strategy for every kind of inducing variable (thesis §4.2.1 and §2.3.2)."""
+r"""One variational strategy for every kind of inducing variable (thesis §4.2.1 and §2.3.2):
+:math:`q(f) = \int p(f \mid u)\, q(u)\, \mathrm{d}u` with :math:`q(u) = \mathcal{N}(m, S)` (Titsias (2009), Hensman et al. (2013)).
+"""
 
 from __future__ import annotations
 
@@ -351,7 +353,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     def append_path(self, x_ordered: Tensor, step: int = 1) -> None:
         """Extend the path of multidimensional HiPPO inducing variables with a task's ordered inputs
-        (thesis §4.4), carrying ``q(u)`` forward as :meth:`advance` does (nothing to carry before
+        (thesis §4.4; Chen et al. (2025), OHSVGP), carrying ``q(u)`` forward as :meth:`advance` does (nothing to carry before
         ``q(u)`` is first used).
 
         :param x_ordered: the task's inputs ``(N, d)`` in path order.

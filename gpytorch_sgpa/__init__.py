@@ -1,4 +1,4 @@
-"""Sparse Gaussian process attention (thesis ch. 3 and App. B).
+"""Sparse Gaussian process attention (thesis ch. 3 and App. B; Chen & Li (2023), SGPA).
 
 Layers (:mod:`gpytorch_sgpa.attention`), attention kernels (:mod:`gpytorch_sgpa.kernels`),
 Transformers (:mod:`gpytorch_sgpa.transformer`) and the training objective

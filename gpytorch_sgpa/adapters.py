@@ -9,7 +9,8 @@ package (the first by :mod:`gpytorch_sgpa.dropin`, which defines the replacement
 * :class:`torch.nn.MultiheadAttention` → :class:`~gpytorch_sgpa.dropin.MultiheadSGPAttention`; in
   :class:`torch.nn.TransformerDecoderLayer` only ``self_attn`` is converted (``causal=True`` unless
   given: decoders pass a causal ``tgt_mask``); ``multihead_attn``, the cross-attention, stays the
-  original ``nn.MultiheadAttention`` (SGPA's keys are its queries, eq. ``fhl``);
+  original ``nn.MultiheadAttention`` (SGPA's keys are its queries, thesis eq. (3.16):
+  :math:`q = k_a = G_\phi(F) W_{qk}`);
 * Hugging Face ``transformers`` (tested with the version pinned in ``constraints.txt``): the
   self-attention of BERT, RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA (``*SelfAttention``), ViT
   (``ViTAttention``) and GPT-2 (``GPT2Attention``, causal, with its key/value cache; its
@@ -21,18 +22,19 @@ so ``import gpytorch_sgpa`` imports neither ``transformers`` nor ``timm``.
 
 Every adapter holds a kernel or SGPA layer (``self.attention``) initialised from the module's
 trained weights, as :func:`~gpytorch_sgpa.convert` does for ``nn.MultiheadAttention``:
-``W_qk = (W_q + W_k) / 2``, ``W_v`` and its bias copied; the module's own output path (output
+:math:`W_{qk} = (W_q + W_k) / 2`, :math:`W_v` and its bias copied; the module's own output path (output
 projection, normalisation, gate, dropout) is kept as it was, after the heads.  The shared
-query/key bias ``(b_q + b_k) / 2`` is dropped: it shifts queries and keys alike, which a stationary
+query/key bias :math:`(b_q + b_k) / 2` is dropped: it shifts queries and keys alike, which a stationary
 kernel (RBF, exponential, Matérn: every named kernel) does not see.
 
 Masks: padding and, for a causal layer, the causal structure; given as Hugging Face passes them
 (``None``, 4-D bool ``True`` = attend, or additive float ``0`` / very negative) or as timm does
 (bool ``True`` = attend, or additive float ``0`` / ``-inf``).  Any other mask (sliding windows,
 packed sequences, additive biases) raises.  Attention weights (``output_attentions=True``) are
-the kernel weights ``W`` of the posterior mean, ``m = W v + γ Aᵀ Lᵀ v_g`` (eq. ``odsvgp``; ``γ``
-the layer's mean gate, 1 without one): ``W = K_qk`` (kernel attention, DSVGP, standard SGPA) or
-``K_qk - γ K_qg K_gg⁻¹ K_gk`` (orthogonal SGPA), zero where the mask blocks, shaped
+the kernel weights :math:`W` of the posterior mean, :math:`m = W v + \gamma A^\top L^\top v_g` (thesis eq. (3.15), the
+orthogonally decoupled mean :math:`m_d = K_{qa} v_a + K_{qg} (v_g - K_{gg}^{-1} K_{ga} v_a)` of Chen & Li (2023), SGPA;
+:math:`\gamma` the layer's mean gate, 1 without one): :math:`W = K_{qk}` (kernel attention, DSVGP, standard SGPA) or
+:math:`K_{qk} - \gamma K_{qg} K_{gg}^{-1} K_{gk}` (orthogonal SGPA), zero where the mask blocks, shaped
 ``(batch, heads, L_q, L_k)``: what ``softmax`` weights are to dot-product attention; the sample adds
 the posterior noise to ``m``.
 """
@@ -254,9 +256,10 @@ def _mean_weights(layer: nn.Module, queries: Tensor, keys: Tensor, allowed: Tens
 
 
 def _cached_rows(layer: nn.Module, queries: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
-    """Head outputs ``(B, H, L_q, e)`` at new positions from the cached keys and values of the whole
-    prefix: kernel attention ``K_qk v``; decoupled SGPA a draw from the posterior of eq. ``odsvgp``
-    at each new position (samplers ``"decomposed"`` and ``"diagonal"``, with noise drawn per call)."""
+    r"""Head outputs ``(B, H, L_q, e)`` at new positions from the cached keys and values of the whole
+    prefix: kernel attention ``K_qk v``; decoupled SGPA a draw from the posterior :math:`\mathcal{N}(m_d, \Sigma_d)` of
+    thesis eq. (3.15) (the orthogonally decoupled SGPA of Chen & Li (2023)) at each new position (samplers
+    ``"decomposed"`` and ``"diagonal"``, with noise drawn per call)."""
     if isinstance(layer, KernelAttention):
         weights = dense_kernel(layer.kernel, queries, keys).masked_fill(~allowed, 0.0)
         return layer.dropout(weights).matmul(values)
@@ -357,7 +360,7 @@ class SelfAttentionAdapter(nn.Module):
 
     def reconverted(self, attention: str, **kwargs) -> SelfAttentionAdapter | None:
         """This adapter with its kernel-attention layer turned into ``attention`` (the thesis's path:
-        MLE kernel attention first, then SGPA from its weights, App. B.4); ``None`` if it holds none.
+        MLE kernel attention first, then SGPA from its weights, App. B.4; Chen & Li (2023)); ``None`` if it holds none.
 
         :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
             (``"kernel"`` gives ``None``: nothing to do).

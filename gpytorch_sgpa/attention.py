@@ -328,7 +328,8 @@ class SGPAttention(_MultiHeadAttention):
             raise ValueError(f"sampler={sampler!r} contradicts diag_sample={diag_sample}; pass only one of them")
         if sampler == "decomposed" and mode != "decoupled":
             raise ValueError(
-                "sampler='decomposed' needs mode='decoupled' (it splits Σ_d of eq. odsvgp into its "
+                "sampler='decomposed' needs mode='decoupled' (it splits Σ_d of thesis eq. (3.15), "
+                "Σ_d = K_qq + K_qg K_gg⁻¹ (S_g - K_gg) K_gg⁻¹ K_gq, into its "
                 "global-inducing part and the residual K_qq - Q_qq; standard SGPA has no such split)"
             )
         self.mode = mode

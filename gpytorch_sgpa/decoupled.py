@@ -1,16 +1,18 @@
 r"""Decoupled SGPA posterior (thesis eqs. (3.15), (B.14), KL of App. B.1.2).
 
-Notation of the code: ``L`` with ``L Lᵀ = K_gg + jitter I`` (one per head, shared by the batch),
-``A = L⁻¹ K_gq`` (so ``K_qg K_gg⁻¹ K_gq = AᵀA``), ``W_d = L⁻¹ C_d`` (unwhitened ``S_g = C Cᵀ``) or
-``W_d = C_d`` (whitened ``S_g = L C Cᵀ Lᵀ``), so that ``K_qg K_gg⁻¹ S_g,d K_gg⁻¹ K_gq = (W_dᵀ A)ᵀ (W_dᵀ A)``.
+Notation of the code: :math:`L` with :math:`L L^\top = K_{gg} + \text{jitter}\, I` (one per head, shared by the batch),
+:math:`A = L^{-1} K_{gq}` (so :math:`K_{qg} K_{gg}^{-1} K_{gq} = A^\top A`), :math:`W_d = L^{-1} C_d` (unwhitened
+:math:`S_g = C C^\top`) or :math:`W_d = C_d` (whitened :math:`S_g = L C C^\top L^\top`), so that
+:math:`K_{qg} K_{gg}^{-1} S_{g,d} K_{gg}^{-1} K_{gq} = (W_d^\top A)^\top (W_d^\top A)`.
 
-* mean (orthogonal): ``K_qa v_a - Aᵀ A v_a + Aᵀ (Lᵀ v_g)``, with the layer's per-head mean gate
-  ``γ`` ``K_qa v_a + γ Aᵀ (Lᵀ v_g - A v_a)``; (dsvgp): ``K_qa v_a``;
-* covariance: ``Σ_d = (K_qq - AᵀA) + (W_dᵀ A)ᵀ (W_dᵀ A)``;
-* KL: ``½ Σ_d [v_a,dᵀ B v_a,d + ‖Lᵀ v_g,d‖² + ‖W_d‖²_F - log|S_g,d| + log|K_gg| - M]`` with
-  ``B = K_aa - AᵀA`` (orthogonal) or ``K_aa`` (dsvgp); the global part (everything but
-  ``v_aᵀ B v_a``) is :class:`GlobalFactors` ``.kl``; with the gate ``‖Lᵀ v_g‖²`` is
-  ``‖γ Lᵀ v_g + (1 - γ) A v_a‖²``, its part ``γ² ‖Lᵀ v_g‖²`` global, the rest per sequence.
+* mean (orthogonal): :math:`K_{qa} v_a - A^\top A v_a + A^\top (L^\top v_g)`, with the layer's per-head mean gate
+  :math:`\gamma` :math:`K_{qa} v_a + \gamma A^\top (L^\top v_g - A v_a)`; (dsvgp): :math:`K_{qa} v_a`;
+* covariance: :math:`\Sigma_d = (K_{qq} - A^\top A) + (W_d^\top A)^\top (W_d^\top A)`;
+* KL: :math:`\tfrac12 \sum_d [v_{a,d}^\top B v_{a,d} + \lVert L^\top v_{g,d} \rVert^2 + \lVert W_d \rVert_F^2 -
+  \log|S_{g,d}| + \log|K_{gg}| - M]` with :math:`B = K_{aa} - A^\top A` (orthogonal) or :math:`K_{aa}` (dsvgp); the
+  global part (everything but :math:`v_a^\top B v_a`) is :class:`GlobalFactors` ``.kl``; with the gate
+  :math:`\lVert L^\top v_g \rVert^2` is :math:`\lVert \gamma L^\top v_g + (1 - \gamma) A v_a \rVert^2`, its part
+  :math:`\gamma^2 \lVert L^\top v_g \rVert^2` global, the rest per sequence.
 
 The functions take the :class:`~gpytorch_sgpa.attention.SGPAttention` layer whose parameters they read.
 """

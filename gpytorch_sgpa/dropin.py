@@ -15,8 +15,9 @@ r"""SGPA inside a user's own PyTorch Transformer (thesis ch. 3 without the packa
   :class:`~gpytorch_sgpa.elbo.SGPAELBO` takes the first and reads the second itself.
 
 In the package's own Transformers the global inducing inputs pass through the block's feature
-map ``G_φ`` (eq. ``fhl``); in an adapter they are parameters in the attention's input space
-(``G_φ`` = identity), as a stock encoder layer has no separate ``G_φ``.
+map :math:`G_\phi` (thesis eq. (3.16), :math:`q = k_a = G_\phi(F) W_{qk}` and :math:`k_g = G_\phi(Z_g) W_{qk}`); in an
+adapter they are parameters in the attention's input space (:math:`G_\phi` = identity), as a stock encoder layer has no
+separate :math:`G_\phi`.
 """
 
 from __future__ import annotations
@@ -173,7 +174,10 @@ class MultiheadSGPAttention(nn.Module):
                 f"got {getattr(query, 'shape', type(query).__name__)}"
             )
         if not (_same_values(key, query) and _same_values(value, query)):
-            raise ValueError("key and value must equal query: SGPA is self-attention (its keys are its queries, thesis eq. fhl)")
+            raise ValueError(
+                "key and value must equal query: SGPA is self-attention (its keys are its queries, "
+                "thesis eq. (3.16): q = k_a = G_φ(F) W_qk)"
+            )
         unbatched = query.dim() == 2
         x = query.unsqueeze(0) if unbatched else (query if self.batch_first else query.transpose(0, 1))
         if key_padding_mask is not None:

@@ -1,6 +1,6 @@
 """Kernels for (sparse Gaussian process) attention.
 
-Thesis App. B.3 ("Training settings"): kernel attention uses either the exponential kernel
+Thesis App. B.4 ("Detailed Experimental Setups and Hyperparameters"): kernel attention uses either the exponential kernel
 ``k(x, x') = σ_f² exp(Σ_j x_j x'_j / σ_j²)`` (text tasks) or the ARD-RBF kernel
 ``k(x, x') = σ_f² exp(-½ Σ_j (x_j - x'_j)² / σ_j²)`` (image tasks).  Both are GPyTorch kernels; the
 output scale ``σ_f²`` comes from :class:`gpytorch.kernels.ScaleKernel`.
@@ -34,7 +34,7 @@ KERNEL_INITS = ("sdp", "authors")
 class ExponentialKernel(Kernel):
     r"""Exponential (dot-product) kernel ``k(x, x') = exp(Σ_j x_j x'_j / σ_j²)``.
 
-    The kernel of Tsai et al. (2019) used for kernel attention in the thesis (App. B.3).  The
+    The kernel of Tsai et al. (2019) used for kernel attention in the thesis (App. B.4).  The
     lengthscales ``σ_j`` are GPyTorch lengthscales (ARD when ``ard_num_dims`` is given); wrap the
     kernel in :class:`~gpytorch.kernels.ScaleKernel` for the output scale ``σ_f²``.  The kernel is
     positive definite because it is the exponential of the linear kernel.

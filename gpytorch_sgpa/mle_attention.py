@@ -1,5 +1,6 @@
-"""Maximum-likelihood attention baselines: scaled dot-product (thesis eq. (3.1)) and kernel attention
-(thesis eq. (3.2)), with the call signature of every layer (see :mod:`gpytorch_sgpa.attention`)."""
+r"""Maximum-likelihood attention baselines: scaled dot-product (thesis eq. (3.1),
+:math:`\operatorname{softmax}(q k^\top / \sqrt{d_k})\, v`) and kernel attention (thesis eq. (3.2), :math:`K_{qk} v`),
+with the call signature of every layer (see :mod:`gpytorch_sgpa.attention`)."""
 
 from __future__ import annotations
 

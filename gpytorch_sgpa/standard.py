@@ -1,8 +1,8 @@
 r"""Standard SGPA posterior (thesis eq. (3.4), KL of App. B.1.1): the inducing inputs are the
 amortised keys only and the variational covariance is input dependent.
 
-``q = k_a`` (shared projection), so thesis eq. (3.4) reduces to mean ``K_qk v_a`` and covariance
-``S = L_S L_Sᵀ``, with row ``i`` of ``L_S`` the projection ``s_i W_s`` (strictly lower part;
+:math:`q = k_a` (shared projection), so thesis eq. (3.4) reduces to mean :math:`K_{qk} v_a` and covariance
+:math:`S = L_S L_S^\top`, with row :math:`i` of :math:`L_S` the projection :math:`s_i W_s` (strictly lower part;
 diagonal through ``exp``), tied across output dimensions.  The functions take the
 :class:`~gpytorch_sgpa.attention.SGPAttention` layer whose parameters they read.
 """

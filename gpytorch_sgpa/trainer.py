@@ -1,4 +1,5 @@
-r"""Fine-tuning a converted Hugging Face model with ``transformers.Trainer`` on the ELBO (thesis eq. (3.18)).
+r"""Fine-tuning a converted Hugging Face model with ``transformers.Trainer`` on the ELBO (thesis eq. (3.18), the SGPA ELBO of
+Chen & Li (2023): :math:`\mathbb{E}_q[\log p(Y \mid F^L)]` minus the KL terms of every layer and head).
 
 :class:`SGPATrainer` is a ``Trainer`` whose training loss is ``-elbo(logits, kl_divergence(model),
 labels)`` of an :class:`~gpytorch_sgpa.elbo.SGPAELBO` (its ``beta``, ``"auto"`` included, its

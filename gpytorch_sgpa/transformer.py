@@ -440,7 +440,7 @@ class SGPAViT(_SGPAModel):
 class SGPADecoder(_SGPAModel):
     r"""Causal (decoder-only) Transformer for next-token prediction with pluggable attention.
 
-    The thesis lists decoder-based SGPA as future work (§3.6; its concluding chapter, "Extending
+    The thesis lists decoder-based SGPA as future work (§3.7, "Conclusion and Future Work"; its concluding chapter, "Extending
     SGPA to decoder-based Transformers", sketches an online ELBO with HiPPO-based adaptive inducing
     keys, which is *not* what this class does).  This is the direct extension with the static prior
     and ELBO of the encoder: every layer is an :class:`SGPABlock` whose attention is built with

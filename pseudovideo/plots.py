@@ -1,4 +1,6 @@
-"""PNG figures: rows of pseudo videos (thesis Figs. 5.6-5.8) and sample grids."""
+"""PNG figures: rows of pseudo videos (as in thesis Figs. 5.3 and 5.6) and sample grids
+(as in Figs. 5.4, 5.5 and 5.7; Chen et al. (2025), pseudo videos).
+"""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):
 
     def transform_inputs(self, X: Tensor, input_transform=None) -> Tensor:
         """BoTorch's input transform in eval mode; in train mode the identity, because the inputs a training
-        loop or ``fit_gpytorch_mll`` passes (:attr:`train_inputs`) are in the model space already (a second
+        loop or ``fit_gpytorch_mll`` passes (the model's ``train_inputs``) are in the model space already (a second
         transform would re-learn ``Normalize``'s bounds from them).
 
         :param X: inputs ``(*b, n, d)``.

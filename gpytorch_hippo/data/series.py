@@ -1,4 +1,4 @@
-"""Real data sets of the thesis's chapter-4 experiments (§4.6), from registry packages (no downloads).
+"""Real data sets of the thesis's chapter-4 experiments (§4.6; Chen et al. (2025), OHSVGP), from registry packages (no downloads).
 
 :func:`load_dataset` returns a :class:`Dataset` (inputs ``x (N, D)``, targets ``y (N,)``, the
 likelihood it needs); :func:`split_tasks` turns it into sequential tasks with a random train/test
@@ -158,7 +158,7 @@ def split_keys(x: Tensor, split: str) -> list[Tensor]:
 
 
 def split_order(x: Tensor, split: str) -> Tensor:
-    """The oracle order of ``split`` (thesis §4.6.2): a stable lexicographic argsort of
+    """The oracle order of ``split`` (thesis §4.6.2, the UCI task splits of Chen et al. (2025), OHSVGP): a stable lexicographic argsort of
     ``split_keys``, so points tied on the split key are ordered by the next key (a plain
     ``torch.argsort`` of the split key leaves ties in an arbitrary, implementation-defined order).
 

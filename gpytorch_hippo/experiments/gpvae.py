@@ -1,5 +1,5 @@
 """Continual SVGPVAE on hourly multivariate weather (thesis §4.6.3, Figs. 4.12 and
-4.13): OHSVGP vs OSVGP, OVC and OVC-per-dim, all with EWC on the networks.
+4.13; Chen et al. (2025), OHSVGP): OHSVGP vs OSVGP, OVC and OVC-per-dim, all with EWC on the networks.
 
 The objective is the thesis's: the SVGPVAE ELBO with EWC on the networks, the kernel trained on the
 first task only (``--online-kl`` and ``--retrain-kernel`` select the departures of
@@ -154,8 +154,9 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], out_dir: str) -> None:
-    """Thesis Figs. 4.9/4.10: metric on each learned task vs the number of learned tasks (one panel
-    per evaluated task), one line per method (mean over seeds); one figure per metric and ``M``.
+    """Thesis Figs. 4.12/4.13 (NLPD and RMSE on ERA5 weather, Chen et al. (2025)): metric on each learned task vs the
+    number of learned tasks (one panel per evaluated task), one line per method (mean over seeds); one figure per metric
+    and ``M``.
 
     :param rows: the rows of :func:`run`.
     :param out_dir: the directory of the figures ``gpvae_<metric>_M<M>.png`` (must exist).

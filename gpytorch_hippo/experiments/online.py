@@ -1,6 +1,5 @@
-"""Online regression of real series, task by task: OHSGPR against OSGPR, OVC and OVFF (thesis §4.6,
-figs. ``time_series_regression``/``time_series_reg_rmse``/``illustration_forgetting``, table
-``wall_time_time_series_prediction``).
+"""Online regression of real series, task by task: OHSGPR against OSGPR, OVC and OVFF (thesis §4.6.1,
+Figs. 4.3-4.5 and Table 4.1; Chen et al. (2025), OHSVGP).
 
 Each series is cut into ``--tasks`` contiguous tasks with a random 20 % test split inside each task
 (per seed). The kernel hyperparameters (RBF; Matérn-5/2 for OVFF, as in the thesis) and the noise
@@ -161,7 +160,8 @@ def fit_hyperparameters(kernel: gpytorch.kernels.Kernel, x: torch.Tensor, y: tor
 
 
 def evaluate(model: OnlineSGPR, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Test NLPD and RMSE of the Gaussian predictive (thesis §4.6 metrics).
+    r"""Test NLPD and RMSE of the Gaussian predictive (thesis §4.6 metrics):
+    :math:`-\tfrac{1}{N} \sum_i \log \mathcal{N}(y_i; \mu_i, \sigma_i^2)` and :math:`\sqrt{\tfrac{1}{N} \sum_i (y_i - \mu_i)^2}`.
 
     :param model: the online model (left in train mode afterwards).
     :param x: test inputs ``(N, d)``.

@@ -1,5 +1,6 @@
-"""Uncollapsed online learning (OnlineELBO) for counts and multidimensional inputs, thesis §4.6:
-the COVID-style death counts (Negative Binomial) and continual UCI regression (§4.6.2).
+"""Uncollapsed online learning (OnlineELBO, the online ELBO of Bui et al. (2017)) for counts and multidimensional inputs,
+thesis §4.6 (Chen et al. (2025), OHSVGP): the COVID-style death counts (Negative Binomial) and continual UCI regression
+(§4.6.2).
 
 Used by :mod:`gpytorch_hippo.experiments.online` for the data sets whose likelihood is not
 Gaussian or whose inputs are not times. Methods, all one ``ApproximateGP`` with

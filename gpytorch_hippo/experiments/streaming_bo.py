@@ -11,7 +11,7 @@ maximised over ``(β, γ)`` at the next hour ``t``. Regret at step ``t`` is
 Surrogates (each sees the same first ``--init`` random observations):
 
 * ``ohsgpr``: :class:`~gpytorch_hippo.botorch.OnlineGPModel` with multidimensional HiPPO-LegS
-  inducing variables (the ordered path of all inputs, thesis §4.4) -- one online update per step;
+  inducing variables (the ordered path of all inputs, thesis §4.4; Chen et al. (2025), OHSVGP) -- one online update per step;
 * ``osgpr``: the same model with ``M`` inducing points at the latest ``M`` inputs (a sliding
   window, replaced before every update) -- one online update per step;
 * ``exact``: BoTorch's ``SingleTaskGP`` on all data, refitted every step (warm-started);

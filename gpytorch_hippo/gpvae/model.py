@@ -126,7 +126,7 @@ class SVGPVAETerms(NamedTuple):
 
 
 def _mlp(in_dim: int, hidden_dim: int, out_dim: int) -> torch.nn.Sequential:
-    """The thesis's two-layer MLP (§4.6.3)."""
+    r"""The thesis's two-layer MLP (§4.6.3): :math:`x \mapsto W_3 \tanh(W_2 \tanh(W_1 x + b_1) + b_2) + b_3`."""
     return torch.nn.Sequential(
         torch.nn.Linear(in_dim, hidden_dim),
         torch.nn.Tanh(),

@@ -69,7 +69,8 @@ def _span(ivars) -> tuple[float, float]:
 
 
 class QuadratureBackend:
-    """Composite Gauss-Legendre quadrature in time of ``Kuf`` and the double integral ``Kuu`` (thesis eq. (4.11))."""
+    r"""Composite Gauss-Legendre quadrature in time of ``Kuf`` and the double integral ``Kuu`` (thesis eq. (4.11),
+    :math:`[K_{uu}^{(t)}]_{lm} = \iint k(x, x') \phi_l^{(t)}(x) \phi_m^{(t)}(x') \mathrm{d}x \mathrm{d}x'`)."""
 
     name = "quadrature"
 
@@ -450,7 +451,7 @@ class RecurrenceBackend:
 
 
 class PathBackend:
-    """Random-feature memory along the ordered path of multidimensional inputs (thesis §4.4).
+    """Random-feature memory along the ordered path of multidimensional inputs (thesis §4.4; Chen et al. (2025), OHSVGP).
 
     :param features: the kind of :class:`FourierFeatures`, ``"random"`` or ``"quadrature"``.
     """

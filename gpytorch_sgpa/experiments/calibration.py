@@ -631,7 +631,7 @@ class _Runner:
         return self._corrupted[key]
 
     def _shift_rows(self, method: str, seed: int, predict) -> list[dict]:
-        """Accuracy, NLL and ECE of ``predict`` on every corrupted test set (thesis §3.5.2)."""
+        """Accuracy, NLL and ECE of ``predict`` on every corrupted test set (thesis §3.5.2; CIFAR10-C of Hendrycks & Dietterich (2019))."""
         rows = []
         for corruption in CORRUPTIONS:
             for severity in SEVERITIES:
@@ -793,7 +793,7 @@ def format_shift_table(shift_rows, column: str = "ece") -> str:
 
 
 def plot_shift(shift_rows, path: Path) -> None:
-    """Accuracy, NLL and ECE vs severity per method (thesis Fig. 3.3 style): the line is the mean
+    """Accuracy, NLL and ECE vs severity per method (in the style of thesis Figs. 3.5 and 3.6; Chen & Li (2023)): the line is the mean
     over corruptions and seeds, the band the range of the per-corruption means.
 
     :param shift_rows: the rows of the corrupted test sets (columns :data:`SHIFT_COLUMNS`).
@@ -921,7 +921,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help=f"multiplier of the (weighted) KL in the ELBO (default {defaults.beta}; with "
-        "--kl-weighting decomposed, beta = 1 is the exact ELBO of eq. elbo per sequence)",
+        "--kl-weighting decomposed, beta = 1 is the exact ELBO of thesis eq. (3.18) per sequence: "
+        "E_q[log p(Y | F^L)] minus the KL terms of every layer and head)",
     )
     parser.add_argument(
         "--kl-weighting",

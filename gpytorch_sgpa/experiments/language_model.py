@@ -1,4 +1,4 @@
-"""Next-word prediction with causal SGPA decoders vs maximum-likelihood attention (thesis §3.6 future work).
+"""Next-word prediction with causal SGPA decoders vs maximum-likelihood attention (thesis §3.7, future work).
 
 The thesis evaluates SGPA on classification only and names decoder-based SGPA as future work. This
 runner trains word-level language models (:class:`~gpytorch_sgpa.transformer.SGPADecoder`) on the

@@ -1,4 +1,4 @@
-"""HVAE with a fixed heat-equation encoder vs a learnable encoder (thesis §5.2.1, Table 5.1).
+"""HVAE with a fixed heat-equation encoder vs a learnable encoder (thesis §5.2.1, Table 5.1; Chen et al. (2025), pseudo videos).
 
 ``python -m pseudovideo.experiments.hvae --dataset mnist --latents 18 --seeds S --out DIR [--quick]``
 

@@ -104,7 +104,12 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4, help="tokenizer encoder (and decoder) depth")
     parser.add_argument("--code-dim", type=int, default=16)
     parser.add_argument("--codebook-size", type=int, default=1024)
-    parser.add_argument("--beta", type=float, default=0.25, help="commitment weight of eq. vqvae_loss")
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=0.25,
+        help="commitment weight beta of thesis eq. (5.6), the term beta ||f(x) - sg(e_k)||² of the VQ-VAE loss (van den Oord et al. 2017)",
+    )
     parser.add_argument("--prior-steps", type=int, default=400)
     parser.add_argument("--prior-dim", type=int, default=48)
     parser.add_argument("--prior-layers", type=int, default=4)
@@ -178,7 +183,7 @@ def last_frame(videos: torch.Tensor, frames: int) -> torch.Tensor:
 
 
 def optimise(model, next_batch, batch_loss, steps, args, description, generator, seed, loss="forward"):
-    """Adam with cosine learning-rate decay (App. D) for ``steps`` steps through accelerate
+    """Adam with cosine learning-rate decay (thesis App. D.2; Chen et al. (2025), pseudo videos) for ``steps`` steps through accelerate
     (:func:`pseudovideo.experiments.accelerated.train`, data-parallel when launched on several
     processes); returns the seconds taken and whether this is the main process.
 

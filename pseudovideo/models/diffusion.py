@@ -241,7 +241,8 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
     def training_loss(
         self, videos: torch.Tensor, generator: torch.Generator | None = None, draws: TrainingDraws | None = None
     ) -> torch.Tensor:
-        """Mean squared error of the UNet's prediction on latent slots (thesis eq. (5.2) for ``"epsilon"``).
+        r"""Mean squared error of the UNet's prediction on latent slots (thesis eq. (5.2) for ``"epsilon"``: the simplified
+        loss :math:`\lVert \epsilon - \epsilon_\theta(z_t, t) \rVert^2` of Ho et al. (2020)).
 
         ``videos`` ``(B, T, C, H, W)``: pseudo videos of images in ``[-1, 1]``. The target is the noise
         ``eps``, the clean frames, or ``v`` by ``prediction_type``. ``draws`` (:meth:`training_draws`)

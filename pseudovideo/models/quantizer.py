@@ -46,7 +46,9 @@ class QuantizerOutput(NamedTuple):
 
     quantized: torch.Tensor  # (..., dim): e_k in value, straight-through gradient to the features
     indices: torch.Tensor  # (...,) int64 codes
-    loss: torch.Tensor  # codebook + beta * commitment (eq. vqvae_loss without the likelihood term)
+    # codebook + beta * commitment, ||sg(f(x)) - e_k||² + beta ||f(x) - sg(e_k)||²
+    # (thesis eq. (5.6), the VQ-VAE loss of van den Oord et al. (2017), without the likelihood term)
+    loss: torch.Tensor
     perplexity: torch.Tensor  # exp(entropy of the codes' empirical frequencies): 1 = collapse, K = uniform
 
 

@@ -46,7 +46,9 @@ class TokenizerOutput(NamedTuple):
 
     reconstruction: torch.Tensor  # same shape as the input
     tokens: torch.Tensor  # int64, shape (B, *token_shape)
-    loss: torch.Tensor  # reconstruction_loss + vq_loss (eq. vqvae_loss)
+    # reconstruction_loss + vq_loss: the VQ-VAE loss of van den Oord et al. (2017), thesis eq. (5.6),
+    # -log p(x | k) + ||sg(f(x)) - e_k||² + beta ||f(x) - sg(e_k)||²
+    loss: torch.Tensor
     reconstruction_loss: torch.Tensor  # pixel MSE (Gaussian negative log-likelihood up to constants)
     vq_loss: torch.Tensor  # codebook + beta * commitment
     perplexity: torch.Tensor  # codebook usage in this batch
@@ -186,7 +188,9 @@ class VideoTokenizer(nn.Module):
         return self.quantizer.codebook_size
 
     def forward(self, videos: torch.Tensor) -> TokenizerOutput:
-        """Encode, quantise and decode ``videos``; the loss is thesis eq. (5.6) with a Gaussian likelihood.
+        r"""Encode, quantise and decode ``videos``; the loss is thesis eq. (5.6), the VQ-VAE loss of van den Oord et al. (2017),
+        :math:`-\log p(x \mid k) + \lVert \mathrm{sg}(f(x)) - e_k \rVert^2 + \beta \lVert f(x) - \mathrm{sg}(e_k) \rVert^2`,
+        with a Gaussian likelihood.
 
         :param videos: ``(B, T, C, H, W)`` videos (``(B, C, H, W)`` images for :class:`ImageTokenizer`), in ``[-1, 1]``.
         """
@@ -203,7 +207,8 @@ class VideoTokenizer(nn.Module):
         )
 
     def encode(self, videos: torch.Tensor) -> torch.Tensor:
-        """The int64 tokens ``(B, *token_shape)`` of ``videos`` (thesis eq. (5.5), nearest codes); the codebook is not updated.
+        r"""The int64 tokens ``(B, *token_shape)`` of ``videos`` (thesis eq. (5.5), nearest codes
+        :math:`k = \arg\min_i \lVert f(x) - e_i \rVert`); the codebook is not updated.
 
         :param videos: ``(B, T, C, H, W)`` videos (``(B, C, H, W)`` images for :class:`ImageTokenizer`), in ``[-1, 1]``.
         """

@@ -8,6 +8,7 @@ import torch
 from botorch.acquisition import LogExpectedImprovement, UpperConfidenceBound, qKnowledgeGradient
 from botorch.acquisition.logei import qLogNoisyExpectedImprovement
 from botorch.exceptions.errors import BotorchTensorDimensionError
+from botorch.exceptions.warnings import InputDataWarning
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize, Standardize
@@ -265,7 +266,8 @@ def test_state_dict_reload_and_float32():
     torch.testing.assert_close(fresh.posterior(test).mean, model.posterior(test).mean)
     torch.testing.assert_close(fresh.posterior(test).variance, model.posterior(test).variance)
     # the same model (same jitter) in float32: round-off only
-    single, _ = fixed_model(InducingPoints(x[:6].float(), learn=False, jitter=1e-4), x.float()[:8], y.float()[:8])
+    with pytest.warns(InputDataWarning, match="float32"):  # BoTorch's advice, given as SingleTaskGP gives it
+        single, _ = fixed_model(InducingPoints(x[:6].float(), learn=False, jitter=1e-4), x.float()[:8], y.float()[:8])
     single = single.condition_on_observations(x.float()[8:], y.float()[8:])
     mean32 = single.posterior(test.float()).mean
     assert mean32.dtype == torch.float32

@@ -64,6 +64,9 @@ def assert_same_posterior(multi, singles, X, **kwargs):
     assert covariance[..., 0, :, 1, :].abs().max() < 1e-12 and covariance[..., 0, :, 0, :].abs().max() > 1e-6
 
 
+# L-BFGS-B may stop ABNORMAL on a refit (BoTorch warns); the multi-output model and the single ones fit alike, so
+# they stay equal either way
+@pytest.mark.filterwarnings("ignore:`scipy_minimize` terminated:botorch.exceptions.warnings.OptimizationWarning")
 @pytest.mark.parametrize("kind", ["points", "hippo"])
 def test_equals_independent_single_output_models_through_a_stream(kind):
     multi, singles = multi_and_singles(kind, refit_every=2)

@@ -74,6 +74,13 @@ class TestWhitenedPoints(VariationalTestCase, unittest.TestCase):
             super().test_fantasy_call(*args, **kwargs)
 
 
+# The unwhitened strategy factorises K_uu of the test case's random inducing points, which needs linear_operator's
+# jitter with the Cholesky distribution: 12 NumericalWarnings, as GPyTorch's own UnwhitenedVariationalStrategy
+# gives in this test case (0 with its other distributions, and whitened, as ours)
+UNWHITENED_JITTER = pytest.mark.filterwarnings("ignore:A not p.d., added jitter:gpytorch.utils.warnings.NumericalWarning")
+
+
+@UNWHITENED_JITTER
 class TestUnwhitenedPoints(TestWhitenedPoints):
     @property
     def strategy_cls(self):
@@ -105,7 +112,7 @@ for _base in (TestWhitenedPoints, TestUnwhitenedPoints):
 del _base, _distribution, _mll, _class
 
 
-@pytest.mark.parametrize("whitened", [True, False])
+@pytest.mark.parametrize("whitened", [True, pytest.param(False, marks=UNWHITENED_JITTER)])
 def test_fantasy_model_equals_gpytorchs(whitened):
     torch.manual_seed(0)
     Z, X = torch.rand(10, 1, dtype=torch.float64), torch.rand(6, 1, dtype=torch.float64)

@@ -1,6 +1,6 @@
 """SGPA layers against independent references (float64).
 
-References: hand-coded kernels; eq. ``dsgp_predictive`` / ``odsvgp`` written out with explicit
+References: hand-coded kernels; eqs. (3.14) and (3.15) (the decoupled SVGP predictive, Chen & Li 2023) written out with explicit
 inverses; GPyTorch's ``UnwhitenedVariationalStrategy`` (an SVGP with a Cholesky variational
 distribution) over the inducing set the thesis derives each SGPA variant from; and
 ``torch.distributions.kl_divergence`` between the implied Gaussians ``q(u)`` and ``p(u)``.
@@ -263,8 +263,8 @@ def test_decoupled_orthogonal_equals_eq_dsgp_predictive_by_hand(kernel, whitened
     ],
 )
 def test_decoupled_equals_gpytorch_svgp_over_global_and_amortised_keys(variant, kernel, share_covariance, whitened):
-    """Eq. odsvgp / naivedsvgp are the SVGP posterior with Z = (k_g, k_a) and the structured q(u)
-    of eq. odsvgp (orthogonal: m_u = (K_gg v_g, K_ag v_g + B v_a)) or m_u = K_Za v_a (dsvgp), with
+    """Eq. (3.15) and the naive decoupled SVGP of App. B are the SVGP posterior with Z = (k_g, k_a) and the structured q(u)
+    of eq. (3.15) (orthogonal: m_u = (K_gg v_g, K_ag v_g + B v_a)) or m_u = K_Za v_a (dsvgp), with
     S_u = [[S_g, S_g C^T], [C S_g, B + C S_g C^T]], C = K_ag K_gg^-1, B = K_aa - C K_ga.  The layer's
     KL must equal KL(q(u) || N(0, K_ZZ)) (App. B.1.2); whitened, S_g = L C C^T L^T."""
     layer = _layer(variant=variant, kernel=kernel, share_covariance=share_covariance, whitened=whitened)

@@ -19,6 +19,9 @@ needs_peft = pytest.mark.skipif(
     reason='needs peft and transformers: pip install "probseq[zoo]"',
 )
 
+# peft reads transformers' deprecated is_gradient_checkpointing alias when it wraps a model (peft's call, not ours)
+pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
 LAYERS = ("bert.encoder.layer.0.attention.self.attention", "bert.encoder.layer.1.attention.self.attention")
 
 

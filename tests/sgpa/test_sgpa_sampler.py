@@ -70,7 +70,7 @@ def test_decomposed_sample_equals_the_formula_by_hand(variant, share_covariance,
     expected = post.mean + global_part + residual.sqrt().unsqueeze(-1) * noise.local
     torch.testing.assert_close(_heads(out), expected, **TIGHT)
     torch.testing.assert_close(kl, post.kl.mean(), **TIGHT)
-    # the marginal variances are those of eq. odsvgp: residual + diag(A S_d Aᵀ)
+    # the marginal variances are those of eq. (3.15): residual + diag(A S_d Aᵀ)
     s = cov_factor @ cov_factor.transpose(-2, -1)
     global_var = torch.einsum("bhlm,hdmn,bhln->bhld", a, s, a)
     torch.testing.assert_close(post.variance, residual.unsqueeze(-1) + global_var, **TIGHT)
@@ -79,7 +79,7 @@ def test_decomposed_sample_equals_the_formula_by_hand(variant, share_covariance,
 @pytest.mark.parametrize("variant", ["orthogonal", "dsvgp"])
 def test_decomposed_samples_have_exact_marginals_and_global_cross_covariance(variant):
     """Monte Carlo, every head and output dimension (one S_g per dimension): mean = m_d, variance =
-    Σ_d(q, q) of eq. odsvgp, covariance between positions = (A S_d Aᵀ)(q, q')."""
+    Σ_d(q, q) of eq. (3.15), covariance between positions = (A S_d Aᵀ)(q, q')."""
     layer = _identity_output(_layer(variant=variant, sampler="decomposed"))
     x = _inputs(batch=1).expand(NUM_SAMPLES, LENGTH, D_MODEL)
     torch.manual_seed(3)
