@@ -3,7 +3,7 @@
 1. Streams a year of daily solar irradiance (pvlib's TMY3 file) through LegS, LegT, LagT and FouT
    memories, prints the reconstruction error at ``t = T/2`` and ``t = T`` over the whole history
    and over the last ``window`` days, and saves a figure like the thesis's HiPPO figure
-   (fig. ``hippo_deterministic``): basis functions, memory state over time, reconstructions.
+   (Fig. 2.2: HiPPO-LegS of a toy series, Gu et al. (2020)): basis functions, memory state over time, reconstructions.
 2. Learns the same series online in 10 tasks (each seen once) with OHSGPR (LegS inducing
    variables) against OSGPR (inducing points re-drawn from old points and new inputs, then trained),
    OVC (pivoted-Cholesky points) and OVFF (Fourier features), with ``M = 20`` inducing variables:

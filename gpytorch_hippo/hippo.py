@@ -1,7 +1,7 @@
 r"""HiPPO recurrent memory (thesis §2.1.2 and Appendix A).
 
-A memory state ``c(t) in R^M`` holds the coefficients of the optimal projection of a signal's
-history onto time-varying bases ``g_m^{(t)}`` orthonormal under a measure ``omega^{(t)}``
+A memory state :math:`c(t) \in \mathbb{R}^M` holds the coefficients of the optimal projection of a signal's
+history onto time-varying bases :math:`g_m^{(t)}` orthonormal under a measure :math:`\omega^{(t)}`
 (thesis eqs. (2.6), (2.7)).  It evolves by the linear ODE of thesis eq. (2.10),
 
 .. math::
@@ -10,7 +10,7 @@ history onto time-varying bases ``g_m^{(t)}`` orthonormal under a measure ``omeg
     \qquad
     \frac{\mathrm{d}}{\mathrm{d}t} c(t) = A(t)\, c(t) + B(t)\, f(t),
 
-which is discretised here into the recurrence ``c_k = Abar_k c_{k-1} + P_k f_{k-1} + Q_k f_k``.
+which is discretised here into the recurrence :math:`c_k = \bar A_k c_{k-1} + P_k f_{k-1} + Q_k f_k`.
 For LegS (thesis eqs. (2.14), (2.15)),
 
 .. math::
@@ -21,27 +21,27 @@ For LegS (thesis eqs. (2.14), (2.15)),
 
 Measures (``transition`` returns the matrices of the ODE exactly as written below):
 
-* ``"legs"``  uniform on ``[0, t]``, scaled Legendre; ``A(t) = A/t``, ``B(t) = B/t``
+* ``"legs"``  uniform on :math:`[0, t]`, scaled Legendre; :math:`A(t) = A/t`, :math:`B(t) = B/t`
   (thesis eqs. (2.14), (2.15)).  Keeps the whole history.
-* ``"legt"``  uniform on the window ``[t - theta, t]``, Legendre; ``A = -A_legt/theta``,
-  ``B = sqrt(2m+1)/theta`` (App. A).  The ODE replaces the value leaving the window,
-  ``f(t - theta)``, by its reconstruction from the memory, so it only approximates the exact
+* ``"legt"``  uniform on the window :math:`[t - \theta, t]`, Legendre; :math:`A = -A_{\mathrm{legt}}/\theta`,
+  :math:`B = \sqrt{2m+1}/\theta` (App. A).  The ODE replaces the value leaving the window,
+  :math:`f(t - \theta)`, by its reconstruction from the memory, so it only approximates the exact
   window projection.
-* ``"lagt"``  exponential decay ``exp(-(t-x)/theta)/theta`` on ``(-inf, t]``, Laguerre basis
-  ``L_m((t-x)/theta)``; ``A = -[m >= k]/theta``, ``B = 1/theta`` (App. A, which is the case
-  ``theta = 1``).  Exact: no approximation in the ODE.
+* ``"lagt"``  exponential decay :math:`e^{-(t-x)/\theta}/\theta` on :math:`(-\infty, t]`, Laguerre basis
+  :math:`L_m((t-x)/\theta)`; :math:`A = -[m \ge k]/\theta`, :math:`B = 1/\theta` (App. A, which is the case
+  :math:`\theta = 1`).  Exact: no approximation in the ODE.
 * ``"fout"``  uniform on the window, Fourier basis.  The thesis writes it with complex
-  ``exp(2 pi i m (t-x)/theta)``.  We use the equivalent real orthonormal basis
-  ``[1, sqrt2 cos(2 pi s/theta), sqrt2 sin(2 pi s/theta), sqrt2 cos(4 pi s/theta), ...]`` with
-  ``s = t - x``.  The thesis's complex coefficient ``z_m`` is ``(c_{2m-1} + i c_{2m}) / sqrt2``
-  (``z_0 = c_0``, ``z_{-m} = conj(z_m)`` for a real signal), and the real ODE is exactly the
-  thesis's ``A``, ``B`` on the frequencies ``m = -K..K``; ``M = 2K + 1`` must therefore be odd.
-  (Truncating to ``m = 0..M-1`` instead, as written in App. A, would reconstruct the value leaving
-  the window by a complex number.)  Like LegT, the ODE approximates ``f(t - theta)``.
+  :math:`e^{2\pi i m (t-x)/\theta}`.  We use the equivalent real orthonormal basis
+  :math:`[1, \sqrt{2}\cos(2\pi s/\theta), \sqrt{2}\sin(2\pi s/\theta), \sqrt{2}\cos(4\pi s/\theta), \dots]` with
+  :math:`s = t - x`.  The thesis's complex coefficient :math:`z_m` is :math:`(c_{2m-1} + i c_{2m}) / \sqrt{2}`
+  (:math:`z_0 = c_0`, :math:`z_{-m} = \overline{z_m}` for a real signal), and the real ODE is exactly the
+  thesis's :math:`A`, :math:`B` on the frequencies :math:`m = -K, \dots, K`; :math:`M = 2K + 1` must therefore be odd.
+  (Truncating to :math:`m = 0, \dots, M-1` instead, as written in App. A, would reconstruct the value leaving
+  the window by a complex number.)  Like LegT, the ODE approximates :math:`f(t - \theta)`.
 
 The signal is taken to be zero before the stream starts, except for LegS, whose measure starts
-at ``x = 0``: there the state at the first sample ``t_0`` is ``f_0 e_0`` (the ``t -> 0`` limit of
-the projection; for ``t_0 > 0`` it means ``f`` is held at ``f_0`` on ``[0, t_0]``).
+at :math:`x = 0`: there the state at the first sample :math:`t_0` is :math:`f_0 e_0` (the :math:`t \to 0` limit of
+the projection; for :math:`t_0 > 0` it means :math:`f` is held at :math:`f_0` on :math:`[0, t_0]`).
 """
 
 from __future__ import annotations
@@ -354,16 +354,16 @@ class HiPPO(nn.Module):
     Each step from :math:`t_{k-1}` to :math:`t_k` (:math:`h = t_k - t_{k-1}`, non-uniform allowed) is
     :math:`c_k = \bar A_k c_{k-1} + P_k f_{k-1} + Q_k f_k`:
 
-    * ``forward_euler``: ``Abar = I + h A(t_{k-1})``, ``P = h B(t_{k-1})``, ``Q = 0`` (first order);
-    * ``backward_euler``: ``Abar = (I - h A(t_k))^{-1}``, ``P = 0``, ``Q = Abar h B(t_k)`` (first order);
+    * ``forward_euler``: :math:`\bar A = I + h A(t_{k-1})`, :math:`P = h B(t_{k-1})`, :math:`Q = 0` (first order);
+    * ``backward_euler``: :math:`\bar A = (I - h A(t_k))^{-1}`, :math:`P = 0`, :math:`Q = \bar A h B(t_k)` (first order);
     * ``bilinear``: the trapezoidal rule on the ODE, both samples used (second order);
-    * ``zoh``: the exact flow of the homogeneous ODE (for LegS ``(t_k/t_{k-1})^A``, exact because
-      ``A(t) = A/t`` is time-invariant in ``log t``) with the input held at the mean of the two
+    * ``zoh``: the exact flow of the homogeneous ODE (for LegS :math:`(t_k/t_{k-1})^A`, exact because
+      :math:`A(t) = A/t` is time-invariant in :math:`\log t`) with the input held at the mean of the two
       samples bounding the step (second order for samples of a smooth signal).
 
-    LegS's ``A/t`` is singular at ``t = 0``.  A step leaving ``t = 0`` forgets the state, as the
-    exact flow does (``(t/0)^A = 0``), and sets the exact projection of the linear interpolant of
-    ``f_0, f_1`` on ``[0, t_1]``; no division by zero occurs.  Forward Euler on LegS is unstable for
+    LegS's :math:`A/t` is singular at :math:`t = 0`.  A step leaving :math:`t = 0` forgets the state, as the
+    exact flow does (:math:`(t/0)^A = 0`), and sets the exact projection of the linear interpolant of
+    :math:`f_0, f_1` on :math:`[0, t_1]`; no division by zero occurs.  Forward Euler on LegS is unstable for
     steps :math:`h > 2t/M` (the HiPPO paper's observation), so use it only with small ``M``.
 
     :param measure: one of :data:`MEASURES`: ``"legs"``, ``"legt"``, ``"lagt"``, ``"fout"`` (module docstring).

@@ -1,7 +1,7 @@
-"""Predictive metrics of the online-learning experiments (thesis §4.6, "Evaluations & metrics").
+r"""Predictive metrics of the online-learning experiments (thesis §4.6, "Evaluations & metrics").
 
 ``nlpd`` and ``rmse`` are the thesis's NLPD/RMSE; ``interval_ece`` is its interval calibration
-error from predictive samples (10 central intervals ``c_k = 0.05, 0.15, ..., 0.95``, empirical
+error from predictive samples (10 central intervals :math:`c_k = 0.05, 0.15, \dots, 0.95`, empirical
 quantiles of ``S`` samples per test point).
 """
 

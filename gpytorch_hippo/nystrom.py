@@ -1,4 +1,4 @@
-"""The Nyström residual ``k(x, x) - Kfu Kuu⁻¹ Kuf`` of a sparse GP, checked rather than clamped."""
+r"""The Nyström residual :math:`k(x, x) - K_{fu} K_{uu}^{-1} K_{uf}` of a sparse GP, checked rather than clamped."""
 
 from __future__ import annotations
 

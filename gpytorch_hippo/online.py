@@ -1,17 +1,18 @@
-"""Online sparse GPs (Bui, Nguyen & Turner 2017), thesis §4.2.2.
+r"""Online sparse GPs (Bui, Nguyen & Turner 2017), thesis §4.2.2.
 
 Two objectives, both working with any :class:`~gpytorch_hippo.inducing.InducingVariables`:
 
 * :class:`OnlineSGPR` -- Gaussian likelihood, collapsed online bound with the closed-form optimal
-  ``q(u)``. With HiPPO inducing variables this is OHSGPR, with inducing points OSGPR.
+  :math:`q(u)`. With HiPPO inducing variables this is OHSGPR, with inducing points OSGPR.
 * :class:`OnlineELBO` -- any likelihood, uncollapsed online ELBO (thesis eq. (4.6))
   for a GPyTorch ``ApproximateGP`` with
   :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`: OHSVGP / OSVGP.
 
-Notation: ``a`` are the old inducing variables (end of the previous task, old hyperparameters
-``θ'``), ``b`` the current ones, ``q_old(a) = N(m_a, S_a)``, ``p_old(a) = N(μ'_a, K'_aa)``.
+Notation: :math:`a` are the old inducing variables (end of the previous task, old hyperparameters
+:math:`\theta'`), :math:`b` the current ones, :math:`q_{\mathrm{old}}(a) = \mathcal{N}(m_a, S_a)`,
+:math:`p_{\mathrm{old}}(a) = \mathcal{N}(\mu'_a, K'_{aa})`.
 Old data are never revisited: a task only touches its own data and the stored summary
-``(q_old(a), K'_aa, a)``.
+:math:`(q_{\mathrm{old}}(a), K'_{aa}, a)`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,20 @@
-"""Pseudo-time orders for inputs without a natural order (thesis §4.4).
+r"""Pseudo-time orders for inputs without a natural order (thesis §4.4).
 
-HiPPO inducing variables for multidimensional inputs integrate along a path ``x(s)`` through input
-space: the ``i``-th input of a task is placed at time ``i Δt`` (thesis eq. (4.18)).
+HiPPO inducing variables for multidimensional inputs integrate along a path :math:`x(s)` through input
+space: the :math:`i`-th input of a task is placed at time :math:`i\, \Delta t` (thesis eq. (4.18)).
 When the data of a task has no time order (continual learning on i.i.d. inputs) one must be made
 up, and the quality of OHSVGP depends on it (thesis Fig. 4.2).
 :func:`order_inputs` implements the criteria of the thesis:
 
 * ``"random"`` (OHSVGP-rand): a random permutation;
 * ``"kernel_max"`` (OHSVGP-k-max): greedy kernel-similarity maximisation,
-  ``x_1 = argmax_x k(x, 0)``, ``x_i = argmax_{x not yet chosen} k(x, x_{i-1})``: consecutive
-  inputs are close, so the signal the memory has to compress is smooth;
-* ``"kernel_min"`` (OHSVGP-k-min): the same with ``argmin`` (a deliberately bad order);
+  :math:`x_1 = \operatorname{argmax}_x k(x, 0)`, :math:`x_i = \operatorname{argmax}_{x \text{ not yet chosen}} k(x, x_{i-1})`:
+  consecutive inputs are close, so the signal the memory has to compress is smooth;
+* ``"kernel_min"`` (OHSVGP-k-min): the same with :math:`\operatorname{argmin}` (a deliberately bad order);
 * a callable ``key`` mapping inputs to scores, sorted in increasing order (e.g. the "oracle"
   order of a known time stamp or of a coordinate).
 
-The thesis defines the first point of the *first* task with respect to the origin ``0``. To
+The thesis defines the first point of the *first* task with respect to the origin :math:`0`. To
 continue the greedy path across tasks pass ``start=`` the last input of the previous task (in its
 order); with ``start=None`` the origin is used, as in the thesis.
 """

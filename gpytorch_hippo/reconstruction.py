@@ -1,22 +1,22 @@
 r"""Finite-basis reconstruction of the posterior OHSGPR / OHSVGP (thesis App. C.2).
 
-If ``f ~ q_t(f)`` is the posterior of a sparse GP with HiPPO inducing variables
-``u_m^{(t)} = ∫ f(x) φ_m^{(t)}(x) dx``, ``φ_m^{(t)} = g_m^{(t)} ω^{(t)}``, then the HiPPO
-coefficients of ``f`` are distributed exactly as ``q(u^{(t)}) = N(m_u, S_u)`` (App. C). Truncating
-the expansion of ``f`` in the orthonormal bases gives the finite-basis approximation of the
+If :math:`f \sim q_t(f)` is the posterior of a sparse GP with HiPPO inducing variables
+:math:`u_m^{(t)} = \int f(x)\, \phi_m^{(t)}(x)\, \mathrm{d}x`, :math:`\phi_m^{(t)} = g_m^{(t)} \omega^{(t)}`, then the HiPPO
+coefficients of :math:`f` are distributed exactly as :math:`q(u^{(t)}) = \mathcal{N}(m_u, S_u)` (App. C). Truncating
+the expansion of :math:`f` in the orthonormal bases gives the finite-basis approximation of the
 posterior (thesis §4.3, Fig. 4.1):
 
 .. math::
     f(x) \approx \sum_{m=1}^M u_m^{(t)} g_m^{(t)}(x), \qquad u^{(t)} \sim q(u^{(t)}),
 
-i.e. with ``G = [g_m^{(t)}(x_n)]_{nm}`` the reconstruction at inputs ``x`` is Gaussian with mean
-``G m_u`` and covariance ``G S_u G^T``. The approximation is meaningful on the support of the
-measure ``ω^{(t)}`` (``[0, t]`` for LegS).
+i.e. with :math:`G = [g_m^{(t)}(x_n)]_{nm}` the reconstruction at inputs :math:`x` is Gaussian with mean
+:math:`G m_u` and covariance :math:`G S_u G^\top`. The approximation is meaningful on the support of the
+measure :math:`\omega^{(t)}` (:math:`[0, t]` for LegS).
 
-Inducing variables project the centred process ``f - m`` (see
+Inducing variables project the centred process :math:`f - m` (see
 :class:`~gpytorch_hippo.inducing.InducingVariables`, "Prior mean"): when their ``prior_mean`` is
-``None`` (zero) the model's mean function ``m(x)`` is added back to the reconstruction; otherwise
-``u`` already includes it.
+``None`` (zero) the model's mean function :math:`m(x)` is added back to the reconstruction; otherwise
+:math:`u` already includes it.
 """
 
 from __future__ import annotations

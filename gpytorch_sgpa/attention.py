@@ -3,13 +3,13 @@ r"""Multi-head attention layers: scaled dot-product, kernel, and sparse Gaussian
 Every layer has the call signature ``forward(x, key_padding_mask=None, global_inputs=None)`` and
 returns ``(output, kl)``:
 
-* ``x``: ``(batch, L, d_model)`` (the input ``s`` of the attention block, i.e. ``G_φ(F^{l-1})``);
+* ``x``: ``(batch, L, d_model)`` (the input ``s`` of the attention block, i.e. :math:`G_\phi(F^{l-1})`);
 * ``key_padding_mask``: optional bool ``(batch, L)``, ``True`` marks a padded position.  Padded
   positions never influence the outputs at the other positions nor the KL;
 * ``global_inputs``: only used by decoupled :class:`SGPAttention` (ignored elsewhere): the global
-  inducing inputs after the block's feature map, ``G_φ(Z_g)`` of thesis eq. (3.16), shaped
+  inducing inputs after the block's feature map, :math:`G_\phi(Z_g)` of thesis eq. (3.16), shaped
   ``(num_heads, num_global, d_model)``.  When omitted the layer's own parameter
-  ``global_inducing_inputs`` is used as is (``G_φ`` = identity);
+  ``global_inducing_inputs`` is used as is (:math:`G_\phi` = identity);
 * ``kl``: scalar tensor, the KL term of the layer averaged over the sequences of the batch and
   summed over heads and output dimensions (``0`` for the maximum-likelihood layers).
 

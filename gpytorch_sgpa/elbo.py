@@ -10,15 +10,15 @@ weighted KL, :math:`\mathrm{ELBO} = \mathrm{ELL} - w_t \, \mathrm{KL}_\mathrm{we
 where :math:`F^{L,(s)}` are the outputs of :math:`S` reparameterised forward passes through the
 :math:`L` layers and :math:`w_t = \beta \min(1, t / \mathrm{anneal\_steps})` after :math:`t` training updates
 (:math:`w_t = \beta` when ``anneal_steps = 0``).  The model's ``kl_total`` is the sum over layers and
-heads of the per-sequence KL averaged over the batch, ``KL_a + KL_g``: the amortised inducing
-variables are per sequence (``KL_a``, batch mean), the global ones are shared by all ``N``
-sequences (``KL_g``, the model's ``global_kl()``).  ``kl_weighting`` chooses ``KL_weighted``:
+heads of the per-sequence KL averaged over the batch, :math:`\mathrm{KL}_a + \mathrm{KL}_g`: the amortised inducing
+variables are per sequence (:math:`\mathrm{KL}_a`, batch mean), the global ones are shared by all :math:`N`
+sequences (:math:`\mathrm{KL}_g`, the model's ``global_kl()``).  ``kl_weighting`` chooses :math:`\mathrm{KL}_\mathrm{weighted}`:
 
-* ``"all-over-n"`` (default): ``(KL_a + KL_g) / N``, GPyTorch's ``VariationalELBO`` scaling
+* ``"all-over-n"`` (default): :math:`(\mathrm{KL}_a + \mathrm{KL}_g) / N`, GPyTorch's ``VariationalELBO`` scaling
   applied to all of it;
-* ``"decomposed"``: ``KL_a + KL_g / N``, the exact ELBO of the data set divided by ``N`` (eq.
+* ``"decomposed"``: :math:`\mathrm{KL}_a + \mathrm{KL}_g / N`, the exact ELBO of the data set divided by :math:`N` (eq.
   ``elbo`` summed over sequences, the global KL counted once);
-* ``"authors"``: ``KL_a + KL_g`` per sequence, as the authors' public code (used with annealing).
+* ``"authors"``: :math:`\mathrm{KL}_a + \mathrm{KL}_g` per sequence, as the authors' public code (used with annealing).
 
 Why ``"all-over-n"`` is the default: it is the only weighting that trained in every measured
 setting (docs/project_results.md).  With the amortised KL weighed by 1 (``"decomposed"``,

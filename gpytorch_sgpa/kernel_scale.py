@@ -1,22 +1,23 @@
 r"""The kernel's scale of a layer converted from softmax attention, chosen from the trained network's
 attention logits (``convert(..., calibration_inputs=...)``).
 
-Softmax attention weighs key ``j`` for query ``i`` by ``exp(s_ij) / Σ_j' exp(s_ij')`` with the logits
-``s_ij = (x_i W_qᵀ + b_q) · (x_j W_kᵀ + b_k) / √e`` of each head; a kernel layer by
-``σ_f² exp(a_ij)`` with ``a_ij = log k(q_i, q_j) / σ_f²``, e.g. ``-‖q_i - q_j‖² / (2ℓ²)`` (RBF) or
-``q_i · q_j / ℓ²`` (exponential).  Per head, on the calibration batch:
+Softmax attention weighs key :math:`j` for query :math:`i` by :math:`\exp(s_{ij}) / \sum_{j'} \exp(s_{ij'})` with the logits
+:math:`s_{ij} = (x_i W_q^\top + b_q) \cdot (x_j W_k^\top + b_k) / \sqrt{e}` of each head; a kernel layer by
+:math:`\sigma_f^2 \exp(a_{ij})` with :math:`a_{ij} = \log(k(q_i, q_j) / \sigma_f^2)`, e.g. :math:`-\|q_i - q_j\|^2 / (2\ell^2)` (RBF) or
+:math:`q_i \cdot q_j / \ell^2` (exponential).  Per head, on the calibration batch:
 
-* length scale: ``ℓ`` (every ARD dimension alike) such that the spread of the kernel's
+* length scale: :math:`\ell` (every ARD dimension alike) such that the spread of the kernel's
   log-weights over the keys equals that of the softmax logits,
-  ``mean_i std_j a_ij = mean_i std_j s_ij``; for RBF and exponential ``a`` scales as ``1/ℓ²``, so
-  ``ℓ² ← ℓ² · spread(a) / spread(s)`` is exact in one step (Matérn: repeated until it settles);
-* output scale: ``σ_f²`` such that a query's weights sum to 1 in geometric mean over the queries,
-  ``log σ_f² = -mean_i log Σ_j exp(a_ij)``, as softmax weights do.
+  :math:`\operatorname{mean}_i \operatorname{std}_j a_{ij} = \operatorname{mean}_i \operatorname{std}_j s_{ij}`; for RBF and
+  exponential :math:`a` scales as :math:`1/\ell^2`, so :math:`\ell^2 \leftarrow \ell^2 \cdot \operatorname{spread}(a) /
+  \operatorname{spread}(s)` is exact in one step (Matérn: repeated until it settles);
+* output scale: :math:`\sigma_f^2` such that a query's weights sum to 1 in geometric mean over the queries,
+  :math:`\log \sigma_f^2 = -\operatorname{mean}_i \log \sum_j \exp(a_{ij})`, as softmax weights do.
 
-Decoupled SGPA built from kernel attention: the global inducing inputs ``Z_g`` of each head are
+Decoupled SGPA built from kernel attention: the global inducing inputs :math:`Z_g` of each head are
 ``M`` tokens drawn without replacement from the layer's inputs on the batch (not padding), where
-the global keys then explain the queries' prior variance (``K_qg K_gg⁻¹ K_gq ≈ K_qq``); the
-posterior mean stays the kernel network's, as the mean gate is 0 whatever ``Z_g``.
+the global keys then explain the queries' prior variance (:math:`K_{qg} K_{gg}^{-1} K_{gq} \approx K_{qq}`); the
+posterior mean stays the kernel network's, as the mean gate is 0 whatever :math:`Z_g`.
 
 Layers are calibrated in the order the model calls them, each on the inputs it gets from the layers
 before it, already calibrated (one forward pass per layer, without gradients, in evaluation mode,

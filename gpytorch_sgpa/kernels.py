@@ -1,9 +1,9 @@
-"""Kernels for (sparse Gaussian process) attention.
+r"""Kernels for (sparse Gaussian process) attention.
 
 Thesis App. B.4 ("Detailed Experimental Setups and Hyperparameters"): kernel attention uses either the exponential kernel
-``k(x, x') = σ_f² exp(Σ_j x_j x'_j / σ_j²)`` (text tasks) or the ARD-RBF kernel
-``k(x, x') = σ_f² exp(-½ Σ_j (x_j - x'_j)² / σ_j²)`` (image tasks).  Both are GPyTorch kernels; the
-output scale ``σ_f²`` comes from :class:`gpytorch.kernels.ScaleKernel`.
+:math:`k(x, x') = \sigma_f^2 \exp(\sum_j x_j x'_j / \sigma_j^2)` (text tasks) or the ARD-RBF kernel
+:math:`k(x, x') = \sigma_f^2 \exp(-\frac{1}{2} \sum_j (x_j - x'_j)^2 / \sigma_j^2)` (image tasks).  Both are GPyTorch kernels; the
+output scale :math:`\sigma_f^2` comes from :class:`gpytorch.kernels.ScaleKernel`.
 
 Attention evaluates one kernel per head on tensors shaped ``(batch, heads, L, d)``.  The kernels
 built by :func:`make_attention_kernel` carry ``batch_shape=(heads,)`` so every head has its own
@@ -32,11 +32,11 @@ KERNEL_INITS = ("sdp", "authors")
 
 
 class ExponentialKernel(Kernel):
-    r"""Exponential (dot-product) kernel ``k(x, x') = exp(Σ_j x_j x'_j / σ_j²)``.
+    r"""Exponential (dot-product) kernel :math:`k(x, x') = \exp(\sum_j x_j x'_j / \sigma_j^2)`.
 
     The kernel of Tsai et al. (2019) used for kernel attention in the thesis (App. B.4).  The
-    lengthscales ``σ_j`` are GPyTorch lengthscales (ARD when ``ard_num_dims`` is given); wrap the
-    kernel in :class:`~gpytorch.kernels.ScaleKernel` for the output scale ``σ_f²``.  The kernel is
+    lengthscales :math:`\sigma_j` are GPyTorch lengthscales (ARD when ``ard_num_dims`` is given); wrap the
+    kernel in :class:`~gpytorch.kernels.ScaleKernel` for the output scale :math:`\sigma_f^2`.  The kernel is
     positive definite because it is the exponential of the linear kernel.
     """
 

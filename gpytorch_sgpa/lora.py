@@ -2,14 +2,14 @@ r"""LoRA (``peft``) on a converted model: which projections to adapt, SGPA's own
 and saved beside the adapter.
 
 :func:`~gpytorch_sgpa.convert` replaces a family's query, key and value projections by the layer's
-shared ``qk_proj`` (``W_qk``) and ``v_proj`` (``W_v``), so a ``LoraConfig`` naming the family's own
+shared ``qk_proj`` (:math:`W_{qk}`) and ``v_proj`` (:math:`W_v`), so a ``LoraConfig`` naming the family's own
 modules (``["query", "value"]`` for BERT) matches nothing; :func:`lora_target_modules` gives the
-names to target.  The global keys ``k_g = Z_g W_qk`` are ``qk_proj`` called on the global inducing
+names to target.  The global keys :math:`k_g = Z_g W_{qk}` are ``qk_proj`` called on the global inducing
 inputs (:meth:`~gpytorch_sgpa.attention.SGPAttention.global_keys`), so an adapter of ``qk_proj``
 moves them with the queries and ``merge_and_unload()`` keeps the model's function.
 
 ``peft`` freezes every parameter it does not add, and its ``modules_to_save`` names whole modules,
-while SGPA's variational parameters (``Z_g``, ``v_g``, ``C``, the mean gate) are parameters of the
+while SGPA's variational parameters (:math:`Z_g`, :math:`v_g`, :math:`C`, the mean gate) are parameters of the
 attention layer itself.  :func:`get_peft_model` therefore adds LoRA and makes the parameters of
 :func:`sgpa_parameter_names` trainable; :func:`save_adapter` writes the adapter with
 ``save_pretrained`` and those parameters beside it (``sgpa_parameters.safetensors``), and

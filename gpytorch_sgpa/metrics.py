@@ -1,4 +1,4 @@
-"""Predictive-performance and calibration metrics used in the SGPA experiments.
+r"""Predictive-performance and calibration metrics used in the SGPA experiments.
 
 Thesis chapter 3 (section "Experiments") evaluates classifiers by accuracy (or the Matthews
 correlation coefficient for CoLA), negative log-likelihood (a proper scoring rule, App. B.2.1),
@@ -6,7 +6,7 @@ expected and maximum calibration error with 15 equal-width confidence bins (App.
 Guo et al. 2017; top-label, :func:`calibration_errors`, and over all classes as the SGPA authors'
 published numbers, :func:`all_class_calibration_errors`), and out-of-distribution detection by the area under the ROC and precision-recall
 curves with predictive entropy as the score. Regression (App. B.3.2, ZINC) uses MAE, RMSE and the
-NLL of a Laplace likelihood ``g(y|f) = exp(-|y - f| / b) / (2b)``.
+NLL of a Laplace likelihood :math:`g(y \mid f) = \exp(-|y - f| / b) / (2b)`.
 
 All classification functions take predictive class probabilities ``probs`` of shape ``N x C`` (the
 Monte-Carlo average over posterior samples for Bayesian models) and integer ``labels`` of shape

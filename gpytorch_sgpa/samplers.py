@@ -1,17 +1,18 @@
-"""Samplers of an SGPA layer's head outputs: one reparameterised draw (thesis eq. (3.17)) from the
+r"""Samplers of an SGPA layer's head outputs: one reparameterised draw (thesis eq. (3.17)) from the
 posterior terms of the standard (thesis eq. (3.4)) or decoupled (thesis eq. (3.15)) posterior.
 
-* ``"diagonal"``: each position independently from its marginal ``N(m_d(q), Σ_d(q, q))`` (the
-  diagonalised covariance of the thesis's sampler, App. B.4); ``O(B H L e M²)`` for the marginal
-  variances with one ``S_g`` per output dimension, ``O(B H L M²)`` with ``share_covariance``;
-* ``"full"``: ``m + chol(Σ) ε``; standard: ``chol = L_S``; decoupled:
-  ``m + chol(K_qq - Q_qq) ε + A C_d ε_g`` with ``A = K_qg K_gg⁻¹``, ``Q_qq = A K_gg Aᵀ`` (one
-  ``L × L`` Cholesky per sequence and head, shared by the output dimensions),
-  ``O(B H (L³ + L² e + L M e + e M²))``;
-* ``"decomposed"`` (decoupled only): thesis eq. (3.15) written as ``Σ_d = (K_qq - Q_qq) + A S_g,d Aᵀ``;
-  ``f_d(q) = m_d(q) + A_q C_d ε_d + sqrt(k(q, q) - Q_qq(q, q)) ξ_{q,d}`` with ``ε_d ~ N(0, I_M)``
-  drawn once per sequence and ``ξ`` iid.  The marginals are exact (``ε`` and ``ξ`` independent);
-  the residual's off-diagonal is dropped.  ``O(B H (e M² + L M e))`` on top of the mean's solve.
+* ``"diagonal"``: each position independently from its marginal :math:`\mathcal{N}(m_d(q), \Sigma_d(q, q))` (the
+  diagonalised covariance of the thesis's sampler, App. B.4); :math:`O(B H L e M^2)` for the marginal
+  variances with one :math:`S_g` per output dimension, :math:`O(B H L M^2)` with ``share_covariance``;
+* ``"full"``: :math:`m + \operatorname{chol}(\Sigma)\, \varepsilon`; standard: :math:`\operatorname{chol} = L_S`; decoupled:
+  :math:`m + \operatorname{chol}(K_{qq} - Q_{qq})\, \varepsilon + A C_d \varepsilon_g` with :math:`A = K_{qg} K_{gg}^{-1}`,
+  :math:`Q_{qq} = A K_{gg} A^\top` (one ``L × L`` Cholesky per sequence and head, shared by the output dimensions),
+  :math:`O(B H (L^3 + L^2 e + L M e + e M^2))`;
+* ``"decomposed"`` (decoupled only): thesis eq. (3.15) written as :math:`\Sigma_d = (K_{qq} - Q_{qq}) + A S_{g,d} A^\top`;
+  :math:`f_d(q) = m_d(q) + A_q C_d \varepsilon_d + \sqrt{k(q, q) - Q_{qq}(q, q)}\, \xi_{q,d}` with
+  :math:`\varepsilon_d \sim \mathcal{N}(0, I_M)` drawn once per sequence and :math:`\xi` iid.  The marginals are exact
+  (:math:`\varepsilon` and :math:`\xi` independent); the residual's off-diagonal is dropped.
+  :math:`O(B H (e M^2 + L M e))` on top of the mean's solve.
 
 Variances are clamped below at the (relative) Cholesky jitter before square roots.  Each sampler
 is a function ``(terms, local_noise, jitter) -> sample`` of a :class:`PosteriorTerms`;

@@ -5,10 +5,10 @@ Chen & Li (2023): :math:`\mathbb{E}_q[\log p(Y \mid F^L)]` minus the KL terms of
 labels)`` of an :class:`~gpytorch_sgpa.elbo.SGPAELBO` (its ``beta``, ``"auto"`` included, its
 annealing and its ``kl_weighting``), with the same steps as a plain loop over the same batches:
 
-* **loss scale**: an optimizer step's loss is the negative ELBO of its whole batch, the ``G``
+* **loss scale**: an optimizer step's loss is the negative ELBO of its whole batch, the :math:`G`
   sequences of all its gradient-accumulation micro-batches on all processes.  ELL and KL terms are
-  batch means, so micro-batch ``i`` of ``n_i`` sequences on one of ``W`` data-parallel processes
-  enters with ``-W (n_i / G) elbo_i`` (data parallelism averages gradients over the ``W``
+  batch means, so micro-batch :math:`i` of :math:`n_i` sequences on one of :math:`W` data-parallel processes
+  enters with :math:`-W (n_i / G)\, \mathrm{elbo}_i` (data parallelism averages gradients over the :math:`W`
   processes); the sum is the step's negative ELBO exactly (the weighted KL is linear in the batch
   mean of the amortised KL; the global KL enters once);
 * **β**: with ``beta="auto"`` it is chosen at the first training step, from all of that step's
@@ -16,7 +16,7 @@ annealing and its ``kl_weighting``), with the same steps as a plain loop over th
   back), never from evaluation data;
 * **annealing**: the ELBO's counter is the number of optimizer steps (``state.global_step``), not
   of micro-batches;
-* **checkpoints**: ``β`` is saved beside each checkpoint (``sgpa_elbo.json``) and restored by
+* **checkpoints**: :math:`\beta` is saved beside each checkpoint (``sgpa_elbo.json``) and restored by
   ``train(resume_from_checkpoint=...)``, the counter from the restored step: a resumed run equals
   the uninterrupted one;
 * **evaluation** (``evaluate``, ``predict``, best-model selection): a deterministic prediction, by
@@ -26,7 +26,7 @@ annealing and its ``kl_weighting``), with the same steps as a plain loop over th
   training random state untouched).  The evaluation loss is the negative expected log-likelihood of
   that prediction per sequence, without the KL (which does not depend on held-out data);
 * **logs**: each training log adds ``kl`` (the last step's ``kl_divergence``), ``beta`` and
-  ``kl_weight`` (``w_t``).
+  ``kl_weight`` (:math:`w_t`).
 
 Causal language models (``Trainer``'s label shift) score ``logits[:, :-1]`` against
 ``labels[:, 1:]``.  ``Trainer`` needs ``accelerate`` (``pip install "probseq[zoo]"``).

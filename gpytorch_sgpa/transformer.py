@@ -1,11 +1,11 @@
 r"""Transformers built from (sparse Gaussian process) attention layers (thesis §3.4).
 
-Layer ``l`` maps ``F^{l-1}`` to ``F^l``:
+Layer :math:`l` maps :math:`F^{l-1}` to :math:`F^l`:
 
-* ``s = G_φ(F^{l-1}) = LayerNorm(F + MLP(F))`` with a 2-layer MLP (the deep-kernel feature map of
-  thesis eq. (3.16)); for decoupled SGPA the same ``G_φ`` (without dropout) maps the layer's global
-  inducing inputs ``Z_g`` and the result is passed to the attention as ``global_inputs``;
-* ``F^l = s + attention(s)`` where the attention returns a posterior sample (thesis eq. (3.17))
+* :math:`s = G_\phi(F^{l-1}) = \operatorname{LayerNorm}(F + \operatorname{MLP}(F))` with a 2-layer MLP (the deep-kernel
+  feature map of thesis eq. (3.16)); for decoupled SGPA the same :math:`G_\phi` (without dropout) maps the layer's global
+  inducing inputs :math:`Z_g` and the result is passed to the attention as ``global_inputs``;
+* :math:`F^l = s + \operatorname{attention}(s)` where the attention returns a posterior sample (thesis eq. (3.17))
   and its KL.
 
 Outputs are mean-pooled over the non-padded positions, layer-normalised and mapped by a linear

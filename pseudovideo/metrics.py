@@ -11,8 +11,8 @@ One API for the three metrics: images are ``(N, C, H, W)`` floats in ``[0, 1]``;
 returns a Python ``float``; images are fed to the network ``batch_size`` at a time. FID and IS also
 accept an iterable of ``(n, C, H, W)`` batches (a ``DataLoader``, or a generator that samples a
 batch at a time), so that 50,000 generated images never need to exist at once: FID keeps only the
-feature sums :math:`\sum f` and :math:`\sum f f^\top` (torchmetrics' states, ``d + d^2`` numbers in float64),
-IS the ``N x classes`` logits. Too few samples for the statistic (FID with ``n <= d`` features,
+feature sums :math:`\sum f` and :math:`\sum f f^\top` (torchmetrics' states, :math:`d + d^2` numbers in float64),
+IS the ``N x classes`` logits. Too few samples for the statistic (FID with :math:`n \le d` features,
 whose sample covariance is then singular; IS with fewer than two images per split) give a
 :class:`MetricReliabilityWarning`; fewer than two images, ``splits > n`` or pixels outside
 ``[0, 1]`` a ``ValueError``. Each call scores the images it is given on its own process (no

@@ -30,7 +30,7 @@ Two solvers (``solver=``):
 
 The Markov schedules are ``beta_start``/``beta_end`` (linear) or any ``betas``; heat takes its
 builder's ``min_std``/``max_std``/``noise_std`` and needs ``image_shape`` (``(H, W)`` or
-``(C, H, W)``, the layout of ``Sigma``'s ``n = C H W`` pixels, channel-major as ``images.flatten(1)``).
+``(C, H, W)``, the layout of ``Sigma``'s :math:`n = C H W` pixels, channel-major as ``images.flatten(1)``).
 Frames are numbered as in the thesis: ``1`` is the most corrupted, ``T`` the image.
 """
 

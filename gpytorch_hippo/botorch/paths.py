@@ -4,19 +4,19 @@ Registered with BoTorch's pathwise dispatchers, so that ``draw_matheron_paths``,
 ``get_matheron_path_model``, ``get_optimal_samples`` and the acquisitions built on them
 (Thompson sampling through paths, ``qJointEntropySearch``, ``qPredictiveEntropySearch``,
 ``qLowerBoundMaxValueEntropy`` with optimal samples) run on the online surrogate. Matheron's rule
-(Wilson et al. 2020) with the stored ``q(u)`` in place of data, for inducing variables
-``u = g(f) + e`` (``g`` linear, ``e`` the ``K_uu`` jitter):
+(Wilson et al. 2020) with the stored :math:`q(u)` in place of data, for inducing variables
+:math:`u = g(f) + e` (:math:`g` linear, :math:`e` the :math:`K_{uu}` jitter):
 
 .. math::
     (f \mid u)(\cdot) = f(\cdot) + K_{\cdot u}\,K_{uu}^{-1}\,(u - g(f) - e),
     \qquad u \sim q(u),\quad f \sim GP(m, k)\ \text{by Fourier features},
 
-whose mean and covariance are those of the online posterior ``q(f)`` (up to the features' error).
-Inducing points: ``g(f) = f(Z)`` on BoTorch's own prior paths. HiPPO variables:
-``g(f) = \int f(s)\,\phi(s)\,ds``; the prior path ``f = m + \psi^\top w`` uses Fourier features
-``\psi`` whose projections ``Z = \int \psi(s)\,\phi(s)\,ds`` are known, so ``g(f) = Z^\top w``:
+whose mean and covariance are those of the online posterior :math:`q(f)` (up to the features' error).
+Inducing points: :math:`g(f) = f(Z)` on BoTorch's own prior paths. HiPPO variables:
+:math:`g(f) = \int f(s)\,\phi(s)\,\mathrm{d}s`; the prior path :math:`f = m + \psi^\top w` uses Fourier features
+:math:`\psi` whose projections :math:`Z = \int \psi(s)\,\phi(s)\,\mathrm{d}s` are known, so :math:`g(f) = Z^\top w`:
 the variables' own random features along the path (inputs of several dimensions), or, for time
-inputs, random features whose projections are the closed-form transforms ``\hat c(\omega)`` of
+inputs, random features whose projections are the closed-form transforms :math:`\hat c(\omega)` of
 :mod:`gpytorch_hippo.inducing.spectral`.
 """
 
@@ -60,7 +60,7 @@ def _stored_variables(model: OnlineGPModel) -> InducingVariables:
 
 
 class _CrossCovarianceMap(FeatureMap):
-    """``x -> K_{xu}`` (``(*b, n, M)``): the feature map of the Matheron update for any inducing variables."""
+    r""":math:`x \mapsto K_{xu}` (``(*b, n, M)``): the feature map of the Matheron update for any inducing variables."""
 
     def __init__(self, variables: InducingVariables, kernel, input_transform=None):
         super().__init__()
@@ -82,8 +82,8 @@ class _CrossCovarianceMap(FeatureMap):
 
 
 class _HiPPOFourierMap(FeatureMap):
-    """``ψ(x) = sqrt(a) [cos(Wx), sin(Wx)]`` with ``k(x, x') ≈ ψ(x)ᵀψ(x')`` and the HiPPO projections
-    ``Z = ∫ ψ(s) φ(s) ds`` (``2R x M``) of the same features (module docstring)."""
+    r""":math:`\psi(x) = \sqrt{a}\, [\cos(Wx), \sin(Wx)]` with :math:`k(x, x') \approx \psi(x)^\top \psi(x')` and the HiPPO
+    projections :math:`Z = \int \psi(s)\, \phi(s)\, \mathrm{d}s` (``2R x M``) of the same features (module docstring)."""
 
     def __init__(self, variables: HiPPOInducingVariables, kernel):
         super().__init__()
@@ -131,7 +131,7 @@ class _HiPPOFourierMap(FeatureMap):
 
 
 class _ProjectedFeatureMap(FeatureMap):
-    """``x -> ψ(x) Z = K_{xu}`` for HiPPO variables on a path, whose ``Kuf`` is exactly this product."""
+    r""":math:`x \mapsto \psi(x) Z = K_{xu}` for HiPPO variables on a path, whose ``Kuf`` is exactly this product."""
 
     def __init__(self, features: _HiPPOFourierMap):
         super().__init__()

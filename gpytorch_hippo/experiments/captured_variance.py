@@ -1,8 +1,8 @@
-"""How much of the prior each task keeps in a HiPPO memory of ``M`` variables.
+r"""How much of the prior each task keeps in a HiPPO memory of ``M`` variables.
 
 Usage::
 
-    python -m gpytorch_hippo.experiments.captured_variance --dataset sunspots-monthly \\
+    python -m gpytorch_hippo.experiments.captured_variance --dataset sunspots-monthly \
         --num-inducing 50,150,250 --seeds 3
 
 For each seed the series is split as in :mod:`gpytorch_hippo.experiments.online` (same tasks, same random test points), the
@@ -10,9 +10,9 @@ RBF hyperparameters are fitted on task 1 as there (:func:`gpytorch_hippo.experim
 HiPPO inducing variables (LegS unless ``--measure``) at the end of the stream,
 ``HiPPOInducingVariables(M, measure, t=t_end)``, report
 :meth:`~gpytorch_hippo.InducingVariables.captured_variance` at each task's test inputs: the fraction
-``[K_fu K_uu⁻¹ K_uf]_nn / k(x_n, x_n)`` of the prior variance that OHSGPR's sparse prior keeps
+:math:`[K_{fu} K_{uu}^{-1} K_{uf}]_{nn} / k(x_n, x_n)` of the prior variance that OHSGPR's sparse prior keeps
 there after the last task (1: the full GP's prior). Where it is low the online posterior
-cannot hold what that task taught it, whatever the online algebra does. Prints ``t/ℓ`` and a
+cannot hold what that task taught it, whatever the online algebra does. Prints :math:`t/\ell` and a
 Markdown row per ``(seed, M)``; ``--csv`` also writes them
 (``dataset,seed,num_inducing,t_over_lengthscale,task,captured``).
 """

@@ -14,7 +14,7 @@ so differences between methods are paired by seed. Printed (Markdown):
 * per method and number, the paired differences ``method - reference`` (lower NLPD/RMSE/ECE/time
   is better): their mean ± standard error, in how many seeds the method is lower than the
   reference, and the exact two-sided sign-test p-value. With 5 seeds the sign test cannot go below
-  ``p = 0.0625``: "lower in 5/5 seeds" is the strongest statement such a run supports, and a mean
+  :math:`p = 0.0625`: "lower in 5/5 seeds" is the strongest statement such a run supports, and a mean
   difference within about two standard errors of zero is not a difference.
 
 The reference defaults to ``ohsgpr`` (``ohsvgp`` when the file has no ``ohsgpr``).

@@ -1,12 +1,12 @@
-"""Streaming Bayesian optimisation on a time-varying objective built from real irradiance data.
+r"""Streaming Bayesian optimisation on a time-varying objective built from real irradiance data.
 
-At each daylight hour ``t`` of the pvlib TMY3 year (Greensboro, NC) the optimiser chooses the tilt
-``β ∈ [0°, 90°]`` and azimuth ``γ ∈ [90°, 270°]`` of a solar panel and observes the plane-of-array
+At each daylight hour :math:`t` of the pvlib TMY3 year (Greensboro, NC) the optimiser chooses the tilt
+:math:`\beta \in [0^\circ, 90^\circ]` and azimuth :math:`\gamma \in [90^\circ, 270^\circ]` of a solar panel and observes the plane-of-array
 irradiance of that hour (kW/m², pvlib's isotropic transposition of the hour's measured GHI, DNI
 and DHI at the sun's position) plus Gaussian noise. The best angles move with the sun and the
-cloud cover, so the surrogate models ``f(β, γ, t)`` and the acquisition function (UCB) is
-maximised over ``(β, γ)`` at the next hour ``t``. Regret at step ``t`` is
-``max_x f_t(x) - f_t(x_t)`` (maximum over a 1° x 2° grid and ``x_t``).
+cloud cover, so the surrogate models :math:`f(\beta, \gamma, t)` and the acquisition function (UCB) is
+maximised over :math:`(\beta, \gamma)` at the next hour :math:`t`. Regret at step :math:`t` is
+:math:`\max_x f_t(x) - f_t(x_t)` (maximum over a 1° x 2° grid and :math:`x_t`).
 
 Surrogates (each sees the same first ``--init`` random observations):
 

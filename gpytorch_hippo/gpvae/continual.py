@@ -1,10 +1,10 @@
-"""Continual SVGPVAE on a stream of tasks (thesis §4.6.3, App. C.3): OHSVGP, OSVGP, OVC and OVC-per-dim.
+r"""Continual SVGPVAE on a stream of tasks (thesis §4.6.3, App. C.3): OHSVGP, OSVGP, OVC and OVC-per-dim.
 
 All four share the model (:class:`~gpytorch_hippo.gpvae.SVGPVAE`) and its objective, the SVGPVAE ELBO
-of Jazbec et al. (2021) -- ``q(u)`` amortised, computed in closed form from the current task's
-encodings, with its KL to the prior ``p(u)`` -- plus EWC on the encoder and decoder. The kernel
+of Jazbec et al. (2021) -- :math:`q(u)` amortised, computed in closed form from the current task's
+encodings, with its KL to the prior :math:`p(u)` -- plus EWC on the encoder and decoder. The kernel
 hyperparameters are trained on the first task and kept fixed thereafter, as in the thesis. Nothing
-about ``q(u)`` is stored between tasks: the memory is in the EWC-protected networks and the inducing
+about :math:`q(u)` is stored between tasks: the memory is in the EWC-protected networks and the inducing
 variables. The variants differ only in those inducing variables between tasks:
 
 * ``ohsvgp``: HiPPO-LegS inducing variables over ``[start, t]``, advanced to each task's end
@@ -17,7 +17,7 @@ variables. The variants differ only in those inducing variables between tasks:
 * ``ovc-per-dim``: the same with one kernel and one set of points per latent channel.
 
 Two departures from the thesis are options: ``online_kl=True`` adds the online-ELBO term of the
-non-amortised models (thesis eq. (4.6)), ``KL(q̃(a) ‖ q_old(a))`` against the ``q(u)`` encoded from
+non-amortised models (thesis eq. (4.6)), :math:`\mathrm{KL}(\tilde q(a) \,\|\, q_{\mathrm{old}}(a))` against the :math:`q(u)` encoded from
 the whole finished task, and ``retrain_kernel=True`` trains the kernel on every task.
 """
 

@@ -1,9 +1,9 @@
-"""SVGPVAE (Jazbec et al. 2021) with any inducing variables, thesis App. C.3.
+r"""SVGPVAE (Jazbec et al. 2021) with any inducing variables, thesis App. C.3.
 
-An encoder maps each observation ``y_t`` (with missing entries masked) to Gaussian
-pseudo-observations ``(ỹ_t^l, ṽ_t^l)`` of ``L`` latent channels; every channel is a GP over time
-whose ``q(u^l)`` is the closed form of the pseudo-observations (App. C); a decoder maps the latent
-``f_t`` back to the mean of ``y_t``. The latent GPs are one batched
+An encoder maps each observation :math:`y_t` (with missing entries masked) to Gaussian
+pseudo-observations :math:`(\tilde y_t^l, \tilde v_t^l)` of :math:`L` latent channels; every channel is a GP over time
+whose :math:`q(u^l)` is the closed form of the pseudo-observations (App. C); a decoder maps the latent
+:math:`f_t` back to the mean of :math:`y_t`. The latent GPs are one batched
 :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`, so HiPPO inducing variables
 (OHSVGP) and inducing points (OSVGP, OVC) are the same code.
 """

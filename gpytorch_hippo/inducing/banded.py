@@ -1,20 +1,20 @@
-"""Exact HiPPO covariances for Matérn kernels at a cost linear in ``t/ℓ`` (beyond the thesis).
+r"""Exact HiPPO covariances for Matérn kernels at a cost linear in :math:`t/\ell` (beyond the thesis).
 
-A Matérn kernel with ``ν ∈ {1/2, 3/2, 5/2}`` is ``k(r) = σ² q(λ|r|) e^{-λ|r|}`` (``λ = √(2ν)/ℓ``,
-``q`` a polynomial): analytic in ``r`` except for the kink at ``r = 0``, and below ``2e-18 σ²``
-beyond ``r = 48/λ``.  Its spectral density is rational, so the frequency rule of
+A Matérn kernel with :math:`\nu \in \{1/2, 3/2, 5/2\}` is :math:`k(r) = \sigma^2 q(\lambda|r|)\, e^{-\lambda|r|}`
+(:math:`\lambda = \sqrt{2\nu}/\ell`, :math:`q` a polynomial): analytic in :math:`r` except for the kink at :math:`r = 0`, and
+below :math:`2 \cdot 10^{-18} \sigma^2` beyond :math:`r = 48/\lambda`.  Its spectral density is rational, so the frequency rule of
 :class:`~gpytorch_hippo.inducing.hippo_backends.SpectralBackend` converges only algebraically;
 the same integrals are evaluated here in time, where the kernel's two properties make a composite
 Gauss-Legendre rule exact to round-off and banded:
 
-* ``Kuf[m](x) = ∫ φ_m(s) k(x - s) ds`` (``φ_m = g_m ω``, thesis eq. (4.9)) on uniform
-  panels of width ``≤ 2ℓ``.  On a panel not containing ``x`` the integrand is analytic (it equals
-  one branch of ``k``), so ``p`` nodes per panel converge exponentially; the panel containing ``x``
-  is split at ``x`` into two such pieces.  Panels further than ``48/λ`` from ``x`` are skipped:
-  each ``x`` costs ``O(M ℓ/w · p)`` whatever ``t`` is.
-* ``Kuu[m, n] = ∫ φ_m(s) Kuf[n](s) ds`` (thesis eq. (4.11)): ``Kuf[n]`` is analytic
+* :math:`K_{uf}[m](x) = \int \phi_m(s)\, k(x - s)\, \mathrm{d}s` (:math:`\phi_m = g_m \omega`, thesis eq. (4.9)) on uniform
+  panels of width :math:`\le 2\ell`.  On a panel not containing :math:`x` the integrand is analytic (it equals
+  one branch of :math:`k`), so :math:`p` nodes per panel converge exponentially; the panel containing :math:`x`
+  is split at :math:`x` into two such pieces.  Panels further than :math:`48/\lambda` from :math:`x` are skipped:
+  each :math:`x` costs :math:`O(M \ell/w \cdot p)` whatever :math:`t` is.
+* :math:`K_{uu}[m, n] = \int \phi_m(s)\, K_{uf}[n](s)\, \mathrm{d}s` (thesis eq. (4.11)): :math:`K_{uf}[n]` is analytic
   inside the support (a convolution of the kink with an analytic function), so the same panel rule
-  integrates it; ``Kuu`` costs ``O((t/ℓ) p² M + Q M²)``, linear in ``t/ℓ``.
+  integrates it; ``Kuu`` costs :math:`O((t/\ell) p^2 M + Q M^2)`, linear in :math:`t/\ell`.
 * ``Kuu_cross`` between two sets: the same outer integral over the first set's support, with extra
   panel breaks where the second set's support (and so its ``Kuf``) ends.
 """
@@ -194,7 +194,7 @@ def _interpolated_sum(values: Tensor, y: Tensor, z: Tensor, w: Tensor) -> Tensor
 
 
 class BandedBackend:
-    """Exact ``Kuu``/``Kuf``/``Kuu_cross`` for 1-D Matérn kernels, linear in ``t/ℓ`` (module docstring)."""
+    r"""Exact ``Kuu``/``Kuf``/``Kuu_cross`` for 1-D Matérn kernels, linear in :math:`t/\ell` (module docstring)."""
 
     name = "banded"
 

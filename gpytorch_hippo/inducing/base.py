@@ -1,8 +1,8 @@
-"""The inducing-variable interface shared by every sparse GP in :mod:`gpytorch_hippo`.
+r"""The inducing-variable interface shared by every sparse GP in :mod:`gpytorch_hippo`.
 
-An inducing variable is a linear functional of the GP, ``u_m = L_m f`` (thesis §4.2.1,
-"Interdomain Gaussian Processes"): a point evaluation ``f(z_m)`` or a projection
-``∫ f(x) φ_m(x) dx``. The object knows its own covariances, so the variational strategy and the
+An inducing variable is a linear functional of the GP, :math:`u_m = L_m f` (thesis §4.2.1,
+"Interdomain Gaussian Processes"): a point evaluation :math:`f(z_m)` or a projection
+:math:`\int f(x)\, \phi_m(x)\, \mathrm{d}x`. The object knows its own covariances, so the variational strategy and the
 online objectives never need to know which kind they are working with.
 """
 

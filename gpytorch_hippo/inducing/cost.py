@@ -1,15 +1,15 @@
-"""Work estimates of the HiPPO covariance backends, checked before anything is allocated.
+r"""Work estimates of the HiPPO covariance backends, checked before anything is allocated.
 
 Every exact backend's cost grows with the number of kernel length scales its rule must resolve:
-the span of the bases ``[lower, t]`` over ``ℓ`` (LegS bases always cover ``[0, t]``, so Unix
-timestamps with ``start = 0`` give ``t/ℓ ≈ 10⁶-10⁷``), or a length scale collapsing during
+the span of the bases ``[lower, t]`` over :math:`\ell` (LegS bases always cover :math:`[0, t]`, so Unix
+timestamps with ``start = 0`` give :math:`t/\ell \approx 10^6\text{-}10^7`), or a length scale collapsing during
 training.  Each backend estimates the values it would form (``nodes × M``, node pairs, recurrence
 steps) and calls :func:`check_work`, which raises :class:`CovarianceCostError` -- with what to
 change -- instead of hanging or exhausting memory.
 
-The reach of a kernel, :func:`kernel_reach`, is the distance beyond which it is below ``2e-18 σ²``
-(RBF ``9.5 ℓ``, Matérn ``48 ℓ/√(2ν)``; a kernel's registration in :mod:`.covariances` gives it):
-inputs further than that from the bases' support have zero covariance with them (``Kuf = 0``),
+The reach of a kernel, :func:`kernel_reach`, is the distance beyond which it is below :math:`2 \cdot 10^{-18} \sigma^2`
+(RBF :math:`9.5 \ell`, Matérn :math:`48 \ell/\sqrt{2\nu}`; a kernel's registration in :mod:`.covariances` gives it):
+inputs further than that from the bases' support have zero covariance with them (:math:`K_{uf} = 0`),
 whatever the backend.
 """
 

@@ -1,18 +1,18 @@
-"""What the HiPPO covariance backends need from a kernel, registered per kernel class, and their interface.
+r"""What the HiPPO covariance backends need from a kernel, registered per kernel class, and their interface.
 
 GPflow chooses ``Kuu``/``Kuf`` by multiple dispatch on the pair (inducing variables, kernel).  Here
 the inducing variables' ``method`` chooses a backend (:class:`CovarianceBackend`), and every backend
-asks one registry what it needs to know about a stationary kernel ``k(r) = σ² κ(r / ℓ)``: its values
+asks one registry what it needs to know about a stationary kernel :math:`k(r) = \sigma^2 \kappa(r / \ell)`: its values
 as a function of distance, its reach, its spectral density and how fast that decays, and the Matérn
-smoothness ``ν`` where the backend exploits a Matérn kernel's structure.  Supporting a new stationary
+smoothness :math:`\nu` where the backend exploits a Matérn kernel's structure.  Supporting a new stationary
 kernel is one call to :func:`register_stationary_kernel`; which backends then apply follows from the
 fields of its :class:`StationaryKernelSpec`:
 
 * ``values``: the Lyapunov backend's local rules (RBF-like kernels) and the banded backend (Matérn);
-* ``reach``: inputs beyond it get ``Kuf = 0`` (:func:`.cost.kernel_reach`); the Lyapunov backend's
+* ``reach``: inputs beyond it get :math:`K_{uf} = 0` (:func:`.cost.kernel_reach`); the Lyapunov backend's
   local rules;
 * ``spectral_density`` and ``spectral_cutoff``: the spectral backend (integrals over frequency up to
-  ``spectral_cutoff / ℓ``);
+  :math:`\mathtt{spectral\_cutoff} / \ell`);
 * ``nu``: ``0.5``, ``1.5``, ``2.5``: the banded backend, variational Fourier features and Student-t
   Fourier features (Matérn); ``math.inf``: Gaussian Fourier features (RBF, any input dimension).
 

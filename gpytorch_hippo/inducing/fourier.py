@@ -1,15 +1,15 @@
-"""Variational Fourier features (VFF, Hensman, Durrande & Solin 2018): the OVFF baseline (thesis §4.6).
+r"""Variational Fourier features (VFF, Hensman, Durrande & Solin 2018): the OVFF baseline (thesis §4.6).
 
-The inducing variables are RKHS inner products ``u_m = <φ_m, f>_H`` of a Matérn GP restricted to a
-fixed interval ``[a, b]`` with the Fourier basis ``φ = (1, cos ω_1 (x-a), ..., cos ω_K (x-a),
-sin ω_1 (x-a), ..., sin ω_K (x-a))``, ``ω_k = 2πk / (b - a)``. By the reproducing property
+The inducing variables are RKHS inner products :math:`u_m = \langle \phi_m, f \rangle_H` of a Matérn GP restricted to a
+fixed interval :math:`[a, b]` with the Fourier basis :math:`\phi = (1, \cos \omega_1 (x-a), \dots, \cos \omega_K (x-a),
+\sin \omega_1 (x-a), \dots, \sin \omega_K (x-a))`, :math:`\omega_k = 2\pi k / (b - a)`. By the reproducing property
 
-* ``Kuf(x) = φ(x)`` for ``x`` in ``[a, b]`` (independent of the hyperparameters), and
-* ``Kuu = <φ_i, φ_j>_H``, which for Matérn-ν (``λ = √(2ν)/ℓ``, variance ``σ²``, ``p = ν + ½``)
-  and the RKHS norm of Durrande et al. (2016),
-  ``<f, g>_H = c_p ∫_a^b [(λ + D)^p f][(λ + D)^p g] dx + boundary terms at a``,
-  is a diagonal ``c_p (b - a)/2 (λ² + ω²)^p`` (doubled at ``ω = 0``) plus the low-rank boundary
-  terms: the Fourier functions are orthogonal in ``L²[a, b]`` and ``(λ + D)^p`` only changes each
+* :math:`K_{uf}(x) = \phi(x)` for :math:`x` in :math:`[a, b]` (independent of the hyperparameters), and
+* :math:`K_{uu} = \langle \phi_i, \phi_j \rangle_H`, which for Matérn-:math:`\nu` (:math:`\lambda = \sqrt{2\nu}/\ell`,
+  variance :math:`\sigma^2`, :math:`p = \nu + \frac{1}{2}`) and the RKHS norm of Durrande et al. (2016),
+  :math:`\langle f, g \rangle_H = c_p \int_a^b [(\lambda + D)^p f][(\lambda + D)^p g]\, \mathrm{d}x + \text{boundary terms at } a`,
+  is a diagonal :math:`c_p (b - a)/2\, (\lambda^2 + \omega^2)^p` (doubled at :math:`\omega = 0`) plus the low-rank boundary
+  terms: the Fourier functions are orthogonal in :math:`L^2[a, b]` and :math:`(\lambda + D)^p` only changes each
   one's amplitude and phase.
 
 ``Kuu`` is returned as ``LowRankRootAddedDiagLinearOperator`` (diagonal plus rank 1, 2 or 3).
@@ -52,16 +52,16 @@ def matern_parameters(kernel: gpytorch.kernels.Kernel) -> tuple[float, Tensor, T
 
 
 class FourierInducingVariables(InducingVariables):
-    r"""``M = 2K + 1`` variational Fourier features on ``[a, b]`` for a Matérn-½, 3/2 or 5/2 kernel.
+    r""":math:`M = 2K + 1` variational Fourier features on :math:`[a, b]` for a Matérn-½, 3/2 or 5/2 kernel.
 
-    :param num_frequencies: ``K``; frequencies ``ω_k = 2πk/(b - a)``, ``k = 0..K``.
+    :param num_frequencies: ``K``; frequencies :math:`\omega_k = 2\pi k/(b - a)`, :math:`k = 0, \dots, K`.
     :param a: left end of the interval (must cover every input seen, training and test).
-    :param b: right end, ``b > a``.
+    :param b: right end, :math:`b > a`.
     :param jitter: diagonal jitter of :meth:`Kuu` (``None``: GPyTorch's variational jitter; ``Kuu``
-        is at least its diagonal ``≥ c_p (b - a) λ^{2p}``, so the jitter hardly matters).
+        is at least its diagonal :math:`\ge c_p (b - a) \lambda^{2p}`, so the jitter hardly matters).
 
-    :meth:`Kuf` raises for inputs outside ``[a, b]`` (the covariance there is not a Fourier
-    function; the thesis chooses ``[a, b]`` to cover all tasks). The features are the same
+    :meth:`Kuf` raises for inputs outside :math:`[a, b]` (the covariance there is not a Fourier
+    function; the thesis chooses :math:`[a, b]` to cover all tasks). The features are the same
     functions for any hyperparameters, so two instances on the same interval with the same ``K``
     are the same variables (``Kuu_cross = Kuu``) and OVFF needs no move between tasks.
     """

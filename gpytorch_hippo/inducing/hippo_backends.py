@@ -1,35 +1,36 @@
-"""Covariance backends of :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables`.
+r"""Covariance backends of :class:`~gpytorch_hippo.inducing.HiPPOInducingVariables`.
 
 Each backend is a small object with the interface :class:`~.covariances.CovarianceBackend`, the
 (feature, kernel) covariances of GPflow's design: ``supports(ivars, kernel)``, ``cross(a, b, kernel)``
--> ``cov(u_a, u_b)`` without jitter (``M x M'``) and ``Kuf(a, kernel, x)`` -> ``(*batch, M, N)``.
+-> :math:`\operatorname{cov}(u_a, u_b)` without jitter (``M x M'``) and ``Kuf(a, kernel, x)`` -> ``(*batch, M, N)``.
 The inducing-variable object holds the state (measure, breakpoints, spectral samples); a backend
 holds only caches.  What a backend needs from the kernel (spectral density, values, reach, Matérn
-``ν``) comes from the kernel's registration (:mod:`.covariances`), so a kernel registered there is
+:math:`\nu`) comes from the kernel's registration (:mod:`.covariances`), so a kernel registered there is
 supported by every backend whose needs its registration meets.
 
 * :class:`SpectralBackend` (beyond the thesis; exact, RBF kernels and any kernel registered with a
   ``spectral_cutoff``): ``Kuu`` and ``Kuf`` as
   integrals over frequency of the closed-form HiPPO transforms (:mod:`.spectral`).  A
-  Gauss-Legendre rule on ``[0, 9.5/ℓ]`` with ``Ω B / 4 + M + 40`` nodes (``B`` the phase
+  Gauss-Legendre rule on :math:`[0, 9.5/\ell]` with :math:`\Omega B / 4 + M + 40` nodes (:math:`B` the phase
   bandwidth: the supports' width plus their distance) integrates to round-off; the cost is
-  ``O((t/ℓ + M) M^2)`` for ``Kuu``, linear in the stream length.
+  :math:`O((t/\ell + M) M^2)` for ``Kuu``, linear in the stream length.
 * :class:`QuadratureBackend` (exact, any kernel): composite Gauss-Legendre in time,
-  ``O((t/ℓ)^2)`` kernel evaluations.
-* :class:`RecurrenceBackend` (the thesis, 1-D): ``Kuu = Zᵀ Z`` with ``Z`` the HiPPO memory of
+  :math:`O((t/\ell)^2)` kernel evaluations.
+* :class:`RecurrenceBackend` (the thesis, 1-D): :math:`K_{uu} = Z^\top Z` with :math:`Z` the HiPPO memory of
   Fourier features (random, or deterministic quadrature nodes), carried across ``advance``;
   ``Kuf`` from the same features (default) or from the ODE driven by the exact kernel.
 * :class:`PathBackend` (thesis §4.4, multidimensional inputs): the random-feature memory along the
   ordered input path.
 * :class:`~.lyapunov.LyapunovBackend` (beyond the thesis; exact, LegS, RBF and Matérn): the LegS
-  ODE ``dc/dt = (A c + B f(t)) / t`` (thesis eqs. (2.10), (2.14), (2.15)) is
-  time-invariant in ``τ = log t``, so ``Kuu = cov(c)`` obeys the Lyapunov ODE
-  ``dK/dτ = A K + K Aᵀ + B kᵀ + k Bᵀ`` with ``k(t) = Kuf(t, x = t)``, and ``cov(c(t_a), c(t_b))`` the
-  ODE ``dC/dτ_b = C Aᵀ + Kuf(t_a, x = t_b) Bᵀ``.  Integrated exactly over a step by variation of
-  constants (``Φ = e^{A Δτ}`` is the re-expansion of the bases, ``e^{As} B = e^{-s} g(e^{-s})``), the
-  forcing terms become covariances of the new segment ``[t_a, t_b]`` and of ``Kuf(t_a, ·)`` within
-  the kernel's reach of ``t_a``: ``K(t)`` is carried across ``advance`` at a cost per step that
-  depends on ``t_b - t_a`` but not on ``t``; ``Kuf`` by a local rule, ``O(M)`` per input.
+  ODE :math:`\mathrm{d}c/\mathrm{d}t = (A c + B f(t)) / t` (thesis eqs. (2.10), (2.14), (2.15)) is
+  time-invariant in :math:`\tau = \log t`, so :math:`K_{uu} = \operatorname{cov}(c)` obeys the Lyapunov ODE
+  :math:`\mathrm{d}K/\mathrm{d}\tau = A K + K A^\top + B k^\top + k B^\top` with :math:`k(t) = K_{uf}(t, x = t)`, and
+  :math:`\operatorname{cov}(c(t_a), c(t_b))` the ODE :math:`\mathrm{d}C/\mathrm{d}\tau_b = C A^\top + K_{uf}(t_a, x = t_b) B^\top`.
+  Integrated exactly over a step by variation of constants (:math:`\Phi = e^{A \Delta\tau}` is the re-expansion of the
+  bases, :math:`e^{As} B = e^{-s} g(e^{-s})`), the forcing terms become covariances of the new segment :math:`[t_a, t_b]`
+  and of :math:`K_{uf}(t_a, \cdot)` within the kernel's reach of :math:`t_a`: :math:`K(t)` is carried across ``advance``
+  at a cost per step that depends on :math:`t_b - t_a` but not on :math:`t`; ``Kuf`` by a local rule, :math:`O(M)` per
+  input.
 """
 
 from __future__ import annotations

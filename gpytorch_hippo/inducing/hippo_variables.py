@@ -1,6 +1,6 @@
-"""HiPPO bases as interdomain inducing variables (thesis §4.3.1).
+r"""HiPPO bases as interdomain inducing variables (thesis §4.3.1).
 
-``u_m^{(t)} = int f(x) phi_m^{(t)}(x) dx`` with ``phi_m^{(t)} = g_m^{(t)} omega^{(t)}`` the HiPPO
+:math:`u_m^{(t)} = \int f(x)\, \phi_m^{(t)}(x)\, \mathrm{d}x` with :math:`\phi_m^{(t)} = g_m^{(t)} \omega^{(t)}` the HiPPO
 basis times its measure (:mod:`gpytorch_hippo.hippo`).  As for HiPPO memories, the integrals run
 over the measure's support from ``start`` (default 0, the start of the stream) to ``t``.
 
@@ -9,7 +9,7 @@ argument, ``method``:
 
 * ``"spectral"`` (beyond the thesis): exact, cost linear in ``t / lengthscale``, stationary
   kernels (``ScaleKernel`` allowed): RBF by integrals over frequency of closed-form HiPPO
-  transforms (:class:`~.hippo_backends.SpectralBackend`); Matérn ν ∈ {1/2, 3/2, 5/2}, whose
+  transforms (:class:`~.hippo_backends.SpectralBackend`); Matérn :math:`\nu \in \{1/2, 3/2, 5/2\}`, whose
   rational spectral densities make that frequency rule converge only algebraically, by the
   equivalent banded product quadrature in time (:class:`~.banded.BandedBackend`).
 * ``"quadrature"``: exact composite Gauss-Legendre in time, any kernel, cost quadratic in
@@ -26,12 +26,12 @@ argument, ``method``:
   stream start, or Matérn), otherwise ``"quadrature"``.
 
 Multidimensional inputs (thesis §4.4): the ordered inputs of each task are placed at times
-``i dt`` continuing across tasks (:meth:`HiPPOInducingVariables.append_path`), and ``u`` projects
-``f`` along that path.  To stay truly online, the path is kept only as its random-feature memory
-``Z = int psi(x(s)) phi(s) ds`` evolved by the recurrence: ``Kuf(x) = Z^T psi(x)`` and
-``Kuu = Z^T Z`` need no stored past inputs.  This replaces the kernel by its RFF approximation in
-``Kuf`` as well (the thesis evaluates ``k(x_n, x(s))`` exactly along the stored path), with a
-Monte-Carlo error ``O(1/sqrt(R))``.  The current task's inputs are kept until the next
+``i dt`` continuing across tasks (:meth:`HiPPOInducingVariables.append_path`), and :math:`u` projects
+:math:`f` along that path.  To stay truly online, the path is kept only as its random-feature memory
+:math:`Z = \int \psi(x(s))\, \phi(s)\, \mathrm{d}s` evolved by the recurrence: :math:`K_{uf}(x) = Z^\top \psi(x)` and
+:math:`K_{uu} = Z^\top Z` need no stored past inputs.  This replaces the kernel by its RFF approximation in
+``Kuf`` as well (the thesis evaluates :math:`k(x_n, x(s))` exactly along the stored path), with a
+Monte-Carlo error :math:`O(1/\sqrt{R})`.  The current task's inputs are kept until the next
 ``append_path`` so that hyperparameters can be trained within a task; memory committed by earlier
 tasks was built with their length scale, and a changed length scale then raises an error.
 """

@@ -1,33 +1,41 @@
-"""Exact LegS covariances carried forward in time at a cost per step that does not grow with ``t``.
+r"""Exact LegS covariances carried forward in time at a cost per step that does not grow with :math:`t`.
 
-HiPPO-LegS coefficients ``c(t) = ∫_start^t f(s) φ(s, t) ds`` obey ``dc/dt = (A c + B f(t)) / t``
-(thesis eqs. (2.10), (2.14), (2.15); ``A``, ``B`` as returned by
-:func:`gpytorch_hippo.hippo.transition`, ``A`` lower triangular with eigenvalues ``-1 .. -M``), so in
-``τ = log t`` the ODE is time-invariant, ``dc/dτ = A c + B f(e^τ)``.  For a GP prior ``f`` this gives
+HiPPO-LegS coefficients :math:`c(t) = \int_{\mathrm{start}}^t f(s)\, \phi(s, t)\, \mathrm{d}s` obey
+:math:`\mathrm{d}c/\mathrm{d}t = (A c + B f(t)) / t`
+(thesis eqs. (2.10), (2.14), (2.15); :math:`A`, :math:`B` as returned by
+:func:`gpytorch_hippo.hippo.transition`, :math:`A` lower triangular with eigenvalues :math:`-1, \dots, -M`), so in
+:math:`\tau = \log t` the ODE is time-invariant, :math:`\mathrm{d}c/\mathrm{d}\tau = A c + B f(e^\tau)`.  For a GP prior
+:math:`f` this gives
 
-* ``K(t) = Kuu(t)``: ``dK/dτ = A K + K Aᵀ + B k(t)ᵀ + k(t) Bᵀ`` (a Lyapunov ODE), with
-  ``k(t) = cov(c(t), f(t)) = Kuf(t, x = t)``;
-* ``C(t_a, t_b) = cov(c(t_a), c(t_b))``, ``t_b >= t_a``: ``dC/dτ_b = C Aᵀ + Kuf(t_a, x = t_b) Bᵀ``
-  from ``C(t_a, t_a) = K(t_a)``.
+* :math:`K(t) = K_{uu}(t)`: :math:`\mathrm{d}K/\mathrm{d}\tau = A K + K A^\top + B k(t)^\top + k(t) B^\top` (a Lyapunov ODE), with
+  :math:`k(t) = \operatorname{cov}(c(t), f(t)) = K_{uf}(t, x = t)`;
+* :math:`C(t_a, t_b) = \operatorname{cov}(c(t_a), c(t_b))`, :math:`t_b \ge t_a`:
+  :math:`\mathrm{d}C/\mathrm{d}\tau_b = C A^\top + K_{uf}(t_a, x = t_b) B^\top`
+  from :math:`C(t_a, t_a) = K(t_a)`.
 
-Both are integrated *exactly* over a step ``t_a -> t_b`` by variation of constants.  The flow is
-``Φ = e^{A (τ_b - τ_a)}``, which for LegS is the re-expansion of the bases: ``φ(x, t_b) = Φ φ(x, t_a)``
-for ``x <= t_a`` (a polynomial identity; computed by a Gauss-Legendre projection, exact to round-off).
-With ``e^{A s} B = e^{-s} g(e^{-s})`` (the impulse response) the forcing integrals, written in
-``x = e^σ``, are ordinary covariances of ``d = ∫_{t_a}^{t_b} f(x) φ(x, t_b) dx`` (``c(t_b) = Φ c(t_a) + d``):
+Both are integrated *exactly* over a step :math:`t_a \to t_b` by variation of constants.  The flow is
+:math:`\Phi = e^{A (\tau_b - \tau_a)}`, which for LegS is the re-expansion of the bases: :math:`\phi(x, t_b) = \Phi \phi(x, t_a)`
+for :math:`x \le t_a` (a polynomial identity; computed by a Gauss-Legendre projection, exact to round-off).
+With :math:`e^{A s} B = e^{-s} g(e^{-s})` (the impulse response) the forcing integrals, written in
+:math:`x = e^\sigma`, are ordinary covariances of :math:`d = \int_{t_a}^{t_b} f(x)\, \phi(x, t_b)\, \mathrm{d}x`
+(:math:`c(t_b) = \Phi c(t_a) + d`):
 
-    C(t_a, t_b) = K(t_a) Φᵀ + X,                      X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx,
-    K(t_b)      = Φ K(t_a) Φᵀ + Φ X + Xᵀ Φᵀ + D,       D = cov(d) = ∫∫_{[t_a, t_b]²} k(x - y) φ(x, t_b) φ(y, t_b)ᵀ.
+.. math::
 
-``Kuf(t_a, x)`` vanishes (below 1e-18 of ``σ²``) once ``x`` is more than the kernel's reach ``R``
-beyond ``t_a`` (RBF ``9.5 ℓ``, Matérn ``48 ℓ/√(2ν)``), so ``X`` needs ``x`` in ``[t_a, t_a + R]`` only
-and ``Kuf`` itself only ``s`` within ``R`` of ``x`` (:func:`local_kuf`): both cost ``O(M)`` per
-point whatever ``t`` is.  ``D`` is an exact backend (banded for Matérn, quadrature for RBF) on the
-new segment ``[t_a, t_b]`` alone, whose cost depends on ``t_b - t_a``, not on ``t``; long steps are
-cut into pieces of at most :data:`MAX_STEP` length scales.  By stationarity ``D`` is also the ``Kuu``
-of a LegS set over ``[0, L]`` (``L = t_b - t_a``) seen through the re-expansion ``T`` of the bases at
-``t_b`` in the segment's own bases, ``D = (L/t_b)² T Kuu(L) Tᵀ``: a stream of equal-length tasks keeps
-``Kuu(L)``.  ``‖Φ‖₂ <= sqrt(t_a / t_b)``, so errors of earlier steps are damped, not amplified.
+    C(t_a, t_b) &= K(t_a) \Phi^\top + X,
+    \qquad X = \int_{t_a}^{t_b} K_{uf}(t_a, x)\, \phi(x, t_b)^\top \mathrm{d}x, \\
+    K(t_b) &= \Phi K(t_a) \Phi^\top + \Phi X + X^\top \Phi^\top + D,
+    \qquad D = \operatorname{cov}(d) = \iint_{[t_a, t_b]^2} k(x - y)\, \phi(x, t_b)\, \phi(y, t_b)^\top.
+
+:math:`K_{uf}(t_a, x)` vanishes (below 1e-18 of :math:`\sigma^2`) once :math:`x` is more than the kernel's reach :math:`R`
+beyond :math:`t_a` (RBF :math:`9.5 \ell`, Matérn :math:`48 \ell/\sqrt{2\nu}`), so :math:`X` needs :math:`x` in
+:math:`[t_a, t_a + R]` only and :math:`K_{uf}` itself only :math:`s` within :math:`R` of :math:`x` (:func:`local_kuf`): both
+cost :math:`O(M)` per point whatever :math:`t` is.  :math:`D` is an exact backend (banded for Matérn, quadrature for RBF)
+on the new segment :math:`[t_a, t_b]` alone, whose cost depends on :math:`t_b - t_a`, not on :math:`t`; long steps are
+cut into pieces of at most :data:`MAX_STEP` length scales.  By stationarity :math:`D` is also the :math:`K_{uu}`
+of a LegS set over :math:`[0, L]` (:math:`L = t_b - t_a`) seen through the re-expansion :math:`T` of the bases at
+:math:`t_b` in the segment's own bases, :math:`D = (L/t_b)^2 T K_{uu}(L) T^\top`: a stream of equal-length tasks keeps
+:math:`K_{uu}(L)`.  :math:`\|\Phi\|_2 \le \sqrt{t_a / t_b}`, so errors of earlier steps are damped, not amplified.
 """
 
 from __future__ import annotations
@@ -339,11 +347,11 @@ def exact_backend(at, kernel, backends: Mapping[str, CovarianceBackend]) -> Cova
 
 
 class LyapunovBackend:
-    """Exact LegS ``Kuu``/``Kuf``/cross covariances with the state ``(t, K(t))`` carried forward (module docstring).
+    r"""Exact LegS ``Kuu``/``Kuf``/cross covariances with the state :math:`(t, K(t))` carried forward (module docstring).
 
     The state is kept for one kernel signature (type and hyperparameter values); a changed kernel,
-    a ``t`` behind the state, or no state restarts it with one exact evaluation at ``t``
-    (:func:`exact_backend`, cost linear in ``t/ℓ``).  When gradients with respect to the kernel's
+    a :math:`t` behind the state, or no state restarts it with one exact evaluation at :math:`t`
+    (:func:`exact_backend`, cost linear in :math:`t/\ell`).  When gradients with respect to the kernel's
     hyperparameters are required, ``Kuu`` and the cross covariance come from that exact backend
     (autograd through it; correct, at its cost); ``Kuf`` is always the local, differentiable rule.
     """

@@ -1,18 +1,21 @@
-"""The Lyapunov backend for ``S`` streams at once: every stream's LegS covariances carried forward by one batched step.
+r"""The Lyapunov backend for ``S`` streams at once: every stream's LegS covariances carried forward by one batched step.
 
-Stream ``s`` (clock ``t_s``, RBF kernel ``σ_s² exp(-r²/(2ℓ_s²))``) takes :mod:`.lyapunov`'s exact step ``t_a -> t_b``:
+Stream :math:`s` (clock :math:`t_s`, RBF kernel :math:`\sigma_s^2 \exp(-r^2/(2\ell_s^2))`) takes :mod:`.lyapunov`'s exact step
+:math:`t_a \to t_b`:
 
-    C(t_a, t_b) = K(t_a) Φᵀ + X,        K(t_b) = sym(Φ (C + X)) + D,
+.. math::
 
-with ``Φ`` the re-expansion of the bases, ``X = ∫_{t_a}^{t_b} Kuf(t_a, x) φ(x, t_b)ᵀ dx`` (only ``x`` within the kernel's
-reach ``R = 9.5 ℓ`` of ``t_a`` contributes) and ``D`` the covariance of the new segment's coefficients. Every integral is a
-composite Gauss-Legendre rule on a per-stream interval with the same number of panels and nodes for all streams (the
-most any stream needs: panels of at most ``6ℓ``, ``16 + M sqrt(w/t)`` nodes per panel of width ``w``), so a step
-for ``S`` streams is a handful of batched products whatever each stream's clock, length scale and output scale. A
-stream whose clock does not move steps by the identity (``Φ = I``, ``X = D = 0``).
+    C(t_a, t_b) = K(t_a) \Phi^\top + X, \qquad K(t_b) = \operatorname{sym}(\Phi (C + X)) + D,
 
-A segment longer than :data:`PIECE` length scales is carried in pieces (``D`` of ``[t_a, t_b]`` is the state of a set
-started at ``t_a``), which also restarts a stream from nothing (``K = 0`` at ``start``). RBF kernels without gradients
+with :math:`\Phi` the re-expansion of the bases, :math:`X = \int_{t_a}^{t_b} K_{uf}(t_a, x)\, \phi(x, t_b)^\top \mathrm{d}x`
+(only :math:`x` within the kernel's reach :math:`R = 9.5 \ell` of :math:`t_a` contributes) and :math:`D` the covariance of the
+new segment's coefficients. Every integral is a composite Gauss-Legendre rule on a per-stream interval with the same number of
+panels and nodes for all streams (the most any stream needs: panels of at most :math:`6\ell`, :math:`16 + M \sqrt{w/t}` nodes
+per panel of width :math:`w`), so a step for ``S`` streams is a handful of batched products whatever each stream's clock,
+length scale and output scale. A stream whose clock does not move steps by the identity (:math:`\Phi = I`, :math:`X = D = 0`).
+
+A segment longer than :data:`PIECE` length scales is carried in pieces (:math:`D` of :math:`[t_a, t_b]` is the state of a set
+started at :math:`t_a`), which also restarts a stream from nothing (:math:`K = 0` at ``start``). RBF kernels without gradients
 with respect to their hyperparameters: the integrands are analytic, so one rule per window serves every input in it.
 Other kernels, and fits that need those gradients, use the per-stream backends.
 """
@@ -99,9 +102,9 @@ def _chunks(size: int, entries: int):
 
 
 class BatchedLegS:
-    """``K(t)``, ``Kuf`` and ``C(t_a, t_b)`` of ``S`` LegS streams under per-stream RBF hyperparameters (module docstring).
+    """:math:`K(t)`, :math:`K_{uf}` and :math:`C(t_a, t_b)` of ``S`` LegS streams under per-stream RBF hyperparameters (module docstring).
 
-    The carried state, ``(t, K(t))`` for every stream, is kept with the hyperparameters and starts it was computed for;
+    The carried state, :math:`(t, K(t))` for every stream, is kept with the hyperparameters and starts it was computed for;
     a stream whose hyperparameters or start changed, or whose clock is behind the state, restarts from nothing.
 
     :param num_inducing: ``M``, the number of LegS basis functions of every stream.

@@ -1,4 +1,4 @@
-"""Ordinary inducing points ``u = f(Z)`` (the SVGP/SGPR inducing variables, thesis §2.3.2)."""
+"""Ordinary inducing points :math:`u = f(Z)` (the SVGP/SGPR inducing variables, thesis §2.3.2)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,21 @@
-"""Frequency-domain pieces of the HiPPO covariances: spectral densities, Gauss-Legendre rules,
-spherical Bessel functions and the closed-form HiPPO transforms of ``e^{iωs}``.
+r"""Frequency-domain pieces of the HiPPO covariances: spectral densities, Gauss-Legendre rules,
+spherical Bessel functions and the closed-form HiPPO transforms of :math:`e^{i\omega s}`.
 
-For a stationary kernel ``k(r) = ∫ S(ω) e^{iωr} dω`` and inducing variables
-``u_m = ∫ f(s) φ_m(s) ds`` (thesis §4.3), write ``ĉ_m(ω) = ∫ e^{iωs} φ_m(s) ds`` -- the HiPPO
+For a stationary kernel :math:`k(r) = \int S(\omega)\, e^{i\omega r}\, \mathrm{d}\omega` and inducing variables
+:math:`u_m = \int f(s)\, \phi_m(s)\, \mathrm{d}s` (thesis §4.3), write
+:math:`\hat c_m(\omega) = \int e^{i\omega s} \phi_m(s)\, \mathrm{d}s` -- the HiPPO
 projection of a complex exponential.  Then
 
-    Kuu[m, n] = ∫ S(ω) ĉ_m(ω) conj(ĉ'_n(ω)) dω,      Kuf[m](x) = Re ∫ S(ω) ĉ_m(ω) e^{-iωx} dω.
+.. math::
 
-Both integrands are even in ``ω`` up to conjugation, so a rule ``(ω_q, w_q)`` on ``[0, Ω]`` with
-weights ``2 w_q S(ω_q)`` gives real features ``F = sqrt(2 w S) [Re ĉ; Im ĉ]`` (``2Q x M``) and
-``ψ(x) = sqrt(2 w S) [cos ωx; sin ωx]`` with ``Kuu = Fᵀ F'`` and ``Kuf = Fᵀ ψ(x)`` -- the
-structure of random Fourier features (thesis §4.3.2) with deterministic nodes.
+    K_{uu}[m, n] = \int S(\omega)\, \hat c_m(\omega)\, \overline{\hat c'_n(\omega)}\, \mathrm{d}\omega,
+    \qquad
+    K_{uf}[m](x) = \operatorname{Re} \int S(\omega)\, \hat c_m(\omega)\, e^{-i\omega x}\, \mathrm{d}\omega.
+
+Both integrands are even in :math:`\omega` up to conjugation, so a rule :math:`(\omega_q, w_q)` on :math:`[0, \Omega]` with
+weights :math:`2 w_q S(\omega_q)` gives real features :math:`F = \sqrt{2 w S}\, [\operatorname{Re} \hat c; \operatorname{Im} \hat c]`
+(``2Q x M``) and :math:`\psi(x) = \sqrt{2 w S}\, [\cos \omega x; \sin \omega x]` with :math:`K_{uu} = F^\top F'` and
+:math:`K_{uf} = F^\top \psi(x)` -- the structure of random Fourier features (thesis §4.3.2) with deterministic nodes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Last-layer Laplace approximation (Daxberger et al. 2021) of a trained classifier, through ``laplace-torch``.
+r"""Last-layer Laplace approximation (Daxberger et al. 2021) of a trained classifier, through ``laplace-torch``.
 
 The network is kept at its trained (MAP) weights; only the last linear layer gets a Gaussian posterior
-``N(θ_MAP, (H + λ I)^-1)`` (``H``: the layer's generalised Gauss-Newton matrix on the training data,
-Kronecker-factored by default), the prior precision ``λ`` chosen by maximising the marginal likelihood,
+:math:`\mathcal{N}(\theta_\mathrm{MAP}, (H + \lambda I)^{-1})` (:math:`H`: the layer's generalised Gauss-Newton matrix on the training data,
+Kronecker-factored by default), the prior precision :math:`\lambda` chosen by maximising the marginal likelihood,
 and the predictive is the linearised (GLM) one with the probit approximation of its softmax.
 
 ``laplace-torch`` is not a dependency of probseq, nor in an extra: it requires ``torchvision``, whose wheels

@@ -8,10 +8,10 @@ seeded by ``seed`` (and the corruption and severity), so a test set is a fixed f
 follow CIFAR10-C's where they transfer to 28 x 28 grey images; blur and pixelation are scaled to the
 smaller images, and rotation (not in CIFAR10-C, asked for here) turns by ±15° … ±75°:
 
-* ``gaussian_noise``: ``clip(x + σ ε)``, ``σ`` = 0.08, 0.12, 0.18, 0.26, 0.38 (CIFAR10-C's);
+* ``gaussian_noise``: :math:`\operatorname{clip}(x + \sigma \varepsilon)`, :math:`\sigma` = 0.08, 0.12, 0.18, 0.26, 0.38 (CIFAR10-C's);
 * ``blur``: Gaussian blur of standard deviation 0.5, 0.75, 1, 1.5, 2 pixels (kernel truncated at
   3σ, edges replicated);
-* ``contrast``: ``(x - m) c + m`` with ``m`` each image's mean, ``c`` = 0.75, 0.5, 0.4, 0.3, 0.15
+* ``contrast``: :math:`(x - m) c + m` with :math:`m` each image's mean, :math:`c` = 0.75, 0.5, 0.4, 0.3, 0.15
   (CIFAR10-C's);
 * ``rotation``: by ±15°, 30°, 45°, 60°, 75° (sign drawn per image), bilinear, zero outside;
 * ``pixelate``: box-downsample to a fraction 0.5, 0.43, 0.36, 0.29, 0.21 of the side (28 → 14,

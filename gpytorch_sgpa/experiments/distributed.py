@@ -3,16 +3,16 @@ r"""Data-parallel training of the chapter-3 runners with PyTorch's ``torch.distr
 Launch a runner with ``torchrun --nproc-per-node N -m gpytorch_sgpa.experiments.calibration ...``:
 :func:`init_from_environment` reads torchrun's ``RANK`` / ``WORLD_SIZE`` and joins the process
 group (NCCL when CUDA is available, gloo otherwise).  Each training step then splits the global
-mini-batch of ``batch_size`` examples into ``N`` contiguous shards (:func:`shard`); every rank
+mini-batch of ``batch_size`` examples into :math:`N` contiguous shards (:func:`shard`); every rank
 runs its shard through :class:`~torch.nn.parallel.DistributedDataParallel`, which averages the
 gradients.  Why that gives the single-process step:
 
-* the per-rank loss is ``-(ELL_r - w KL_weighted,r)`` with ``ELL_r`` and the amortised KL averaged
-  over the rank's ``n_r`` sequences and the global KL ``KL_g / num_data`` once (``num_data`` is
+* the per-rank loss is :math:`-(\mathrm{ELL}_r - w\, \mathrm{KL}_{\mathrm{weighted},r})` with :math:`\mathrm{ELL}_r` and the amortised KL
+  averaged over the rank's :math:`n_r` sequences and the global KL :math:`\mathrm{KL}_g / \mathtt{num\_data}` once (``num_data`` is
   the size of the whole training set on every rank, :class:`~gpytorch_sgpa.elbo.SGPAELBO`);
-* scaled by ``N n_r / B`` (``B`` the global batch), the average over ranks is
-  ``Σ_r (n_r / B) loss_r``: per-sequence terms become the global-batch means and the global KL,
-  present on every rank, is counted ``Σ_r n_r / B = 1`` time, not ``N`` times.
+* scaled by :math:`N n_r / B` (:math:`B` the global batch), the average over ranks is
+  :math:`\sum_r (n_r / B)\, \mathrm{loss}_r`: per-sequence terms become the global-batch means and the global KL,
+  present on every rank, is counted :math:`\sum_r n_r / B = 1` time, not :math:`N` times.
 
 Random streams: the batch order comes from a generator seeded by the run's seed (the same on every
 rank, so the shards partition the batch); sampler and dropout noise from the global RNG reseeded

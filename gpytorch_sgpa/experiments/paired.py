@@ -8,7 +8,7 @@ Each argument is ``CSV:METHOD`` (a results file of :mod:`~gpytorch_sgpa.experime
 or :mod:`~gpytorch_sgpa.experiments.language_model` and a method in it).  Rows are paired by seed
 (each seed shares its data subsets and initialisation across methods); for every metric the table
 gives the per-seed differences ``B - A``, their mean, a paired t-test p-value and the exact
-two-sided sign-test p-value.  With 3 seeds the sign test cannot go below ``p = 0.25`` (two-sided):
+two-sided sign-test p-value.  With 3 seeds the sign test cannot go below :math:`p = 0.25` (two-sided):
 "B better in 3/3 seeds" is the strongest statement such a run supports.
 """
 

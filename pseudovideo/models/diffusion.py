@@ -4,8 +4,8 @@ One class covers both. A diffusers ``UNet2DModel`` sees a window of ``context + 
 stacked as channels, plus one indicator channel per slot: ``1`` observed (a clean conditioning
 frame), ``0`` latent (being denoised), ``-1`` absent (zeros). It is trained on two tasks,
 
-* initial: frames ``1..C`` latent (generated jointly), the last slot absent;
-* step ``t`` (``t = C+1..T``): frames ``t-C..t-1`` observed, frame ``t`` latent,
+* initial: frames :math:`1, \dots, C` latent (generated jointly), the last slot absent;
+* step :math:`t` (:math:`t = C+1, \dots, T`): frames :math:`t-C, \dots, t-1` observed, frame :math:`t` latent,
 
 with the epsilon-prediction loss of DDPM (thesis eq. (5.2); Ho et al., *Denoising Diffusion Probabilistic
 Models*, 2020),
@@ -14,10 +14,10 @@ Models*, 2020),
 
     \mathbb{E}\,\lVert \epsilon - \epsilon_\theta(\sqrt{\bar\alpha_t}\, x_0 + \sqrt{1 - \bar\alpha_t}\, \epsilon, t) \rVert^2,
 
-on latent slots only; tasks are drawn in proportion to their use at sampling time (1 initial chain, ``T - C`` step chains).
+on latent slots only; tasks are drawn in proportion to their use at sampling time (1 initial chain, :math:`T - C` step chains).
 With ``num_frames = 1`` (``context = 0``) this is exactly an image DDPM of the same UNet, the
 thesis's 1-frame baseline. Sampling runs the reverse chain once for the initial block and once per
-later frame, each frame conditioned on the ``C`` most recent generated frames.
+later frame, each frame conditioned on the :math:`C` most recent generated frames.
 
 The model is a diffusers ``ModelMixin``/``ConfigMixin``: ``save_pretrained(dir)`` writes its
 config (every constructor argument, hence also its training noise schedule) and weights,
@@ -27,7 +27,7 @@ UNet takes windows with indicator channels, not plain images: passed to diffuser
 ``DDPMPipeline``/``DDIMPipeline`` (whose noise fills the indicator channels) it raises
 :class:`IndicatorChannelsError` instead of returning images with the wrong channel count.
 
-Clipping. diffusers' DDPM/DDIM schedulers clip the predicted clean sample ``x_0`` to
+Clipping. diffusers' DDPM/DDIM schedulers clip the predicted clean sample :math:`x_0` to
 ``[-1, 1]`` by default; that is right for images in ``[-1, 1]`` but wrong for Gaussian-noise pseudo
 frames, of which a large share lies outside ``[-1, 1]`` in training
 (:math:`z_s = \sqrt{1 - \beta}\, z_{s+1} + \sqrt{\beta}\, \epsilon`). Clipping is therefore an explicit

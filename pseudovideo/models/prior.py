@@ -1,18 +1,18 @@
-r"""Priors ``p(z)`` over VQ tokens (thesis §5.3): autoregressive (ImageGPT/VideoGPT) and masked (MaskGIT/Phenaki).
+r"""Priors :math:`p(z)` over VQ tokens (thesis §5.3): autoregressive (ImageGPT/VideoGPT) and masked (MaskGIT/Phenaki).
 
 Tokens of shape ``token_shape`` — ``(h, w)`` for an image, ``(t, h, w)`` for a video, so an image is
 a 1-frame video — are flattened in raster order (time, then rows, then columns) into a sequence
-``z_1, ..., z_L``. Both priors share one Transformer over that sequence (token embedding with one
-extra symbol, learned positions, pre-norm blocks, a linear head to the ``K`` codes) and differ only
+:math:`z_1, \dots, z_L`. Both priors share one Transformer over that sequence (token embedding with one
+extra symbol, learned positions, pre-norm blocks, a linear head to the :math:`K` codes) and differ only
 in their attention mask, their extra symbol and how they are trained and sampled:
 
 * ``AutoregressiveTokenPrior``: :math:`p(z) = \prod_i p(z_i \mid z_{<i})` with causal self-attention on
-  ``[BOS, z_1, ..., z_{L-1}]``, maximum likelihood, ancestral sampling with a temperature.
+  :math:`[\mathrm{BOS}, z_1, \dots, z_{L-1}]`, maximum likelihood, ancestral sampling with a temperature.
 * ``MaskedTokenPrior``: bidirectional attention on tokens some of which are replaced by ``[MASK]``.
   Training draws :math:`u \sim U(0, 1)` per sequence, masks :math:`\lceil \cos(\pi u / 2) L \rceil` random positions and
-  scores the masked ones by cross-entropy. Decoding starts fully masked; at step ``s = 1..S`` it
+  scores the masked ones by cross-entropy. Decoding starts fully masked; at step :math:`s = 1, \dots, S` it
   samples every masked position, keeps the most confident and re-masks the
-  :math:`\lfloor \cos(\pi s / (2 S)) L \rfloor` least confident, so step ``S`` fills every token. Confidence is
+  :math:`\lfloor \cos(\pi s / (2 S)) L \rfloor` least confident, so step :math:`S` fills every token. Confidence is
   MaskGIT's: the log-probability of the sampled code plus ``choice_temperature (1 - s / S)`` times
   Gumbel noise (0 gives the purely greedy order, which fills the easiest tokens, e.g. background,
   first and collapses diversity).
