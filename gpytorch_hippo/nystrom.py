@@ -22,7 +22,7 @@ def nystrom_residual(kxx_diag: Tensor, whitened_cross: Tensor, computed_in: torc
 
     :param kxx_diag: the prior variances :math:`k(x_i, x_i)`, shape ``(..., N)``.
     :param whitened_cross: :math:`W = L^{-1} K_{uX}` with :math:`L` the Cholesky factor of :math:`K_{uu}`, shape ``(..., M, N)``.
-    :param computed_in: the dtype in which ``K_uu``, ``K_uf`` and ``k(x, x)`` were computed, which sets the round-off
+    :param computed_in: the dtype in which :math:`K_{uu}`, :math:`K_{uf}` and :math:`k(x, x)` were computed, which sets the round-off
         the check tolerates (a float32 model's covariances promoted to float64 carry float32's); ``None``: ``kxx_diag``'s.
     :return: the residual ``(..., N)``, unclipped.
     """

@@ -244,20 +244,20 @@ class OnlineSGPR(gpytorch.Module):
     Gaussian factor :math:`\exp(-\tfrac12 w^T \Lambda' w + w^T \eta' + c')` in :math:`w = L'^{-1}(a - \mu'_a)`. Under the new
     prior :math:`w = \delta + T^T v + \varepsilon` with :math:`T = L^{-1} K_{ba} L'^{-T}`, :math:`\delta = L'^{-1}(\mu_a - \mu'_a)` and
     :math:`\operatorname{cov}(\varepsilon) = C = L'^{-1}(K_{aa} - Q_{aa}) L'^{-T}`; so the optimal
-    :math:`q(v) = N(B^{-1}\eta, B^{-1})` with
+    :math:`q(v) = \mathcal{N}(B^{-1}\eta, B^{-1})` with
 
     .. math::
-        B = I + W W^T / σ^2 + T Λ' T^T,\qquad
-        η = W (y - m(X)) / σ^2 + T (η' - Λ' δ),
+        B = I + W W^T / \sigma^2 + T \Lambda' T^T,\qquad
+        \eta = W (y - m(X)) / \sigma^2 + T (\eta' - \Lambda' \delta),
 
     and the collapsed bound (the monitoring value :meth:`log_bound`) is
 
     .. math::
-        \mathcal L = -\tfrac12 \log|B| + \tfrac12 η^T B^{-1} η
-        - \tfrac{N}{2}\log 2πσ^2 - \tfrac{\|y - m(X)\|^2}{2σ^2}
-        - \tfrac{\operatorname{tr}(K_{XX} - Q_{XX})}{2σ^2}
-        - \tfrac12 \operatorname{tr}(Λ' C) - \tfrac12 δ^TΛ'δ + δ^Tη'
-        + \tfrac12\log|B'| - \tfrac12 η'^T B'^{-1} η',
+        \mathcal L = -\tfrac12 \log|B| + \tfrac12 \eta^T B^{-1} \eta
+        - \tfrac{N}{2}\log 2\pi\sigma^2 - \tfrac{\|y - m(X)\|^2}{2\sigma^2}
+        - \tfrac{\operatorname{tr}(K_{XX} - Q_{XX})}{2\sigma^2}
+        - \tfrac12 \operatorname{tr}(\Lambda' C) - \tfrac12 \delta^T \Lambda' \delta + \delta^T \eta'
+        + \tfrac12\log|B'| - \tfrac12 \eta'^T B'^{-1} \eta',
 
     which is Bui et al.'s collapsed bound (their :math:`D_a^{-1} = S_a^{-1} - K'^{-1}_{aa}` is
     :math:`L'^{-T} \Lambda' L'^{-1}` here; nothing is inverted but triangular factors and :math:`B`, whose
@@ -266,49 +266,49 @@ class OnlineSGPR(gpytorch.Module):
     hyperparameters throughout, the posterior after any sequence of tasks equals batch SGPR on all
     data, and the per-task bounds sum to the batch bound.
 
-    **The jitter.** ``K'_aa`` includes the jitter of the old variables, white noise ``e`` on them
-    (``a = g(f) + e``, :class:`~gpytorch_hippo.inducing.InducingVariables`). Where the new variables
+    **The jitter.** :math:`K'_{aa}` includes the jitter of the old variables, white noise :math:`e` on them
+    (:math:`a = g(f) + e`, :class:`~gpytorch_hippo.inducing.InducingVariables`). Where the new variables
     do not share it (HiPPO bases after ``advance``, points that moved), the ratio is averaged over
-    that noise before it is used, ``Λ', η'`` above becoming those of ``E_e[r(g + e)]``
-    (:func:`_smooth_ratio`; ``C`` and ``K_aa`` then exclude the noise, and the bound gains the
+    that noise before it is used, :math:`\Lambda', \eta'` above becoming those of :math:`\mathbb{E}_e[r(g + e)]`
+    (:func:`_smooth_ratio`; :math:`C` and :math:`K_{aa}` then exclude the noise, and the bound gains the
     average's log-normaliser). Taken literally, Bui et al.'s ratio would pass the jitter on as
-    information about ``f`` at every step. The algebra runs in float64 (``to_working_dtype``) whatever the
+    information about :math:`f` at every step. The algebra runs in float64 (``to_working_dtype``) whatever the
     model's dtype, and the stored summary stays in float64.
 
-    After each task the summary ``(Λ', η', L', μ'_a)`` is stored in buffers and frozen deep copies
+    After each task the summary :math:`(\Lambda', \eta', L', \mu'_a)` is stored in buffers and frozen deep copies
     of the inducing variables and the mean in :attr:`posterior_inducing_variables` and
     :attr:`posterior_mean_module` (in the module tree: ``state_dict``, ``deepcopy`` and ``.to``
     carry them). Between tasks the inducing variables may be replaced
     (``model.inducing_variables = InducingPoints(new_Z)``) or moved in place (e.g.
     ``model.inducing_variables.advance(t_new)`` for HiPPO); the old copy provides ``Kuu_cross``.
-    The mean function may change between tasks with point inducing variables (``μ_a = m(Z_a)``
-    under the new mean, ``μ'_a`` stored); interdomain ones project ``f - m``, so a change raises.
+    The mean function may change between tasks with point inducing variables (:math:`\mu_a = m(Z_a)`
+    under the new mean, :math:`\mu'_a` stored); interdomain ones project :math:`f - m`, so a change raises.
 
     :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
-    :param covar_module: the GPyTorch kernel ``k``.
+    :param covar_module: the GPyTorch kernel :math:`k`.
     :param likelihood: a homoskedastic ``gpytorch.likelihoods.GaussianLikelihood``.
     :param mean_module: prior mean (default ``ZeroMean``).
     :param captured_variance_warning: :meth:`update` warns when the inducing variables capture less
         than this fraction of the prior variance over the inputs seen so far within their reach (mean
-        of ``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`_check_memory`), and again whenever it falls
-        below half the level of its last warning; :attr:`last_captured_variance` holds the latest value;
-        ``None`` disables the check. A task's inputs outside that reach (e.g. beyond a HiPPO ``t`` after a forgotten
+        of :math:`\operatorname{diag}(K_{fu} K_{uu}^{-1} K_{uf}) / \operatorname{diag}(K_{ff})`, :meth:`_check_memory`), and again
+        whenever it falls below half the level of its last warning; :attr:`last_captured_variance` holds the latest value;
+        ``None`` disables the check. A task's inputs outside that reach (e.g. beyond a HiPPO :math:`t` after a forgotten
         ``advance``) always raise :class:`~gpytorch_hippo.inducing.InputsOutsideSupportError`.
     :param time_axis: a :class:`~gpytorch_hippo.timeaxis.TimeAxis` (or its unit, e.g. ``"h"``) to take calendar
         times as inputs.
     :param refit_every: the refit policy of :meth:`update` calls that leave ``num_iter`` unset: the
         hyperparameters are fitted on task 1 and on every ``refit_every``-th task after it (tasks
-        ``1, 1 + k, 1 + 2k, ...``; the count ``num_tasks`` is in the ``state_dict``, so a reloaded model keeps
+        :math:`1, 1 + k, 1 + 2k, \dots`; the count ``num_tasks`` is in the ``state_dict``, so a reloaded model keeps
         the schedule), by ``refit_iter`` iterations of ``refit_optimizer`` (default L-BFGS) on the task's
         online bound; the other tasks are closed-form updates. A mean that interdomain inducing variables
-        cannot follow (they project ``f - m``) is left out of refits after task 1. ``None`` (default): no fit
+        cannot follow (they project :math:`f - m`) is left out of refits after task 1. ``None`` (default): no fit
         unless ``num_iter`` asks for one.
     :param refit_iter: iterations of each policy refit (``num_iter`` of :meth:`update`), a positive int; default 50.
     :param refit_optimizer: the optimiser of the policy refits, ``"lbfgs"`` (default) or ``"adam"`` (the ``optimizer``
         of :meth:`update`; Adam runs at the ``lr`` given to :meth:`update`).
 
-    In both modes ``model(x)`` returns the latent ``q(f(x))``: the stored ``q(b)`` pushed through
-    ``p(f | b)`` with the current kernel; ``likelihood(model(x))`` is the predictive.
+    In both modes ``model(x)`` returns the latent :math:`q(f(x))`: the stored :math:`q(b)` pushed through
+    :math:`p(f \mid b)` with the current kernel; ``likelihood(model(x))`` is the predictive.
     """
 
     # State of the captured-variance check (:meth:`_check_memory`), plain attributes set in ``__init__``:
@@ -571,14 +571,14 @@ class OnlineSGPR(gpytorch.Module):
         optimizer: str = "adam",
         mask: Tensor | None = None,
     ) -> Tensor | None:
-        """Absorb one task.
+        r"""Absorb one task.
 
         :param train_x: inputs ``(N, D)`` (or ``(N,)``) of the new task only: a tensor, NumPy or pandas
             numbers, or calendar times (pandas ``DatetimeIndex``/``Series``, ``datetime64``) with ``time_axis``.
         :param train_y: targets ``(N,)`` (tensor, NumPy or pandas).
         :param missing: ``"raise"`` (default): NaN targets raise; ``"drop"``: they are left out of the task
             (nothing is imputed). A task with no observation left is a no-op that returns ``None``.
-        :param num_iter: optimiser iterations on ``-bound / N`` over the hyperparameters of the kernel,
+        :param num_iter: optimiser iterations on :math:`-\mathrm{bound} / N` over the hyperparameters of the kernel,
             likelihood, mean and (learnable) inducing variables (:attr:`last_fit` reports how the fit ended).
             ``0``: nothing is optimised, the update is a closed-form computation. ``None`` (default): the
             model's refit policy decides (``refit_every``; without one, ``0``).
@@ -832,7 +832,7 @@ class OnlineSGPR(gpytorch.Module):
         return mean, b_chol
 
     def inducing_posterior(self) -> MultivariateNormal:
-        """The stored ``q(u) = N(μ_u + L' m_v, L' B^{-1} L'^T)`` over :attr:`posterior_inducing_variables`."""
+        r"""The stored :math:`q(u) = \mathcal{N}(\mu_u + L' m_v, L' B^{-1} L'^T)` over :attr:`posterior_inducing_variables`."""
         if not self.has_posterior:
             raise RuntimeError("no task has been absorbed yet: call update(train_x, train_y) first")
         mean_v, b_chol = self._whitened_posterior()
@@ -926,11 +926,11 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
     r"""Online ELBO of Bui et al. (2017) for any likelihood (thesis eq. (4.6)).
 
     .. math::
-        \mathcal L^o = \sum_i E_{q(f_i)}[\log p(y_i | f_i)]
-            + KL(\tilde q(a) \| p_{old}(a)) - KL(\tilde q(a) \| q_{old}(a)) - KL(q(b) \| p(b)),
+        \mathcal L^o = \sum_i \mathbb{E}_{q(f_i)}[\log p(y_i \mid f_i)]
+            + \mathrm{KL}(\tilde q(a) \| p_{old}(a)) - \mathrm{KL}(\tilde q(a) \| q_{old}(a)) - \mathrm{KL}(q(b) \| p(b)),
 
     with :math:`\tilde q(a) = \int p(a \mid b)\, q(b)\, \mathrm{d}b`. The two :math:`a` terms are evaluated together as
-    :math:`E_{\tilde q}[\log q_{old}(a) - \log p_{old}(a)]` (the entropy of :math:`\tilde q` cancels, so
+    :math:`\mathbb{E}_{\tilde q}[\log q_{old}(a) - \log p_{old}(a)]` (the entropy of :math:`\tilde q` cancels, so
     a singular :math:`\tilde q` -- e.g. :math:`a = b` -- is harmless); where the new variables do not share
     the old ones' jitter, :math:`\log q_{old}/p_{old}` is averaged over that jitter noise as in
     :class:`OnlineSGPR` (:func:`_smooth_ratio`). Like GPyTorch's ``VariationalELBO``
@@ -941,7 +941,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
     :param model: a GPyTorch ``ApproximateGP`` whose variational strategy is (or wraps) an
         :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy`.
     :param num_data: the size :math:`N` of the current task (the ELBO is divided by it), a positive int.
-    :param beta: the factor of the KL-type terms, a float ``>= 0``; default 1.
+    :param beta: the factor of the KL-type terms, a float :math:`\ge 0`; default 1.
     :param combine_terms: ``True`` (default): :meth:`forward` returns one value; ``False``: its terms (likelihood, KL,
         log prior and, where the model has them, added losses), as GPyTorch's ``VariationalELBO``.
 
@@ -1007,7 +1007,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
 
     @torch.no_grad()
     def end_task(self, num_data: int | None = None) -> None:
-        """Store ``q_old(a)``, ``chol(K'_aa)``, ``μ'_a`` and the inducing variables at the end of a task.
+        r"""Store :math:`q_{old}(a)`, :math:`\operatorname{chol}(K'_{aa})`, :math:`\mu'_a` and the inducing variables at the end of a task.
 
         ``num_data``: size of the *next* task (the ELBO's normaliser), if it differs from this one's.
 
@@ -1044,10 +1044,11 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         return -0.5 * (diff.square().sum(-1) + trace + logdet + size * math.log(2 * math.pi))
 
     def _expected_smoothed_log_ratio(self, mean: Tensor, covar: Tensor, noise: Tensor) -> Tensor:
-        """``E_{N(mean, covar)}[\\log \tilde r(g)]``: the stored ratio ``r = q_old / p_old`` averaged over
-        the old variables' unshared jitter noise (:func:`_smooth_ratio`), for the moments of their
-        noise-free part ``g``. In ``w = L'^{-1}(g - μ'_a)`` with ``K = L'^{-1} chol(S_a)``:
-        ``Λ = K^{-T}K^{-1} - I``, ``η = K^{-T}K^{-1} m_w`` and ``\\log r = -½ wᵀΛw + wᵀη - \\log|K| - ½ m_wᵀ(KKᵀ)^{-1} m_w``."""
+        r""":math:`\mathbb{E}_{\mathcal{N}(\mathrm{mean}, \mathrm{covar})}[\log \tilde r(g)]`: the stored ratio
+        :math:`r = q_{old} / p_{old}` averaged over the old variables' unshared jitter noise (:func:`_smooth_ratio`), for the
+        moments of their noise-free part :math:`g`. In :math:`w = L'^{-1}(g - \mu'_a)` with
+        :math:`K = L'^{-1} \operatorname{chol}(S_a)`: :math:`\Lambda = K^{-T}K^{-1} - I`, :math:`\eta = K^{-T}K^{-1} m_w` and
+        :math:`\log r = -\tfrac12 w^\top \Lambda w + w^\top \eta - \log|K| - \tfrac12 m_w^\top (K K^\top)^{-1} m_w`."""
         prior_chol, covar_chol, old_mean, old_prior_mean = map(
             to_working_dtype, (self.old_prior_chol, self.old_covar_chol, self.old_mean, self.old_prior_mean)
         )
@@ -1066,7 +1067,7 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         return -0.5 * quadratic + (shift * mean_z).sum(-1) + constant + smoothing
 
     def online_kl_divergence(self) -> Tensor:
-        """``KL(q(b)||p(b)) - E_{\\tilde q(a)}[\\log q_{old}(a) - \\log p_{old}(a)]`` (the negated
+        r""":math:`\mathrm{KL}(q(b) \| p(b)) - \mathbb{E}_{\tilde q(a)}[\log q_{old}(a) - \log p_{old}(a)]` (the negated
         non-likelihood terms of thesis eq. (4.6)), shaped like the strategy's KL."""
         kl = self.model.variational_strategy.kl_divergence()
         if not self.has_old_task:

@@ -105,22 +105,22 @@ def order_inputs(
     r"""Permutation that puts the inputs of one task into a pseudo-time order (thesis §4.4).
 
     ``x[order_inputs(x, ...)]`` are the inputs in the order in which they are placed at times
-    ``Δt, 2Δt, ...`` on the path of multidimensional HiPPO inducing variables (thesis eq.
+    :math:`\Delta t, 2 \Delta t, \dots` on the path of multidimensional HiPPO inducing variables (thesis eq.
     ``multi_dim_hippo_kfu``).
 
     :param x: inputs ``(N, D)`` (or ``(N,)``) of one task.
     :param criterion: ``"random"`` (uniform random permutation drawn with ``generator``),
-        ``"kernel_max"`` (``x_1 = argmax_x k(x, s)``, then ``x_i = argmax k(x, x_{i-1})`` over the
+        ``"kernel_max"`` (:math:`x_1 = \operatorname{argmax}_x k(x, s)`, then :math:`x_i = \operatorname{argmax} k(x, x_{i-1})` over the
         points not chosen yet), ``"kernel_min"`` (the same with ``argmin``), or a callable
         ``key(x) -> (N,)`` scores, sorted increasingly (stable; the "oracle" order).
-    :param kernel: the GPyTorch kernel ``k`` of the kernel criteria (ignored by the others). Use the
+    :param kernel: the GPyTorch kernel :math:`k` of the kernel criteria (ignored by the others). Use the
         model's kernel, e.g. ``model.covar_module``.
-    :param start: the reference input ``s`` of the first greedy step, shape ``(D,)``. ``None``: the
+    :param start: the reference input :math:`s` of the first greedy step, shape ``(D,)``. ``None``: the
         origin ``0``, as the thesis defines the first task. To continue the greedy path across
         tasks pass the last ordered input of the previous task. Ignored by the other criteria.
     :param generator: random generator of the ``"random"`` criterion (for reproducibility).
     :param block_size: rows of the kernel matrix evaluated per kernel call by the kernel criteria
-        (the whole ``N x N`` matrix is kept: ``N^2`` entries of memory).
+        (the whole :math:`N \times N` matrix is kept: :math:`N^2` entries of memory).
     :return: a ``LongTensor`` permutation of ``range(N)`` on ``x.device``. Ties are broken by the
         smallest index.
     """

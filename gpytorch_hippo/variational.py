@@ -50,18 +50,18 @@ def _same_tensor(cached: Tensor, current: Tensor) -> bool:
 class InterdomainVariationalStrategy(_VariationalStrategy):
     r"""Sparse variational GP with arbitrary (interdomain) inducing variables.
 
-    For inducing variables ``u`` with ``q(u) = N(m_u, S_u)`` the approximate posterior at inputs
-    ``X`` is (thesis eq. (2.36), with ``K_ZZ, K_XZ`` replaced by the interdomain
-    ``K_uu, K_fu`` of §4.2.1)
+    For inducing variables :math:`u` with :math:`q(u) = \mathcal{N}(m_u, S_u)` the approximate posterior at inputs
+    :math:`X` is (thesis eq. (2.36), with :math:`K_{ZZ}, K_{XZ}` replaced by the interdomain
+    :math:`K_{uu}, K_{fu}` of §4.2.1)
 
     .. math::
-        q(f_X) = N\big(m(X) + K_{Xu} K_{uu}^{-1} (m_u - \mu_u),\;
+        q(f_X) = \mathcal{N}\big(m(X) + K_{Xu} K_{uu}^{-1} (m_u - \mu_u),\;
                  K_{XX} + K_{Xu} K_{uu}^{-1} (S_u - K_{uu}) K_{uu}^{-1} K_{uX}\big),
 
-    computed as ``W = L^{-1} K_{uX}`` with ``L = chol(K_{uu})``. With ``whitened=True`` the
-    variational distribution is over ``v = L^{-1}(u - \mu_u)`` and the prior is ``N(0, I)``;
-    with ``whitened=False`` it is over ``u`` itself and the prior is ``N(\mu_u, K_{uu})``. The
-    ELBO's KL term is ``KL(q || prior)`` (thesis eq. (2.38)).
+    computed as :math:`W = L^{-1} K_{uX}` with :math:`L = \operatorname{chol}(K_{uu})`. With ``whitened=True`` the
+    variational distribution is over :math:`v = L^{-1}(u - \mu_u)` and the prior is :math:`\mathcal{N}(0, I)`;
+    with ``whitened=False`` it is over :math:`u` itself and the prior is :math:`\mathcal{N}(\mu_u, K_{uu})`. The
+    ELBO's KL term is :math:`\mathrm{KL}(q \| \mathrm{prior})` (thesis eq. (2.38)).
 
     With :class:`~gpytorch_hippo.inducing.InducingPoints` this is exactly GPyTorch's
     ``VariationalStrategy`` (``whitened=True``) or ``UnwhitenedVariationalStrategy``
@@ -69,16 +69,16 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     variables' policy; the whitened form also adds it to the data covariance, as GPyTorch does).
 
     :param model: the ``ApproximateGP`` that owns this strategy. It is not registered as a
-        submodule. ``model.forward(x)`` gives the prior ``p(f(x))`` (mean and covariance at data).
+        submodule. ``model.forward(x)`` gives the prior :math:`p(f(x))` (mean and covariance at data).
     :param inducing_variables: any :class:`~gpytorch_hippo.inducing.InducingVariables`.
-    :param variational_distribution: a GPyTorch variational distribution of size ``M``
+    :param variational_distribution: a GPyTorch variational distribution of size :math:`M`
         (Cholesky, mean-field, natural, delta, with batch shapes).
-    :param whitened: whiten ``q(u)`` with ``chol(K_uu)`` (default) or not.
-    :param kernel: kernel used for ``K_uu`` and ``K_uX``. Default: ``model.covar_module``
+    :param whitened: whiten :math:`q(u)` with :math:`\operatorname{chol}(K_{uu})` (default) or not.
+    :param kernel: kernel used for :math:`K_{uu}` and :math:`K_{uX}`. Default: ``model.covar_module``
         (read at every call, so it always matches the model's prior). If given explicitly it is
         registered as a submodule; it must be the kernel ``model.forward`` uses.
 
-    The eval-mode caches (``chol(K_uu)``, ``q(u)``, the prior) are dropped whenever the strategy
+    The eval-mode caches (:math:`\operatorname{chol}(K_{uu})`, :math:`q(u)`, the prior) are dropped whenever the strategy
     enters train mode, and also in eval mode whenever any parameter or buffer of the kernel, the
     mean, the inducing variables or the variational distribution changed value since they were
     filled (e.g. after ``load_state_dict`` or setting a lengthscale).
@@ -242,7 +242,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
     @property
     @cached(name="prior_distribution_memo")
     def prior_distribution(self) -> MultivariateNormal:
-        """``p(v) = N(0, I)`` (whitened) or ``p(u) = N(\\mu_u, K_uu)`` (unwhitened)."""
+        r""":math:`p(v) = \mathcal{N}(0, I)` (whitened) or :math:`p(u) = \mathcal{N}(\mu_u, K_{uu})` (unwhitened)."""
         q_shape = self._variational_distribution.shape()
         dtype = self._variational_distribution.dtype
         device = self._variational_distribution.device
@@ -264,8 +264,8 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     @property
     def pseudo_points(self) -> tuple[Tensor, Tensor]:
-        """``(D_a, ỹ)``: the Gaussian pseudo-observations at the inducing points that ``q(u)`` amounts to,
-        ``D_a = (S^{-1} - K_uu^{-1})^{-1}`` (Maddox et al. 2021), computed exactly as GPyTorch's
+        r""":math:`(D_a, \tilde y)`: the Gaussian pseudo-observations at the inducing points that :math:`q(u)` amounts to,
+        :math:`D_a = (S^{-1} - K_{uu}^{-1})^{-1}` (Maddox et al. 2021), computed exactly as GPyTorch's
         ``VariationalStrategy`` (whitened) or ``UnwhitenedVariationalStrategy`` does."""
         if not self.has_fantasy_strategy:
             raise NotImplementedError(self._no_fantasy_message())
@@ -298,12 +298,12 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         )
 
     def kl_divergence(self) -> Tensor:
-        """``KL(q(u) || p(u))`` with the current hyperparameters (also right after an optimiser step)."""
+        r""":math:`\mathrm{KL}(q(u) \| p(u))` with the current hyperparameters (also right after an optimiser step)."""
         self._clear_cache_if_stale()
         return super().kl_divergence()
 
     def inducing_posterior(self) -> MultivariateNormal:
-        """``q(u)`` in the unwhitened coordinates of the inducing variables (dense covariance)."""
+        """:math:`q(u)` in the unwhitened coordinates of the inducing variables (dense covariance)."""
         self._clear_cache_if_stale()
         q = self.variational_distribution
         if not self.whitened:
@@ -338,14 +338,14 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     # ------------------------------------------------------------------ moving the inducing variables
     def advance(self, t_new: float) -> None:
-        r"""Move HiPPO inducing variables (time inputs) to ``t_new`` and carry ``q(u)`` forward.
+        r"""Move HiPPO inducing variables (time inputs) to ``t_new`` and carry :math:`q(u)` forward.
 
         The new :math:`q(u')` is :math:`\tilde q(u') = \int p(u' \mid u)\, q(u)\, \mathrm{d}u` (thesis eq. (4.6)), so
         the posterior is the one of the finished task seen through the moved variables (exactly, in
-        the Gaussian family of the variational distribution: a mean-field ``q`` keeps the marginals).
+        the Gaussian family of the variational distribution: a mean-field :math:`q` keeps the marginals).
         The inducing variables refuse ``advance`` themselves while this strategy owns them. With an
         :class:`~gpytorch_hippo.online.OnlineELBO` attached, call its ``end_task()`` first: it stores
-        ``q_old(a)`` of the finished task, which moving the variables would otherwise overwrite.
+        :math:`q_{old}(a)` of the finished task, which moving the variables would otherwise overwrite.
 
         :param t_new: the new time :math:`t` of the bases, later than the current one (same unit as the inputs).
         """
@@ -353,8 +353,8 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     def append_path(self, x_ordered: Tensor, step: int = 1) -> None:
         """Extend the path of multidimensional HiPPO inducing variables with a task's ordered inputs
-        (thesis §4.4; Chen et al. (2025), OHSVGP), carrying ``q(u)`` forward as :meth:`advance` does (nothing to carry before
-        ``q(u)`` is first used).
+        (thesis §4.4; Chen et al. (2025), OHSVGP), carrying :math:`q(u)` forward as :meth:`advance` does (nothing to carry before
+        :math:`q(u)` is first used).
 
         :param x_ordered: the task's inputs ``(N, d)`` in path order.
         :param step: use every ``step``-th input (a positive int, default 1), at path times ``step * dt`` apart.
@@ -364,10 +364,10 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     def replace_inducing_variables(self, inducing_variables: InducingVariables) -> None:
         r"""Use other inducing variables, of any number (e.g. OSVGP's re-drawn points), and carry
-        ``q(u)`` to them as :meth:`advance` does: :math:`\tilde q(u') = \int p(u' \mid u)\, q(u)\, \mathrm{d}u`
+        :math:`q(u)` to them as :meth:`advance` does: :math:`\tilde q(u') = \int p(u' \mid u)\, q(u)\, \mathrm{d}u`
         (thesis eq. (4.6)). When their number changes the variational distribution is rebuilt
         (same class, batch shape and ``mean_init_std``), so optimisers must be built anew.
-        Assigning ``variational_strategy.inducing_variables`` directly keeps the old ``q(u)``
+        Assigning ``variational_strategy.inducing_variables`` directly keeps the old :math:`q(u)`
         parameters as they are, and needs the same number of inducing variables.
 
         :param inducing_variables: the new inducing variables :math:`u'` (any

@@ -393,13 +393,13 @@ class SelfAttentionAdapter(nn.Module):
 # --------------------------------------------------------------------------- starting a converted layer
 # (used by the adapters here and by gpytorch_sgpa.dropin's conversion of nn.MultiheadAttention)
 def sgpa_start(attention: str, kwargs: dict) -> float | None:
-    """Defaults of a conversion to SGPA (from softmax or kernel attention) that start it at the kernel
-    layer's function: orthogonal SGPA at mean gate ``γ = 0``, where its posterior mean is kernel
-    attention's output ``K_qa v_a`` (:class:`~gpytorch_sgpa.attention.SGPAttention`;
-    ``mean_gate=None``: the thesis's mean); decoupled SGPA's global covariance at ``C = c I`` with
-    ``c = global_cov_init`` (popped from ``kwargs``, default 0.1; ``None``: the random start of
-    ``variational_init_std``), i.e. whitened ``S_g = c² K_gg``, so the samples start near the mean.
-    Returns ``c`` (``None`` for kernel attention, whose ``kwargs`` are left as they are).
+    r"""Defaults of a conversion to SGPA (from softmax or kernel attention) that start it at the kernel
+    layer's function: orthogonal SGPA at mean gate :math:`\gamma = 0`, where its posterior mean is kernel
+    attention's output :math:`K_{qa} v_a` (:class:`~gpytorch_sgpa.attention.SGPAttention`;
+    ``mean_gate=None``: the thesis's mean); decoupled SGPA's global covariance at :math:`C = c I` with
+    :math:`c` = ``global_cov_init`` (popped from ``kwargs``, default 0.1; ``None``: the random start of
+    ``variational_init_std``), i.e. whitened :math:`S_g = c^2 K_{gg}`, so the samples start near the mean.
+    Returns :math:`c` (``None`` for kernel attention, whose ``kwargs`` are left as they are).
 
     :param attention: the name of the layer converted to (:data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`).
     :param kwargs: the layer's keyword arguments, completed in place."""
@@ -414,7 +414,7 @@ def sgpa_start(attention: str, kwargs: dict) -> float | None:
 
 
 def start_at_mean(layer: nn.Module, cov_init: float | None) -> None:
-    """Start a decoupled SGPA ``layer``'s global covariance at ``cov_init · I`` (whitened) and let
+    r"""Start a decoupled SGPA ``layer``'s global covariance at :math:`\mathrm{cov\_init} \cdot I` (whitened) and let
     ``calibration_inputs`` place its global inducing inputs.
 
     :param layer: the new kernel or SGPA layer.

@@ -174,74 +174,82 @@ def _same_values(snapshot: _Snapshot, current: list[Tensor]) -> bool:
 class SGPAttention(_MultiHeadAttention):
     r"""Sparse Gaussian process attention (thesis ch. 3): each head's output is an SVGP posterior.
 
-    Queries and amortised keys share the projection ``W_qk`` (``q = k_a = s W_qk``), values are
-    ``v_a = s W_v`` (thesis eq. (3.16)); the head outputs are sampled by reparameterisation
+    Queries and amortised keys share the projection :math:`W_{qk}` (:math:`q = k_a = s W_{qk}`), values are
+    :math:`v_a = s W_v` (thesis eq. (3.16)); the head outputs are sampled by reparameterisation
     (thesis eq. (3.17)) and combined by the output projection (thesis eq. (2.4)).
 
     ``mode="standard"`` (thesis eq. (3.4)): inducing inputs are the amortised keys only, the
-    variational covariance is input dependent, ``S = L_S L_Sᵀ`` with row ``i`` of ``L_S`` the
-    projection ``s_i W_s`` (strictly lower part; diagonal through ``exp``), tied across output
-    dimensions; it needs ``max_len`` (``W_s`` has one column per position).  Since queries equal
-    keys, thesis eq. (3.4) reduces exactly to mean ``K_qk v`` and covariance ``S``; the KL (App. B.1.1
-    with ``v = K⁻¹ m_u``) needs one Cholesky of ``K_kk`` per sequence and head.
+    variational covariance is input dependent, :math:`S = L_S L_S^\top` with row :math:`i` of :math:`L_S` the
+    projection :math:`s_i W_s` (strictly lower part; diagonal through :math:`\exp`), tied across output
+    dimensions; it needs ``max_len`` (:math:`W_s` has one column per position).  Since queries equal
+    keys, thesis eq. (3.4) reduces exactly to mean :math:`K_{qk} v` and covariance :math:`S`; the KL (App. B.1.1
+    with :math:`v = K^{-1} m_u`) needs one Cholesky of :math:`K_{kk}` per sequence and head.
 
-    ``mode="decoupled"``: ``M = num_global`` global inducing inputs ``Z_g`` per head, a parameter
+    ``mode="decoupled"``: :math:`M` = ``num_global`` global inducing inputs :math:`Z_g` per head, a parameter
     in the layer's input space (``global_inducing_inputs``, ``(H, M, d_model)``); the keys are
-    ``k_g = G_φ(Z_g) W_qk`` where ``G_φ(Z_g)`` is passed as ``global_inputs`` by the model
-    (thesis eq. (3.16)).  Variational parameters ``v_g`` (``(H, M, e)``) and ``C`` lower triangular,
+    :math:`k_g = G_\phi(Z_g) W_{qk}` where :math:`G_\phi(Z_g)` is passed as ``global_inputs`` by the model
+    (thesis eq. (3.16)).  Variational parameters :math:`v_g` (``(H, M, e)``) and :math:`C` lower triangular,
     exp-diagonal, one per output dimension (``(H, e, M, M)``; one per head with
     ``share_covariance=True``).  ``whitened=True`` (the default; GPyTorch's term, the authors'
-    parameterisation) sets ``S_g = L C Cᵀ Lᵀ`` with ``L L ᵀ = K_gg``, so ``C`` parameterises
-    ``q`` of the whitened variables ``L⁻¹ u_g`` and stays well scaled whatever ``K_gg``;
-    ``whitened=False`` sets ``S_g = C Cᵀ`` (the package's earlier default).  Why the
+    parameterisation) sets :math:`S_g = L C C^\top L^\top` with :math:`L L^\top = K_{gg}`, so :math:`C` parameterises
+    :math:`q` of the whitened variables :math:`L^{-1} u_g` and stays well scaled whatever :math:`K_{gg}`;
+    ``whitened=False`` sets :math:`S_g = C C^\top` (the package's earlier default).  Why the
     default: at the same draw the unwhitened KL of a fresh Fashion-MNIST ViT is 19x the whitened
-    one (it pays ``tr(K_gg⁻¹ C Cᵀ)`` for nearly singular ``K_gg``), and trained with the same
+    one (it pays :math:`\operatorname{tr}(K_{gg}^{-1} C C^\top)` for nearly singular :math:`K_{gg}`), and trained with the same
     objective the whitened layers reached a lower NLL in 6 of 6 seeds (3 at 8 and 3 at 40 epochs)
     and a higher accuracy in 5 of 6 (the sixth 0.001 lower); ECE and OOD AUROC were worse at 8
     epochs and mixed at 40 (``docs/project_results.md``).
 
     * ``variant="orthogonal"`` (ODSVGP, thesis eqs. (3.15), (3.14)):
-      ``m_d = K_qa v_a - K_qg K_gg⁻¹ K_ga v_a + K_qg v_g``;
-    * ``variant="dsvgp"`` (thesis eq. (B.14)): ``m_d = K_qa v_a``;
-    * both: ``Σ_d = K_qq + K_qg K_gg⁻¹ (S_g,d - K_gg) K_gg⁻¹ K_gq``.
+      :math:`m_d = K_{qa} v_a - K_{qg} K_{gg}^{-1} K_{ga} v_a + K_{qg} v_g`;
+    * ``variant="dsvgp"`` (thesis eq. (B.14)): :math:`m_d = K_{qa} v_a`;
+    * both: :math:`\Sigma_d = K_{qq} + K_{qg} K_{gg}^{-1} (S_{g,d} - K_{gg}) K_{gg}^{-1} K_{gq}`.
 
     ``mean_gate`` (orthogonal only; ``None``, the default, is the thesis's mean): a learnable
-    per-head ``γ`` (``global_mean_gate``, ``(H,)``, starting at ``mean_gate``) with
-    ``m_d = K_qa v_a + γ K_qg (v_g - K_gg⁻¹ K_ga v_a)``.  This is the mean of eq. (3.15) with the
-    global mean parameter ``ṽ_g = γ v_g + (1 - γ) K_gg⁻¹ K_ga v_a`` in place of ``v_g`` (expand
-    ``K_qg ṽ_g - K_qg K_gg⁻¹ K_ga v_a``), so for every ``γ`` the layer is an orthogonally decoupled
-    posterior with ``Σ_d`` unchanged, and its KL below, with ``ṽ_g`` for ``v_g``, is exact:
-    ``v_g,dᵀ K_gg v_g,d`` becomes ``ṽ_g,dᵀ K_gg ṽ_g,d = ‖γ Lᵀ v_g,d + (1 - γ) L⁻¹ K_ga v_a,d‖²``, of
-    which ``γ² ‖Lᵀ v_g,d‖²`` is global and the rest per sequence.  ``γ = 1`` is eq. (3.15);
-    ``γ = 0`` gives ``m_d = K_qa v_a``, the kernel attention's output, whatever ``Z_g`` and ``v_g``:
+    per-head :math:`\gamma` (``global_mean_gate``, ``(H,)``, starting at ``mean_gate``) with
+    :math:`m_d = K_{qa} v_a + \gamma K_{qg} (v_g - K_{gg}^{-1} K_{ga} v_a)`.  This is the mean of eq. (3.15) with the
+    global mean parameter :math:`\tilde v_g = \gamma v_g + (1 - \gamma) K_{gg}^{-1} K_{ga} v_a` in place of :math:`v_g` (expand
+    :math:`K_{qg} \tilde v_g - K_{qg} K_{gg}^{-1} K_{ga} v_a`), so for every :math:`\gamma` the layer is an orthogonally decoupled
+    posterior with :math:`\Sigma_d` unchanged, and its KL below, with :math:`\tilde v_g` for :math:`v_g`, is exact:
+    :math:`v_{g,d}^\top K_{gg} v_{g,d}` becomes
+    :math:`\tilde v_{g,d}^\top K_{gg} \tilde v_{g,d} = \|\gamma L^\top v_{g,d} + (1 - \gamma) L^{-1} K_{ga} v_{a,d}\|^2`, of
+    which :math:`\gamma^2 \|L^\top v_{g,d}\|^2` is global and the rest per sequence.  :math:`\gamma = 1` is eq. (3.15);
+    :math:`\gamma = 0` gives :math:`m_d = K_{qa} v_a`, the kernel attention's output, whatever :math:`Z_g` and :math:`v_g`:
     why :func:`~gpytorch_sgpa.convert` starts SGPA from kernel attention at ``mean_gate=0``.  An
-    input-independent ``v_g`` cannot cancel the correction ``K_qg (v_g - K_gg⁻¹ K_ga v_a)`` for all
-    inputs, since ``K_gg⁻¹ K_ga v_a`` varies with the sequence (only ``K_qg = 0``, global keys far
-    from every query, would, and there the likelihood's gradients of ``Z_g``, ``v_g`` vanish); at
-    ``γ = 0`` instead ``∂m_d/∂γ = K_qg (v_g - K_gg⁻¹ K_ga v_a) ≠ 0``, so the first ELBO step moves
-    ``γ`` and from then on ``v_g`` and ``Z_g`` get the likelihood's gradients.
+    input-independent :math:`v_g` cannot cancel the correction :math:`K_{qg} (v_g - K_{gg}^{-1} K_{ga} v_a)` for all
+    inputs, since :math:`K_{gg}^{-1} K_{ga} v_a` varies with the sequence (only :math:`K_{qg} = 0`, global keys far
+    from every query, would, and there the likelihood's gradients of :math:`Z_g`, :math:`v_g` vanish); at
+    :math:`\gamma = 0` instead :math:`\partial m_d / \partial \gamma = K_{qg} (v_g - K_{gg}^{-1} K_{ga} v_a) \ne 0`, so the first
+    ELBO step moves :math:`\gamma` and from then on :math:`v_g` and :math:`Z_g` get the likelihood's gradients.
 
-    KL (App. B.1.2, including the constant ``-M/2`` per dimension so it is the exact KL):
-    ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + tr(K_gg⁻¹ S_g,d) - log|S_g,d| + log|K_gg| - M]``,
-    which whitened is ``½ Σ_d [v_a,dᵀ B v_a,d + v_g,dᵀ K_gg v_g,d + ‖C_d‖²_F - log|C_d C_dᵀ| - M]``
-    with ``B = K_aa - K_ag K_gg⁻¹ K_ga`` (orthogonal) or ``B = K_aa`` (dsvgp: the RKHS norm of the
-    decoupled mean, which is the exact KL of ``q(u) = N(K_{Z a} v_a, S_u)`` over ``Z = (k_g, k_a)``;
-    there ``v_g`` is unused).
+    KL (App. B.1.2, including the constant :math:`-M/2` per dimension so it is the exact KL):
+
+    .. math::
+
+        \tfrac{1}{2} \sum_d \left[v_{a,d}^\top B v_{a,d} + v_{g,d}^\top K_{gg} v_{g,d} + \operatorname{tr}(K_{gg}^{-1} S_{g,d})
+        - \log|S_{g,d}| + \log|K_{gg}| - M\right],
+
+    which whitened is
+    :math:`\tfrac{1}{2} \sum_d [v_{a,d}^\top B v_{a,d} + v_{g,d}^\top K_{gg} v_{g,d} + \|C_d\|_F^2 - \log|C_d C_d^\top| - M]`
+    with :math:`B = K_{aa} - K_{ag} K_{gg}^{-1} K_{ga}` (orthogonal) or :math:`B = K_{aa}` (dsvgp: the RKHS norm of the
+    decoupled mean, which is the exact KL of :math:`q(u) = \mathcal{N}(K_{Za} v_a, S_u)` over :math:`Z = (k_g, k_a)`;
+    there :math:`v_g` is unused).
 
     ``kernel``: ``"rbf"``, ``"exponential"``, ``"matern12"``/``"matern32"``/``"matern52"`` or a
     GPyTorch ``ScaleKernel`` with ``batch_shape (num_heads,)`` (used as is, so one object passed
     to several layers is shared by them); ``kernel_init`` chooses the kernel hyperparameters' initialisation (``"sdp"`` or the authors',
-    ``"authors"``; :func:`~gpytorch_sgpa.kernels.make_attention_kernel`); ``v_g``, ``C``'s strictly
-    lower part and log-diagonal start ``N(0, variational_init_std²)`` (thesis App. B.4).
+    ``"authors"``; :func:`~gpytorch_sgpa.kernels.make_attention_kernel`); :math:`v_g`, :math:`C`'s strictly
+    lower part and log-diagonal start :math:`\mathcal{N}(0, \mathtt{variational\_init\_std}^2)`
+    (thesis App. B.4).
 
-    Cost per forward: one Cholesky ``L`` of ``K_gg`` per head shared by the batch and ``L⁻¹`` from
-    ``M`` triangular solves against the identity (every ``L⁻¹ X`` is then a matrix product), no
+    Cost per forward: one Cholesky :math:`L` of :math:`K_{gg}` per head shared by the batch and :math:`L^{-1}` from
+    :math:`M` triangular solves against the identity (every :math:`L^{-1} X` is then a matrix product), no
     other inverse; in training, :meth:`global_kl` reuses the forward pass's factors.  In eval mode
-    with gradients disabled the global factors (``k_g``, the Cholesky of ``K_gg``, ``W_d``,
-    ``Lᵀ v_g``, global KL) are cached, keyed on the values of the global keys and of the other
+    with gradients disabled the global factors (:math:`k_g`, the Cholesky of :math:`K_{gg}`, :math:`W_d`,
+    :math:`L^\top v_g`, global KL) are cached, keyed on the values of the global keys and of the other
     parameters they depend on (so GPyTorch's setters and adapters of ``qk_proj`` invalidate it too);
     ``train()`` drops it.  Jitter
-    ``gpytorch.settings.cholesky_jitter`` × ``σ_f²`` (relative to each head's output
+    ``gpytorch.settings.cholesky_jitter`` × :math:`\sigma_f^2` (relative to each head's output
     scale) is added before every Cholesky (escalated where needed by
     :func:`~gpytorch_sgpa.multihead.psd_cholesky`, which on accelerators and under
     ``torch.compile`` never waits for the device: the training step compiles without graph breaks).
@@ -249,7 +257,7 @@ class SGPAttention(_MultiHeadAttention):
     algebra in float32; the output has the input's dtype.
 
     ``sampler`` is the one sampling knob (:mod:`~gpytorch_sgpa.samplers`): ``"decomposed"``
-    (decoupled only, the default there: the global part exact, the residual ``K_qq - Q_qq``
+    (decoupled only, the default there: the global part exact, the residual :math:`K_{qq} - Q_{qq}`
     diagonalised, so the marginals are exact), ``"diagonal"`` (the thesis's: independent
     marginals, App. B.4; the default of ``mode="standard"``) or ``"full"`` (the full covariance).
     Why the default differs from the thesis: at 49 tokens and 32 global keys a training step with
@@ -260,8 +268,8 @@ class SGPAttention(_MultiHeadAttention):
     (``False``), and ``layer.diag_sample`` reads/sets the same choice.  :meth:`posterior` is the
     same for every sampler.
 
-    ``causal=True`` lets position ``i`` use the amortised keys ``j <= i`` only (a decoder layer; the KL is that of the whole sequence's
-    inducing set, i.e. of the last position); :meth:`forward_step` then predicts one token
+    ``causal=True`` lets position :math:`i` use the amortised keys :math:`j \le i` only (a decoder layer; the KL is that of the whole
+    sequence's inducing set, i.e. of the last position); :meth:`forward_step` then predicts one token
     at a time with a key/value cache and reproduces :meth:`forward` given the same noise.
 
     :param d_model: the width of the layer's input and output, a multiple of ``num_heads``.
@@ -507,7 +515,7 @@ class SGPAttention(_MultiHeadAttention):
         layer's last forward pass when the parameters and ``global_inputs`` still have the values
         that pass used and no backward pass has gone through them since, e.g. when
         :class:`~gpytorch_sgpa.elbo.SGPAELBO` asks for it right after the forward pass: the
-        ``K_gg`` Cholesky and the global KL, forward and backward, are then computed once per step.
+        :math:`K_{gg}` Cholesky and the global KL, forward and backward, are then computed once per step.
         The value is the same as recomputing it (tested).
 
         :param global_inputs: the global inducing inputs after the block's feature map, :math:`G_\phi(Z_g)`,

@@ -75,14 +75,14 @@ class SGPAELBO(gpytorch.Module):
     forward pass (:func:`gpytorch_sgpa.global_kl_divergence`); pass ``kl`` =
     :func:`gpytorch_sgpa.kl_divergence` of the model then.
 
-    ``beta``: the KL weight ``β`` (a number >= 0), or ``"auto"`` (categorical likelihood only): at the
-    first call ``β = min(1, 0.1 P log C / KL_weighted)``, fixed from then on (and saved with the state
-    dict as ``chosen_beta``), so that the KL term starts at a tenth of the cross-entropy ``P log C`` of a
-    uniform prediction over ``C`` classes (``P``: scored positions per sequence, 1 for class labels).
+    ``beta``: the KL weight :math:`\beta` (a number :math:`\ge 0`), or ``"auto"`` (categorical likelihood only): at the
+    first call :math:`\beta = \min(1, 0.1\, P \log C / \mathrm{KL}_\mathrm{weighted})`, fixed from then on (and saved with the state
+    dict as ``chosen_beta``), so that the KL term starts at a tenth of the cross-entropy :math:`P \log C` of a
+    uniform prediction over :math:`C` classes (:math:`P`: scored positions per sequence, 1 for class labels).
     Use it to fine-tune a converted model: its KL per sequence is the RKHS norm of the trained
-    attention outputs, ``R = KL / (N log C)`` times the cross-entropy of a uniform prediction, and with
-    ``β = 1`` fine-tuning loses accuracy once ``R`` reaches about 10 (a ViT-B on ImageNet) and 13 points
-    of it at ``R = 700`` (a ViT-B on 50,000 images), where ``"auto"`` loses none
+    attention outputs, :math:`R = \mathrm{KL} / (N \log C)` times the cross-entropy of a uniform prediction, and with
+    :math:`\beta = 1` fine-tuning loses accuracy once :math:`R` reaches about 10 (a ViT-B on ImageNet) and 13 points
+    of it at :math:`R = 700` (a ViT-B on 50,000 images), where ``"auto"`` loses none
     (``benchmarks/sgpa_kl_weight.py``).
 
     :param model: the SGPA model whose outputs and KL are scored (a submodule of the ELBO).
@@ -216,7 +216,7 @@ class SGPAELBO(gpytorch.Module):
 
     @property
     def kl_weight(self) -> float:
-        """Current ``w_t = β · min(1, t / anneal_steps)``."""
+        r"""Current :math:`w_t = \beta \cdot \min(1, t / \mathrm{anneal\_steps})`."""
         return float(self._kl_weight(torch.float64))
 
     def _kl_weight(self, dtype: torch.dtype) -> float | Tensor:

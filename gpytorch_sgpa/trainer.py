@@ -182,7 +182,7 @@ class SGPATrainer(transformers.Trainer):
                 json.dump({"beta": self.elbo.beta, "num_updates": self.state.global_step}, handle)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """``Trainer.train``; resuming from a checkpoint restores the ELBO's ``β``.
+        r"""``Trainer.train``; resuming from a checkpoint restores the ELBO's :math:`\beta`.
 
         :param resume_from_checkpoint: a checkpoint directory, ``True`` for the last one in ``args.output_dir``, or
             ``None`` / ``False`` (the default): start afresh; as ``Trainer.train``.

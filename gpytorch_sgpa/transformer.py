@@ -115,7 +115,7 @@ class SGPABlock(nn.Module):
         return self.norm(f + update)
 
     def global_inputs(self) -> Tensor | None:
-        """``G_φ(Z_g)`` for a decoupled SGPA attention (no dropout), else ``None``."""
+        r""":math:`G_\phi(Z_g)` for a decoupled SGPA attention (no dropout), else ``None``."""
         inducing = getattr(self.attention, "global_inducing_inputs", None)
         if inducing is None:
             return None

@@ -46,7 +46,7 @@ class MetricReliabilityWarning(UserWarning):
 
 
 def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0, batch_size: int = 1024) -> float:
-    """Mean over images of ``10 log10(data_range^2 / MSE_image)`` (thesis §5.3 reconstruction metric).
+    r"""Mean over images of :math:`10 \log_{10}(\mathrm{data\_range}^2 / \mathrm{MSE}_\mathrm{image})` (thesis §5.3 reconstruction metric).
 
     ``data_range`` is the width of the range the pixels live in (1 for ``[0, 1]``, 2 for ``[-1, 1]``,
     255 for 8-bit). A ``ValueError`` if ``target`` spans more than ``data_range``; a
@@ -209,11 +209,12 @@ def _inception_network(weights_path, feature: int) -> nn.Module:
 
 
 def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, distributed: bool = False) -> float:
-    """FID ``||mu_r - mu_f||^2 + tr(S_r + S_f - 2 (S_r S_f)^{1/2})`` of ``feature`` outputs (torchmetrics).
+    r"""FID :math:`\|\mu_r - \mu_f\|^2 + \operatorname{tr}(S_r + S_f - 2 (S_r S_f)^{1/2})` of ``feature`` outputs (torchmetrics).
 
     ``real``, ``fake``: ``(N, C, H, W)`` tensors in ``[0, 1]`` or iterables of such batches; the
-    means and covariances come from streamed sums (``mu = sum f / n``, ``S = (sum f f^T - n mu mu^T) /
-    (n - 1)``), so memory does not grow with ``N``. A :class:`MetricReliabilityWarning` if either set
+    means and covariances come from streamed sums (:math:`\mu = \sum f / n`,
+    :math:`S = (\sum f f^\top - n \mu \mu^\top) / (n - 1)`), so memory does not grow with ``N``. A
+    :class:`MetricReliabilityWarning` if either set
     has no more images than ``feature`` has dimensions. ``feature`` maps images to ``(N, d)``
     features; an :class:`ImageClassifier` (the network :func:`inception_score` takes) stands for its
     penultimate features.

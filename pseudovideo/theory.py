@@ -54,9 +54,9 @@ SOLVERS = ("auto", "eigen", "dense")
 
 
 class EigenPredictor(NamedTuple):
-    """``E[z_T | z_S] = intercept + sum_i V diag(weights[i]) V^T z_{S_i}``: the optimal predictor of a
-    Markov builder kept per eigendirection (``V = eigenvectors`` of ``Sigma``, ``(n, n)``;
-    ``weights`` ``(|S|, n)``) instead of ``|S|`` dense ``n x n`` matrices.
+    r""":math:`\mathbb{E}[z_T \mid z_S] = \mathrm{intercept} + \sum_i V \operatorname{diag}(\mathrm{weights}_i) V^\top z_{S_i}`: the
+    optimal predictor of a Markov builder kept per eigendirection (:math:`V` = ``eigenvectors`` of :math:`\Sigma`, ``(n, n)``;
+    ``weights`` ``(|S|, n)``) instead of :math:`|S|` dense :math:`n \times n` matrices.
 
     :param eigenvectors: ``(n, n)``, the eigenvectors :math:`V` of the pixel covariance, one per column.
     :param weights: ``(|S|, n)``, each given frame's regression weight along each eigenvector.
@@ -68,11 +68,11 @@ class EigenPredictor(NamedTuple):
     intercept: torch.Tensor
 
     def dense_weights(self) -> torch.Tensor:
-        """The ``(|S|, n, n)`` matrices ``V diag(weights[i]) V^T`` (what ``per_direction=False`` returns)."""
+        r"""The ``(|S|, n, n)`` matrices :math:`V \operatorname{diag}(\mathrm{weights}_i) V^\top` (what ``per_direction=False`` returns)."""
         return torch.stack([(self.eigenvectors * w) @ self.eigenvectors.T for w in self.weights])
 
     def predict(self, frames: torch.Tensor) -> torch.Tensor:
-        """``E[z_T | z_S]`` for ``frames`` ``(..., |S|, n)`` (the given frames in increasing order), ``(..., n)``.
+        r""":math:`\mathbb{E}[z_T \mid z_S]` for ``frames`` ``(..., |S|, n)`` (the given frames in increasing order), ``(..., n)``.
 
         :param frames: ``(..., |S|, n)``: the given frames, flattened, in increasing frame order.
         """
@@ -81,9 +81,9 @@ class EigenPredictor(NamedTuple):
 
 
 def frame_coefficients(num_frames: int, method: str, beta_start: float = 1e-4, beta_end: float = 0.05, betas=None):
-    r"""``(a, B)``: ``z_s = a[s-1] x + sum_k B[s-1, k] eps_k`` for frames ``s = 1..T`` (float64).
+    r"""``(a, B)``: :math:`z_s = a_{s-1} x + \sum_k B_{s-1, k} \varepsilon_k` for frames :math:`s = 1, \dots, T` (float64).
 
-    Built from §5.4's recursions written on the coefficients, ``z_T = x`` having ``a = 1, B = 0``
+    Built from §5.4's recursions written on the coefficients, :math:`z_T = x` having :math:`a = 1, B = 0`
     (Markov builders; the schedule is linear from ``beta_start`` to ``beta_end`` unless ``betas``).
 
     :param num_frames: the number of frames :math:`T \ge 2`.
@@ -110,11 +110,11 @@ def frame_coefficients(num_frames: int, method: str, beta_start: float = 1e-4, b
 
 
 def frame_operators(num_frames: int, method: str, image_shape, **params):
-    r"""``(A, B)``: ``z_s = A[s-1] x + sum_k B[s-1, k] eps_k`` with ``A`` ``(T, n, n)`` and ``B`` ``(T, T-1)``.
+    r"""``(A, B)``: :math:`z_s = A_{s-1} x + \sum_k B_{s-1, k} \varepsilon_k` with ``A`` ``(T, n, n)`` and ``B`` ``(T, T-1)``.
 
-    Markov builders: ``A_s = a_s I`` (:func:`frame_coefficients`). Heat: ``z_{T-t} = F_h(tau_t) z_T +
-    noise_std eps_t`` with ``tau_t = s_t^2 / 2`` and ``s_t`` log-spaced from ``min_std`` to ``max_std``
-    (``pseudovideo.augment``); ``F_h`` acts on each channel of the ``image_shape`` pixels.
+    Markov builders: :math:`A_s = a_s I` (:func:`frame_coefficients`). Heat:
+    :math:`z_{T-t} = F_h(\tau_t) z_T + \mathrm{noise\_std}\, \varepsilon_t` with :math:`\tau_t = s_t^2 / 2` and :math:`s_t`
+    log-spaced from ``min_std`` to ``max_std`` (``pseudovideo.augment``); :math:`F_h` acts on each channel of the ``image_shape`` pixels.
 
     :param num_frames: the number of frames :math:`T \ge 2`.
     :param method: one of :data:`LINEAR_GAUSSIAN_METHODS`.
@@ -140,7 +140,7 @@ def frame_operators(num_frames: int, method: str, image_shape, **params):
 
 
 def frame_covariances(eigenvalues: torch.Tensor, num_frames: int, method: str, **params) -> torch.Tensor:
-    r"""``C(lambda) = lambda a a^T + B B^T`` for each eigenvalue: shape ``(n, T, T)`` (Markov builders).
+    r""":math:`C(\lambda) = \lambda a a^\top + B B^\top` for each eigenvalue: shape ``(n, T, T)`` (Markov builders).
 
     :param eigenvalues: ``(n,)`` eigenvalues :math:`\lambda` of the pixel covariance.
     :param num_frames: the number of frames :math:`T \ge 2`.
@@ -155,16 +155,18 @@ def frame_covariances(eigenvalues: torch.Tensor, num_frames: int, method: str, *
 def min_mse(
     covariance: torch.Tensor, num_frames: int, method: str, given: Iterable[int], *, solver: str = "auto", image_shape=None, **params
 ) -> torch.Tensor:
-    r"""``L*(S) = E||z_T - E[z_T | z_S]||^2`` for ``x ~ N(mu, covariance)`` (Theorem 5.4.1), float64.
+    r""":math:`L^*(S) = \mathbb{E}\|z_T - \mathbb{E}[z_T \mid z_S]\|^2` for :math:`x \sim \mathcal{N}(\mu, \Sigma)`, :math:`\Sigma` =
+    ``covariance`` (Theorem 5.4.1), float64.
 
-    ``given`` lists the conditioning frames ``S`` (a subset of ``1..T-1``); empty means ``tr Sigma``.
+    ``given`` lists the conditioning frames :math:`S` (a subset of :math:`\{1, \dots, T-1\}`); empty means
+    :math:`\operatorname{tr} \Sigma`.
     ``solver``: ``"eigen"``, ``"dense"`` or ``"auto"`` (eigen for the Markov builders, dense for heat);
     ``image_shape`` is needed for heat; ``params`` are the builder's (``betas`` for any schedule).
 
     :param covariance: ``(n, n)`` symmetric positive semi-definite pixel covariance :math:`\Sigma`.
     :param num_frames: the number of frames :math:`T \ge 2`.
     :param method: one of :data:`LINEAR_GAUSSIAN_METHODS`.
-    :param given: the conditioning frames :math:`S`, numbers in ``1..T-1``.
+    :param given: the conditioning frames :math:`S`, numbers in :math:`1, \dots, T-1`.
     :param solver: one of :data:`SOLVERS` (module docstring).
     :param image_shape: ``(H, W)`` or ``(C, H, W)`` of the pixels; heat only (``None`` otherwise).
     """
@@ -202,18 +204,19 @@ def optimal_predictor(
     image_shape=None,
     **params,
 ):
-    r"""``E[z_T | z_S] = intercept + sum_i weights[i] z_{S_i}``: returns ``(weights (|S|, n, n), intercept (n,))``.
+    r""":math:`\mathbb{E}[z_T \mid z_S] = \mathrm{intercept} + \sum_i \mathrm{weights}_i z_{S_i}`: returns
+    ``(weights (|S|, n, n), intercept (n,))``.
 
-    The regression weights are ``C_TS C_SS^{-1}`` (per eigenvector for the eigen solver); ``E[z_s] =
-    A_s mu`` fixes the intercept ``mu - sum_i weights[i] A_{S_i} mu``. ``per_direction=True`` (eigen
-    solver) returns an :class:`EigenPredictor` instead, ``|S| n`` weights rather than ``|S| n^2``
-    (at ``n = 32 x 32 x 3`` and ``|S| = 7``: 0.17 MB against 528 MB).
+    The regression weights are :math:`C_{TS} C_{SS}^{-1}` (per eigenvector for the eigen solver); :math:`\mathbb{E}[z_s] =
+    A_s \mu` fixes the intercept :math:`\mu - \sum_i \mathrm{weights}_i A_{S_i} \mu`. ``per_direction=True`` (eigen
+    solver) returns an :class:`EigenPredictor` instead, :math:`|S| n` weights rather than :math:`|S| n^2`
+    (at :math:`n = 32 \times 32 \times 3` and :math:`|S| = 7`: 0.17 MB against 528 MB).
 
     :param mean: ``(n,)`` pixel mean :math:`\mu`.
     :param covariance: ``(n, n)`` symmetric positive semi-definite pixel covariance :math:`\Sigma`.
     :param num_frames: the number of frames :math:`T \ge 2`.
     :param method: one of :data:`LINEAR_GAUSSIAN_METHODS`.
-    :param given: the conditioning frames :math:`S`, at least one, numbers in ``1..T-1``.
+    :param given: the conditioning frames :math:`S`, at least one, numbers in :math:`1, \dots, T-1`.
     :param solver: one of :data:`SOLVERS` (module docstring).
     :param per_direction: whether to return an :class:`EigenPredictor` (eigen solver only).
     :param image_shape: ``(H, W)`` or ``(C, H, W)`` of the pixels; heat only (``None`` otherwise).
@@ -251,9 +254,9 @@ def optimal_predictor(
 
 
 def context_gain_table(covariance: torch.Tensor, frame_counts: Iterable[int], methods=GAUSSIAN_METHODS, **params):
-    r"""Rows ``(method, T, L*({T-1}), L*({1..T-1}), relative gain)`` for each method and ``T``.
+    r"""Rows ``(method, T, L*({T-1}), L*({1..T-1}), relative gain)`` for each method and :math:`T`.
 
-    The relative gain ``1 - L*(all earlier) / L*(previous only)`` is 0 for first-order Markov videos.
+    The relative gain :math:`1 - L^*(\text{all earlier}) / L^*(\text{previous only})` is 0 for first-order Markov videos.
     ``params`` go to :func:`min_mse` (``solver``, ``image_shape`` for heat, the builders' parameters).
 
     :param covariance: ``(n, n)`` symmetric positive semi-definite pixel covariance :math:`\Sigma`.

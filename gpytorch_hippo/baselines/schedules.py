@@ -164,10 +164,10 @@ class HiPPOSchedule(InducingSchedule):
 
 
 class FourierSchedule(InducingSchedule):
-    """OVFF: ``2K + 1`` Fourier features on ``[a, b]`` covering all tasks (the thesis uses the first
+    """OVFF: :math:`2K + 1` Fourier features on ``[a, b]`` covering all tasks (the thesis uses the first
     and last time of the whole series), unchanged between tasks; needs a Matérn kernel.
 
-    :param num_frequencies: the number of frequencies ``K`` (a non-negative int): ``M = 2K + 1`` features.
+    :param num_frequencies: the number of frequencies :math:`K` (a non-negative int): :math:`M = 2K + 1` features.
     :param a: left end of the interval, at most the first time of the whole stream (training and test).
     :param b: right end, ``b > a``, at least its last time.
     """

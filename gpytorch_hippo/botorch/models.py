@@ -186,7 +186,7 @@ class OnlineGPModel(OnlineModelBase):
     :param covar_module: GPyTorch kernel (default: ``SingleTaskGP``'s RBF with a dimension-scaled prior).
     :param likelihood: homoskedastic ``GaussianLikelihood`` (default: ``SingleTaskGP``'s).
     :param mean_module: prior mean (default ``ConstantMean``); learned on the first batch, then
-        fixed, because HiPPO inducing variables project ``f - m``.
+        fixed, because HiPPO inducing variables project :math:`f - m`.
     :param input_transform: e.g. ``Normalize(d, bounds=...)``; learned bounds are learned from the
         first batch and then fixed. Inducing points are given in the transformed space (e.g. in the unit
         cube under ``Normalize``); a set far from every transformed input raises.
@@ -648,9 +648,9 @@ class OnlineGPModel(OnlineModelBase):
         return posterior
 
     def forward(self, X: Tensor) -> MultivariateNormal:
-        """GPyTorch's ``model(X)``. Eval mode: ``q(f(X))`` after the input transform, in the model's
+        r"""GPyTorch's ``model(X)``. Eval mode: :math:`q(f(X))` after the input transform, in the model's
         (transformed) outcome space; BoTorch's acquisitions call :meth:`posterior`. Train mode, as an
-        ``ExactGP``: the prior ``N(m(X), k(X, X))`` at model-space inputs such as :attr:`train_inputs`, so that
+        ``ExactGP``: the prior :math:`\mathcal{N}(m(X), k(X, X))` at model-space inputs such as :attr:`train_inputs`, so that
         ``ExactMarginalLogLikelihood`` (``fit_gpytorch_mll``, a torch training loop) is the exact marginal
         likelihood of the kept data; back in eval mode the stored posterior is recomputed (:meth:`train`).
 
@@ -860,7 +860,7 @@ DEFAULT_NUM_INDUCING = 128
 
 def default_inducing_points(train_x: Tensor, num_inducing: int | None = None) -> InducingPoints:
     """The inducing points of an :class:`OnlineGPModel` built without ``inducing_variables``: ``num_inducing``
-    (default :data:`DEFAULT_NUM_INDUCING`, at most ``2^14``) fixed points, first the first batch's distinct
+    (default :data:`DEFAULT_NUM_INDUCING`, at most :math:`2^{14}`) fixed points, first the first batch's distinct
     model-space inputs ``train_x`` ``(n, d)`` (with more than ``num_inducing``, a farthest-point subset: the
     order in which pivoted Cholesky picks points for an isotropic stationary kernel), so that a model of up
     to ``num_inducing`` points is the exact GP of its first batch; then a scrambled Sobol sequence (seed 0)

@@ -159,7 +159,7 @@ class StreamFleet:
     (``model_factory(num_streams)``) for the streams ``s`` with :func:`shard_of` ``(s, num_shards) = k``.
 
     Each stream's posterior is its own single-stream model's (the batch dimension keeps streams independent):
-    after tasks ``1..T`` stream ``s`` holds ``q_T^{(s)}(u)`` from exactly the tasks that had data of ``s``.
+    after tasks :math:`1, \dots, T` stream ``s`` holds :math:`q_T^{(s)}(u)` from exactly the tasks that had data of ``s``.
 
     **Durable and exactly-once.** With ``checkpoint_dir``, every shard writes ``(stream_ids, task_ids,
     state_dict)`` atomically after each :meth:`update` (temporary file, then ``os.replace``), and skips a
@@ -173,7 +173,7 @@ class StreamFleet:
         engine it must be picklable (cloudpickle: functions, closures, ``functools.partial``).
     :param engine: ``"local"`` (shards in this process) or ``"ray"`` (one Ray actor per shard;
         ``pip install "probseq[fleet]"``).
-    :param num_shards: ``k >= 1``.
+    :param num_shards: :math:`k \ge 1`.
     :param checkpoint_dir: directory of the checkpoints (created); ``None``: no checkpoints, no recovery.
     :param before_update: ``before_update(model, X, mask)``, called on a shard's batched model before each update
         (``X (S, n, d)``, ``mask (S, n)``), e.g. to advance HiPPO inducing variables of the streams in the task.

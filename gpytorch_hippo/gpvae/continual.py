@@ -42,21 +42,21 @@ METHODS = ("ohsvgp", "osvgp", "ovc", "ovc-per-dim")
 
 
 class ContinualSVGPVAE:
-    """Trains one SVGPVAE task by task and evaluates it on held-out entries of any task.
+    r"""Trains one SVGPVAE task by task and evaluates it on held-out entries of any task.
 
     :param method: one of :data:`METHODS`.
-    :param observation_dim: ``D``.
-    :param latent_dim: ``L`` latent GP channels.
-    :param num_inducing: ``M`` (per channel for ``ovc-per-dim``).
+    :param observation_dim: :math:`D`.
+    :param latent_dim: :math:`L` latent GP channels.
+    :param num_inducing: :math:`M` (per channel for ``ovc-per-dim``).
     :param lengthscale: initial RBF length scale of the latent GPs (in the units of ``times``).
     :param hidden_dim: width of the MLPs.
     :param num_iter: full-batch Adam steps per task.
     :param lr: Adam learning rate (thesis: 0.005).
-    :param ewc_strength: EWC's ``λ`` (``1`` is the Laplace approximation's weight).
+    :param ewc_strength: EWC's :math:`\lambda` (``1`` is the Laplace approximation's weight).
     :param fisher_chunk: time points per sample of the empirical Fisher.
     :param seed: seeds the networks, the inducing-point draws and the reparameterisation.
     :param dtype: of the networks and the GP.
-    :param online_kl: add the online-ELBO term ``KL(q̃(a) ‖ q_old(a))`` with ``q_old`` encoded from each
+    :param online_kl: add the online-ELBO term :math:`\mathrm{KL}(\tilde q(a) \| q_{old}(a))` with :math:`q_{old}` encoded from each
         finished task (module docstring; ``False``, the default, is the thesis's objective).
     :param retrain_kernel: train the kernel hyperparameters on every task (``False``, the default: on
         the first task only, as the thesis).
@@ -195,7 +195,7 @@ class ContinualSVGPVAE:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self, times: Tensor, y_observed: Tensor, y_test: Tensor, num_samples: int = 100) -> dict[str, float]:
-        r"""NLPD, RMSE and interval ECE on the finite entries of ``y_test``, with ``q(u)`` encoded
+        r"""NLPD, RMSE and interval ECE on the finite entries of ``y_test``, with :math:`q(u)` encoded
         from the finite entries of ``y_observed`` (NaN elsewhere); the predictive of an entry is the
         mixture over ``num_samples`` latent draws of :math:`\mathcal{N}(\varphi(f_t)_d, \sigma_d^2)`.
 

@@ -13,12 +13,12 @@ __all__ = ["ElasticWeightConsolidation", "fisher_diagonal"]
 
 
 def fisher_diagonal(parameters: list[torch.nn.Parameter], sample_log_likelihoods: Iterable[Tensor]) -> list[Tensor]:
-    r"""Empirical Fisher diagonal ``F = Σ_n (∂ log p(y_n | θ) / ∂θ)^2`` over the given samples.
+    r"""Empirical Fisher diagonal :math:`F = \sum_n (\partial \log p(y_n \mid \theta) / \partial \theta)^2` over the given samples.
 
-    :param parameters: the parameters ``θ``.
-    :param sample_log_likelihoods: one scalar ``log p(y_n | θ)`` (with its graph) per sample ``n``;
+    :param parameters: the parameters :math:`\theta`.
+    :param sample_log_likelihoods: one scalar :math:`\log p(y_n \mid \theta)` (with its graph) per sample :math:`n`;
         for the SVGPVAE a sample is a chunk of consecutive time points of the finished task.
-    :return: one tensor per parameter, shaped like it (the sum over samples, so ``F`` grows with
+    :return: one tensor per parameter, shaped like it (the sum over samples, so :math:`F` grows with
         the amount of data like the log-likelihood it approximates).
     """
     parameters = list(parameters)
@@ -40,14 +40,14 @@ def fisher_diagonal(parameters: list[torch.nn.Parameter], sample_log_likelihoods
 
 
 class ElasticWeightConsolidation(torch.nn.Module):
-    r"""EWC penalty ``(λ/2) Σ_i F_i (θ_i - θ*_i)^2`` over the parameters of ``modules``.
+    r"""EWC penalty :math:`(\lambda/2) \sum_i F_i (\theta_i - \theta^*_i)^2` over the parameters of ``modules``.
 
-    After each task :meth:`consolidate` adds that task's Fisher diagonal to ``F`` and moves the
-    anchor ``θ*`` to the current parameters (the running-sum form of EWC, Huszár 2018: one
+    After each task :meth:`consolidate` adds that task's Fisher diagonal to :math:`F` and moves the
+    anchor :math:`\theta^*` to the current parameters (the running-sum form of EWC, Huszár 2018: one
     quadratic instead of one per task). Before the first task the penalty is zero.
 
     :param modules: the networks to protect (the SVGPVAE's encoder and decoder).
-    :param strength: ``λ >= 0``.
+    :param strength: :math:`\lambda \ge 0`.
     """
 
     def __init__(self, modules: Iterable[torch.nn.Module], strength: float = 1.0):

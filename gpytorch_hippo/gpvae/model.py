@@ -75,7 +75,7 @@ class EncodedVariationalDistribution(gpytorch.variational._VariationalDistributi
         return MultivariateNormal(self.encoded_mean, RootLinearOperator(self.encoded_root))
 
     def initialize_variational_distribution(self, prior_dist: MultivariateNormal) -> None:
-        """Called by the strategy before first use and when it carries ``q`` across ``advance``.
+        """Called by the strategy before first use and when it carries :math:`q` across ``advance``.
 
         :param prior_dist: the distribution to set: its mean and the Cholesky factor of its covariance (detached).
         """
@@ -139,26 +139,29 @@ def _mlp(in_dim: int, hidden_dim: int, out_dim: int) -> torch.nn.Sequential:
 class SVGPVAE(gpytorch.Module):
     r"""GP-VAE with sparse latent GPs over time (Jazbec et al. 2021; thesis App. C).
 
-    Model: ``f^l ~ GP(0, k)`` for ``l = 1..L``, ``y_t | f_t ~ N(φ(f_t), diag(σ²))`` on the observed
+    Model: :math:`f^l \sim \mathcal{GP}(0, k)` for :math:`l = 1, \dots, L`,
+    :math:`y_t \mid f_t \sim \mathcal{N}(\varphi(f_t), \operatorname{diag}(\sigma^2))` on the observed
     entries only (missing entries are masked out of the likelihood and zeroed, with the mask, at the
-    encoder's input; nothing is imputed). The encoder gives ``(ỹ_t, ṽ_t)``; for each channel, with
-    ``L_u = chol(K_uu)``, ``W = L_u^{-1} K_uf`` and ``B = I + W diag(ṽ)^{-1} W^T``, the whitened
-    ``q(v) = N(B^{-1} W ṽ^{-1} ỹ, B^{-1})`` is App. C's ``q(u) = N(m, A)`` with
-    ``m = K_uu S^{-1} K_uf ṽ^{-1} ỹ``, ``A = K_uu S^{-1} K_uu``, ``S = K_uu + K_uf ṽ^{-1} K_fu``
-    (since ``S = L_u B L_u^T``).
+    encoder's input; nothing is imputed). The encoder gives :math:`(\tilde y_t, \tilde v_t)`; for each channel, with
+    :math:`L_u = \operatorname{chol}(K_{uu})`, :math:`W = L_u^{-1} K_{uf}` and
+    :math:`B = I + W \operatorname{diag}(\tilde v)^{-1} W^T`, the whitened
+    :math:`q(v) = \mathcal{N}(B^{-1} W \tilde v^{-1} \tilde y, B^{-1})` is App. C's :math:`q(u) = \mathcal{N}(m, A)` with
+    :math:`m = K_{uu} S^{-1} K_{uf} \tilde v^{-1} \tilde y`, :math:`A = K_{uu} S^{-1} K_{uu}`,
+    :math:`S = K_{uu} + K_{uf} \tilde v^{-1} K_{fu}` (since :math:`S = L_u B L_u^T`).
 
-    The GP part ``L_H`` (pseudo-likelihood ``FixedNoiseGaussianLikelihood`` with noise ``ṽ``) is the
-    Hensman ELBO ``Σ_t E_q log N(ỹ_t | f_t, ṽ_t) - KL(q(u) ‖ p(u))``, GPyTorch's ``VariationalELBO``
+    The GP part :math:`\mathcal{L}_H` (pseudo-likelihood ``FixedNoiseGaussianLikelihood`` with noise :math:`\tilde v`) is the
+    Hensman ELBO :math:`\sum_t \mathbb{E}_q \log \mathcal{N}(\tilde y_t \mid f_t, \tilde v_t) - \mathrm{KL}(q(u) \| p(u))`,
+    GPyTorch's ``VariationalELBO``
     (the thesis, App. C.3, after Jazbec et al. 2021). With ``online_kl=True`` it is
     :class:`~gpytorch_hippo.online.OnlineELBO` instead, and after ``gp_objective.end_task()`` its KL
-    becomes the online KL of Bui et al. (2017) (thesis eq. (4.6)), which ties ``q(u)`` of the new task to a stored
+    becomes the online KL of Bui et al. (2017) (thesis eq. (4.6)), which ties :math:`q(u)` of the new task to a stored
     posterior of the old ones (a departure from the thesis, whose continual SVGPVAE keeps its memory in
     the EWC-protected networks and the inducing variables only).
 
-    :param observation_dim: ``D``.
-    :param latent_gp: the :class:`LatentGP` (fixes ``L`` and the inducing variables).
+    :param observation_dim: :math:`D`.
+    :param latent_gp: the :class:`LatentGP` (fixes :math:`L` and the inducing variables).
     :param hidden_dim: width of the two-layer MLP encoder and decoder.
-    :param min_pseudo_variance: lower bound added to the encoder's ``ṽ``.
+    :param min_pseudo_variance: lower bound added to the encoder's :math:`\tilde v`.
     :param online_kl: use the online ELBO for the GP part (see above; default ``False``, the thesis).
     """
 
@@ -187,7 +190,7 @@ class SVGPVAE(gpytorch.Module):
 
     @property
     def noise(self) -> Tensor:
-        """Observation noise variances ``σ²`` of the ``D`` outputs."""
+        r"""Observation noise variances :math:`\sigma^2` of the :math:`D` outputs."""
         return self.raw_noise_constraint.transform(self.raw_noise)
 
     # ------------------------------------------------------------------ inputs
@@ -245,7 +248,7 @@ class SVGPVAE(gpytorch.Module):
         strategy.variational_params_initialized.fill_(1)
 
     def encode_posterior(self, times: Tensor, y: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        r"""Encode ``(times, y, mask)``, set ``q(u)`` from it; returns :math:`(\tilde y, \tilde v, \mathrm{mask})`.
+        r"""Encode ``(times, y, mask)``, set :math:`q(u)` from it; returns :math:`(\tilde y, \tilde v, \mathrm{mask})`.
 
         :param times: the times ``(T,)``, finite and strictly increasing.
         :param y: observations ``(T, D)``, NaN allowed at missing entries.
@@ -257,7 +260,7 @@ class SVGPVAE(gpytorch.Module):
         return pseudo_mean, pseudo_var, mask
 
     def latent_marginals(self, times: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Mean and variance of :math:`q(f_t^l)`, each ``(L, T)``, under the current ``q(u)``.
+        r"""Mean and variance of :math:`q(f_t^l)`, each ``(L, T)``, under the current :math:`q(u)`.
 
         :param times: the times ``(T,)``.
         """
@@ -266,13 +269,13 @@ class SVGPVAE(gpytorch.Module):
 
     # ------------------------------------------------------------------ objective
     def _log_likelihood(self, y: Tensor, mask: Tensor, decoded: Tensor) -> Tensor:
-        """``log N(y | decoded, σ²)`` summed over the observed entries, for each leading sample."""
+        r""":math:`\log \mathcal{N}(y \mid \mathrm{decoded}, \sigma^2)` summed over the observed entries, for each leading sample."""
         noise = self.noise.to(y.dtype)
         log_density = -0.5 * (torch.log(2 * math.pi * noise) + (y - decoded).square() / noise)
         return (log_density * mask.to(y.dtype)).sum((-2, -1))
 
     def gp_terms(self, times: Tensor, pseudo_mean: Tensor, pseudo_var: Tensor) -> tuple[Tensor, Tensor, MultivariateNormal]:
-        r"""``(pseudo_fit, gp_elbo, q(f))`` of the latent GPs with ``q(u)`` set from the pseudo-observations
+        r"""``(pseudo_fit, gp_elbo, q(f))`` of the latent GPs with :math:`q(u)` set from the pseudo-observations
         :math:`(\tilde y, \tilde v)` (each ``(L, T)``):
         :math:`\mathrm{pseudo\_fit} = \sum_{l,t} \mathbb{E}_q \log \mathcal{N}(\tilde y \mid f, \tilde v)` and ``gp_elbo`` its
         Hensman ELBO :math:`\sum_l \mathcal{L}_H^l` (online with ``online_kl=True``), computed by ``gp_objective``.
@@ -311,7 +314,7 @@ class SVGPVAE(gpytorch.Module):
     # ------------------------------------------------------------------ prediction
     @torch.no_grad()
     def predictive_samples(self, times: Tensor, y: Tensor, mask: Tensor | None = None, num_samples: int = 100) -> Tensor:
-        r"""Draws of the decoded mean :math:`\varphi(f_t)`, ``(S, T, D)``, with ``q(u)`` encoded from the
+        r"""Draws of the decoded mean :math:`\varphi(f_t)`, ``(S, T, D)``, with :math:`q(u)` encoded from the
         observed entries of ``y``; the predictive of :math:`y_t` is their mixture with noise :math:`\sigma^2`.
 
         :param times: the times ``(T,)``, finite and strictly increasing.

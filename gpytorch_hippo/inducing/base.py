@@ -29,16 +29,16 @@ class CapturedVarianceWarning(RuntimeWarning):
 
 
 class InconsistentCovarianceWarning(RuntimeWarning):
-    """``K_uu`` and ``K_uf`` disagree: the Nyström residual :math:`k(x, x) - K_{xu} K_{uu}^{-1} K_{ux}` is negative beyond
+    r""":math:`K_{uu}` and :math:`K_{uf}` disagree: the Nyström residual :math:`k(x, x) - K_{xu} K_{uu}^{-1} K_{ux}` is negative beyond
     round-off (e.g. HiPPO ``kuf="ode"`` with few random features), so predictive variances and bounds are unreliable."""
 
 
 class InducingVariables(gpytorch.Module):
-    r"""Abstract set of ``M`` inducing variables ``u = (u_1, ..., u_M)`` of a GP ``f ~ GP(m, k)``.
+    r"""Abstract set of :math:`M` inducing variables :math:`u = (u_1, \dots, u_M)` of a GP :math:`f \sim \mathcal{GP}(m, k)`.
 
     Subclasses implement
 
-    * :attr:`num_inducing` -- ``M``;
+    * :attr:`num_inducing` -- :math:`M`;
     * :meth:`Kuu` -- :math:`\operatorname{cov}(u, u)` as a ``(*batch, M, M)`` PSD ``LinearOperator`` (jitter included);
     * :meth:`Kuf` -- :math:`\operatorname{cov}(u, f(x))` as a ``(*batch, M, N)`` tensor for inputs ``x`` of shape
       ``(*batch, N, D)`` (batch dimensions broadcast like GPyTorch's);
@@ -52,21 +52,21 @@ class InducingVariables(gpytorch.Module):
     ``gpytorch.settings.variational_cholesky_jitter.value(dtype)`` (1e-4 for float32, 1e-6 for
     float64) times :meth:`_jitter_scale` -- ``1`` for point inducing variables (the value GPyTorch's
     ``VariationalStrategy`` adds, so that results coincide with GPyTorch), the mean of
-    ``diag(K_uu)`` for interdomain variables whose scale shrinks with the stream (HiPPO; this
+    :math:`\operatorname{diag}(K_{uu})` for interdomain variables whose scale shrinks with the stream (HiPPO; this
     relative jitter is the float64 value 1e-6 in every dtype, so that a float32 model is the float64
     model: :class:`~gpytorch_hippo.online.OnlineSGPR` and the variational strategy factorise
-    ``K_uu`` in float64).
-    Subclasses build the jittered matrix with :meth:`add_jitter`. Read the jitter as white noise added to ``f`` for the inducing variables
-    only: :meth:`Kuf` carries none, and :meth:`Kuu_cross` carries it exactly where the two sets
+    :math:`K_{uu}` in float64).
+    Subclasses build the jittered matrix with :meth:`add_jitter`. Read the jitter as white noise added to :math:`f` for the inducing
+    variables only: :meth:`Kuf` carries none, and :meth:`Kuu_cross` carries it exactly where the two sets
     share a variable (for point sets: coinciding points), so that ``Kuu_cross(copy_of_self)``
     equals ``Kuu()`` and online updates with unchanged inducing variables stay exact.
 
-    **Prior mean.** ``E[u]`` is returned by :meth:`prior_mean`; the default ``None`` means zero:
-    interdomain inducing variables are projections of the centred process ``f - m`` (so a mean
-    function shifts ``f`` but not ``u``). :class:`~gpytorch_hippo.inducing.InducingPoints`
-    overrides this with ``m(Z)`` so that ``u = f(Z)`` exactly as in GPyTorch.
+    **Prior mean.** :math:`\mathbb{E}[u]` is returned by :meth:`prior_mean`; the default ``None`` means zero:
+    interdomain inducing variables are projections of the centred process :math:`f - m` (so a mean
+    function shifts :math:`f` but not :math:`u`). :class:`~gpytorch_hippo.inducing.InducingPoints`
+    overrides this with :math:`m(Z)` so that :math:`u = f(Z)` exactly as in GPyTorch.
 
-    :param jitter: the diagonal jitter :meth:`Kuu` adds, a float ``>= 0``; ``None`` (default): the policy above
+    :param jitter: the diagonal jitter :meth:`Kuu` adds, a float :math:`\ge 0`; ``None`` (default): the policy above
         (GPyTorch's variational jitter, absolute or relative to :math:`\operatorname{mean}(\operatorname{diag} K_{uu})`).
     """
 
@@ -85,7 +85,7 @@ class InducingVariables(gpytorch.Module):
 
     @property
     def num_inducing(self) -> int:
-        """Number ``M`` of inducing variables."""
+        """Number :math:`M` of inducing variables."""
         raise NotImplementedError
 
     def Kuu(self, kernel: gpytorch.kernels.Kernel) -> LinearOperator:
@@ -104,15 +104,15 @@ class InducingVariables(gpytorch.Module):
         raise NotImplementedError
 
     def captured_variance(self, kernel: gpytorch.kernels.Kernel, grid: Tensor, reduction: str = "mean") -> Tensor:
-        """Fraction of the prior variance these variables capture on ``grid`` ``(*batch, N, D)``:
+        r"""Fraction of the prior variance these variables capture on ``grid`` ``(*batch, N, D)``:
         :math:`[K_{fu} K_{uu}^{-1} K_{uf}]_{nn} / k(x_n, x_n)` (1: the sparse prior is exact there), averaged over
         the grid (``reduction="mean"``, shape ``batch``) or per point (``"none"``, ``(*batch, N)``).
 
-        Rule of thumb for HiPPO-LegS on ``[0, t]`` with an RBF length scale ``ℓ``: the ``M`` basis
-        polynomials resolve about ``M`` wiggles, so ``M`` must exceed a few times ``t / ℓ`` (see the
-        package README); a value well below 1 means a larger ``M`` (or a longer ``ℓ``) is needed.
+        Rule of thumb for HiPPO-LegS on ``[0, t]`` with an RBF length scale :math:`\ell`: the :math:`M` basis
+        polynomials resolve about :math:`M` wiggles, so :math:`M` must exceed a few times :math:`t / \ell` (see the
+        package README); a value well below 1 means a larger :math:`M` (or a longer :math:`\ell`) is needed.
         LegS resolves the two ends of ``[0, t]`` best and the middle worst (Legendre polynomials
-        oscillate fastest near ±1), which ``reduction="none"`` shows.
+        oscillate fastest near :math:`\pm 1`), which ``reduction="none"`` shows.
 
         :param kernel: the GP's kernel :math:`k`.
         :param grid: inputs ``(*batch, N, D)`` at which the captured fraction is evaluated.
@@ -183,7 +183,7 @@ class InducingVariables(gpytorch.Module):
         """Variances ``(*batch, M)`` of the jitter noise of these variables that ``other`` does not
         share (class docstring: ``Kuu_cross`` carries the shared part); ``kuu`` is :meth:`Kuu`
         densified. Online updates average the stored task over this noise
-        (:func:`gpytorch_hippo.online._smooth_ratio`) so that it never counts as information about ``f``.
+        (:func:`gpytorch_hippo.online._smooth_ratio`) so that it never counts as information about :math:`f`.
 
         :param other: the other set (e.g. the current variables, for these stored ones).
         :param kuu: :meth:`Kuu` of these variables as a dense ``(*batch, M, M)`` tensor.
@@ -247,17 +247,17 @@ class InducingVariables(gpytorch.Module):
         return None
 
     def Kuu_cross(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel) -> Tensor:
-        """Prior cross-covariance ``cov(u, u')`` between this set (``M``) and ``other`` (``M'``).
+        r"""Prior cross-covariance :math:`\operatorname{cov}(u, u')` between this set (:math:`M`) and ``other`` (:math:`M'`).
 
         Resolved by double dispatch: ``self._cross_covariance(other, kernel)`` is tried first, then
         ``other._cross_covariance(self, kernel)`` transposed. Point inducing variables are
-        evaluations, ``cov(u, f(Z')) = Kuf(kernel, Z')``, so
+        evaluations, :math:`\operatorname{cov}(u, f(Z'))` = ``Kuf(kernel, Z')``, so
         :class:`~gpytorch_hippo.inducing.points.InducingPoints` answers for any set and every
         implementation of :meth:`Kuf` pairs with it for free. A new pair of interdomain types
         overrides ``_cross_covariance`` in one of them (adding the jitter on the variables the two
         sets share, see the class docstring). Returns a dense ``(*batch, M, M')`` tensor.
 
-        :param other: the other set of inducing variables (``M'`` of them).
+        :param other: the other set of inducing variables (:math:`M'` of them).
         :param kernel: the GP's kernel :math:`k`.
         """
         if not isinstance(other, InducingVariables):

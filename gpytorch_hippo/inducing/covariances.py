@@ -99,20 +99,20 @@ class CovarianceBackend(Protocol):
 
 @dataclass(frozen=True)
 class StationaryKernelSpec:
-    """What the backends know about a stationary kernel ``k(r) = σ² κ(|r| / ℓ)`` (module docstring).
+    r"""What the backends know about a stationary kernel :math:`k(r) = \sigma^2 \kappa(|r| / \ell)` (module docstring).
 
     :param name: a short name, e.g. ``"rbf"`` or ``"matern-1.5"``.
     :param values: ``(r, outputscale, lengthscale) -> k(r)`` for differences ``r`` (any shape),
         differentiable in both hyperparameters (``lengthscale`` a one-element tensor).
-    :param reach: ``R / ℓ`` with ``k(r) < 2e-18 σ²`` for ``|r| >= R`` (``None``: no such distance
+    :param reach: :math:`R / \ell` with :math:`k(r) < 2 \cdot 10^{-18} \sigma^2` for :math:`|r| \ge R` (``None``: no such distance
         is known, e.g. for algebraic decay; the local rules then do not apply).
     :param spectral_density: ``(ω, outputscale, lengthscale) -> S(ω)`` in float64 with
-        ``k(r) = ∫ S(ω) e^{iωr} dω`` (1-D inputs), or ``None``.
-    :param spectral_cutoff: ``Ω ℓ`` beyond which ``S`` is zero in float64; given, the spectral
-        backend integrates over ``[0, Ω]`` (it needs an exponentially decaying density: a rational
+        :math:`k(r) = \int S(\omega)\, e^{i \omega r}\, \mathrm{d}\omega` (1-D inputs), or ``None``.
+    :param spectral_cutoff: :math:`\Omega \ell` beyond which :math:`S` is zero in float64; given, the spectral
+        backend integrates over :math:`[0, \Omega]` (it needs an exponentially decaying density: a rational
         one converges only algebraically); ``None``: not for the frequency rule.
-    :param nu: Matérn smoothness ``0.5``, ``1.5`` or ``2.5`` (kernel ``σ² q(λ|r|) e^{-λ|r|}``,
-        ``λ = √(2ν)/ℓ``), ``math.inf`` for a Gaussian spectral density (RBF), else ``None``.
+    :param nu: Matérn smoothness ``0.5``, ``1.5`` or ``2.5`` (kernel :math:`\sigma^2 q(\lambda |r|)\, e^{-\lambda |r|}`,
+        :math:`\lambda = \sqrt{2\nu}/\ell`), ``math.inf`` for a Gaussian spectral density (RBF), else ``None``.
     """
 
     name: str
@@ -124,12 +124,12 @@ class StationaryKernelSpec:
 
     @property
     def matern(self) -> bool:
-        """Whether the kernel is Matérn with a half-integer ``ν`` (the banded backend's kernels)."""
+        r"""Whether the kernel is Matérn with a half-integer :math:`\nu` (the banded backend's kernels)."""
         return self.nu in MATERN_POLYNOMIALS
 
     @property
     def gaussian(self) -> bool:
-        """Whether the spectral density is Gaussian (``ν = ∞``: RBF; product Fourier features in any dimension)."""
+        r"""Whether the spectral density is Gaussian (:math:`\nu = \infty`: RBF; product Fourier features in any dimension)."""
         return self.nu == math.inf
 
 
@@ -178,11 +178,11 @@ def register_stationary_kernel(
     spec: StationaryKernelSpec | Callable[[gpytorch.kernels.Kernel], StationaryKernelSpec | None],
     description: str | None = None,
 ) -> None:
-    """Register what the backends need for instances of ``kernel_class`` (and its subclasses).
+    r"""Register what the backends need for instances of ``kernel_class`` (and its subclasses).
 
     :param kernel_class: a :class:`gpytorch.kernels.Kernel` subclass with a ``lengthscale``.
     :param spec: the :class:`StationaryKernelSpec` of every instance, or a function of the instance
-        returning its spec, or ``None`` for instances that are not supported (e.g. a Matérn ``ν``
+        returning its spec, or ``None`` for instances that are not supported (e.g. a Matérn :math:`\nu`
         without a closed form).
     :param description: how error messages name the supported instances (default: the class name).
 

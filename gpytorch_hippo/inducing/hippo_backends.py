@@ -70,7 +70,7 @@ def _span(ivars) -> tuple[float, float]:
 
 
 class QuadratureBackend:
-    r"""Composite Gauss-Legendre quadrature in time of ``Kuf`` and the double integral ``Kuu`` (thesis eq. (4.11),
+    r"""Composite Gauss-Legendre quadrature in time of :math:`K_{uf}` and the double integral :math:`K_{uu}` (thesis eq. (4.11),
     :math:`[K_{uu}^{(t)}]_{lm} = \iint k(x, x') \phi_l^{(t)}(x) \phi_m^{(t)}(x') \mathrm{d}x \mathrm{d}x'`)."""
 
     name = "quadrature"
@@ -87,9 +87,9 @@ class QuadratureBackend:
         r"""Nodes on ``[lower, t]`` and :math:`w_q\, g_m^{(t)}(x_q)` at the nodes (``Q x M``).
 
         Default: one panel per length scale with ``max(num_nodes, ceil(M / panels) + 24)`` nodes, so
-        that the panels together integrate the degree ``M - 1`` basis (whose oscillations crowd
+        that the panels together integrate the degree :math:`M - 1` basis (whose oscillations crowd
         the ends of the support) times the kernel.  Uniform panels of 12 nodes -- this backend's
-        earlier rule -- missed ``Kuu`` by 27% at ``M = 150``, :math:`t/\ell = 8`.
+        earlier rule -- missed :math:`K_{uu}` by 27% at :math:`M = 150`, :math:`t/\ell = 8`.
 
         :param ivars: the HiPPO inducing variables (their ``num_nodes`` and ``num_panels`` set the rule).
         :param kernel: the GP's kernel; its shortest length scale sets the default panels.
@@ -162,11 +162,11 @@ class QuadratureBackend:
 
 
 class SpectralBackend:
-    """Exact ``Kuu``/``Kuf`` by quadrature over frequency (module :mod:`.spectral`), RBF kernels (any kernel
+    r"""Exact :math:`K_{uu}`/:math:`K_{uf}` by quadrature over frequency (module :mod:`.spectral`), RBF kernels (any kernel
     registered with a spectral density and a ``spectral_cutoff``, :mod:`.covariances`).
 
-    ``Kuf`` at inputs inside the support uses the nodes of ``Kuu``, so that ``Kuf = Fᵀψ(x)`` and
-    ``Kuu = FᵀF`` come from one feature map and the Nyström residual ``k(x,x) - Kfu Kuu⁻¹ Kuf`` is
+    :math:`K_{uf}` at inputs inside the support uses the nodes of :math:`K_{uu}`, so that :math:`K_{uf} = F^\top \psi(x)` and
+    :math:`K_{uu} = F^\top F` come from one feature map and the Nyström residual :math:`k(x, x) - K_{fu} K_{uu}^{-1} K_{uf}` is
     non-negative up to round-off; inputs further away get a rule with a (power-of-two) wider band.
     """
 
@@ -266,12 +266,13 @@ class SpectralBackend:
 
 
 class FourierFeatures:
-    """Fourier features ``ψ(x) = sqrt(a_q) [cos(W x), sin(W x)]`` with ``k(x, x') ≈ ψ(x)ᵀψ(x')``.
+    r"""Fourier features :math:`\psi(x) = \sqrt{a_q}\, [\cos(W x), \sin(W x)]` with :math:`k(x, x') \approx \psi(x)^\top \psi(x')`.
 
-    ``"random"`` (the thesis): ``R`` spectral samples ``W`` of the kernel and ``a = σ²/R``.
-    ``"quadrature"``: Gauss-Legendre nodes over frequency and ``a = 2 w S(ω)``, deterministic and exact in
-    the limit: a tensor-product rule on ``[0, 9.5/ℓ]`` (RBF, any ``D``, about ``R`` nodes) or, in 1-D,
-    ``R`` nodes on ``ω = λ tan(φ)``, ``φ ∈ [0, π/2)`` (Matérn, ``λ = √(2ν)/ℓ``).
+    ``"random"`` (the thesis): :math:`R` spectral samples :math:`W` of the kernel and :math:`a = \sigma^2/R`.
+    ``"quadrature"``: Gauss-Legendre nodes over frequency and :math:`a = 2 w S(\omega)`, deterministic and exact in
+    the limit: a tensor-product rule on :math:`[0, 9.5/\ell]` (RBF, any :math:`D`, about :math:`R` nodes) or, in 1-D,
+    :math:`R` nodes on :math:`\omega = \lambda \tan(\varphi)`, :math:`\varphi \in [0, \pi/2)` (Matérn,
+    :math:`\lambda = \sqrt{2\nu}/\ell`).
 
     :param kind: ``"random"`` or ``"quadrature"``.
     """
@@ -280,7 +281,7 @@ class FourierFeatures:
         self.kind = kind
 
     def frequencies_and_weights(self, ivars, kernel) -> tuple[Tensor, Tensor]:
-        r"""The frequencies ``W`` ``(R', D)`` and weights ``a`` ``(R',)`` of :math:`\psi`, in the length scale's dtype.
+        r"""The frequencies :math:`W` ``(R', D)`` and weights :math:`a` ``(R',)`` of :math:`\psi`, in the length scale's dtype.
 
         :param ivars: the HiPPO inducing variables (their spectral samples ``rff_normal``, ``rff_chi2`` and ``num_rff``).
         :param kernel: the GP's kernel, registered with a Gaussian (RBF) or Matérn spectral density.
@@ -340,7 +341,7 @@ class FourierFeatures:
         return grid.to(lengthscale.dtype), (2 * outputscale.double() * weights).to(lengthscale.dtype)
 
     def __call__(self, ivars, kernel, x: Tensor) -> Tensor:
-        """``ψ(x)``: ``(*batch, N, 2R)``."""
+        r""":math:`\psi(x)`: ``(*batch, N, 2R)``."""
         frequencies, weights = self.frequencies_and_weights(ivars, kernel)
         projection = x @ frequencies.to(x.dtype).mT
         root = weights.to(x.dtype).sqrt()
@@ -352,7 +353,7 @@ class RecurrenceBackend:
     across ``advance``.
 
     :param features: the kind of :class:`FourierFeatures`, ``"random"`` or ``"quadrature"``.
-    :param kuf: ``"rff"``: ``Kuf`` from the same features as ``Kuu``; ``"ode"``: from the HiPPO ODE driven by the exact
+    :param kuf: ``"rff"``: :math:`K_{uf}` from the same features as :math:`K_{uu}`; ``"ode"``: from the HiPPO ODE driven by the exact
         kernel (:class:`~.hippo_variables.HiPPOInducingVariables`).
     """
 
@@ -391,7 +392,7 @@ class RecurrenceBackend:
         check_work(float(steps) * (M * M + 2 * ivars.num_rff + 2 * M), f"the recurrence over {steps} steps of dt = {ivars.dt:g}", ivars)
 
     def memory(self, ivars, kernel) -> Tensor:
-        """``Z`` (2R x M): HiPPO projections of the features along the time grid, resumed from the cache.
+        r""":math:`Z` (:math:`2R \times M`): HiPPO projections of the features along the time grid, resumed from the cache.
 
         :param ivars: the HiPPO inducing variables.
         :param kernel: the GP's kernel (its spectral density defines the features).
@@ -472,7 +473,7 @@ class PathBackend:
         return ivars.input_dim > 1
 
     def memory(self, ivars, kernel) -> Tensor:
-        """``Z`` (2R x M): the committed path memory continued over the current task's ordered inputs.
+        r""":math:`Z` (:math:`2R \times M`): the committed path memory continued over the current task's ordered inputs.
 
         :param ivars: the multidimensional HiPPO inducing variables, with a non-empty path
             (:meth:`~.hippo_variables.HiPPOInducingVariables.append_path`).

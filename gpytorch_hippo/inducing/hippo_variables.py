@@ -245,7 +245,7 @@ class HiPPOInducingVariables(InducingVariables):
     _relative_jitter = True
 
     def input_support(self) -> tuple[float, float] | None:
-        """``[lower, t]`` of the bases (1-D inputs; LagT's weights are below ``5e-18`` before ``t - 80 θ``),
+        """``[lower, t]`` of the bases (1-D inputs; LagT's weights are below ``5e-18`` before :math:`t - 80 \theta`),
         clipped at ``start``; ``None`` for the multidimensional path memory."""
         return support_span(self) if self.input_dim == 1 else None
 
@@ -408,7 +408,8 @@ class HiPPOInducingVariables(InducingVariables):
 
     # ------------------------------------------------------------------ multidimensional path (§4.4)
     def append_path(self, x_ordered: Tensor, step: int = 1, kernel: gpytorch.kernels.Kernel | None = None) -> None:
-        """Extend the path with a task's ordered inputs at times ``t + k dt, t + 2k dt, ...`` (``k = step``).
+        r"""Extend the path with a task's ordered inputs at times :math:`t + k\, \mathit{dt}, t + 2k\, \mathit{dt}, \dots`
+        (:math:`k` = ``step``).
 
         Uses every ``step``-th input (thesis §4.4: a multiple of ``dt`` as the step).  The previous
         task's inputs are folded into the path memory and dropped; only the new task's inputs

@@ -106,7 +106,7 @@ def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
 
     Only ``s`` within the kernel's reach of ``x`` contributes, so the rule is local: Matérn through
     :meth:`BandedBackend.local_kuf` (panels split at the kink), RBF (an analytic kernel) by the same composite
-    Gauss-Legendre panels (width ``<= 4ℓ``; the integrand is analytic, no split), grouped by the
+    Gauss-Legendre panels (width :math:`\le 4\ell`; the integrand is analytic, no split), grouped by the
     panel of ``x`` and summed over the panels within the reach.  Inputs more than four reaches
     apart get rules of their own, so the cost is :math:`O(M)` per input even for inputs spread over the
     whole stream (a grid over ``[start, t]``), not :math:`O(M t / \ell)`.

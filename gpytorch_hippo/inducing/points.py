@@ -12,22 +12,22 @@ from .base import InducingVariables
 
 
 class InducingPoints(InducingVariables):
-    r"""Point inducing variables ``u_m = f(z_m)``.
+    r"""Point inducing variables :math:`u_m = f(z_m)`.
 
-    ``Kuu = k(Z, Z) + jitter I`` and ``Kuf = k(Z, X)``; with these,
+    :math:`K_{uu} = k(Z, Z) + \mathrm{jitter}\, I` and :math:`K_{uf} = k(Z, X)`; with these,
     :class:`~gpytorch_hippo.variational.InterdomainVariationalStrategy` is GPyTorch's
     ``VariationalStrategy`` (thesis eq. (2.36)) and
     :class:`~gpytorch_hippo.online.OnlineSGPR` is OSGPR of Bui et al. (2017).
 
-    :param points: inducing inputs ``Z`` of shape ``(*batch, M, D)`` (or ``(M,)`` for 1-D inputs).
-    :param learn: register ``Z`` as a trainable parameter (``True``) or a fixed buffer.
+    :param points: inducing inputs :math:`Z` of shape ``(*batch, M, D)`` (or ``(M,)`` for 1-D inputs).
+    :param learn: register :math:`Z` as a trainable parameter (``True``) or a fixed buffer.
     :param jitter: diagonal jitter of :meth:`Kuu` (``None``: GPyTorch's variational jitter).
 
-    The jitter is treated as white noise of variance ``jitter`` added to ``f`` at the inducing
-    inputs only: ``Kuu = k(Z, Z) + jitter I``, ``Kuf = k(Z, X)``, and between two point sets with
-    the same jitter ``Kuu_cross = k(Z, Z') + jitter [z_i == z'_j]``. This is a valid joint
+    The jitter is treated as white noise of variance ``jitter`` added to :math:`f` at the inducing
+    inputs only: :math:`K_{uu} = k(Z, Z) + \mathrm{jitter}\, I`, :math:`K_{uf} = k(Z, X)`, and between two point sets with
+    the same jitter ``Kuu_cross`` :math:`= k(Z, Z') + \mathrm{jitter}\, [z_i = z'_j]`. This is a valid joint
     covariance, so an online update whose old and new points (partly) coincide loses nothing to
-    the jitter: OSGPR with fixed points reproduces batch SGPR (with the same jittered ``K_ZZ``)
+    the jitter: OSGPR with fixed points reproduces batch SGPR (with the same jittered :math:`K_{ZZ}`)
     to round-off.
     """
 

@@ -6,9 +6,9 @@ import torch
 
 
 class TemperatureScaling(torch.nn.Module):
-    """Rescales logits by ``1 / T`` with ``T = exp(log_temperature)`` chosen to minimise validation NLL.
+    r"""Rescales logits by :math:`1 / T` with :math:`T = \exp(\mathtt{log\_temperature})` chosen to minimise validation NLL.
 
-    Parameterising ``log T`` keeps ``T > 0``; :meth:`fit` runs L-BFGS with a strong-Wolfe line search
+    Parameterising :math:`\log T` keeps :math:`T > 0`; :meth:`fit` runs L-BFGS with a strong-Wolfe line search
     on the mean cross-entropy of ``logits / T``.
     """
 

@@ -68,7 +68,7 @@ class TokenPrior(nn.Module):
         self.head = nn.Linear(dim, codebook_size)
 
     def network(self, symbols: torch.Tensor) -> torch.Tensor:
-        """Logits ``(B, n, K)`` for ``(B, n)`` symbols, ``n <= L`` (causal attention if ``self.causal``).
+        r"""Logits ``(B, n, K)`` for ``(B, n)`` symbols, :math:`n \le L` (causal attention if ``self.causal``).
 
         :param symbols: ``(B, n)`` int64 symbols in ``[0, K]`` (codes and the extra symbol).
         """
@@ -93,7 +93,8 @@ class TokenPrior(nn.Module):
 
 
 def sample_codes(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
-    """Draw one code per row of ``(..., K)`` logits from ``softmax(logits / temperature)``; also its probability.
+    r"""Draw one code per row of ``(..., K)`` logits from :math:`\operatorname{softmax}(\mathrm{logits} / \mathrm{temperature})`; also its
+    probability.
 
     :param logits: ``(..., K)`` unnormalised log-probabilities.
     :param temperature: divides the logits; 1 samples the model's distribution, smaller values sharpen it.
@@ -106,12 +107,12 @@ def sample_codes(logits: torch.Tensor, temperature: float, generator: torch.Gene
 
 
 class AutoregressiveTokenPrior(TokenPrior):
-    """ImageGPT/VideoGPT: ``p(z) = prod_i p(z_i | z_<i)`` in raster order, causal self-attention."""
+    r"""ImageGPT/VideoGPT: :math:`p(z) = \prod_i p(z_i \mid z_{<i})` in raster order, causal self-attention."""
 
     causal = True
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``(B, *token_shape, K)`` of ``p(z_i | z_<i)`` at every position ``i``.
+        r"""Logits ``(B, *token_shape, K)`` of :math:`p(z_i \mid z_{<i})` at every position :math:`i`.
 
         :param tokens: ``(B, *token_shape)`` int64 codes in ``[0, K)``.
         """
@@ -130,7 +131,7 @@ class AutoregressiveTokenPrior(TokenPrior):
     def sample(
         self, num_samples: int, temperature: float = 1.0, generator: torch.Generator | None = None, progress: bool = False
     ) -> torch.Tensor:
-        """``(num_samples, *token_shape)`` tokens drawn one at a time from ``p(z_i | z_<i)^(1/temperature)``.
+        r"""``(num_samples, *token_shape)`` tokens drawn one at a time from :math:`p(z_i \mid z_{<i})^{1/\mathrm{temperature}}`.
 
         :param num_samples: the number of token arrays drawn.
         :param temperature: the sampling temperature, > 0 (1: the model's distribution).
@@ -162,7 +163,7 @@ class MaskedTokenPrior(TokenPrior):
         return self.network(symbols).reshape(*tokens.shape, self.codebook_size)
 
     def random_mask(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """``(B, *token_shape)`` masks hiding ``ceil(cos(pi u / 2) L)`` random positions, ``u ~ U(0, 1)``.
+        r"""``(B, *token_shape)`` masks hiding :math:`\lceil \cos(\pi u / 2) L \rceil` random positions, :math:`u \sim U(0, 1)`.
 
         :param batch_size: the number of masks :math:`B`.
         :param generator: the random generator of the draws (``None``: PyTorch's global one).
