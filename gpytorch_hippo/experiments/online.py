@@ -183,7 +183,7 @@ def run_method(
     num_tasks: int = 10,
     first_iters: int = 100,
     osgpr_iters: int = 100,
-    lr: float = 0.05,
+    lr: float | None = None,
     train_kernel: bool = False,
     measure: str = "legs",
     progress: bool = False,
@@ -207,7 +207,7 @@ def run_method(
     :param num_tasks: the number of tasks (default 10).
     :param first_iters: Adam steps of the first task's exact-GP fit, and per task with ``train_kernel`` (default 100).
     :param osgpr_iters: Adam steps on the inducing inputs per later task of ``osgpr``/``ovc-optz`` (default 100).
-    :param lr: Adam learning rate of the Gaussian-series methods (default 0.05; the ELBO methods use 0.01).
+    :param lr: Adam learning rate; ``None`` (default): 0.05 for the Gaussian-series methods, 0.01 for the ELBO methods.
     :param train_kernel: keep training the hyperparameters on every task's online bound (default ``False``).
     :param measure: the HiPPO measure of ``ohsgpr`` (default ``"legs"``).
     :param progress: show a progress bar over the tasks (default ``False``).
@@ -231,12 +231,13 @@ def run_method(
             num_tasks,
             split,
             svgp_iters,
-            lr=0.01,
+            lr=0.01 if lr is None else lr,
             first_fit=first_fit,
             first_task_kernel=first_task_kernel,
             preprocessing=preprocessing,
         )
         return rows, model, data
+    lr = 0.05 if lr is None else lr
     if method not in METHODS:
         raise ValueError(f"method {method!r} does not apply to the Gaussian series {dataset}; choose from {', '.join(METHODS)}")
     tasks = split_tasks(data, num_tasks, seed)
@@ -480,7 +481,7 @@ def main(argv=None):
         "Stanton et al.'s protocol) or 'standardise': standardised inputs, 20%% of each task held out",
     )
     parser.add_argument("--osgpr-iters", type=int, default=100, help="Adam steps on inducing inputs per later task (osgpr, ovc-optz)")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 0.05; 0.01 for the ELBO methods)")
     parser.add_argument("--train-kernel", action="store_true", help="keep training hyperparameters after task 1 (App. C.4.1)")
     parser.add_argument("--measure", default="legs", choices=MEASURES, help="HiPPO measure of ohsgpr (App. C.4.2)")
     parser.add_argument(

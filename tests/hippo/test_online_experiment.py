@@ -224,3 +224,17 @@ def test_the_hourly_irradiance_runner_runs_at_m_1000_on_a_short_stream(tmp_path,
     assert {row["method"] for row in rows} == {"ohsgpr", "ovc"}
     assert all(math.isfinite(row["nlpd"]) for row in rows)
     assert (tmp_path / "online_final_fit.png").exists()
+
+
+@pytest.mark.parametrize("given, expected", [(None, 0.01), (0.003, 0.003)])
+def test_the_elbo_methods_take_the_given_learning_rate_and_default_to_theirs(monkeypatch, given, expected):
+    """``run_method(..., lr=...)`` (and ``--lr``) reaches the ELBO methods; without it they keep their 0.01."""
+    seen = {}
+
+    def fake_elbo_method(*args, **kwargs):
+        seen.update(kwargs)
+        return [], None, None
+
+    monkeypatch.setattr(online, "run_elbo_method", fake_elbo_method)
+    online.run_method("concrete", "ohsvgp", 8, seed=0, num_tasks=2, lr=given)
+    assert seen["lr"] == expected
