@@ -33,6 +33,7 @@ def test_quick_run_writes_the_schema_and_evaluates_every_seen_task(tmp_path, cap
     assert "ohsgpr" in capsys.readouterr().out
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # 10 fixed points over a year, to be fast
 def test_metrics_of_a_row_match_scipy_on_an_independently_driven_model():
     rows, _, _ = online.run_method("irradiance", "osgpr-fixed", 10, seed=2, num_tasks=3, first_iters=3)
     # drive the same model by hand with the public pieces and score it with scipy
