@@ -118,7 +118,7 @@ def _check_inputs(
     for a model of ``streams`` batched streams, ``x`` of ``y``'s shape ``(S, N)`` is read as 1-D times ``(S, N, 1)``."""
     train_x = check_tensor(train_x, x_name, dtype=dtype)
     train_y = check_tensor(train_y, y_name, dtype=dtype)
-    if train_x.dim() == 1 or (streams is not None and train_x.dim() == 2 and train_x.shape == train_y.shape == (streams, train_x.shape[1])):
+    if train_x.dim() == 1 or (train_x.dim() == 2 and train_x.shape == train_y.shape and train_x.shape[0] == streams):
         train_x = train_x.unsqueeze(-1)
     if train_x.dim() < 2 or train_x.shape[-2] < 1:
         raise ValueError(f"{x_name} must have shape (N, D) or (N,) with N >= 1, got {tuple(train_x.shape)}")

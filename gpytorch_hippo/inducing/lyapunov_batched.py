@@ -338,7 +338,7 @@ class LyapunovStreams:
         inputs = self._inputs(streams, kernel)
         if inputs is None:
             return None
-        K = self.legs.state(*inputs).to(_dtype(kernel))
+        K = self.legs.state(*inputs).to(floating_dtype(kernel))
         jitter = streams[0].jitter_value(K.dtype) * self.jitter_scale(streams, K)
         return K + jitter[:, None, None] * torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
 
@@ -357,7 +357,7 @@ class LyapunovStreams:
         times = x[..., 0].detach().to(device=t.device, dtype=torch.float64)
         if bool(((times.max(-1).values - times.min(-1).values) > MAX_WINDOW_REACHES * RBF_CUTOFF * ell).any()):
             return None
-        return self.legs.kuf(times, t, lower, t, ell, scale).mT.to(device=x.device, dtype=_dtype(kernel))
+        return self.legs.kuf(times, t, lower, t, ell, scale).mT.to(device=x.device, dtype=floating_dtype(kernel))
 
     def Kuu_cross(self, streams, others, kernel: Kernel) -> Tensor | None:
         r""":math:`\operatorname{cov}(u_s, u'_s)` ``(S, M, M)`` with another batch of such sets (e.g. the stored task's), jitter on the
@@ -375,7 +375,7 @@ class LyapunovStreams:
         t_other, lower_other, _, _ = other_inputs
         if not torch.equal(lower, lower_other) or any(a.num_inducing != b.num_inducing for a, b in zip(streams, others)):
             return None
-        C = self.legs.cross(torch.minimum(t, t_other), torch.maximum(t, t_other), lower, ell, scale).to(_dtype(kernel))
+        C = self.legs.cross(torch.minimum(t, t_other), torch.maximum(t, t_other), lower, ell, scale).to(floating_dtype(kernel))
         later = t > t_other
         cross = C.mT if bool(later.all()) else torch.where(later[:, None, None], C.mT, C) if bool(later.any()) else C
         same = t == t_other  # the same variables (a stored copy of the same sets) where the clocks agree
@@ -403,7 +403,3 @@ class LyapunovStreams:
         if any(getattr(s, "method", None) != "lyapunov" for s in streams):
             return None
         return stream_clocks(streams)
-
-
-def _dtype(kernel: Kernel) -> torch.dtype:
-    return floating_dtype(kernel)
