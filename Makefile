@@ -27,8 +27,10 @@ $(VADER_ARCHIVE): | $(STAMP)
 demo: $(STAMP)
 	MPLBACKEND=Agg $(PY) -m gpytorch_hippo --out out/demo
 
+# One worker process per core, at most 4 (pytest-xdist); a test file's tests share a worker, so its module
+# fixtures (the Sphinx site, trained models) are built once.
 test: $(STAMP) $(VADER_ARCHIVE)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile
 
 # Lint (also run by the test suite): the ruff configuration in pyproject.toml.
 .PHONY: lint

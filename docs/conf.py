@@ -67,6 +67,8 @@ nitpick_ignore_regex = [
     (r"py:class", r"diffusers(\..*)?\.[A-Z]\w*"),
     # the same for transformers (gpytorch_sgpa.trainer.SGPATrainer's base Trainer)
     (r"py:class", r"transformers(\..*)?\.[A-Z]\w*"),
+    # NumPy's inventory has no entries for its scalar types (one page documents them all)
+    (r"py:class", r"numpy\.datetime64"),
 ]
 autosummary_ignore_module_all = True  # a module page documents what the module defines, not what it imports
 autosummary_imported_members = False

@@ -24,9 +24,9 @@ def floating_dtype(module: torch.nn.Module | None, default: torch.dtype | None =
         for tensor in module.parameters():
             if tensor.is_floating_point():
                 return tensor.dtype
-        for tensor in module.buffers():
-            if tensor.is_floating_point():
-                return tensor.dtype
+        for buffer in module.buffers():
+            if buffer.is_floating_point():
+                return buffer.dtype
     return default if default is not None else torch.get_default_dtype()
 
 

@@ -167,8 +167,8 @@ def normalized_legendre(z: Tensor, M: int, scale: Tensor | None = None) -> Tenso
     values are identical): a step costs about a microsecond there instead of tens as small torch
     operations (it keeps the Lyapunov backend's step cheap)."""
     if _plain_cpu_values(z) and (scale is None or _plain_cpu_values(scale)):
-        scale = None if scale is None else scale.detach().to(z.dtype).numpy()
-        return torch.from_numpy(_normalized_legendre_numpy(z.detach().numpy(), M, scale))
+        scale_values = None if scale is None else scale.detach().to(z.dtype).numpy()
+        return torch.from_numpy(_normalized_legendre_numpy(z.detach().numpy(), M, scale_values))
     gamma, c = _normalized_legendre_coefficients(M)
     first = torch.ones_like(z) if scale is None else scale.to(z.dtype).expand(z.shape)
     out = [first, z * math.sqrt(3.0) * first]
@@ -373,6 +373,9 @@ class HiPPO(nn.Module):
     :param discretization: one of :data:`DISCRETIZATIONS` (above); default ``"bilinear"``.
     """
 
+    A: Tensor
+    B: Tensor
+
     def __init__(self, measure: str, M: int, theta: float = 1.0, discretization: str = "bilinear"):
         super().__init__()
         self.measure = _check_measure(measure)
@@ -385,7 +388,7 @@ class HiPPO(nn.Module):
         self.register_buffer("A", A, persistent=False)
         self.register_buffer("B", B, persistent=False)
         self._cache_times: Tensor | None = None
-        self._cache_steps: dict | None = None
+        self._cache_steps: dict[torch.dtype, tuple[Tensor, ...]] | None = None
         self._cache_kernel: tuple[Tensor, Tensor] | None = None
         self._cache_prefix: tuple[int, tuple[Tensor, Tensor]] | None = None
 
@@ -472,14 +475,19 @@ class HiPPO(nn.Module):
         Q = torch.where(mask, first + legendre_one, Q)
         return Abar, P, Q
 
-    def _grid_steps(self, times: Tensor, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-step matrices for a time grid in ``dtype``, cached while the grid is unchanged (fast path)."""
-        cached = self._cache_times
-        if cached is None or not (cached.shape == times.shape and cached.device == times.device and torch.equal(cached, times)):
+    def _grid_steps(self, times: Tensor, dtype: torch.dtype = torch.float64) -> tuple[Tensor, ...]:
+        """Per-step matrices ``(Ā, P, Q)`` for a time grid in ``dtype``, cached while the grid is unchanged (fast path)."""
+        cached, cached_steps = self._cache_times, self._cache_steps
+        if (
+            cached is None
+            or cached_steps is None
+            or not (cached.shape == times.shape and cached.device == times.device and torch.equal(cached, times))
+        ):
             n_old = 0 if cached is None else cached.shape[0]
-            extends = 1 < n_old < times.shape[0] and cached.device == times.device and torch.equal(times[:n_old], cached)
-            if extends:  # a stream that grew: only the new steps are discretised
-                old = self._cache_steps[torch.float64]
+            extends = cached is not None and 1 < n_old < times.shape[0] and cached.device == times.device
+            if extends and cached is not None and cached_steps is not None and torch.equal(times[:n_old], cached):
+                # a stream that grew: only the new steps are discretised
+                old = cached_steps[torch.float64]
                 new = self.step_matrices(times[n_old - 1 : -1], times[n_old:])
                 steps = tuple(torch.cat([a, b]) for a, b in zip(old, new))
                 self._cache_prefix = (n_old, self._cache_kernel) if self._cache_kernel is not None else None
@@ -487,11 +495,11 @@ class HiPPO(nn.Module):
                 steps = self.step_matrices(times[:-1], times[1:])
                 self._cache_prefix = None
             self._cache_times = times.detach().clone()
-            self._cache_steps = {torch.float64: steps}
+            cached_steps = self._cache_steps = {torch.float64: steps}
             self._cache_kernel = None
-        if dtype not in self._cache_steps:
-            self._cache_steps[dtype] = tuple(m.to(dtype) for m in self._cache_steps[torch.float64])
-        return self._cache_steps[dtype]
+        if dtype not in cached_steps:
+            cached_steps[dtype] = tuple(m.to(dtype) for m in cached_steps[torch.float64])
+        return cached_steps[dtype]
 
     # ----------------------------------------------------------------- validation
     def _check_times(self, times) -> Tensor:

@@ -22,7 +22,7 @@ import itertools
 import math
 import time
 import warnings
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import gpytorch
 import numpy as np
@@ -56,7 +56,10 @@ _OLD_TASK_BUFFERS = ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_
 CHECK_COST_FRACTION = 0.05
 
 
-def frozen_copy(module: torch.nn.Module, share: bool = True) -> torch.nn.Module:
+_ModuleT = TypeVar("_ModuleT", bound=torch.nn.Module)
+
+
+def frozen_copy(module: _ModuleT, share: bool = True) -> _ModuleT:
     """A detached deep copy of ``module`` (inducing variables, mean function) whose tensors receive
     no gradients; a copy of inducing variables is owned by no variational strategy. ``share``: a module
     with its own ``frozen_copy`` (batched streams' variables) makes it, sharing what is identical.
@@ -65,7 +68,8 @@ def frozen_copy(module: torch.nn.Module, share: bool = True) -> torch.nn.Module:
     :param share: ``True`` (default): use the module's own ``frozen_copy`` where it has one (streams in the same state
         share one copied set); ``False``: a plain ``copy.deepcopy``, every tensor its own.
     """
-    snapshot = module.frozen_copy() if share and hasattr(module, "frozen_copy") else copy.deepcopy(module)
+    own_copy = getattr(module, "frozen_copy", None) if share else None
+    snapshot = own_copy() if own_copy is not None else copy.deepcopy(module)
     for parameter in snapshot.parameters():
         parameter.requires_grad_(False)
     if isinstance(snapshot, InducingVariables):
@@ -209,6 +213,30 @@ def _unwhiten_ratio(precision: Tensor, shift: Tensor, chol: Tensor) -> tuple[Ten
     return 0.5 * (unwhitened + unwhitened.mT), torch.linalg.solve_triangular(upper, shift.unsqueeze(-1), upper=True).squeeze(-1)
 
 
+class _StoredTask(NamedTuple):
+    r"""What :meth:`OnlineSGPR.update` keeps of the tasks absorbed so far: frozen copies of the inducing variables
+    and the mean function, and the summary :math:`(L', \Lambda', \eta', \mu'_a)` in their coordinates."""
+
+    inducing_variables: InducingVariables
+    mean_module: gpytorch.means.Mean
+    chol: Tensor
+    precision: Tensor
+    shift: Tensor
+    prior_mean: Tensor
+
+
+class _OldTask(NamedTuple):
+    r"""What :meth:`OnlineELBO.end_task` keeps of the last task: frozen inducing variables and mean function,
+    :math:`q_{old}(a)` (mean, Cholesky factor of :math:`S_a`), the Cholesky factor of :math:`K'_{aa}` and :math:`\mu'_a`."""
+
+    inducing_variables: InducingVariables
+    mean_module: gpytorch.means.Mean
+    mean: Tensor
+    covar_chol: Tensor
+    prior_chol: Tensor
+    prior_mean: Tensor
+
+
 class FitReport(NamedTuple):
     """How a hyperparameter fit of :meth:`OnlineSGPR.update` ended (:attr:`OnlineSGPR.last_fit`).
 
@@ -310,6 +338,22 @@ class OnlineSGPR(gpytorch.Module):
     In both modes ``model(x)`` returns the latent :math:`q(f(x))`: the stored :math:`q(b)` pushed through
     :math:`p(f \mid b)` with the current kernel; ``likelihood(model(x))`` is the predictive.
     """
+
+    # The stored task (None before the first one) and what the last update reported.
+    posterior_inducing_variables: InducingVariables | None
+    posterior_mean_module: gpytorch.means.Mean | None
+    posterior_chol: Tensor | None
+    posterior_precision: Tensor | None
+    posterior_shift: Tensor | None
+    posterior_prior_mean: Tensor | None
+    num_tasks: Tensor
+    seen_input_range: Tensor | None
+    time_origin: Tensor | None
+    last_bound: Tensor | None
+    last_captured_variance: float | None
+    last_fit: FitReport | None
+    _prediction_cache: tuple[tuple[list[int], list[Tensor]], tuple[Tensor, Tensor, Tensor]] | None
+    _b_chol_cache: tuple[Tensor, tuple[int, int], Tensor] | None
 
     # State of the captured-variance check (:meth:`_check_memory`), plain attributes set in ``__init__``:
     # not in the ``state_dict`` (a reloaded model checks on its next task), copied by ``deepcopy`` and pickling.
@@ -485,10 +529,11 @@ class OnlineSGPR(gpytorch.Module):
         shift = (W @ (resid / noise).unsqueeze(-1)).squeeze(-1)
         bound = -0.5 * per_point.sum(-1)
         if self.has_posterior:
-            old = self.posterior_inducing_variables
-            _check_mean_unchanged(old, self.posterior_mean_module, self.mean_module)
+            stored = self._stored_task()
+            old = stored.inducing_variables
+            _check_mean_unchanged(old, stored.mean_module, self.mean_module)
             old_chol, old_precision, old_shift, old_prior_mean = map(
-                to_working_dtype, (self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean)
+                to_working_dtype, (stored.chol, stored.precision, stored.shift, stored.prior_mean)
             )
             old_mean_now = old.prior_mean(self.mean_module)
             delta = -old_prior_mean if old_mean_now is None else to_working_dtype(old_mean_now) - old_prior_mean  # μ_a - μ'_a
@@ -631,11 +676,7 @@ class OnlineSGPR(gpytorch.Module):
             except RuntimeError:
                 raise ValueError(f"noise must broadcast to train_y's shape {tuple(train_y.shape)}, got {tuple(noise.shape)}") from None
         if (
-            num_iter > 0
-            and not fixed_mean
-            and self.has_posterior
-            and any(p.requires_grad for p in self.mean_module.parameters())
-            and self.posterior_inducing_variables.prior_mean(self.mean_module) is None
+            num_iter > 0 and not fixed_mean and any(p.requires_grad for p in self.mean_module.parameters()) and self._stored_mean_is_fixed()
         ):  # fail before optimising rather than at the first step that moves the mean
             raise ValueError(
                 "num_iter > 0 would train the mean function after the first task, which the stored task's "
@@ -655,11 +696,17 @@ class OnlineSGPR(gpytorch.Module):
                 prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)
             else:
                 prior_mean = to_working_dtype(prior_mean)
-            summary = (chol, precision, shift, prior_mean.expand(shift.shape), b_chol)
+            summary: tuple[Tensor, ...] = (chol, precision, shift, prior_mean.expand(shift.shape), b_chol)
             if mask is not None and self.has_posterior and not bool(mask.any(-1).all()):
                 summary = _keep_streams_without_points(mask.any(-1), summary, (*self._summary(), self._stored_b_chol()))
-            self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean, b_chol = map(keep, summary)
-            self._remember_b_chol(b_chol)
+            chol, precision, shift, prior_mean, b_chol = map(keep, summary)
+            self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean = (
+                chol,
+                precision,
+                shift,
+                prior_mean,
+            )
+            self._remember_b_chol(precision, b_chol)
         with torch.no_grad():
             self.posterior_inducing_variables = frozen_copy(self.inducing_variables)
             self.posterior_mean_module = frozen_copy(self.mean_module)
@@ -671,11 +718,26 @@ class OnlineSGPR(gpytorch.Module):
         """``(num_iter, optimizer, fixed_mean)`` of the next task under the refit policy."""
         if self.refit_every is None or int(self.num_tasks) % self.refit_every != 0:
             return 0, optimizer, False
-        fixed_mean = self.has_posterior and self.posterior_inducing_variables.prior_mean(self.mean_module) is None
+        fixed_mean = self._stored_mean_is_fixed()
         return self.refit_iter, self.refit_optimizer, fixed_mean
 
+    def _stored_task(self) -> _StoredTask:
+        """The stored task; a ``RuntimeError`` before the first one."""
+        ivs, mean = self.posterior_inducing_variables, self.posterior_mean_module
+        chol, precision, shift, prior_mean = self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean
+        if ivs is None or mean is None or chol is None or precision is None or shift is None or prior_mean is None:
+            raise RuntimeError("no task has been absorbed yet: call update(train_x, train_y) first")
+        return _StoredTask(ivs, mean, chol, precision, shift, prior_mean)
+
     def _summary(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean
+        """``(L', Λ', η', μ'_a)`` of the stored task."""
+        stored = self._stored_task()
+        return stored.chol, stored.precision, stored.shift, stored.prior_mean
+
+    def _stored_mean_is_fixed(self) -> bool:
+        """Whether a task is stored whose inducing variables project :math:`f - m` (interdomain), which a change of
+        the mean function would invalidate."""
+        return self.posterior_inducing_variables is not None and self.posterior_inducing_variables.prior_mean(self.mean_module) is None
 
     def _masked_task(self, train_x, train_y, mask) -> tuple[Tensor, Tensor, Tensor | None]:
         """A ragged task of batched streams: padding filled with finite values that contribute nothing
@@ -810,35 +872,34 @@ class OnlineSGPR(gpytorch.Module):
         """``chol(B') = chol(I + Λ')`` of the stored summary, kept from the update that stored ``Λ'`` for as long as
         that very tensor is unchanged (its identity, storage and version counter: a reload, ``.to``, an assignment or an
         in-place change of ``posterior_precision`` recomputes it)."""
-        precision = self.posterior_precision
+        stored = self._stored_task().precision
         cached = self._b_chol_cache
-        if cached is not None and cached[0] is precision and cached[1] == (precision._version, precision.data_ptr()):
+        if cached is not None and cached[0] is stored and cached[1] == (stored._version, stored.data_ptr()):
             return cached[2]
-        precision = to_working_dtype(precision)
+        precision = to_working_dtype(stored)
         b_chol = psd_safe_cholesky(precision + torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device))
-        self._remember_b_chol(b_chol)
+        self._remember_b_chol(stored, b_chol)
         return b_chol
 
-    def _remember_b_chol(self, b_chol: Tensor) -> None:
-        """Keep ``chol(I + Λ')`` for the stored ``Λ'`` (not for a differentiable summary: its graph is the user's)."""
-        precision = self.posterior_precision
+    def _remember_b_chol(self, precision: Tensor, b_chol: Tensor) -> None:
+        """Keep ``chol(I + Λ')`` for the stored ``Λ'``, ``precision`` (not for a differentiable summary: its graph is the
+        user's)."""
         self._b_chol_cache = None if b_chol.requires_grad else (precision, (precision._version, precision.data_ptr()), b_chol)
 
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:
         """``(mean, chol(B))`` of the stored ``q(v) = N(B^{-1} η', B^{-1})``."""
-        shift = to_working_dtype(self.posterior_shift)
+        shift = to_working_dtype(self._stored_task().shift)
         b_chol = self._stored_b_chol()
         mean = torch.cholesky_solve(shift.unsqueeze(-1), b_chol).squeeze(-1)
         return mean, b_chol
 
     def inducing_posterior(self) -> MultivariateNormal:
         r"""The stored :math:`q(u) = \mathcal{N}(\mu_u + L' m_v, L' B^{-1} L'^T)` over :attr:`posterior_inducing_variables`."""
-        if not self.has_posterior:
-            raise RuntimeError("no task has been absorbed yet: call update(train_x, train_y) first")
+        stored = self._stored_task()
         mean_v, b_chol = self._whitened_posterior()
-        chol = to_working_dtype(self.posterior_chol)
+        chol = to_working_dtype(stored.chol)
         factor = chol @ solve_lower(b_chol, torch.eye(b_chol.shape[-1], dtype=b_chol.dtype, device=b_chol.device)).mT
-        mean = to_working_dtype(self.posterior_prior_mean) + (chol @ mean_v.unsqueeze(-1)).squeeze(-1)
+        mean = to_working_dtype(stored.prior_mean) + (chol @ mean_v.unsqueeze(-1)).squeeze(-1)
         return MultivariateNormal(mean, factor @ factor.mT)
 
     def forward(self, x) -> MultivariateNormal:
@@ -856,8 +917,9 @@ class OnlineSGPR(gpytorch.Module):
         prior_covar = kernel(x)
         if not self.has_posterior:
             return MultivariateNormal(prior_mean, prior_covar)
-        ivs = self.posterior_inducing_variables
-        _check_mean_unchanged(ivs, self.posterior_mean_module, self.mean_module)
+        stored = self._stored_task()
+        ivs = stored.inducing_variables
+        _check_mean_unchanged(ivs, stored.mean_module, self.mean_module)
         chol_now, mean_w, middle = self._prediction_factors(kernel, ivs)
         W = solve_lower(chol_now, to_working_dtype(ivs.Kuf(kernel, x)))
         mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1).to(prior_mean.dtype)
@@ -867,7 +929,7 @@ class OnlineSGPR(gpytorch.Module):
             return MultivariateNormal(mean, prior_covar + MatmulLinearOperator(left, right))
         return MultivariateNormal(mean, DenseLinearOperator(to_dense(prior_covar) + left @ right))
 
-    def _prediction_factors(self, kernel, ivs) -> tuple[Tensor, Tensor, Tensor]:
+    def _prediction_factors(self, kernel: gpytorch.kernels.Kernel, ivs: InducingVariables) -> tuple[Tensor, Tensor, Tensor]:
         """The factors of :meth:`forward` that do not depend on ``x``: ``L = chol(K_uu)``, the whitened mean
         ``m_w = L^{-1}(μ' - μ) + G m_v`` and ``C = G B^{-1} G^T - I`` with ``G = L^{-1} L'``, so that
         ``q(f(x)) = N(m(x) + W^T m_w, K_xx + W^T C W)``, ``W = L^{-1} K_uf``.
@@ -878,13 +940,14 @@ class OnlineSGPR(gpytorch.Module):
         (an optimiser step, ``load_state_dict``, an update) recomputes the factors. A differentiable
         conditioning (BoTorch's fantasies) and ``detach_test_caches(False)`` with gradients enabled are never
         served from the cache."""
-        posterior = [self.posterior_precision, self.posterior_shift, self.posterior_chol, self.posterior_prior_mean]
+        stored = self._stored_task()
+        posterior = [stored.precision, stored.shift, stored.chol, stored.prior_mean]
         cacheable = (
             not self.training
             and not any(t.requires_grad for t in posterior)
             and (not torch.is_grad_enabled() or gpytorch.settings.detach_test_caches.on())
         )
-        key = None
+        key: tuple[list[int], list[Tensor]] | None = None
         if cacheable:
             modules = (kernel, self.mean_module, ivs)
             tensors = [t for m in modules for t in itertools.chain(m.parameters(), m.buffers())] + posterior
@@ -894,17 +957,17 @@ class OnlineSGPR(gpytorch.Module):
         chol_now = psd_safe_cholesky(to_working_dtype(to_dense(ivs.Kuu(kernel))))
         # q(b) was stored whitened by the Cholesky factor L' of the hyperparameters of its task;
         # G = L_now^{-1} L' maps it to the current whitening (identity if nothing changed).
-        G = solve_lower(chol_now, to_working_dtype(self.posterior_chol))
+        G = solve_lower(chol_now, to_working_dtype(stored.chol))
         mean_v, b_chol = self._whitened_posterior()
         mean_now = ivs.prior_mean(self.mean_module)
-        offset = to_working_dtype(self.posterior_prior_mean)
+        offset = to_working_dtype(stored.prior_mean)
         offset = offset if mean_now is None else offset - to_working_dtype(mean_now)
         mean_w = solve_lower(chol_now, offset.unsqueeze(-1)).squeeze(-1) + (G @ mean_v.unsqueeze(-1)).squeeze(-1)
         V = solve_lower(b_chol, G.mT)
         middle = V.mT @ V - torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
         factors = (chol_now, mean_w, middle)
-        if cacheable:
-            factors = tuple(f.detach() for f in factors)
+        if key is not None:
+            factors = (chol_now.detach(), mean_w.detach(), middle.detach())
             self._prediction_cache = (([*key[0]], [t.clone() for t in key[1]]), factors)
         return factors
 
@@ -960,6 +1023,14 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
     and :math:`\mu_a = m_{new}(Z_a)`); interdomain ones project :math:`f - m`, so there a change raises.
     """
 
+    # The last task (None before end_task), in the module tree.
+    old_inducing_variables: InducingVariables | None
+    old_mean_module: gpytorch.means.Mean | None
+    old_mean: Tensor | None
+    old_covar_chol: Tensor | None
+    old_prior_chol: Tensor | None
+    old_prior_mean: Tensor | None
+
     def __init__(self, likelihood, model, num_data: int, beta: float = 1.0, combine_terms: bool = True):
         if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data < 1:
             raise ValueError(f"num_data must be a positive int (size of the current task), got {num_data!r}")
@@ -991,7 +1062,16 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
 
     @property
     def has_old_task(self) -> bool:
-        return self.old_inducing_variables is not None
+        """Whether :meth:`end_task` has stored a task."""
+        return self._old_task() is not None
+
+    def _old_task(self) -> _OldTask | None:
+        """The stored task, or ``None`` before :meth:`end_task`."""
+        ivs, mean_module = self.old_inducing_variables, self.old_mean_module
+        mean, covar_chol, prior_chol, prior_mean = self.old_mean, self.old_covar_chol, self.old_prior_chol, self.old_prior_mean
+        if ivs is None or mean_module is None or mean is None or covar_chol is None or prior_chol is None or prior_mean is None:
+            return None
+        return _OldTask(ivs, mean_module, mean, covar_chol, prior_chol, prior_mean)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # The old task exists only after end_task: allocate it so that a fresh ELBO loads a saved one.
@@ -1043,15 +1123,14 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         size = mean.shape[-1]
         return -0.5 * (diff.square().sum(-1) + trace + logdet + size * math.log(2 * math.pi))
 
-    def _expected_smoothed_log_ratio(self, mean: Tensor, covar: Tensor, noise: Tensor) -> Tensor:
+    @staticmethod
+    def _expected_smoothed_log_ratio(old: _OldTask, mean: Tensor, covar: Tensor, noise: Tensor) -> Tensor:
         r""":math:`\mathbb{E}_{\mathcal{N}(\mathrm{mean}, \mathrm{covar})}[\log \tilde r(g)]`: the stored ratio
         :math:`r = q_{old} / p_{old}` averaged over the old variables' unshared jitter noise (:func:`_smooth_ratio`), for the
         moments of their noise-free part :math:`g`. In :math:`w = L'^{-1}(g - \mu'_a)` with
         :math:`K = L'^{-1} \operatorname{chol}(S_a)`: :math:`\Lambda = K^{-T}K^{-1} - I`, :math:`\eta = K^{-T}K^{-1} m_w` and
         :math:`\log r = -\tfrac12 w^\top \Lambda w + w^\top \eta - \log|K| - \tfrac12 m_w^\top (K K^\top)^{-1} m_w`."""
-        prior_chol, covar_chol, old_mean, old_prior_mean = map(
-            to_working_dtype, (self.old_prior_chol, self.old_covar_chol, self.old_mean, self.old_prior_mean)
-        )
+        prior_chol, covar_chol, old_mean, old_prior_mean = map(to_working_dtype, (old.prior_chol, old.covar_chol, old.mean, old.prior_mean))
         factor = solve_lower(prior_chol, covar_chol)  # K
         eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
         factor_inv = solve_lower(factor, eye)
@@ -1070,20 +1149,21 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         r""":math:`\mathrm{KL}(q(b) \| p(b)) - \mathbb{E}_{\tilde q(a)}[\log q_{old}(a) - \log p_{old}(a)]` (the negated
         non-likelihood terms of thesis eq. (4.6)), shaped like the strategy's KL."""
         kl = self.model.variational_strategy.kl_divergence()
-        if not self.has_old_task:
+        old = self._old_task()
+        if old is None:
             return kl
         strategy = self._interdomain_strategy()
-        _check_mean_unchanged(self.old_inducing_variables, self.old_mean_module, self._mean_module)
-        marginal = strategy.inducing_marginal(self.old_inducing_variables)
+        _check_mean_unchanged(old.inducing_variables, old.mean_module, self._mean_module)
+        marginal = strategy.inducing_marginal(old.inducing_variables)
         mean, covar = to_working_dtype(marginal.mean), to_working_dtype(to_dense(marginal.lazy_covariance_matrix))
-        old_prior_chol = to_working_dtype(self.old_prior_chol)
+        old_prior_chol = to_working_dtype(old.prior_chol)
         old_prior_kuu = old_prior_chol @ old_prior_chol.mT
-        noise = self.old_inducing_variables.unshared_jitter(strategy.inducing_variables, old_prior_kuu)
+        noise = old.inducing_variables.unshared_jitter(strategy.inducing_variables, old_prior_kuu)
         if bool((noise > 0).any()):
-            gain = self._expected_smoothed_log_ratio(mean, covar - torch.diag_embed(noise), noise)
+            gain = self._expected_smoothed_log_ratio(old, mean, covar - torch.diag_embed(noise), noise)
         else:
-            gain = self._expected_gaussian_log_density(mean, covar, to_working_dtype(self.old_mean), to_working_dtype(self.old_covar_chol))
-            gain = gain - self._expected_gaussian_log_density(mean, covar, to_working_dtype(self.old_prior_mean), old_prior_chol)
+            gain = self._expected_gaussian_log_density(mean, covar, to_working_dtype(old.mean), to_working_dtype(old.covar_chol))
+            gain = gain - self._expected_gaussian_log_density(mean, covar, to_working_dtype(old.prior_mean), old_prior_chol)
         while gain.dim() > kl.dim():
             gain = gain.sum(-1)
         return kl - gain.to(kl.dtype)

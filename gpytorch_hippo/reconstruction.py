@@ -21,7 +21,7 @@ Inducing variables project the centred process :math:`f - m` (see
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import gpytorch
 import torch
@@ -49,8 +49,8 @@ def _posterior(model) -> _Posterior:
     if isinstance(model, OnlineSGPR):
         # q(u) is over the frozen copy taken at the end of the last task: later `advance` calls on
         # model.inducing_variables must not change the bases of the stored posterior.
-        q_u = model.inducing_posterior()
-        return _Posterior(q_u, model.posterior_inducing_variables, model.mean_module)
+        q_u = model.inducing_posterior()  # raises before the first task, so the frozen copy below is set
+        return _Posterior(q_u, cast(InducingVariables, model.posterior_inducing_variables), model.mean_module)
     if isinstance(model, gpytorch.models.ApproximateGP):
         strategy = getattr(model, "variational_strategy", None)
         while strategy is not None and not isinstance(strategy, InterdomainVariationalStrategy):

@@ -49,6 +49,11 @@ def _as_datetime64(values) -> np.ndarray | None:
     return None
 
 
+def _nanoseconds(unit: str) -> float:
+    """One ``unit`` (a NumPy ``timedelta64`` code) in nanoseconds."""
+    return float(np.ones((), dtype=f"timedelta64[{unit}]").astype("timedelta64[ns]").astype(np.int64))
+
+
 def is_datetime_like(values) -> bool:
     """Whether ``values`` are calendar times that :class:`TimeAxis` converts.
 
@@ -77,7 +82,7 @@ class TimeAxis:
         #: the unit of the numbers (NumPy's code, e.g. ``"h"``)
         self.unit = unit
         #: the time that is ``t = 0`` (``numpy.datetime64`` in ns; ``None`` until set or taken from the first times)
-        self.origin = None
+        self.origin: np.datetime64 | None = None
         if origin is not None:
             if isinstance(origin, str):
                 try:
@@ -87,7 +92,7 @@ class TimeAxis:
             converted = _as_datetime64(origin)
             if converted is None or converted.size != 1:
                 raise TypeError(f"origin must be one calendar time (a Timestamp, datetime or datetime64), got {origin!r}")
-            self.origin = converted.reshape(())
+            self.origin = converted.reshape(-1)[0]
 
     def __repr__(self) -> str:
         return f"TimeAxis(unit={self.unit!r}, origin={None if self.origin is None else str(self.origin)!r})"
@@ -106,7 +111,7 @@ class TimeAxis:
             raise ValueError("the times contain NaT (missing times): drop those rows first")
         if self.origin is None:
             self.origin = array.min()
-        step = np.timedelta64(1, self.unit).astype("timedelta64[ns]").astype(np.float64)
+        step = _nanoseconds(self.unit)
         offsets = (array - self.origin).astype("timedelta64[ns]").astype(np.float64) / step
         return torch.as_tensor(offsets, dtype=torch.float64)
 
@@ -119,7 +124,7 @@ class TimeAxis:
         if self.origin is None:
             raise RuntimeError("this TimeAxis has no origin yet: convert the first times (or pass origin=) first")
         t = np.asarray(t.detach().cpu() if isinstance(t, Tensor) else t, dtype=np.float64)
-        step = np.timedelta64(1, self.unit).astype("timedelta64[ns]").astype(np.float64)
+        step = _nanoseconds(self.unit)
         return self.origin + (t * step).round().astype("timedelta64[ns]")
 
     def state(self) -> dict:

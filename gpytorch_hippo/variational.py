@@ -122,7 +122,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         self._online_objective = False
         self.whitened = bool(whitened)
         self._explicit_kernel = kernel
-        self._cache_fingerprint = None
+        self._cache_fingerprint: list[Tensor] | None = None
         inducing_variables._variational_owner = type(self).__name__
 
     # ------------------------------------------------------------------ components

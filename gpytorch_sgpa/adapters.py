@@ -45,6 +45,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -153,7 +154,7 @@ def _kernel_layer(
     kwargs: dict,
     bias_q: Tensor | None = None,
     bias_k: Tensor | None = None,
-) -> nn.Module:
+) -> KernelAttention | SGPAttention:
     """A kernel/SGPA layer with ``W_qk = (W_q + W_k) / 2``, ``W_v``, ``b_v`` and no output projection,
     SGPA started at the kernel layer's function (``sgpa_start``); the softmax projections
     ``(W_q, b_q, W_k, b_k)`` stay on it while ``convert`` runs (for ``calibration_inputs``)."""
@@ -161,10 +162,10 @@ def _kernel_layer(
         raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
     cov_init = sgpa_start(attention, kwargs)
     layer = build_attention(attention, d_model, num_heads, attention_kwargs=kwargs)
-    if not hasattr(layer, "qk_proj"):
+    if not isinstance(layer, (KernelAttention, SGPAttention)):  # the layers with a shared W_qk
         raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
     layer.v_proj = nn.Linear(d_model, d_model, bias=bias_v is not None)
-    layer.out_proj = _IdentityProjection(weight_v)
+    layer.out_proj = _IdentityProjection(weight_v)  # type: ignore[assignment]  # identity for the Linear, with the weight it reads
     layer.to(device=weight_v.device, dtype=weight_v.dtype)
     with torch.no_grad():
         layer.qk_proj.weight.copy_(0.5 * (weight_q + weight_k))
@@ -243,7 +244,7 @@ def _mean_weights(layer: nn.Module, queries: Tensor, keys: Tensor, allowed: Tens
         whitened = factors.chol_inverse.matmul(dense_kernel(layer.kernel, queries, factors.keys).transpose(-2, -1))
         if layer.variant == "orthogonal":
             whitened_keys = factors.chol_inverse.matmul(dense_kernel(layer.kernel, keys, factors.keys).transpose(-2, -1))
-            global_values = factors.whitened_values
+            global_values = cast(Tensor, factors.whitened_values)  # L^T v_g: the orthogonal variant has v_g
             gate = mean_gate(layer, queries.dtype)  # γ of m = K_qk v + γ Aᵀ (Lᵀ v_g - A_k v)
             shrink = whitened.transpose(-2, -1).matmul(whitened_keys)
             if gate is not None:
@@ -299,7 +300,9 @@ class SelfAttentionAdapter(nn.Module):
     :param layer_idx: the layer's index in a Hugging Face key/value cache; ``None`` (the default) for a model without one.
     """
 
-    def __init__(self, attention: nn.Module, output: nn.Module | None = None, layer_idx: int | None = None):
+    attention: KernelAttention | SGPAttention
+
+    def __init__(self, attention: KernelAttention | SGPAttention, output: nn.Module | None = None, layer_idx: int | None = None):
         super().__init__()
         self.attention = attention
         self.output = output
@@ -419,14 +422,14 @@ def start_at_mean(layer: nn.Module, cov_init: float | None) -> None:
 
     :param layer: the new kernel or SGPA layer.
     :param cov_init: what :func:`sgpa_start` returned (``None``: leave the covariance as built)."""
-    if cov_init is not None and getattr(layer, "mode", None) == "decoupled":
+    if cov_init is not None and isinstance(layer, SGPAttention) and layer.mode == "decoupled":
         with torch.no_grad():
             layer.global_chol_lower.zero_()
             layer.global_chol_log_diag.fill_(math.log(cov_init))
     mark_for_placement(layer)
 
 
-def copy_kernel(layer: nn.Module, source: KernelAttention) -> None:
+def copy_kernel(layer: KernelAttention | SGPAttention, source: KernelAttention) -> None:
     """Give ``layer`` the trained kernel of the kernel-attention layer ``source`` it is converted from.
 
     :param layer: the new SGPA layer.
@@ -492,6 +495,8 @@ class ViTAttentionAdapter(SelfAttentionAdapter):
     :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
     """
 
+    output: nn.Module  # always given: the replaced module's o_proj
+
     def __init__(self, attention, output, config):
         super().__init__(attention, output)
         self.config = config
@@ -522,6 +527,8 @@ class GPT2AttentionAdapter(SelfAttentionAdapter):
     :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
     :param layer_idx: the layer's index in the Hugging Face key/value cache; ``None`` (the default): no cache.
     """
+
+    output: nn.Module  # always given: the replaced module's c_proj and resid_dropout
 
     def __init__(self, attention, output, config, layer_idx=None):
         super().__init__(attention, output, layer_idx)
@@ -570,6 +577,8 @@ class TimmAttentionAdapter(SelfAttentionAdapter):
     :param proj_drop: the replaced module's output dropout ``proj_drop``.
     """
 
+    output: nn.Module  # always given: the replaced module's proj
+
     def __init__(self, attention, norm, gate, proj, proj_drop):
         super().__init__(attention, proj)
         self.norm, self.gate, self.proj_drop = norm, gate, proj_drop
@@ -603,25 +612,26 @@ def from_bert_self_attention(module: nn.Module, attention: str = "sgpa", **kwarg
     :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
         (default ``"sgpa"``).
     """
-    d_model = module.query.in_features
-    if module.all_head_size != d_model:
-        raise ValueError(f"convert needs num_heads * head_size = hidden size, got {module.all_head_size} != {d_model}")
-    kwargs.setdefault("dropout", module.dropout.p)
-    kwargs.setdefault("causal", bool(getattr(module, "is_causal", False)))
-    value_bias = None if module.value.bias is None else module.value.bias.detach()
+    source: Any = module  # a transformers module: its attributes are set dynamically (nn.Module types them Tensor | Module)
+    d_model = source.query.in_features
+    if source.all_head_size != d_model:
+        raise ValueError(f"convert needs num_heads * head_size = hidden size, got {source.all_head_size} != {d_model}")
+    kwargs.setdefault("dropout", source.dropout.p)
+    kwargs.setdefault("causal", bool(getattr(source, "is_causal", False)))
+    value_bias = None if source.value.bias is None else source.value.bias.detach()
     layer = _kernel_layer(
         attention,
         d_model,
-        module.num_attention_heads,
-        module.query.weight.detach(),
-        module.key.weight.detach(),
-        module.value.weight.detach(),
+        source.num_attention_heads,
+        source.query.weight.detach(),
+        source.key.weight.detach(),
+        source.value.weight.detach(),
         value_bias,
         kwargs,
-        _bias(module.query),
-        _bias(module.key),
+        _bias(source.query),
+        _bias(source.key),
     )
-    return BertSelfAttentionAdapter(layer, module.config, getattr(module, "layer_idx", None))
+    return BertSelfAttentionAdapter(layer, source.config, getattr(source, "layer_idx", None))
 
 
 def from_vit_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> ViTAttentionAdapter:
@@ -631,25 +641,26 @@ def from_vit_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> 
     :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
         (default ``"sgpa"``).
     """
-    d_model = module.q_proj.in_features
-    if module.q_proj.out_features != d_model:
-        raise ValueError(f"convert needs num_heads * head_dim = hidden size, got {module.q_proj.out_features} != {d_model}")
-    kwargs.setdefault("dropout", float(module.attention_dropout))
-    kwargs.setdefault("causal", bool(getattr(module, "is_causal", False)))
-    value_bias = None if module.v_proj.bias is None else module.v_proj.bias.detach()
+    source: Any = module  # a transformers module: its attributes are set dynamically (nn.Module types them Tensor | Module)
+    d_model = source.q_proj.in_features
+    if source.q_proj.out_features != d_model:
+        raise ValueError(f"convert needs num_heads * head_dim = hidden size, got {source.q_proj.out_features} != {d_model}")
+    kwargs.setdefault("dropout", float(source.attention_dropout))
+    kwargs.setdefault("causal", bool(getattr(source, "is_causal", False)))
+    value_bias = None if source.v_proj.bias is None else source.v_proj.bias.detach()
     layer = _kernel_layer(
         attention,
         d_model,
-        module.num_attention_heads,
-        module.q_proj.weight.detach(),
-        module.k_proj.weight.detach(),
-        module.v_proj.weight.detach(),
+        source.num_attention_heads,
+        source.q_proj.weight.detach(),
+        source.k_proj.weight.detach(),
+        source.v_proj.weight.detach(),
         value_bias,
         kwargs,
-        _bias(module.q_proj),
-        _bias(module.k_proj),
+        _bias(source.q_proj),
+        _bias(source.k_proj),
     )
-    return ViTAttentionAdapter(layer, module.o_proj, module.config)
+    return ViTAttentionAdapter(layer, source.o_proj, source.config)
 
 
 def from_gpt2_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> GPT2AttentionAdapter | None:
@@ -660,28 +671,29 @@ def from_gpt2_attention(module: nn.Module, attention: str = "sgpa", **kwargs) ->
     :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
         (default ``"sgpa"``).
     """
-    if module.is_cross_attention:
+    source: Any = module  # a transformers module: its attributes are set dynamically (nn.Module types them Tensor | Module)
+    if source.is_cross_attention:
         return None
-    d_model = module.embed_dim
-    weight = module.c_attn.weight.detach().T  # Conv1D holds (in, out)
+    d_model = source.embed_dim
+    weight = source.c_attn.weight.detach().T  # Conv1D holds (in, out)
     weight_q, weight_k, weight_v = weight.split(d_model, dim=0)
-    bias = module.c_attn.bias
+    bias = source.c_attn.bias
     value_bias = None if bias is None else bias.detach()[2 * d_model :]
-    kwargs.setdefault("dropout", module.attn_dropout.p)
+    kwargs.setdefault("dropout", source.attn_dropout.p)
     kwargs.setdefault("causal", True)
     layer = _kernel_layer(
         attention,
         d_model,
-        module.num_heads,
+        source.num_heads,
         weight_q,
         weight_k,
         weight_v,
         value_bias,
         kwargs,
-        _bias(module.c_attn, slice(0, d_model)),
-        _bias(module.c_attn, slice(d_model, 2 * d_model)),
+        _bias(source.c_attn, slice(0, d_model)),
+        _bias(source.c_attn, slice(d_model, 2 * d_model)),
     )
-    return GPT2AttentionAdapter(layer, nn.Sequential(module.c_proj, module.resid_dropout), module.config, module.layer_idx)
+    return GPT2AttentionAdapter(layer, nn.Sequential(source.c_proj, source.resid_dropout), source.config, source.layer_idx)
 
 
 def from_timm_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> TimmAttentionAdapter:
@@ -694,32 +706,33 @@ def from_timm_attention(module: nn.Module, attention: str = "sgpa", **kwargs) ->
     :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
         (default ``"sgpa"``).
     """
-    if not (isinstance(module.q_norm, nn.Identity) and isinstance(module.k_norm, nn.Identity)):
+    source: Any = module  # a timm module: its attributes are set dynamically (nn.Module types them Tensor | Module)
+    if not (isinstance(source.q_norm, nn.Identity) and isinstance(source.k_norm, nn.Identity)):
         raise ValueError(
             "convert does not support timm Attention with qk_norm: a kernel layer's queries and keys share "
             "one projection W_qk and have no normalisation"
         )
-    d_model = module.qkv.in_features
-    attn_dim = module.num_heads * module.head_dim
+    d_model = source.qkv.in_features
+    attn_dim = source.num_heads * source.head_dim
     if attn_dim != d_model:
         raise ValueError(f"convert needs num_heads * head_dim = dim, got {attn_dim} != {d_model}")
-    weight_q, weight_k, weight_v = module.qkv.weight.detach().split(attn_dim, dim=0)
-    bias = module.qkv.bias
+    weight_q, weight_k, weight_v = source.qkv.weight.detach().split(attn_dim, dim=0)
+    bias = source.qkv.bias
     value_bias = None if bias is None else bias.detach()[2 * attn_dim :]
-    kwargs.setdefault("dropout", module.attn_drop.p)
+    kwargs.setdefault("dropout", source.attn_drop.p)
     layer = _kernel_layer(
         attention,
         d_model,
-        module.num_heads,
+        source.num_heads,
         weight_q,
         weight_k,
         weight_v,
         value_bias,
         kwargs,
-        _bias(module.qkv, slice(0, attn_dim)),
-        _bias(module.qkv, slice(attn_dim, 2 * attn_dim)),
+        _bias(source.qkv, slice(0, attn_dim)),
+        _bias(source.qkv, slice(attn_dim, 2 * attn_dim)),
     )
-    return TimmAttentionAdapter(layer, module.norm, getattr(module, "gate", None), module.proj, module.proj_drop)
+    return TimmAttentionAdapter(layer, source.norm, getattr(source, "gate", None), source.proj, source.proj_drop)
 
 
 def _from_adapter(module: SelfAttentionAdapter, attention: str = "sgpa", **kwargs):
@@ -772,7 +785,7 @@ def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.M
                 if not isinstance(spec, OutputRecorder):
                     index = 0 if "hidden_states" in key else 1
                     spec = OutputRecorder(
-                        target_class=None if isinstance(spec, str) else spec,
+                        target_class=None if isinstance(spec, str) else spec,  # type: ignore[arg-type]  # transformers itself passes None
                         index=index,
                         class_name=spec if isinstance(spec, str) else None,
                     )

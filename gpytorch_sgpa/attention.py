@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from gpytorch.kernels import Kernel
@@ -138,7 +138,7 @@ class _ForwardFactors:
             if alive is not None:
                 alive.factors = None
 
-        for tensor in self.factors:
+        for tensor in cast(GlobalFactors, self.factors):  # track() is called on a record that holds its factors
             if isinstance(tensor, Tensor) and tensor.requires_grad:
                 tensor.register_hook(drop)
         return self
@@ -290,6 +290,15 @@ class SGPAttention(_MultiHeadAttention):
     :param mean_gate: the initial value of the learnable gate :math:`\gamma` of the orthogonal mean
         (above; ``None``: the thesis's mean, no gate).
     """
+
+    max_len: int | None
+    # decoupled mode only (None, or absent, in standard mode)
+    global_inducing_inputs: Tensor | None
+    global_values: Tensor | None  # None for the dsvgp variant
+    global_chol_lower: Tensor
+    global_chol_log_diag: Tensor
+    global_mean_gate: Tensor | None
+    _cache: tuple[_Snapshot, torch.dtype, GlobalFactors] | None
 
     def __init__(
         self,
@@ -467,7 +476,7 @@ class SGPAttention(_MultiHeadAttention):
         if self.mode != "decoupled":
             raise ValueError("global inducing inputs exist only for mode='decoupled'")
         if global_inputs is None:
-            return self.global_inducing_inputs
+            return cast(Tensor, self.global_inducing_inputs)  # a parameter in decoupled mode
         check_tensor(global_inputs, "global_inputs", floating=True)
         expected = (self.num_heads, self.num_global, self.d_model)
         if tuple(global_inputs.shape) != expected:
@@ -613,8 +622,9 @@ class SGPAttention(_MultiHeadAttention):
         with _no_autocast(x):
             params = exp_kernel_parameters(self.kernel, _gp_dtype(x.dtype))
             terms = self._terms(x, key_padding_mask, global_inputs, full_covariance, None, None, params)
-        self._check_result(x, terms.mean, terms.variance, terms.kl)
-        return SGPAPosterior(terms.mean, terms.variance, terms.covariance, terms.kl)
+        variance = cast(Tensor, terms.variance)  # without a sampler the terms hold the marginal variances
+        self._check_result(x, terms.mean, variance, terms.kl)
+        return SGPAPosterior(terms.mean, variance, terms.covariance, terms.kl)
 
     def sample_noise(self, batch_size: int, length: int, dtype=None, device=None, generator: torch.Generator | None = None) -> SGPANoise:
         """Draw the standard-normal noise one forward pass of ``batch_size × length`` uses (from
@@ -690,7 +700,7 @@ class SGPAttention(_MultiHeadAttention):
             noise = self._check_noise(noise, batch, length)
         dtype = _gp_dtype(x.dtype)
         local = noise.local.to(dtype)
-        global_noise = noise.global_.to(dtype) if self._uses_global_noise() else None
+        global_noise = noise.global_.to(dtype) if self._uses_global_noise() and noise.global_ is not None else None
         with _no_autocast(x):
             params = exp_kernel_parameters(self.kernel, dtype)
             terms = self._terms(x, key_padding_mask, global_inputs, False, self.sampler, global_noise, params)
@@ -741,6 +751,8 @@ class SGPAttention(_MultiHeadAttention):
                     state.global_noise = None if noise.global_ is None else noise.global_.to(query.dtype)
                     state.conditional_chol = query.new_zeros(batch, self.num_heads, 0, 0)
                 state.local_noise = query.new_zeros(batch, self.num_heads, 0, self.head_dim)
+            elif state.local_noise is None:
+                raise ValueError("state holds no noise of its prefix: pass the state this SGPA layer's forward_step returned")
             position = state.length
             state.keys = torch.cat([state.keys, query], dim=-2)
             state.values = torch.cat([state.values, value], dim=-2)

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import TypeVar
 
 from torch import nn
+
+_Model = TypeVar("_Model", bound=nn.Module)
 
 __all__ = ["ATTN_IMPLEMENTATION", "record_conversion", "register_refusal"]
 
@@ -51,7 +54,7 @@ def register_refusal() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _refuse)
 
 
-def _pretrained_roots(module: nn.Module, pretrained: type) -> list[nn.Module]:
+def _pretrained_roots(module: nn.Module, pretrained: type[_Model]) -> list[_Model]:
     """The outermost ``PreTrainedModel``\\ s of ``module``'s tree."""
     if isinstance(module, pretrained):
         return [module]
@@ -80,7 +83,7 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
         else:
             unsaved.append(key)
     new = {id(module) for _, module in replaced.values()}
-    targets = []
+    targets: list[tuple[PretrainedConfig, list[str] | None]] = []
     for model in _pretrained_roots(root, PreTrainedModel):
         paths = [name for name, module in model.named_modules() if id(module) in new]
         if paths:
@@ -91,9 +94,9 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
         if isinstance(config, PretrainedConfig) and id(config) not in configs:
             configs.add(id(config))
             targets.append((config, None))
-    for config, paths in targets:
+    for config, modules in targets:
         settings = getattr(config, "sgpa", None) or {"attn_implementation": config._attn_implementation, "conversions": []}
-        entry = {"attention": attention, "kwargs": kwargs, "modules": paths}
+        entry = {"attention": attention, "kwargs": kwargs, "modules": modules}
         if unsaved:
             entry["unsaved_kwargs"] = unsaved
         settings["conversions"].append(entry)

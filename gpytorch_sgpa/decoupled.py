@@ -19,7 +19,7 @@ The functions take the :class:`~gpytorch_sgpa.attention.SGPAttention` layer whos
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -89,7 +89,7 @@ def global_factors(
     else:
         scaled, centre = centred_scaled_inputs(params, keys)
         features = exp_features(params, scaled)
-        gram, key_features = exp_kernel(features.query, features.key), features.key
+        gram, key_features = exp_kernel(cast(Tensor, features.query), features.key), features.key  # query built: query=True
     num_global = gram.shape[-1]
     eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
     chol = psd_cholesky(gram + _relative_jitter(layer.kernel, dtype, params) * eye)
@@ -158,7 +158,8 @@ def decoupled_kernel_blocks(kernel, params: ExpKernelParameters | None, queries:
     if params is None or factors.key_features is None:
         return _blocks(kernel, queries, (factors.keys,), include_self=True)
     features = exp_features(params, scaled_inputs(params, queries, factors.centre))
-    return exp_kernel(features.query, features.key), exp_kernel(features.query, factors.key_features)
+    query = cast(Tensor, features.query)  # built: query=True
+    return exp_kernel(query, features.key), exp_kernel(query, factors.key_features)
 
 
 def decoupled_terms(
@@ -212,19 +213,20 @@ def decoupled_terms(
         coefficient = torch.einsum("hdmn,bhdn->bhmd", factors.whitened_cov_factor, global_noise)
     amortised_kl = (values * gram_values).sum((-3, -2, -1))
     if layer.variant == "orthogonal":
+        global_values = cast(Tensor, factors.whitened_values)  # Lᵀ v_g: the orthogonal variant has v_g
         whitened_values = whitened_t.transpose(-2, -1).matmul(values)  # A v_a, (B, H, M, e)
         gate = mean_gate(layer, values.dtype)  # γ, (H, 1, 1), or None for γ = 1
         if causal is not None:
             if gate is None:
-                mean = conditional.masked_fill(~causal, 0.0).matmul(values)
-                own = factors.whitened_values
+                mean = cast(Tensor, conditional).masked_fill(~causal, 0.0).matmul(values)  # computed: causal
+                own = global_values
             else:  # (K_qq - γ AᵀA) v_a, masked, + γ Aᵀ Lᵀ v_g
                 shrunk = gram - gate * whitened_t.matmul(whitened_t.transpose(-2, -1))
                 mean = shrunk.masked_fill(~causal, 0.0).matmul(values)
-                own = gate * factors.whitened_values
+                own = gate * global_values
         else:
             mean = gram_values
-            own = factors.whitened_values - whitened_values  # Lᵀ v_g - A v_a
+            own = global_values - whitened_values  # Lᵀ v_g - A v_a
             if gate is not None:
                 own = gate * own
         # own first: the sum is then contiguous, and the product below needs no copy of it
@@ -234,7 +236,7 @@ def decoupled_terms(
             amortised_kl = amortised_kl - squares.sum((-3, -2, -1))
         else:  # ‖γ w + (1 - γ) A v_a‖² - ‖A v_a‖² - γ² ‖w‖² with w = Lᵀ v_g (γ² ‖w‖² is global)
             amortised_kl = amortised_kl - (gate * (2.0 - gate) * squares).sum((-3, -2, -1))
-            cross_term = (gate * (1.0 - gate) * factors.whitened_values * whitened_values).sum((-3, -2, -1))
+            cross_term = (gate * (1.0 - gate) * global_values * whitened_values).sum((-3, -2, -1))
             amortised_kl = torch.add(amortised_kl, cross_term, alpha=2.0)
     else:
         mean = amortised_mean
@@ -245,7 +247,8 @@ def decoupled_terms(
     variance = covariance = chol_factor = residual = None
     if sampler == "full":  # the full-covariance sampler needs neither variance nor covariance
         valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]
-        chol_factor = _masked_cholesky(conditional, valid, _relative_jitter(layer.kernel, conditional.dtype, params))
+        full = cast(Tensor, conditional)  # computed for sampler="full"
+        chol_factor = _masked_cholesky(full, valid, _relative_jitter(layer.kernel, full.dtype, params))
     elif sampler == "decomposed":  # only diag(K_qq - AᵀA), O(B H L M)
         if params is not None and params.form == "rbf":  # k(q, q) = σ_f², (B, H, L)
             self_cov = params.outputscale.unsqueeze(-1).expand(*queries.shape[:-1])
@@ -257,7 +260,7 @@ def decoupled_terms(
         variance = (gram.diagonal(dim1=-2, dim2=-1) - _RowSquares.apply(whitened_t)).unsqueeze(-2)
         variance = (variance + projected.square().sum(-2)).transpose(-2, -1).expand_as(mean)
         if full_covariance:
-            covariance = conditional.unsqueeze(2) + projected.transpose(-2, -1).matmul(projected)
+            covariance = cast(Tensor, conditional).unsqueeze(2) + projected.transpose(-2, -1).matmul(projected)  # computed: full_covariance
             covariance = covariance.expand(-1, -1, layer.head_dim, -1, -1)
     return PosteriorTerms(mean, variance, covariance, kl, chol_factor, residual, global_kl)
 

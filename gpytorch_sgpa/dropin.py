@@ -22,12 +22,14 @@ separate :math:`G_\phi`.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
 from ._validation import check_int
 from .adapters import adapter_for, child_defaults, copy_kernel, record_attentions, register_adapter, sgpa_start, start_at_mean
-from .attention import KernelAttention, SGPAttention
+from .attention import KernelAttention, ScaledDotProductAttention, SGPAttention
 from .conversion_record import record_conversion
 from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections
 from .transformer import ATTENTION_TYPES, build_attention
@@ -98,6 +100,8 @@ class MultiheadSGPAttention(nn.Module):
         ``"sgpa"``).
     """
 
+    attention: ScaledDotProductAttention | KernelAttention | SGPAttention
+
     def __init__(
         self, embed_dim: int, num_heads: int, dropout: float = 0.0, batch_first: bool = False, attention: str = "sgpa", **attention_kwargs
     ):
@@ -106,7 +110,8 @@ class MultiheadSGPAttention(nn.Module):
             raise TypeError(f"batch_first must be a bool, got {type(batch_first).__name__}")
         if not isinstance(attention, str) or attention not in ATTENTION_TYPES:
             raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
-        self.attention = build_attention(attention, embed_dim, num_heads, dropout=dropout, attention_kwargs=attention_kwargs)
+        layer = build_attention(attention, embed_dim, num_heads, dropout=dropout, attention_kwargs=attention_kwargs)
+        self.attention = cast(ScaledDotProductAttention | KernelAttention | SGPAttention, layer)  # what a name builds
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.batch_first = batch_first
@@ -206,7 +211,7 @@ def _sgpa_layers(module: nn.Module) -> list[SGPAttention]:
 
 
 def _recorded(module: nn.Module, part: str) -> Tensor:
-    total = None
+    total: Tensor | None = None
     for layer in _sgpa_layers(module):
         value = getattr(layer.last_kl, part)
         if value is None:
@@ -221,7 +226,7 @@ def _recorded(module: nn.Module, part: str) -> Tensor:
                 "collect kl_divergence(model) right after the forward whose logits enter the loss"
             )
         total = value if total is None else total + value
-    return total
+    return cast(Tensor, total)  # _sgpa_layers found at least one layer
 
 
 def kl_divergence(module: nn.Module) -> Tensor:
@@ -256,13 +261,13 @@ def predict_proba(model: nn.Module, *inputs, num_samples: int = 10, **kwargs) ->
     training = model.training
     model.eval()
     try:
-        total = None
+        total: Tensor | None = None
         for _ in range(num_samples):
             probabilities = torch.softmax(_logits(model(*inputs, **kwargs)), dim=-1)
             total = probabilities if total is None else total + probabilities
     finally:
         model.train(training)
-    return total / num_samples
+    return cast(Tensor, total) / num_samples  # num_samples >= 1 passes
 
 
 def _logits(output) -> Tensor:
@@ -293,7 +298,8 @@ def _split_in_projection(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor, Te
         raise ValueError("convert needs nn.MultiheadAttention with kdim = vdim = embed_dim (self-attention)")
     if mha.bias_k is not None or mha.add_zero_attn:
         raise ValueError("convert does not support nn.MultiheadAttention with add_bias_kv or add_zero_attn")
-    return mha.in_proj_weight.detach().chunk(3, dim=0)
+    weight_q, weight_k, weight_v = mha.in_proj_weight.detach().chunk(3, dim=0)
+    return weight_q, weight_k, weight_v
 
 
 def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) -> MultiheadSGPAttention:
@@ -303,7 +309,7 @@ def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) ->
     cov_init = sgpa_start(attention, kwargs)
     adapter = MultiheadSGPAttention(mha.embed_dim, mha.num_heads, batch_first=mha.batch_first, attention=attention, **kwargs)
     layer = adapter.attention
-    if not hasattr(layer, "qk_proj"):
+    if not isinstance(layer, (KernelAttention, SGPAttention)):  # the layers with a shared W_qk
         raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
     if bias_v is not None:
         layer.v_proj = nn.Linear(mha.embed_dim, mha.embed_dim)
@@ -320,8 +326,7 @@ def _from_multihead(mha: nn.MultiheadAttention, attention: str, kwargs: dict) ->
     return adapter
 
 
-def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dict) -> MultiheadSGPAttention:
-    source = old.attention
+def _from_kernel_adapter(old: MultiheadSGPAttention, source: KernelAttention, attention: str, kwargs: dict) -> MultiheadSGPAttention:
     if "kernel" in kwargs:
         raise ValueError("kernel must not be given when converting kernel attention: its trained kernel is kept")
     kwargs.setdefault("dropout", source.dropout.p)
@@ -329,6 +334,8 @@ def _from_kernel_adapter(old: MultiheadSGPAttention, attention: str, kwargs: dic
     cov_init = sgpa_start(attention, kwargs)
     adapter = MultiheadSGPAttention(old.embed_dim, old.num_heads, batch_first=old.batch_first, attention=attention, **kwargs)
     layer = adapter.attention
+    if not isinstance(layer, (KernelAttention, SGPAttention)):  # "sdp" has no W_qk to copy
+        raise ValueError(f"convert initialises kernel or SGPA attention (shared W_qk), not {attention!r}")
     weight = source.qk_proj.weight
     if source.v_proj.bias is not None:
         layer.v_proj = nn.Linear(old.embed_dim, old.embed_dim)
@@ -347,8 +354,9 @@ def _multihead_adapter(module: nn.MultiheadAttention, attention: str = "sgpa", *
 
 def _kernel_adapter(module: MultiheadSGPAttention, attention: str = "sgpa", **kwargs) -> MultiheadSGPAttention | None:
     """Kernel attention in a :class:`MultiheadSGPAttention` becomes SGPA (or another kernel layer); others stay."""
-    if isinstance(module.attention, KernelAttention) and attention != "kernel":
-        return _from_kernel_adapter(module, attention, kwargs)
+    source = module.attention
+    if isinstance(source, KernelAttention) and attention != "kernel":
+        return _from_kernel_adapter(module, source, attention, kwargs)
     return None
 
 

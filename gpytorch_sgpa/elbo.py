@@ -283,8 +283,9 @@ class SGPAELBO(gpytorch.Module):
             return kl / self.num_data
         if self.kl_weighting == "authors":
             return kl
-        if callable(getattr(self.model, "global_kl", None)):
-            global_kl = self.model.global_kl()
+        model_global_kl = getattr(self.model, "global_kl", None)
+        if callable(model_global_kl):
+            global_kl = model_global_kl()
         else:  # a user's model (e.g. after gpytorch_sgpa.convert): the layers' record of this forward pass
             global_kl = global_kl_divergence(self.model)
         return kl - global_kl + global_kl / self.num_data

@@ -27,12 +27,16 @@ SGPA at its posterior mean).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, cast
 
 import torch
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor, nn
 
 from .kernels import ExponentialKernel
+
+if TYPE_CHECKING:
+    from .attention import KernelAttention, SGPAttention
 
 __all__ = ["calibrate_kernel_scales", "forget_softmax_projections", "mark_for_placement"]
 
@@ -83,7 +87,7 @@ def _heads(layer, projected: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def _calibrate_layer(layer: nn.Module, x: Tensor, key_padding_mask: Tensor | None) -> None:
+def _calibrate_layer(layer: KernelAttention | SGPAttention, x: Tensor, key_padding_mask: Tensor | None) -> None:
     kernel = layer.kernel
     if not isinstance(kernel, ScaleKernel):
         raise ValueError("calibration_inputs needs the layer's kernel to be a gpytorch ScaleKernel")
@@ -120,13 +124,14 @@ def _calibrate_layer(layer: nn.Module, x: Tensor, key_padding_mask: Tensor | Non
 
 
 @torch.no_grad()
-def _place_global_inputs(layer: nn.Module, x: Tensor, key_padding_mask: Tensor | None) -> None:
+def _place_global_inputs(layer: SGPAttention, x: Tensor, key_padding_mask: Tensor | None) -> None:
     tokens = x.reshape(-1, x.shape[-1]) if key_padding_mask is None else x[~key_padding_mask]
-    heads, num_global, _ = layer.global_inducing_inputs.shape
+    inducing = cast(Tensor, layer.global_inducing_inputs)  # a parameter: marked layers are decoupled
+    heads, num_global, _ = inducing.shape
     if tokens.shape[0] < num_global:
         raise ValueError(f"calibration_inputs hold {tokens.shape[0]} tokens, fewer than num_global={num_global}")
     chosen = torch.stack([torch.randperm(tokens.shape[0], device=tokens.device)[:num_global] for _ in range(heads)])
-    layer.global_inducing_inputs.copy_(tokens[chosen].to(layer.global_inducing_inputs.dtype))
+    inducing.copy_(tokens[chosen].to(inducing.dtype))
     layer.clear_cache()
 
 
@@ -180,10 +185,11 @@ def calibrate_kernel_scales(model: nn.Module, inputs) -> int:
             if not seen:
                 raise ValueError("the model's forward on calibration_inputs did not call every converted layer")
             layer, x, padding = seen[0]  # the first layer not yet calibrated, on calibrated inputs
+            # marked by convert: its kernel or SGPA layers, and only decoupled SGPA for placement
             if getattr(layer, _STASH, None) is not None:
-                _calibrate_layer(layer, x, padding)
+                _calibrate_layer(cast("KernelAttention | SGPAttention", layer), x, padding)
             if _PLACE in layer.__dict__:
-                _place_global_inputs(layer, x, padding)
+                _place_global_inputs(cast("SGPAttention", layer), x, padding)
             done.add(id(layer))
     finally:
         model.train(training)

@@ -14,7 +14,7 @@ dimension is the kernel's batch dimension; any leading dimensions broadcast).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
@@ -150,7 +150,7 @@ class ExpFeatures(NamedTuple):
     :param key: the augmented key inputs :math:`\tilde b`, of the same widths.
     """
 
-    query: Tensor  # (..., heads, N, d + 2) RBF, (..., heads, N, d + 1) exponential
+    query: Tensor | None  # (..., heads, N, d + 2) RBF, (..., heads, N, d + 1) exponential; None: keys only
     key: Tensor
 
 
@@ -264,11 +264,12 @@ def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tens
         return ([kernel.forward(x1, x1)] if include_self else []) + [kernel.forward(x1, x2) for x2 in others]
     a, centre = centred_scaled_inputs(params, x1)
     features = exp_features(params, a)
+    query = cast(Tensor, features.query)  # built: query=True
     keys = [features.key] if include_self else []
     keys += [exp_features(params, scaled_inputs(params, x2, centre), query=False).key for x2 in others]
     # one product and one exp per block: concatenating the blocks' keys into one product would
     # copy them, and the backward of splitting its result would copy all its gradients again
-    return [exp_kernel(features.query, key) for key in keys]
+    return [exp_kernel(query, key) for key in keys]
 
 
 def evaluate_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: bool = False) -> Tensor:

@@ -35,7 +35,7 @@ SGPA_PARAMETERS_FILE = "sgpa_parameters.safetensors"
 _PROJECTIONS = ("qk_proj", "v_proj", "out_proj")
 
 
-def _attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def _attention_layers(model: nn.Module) -> list[tuple[str, SGPAttention | KernelAttention]]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     layers = [(name, module) for name, module in model.named_modules() if isinstance(module, (SGPAttention, KernelAttention))]

@@ -30,13 +30,16 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from ._optional import require
 from .conversion_record import ATTN_IMPLEMENTATION
 from .dropin import convert
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["ATTN_IMPLEMENTATION", "from_pretrained"]
 
@@ -59,7 +62,7 @@ def _saved_tensors(path: str) -> dict:
     raise FileNotFoundError(f"{path} holds no model.safetensors, model.safetensors.index.json nor pytorch_model.bin")
 
 
-def _model_keys(model: nn.Module, tensors: dict) -> dict:
+def _model_keys(model: PreTrainedModel, tensors: dict) -> dict:
     """``tensors`` under the model's own names: ``save_pretrained`` writes some families' weights under
     their checkpoints' historical names (ViT's ``encoder.layer.N.attention.attention.query``, ...) and
     ``transformers`` renames them when loading; the same renamings are applied here."""

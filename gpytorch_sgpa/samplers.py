@@ -55,6 +55,13 @@ class PosteriorTerms(NamedTuple):
     global_kl: Tensor | None = None
 
 
+def _term(value: Tensor | None, name: str, sampler: str) -> Tensor:
+    """The term ``name`` a sampler reads; ``ValueError`` if the posterior did not compute it (terms of another sampler)."""
+    if value is None:
+        raise ValueError(f"the {sampler!r} sampler needs terms.{name}, which these posterior terms do not hold (built for another sampler)")
+    return value
+
+
 def diagonal_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
     r"""Independent marginals :math:`m + \sqrt{\Sigma_d(q, q)}\, \xi` (the thesis's diagonalised sampler, App. B.4;
     Chen & Li (2023), SGPA).
@@ -63,7 +70,7 @@ def diagonal_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Ten
     :param local: the standard-normal draws :math:`\xi`, ``(B, H, L, e)``.
     :param jitter: the lower clamp of the variances before the square root (the relative Cholesky jitter).
     """
-    return torch.addcmul(terms.mean, terms.variance.clamp_min(jitter).sqrt(), local)
+    return torch.addcmul(terms.mean, _term(terms.variance, "variance", "diagonal").clamp_min(jitter).sqrt(), local)
 
 
 def full_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
@@ -74,7 +81,7 @@ def full_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
     :param local: the standard-normal draws :math:`\xi`, ``(B, H, L, e)``.
     :param jitter: unused (the factor already holds the jitter); accepted for the samplers' common signature.
     """
-    return terms.mean + terms.chol_factor.matmul(local)
+    return terms.mean + _term(terms.chol_factor, "chol_factor", "full").matmul(local)
 
 
 def decomposed_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> Tensor:
@@ -84,7 +91,8 @@ def decomposed_sample(terms: PosteriorTerms, local: Tensor, jitter: Tensor) -> T
     :param local: the standard-normal draws :math:`\xi`, ``(B, H, L, e)``.
     :param jitter: the lower clamp of the residual variances before the square root (the relative Cholesky jitter).
     """
-    return torch.addcmul(terms.mean, terms.residual_variance.unsqueeze(-1).clamp_min(jitter).sqrt(), local)
+    residual_variance = _term(terms.residual_variance, "residual_variance", "decomposed")
+    return torch.addcmul(terms.mean, residual_variance.unsqueeze(-1).clamp_min(jitter).sqrt(), local)
 
 
 #: Each sampler's function, by name.

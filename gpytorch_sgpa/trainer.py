@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -45,7 +46,10 @@ from .attention import posterior_mean
 from .dropin import _logits, kl_divergence
 from .elbo import SGPAELBO
 
-transformers = require("transformers", "zoo", "gpytorch_sgpa.trainer")
+if TYPE_CHECKING:
+    import transformers
+else:  # the error of a missing transformers names the extra that installs it
+    transformers = require("transformers", "zoo", "gpytorch_sgpa.trainer")
 require("accelerate", "zoo", "gpytorch_sgpa.trainer (transformers.Trainer)")
 
 __all__ = ["ELBO_STATE_NAME", "SGPATrainer"]
@@ -116,7 +120,7 @@ class SGPATrainer(transformers.Trainer):
 
     @torch.no_grad()
     def _choose_beta(self, batch_samples) -> None:
-        model = self.model
+        model = cast(torch.nn.Module, self.model)  # elbo.model (checked when built), not None
         training = model.training
         model.train()
         totals, classes = None, None
@@ -128,6 +132,8 @@ class SGPATrainer(transformers.Trainer):
                 totals = part if totals is None else totals + part
                 classes = logits.shape[-1]
         model.train(training)
+        if totals is None or classes is None:  # get_batch_samples calls this with at least one batch
+            raise RuntimeError("choosing beta needs at least one batch")
         self.elbo.set_auto_beta(totals, classes)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -172,7 +178,8 @@ class SGPATrainer(transformers.Trainer):
         if self.args.should_save and hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
             from .lora import save_sgpa_parameters
 
-            save_sgpa_parameters(model, output_dir if output_dir is not None else self.args.output_dir)
+            directory = output_dir if output_dir is not None else cast(str, self.args.output_dir)  # TrainingArguments sets it
+            save_sgpa_parameters(model, directory)
 
     def _save_checkpoint(self, model, trial) -> None:
         super()._save_checkpoint(model, trial)

@@ -144,9 +144,12 @@ class SGPABlock(nn.Module):
         :param state: the attention's cache of the earlier steps; ``None`` (the default) starts a new sequence.
         :param noise: the SGPA layer's standard-normal draws of this position; ``None`` (the default): drawn by the layer.
         """
+        step = getattr(self.attention, "forward_step", None)
+        if not callable(step):
+            raise TypeError(f"{type(self.attention).__name__} has no forward_step; the block's attention needs one")
         s = self.feature_map(f_t)
         global_inputs = self.global_inputs() if state is None else None
-        out, state = self.attention.forward_step(s, state, global_inputs=global_inputs, noise=noise)
+        out, state = step(s, state, global_inputs=global_inputs, noise=noise)
         return s + self.dropout(out), state
 
 
@@ -308,6 +311,8 @@ class SGPATransformer(_SGPAModel):
     :param hidden_dim: the hidden width of the :math:`G_\phi` MLP; ``None`` (the default): ``2 * d_model``.
     :param input_dim: the width of float feature sequences, needed when ``vocab_size`` is ``None`` (else ignored).
     """
+
+    embedding: nn.Linear | nn.Embedding  # Linear for float feature sequences (vocab_size None)
 
     def __init__(
         self,

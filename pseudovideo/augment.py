@@ -25,6 +25,7 @@ loaders' ``[0, 1]`` with :func:`pseudovideo.to_model_range`.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,7 @@ from ._validation import check_generator, check_int, check_real, check_tensor
 from .scaling import check_model_range
 
 #: Each method's default parameters.
-DEFAULT_PARAMS = {
+DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
     "blur": {"rate": 0.05, "kernel_size": 11},
     "heat": {"min_std": 0.5, "max_std": 20.0, "noise_std": 0.01},
     "markov_first": {"beta_start": 1e-4, "beta_end": 0.05, "betas": None},

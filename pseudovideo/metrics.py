@@ -248,10 +248,10 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, dist
                 metric.update(batch, real=is_real)
     if metric is None:
         raise ValueError("real and fake hold no images")
-    counts = torch.stack([metric.real_features_num_samples, metric.fake_features_num_samples]).to(torch.int64)
+    totals = torch.stack([metric.real_features_num_samples, metric.fake_features_num_samples]).to(torch.int64)
     if distributed:  # the union's counts, for the checks below
-        torch.distributed.all_reduce(counts)
-    counts = {"real": int(counts[0]), "fake": int(counts[1])}
+        torch.distributed.all_reduce(totals)
+    counts = {"real": int(totals[0]), "fake": int(totals[1])}
     dimension = metric.real_features_sum.numel()
     for name, count in counts.items():
         if count < 2:
@@ -290,7 +290,7 @@ def inception_score(
             raise TypeError("pass the logit network once: as feature (classifier= is its deprecated name)")
         warnings.warn("inception_score(classifier=...) is deprecated: pass the network as feature", DeprecationWarning, stacklevel=2)
         feature = classifier
-    _check_network(feature, "feature")
+    feature = _check_network(feature, "feature")
     check_int(splits, "splits")
     check_int(seed, "seed", low=None)
     check_int(batch_size, "batch_size")
@@ -302,6 +302,8 @@ def inception_score(
                 metric = InceptionScore(feature=feature, splits=splits, sync_on_compute=False).to(batch.device)
             with torch.no_grad():
                 metric.update(batch)
+        if metric is None:
+            raise ValueError("images holds no images")
         count = sum(len(f) for f in metric.features)
         if count < 2:
             raise ValueError(f"images needs at least 2 images, got {count}")
@@ -436,6 +438,8 @@ def _batches(images, name: str, batch_size: int) -> Iterator[torch.Tensor]:
         raise ValueError(f"{name} needs at least 2 images, got an empty iterable")
 
 
-def _check_network(network, name: str) -> None:
+def _check_network(network, name: str) -> nn.Module:
+    """``network`` if it is an ``nn.Module``; a ``TypeError`` naming ``name`` otherwise."""
     if not isinstance(network, nn.Module):
         raise TypeError(f"{name} must be an nn.Module mapping (N, C, H, W) images to (N, d) outputs, got {type(network).__name__}")
+    return network

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,8 +33,12 @@ from .scaling import to_data_range
 
 try:
     import diffusers
-    from diffusers import DiffusionPipeline
     from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+    if TYPE_CHECKING:  # diffusers' lazy __init__ gives type checkers its torch-less dummy classes: the defining module
+        from diffusers.pipelines.pipeline_utils import DiffusionPipeline
+    else:
+        from diffusers import DiffusionPipeline
     from diffusers.utils import BaseOutput
 except ImportError as _error:
     raise missing("diffusers", "video", "pseudovideo.pipelines") from _error
@@ -64,7 +69,7 @@ class PseudoVideoPipeline(DiffusionPipeline):
         (``SchedulerClass.from_config(model.scheduler.config)``).
     """
 
-    model_cpu_offload_seq = "model"
+    model_cpu_offload_seq = "model"  # type: ignore[assignment]  # diffusers leaves the base default None unannotated (typed None)
 
     def __init__(self, model: AutoregressiveVideoDiffusion, scheduler: diffusers.SchedulerMixin):
         super().__init__()

@@ -331,8 +331,9 @@ def _check_solver(solver, method) -> str:
 def _check_image_shape(image_shape) -> tuple[int, int, int]:
     if not isinstance(image_shape, (tuple, list, torch.Size)) or len(image_shape) not in (2, 3):
         raise ValueError(f"image_shape must be (H, W) or (C, H, W), got {image_shape!r}")
-    shape = tuple(check_int(size, "image_shape entries") for size in image_shape)
-    return shape if len(shape) == 3 else (1, *shape)
+    sizes = [check_int(size, "image_shape entries") for size in image_shape]
+    channels, height, width = sizes if len(sizes) == 3 else [1, *sizes]
+    return channels, height, width
 
 
 def _image_shape(image_shape, method, covariance):

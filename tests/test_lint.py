@@ -27,3 +27,14 @@ def test_ruff_check_passes():
 def test_ruff_format_leaves_every_file_as_it_is():
     result = ruff("format", "--check")
     assert result.returncode == 0, "run `ruff format` on:\n" + result.stdout + result.stderr
+
+
+def test_mypy_reports_no_errors_in_the_packages():
+    """The three packages type-check under the ``[tool.mypy]`` configuration of pyproject.toml (the packages and the
+    third-party libraries typed ``Any`` because they ship no type information are listed there)."""
+    pytest.importorskip("mypy", reason="mypy is in the test extra: pip install 'probseq[test]'")
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".mypy_cache")], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Success: no issues found" in result.stdout, result.stdout

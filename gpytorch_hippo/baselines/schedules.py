@@ -208,12 +208,12 @@ def learn_task(
     num_iter: int | None = None,
     lr: float = 0.01,
     progress: bool = False,
-) -> Tensor:
+) -> Tensor | None:
     """Absorb one later task: move the inducing variables by ``schedule``, then ``model.update``.
 
     ``num_iter`` defaults to ``schedule.num_iter``; which parameters Adam moves is decided by their
     ``requires_grad`` (trainable inducing points, and the kernel and likelihood unless frozen).
-    Returns the task's online bound.
+    Returns the task's online bound (``None`` for an empty task, which :meth:`OnlineSGPR.update` leaves out).
 
     :param model: the :class:`~gpytorch_hippo.online.OnlineSGPR`, which has absorbed the earlier tasks.
     :param schedule: the schedule that moves its inducing variables.

@@ -115,12 +115,17 @@ class OnlineCollapsedMLL(MarginalLogLikelihood):
         return result
 
 
-class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):
+# BoTorch's Model and FantasizeMixin declare posterior and condition_on_observations with different signatures;
+# BoTorch's own models (SingleTaskGP, ModelListGP) combine the two as this class does.
+class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):  # type: ignore[misc]
     """What the online BoTorch surrogates share, :class:`OnlineGPModel` (one output) and
     :class:`~gpytorch_hippo.botorch.multioutput.MultiOutputOnlineGPModel` (independent outputs, one
     :class:`OnlineGPModel` each): BoTorch's input transform, learned on the first batch and applied to each batch
     as it arrives (never re-applied to stored inputs), and BoTorch's fantasies through ``condition_on_observations``.
     Not a model by itself."""
+
+    #: BoTorch's input transform, where the model has one (set in ``__init__``)
+    input_transform: InputTransform
 
     def transform_inputs(self, X: Tensor, input_transform=None) -> Tensor:
         """BoTorch's input transform in eval mode; in train mode the identity, because the inputs a training
@@ -203,6 +208,15 @@ class OnlineGPModel(OnlineModelBase):
     :param ordering: criterion of :func:`~gpytorch_hippo.ordering.order_inputs` for path variables.
     :param num_inducing: number of the default inducing points (default :data:`DEFAULT_NUM_INDUCING`).
     """
+
+    online: OnlineSGPR
+    num_updates: Tensor
+    known_noise_flag: Tensor
+    # keep_data=True: every batch so far in the model space (None before the first one, or with keep_data=False)
+    stored_inputs: Tensor | None
+    stored_targets: Tensor | None
+    stored_noise: Tensor | None
+    _posterior_hyperparameters: list[Tensor] | None
 
     def __new__(cls, train_X: Tensor | None = None, train_Y: Tensor | None = None, *args: Any, **kwargs: Any):
         # as SingleTaskGP takes (n, m) targets: OnlineGPModel(train_X, train_Y) with m > 1 outputs builds the registered
@@ -385,7 +399,7 @@ class OnlineGPModel(OnlineModelBase):
     @property
     def batch_shape(self) -> torch.Size:
         """Empty, except for models conditioned on t-batched (fantasy) observations."""
-        return self.online.posterior_shift.shape[:-1]
+        return self.online._stored_task().shift.shape[:-1]
 
     @property
     def train_inputs(self) -> tuple[Tensor]:
@@ -398,14 +412,15 @@ class OnlineGPModel(OnlineModelBase):
         return self._stored_data("train_targets")[1]
 
     def _stored_data(self, name: str) -> tuple[Tensor, Tensor]:
-        if self.stored_inputs is None:
+        inputs, targets = self.stored_inputs, self.stored_targets
+        if inputs is None or targets is None:
             raise _NoStoredData(
                 f"{name}: this OnlineGPModel keeps no data (keep_data=False), only the online summary q(u). What reads "
                 "the training data (fit_gpytorch_mll with an ExactMarginalLogLikelihood, training loops over train_inputs, "
                 "qPredictiveEntropySearch) needs a model built with keep_data=True; to refresh the hyperparameters "
                 "online, use model.observe(X, Y) with refit_every=k, or model.fit_hyperparameters(x, y)"
             )
-        return self.stored_inputs, self.stored_targets
+        return inputs, targets
 
     # ------------------------------------------------------------------ hyperparameters and the stored posterior
     def _hyperparameter_tensors(self) -> list[Tensor]:
@@ -598,7 +613,7 @@ class OnlineGPModel(OnlineModelBase):
                 self._stored_data(name)
             raise
 
-    def posterior(
+    def posterior(  # type: ignore[override]  # Model's signature, which FantasizeMixin's narrower one does not follow
         self,
         X: Tensor,
         output_indices: list[int] | None = None,
@@ -820,15 +835,18 @@ class OnlineGPModel(OnlineModelBase):
         self.num_updates += 1
         if self.keep_data:
             point_noise = torch.full_like(y, float("nan")) if noise is None else noise.detach().expand(y.shape)
-            if self.stored_inputs is None:
+            old_x, old_y, old_noise = self.stored_inputs, self.stored_targets, self.stored_noise
+            if old_x is None:
                 self.stored_inputs, self.stored_targets = x.detach().clone(), y.detach().clone()
                 self.stored_noise = point_noise.clone()
+            elif old_y is None or old_noise is None:
+                raise RuntimeError("the model keeps inputs without their targets or noise: load a complete state_dict")
             else:
-                batch = torch.broadcast_shapes(self.stored_targets.shape[:-1], y.shape[:-1])
-                old_x = self.stored_inputs.expand(*batch, *self.stored_inputs.shape[-2:])
+                batch = torch.broadcast_shapes(old_y.shape[:-1], y.shape[:-1])
+                old_x = old_x.expand(*batch, *old_x.shape[-2:])
                 self.stored_inputs = torch.cat([old_x, x.detach().expand(*batch, *x.shape[-2:])], dim=-2)
-                self.stored_targets = torch.cat([self.stored_targets.expand(*batch, -1), y.detach().expand(*batch, -1)], dim=-1)
-                self.stored_noise = torch.cat([self.stored_noise.expand(*batch, -1), point_noise.expand(*batch, -1)], dim=-1)
+                self.stored_targets = torch.cat([old_y.expand(*batch, -1), y.detach().expand(*batch, -1)], dim=-1)
+                self.stored_noise = torch.cat([old_noise.expand(*batch, -1), point_noise.expand(*batch, -1)], dim=-1)
 
     @contextlib.contextmanager
     def _own_update(self):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import gpytorch
 import torch
@@ -27,6 +27,7 @@ from botorch.models.model import Model
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.posteriors.gpytorch import GPyTorchPosterior
+from botorch.posteriors.posterior import Posterior
 from botorch.utils.types import DEFAULT, _DefaultType
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from linear_operator import to_linear_operator
@@ -74,6 +75,11 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
     :param num_inducing: number of default inducing points per output (default :data:`~gpytorch_hippo.botorch.models.DEFAULT_NUM_INDUCING`).
     """
 
+    #: one single-output model per output (an ``nn.ModuleList``, typed by what it holds)
+    outputs: Sequence[OnlineGPModel]
+    #: BoTorch's outcome transform of all outputs, where the model has one
+    outcome_transform: OutcomeTransform
+
     def __init__(
         self,
         train_X: Tensor,
@@ -98,8 +104,9 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
         if train_X.dim() != 2:
             raise ValueError(f"train_X must have shape (n, d), got {tuple(train_X.shape)}")
         check_Yvar(train_Yvar, train_Y, "train_Yvar")
+        per_output: list[InducingVariables | None]
         if isinstance(inducing_variables, InducingVariables) or inducing_variables is None:
-            inducing_variables = [copy.deepcopy(inducing_variables) for _ in range(num_outputs)]
+            per_output = [copy.deepcopy(inducing_variables) for _ in range(num_outputs)]
         elif not (
             isinstance(inducing_variables, Sequence)
             and len(inducing_variables) == num_outputs
@@ -109,7 +116,9 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
                 f"inducing_variables must be one InducingVariables instance or a sequence of {num_outputs} "
                 f"(one per output), got {inducing_variables!r}"
             )
-        if outcome_transform is DEFAULT:
+        else:
+            per_output = list(inducing_variables)
+        if isinstance(outcome_transform, _DefaultType):
             outcome_transform = Standardize(m=num_outputs)
         if input_transform is not None:
             self.input_transform = input_transform.to(train_X)
@@ -120,15 +129,15 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
         if train_Yvar is not None:
             noise = self.outcome_transform(train_Y, train_Yvar, X=x)[1] if outcome_transform is not None else train_Yvar
         if input_transform is not None:
-            for variables in inducing_variables:
+            for variables in per_output:
                 if variables is not None:
                     check_points_near(variables, x)
-        self.outputs = nn.ModuleList(
+        models = [
             OnlineGPModel(
                 x,
                 y[..., j : j + 1],
                 None if noise is None else noise[..., j : j + 1],
-                inducing_variables=inducing_variables[j],
+                inducing_variables=per_output[j],
                 covar_module=copy.deepcopy(covar_module),
                 likelihood=copy.deepcopy(likelihood),
                 mean_module=copy.deepcopy(mean_module),
@@ -140,7 +149,8 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
                 num_inducing=num_inducing,
             )
             for j in range(num_outputs)
-        )
+        ]
+        self.outputs = cast(Sequence[OnlineGPModel], nn.ModuleList(models))
         self.fit_maxiter, self.refit_every, self.keep_data, self.ordering = fit_maxiter, refit_every, keep_data, ordering
         self.eval()
 
@@ -180,7 +190,8 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
         return len(self.outputs)
 
     @property
-    def num_updates(self) -> int:
+    def num_updates(self) -> Tensor:
+        """The number of batches absorbed (the same for every output: each output model's ``num_updates`` buffer)."""
         return self.outputs[0].num_updates
 
     @property
@@ -193,9 +204,9 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
 
     def __getattr__(self, name: str):
         if name in _PER_OUTPUT:
-            raise AttributeError(
-                f"a model with {len(self._modules.get('outputs', ()))} outputs has one {name} per output: read model.outputs[j].{name}"
-            )
+            outputs = self._modules.get("outputs")
+            count = len(outputs) if isinstance(outputs, nn.ModuleList) else 0
+            raise AttributeError(f"a model with {count} outputs has one {name} per output: read model.outputs[j].{name}")
         return super().__getattr__(name)
 
     @property
@@ -208,13 +219,13 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
         """The stored (outcome-transformed) targets per output, ``(m, n)``, if ``keep_data``."""
         return torch.stack([output.train_targets for output in self.outputs], dim=-2)
 
-    def posterior(
+    def posterior(  # type: ignore[override]  # Model's signature, which FantasizeMixin's narrower one does not follow
         self,
         X: Tensor,
         output_indices: list[int] | None = None,
         observation_noise: bool | Tensor = False,
         posterior_transform: PosteriorTransform | None = None,
-    ) -> GPyTorchPosterior:
+    ) -> Posterior:
         """The independent outputs' joint posterior at ``X`` ``(*b, q, d)``: a ``GPyTorchPosterior`` over
         ``broadcast(b, batch_shape) x q x m'`` (``m'`` = ``len(output_indices)``, default all ``m``).
 
@@ -242,7 +253,7 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
             noise = observation_noise[..., j : j + 1] if isinstance(observation_noise, Tensor) else observation_noise
             mvns.append(self.outputs[j].posterior(x, observation_noise=noise).distribution)
         mvn = mvns[0] if len(mvns) == 1 else MultitaskMultivariateNormal.from_independent_mvns(mvns)
-        posterior = GPyTorchPosterior(distribution=mvn)
+        posterior: Posterior = GPyTorchPosterior(distribution=mvn)
         if hasattr(self, "outcome_transform"):
             transform = self.outcome_transform if len(indices) == self.num_outputs else self.outcome_transform.subset_output(indices)
             posterior = transform.untransform_posterior(posterior, X=x)
@@ -341,7 +352,7 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
     def _with_outputs(self, outputs: list[OnlineGPModel]) -> MultiOutputOnlineGPModel:
         """A copy of this model (transforms and settings) with ``outputs`` in place of its own."""
         model = copy.deepcopy(self, {id(output): output for output in self.outputs})
-        model.outputs = nn.ModuleList(outputs)
+        model.outputs = cast(Sequence[OnlineGPModel], nn.ModuleList(outputs))
         return model
 
     def _to_model_space(

@@ -23,6 +23,7 @@ inputs, random features whose projections are the closed-form transforms :math:`
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import torch
 from botorch.sampling.pathwise.features import FeatureMap
@@ -39,7 +40,7 @@ from torch import Size, Tensor
 
 from .._validation import floating_dtype
 from ..inducing.base import InducingVariables
-from ..inducing.hippo_backends import FourierFeatures
+from ..inducing.hippo_backends import FourierFeatures, PathBackend
 from ..inducing.hippo_variables import HiPPOInducingVariables
 from ..inducing.points import InducingPoints
 from ..inducing.spectral import hippo_support, hippo_transform
@@ -47,7 +48,7 @@ from .models import OnlineGPModel
 from .multioutput import MultiOutputOnlineGPModel
 
 
-def _stored_variables(model: OnlineGPModel) -> InducingVariables:
+def _stored_variables(model: OnlineGPModel) -> InducingPoints | HiPPOInducingVariables:
     """The stored task's inducing variables, or a named error for what paths do not cover."""
     if len(model.batch_shape) > 0:
         raise NotImplementedError(f"pathwise samples of a batched (fantasy) OnlineGPModel, batch_shape {tuple(model.batch_shape)}")
@@ -68,28 +69,25 @@ class _CrossCovarianceMap(FeatureMap):
         # (a HiPPO path memory, say) only for kernels without gradients
         kernel = copy.deepcopy(kernel).requires_grad_(False)
         self.variables, self.kernel, self.input_transform, self.output_transform = variables, kernel, input_transform, None
+        self.num_outputs, self.batch_shape = variables.num_inducing, Size()
 
     def forward(self, x: Tensor) -> Tensor:
         return to_dense(self.variables.Kuf(self.kernel, x)).mT
-
-    @property
-    def num_outputs(self) -> int:
-        return self.variables.num_inducing
-
-    @property
-    def batch_shape(self) -> Size:
-        return Size()
 
 
 class _HiPPOFourierMap(FeatureMap):
     r""":math:`\psi(x) = \sqrt{a}\, [\cos(Wx), \sin(Wx)]` with :math:`k(x, x') \approx \psi(x)^\top \psi(x')` and the HiPPO
     projections :math:`Z = \int \psi(s)\, \phi(s)\, \mathrm{d}s` (``2R x M``) of the same features (module docstring)."""
 
+    projections: Tensor
+    frequencies: Tensor
+    root: Tensor
+
     def __init__(self, variables: HiPPOInducingVariables, kernel):
         super().__init__()
         self.input_transform, self.output_transform = None, None
         if variables.input_dim > 1:  # the variables' own random features, projected along the path
-            backend = variables._backend_for(kernel)
+            backend = cast(PathBackend, variables._backend_for(kernel))  # validates the kernel too
             frequencies, weights = backend.features.frequencies_and_weights(variables, kernel)
             self.projections = backend.memory(variables, kernel)
         else:
@@ -108,8 +106,10 @@ class _HiPPOFourierMap(FeatureMap):
             root = weights.double().sqrt()[:, None]
             self.projections = torch.cat([root * chat.real, root * chat.imag])
         self.frequencies, self.root = frequencies.detach(), weights.detach().sqrt()
+        self.num_outputs, self.batch_shape = 2 * self.frequencies.shape[0], Size()
 
-        self._last = None  # (x, its version, grad mode, ψ(x)): the update path reuses the prior path's ψ(x)
+        # (x, its version, grad mode, ψ(x)): the update path reuses the prior path's ψ(x)
+        self._last: tuple[Tensor, int, bool, Tensor] | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         last = self._last
@@ -121,14 +121,6 @@ class _HiPPOFourierMap(FeatureMap):
         self._last = (x, x._version, torch.is_grad_enabled(), features)
         return features
 
-    @property
-    def num_outputs(self) -> int:
-        return 2 * self.frequencies.shape[0]
-
-    @property
-    def batch_shape(self) -> Size:
-        return Size()
-
 
 class _ProjectedFeatureMap(FeatureMap):
     r""":math:`x \mapsto \psi(x) Z = K_{xu}` for HiPPO variables on a path, whose ``Kuf`` is exactly this product."""
@@ -136,22 +128,17 @@ class _ProjectedFeatureMap(FeatureMap):
     def __init__(self, features: _HiPPOFourierMap):
         super().__init__()
         self.features, self.input_transform, self.output_transform = features, None, None
+        self.num_outputs, self.batch_shape = features.projections.shape[-1], Size()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.features(x) @ self.features.projections.to(x.dtype)
 
-    @property
-    def num_outputs(self) -> int:
-        return self.features.projections.shape[-1]
 
-    @property
-    def batch_shape(self) -> Size:
-        return Size()
-
-
-def _hippo_prior_paths(model: OnlineGPModel, sample_shape: Size, input_transform=None, output_transform=None) -> GeneralizedLinearPath:
-    """``m + ψᵀ w``, ``w ~ N(0, I)``, on the features of :class:`_HiPPOFourierMap`."""
-    feature_map = _HiPPOFourierMap(model.online.posterior_inducing_variables, model.covar_module)
+def _hippo_prior_paths(
+    model: OnlineGPModel, variables: HiPPOInducingVariables, sample_shape: Size, input_transform=None, output_transform=None
+) -> GeneralizedLinearPath:
+    """``m + ψᵀ w``, ``w ~ N(0, I)``, on the features of :class:`_HiPPOFourierMap` of the stored ``variables``."""
+    feature_map = _HiPPOFourierMap(variables, model.covar_module)
     dtype = floating_dtype(model.covar_module)
     weight = torch.randn(*sample_shape, feature_map.num_outputs, dtype=dtype, device=feature_map.projections.device)
     return GeneralizedLinearPath(
@@ -175,15 +162,16 @@ def _prior_paths(model: OnlineGPModel, **kwargs) -> GeneralizedLinearPath:
             output_transform=get_output_transform(model),
             **kwargs,
         )
-    return _hippo_prior_paths(model, kwargs.get("sample_shape", Size()), get_input_transform(model), get_output_transform(model))
+    sample_shape = kwargs.get("sample_shape", Size())
+    return _hippo_prior_paths(model, variables, sample_shape, get_input_transform(model), get_output_transform(model))
 
 
-def _prior_values_of_u(model: OnlineGPModel, prior_paths: GeneralizedLinearPath) -> Tensor:
-    """``g(f)`` of the prior paths: ``f(Z)`` for inducing points, ``E[u] + Zᵀ w`` for HiPPO variables."""
-    variables = model.online.posterior_inducing_variables
+def _prior_values_of_u(model: OnlineGPModel, variables: InducingVariables, prior_paths: GeneralizedLinearPath) -> Tensor:
+    """``g(f)`` of the prior paths at the stored ``variables``: ``f(Z)`` for inducing points, ``E[u] + Zᵀ w`` for HiPPO variables."""
     if isinstance(variables, InducingPoints):
         return prior_paths.forward(variables.points)
-    values = prior_paths.weight @ prior_paths.feature_map.projections.to(prior_paths.weight.dtype)
+    projections = cast(_HiPPOFourierMap, prior_paths.feature_map).projections
+    values = prior_paths.weight @ projections.to(prior_paths.weight.dtype)
     mean = variables.prior_mean(model.mean_module)
     return values if mean is None else values + mean.to(values.dtype)
 
@@ -191,13 +179,14 @@ def _prior_values_of_u(model: OnlineGPModel, prior_paths: GeneralizedLinearPath)
 @GaussianUpdate.register(OnlineGPModel, (Likelihood, type(None)))
 def _update_paths(model: OnlineGPModel, likelihood, *, sample_values: Tensor, **ignore) -> GeneralizedLinearPath:
     """``K_{·u} K_uu^{-1} (u - g(f) - e)`` with ``u ~ q(u)``, ``e ~ N(0, jitter I)``, for prior values ``g(f)``."""
-    feature_map = _CrossCovarianceMap(_stored_variables(model), model.covar_module, input_transform=get_input_transform(model))
-    return GeneralizedLinearPath(feature_map=feature_map, weight=_update_weight(model, sample_values))
+    variables = _stored_variables(model)
+    feature_map = _CrossCovarianceMap(variables, model.covar_module, input_transform=get_input_transform(model))
+    return GeneralizedLinearPath(feature_map=feature_map, weight=_update_weight(model, variables, sample_values))
 
 
-def _update_weight(model: OnlineGPModel, sample_values: Tensor) -> Tensor:
-    """``K_uu^{-1} (u - g(f) - e)`` (``sample_shape x M``) of the Matheron update."""
-    variables, kernel = model.online.posterior_inducing_variables, model.covar_module
+def _update_weight(model: OnlineGPModel, variables: InducingVariables, sample_values: Tensor) -> Tensor:
+    """``K_uu^{-1} (u - g(f) - e)`` (``sample_shape x M``) of the Matheron update at the stored ``variables``."""
+    kernel = model.covar_module
     kuu = to_dense(variables.Kuu(kernel)).to(sample_values.dtype)
     chol = psd_safe_cholesky(kuu)
     jitter = variables.jitter_variance(kuu)
@@ -213,14 +202,14 @@ def _matheron_paths(model: OnlineGPModel, *, sample_shape: Size, prior_sampler, 
     if isinstance(variables, InducingPoints):
         with delattr_ctx(model, "outcome_transform"):
             prior_paths = prior_sampler(model=model, sample_shape=sample_shape)
-            update_paths = update_strategy(model=model, sample_values=_prior_values_of_u(model, prior_paths))
+            update_paths = update_strategy(model=model, sample_values=_prior_values_of_u(model, variables, prior_paths))
         return MatheronPath(prior_paths=prior_paths, update_paths=update_paths, output_transform=output_transform)
     # HiPPO variables: both paths see the same transformed inputs, so that on a path (several input
     # dimensions) the update K_xu = ψ(x) Z reuses the prior's ψ(x): one feature evaluation per call
-    prior_paths = _hippo_prior_paths(model, sample_shape)
-    weight = _update_weight(model, _prior_values_of_u(model, prior_paths))
+    prior_paths = _hippo_prior_paths(model, variables, sample_shape)
+    weight = _update_weight(model, variables, _prior_values_of_u(model, variables, prior_paths))
     if variables.input_dim > 1:
-        cross_covariance = _ProjectedFeatureMap(prior_paths.feature_map)
+        cross_covariance: FeatureMap = _ProjectedFeatureMap(cast(_HiPPOFourierMap, prior_paths.feature_map))
     else:
         cross_covariance = _CrossCovarianceMap(variables, model.covar_module)
     update_paths = GeneralizedLinearPath(feature_map=cross_covariance, weight=weight)
@@ -240,7 +229,7 @@ class _OutputPaths(PathList):
     def forward(self, x: Tensor, **kwargs) -> Tensor:
         if x.dim() >= 3 and x.shape[-3] == 1:
             x = x.squeeze(-3)
-        return super().forward(x, **kwargs)
+        return cast(Tensor, super().forward(x, **kwargs))  # one tensor: the paths' reducer stacks the outputs
 
 
 @DrawMatheronPaths.register(MultiOutputOnlineGPModel)

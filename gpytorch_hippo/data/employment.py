@@ -86,9 +86,9 @@ def load_us_employment(standardise: bool = True, unit: str = "years") -> SeriesF
     ids = list(dict.fromkeys(frame["Series_ID"]))
     titles = frame.drop_duplicates("Series_ID").set_index("Series_ID").loc[ids, "Title"].tolist()
     row = {stream: s for s, stream in enumerate(ids)}
-    values = numpy.full((len(ids), len(months)), numpy.nan)
-    values[frame["Series_ID"].map(row).to_numpy(), frame["Month"].map(position).to_numpy()] = frame["Employed"].to_numpy(dtype=float)
-    values = torch.as_tensor(values)
+    table = numpy.full((len(ids), len(months)), numpy.nan)
+    table[frame["Series_ID"].map(row).to_numpy(), frame["Month"].map(position).to_numpy()] = frame["Employed"].to_numpy(dtype=float)
+    values = torch.as_tensor(table)
     offset, scale = torch.zeros(len(ids), dtype=torch.float64), torch.ones(len(ids), dtype=torch.float64)
     if standardise:
         observed = ~torch.isnan(values)

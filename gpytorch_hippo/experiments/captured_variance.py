@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ def captured_by_task(
     kernel = make_kernel("ohsgpr", end - start)
     fit_hyperparameters(kernel, tasks[0].train_x, tasks[0].train_y, first_iters, lr)
     kernel.requires_grad_(False)
-    options = {"theta": (end - start) / num_tasks} if measure != "legs" else {}
+    options: dict[str, Any] = {"theta": (end - start) / num_tasks} if measure != "legs" else {}
     out = {}
     for m in num_inducing:
         variables = HiPPOInducingVariables(m, measure, t=end, start=start, **options).double()

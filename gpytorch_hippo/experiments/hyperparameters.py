@@ -47,7 +47,7 @@ def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor
         variance = y.var().clamp_min(1e-12)
         identity = torch.eye(len(x), dtype=x.dtype, device=x.device)
         sparse = num_inducing is not None and num_inducing < len(x)
-        best = (-math.inf, None, None)
+        best: tuple[float, float | None, float | None] = (-math.inf, None, None)
         for lengthscale in lengthscales.tolist():
             kernel.base_kernel.lengthscale = torch.tensor(lengthscale, dtype=x.dtype, device=x.device)
             correlation = kernel.base_kernel(x).to_dense()
@@ -68,12 +68,12 @@ def grid_start(kernel: gpytorch.kernels.ScaleKernel, likelihood, x: torch.Tensor
                     mll = mll - 0.5 * (1 - share) / share * residual
                 if mll > best[0]:
                     best = (mll.item(), lengthscale, share)
-        _, lengthscale, share = best
-        if lengthscale is None:
+        _, best_lengthscale, best_share = best
+        if best_lengthscale is None or best_share is None:
             raise ValueError(
                 f"grid_start: the variance of y ({float(variance):.3g}) is too small for the likelihood's "
                 f"noise bound {noise_floor:g}; standardise y or lower the likelihood's noise_constraint"
             )
-        kernel.base_kernel.lengthscale = torch.tensor(lengthscale, dtype=x.dtype, device=x.device)
-        kernel.outputscale = (variance * (1 - share)).to(x.dtype)
-        likelihood.noise = (variance * share).to(x.dtype)
+        kernel.base_kernel.lengthscale = torch.tensor(best_lengthscale, dtype=x.dtype, device=x.device)
+        kernel.outputscale = (variance * (1 - best_share)).to(x.dtype)
+        likelihood.noise = (variance * best_share).to(x.dtype)

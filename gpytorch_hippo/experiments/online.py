@@ -39,6 +39,7 @@ import os
 import time
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import gpytorch
 import torch
@@ -92,7 +93,7 @@ def make_schedule(
     spacing = span / max(series_x.shape[0] - 1, 1)
     if method in ("ohsgpr", "ohsgpr-rff"):
         # a window of one task's length, plus the half gaps to its neighbours: every input of a task lies in it
-        options = {"theta": span / num_tasks + 2 * spacing} if measure != "legs" else {}
+        options: dict[str, Any] = {"theta": span / num_tasks + 2 * spacing} if measure != "legs" else {}
         options["method"] = hippo_backend
         if method == "ohsgpr-rff":
             options.update(method="recurrence", dt=spacing / 4, num_rff=1000, kuf="rff")
@@ -344,11 +345,11 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     """
     import scipy.stats
 
-    values = torch.tensor(values, dtype=torch.float64)
-    if values.numel() < 2:
-        return values.mean().item(), 0.0
-    half = scipy.stats.t.ppf(0.975, values.numel() - 1) * values.std().item() / math.sqrt(values.numel())
-    return values.mean().item(), half
+    samples = torch.tensor(values, dtype=torch.float64)
+    if samples.numel() < 2:
+        return samples.mean().item(), 0.0
+    half = scipy.stats.t.ppf(0.975, samples.numel() - 1) * samples.std().item() / math.sqrt(samples.numel())
+    return samples.mean().item(), half
 
 
 def summary(rows: list[dict]) -> str:

@@ -58,7 +58,7 @@ def per_seed(rows: Sequence[dict]) -> dict[str, dict[int, dict[str, float]]]:
     return out
 
 
-def mean_se(values: Sequence[float]) -> tuple:
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
     r"""Mean and standard error (:math:`s / \sqrt{n}` with :math:`s` the sample sd; nan for one value).
 
     :param values: the values, at least one.
@@ -94,7 +94,7 @@ def _fmt(mean: float, se: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f}" if math.isnan(se) else f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
-def format_tables(rows: Sequence[dict], reference: str = None) -> str:
+def format_tables(rows: Sequence[dict], reference: str | None = None) -> str:
     """The two Markdown tables of the module docstring.
 
     :param rows: the rows of one or more ``results.csv`` files.

@@ -32,12 +32,19 @@ import math
 import os
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from .._optional import require
+
+if TYPE_CHECKING:  # imported where they are used (the runner's --help imports no BoTorch)
+    import botorch.models.approximate_gp
+    import botorch.models.gp_regression
+
+    from ..botorch import OnlineGPModel
 
 #: The surrogates the streaming-BO runner compares.
 METHODS = ("ohsgpr", "osgpr", "exact", "svgp")
@@ -60,14 +67,11 @@ class IrradianceObjective:
     """
 
     def __init__(self, first_day: int = 80, min_elevation: float = 10.0):
-        from ..data.solar import TMY3_FILE
+        from ..data.solar import _tmy3_path
 
         pvlib = require("pvlib", "data", "the irradiance objective")
 
-        path = os.path.join(os.path.dirname(pvlib.__file__), "data", TMY3_FILE)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} is missing: reinstall the 'pvlib' package")
-        frame, meta = pvlib.iotools.read_tmy3(path, map_variables=True)
+        frame, meta = pvlib.iotools.read_tmy3(_tmy3_path(pvlib), map_variables=True)
         # TMY3 values integrate the hour ending at the stamp: the sun's position at its middle
         position = pvlib.solarposition.get_solarposition(frame.index - np.timedelta64(30, "m"), meta["latitude"], meta["longitude"])
         self.zenith = position["apparent_zenith"].to_numpy()
@@ -111,8 +115,8 @@ class OnlineSurrogate:
 
     def __init__(self, method: str, num_inducing: int, fit_maxiter: int):
         self.method, self.num_inducing, self.fit_maxiter = method, num_inducing, fit_maxiter
-        self.model = None
-        self.recent = None
+        self.model: OnlineGPModel | None = None
+        self.recent: torch.Tensor | None = None
 
     def observe(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Build the model on the first batch, then absorb each later one by an online update.
@@ -148,7 +152,9 @@ class RefittedSurrogate:
 
     def __init__(self, method: str, num_inducing: int, maxiter: int):
         self.method, self.num_inducing, self.maxiter = method, num_inducing, maxiter
-        self.model, self.X, self.Y = None, None, None
+        self.model: botorch.models.gp_regression.SingleTaskGP | botorch.models.approximate_gp.SingleTaskVariationalGP | None = None
+        self.X: torch.Tensor | None = None
+        self.Y: torch.Tensor | None = None
 
     def observe(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Append the batch and refit on all data, warm-started from the previous model.
@@ -164,6 +170,7 @@ class RefittedSurrogate:
         self.X = x if self.X is None else torch.cat([self.X, x])
         self.Y = y if self.Y is None else torch.cat([self.Y, y])
         previous = None if self.model is None else torch.nn.Module.state_dict(self.model)
+        model: botorch.models.gp_regression.SingleTaskGP | botorch.models.approximate_gp.SingleTaskVariationalGP
         if self.method == "exact":
             model = SingleTaskGP(self.X, self.Y, outcome_transform=Standardize(m=1))
             mll = ExactMarginalLogLikelihood(model.likelihood, model)

@@ -23,6 +23,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 
 import gpytorch
 import torch
@@ -68,7 +69,7 @@ class EmploymentModelFactory:
     """
 
     #: ``before_update(model, X, mask)`` before each batched update, or ``None``
-    before_update = None
+    before_update: Callable[[OnlineSGPR, torch.Tensor, torch.Tensor], None] | None = None
 
     def __init__(self, num_inducing: int, horizon: float, inducing: str = "points", lengthscale: float = 1.5, noise: float = 0.01):
         if inducing not in ("points", "hippo"):

@@ -20,6 +20,8 @@ __all__ = ["StreamFleet", "ENGINES", "shard_of"]
 #: the engines :class:`StreamFleet` runs on
 ENGINES = ("local", "ray")
 _FLEET_FILE = "fleet.json"
+# the positional arguments of Shard: index, model_factory, checkpoint_dir, before_update
+_ShardArguments = tuple[int, Callable[[int], OnlineSGPR], str | None, Callable | None]
 
 
 def shard_of(stream_id, num_shards: int) -> int:
@@ -85,7 +87,7 @@ class _LocalEngine:
 class _ShardActor:
     """A :class:`~gpytorch_hippo.fleet.shard.Shard` as a Ray actor (``ray.remote(_ShardActor)``)."""
 
-    def __init__(self, shard_arguments: tuple, resume: bool):
+    def __init__(self, shard_arguments: _ShardArguments, resume: bool):
         torch.set_num_threads(1)
         self.shard = Shard(*shard_arguments, resume=resume)
 
@@ -103,7 +105,7 @@ class _RayEngine:
 
     def __init__(
         self,
-        shard_arguments: Callable[[int], tuple],
+        shard_arguments: Callable[[int], _ShardArguments],
         num_shards: int,
         resume: bool,
         ray_init: dict | None,
@@ -216,9 +218,10 @@ class StreamFleet:
         if self.checkpoint_dir is not None:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
 
-        def shard_arguments(k: int) -> tuple:
+        def shard_arguments(k: int) -> _ShardArguments:
             return (k, model_factory, self.checkpoint_dir, before_update)
 
+        self._engine: _LocalEngine | _RayEngine
         if engine == "local":
             self._engine = _LocalEngine(lambda k, resume: Shard(*shard_arguments(k), resume=resume), num_shards, resume)
         else:

@@ -243,13 +243,13 @@ class Shard:
             atomic_save(self.state(), checkpoint_path(self.checkpoint_dir, self.index))
 
     def load(self) -> None:
-        """Replace the in-memory state by the checkpoint's."""
-        state = torch.load(checkpoint_path(self.checkpoint_dir, self.index), weights_only=True, map_location="cpu")
+        """Replace the in-memory state by the checkpoint's (a ``RuntimeError`` without a ``checkpoint_dir``)."""
+        if self.checkpoint_dir is None:
+            raise RuntimeError(f"shard {self.index} has no checkpoint_dir to load its checkpoint from")
+        path = checkpoint_path(self.checkpoint_dir, self.index)
+        state = torch.load(path, weights_only=True, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT or state.get("index") != self.index:
-            raise RuntimeError(
-                f"{checkpoint_path(self.checkpoint_dir, self.index)} is not a checkpoint of shard {self.index} "
-                f"in format {CHECKPOINT_FORMAT}"
-            )
+            raise RuntimeError(f"{path} is not a checkpoint of shard {self.index} in format {CHECKPOINT_FORMAT}")
         self.stream_ids, self.task_ids = list(state["stream_ids"]), set(state["task_ids"])
         self.model = None
         if state["model"] is not None:
@@ -314,6 +314,8 @@ class Shard:
         """
         rows = [self.stream_ids.index(s) for s in stream_ids]
         model = self.model
+        if model is None:
+            raise RuntimeError(f"shard {self.index} holds no stream yet: update it with a task before predicting")
         inputs = x[:1].expand(len(self.stream_ids), *x.shape[1:]).clone()
         inputs[rows] = x
         inputs = inputs.to(model.num_tasks.device)

@@ -137,8 +137,14 @@ class ContinualSVGPVAE:
         self.model = SVGPVAE(self.observation_dim, latent_gp, hidden_dim=self.hidden_dim, online_kl=self.online_kl).to(self.dtype)
         self.ewc = ElasticWeightConsolidation([self.model.encoder, self.model.decoder], self.ewc_strength)
 
+    def _fitted(self) -> tuple[SVGPVAE, ElasticWeightConsolidation]:
+        """The model and its EWC penalty, which the first :meth:`fit_task` builds."""
+        if self.model is None or self.ewc is None:
+            raise RuntimeError("no task has been fit yet: call fit_task first")
+        return self.model, self.ewc
+
     def _move_inducing_variables(self, times: Tensor) -> None:
-        strategy = self.model.latent_gp.variational_strategy
+        strategy = self._fitted()[0].latent_gp.variational_strategy
         if self.method == "ohsvgp":
             strategy.advance(float(times[-1]))
         else:
@@ -164,7 +170,7 @@ class ContinualSVGPVAE:
                     f"times of a new task must start after the previous task's end {self._last_time:g}, got {float(times[0]):g}"
                 )
             self._move_inducing_variables(times)
-        model = self.model
+        model, ewc = self._fitted()
         model.train()
         if self.num_tasks == 1 and not self.retrain_kernel:
             model.latent_gp.covar_module.requires_grad_(False)
@@ -173,7 +179,7 @@ class ContinualSVGPVAE:
             torch.manual_seed(self.seed * 1000 + self.num_tasks)
             for _ in range(self.num_iter):
                 optimizer.zero_grad()
-                loss = (self.ewc.penalty() - model.elbo_terms(times, y, mask).elbo) / times.shape[0]
+                loss = (ewc.penalty() - model.elbo_terms(times, y, mask).elbo) / times.shape[0]
                 loss.backward()
                 optimizer.step()
             self._end_task(times, y, mask)
@@ -181,12 +187,12 @@ class ContinualSVGPVAE:
         self.num_tasks += 1
 
     def _end_task(self, times: Tensor, y: Tensor, mask: Tensor | None) -> None:
-        model = self.model
+        model, ewc = self._fitted()
         chunks = [slice(i, i + self.fisher_chunk) for i in range(0, times.shape[0], self.fisher_chunk)]
         masks = [None] * len(chunks) if mask is None else [mask[c] for c in chunks]
-        parameters = list(self.ewc.protected.parameters())
+        parameters = list(ewc.protected.parameters())
         samples = (model.elbo_terms(times[c], y[c], m).reconstruction for c, m in zip(chunks, masks))
-        self.ewc.consolidate(fisher_diagonal(parameters, samples))
+        ewc.consolidate(fisher_diagonal(parameters, samples))
         if self.online_kl:
             with torch.no_grad():
                 model.encode_posterior(times, y, mask)

@@ -50,6 +50,8 @@ class ElasticWeightConsolidation(torch.nn.Module):
     :param strength: :math:`\lambda \ge 0`.
     """
 
+    num_consolidated: Tensor
+
     def __init__(self, modules: Iterable[torch.nn.Module], strength: float = 1.0):
         super().__init__()
         if not float(strength) >= 0:

@@ -157,8 +157,9 @@ def separable_far_panels(kernel, centred: Tensor, width: float):
     :param width: the panels' width :math:`w`, in the inputs' unit.
     """
     spec, outputscale, lengthscale, _ = kernel_parts(kernel)
-    rate = math.sqrt(2 * spec.nu) / lengthscale.reshape(())
-    coefficients = MATERN_POLYNOMIALS[spec.nu]
+    nu = spec.matern_nu()
+    rate = math.sqrt(2 * nu) / lengthscale.reshape(())
+    coefficients = MATERN_POLYNOMIALS[nu]
     rank = len(coefficients)
     alpha, beta = -rate * centred, rate * centred
     A = torch.stack([alpha**i * torch.exp(-alpha) for i in range(rank)], dim=-1)
@@ -175,7 +176,7 @@ def separable_far_panels(kernel, centred: Tensor, width: float):
                     for k, c in enumerate(coefficients)
                     if k >= i + j
                 ]
-                row.append(sum(terms) if terms else torch.zeros_like(delta))
+                row.append(sum(terms, torch.zeros_like(delta)))
             rows.append(torch.stack(row))
         return outputscale * torch.exp(-delta) * torch.stack(rows)
 
@@ -217,7 +218,7 @@ class BandedBackend:
         """``(ℓ, reach)``: the length scale and the distance beyond which ``k`` is negligible."""
         spec, _, lengthscale, _ = kernel_parts(kernel)
         ell = float(lengthscale.detach())
-        return ell, spec.reach * ell
+        return ell, spec.known_reach() * ell
 
     def _panels(self, ivars, kernel) -> Panels:
         return Panels(ivars, self._scales(kernel)[0], ivars.breakpoints.device)

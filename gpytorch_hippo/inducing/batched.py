@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import gpytorch
 import torch
@@ -42,6 +43,9 @@ class BatchedInducingVariables(InducingVariables):
     :param streams: the single-stream sets, all of one type and ``M``.
     """
 
+    #: the single-stream sets (an ``nn.ModuleList``, typed by what it holds)
+    streams: Sequence[InducingVariables]
+
     def __init__(self, streams: Sequence[InducingVariables]):
         streams = list(streams)
         if not streams or not all(isinstance(s, InducingVariables) for s in streams):
@@ -49,7 +53,7 @@ class BatchedInducingVariables(InducingVariables):
         if len({type(s) for s in streams}) != 1 or len({s.num_inducing for s in streams}) != 1:
             raise ValueError("the streams' inducing variables must be of one type and one number M")
         super().__init__(jitter=streams[0].jitter)
-        self.streams = nn.ModuleList(streams)
+        self.streams = cast(Sequence[InducingVariables], nn.ModuleList(streams))
         self._relative_jitter = streams[0]._relative_jitter
         self._templates: dict = {}
         # an engine that forms every stream's covariances at once (e.g. LegS with method="lyapunov"), or None
@@ -330,7 +334,7 @@ def stream_clocks(streams: Sequence[nn.Module]) -> Tensor:
 
     :param streams: the ``S`` single-stream sets, each with a ``breakpoints`` buffer (HiPPO bases).
     """
-    breakpoints = [s.breakpoints for s in streams]
+    breakpoints = [cast(Tensor, s.breakpoints) for s in streams]
     ends = torch.tensor([b.shape[0] for b in breakpoints]).cumsum(0) - 1
     return torch.cat(breakpoints).detach().cpu().double()[ends]
 

@@ -64,7 +64,7 @@ def kernel_reach(kernel) -> float | None:
     if lengthscale.numel() != 1 or spec.reach is None:
         return None
     ell = lengthscale_of(kernel)
-    return spec.reach * ell
+    return None if ell is None else spec.reach * ell
 
 
 def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float | None = None, lengthscale: float | None = None) -> None:

@@ -132,6 +132,24 @@ class StationaryKernelSpec:
         r"""Whether the spectral density is Gaussian (:math:`\nu = \infty`: RBF; product Fourier features in any dimension)."""
         return self.nu == math.inf
 
+    def matern_nu(self) -> float:
+        r""":math:`\nu` of a Matérn kernel; ``TypeError`` for another kernel."""
+        if self.nu is None or not self.matern:
+            raise TypeError(f"the kernel registration {self.name!r} is not a Matérn kernel with nu = 0.5, 1.5 or 2.5")
+        return self.nu
+
+    def known_reach(self) -> float:
+        r""":attr:`reach`; ``TypeError`` for a kernel without one (algebraic decay)."""
+        if self.reach is None:
+            raise TypeError(f"the kernel registration {self.name!r} has no reach (its covariance decays algebraically)")
+        return self.reach
+
+    def known_spectrum(self) -> tuple[Callable[[Tensor, Tensor, Tensor], Tensor], float]:
+        r"""``(spectral_density, spectral_cutoff)``; ``TypeError`` for a kernel without both."""
+        if self.spectral_density is None or self.spectral_cutoff is None:
+            raise TypeError(f"the kernel registration {self.name!r} has no spectral density with a cutoff")
+        return self.spectral_density, self.spectral_cutoff
+
 
 class KernelParts(NamedTuple):
     r"""A supported kernel taken apart: its registration, :math:`\sigma^2` (shape ``()``), :math:`\ell` (``(D,)``) and the unwrapped kernel.
@@ -316,7 +334,8 @@ def _matern_values(nu: float) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     def values(r: Tensor, outputscale: Tensor, lengthscale: Tensor) -> Tensor:
         """``σ² q(λ|r|) e^{-λ|r|}`` on the differences themselves (GPyTorch's pairwise distances lose digits)."""
         x = math.sqrt(2 * nu) * r.abs().to(lengthscale.dtype) / lengthscale
-        polynomial = {0.5: 1.0, 1.5: 1 + x, 2.5: 1 + x + x**2 / 3}[nu]
+        polynomials: dict[float, Tensor | float] = {0.5: 1.0, 1.5: 1 + x, 2.5: 1 + x + x**2 / 3}
+        polynomial = polynomials[nu]
         return outputscale * polynomial * torch.exp(-x)
 
     return values

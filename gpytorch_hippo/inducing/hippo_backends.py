@@ -172,7 +172,7 @@ class SpectralBackend:
 
     name = "spectral"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._transforms: dict = {}
 
     def supports(self, ivars, kernel) -> bool:
@@ -197,9 +197,10 @@ class SpectralBackend:
     def _rule(self, kernel, bandwidth: float, num_inducing: int, device, ivars=None) -> tuple[Tensor, Tensor]:
         """Nodes ``ω_q`` on ``[0, Ω]`` and the differentiable scales ``sqrt(2 w_q S(ω_q))``."""
         spec, outputscale, lengthscale, _ = kernel_parts(kernel)
+        spectral_density, spectral_cutoff = spec.known_spectrum()
         # Ω rounded up to a grid of 2^(1/8) steps: while a length scale is trained the nodes, and the
         # cached transforms at them, stay put (a wider Ω only adds negligible spectral tail)
-        cutoff = 2 ** (math.ceil(8 * math.log2(spec.spectral_cutoff / float(lengthscale.detach()))) / 8)
+        cutoff = 2 ** (math.ceil(8 * math.log2(spectral_cutoff / float(lengthscale.detach()))) / 8)
         estimate = cutoff * bandwidth / 4 + num_inducing + 40
         # the Gauss-Legendre rule costs O(nodes²) once; the transforms about 5 nodes x M values
         check_work(estimate, "the spectral rule (frequency nodes)", ivars, kernel, limit=MAX_SPECTRAL_NODES)
@@ -209,7 +210,7 @@ class SpectralBackend:
         num_nodes = -(-num_nodes // step) * step
         z, w = gauss_legendre(num_nodes, device=device)
         omega = cutoff * (z + 1) / 2
-        density = spec.spectral_density(omega, outputscale, lengthscale)
+        density = spectral_density(omega, outputscale, lengthscale)
         return omega, torch.sqrt(cutoff * w * density)  # 2 * (Ω/2) w * S
 
     def _features(self, ivars, omega: Tensor, scale: Tensor) -> Tensor:
@@ -294,10 +295,10 @@ class FourierFeatures:
                 f"Fourier features need a Gaussian (RBF) or Matérn (nu = 0.5, 1.5, 2.5) spectral density; the kernel's "
                 f"registration {spec.name!r} has neither: use method='spectral' or 'quadrature'"
             )
-        nu = spec.nu
         if self.kind == "random":
             directions = ivars.rff_normal.to(lengthscale.dtype)
             if spec.matern:
+                nu = spec.matern_nu()
                 chi2 = ivars.rff_chi2[(0.5, 1.5, 2.5).index(nu)].to(lengthscale.dtype)
                 directions = directions * torch.sqrt(2 * nu / chi2)[:, None]
             weights = (outputscale / ivars.num_rff).expand(ivars.num_rff)
@@ -307,6 +308,7 @@ class FourierFeatures:
         if ivars.input_dim != 1:
             raise TypeError("quadrature features in more than one dimension need an RBF kernel (a product spectral density)")
         z, w = gauss_legendre(ivars.num_rff, device=ivars.breakpoints.device)
+        nu = spec.matern_nu()
         rate = math.sqrt(2 * nu) / lengthscale.reshape(()).double()
         angle = math.pi / 4 * (z + 1)
         omega = rate * torch.tan(angle)
@@ -362,7 +364,7 @@ class RecurrenceBackend:
     def __init__(self, features: str, kuf: str):
         self.features = FourierFeatures(features)
         self.kuf = kuf
-        self._cache = None  # (signature, breakpoints, Z)
+        self._cache: tuple[tuple, Tensor, Tensor] | None = None  # (signature, breakpoints, Z)
 
     def supports(self, ivars, kernel) -> bool:
         """Whether ``ivars`` have 1-D (time) inputs.
@@ -462,7 +464,7 @@ class PathBackend:
 
     def __init__(self, features: str):
         self.features = FourierFeatures(features)
-        self._cache = None  # (signature, breakpoints, Z)
+        self._cache: tuple[tuple, Tensor, Tensor] | None = None  # (signature, breakpoints, Z)
 
     def supports(self, ivars, kernel) -> bool:
         """Whether ``ivars`` have multidimensional inputs.

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from typing import cast
 
 import gpytorch
 import torch
@@ -115,6 +116,15 @@ class HiPPOInducingVariables(InducingVariables):
 
     #: the backends by method name (:meth:`_make_backends`); :meth:`_backend_for` chooses among them
     _backends: dict[str, CovarianceBackend]
+    # the bases' breakpoints, the last one the clock t; path variables' pending inputs, memory and their kernel's state
+    breakpoints: Tensor
+    path_pending: Tensor
+    path_last: Tensor
+    path_memory: Tensor
+    path_lengthscale: Tensor
+    path_step: Tensor
+    rff_normal: Tensor
+    rff_chi2: Tensor
     #: the kernel of the last evaluation of the path memory (multidimensional inputs): :meth:`append_path`'s
     #: default for folding the task into the memory.  A plain reference, not a submodule (not in the
     #: ``state_dict``), dropped by pickling and copies (:meth:`__getstate__`); set by :meth:`remember_kernel`.
@@ -161,9 +171,9 @@ class HiPPOInducingVariables(InducingVariables):
             raise ValueError(f"features must be one of {FEATURES}, got {features!r}")
         self.kuf = kuf
         self.features = features
-        for name, value in (("num_rff", num_rff), ("input_dim", input_dim), ("num_nodes", num_nodes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, count in (("num_rff", num_rff), ("input_dim", input_dim), ("num_nodes", num_nodes)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{name} must be a positive integer, got {count!r}")
         if num_panels is not None and (not isinstance(num_panels, int) or num_panels < 1):
             raise ValueError(f"num_panels must be a positive integer or None, got {num_panels!r}")
         t, start = _check_time(t, "t"), _check_time(start, "start")
@@ -209,11 +219,16 @@ class HiPPOInducingVariables(InducingVariables):
                 "lyapunov": LyapunovBackend(),
             }
 
+    @property
+    def _path_backend(self) -> PathBackend:
+        """The backend of path variables (``input_dim > 1``)."""
+        return cast(PathBackend, self._backends["path"])
+
     def _backend_for(self, kernel: gpytorch.kernels.Kernel) -> CovarianceBackend:
         """The backend that ``method`` selects for ``kernel`` (module docstring)."""
         lengthscale_of(kernel)  # a clear error for NaN/Inf length scales (diverged hyperparameters)
         if self.input_dim > 1:
-            return self._backends["path"]
+            return self._path_backend
         if self.method in ("auto", "spectral"):
             for name in ("spectral", "banded"):
                 if self._backends[name].supports(self, kernel):
@@ -222,7 +237,7 @@ class HiPPOInducingVariables(InducingVariables):
                 spectral_parts(kernel)  # raises TypeError/ValueError for kernels it cannot handle
             return self._backends["quadrature"]
         if self.method == "lyapunov":
-            self._backends["lyapunov"].check(self, kernel)  # a clear error for kernels it cannot handle
+            cast(LyapunovBackend, self._backends["lyapunov"]).check(self, kernel)  # a clear error for kernels it cannot handle
         return self._backends[self.method]
 
     # ------------------------------------------------------------------ basic properties
@@ -359,7 +374,7 @@ class HiPPOInducingVariables(InducingVariables):
         reach = kernel_reach(kernel) if self.input_dim == 1 else None
         if reach is None:
             return backend.Kuf(self, kernel, x)
-        lower, upper = self.input_support()
+        lower, upper = support_span(self)
         times = x[..., 0]
         near = (times >= lower - reach) & (times <= upper + reach)
         if bool(near.all()):
@@ -448,7 +463,7 @@ class HiPPOInducingVariables(InducingVariables):
 
     def _commit_pending(self, kernel) -> None:
         with torch.no_grad():
-            self.path_memory = self._backends["path"].memory(self, kernel).detach().clone()
+            self.path_memory = self._path_backend.memory(self, kernel).detach().clone()
         _, lengthscale, _ = spectral_parts(kernel)
         self.path_lengthscale = lengthscale.detach().to(torch.float64).clone()
         self.path_last = self.path_pending[-1:].clone()

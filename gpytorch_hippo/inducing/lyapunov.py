@@ -89,7 +89,7 @@ def kernel_scales(kernel) -> tuple[float, float, StationaryKernelSpec]:
     """
     spec, _, lengthscale, _ = kernel_parts(kernel)
     ell = float(lengthscale.detach())
-    return ell, spec.reach * ell, spec
+    return ell, spec.known_reach() * ell, spec
 
 
 def kernel_function(kernel):
@@ -358,11 +358,13 @@ class LyapunovBackend:
 
     name = "lyapunov"
 
-    def __init__(self):
-        self._state = None  # (key, t, K(t)) float64, detached
-        self._step = None  # (key, t_a, t_b, C(t_a, t_b)) of the last single-piece step
-        self._segment_length = None  # (key, L, Kuu(L) of a LegS set started at 0, or None) of the last step
-        self._panels = None  # ((t, start, M, ℓ, device), Panels) of the last local Kuf rule
+    def __init__(self) -> None:
+        self._state: tuple[tuple, float, Tensor] | None = None  # (key, t, K(t)) float64, detached
+        # (key, t_a, t_b, C(t_a, t_b)) of the last single-piece step
+        self._step: tuple[tuple, float, float, Tensor] | None = None
+        # (key, L, Kuu(L) of a LegS set started at 0, or None) of the last step
+        self._segment_length: tuple[tuple, float, Tensor | None] | None = None
+        self._panels: tuple[tuple, Panels] | None = None  # ((t, start, M, ℓ, device), Panels) of the last local Kuf rule
 
     def __deepcopy__(self, memo) -> LyapunovBackend:
         """A copy sharing the cached tensors: they are never changed in place (each step stores new
@@ -483,7 +485,11 @@ class LyapunovBackend:
                     at = _At(ivars, t, ivars.start)
                     # fresh backends: their caches (spectral transforms, linear in t) would only be
                     # copied along with every snapshot of the inducing variables
-                    fresh = {"spectral": SpectralBackend(), "banded": BandedBackend(), "quadrature": QuadratureBackend()}
+                    fresh: dict[str, CovarianceBackend] = {
+                        "spectral": SpectralBackend(),
+                        "banded": BandedBackend(),
+                        "quadrature": QuadratureBackend(),
+                    }
                     K = exact_backend(at, kernel, fresh).cross(at, at, kernel).double()
             else:
                 t_now, K = self._state[1], self._state[2]

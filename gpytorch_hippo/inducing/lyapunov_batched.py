@@ -368,7 +368,9 @@ class LyapunovStreams:
         :param kernel: the GP's kernel, shared or with ``batch_shape=(S,)``.
         """
         inputs = self._inputs(streams, kernel)
-        other_inputs = None if inputs is None or len(others) != len(streams) else self._inputs(others, kernel)
+        if inputs is None or len(others) != len(streams):
+            return None
+        other_inputs = self._inputs(others, kernel)
         if other_inputs is None:
             return None
         t, lower, ell, scale = inputs

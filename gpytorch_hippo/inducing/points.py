@@ -57,7 +57,7 @@ class InducingPoints(InducingVariables):
             )
         return x
 
-    def _checked_points(self, dtype: torch.dtype = None) -> Tensor:
+    def _checked_points(self, dtype: torch.dtype | None = None) -> Tensor:
         """The points, finite (they are trained), in ``dtype`` (differentiably)."""
         points = check_tensor(self.points, "points")
         return points if dtype is None or points.dtype == dtype else points.to(dtype)

@@ -141,8 +141,8 @@ def spherical_jn(M: int, x: Tensor) -> Tensor:
     upward = [j0, j1]
     for n in range(1, M - 1):
         upward.append((2 * n + 1) / safe * upward[n] - upward[n - 1])
-    ratios = [None] * M
     ratio = torch.zeros_like(x)
+    ratios = [ratio] * M
     for n in range(M + 20 + math.ceil(2 * M ** (1 / 3)), 0, -1):
         ratio = 1 / ((2 * n + 1) / safe - ratio)
         if n < M:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from .prediction import predict_proba
@@ -29,11 +31,11 @@ class EnsembleClassifier(torch.nn.Module):
 
         :param num_samples: the forward passes (posterior samples) averaged per member, a positive int (default 1).
         """
-        total = None
+        total: torch.Tensor | None = None
         for member in self.members:
             probs = predict_proba(member, *inputs, num_samples=num_samples, **forward_kwargs)
             total = probs if total is None else total + probs
-        return total / len(self.members)
+        return cast(torch.Tensor, total) / len(self.members)  # the ensemble has members (checked when built)
 
     def forward(self, *inputs, **forward_kwargs):
         raise TypeError("EnsembleClassifier has no single forward pass; call predict_proba")

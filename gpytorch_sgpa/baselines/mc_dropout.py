@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
 import torch
 
@@ -54,8 +55,8 @@ def mc_dropout_predict_proba(model: torch.nn.Module, *inputs, num_samples: int =
     """
     _check_num_samples(num_samples)
     with dropout_enabled(model):
-        total = None
+        total: torch.Tensor | None = None
         for _ in range(num_samples):
             probs = logits_of(model(*inputs, **forward_kwargs)).softmax(-1)
             total = probs if total is None else total + probs
-    return total / num_samples
+    return cast(torch.Tensor, total) / num_samples  # num_samples >= 1 passes

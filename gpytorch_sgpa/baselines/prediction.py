@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 
@@ -33,12 +35,13 @@ def predict_proba(model: torch.nn.Module, *inputs, num_samples: int = 1, **forwa
     was_training = model.training
     model.eval()
     try:
-        if hasattr(model, "predict_proba"):
-            return model.predict_proba(*inputs, num_samples=num_samples, **forward_kwargs)
-        total = None
+        own = getattr(model, "predict_proba", None)
+        if own is not None:
+            return own(*inputs, num_samples=num_samples, **forward_kwargs)
+        total: torch.Tensor | None = None
         for _ in range(num_samples):
             probs = logits_of(model(*inputs, **forward_kwargs)).softmax(-1)
             total = probs if total is None else total + probs
-        return total / num_samples
+        return cast(torch.Tensor, total) / num_samples  # num_samples >= 1 passes
     finally:
         model.train(was_training)

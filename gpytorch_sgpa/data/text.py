@@ -40,6 +40,14 @@ def default_vader_archive() -> Path:
     return Path.home() / ".cache" / "probseq" / VADER_ARCHIVE_NAME
 
 
+def _member_bytes(archive: tarfile.TarFile, name: str, path: Path) -> bytes:
+    """The contents of the regular file ``name`` of ``archive`` (read from ``path``); ``KeyError`` if it has none."""
+    member = archive.extractfile(name)
+    if member is None:  # a directory or a link
+        raise ValueError(f"{path} is not the vaderSentiment 3.3.2 sdist ({name} is not a regular file)")
+    return member.read()
+
+
 def load_vader_snippets(corpus: str = "movie", archive: str | os.PathLike | None = None):
     """Sentences and mean sentiment ratings of one corpus in the vaderSentiment 3.3.2 sdist.
 
@@ -64,11 +72,11 @@ def load_vader_snippets(corpus: str = "movie", archive: str | os.PathLike | None
         )
     with tarfile.open(path, "r:gz") as outer:
         try:
-            inner_bytes = outer.extractfile(_INNER_ARCHIVE).read()
+            inner_bytes = _member_bytes(outer, _INNER_ARCHIVE, path)
         except KeyError as err:
             raise ValueError(f"{path} is not the vaderSentiment 3.3.2 sdist (no {_INNER_ARCHIVE})") from err
     with tarfile.open(fileobj=io.BytesIO(inner_bytes), mode="r:gz") as inner:
-        text = inner.extractfile(_CORPUS_FILES[corpus]).read().decode("utf-8")
+        text = _member_bytes(inner, _CORPUS_FILES[corpus], path).decode("utf-8")
     sentences, ratings = [], []
     for line_number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

@@ -53,6 +53,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -230,7 +231,7 @@ QUICK_CONFIG = ExperimentConfig(
 #: initialisation (``log ℓ ~ N(0, 1)``, ``σ_f² = 1``); Adam from ``5e-4`` decaying linearly to
 #: ``1e-5`` (App. B.4, CIFAR) after the authors' warm-up from ``1e-5`` (5 of their 500 epochs: 1 %
 #: of the updates), a new Adam every epoch as in their code.
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     "thesis": dict(
         kl_weighting="authors",
@@ -257,10 +258,15 @@ def thesis_num_global(task: Task, num_heads: int) -> int:
     :param task: the task whose training sequences give :math:`T_\text{avg}`.
     :param num_heads: the number of attention heads :math:`H`.
     """
+    average_length: float
     if task.kind == "image":
         average_length = (task.image_size // task.patch_size) ** 2
     else:
-        average_length = float((~task.train.padding_mask).sum(1).double().mean())
+        padding_mask = task.train.padding_mask
+        if padding_mask is None:  # no padding: every sequence has the full length
+            average_length = task.train.features.shape[1]
+        else:
+            average_length = float((~padding_mask).sum(1).double().mean())
     return max(1, math.ceil(2 * average_length / num_heads))
 
 
@@ -387,7 +393,7 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
     from ..transformer import SGPATransformer, SGPAViT
 
     attention = _ATTENTION_OF_FAMILY[family]
-    attention_kwargs = {}
+    attention_kwargs: dict[str, Any] = {}
     if attention != "sdp":
         attention_kwargs["kernel"] = task.kernel
         attention_kwargs["kernel_init"] = config.kernel_init
@@ -395,7 +401,7 @@ def build_network(task: Task, family: str, config: ExperimentConfig) -> torch.nn
         attention_kwargs["num_global"] = thesis_num_global(task, config.num_heads) if config.num_global is None else config.num_global
         attention_kwargs["sampler"] = config.sampler
         attention_kwargs["whitened"] = config.whitened
-    common = dict(
+    common: dict[str, Any] = dict(
         num_classes=task.num_classes,
         d_model=config.d_model,
         num_heads=config.num_heads,
@@ -473,7 +479,8 @@ class _Runner:
             "selected_epoch": config.mle_init_epochs if family.startswith("sgpa") else 0,
             "kl_init": self._validation_kl(model) if family.startswith("sgpa") else math.nan,
         }
-        offset, best = record["selected_epoch"], {"accuracy": -1.0, "state": None}
+        offset = record["selected_epoch"]
+        best: dict[str, Any] = {"accuracy": -1.0, "state": None}
 
         def on_epoch_end(epoch, trained):
             if family == "mle-kernel" and epoch == config.mle_init_epochs:

@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -196,14 +197,15 @@ def _scores(log_true, confidence, correct) -> dict:
 
 
 def _decoder(method: str, vocab_size: int, config: LMConfig) -> SGPADecoder:
-    attention, kwargs = {
+    families: dict[str, tuple[str, dict[str, Any]]] = {
         "mle-sdp": ("sdp", {}),
         "mle-kernel": ("kernel", {"kernel": "exponential"}),
         "sgpa": (
             "sgpa",
             {"kernel": "exponential", "num_global": config.num_global, "sampler": config.sampler, "whitened": config.whitened},
         ),
-    }[method]
+    }
+    attention, kwargs = families[method]
     return SGPADecoder(
         vocab_size,
         config.d_model,

@@ -304,7 +304,7 @@ def main(argv=None) -> list[dict]:
         )
     rows = []
     with open(out / "results.csv", "w", newline="") if main_process else nullcontext() as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS) if main_process else None
+        writer = None if handle is None else csv.DictWriter(handle, fieldnames=COLUMNS)
         if writer is not None:
             writer.writeheader()
         for seed in args.seed_range:
@@ -314,6 +314,8 @@ def main(argv=None) -> list[dict]:
                     if result is None:  # another process of a data-parallel run: the main one writes
                         continue
                     row = {"dataset": args.dataset, **result}
+                    if writer is None or handle is None:  # only the main process gets results, and it has the file
+                        raise RuntimeError("a process without the results file got a result to write")
                     writer.writerow(row)
                     handle.flush()
                     rows.append(row)

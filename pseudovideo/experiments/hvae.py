@@ -91,7 +91,7 @@ def main(argv=None) -> list[dict]:
         classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
     rows = []
     with open(out / "hvae_results.csv", "w", newline="") if processes.is_main_process else nullcontext() as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS) if processes.is_main_process else None
+        writer = None if handle is None else csv.DictWriter(handle, fieldnames=COLUMNS)
         if writer is not None:
             writer.writeheader()
         for seed in args.seed_range:
@@ -138,6 +138,8 @@ def main(argv=None) -> list[dict]:
                     "train_s": round(train_s, 1),
                     "classifier_accuracy": classifier.test_accuracy,
                 }
+                if writer is None or handle is None:  # only the main process gets results, and it has the file
+                    raise RuntimeError("a process without the results file got a result to write")
                 writer.writerow(row)
                 handle.flush()
                 rows.append(row)

@@ -361,7 +361,7 @@ def main(argv=None) -> list[dict]:
         )
     rows = []
     with open(out / "results.csv", "w", newline="") if main_process else nullcontext() as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS) if main_process else None
+        writer = None if handle is None else csv.DictWriter(handle, fieldnames=COLUMNS)
         if writer is not None:
             writer.writeheader()
         for seed in args.seed_range:
@@ -369,6 +369,8 @@ def main(argv=None) -> list[dict]:
             for frames in args.frames:
                 frame_rows, reconstruction = run_frames(args, train, held_out, size, frames, seed, classifier, out)
                 for row in frame_rows:
+                    if writer is None or handle is None:  # only the main process gets results, and it has the file
+                        raise RuntimeError("a process without the results file got a result to write")
                     writer.writerow(row)
                     handle.flush()
                     rows.append(row)

@@ -40,7 +40,7 @@ sampler produced them and fed back as context unchanged.
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -50,8 +50,16 @@ from .._validation import check_generator, check_int, check_tensor
 from ..scaling import check_model_range
 
 try:
-    from diffusers import ConfigMixin, DDIMScheduler, DDPMScheduler, ModelMixin, UNet2DModel
+    from diffusers import ConfigMixin
     from diffusers.configuration_utils import register_to_config
+
+    if TYPE_CHECKING:  # diffusers' lazy __init__ gives type checkers its torch-less dummy classes: the defining modules
+        from diffusers.models.modeling_utils import ModelMixin
+        from diffusers.models.unets.unet_2d import UNet2DModel
+        from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+        from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
+    else:
+        from diffusers import DDIMScheduler, DDPMScheduler, ModelMixin, UNet2DModel
 except ImportError as _error:
     raise missing("diffusers", "video", "pseudovideo.models.diffusion") from _error
 
@@ -114,7 +122,7 @@ def default_clip_sample(augmentation: str) -> bool:
     return CLIP_SAMPLE[augmentation]
 
 
-class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):
+class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[misc]  # diffusers' two bases disagree on config_name's type
     r"""p(z_1..z_T) = p(z_1..z_C) prod_t p(z_t | z_{t-C..t-1}), every factor a DDPM of one shared UNet.
 
     That is, :math:`p(z_{1:T}) = p(z_{1:C}) \prod_{t=C+1}^{T} p(z_t \mid z_{t-C:t-1})`.

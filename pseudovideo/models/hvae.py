@@ -52,8 +52,8 @@ class TimeConditionedConvNet(nn.Module):
         self.inputs = nn.Conv2d(in_channels, width, 3, padding=1)
         self.body = nn.ModuleList(nn.Conv2d(width, width, 3, padding=1) for _ in range(3))
         self.outputs = nn.Conv2d(width, out_channels, 3, padding=1)
-        nn.init.zeros_(self.outputs.weight)  # start as the identity residual (decoder) / zero logits
-        nn.init.zeros_(self.outputs.bias)
+        for parameter in self.outputs.parameters():  # weight and bias: start as the identity residual (decoder) / zero logits
+            nn.init.zeros_(parameter)
 
     def forward(self, z: torch.Tensor, level: int) -> torch.Tensor:
         """``f(z, level)``, shape ``(B, out_channels, H, W)``.
@@ -114,7 +114,8 @@ class HeatHVAE(nn.Module):
         """
         if self.encoder == "heat":
             means = make_pseudo_video(x, self.num_latents + 1, "heat", max_std=self.max_std, noise_std=0.0)
-            latents, log_q = [], 0.0
+            latents: list[torch.Tensor] = []
+            log_q: float | torch.Tensor = 0.0
             for t in range(1, self.num_latents + 1):
                 mean = means[:, self.num_latents - t]
                 noise = randn(mean.shape, generator, mean.dtype, mean.device)

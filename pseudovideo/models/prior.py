@@ -21,6 +21,7 @@ in their attention mask, their extra symbol and how they are trained and sampled
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,7 @@ class TokenPrior(nn.Module):
         self.special = codebook_size  # [BOS] for the autoregressive prior, [MASK] for the masked one
         self.embed = nn.Embedding(codebook_size + 1, dim)
         self.position = nn.Parameter(0.02 * torch.randn(self.length, dim))
-        self.blocks = transformer_stack(dim, heads, layers)
+        self.blocks = cast(nn.TransformerEncoder, transformer_stack(dim, heads, layers))  # never None: layers >= 1
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, codebook_size)
 

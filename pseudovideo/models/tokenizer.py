@@ -170,7 +170,7 @@ class VideoTokenizer(nn.Module):
         self.num_frames, self.image_size, self.channels = num_frames, image_size, channels
         self.patch_size, self.tubelet_frames = patch_size, tubelet_frames
         self.grid_shape = (num_frames // tubelet_frames, image_size // patch_size, image_size // patch_size)
-        self.token_shape = self.grid_shape
+        self.token_shape: tuple[int, ...] = self.grid_shape  # (h, w) for ImageTokenizer
         steps, side = self.grid_shape[0], self.grid_shape[1]
         pixels = tubelet_frames * patch_size * patch_size * channels
         self.embed_tubelets = nn.Linear(pixels, dim)
