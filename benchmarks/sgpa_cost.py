@@ -47,6 +47,7 @@ import torch
 from devices import add_device_argument, describe, device_from_args, elapsed
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import gpytorch_sgpa._attention_base
 import gpytorch_sgpa.elbo
 import gpytorch_sgpa.multihead
 import gpytorch_sgpa.transformer
@@ -131,11 +132,11 @@ class _OpCounter(TorchDispatchMode):
 
 
 def _host_checks_off():
-    """Run the library as on an accelerator: no value checks read on the host (``_checks_on_host``
+    """Run the library as on an accelerator: no value checks read on the host (``checks_on_host``
     is ``False``), so the sync-free Cholesky and target paths are counted."""
     stack = contextlib.ExitStack()
-    for module in (gpytorch_sgpa.multihead, gpytorch_sgpa.elbo, gpytorch_sgpa.transformer):
-        stack.enter_context(mock.patch.object(module, "_checks_on_host", lambda x: False))
+    for module in (gpytorch_sgpa.multihead, gpytorch_sgpa._attention_base, gpytorch_sgpa.elbo, gpytorch_sgpa.transformer):
+        stack.enter_context(mock.patch.object(module, "checks_on_host", lambda x: False))
     return stack
 
 

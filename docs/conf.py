@@ -141,7 +141,7 @@ def _main_api() -> dict:
 
 def _inherited_members() -> dict:
     """For each public class with private base classes of its own package (``_SGPAModel``,
-    ``_MultiHeadAttention``): the names of the other classes of its MRO, the value of autodoc's
+    ``_attention_base.MultiHeadAttentionBase``): the names of the other classes of its MRO, the value of autodoc's
     ``:inherited-members:`` option, so that the class page shows the methods it inherits from its
     private bases and not those of ``torch.nn.Module``."""
     stops = {}

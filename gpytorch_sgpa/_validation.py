@@ -3,7 +3,7 @@
 :func:`check_tensor`, :func:`check_int` and :func:`check_real` look at types, shapes and Python
 numbers only, so they cost nothing on an accelerator.  :func:`check_finite` and
 :func:`check_finite_result` read tensor values; callers run them only where
-``multihead._checks_on_host`` allows (eager mode on the CPU).
+:func:`checks_on_host` allows (eager mode on the CPU).
 """
 
 from __future__ import annotations
@@ -14,7 +14,16 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["check_tensor", "check_finite", "check_finite_result", "check_int", "check_real", "check_dtype"]
+__all__ = [
+    "check_tensor",
+    "check_finite",
+    "check_finite_result",
+    "check_int",
+    "check_real",
+    "check_dtype",
+    "check_num_samples",
+    "checks_on_host",
+]
 
 
 def _type_name(value) -> str:
@@ -111,3 +120,18 @@ def check_real(
     if high is not None and (value >= high if high_open else value > high):
         raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value}")
     return value
+
+
+def check_num_samples(num_samples) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+
+
+def checks_on_host(x: Tensor) -> bool:
+    """Whether to run input checks that read tensor values on the host (eager mode on the CPU).
+
+    On an accelerator such a check would make the host wait for the device every call, and under
+    ``torch.compile`` it would break the graph, so there they are skipped; the docstrings of the
+    callers say what then happens to bad input.
+    """
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()

@@ -50,12 +50,12 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from ._numerics import gp_dtype, relative_jitter
 from ._validation import check_real
 from .attention import KernelAttention, SGPAttention
 from .decoupled import mean_gate
 from .kernel_scale import mark_for_placement
 from .kernels import dense_kernel
-from .multihead import _gp_dtype, _relative_jitter
 from .transformer import ATTENTION_TYPES, build_attention
 
 __all__ = [
@@ -276,7 +276,7 @@ def _cached_rows(layer: nn.Module, queries: Tensor, keys: Tensor, values: Tensor
     batch, _, length, _ = queries.shape
     noise = layer.sample_noise(batch, length, queries.dtype, queries.device)
     residual = dense_kernel(layer.kernel, queries, diag=True) - whitened.square().sum(-2)  # k(q, q) - Q_qq
-    jitter = _relative_jitter(layer.kernel, queries.dtype)
+    jitter = relative_jitter(layer.kernel, queries.dtype)
     if layer.sampler == "decomposed":
         coefficient = torch.einsum("hdmn,bhdn->bhmd", factors.whitened_cov_factor, noise.global_)
         mean = mean + whitened.transpose(-2, -1).matmul(coefficient)
@@ -314,7 +314,7 @@ class SelfAttentionAdapter(nn.Module):
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor]:
         layer = self.attention
-        dtype = _gp_dtype(x.dtype)
+        dtype = gp_dtype(x.dtype)
         return layer._split(layer.qk_proj(x)).to(dtype), layer._split(layer.v_proj(x)).to(dtype)
 
     def attend(self, x: Tensor, mask=None, cache=None, output_weights: bool = False) -> tuple[Tensor, Tensor | None]:

@@ -28,11 +28,13 @@ from gpytorch.kernels import Kernel
 from linear_operator.utils.errors import NanError
 from torch import Tensor, nn
 
+from ._attention_base import MultiHeadAttentionBase
+from ._numerics import causal_mask, gp_dtype, no_autocast, relative_jitter
 from ._validation import check_finite, check_int, check_real, check_tensor
 from .decoupled import GlobalFactors, decoupled_kernel_blocks, decoupled_step_sample, decoupled_terms, global_factors
 from .kernels import ExpKernelParameters, dense_kernel, exp_kernel_parameters, make_attention_kernel
 from .mle_attention import KernelAttention, ScaledDotProductAttention
-from .multihead import ForwardKL, SGPAStepState, _causal_mask, _gp_dtype, _MultiHeadAttention, _no_autocast, _relative_jitter
+from .multihead import ForwardKL, SGPAStepState
 from .samplers import SAMPLERS, SGPA_SAMPLERS, PosteriorTerms
 from .standard import standard_step_sample, standard_terms
 
@@ -171,7 +173,7 @@ def _same_values(snapshot: _Snapshot, current: list[Tensor]) -> bool:
     return snapshot.layout == _layout(current) and torch.equal(snapshot.values, torch.cat([t.detach().reshape(-1) for t in current]))
 
 
-class SGPAttention(_MultiHeadAttention):
+class SGPAttention(MultiHeadAttentionBase):
     r"""Sparse Gaussian process attention (thesis ch. 3): each head's output is an SVGP posterior.
 
     Queries and amortised keys share the projection :math:`W_{qk}` (:math:`q = k_a = s W_{qk}`), values are
@@ -530,7 +532,7 @@ class SGPAttention(_MultiHeadAttention):
         :param global_inputs: the global inducing inputs after the block's feature map, :math:`G_\phi(Z_g)`,
             ``(H, M, d_model)``; ``None`` (the default) uses the layer's ``global_inducing_inputs``.
         """
-        dtype = _gp_dtype(self.qk_proj.weight.dtype)
+        dtype = gp_dtype(self.qk_proj.weight.dtype)
         if self.mode != "decoupled":
             return self.qk_proj.weight.new_zeros((), dtype=dtype)
         record = self._forward_factors
@@ -546,7 +548,7 @@ class SGPAttention(_MultiHeadAttention):
 
     def _project(self, x: Tensor, key_padding_mask: Tensor | None):
         """Queries and values (under any autocast), returned in the GP algebra's dtype."""
-        dtype = _gp_dtype(x.dtype)
+        dtype = gp_dtype(x.dtype)
         queries = self._split(self.qk_proj(x)).to(dtype)
         values = self._split(self.v_proj(x)).to(dtype)
         if key_padding_mask is not None:
@@ -580,7 +582,7 @@ class SGPAttention(_MultiHeadAttention):
             gram, cross = decoupled_kernel_blocks(self.kernel, params, queries, factors)
         else:
             gram = dense_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
-        causal = _causal_mask(x.shape[1], x.device) if self.causal else None
+        causal = causal_mask(x.shape[1], x.device) if self.causal else None
         gram_values = gram.matmul(values)
         amortised_mean = gram.masked_fill(~causal, 0.0).matmul(values) if causal is not None else gram_values
         if self.mode == "standard":
@@ -619,8 +621,8 @@ class SGPAttention(_MultiHeadAttention):
         :param full_covariance: whether to return the covariance across positions as well (else ``covariance`` is ``None``).
         """
         self._check_input(x, key_padding_mask)
-        with _no_autocast(x):
-            params = exp_kernel_parameters(self.kernel, _gp_dtype(x.dtype))
+        with no_autocast(x):
+            params = exp_kernel_parameters(self.kernel, gp_dtype(x.dtype))
             terms = self._terms(x, key_padding_mask, global_inputs, full_covariance, None, None, params)
         variance = cast(Tensor, terms.variance)  # without a sampler the terms hold the marginal variances
         self._check_result(x, terms.mean, variance, terms.kl)
@@ -698,13 +700,13 @@ class SGPAttention(_MultiHeadAttention):
             noise = self.sample_noise(batch, length, x.dtype, x.device)
         else:
             noise = self._check_noise(noise, batch, length)
-        dtype = _gp_dtype(x.dtype)
+        dtype = gp_dtype(x.dtype)
         local = noise.local.to(dtype)
         global_noise = noise.global_.to(dtype) if self._uses_global_noise() and noise.global_ is not None else None
-        with _no_autocast(x):
+        with no_autocast(x):
             params = exp_kernel_parameters(self.kernel, dtype)
             terms = self._terms(x, key_padding_mask, global_inputs, False, self.sampler, global_noise, params)
-            sample = SAMPLERS[self.sampler](terms, local, _relative_jitter(self.kernel, dtype, params))
+            sample = SAMPLERS[self.sampler](terms, local, relative_jitter(self.kernel, dtype, params))
         kl = terms.kl.mean()
         self.last_kl = ForwardKL(kl, kl.new_zeros(()) if terms.global_kl is None else terms.global_kl)
         output = self.out_proj(self.dropout(self._merge(sample.to(x.dtype))))
@@ -740,7 +742,7 @@ class SGPAttention(_MultiHeadAttention):
             noise = self.sample_noise(batch, 1, x_t.dtype, x_t.device)
         noise = self._check_noise(noise, batch, 1)
         query, value = self._project(x_t, None)  # (B, H, 1, e)
-        with _no_autocast(x_t):
+        with no_autocast(x_t):
             if state is None:
                 state = SGPAStepState(keys=query[..., :0, :], values=value[..., :0, :])
                 if self.mode == "decoupled":

@@ -24,17 +24,18 @@ from typing import NamedTuple, cast
 import torch
 from torch import Tensor
 
+from ._numerics import masked_cholesky, relative_jitter
 from .kernels import (
     ExpKernelParameters,
-    _blocks,
     centred_scaled_inputs,
     dense_kernel,
+    dense_kernel_blocks,
     exp_features,
     exp_kernel,
     exp_kernel_parameters,
     scaled_inputs,
 )
-from .multihead import _masked_cholesky, _relative_jitter, psd_cholesky
+from .multihead import psd_cholesky
 from .samplers import PosteriorTerms
 
 
@@ -92,7 +93,7 @@ def global_factors(
         gram, key_features = exp_kernel(cast(Tensor, features.query), features.key), features.key  # query built: query=True
     num_global = gram.shape[-1]
     eye = torch.eye(num_global, dtype=gram.dtype, device=gram.device)
-    chol = psd_cholesky(gram + _relative_jitter(layer.kernel, dtype, params) * eye)
+    chol = psd_cholesky(gram + relative_jitter(layer.kernel, dtype, params) * eye)
     # L⁻¹ once per head (M triangular solves against I): every later "L⁻¹ X" is then one matrix
     # product, which on CPU costs a fraction of a triangular solve broadcast over the batch (forward
     # and backward; benchmarks/sgpa_cost.py) and gives the same values up to rounding (tested).
@@ -156,7 +157,7 @@ def decoupled_kernel_blocks(kernel, params: ExpKernelParameters | None, queries:
     :param factors: the layer's :class:`GlobalFactors` (their keys and, for RBF / exponential, their features).
     """
     if params is None or factors.key_features is None:
-        return _blocks(kernel, queries, (factors.keys,), include_self=True)
+        return dense_kernel_blocks(kernel, queries, (factors.keys,), include_self=True)
     features = exp_features(params, scaled_inputs(params, queries, factors.centre))
     query = cast(Tensor, features.query)  # built: query=True
     return exp_kernel(query, features.key), exp_kernel(query, factors.key_features)
@@ -248,7 +249,7 @@ def decoupled_terms(
     if sampler == "full":  # the full-covariance sampler needs neither variance nor covariance
         valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]
         full = cast(Tensor, conditional)  # computed for sampler="full"
-        chol_factor = _masked_cholesky(full, valid, _relative_jitter(layer.kernel, full.dtype, params))
+        chol_factor = masked_cholesky(full, valid, relative_jitter(layer.kernel, full.dtype, params))
     elif sampler == "decomposed":  # only diag(K_qq - AᵀA), O(B H L M)
         if params is not None and params.form == "rbf":  # k(q, q) = σ_f², (B, H, L)
             self_cov = params.outputscale.unsqueeze(-1).expand(*queries.shape[:-1])
@@ -289,7 +290,7 @@ def decoupled_step_sample(layer, query, value, gram_row, mean, state) -> Tensor:
         mean = mean + whitened.transpose(-2, -1).matmul(correction)
     self_cov = gram_row[..., -1:]  # k(q_t, q_t), (B, H, 1, 1)
     conditional_tt = self_cov - whitened.square().sum(-2, keepdim=True)
-    jitter = _relative_jitter(layer.kernel, conditional_tt.dtype)
+    jitter = relative_jitter(layer.kernel, conditional_tt.dtype)
     local = state.local_noise[..., -1:, :]
     if layer.sampler == "decomposed":
         global_term = torch.einsum("hdmn,bhdn->bhdm", factors.whitened_cov_factor, state.global_noise)

@@ -27,6 +27,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from ._outputs import output_logits
 from ._validation import check_int
 from .adapters import adapter_for, child_defaults, copy_kernel, record_attentions, register_adapter, sgpa_start, start_at_mean
 from .attention import KernelAttention, ScaledDotProductAttention, SGPAttention
@@ -263,25 +264,11 @@ def predict_proba(model: nn.Module, *inputs, num_samples: int = 10, **kwargs) ->
     try:
         total: Tensor | None = None
         for _ in range(num_samples):
-            probabilities = torch.softmax(_logits(model(*inputs, **kwargs)), dim=-1)
+            probabilities = torch.softmax(output_logits(model(*inputs, **kwargs)), dim=-1)
             total = probabilities if total is None else total + probabilities
     finally:
         model.train(training)
     return cast(Tensor, total) / num_samples  # num_samples >= 1 passes
-
-
-def _logits(output) -> Tensor:
-    if isinstance(output, Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
-        return output[0]
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, Tensor):
-        return logits
-    raise TypeError(
-        f"the model's forward returned {type(output).__name__}; predict_proba needs logits (a tensor, "
-        "a tuple whose first element is the logits, or an output with .logits)"
-    )
 
 
 def global_kl_divergence(module: nn.Module) -> Tensor:

@@ -40,10 +40,9 @@ import torch.nn.functional as F
 from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood, Likelihood
 from torch import Tensor, nn
 
-from ._validation import check_finite, check_real, check_tensor
+from ._validation import check_finite, check_real, check_tensor, checks_on_host
 from .attention import SGPAttention
 from .dropin import global_kl_divergence
-from .multihead import _checks_on_host
 
 __all__ = ["SGPAELBO", "LIKELIHOODS", "IGNORE_INDEX", "KL_WEIGHTINGS"]
 
@@ -237,7 +236,7 @@ class SGPAELBO(gpytorch.Module):
         check_tensor(targets, "targets")
         if targets.dim() == 0 or targets.shape[0] == 0 or targets.numel() == 0:
             raise ValueError(f"targets must hold at least one data point, got shape {tuple(targets.shape)}")
-        if _checks_on_host(outputs):
+        if checks_on_host(outputs):
             check_finite(outputs, "outputs", allow_negative_infinity=self.likelihood is None)  # masked logits
         if self.likelihood is None:
             if targets.dim() not in (1, 2) or targets.dtype not in (torch.int64, torch.int32):
@@ -251,7 +250,7 @@ class SGPAELBO(gpytorch.Module):
                 )
             log_probs = F.log_softmax(outputs, dim=-1)
             keep = targets != IGNORE_INDEX if targets.dim() == 2 else torch.ones_like(targets, dtype=torch.bool)
-            if _checks_on_host(targets):
+            if checks_on_host(targets):
                 if (keep & ((targets < 0) | (targets >= outputs.shape[-1]))).any():
                     raise ValueError(f"targets must be class indices in [0, {outputs.shape[-1]}) (or {IGNORE_INDEX} in sequences)")
                 if targets.dim() == 2 and not keep.any(-1).all():
@@ -269,7 +268,7 @@ class SGPAELBO(gpytorch.Module):
                 raise ValueError(
                     f"outputs (..., B, D) must match targets (B, D) or (B,), got {tuple(outputs.shape)} and {tuple(targets.shape)}"
                 )
-            if _checks_on_host(targets):
+            if checks_on_host(targets):
                 check_finite(targets, "targets")
             ell = self.likelihood.forward(outputs).log_prob(targets.to(outputs.dtype)).sum(-1)
         return ell.reshape(-1, ell.shape[-1]).mean(0)
@@ -301,7 +300,7 @@ class SGPAELBO(gpytorch.Module):
         if not isinstance(kl, Tensor) or kl.dim() != 0:
             raise ValueError("kl must be a scalar tensor (the model's kl_total)")
         check_tensor(kl, "kl", floating=True)
-        if _checks_on_host(kl):
+        if checks_on_host(kl):
             check_finite(kl, "kl")
         training = self.model.training and torch.is_grad_enabled()
         expected = self.expected_log_likelihood(outputs, targets).mean()

@@ -20,8 +20,7 @@ import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
-from ._validation import check_finite, check_int, check_tensor
-from .multihead import _checks_on_host
+from ._validation import check_finite, check_int, check_tensor, checks_on_host
 
 __all__ = ["ExponentialKernel", "KERNEL_INITS", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
 
@@ -244,7 +243,7 @@ def kernel_blocks(kernel: Kernel, x1: Tensor, *others: Tensor) -> list[Tensor]:
     :param x1: the first inputs, ``(..., H, N, d)``.
     """
     _check_inputs(kernel, x1, *others)
-    return _blocks(kernel, x1, others, include_self=True)
+    return dense_kernel_blocks(kernel, x1, others, include_self=True)
 
 
 def _check_inputs(kernel, x1, *others) -> None:
@@ -253,11 +252,19 @@ def _check_inputs(kernel, x1, *others) -> None:
     for index, x in enumerate((x1, *others)):
         name = "x1" if index == 0 else ("x2" if len(others) == 1 else f"others[{index - 1}]")
         check_tensor(x, name, floating=True, dim=tuple(range(2, 9)))
-        if _checks_on_host(x):
+        if checks_on_host(x):
             check_finite(x, name)
 
 
-def _blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tensor]:
+def dense_kernel_blocks(kernel: Kernel, x1: Tensor, others, include_self: bool) -> list[Tensor]:
+    """:func:`kernel_blocks` without its type and value checks (the layers' inputs are checked once at their
+    entry; only the feature dimensions are compared), with the block :math:`k(x_1, x_1)` only where asked for.
+
+    :param kernel: the attention kernel, a GPyTorch kernel with batch shape ``(H,)``.
+    :param x1: the first inputs, ``(..., H, N, d)``.
+    :param others: the other inputs, a sequence of ``(..., H, M, d)`` tensors; one block :math:`k(x_1, o)` each.
+    :param include_self: whether the first block is :math:`k(x_1, x_1)` (``False``: only the blocks of ``others``).
+    """
     _check_features(x1, others)
     params = exp_kernel_parameters(kernel, x1.dtype)
     if params is None:
@@ -303,5 +310,5 @@ def dense_kernel(kernel: Kernel, x1: Tensor, x2: Tensor | None = None, diag: boo
             return kernel.outputscale.to(x1.dtype).unsqueeze(-1).expand(*x1.shape[:-1])
         return kernel.forward(x1, x1 if x2 is None else x2, diag=True)
     if x2 is None or x2 is x1:
-        return _blocks(kernel, x1, (), include_self=True)[0]
-    return _blocks(kernel, x1, (x2,), include_self=False)[0]
+        return dense_kernel_blocks(kernel, x1, (), include_self=True)[0]
+    return dense_kernel_blocks(kernel, x1, (x2,), include_self=False)[0]

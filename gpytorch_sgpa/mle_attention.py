@@ -10,13 +10,14 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
+from ._attention_base import MultiHeadAttentionBase, append_to_cache
 from .kernels import dense_kernel, make_attention_kernel
-from .multihead import SGPAStepState, _append_to_cache, _MultiHeadAttention
+from .multihead import SGPAStepState
 
 __all__ = ["ScaledDotProductAttention", "KernelAttention"]
 
 
-class ScaledDotProductAttention(_MultiHeadAttention):
+class ScaledDotProductAttention(MultiHeadAttentionBase):
     r"""Multi-head scaled dot-product attention, thesis eq. (3.1): :math:`\operatorname{softmax}(q k^\top / \sqrt{d_k})\, v`
     (MLE baseline).
 
@@ -71,7 +72,7 @@ class ScaledDotProductAttention(_MultiHeadAttention):
         """
         self._check_step(x_t, state)
         q, k, v = self._split(self.q_proj(x_t)), self._split(self.k_proj(x_t)), self._split(self.v_proj(x_t))
-        state = _append_to_cache(state, k, v)
+        state = append_to_cache(state, k, v)
         scores = q.matmul(state.keys.transpose(-2, -1)) / math.sqrt(self.head_dim)
         weights = self.dropout(torch.softmax(scores, dim=-1))
         output = self.out_proj(self._merge(weights.matmul(state.values)))
@@ -79,7 +80,7 @@ class ScaledDotProductAttention(_MultiHeadAttention):
         return output, state
 
 
-class KernelAttention(_MultiHeadAttention):
+class KernelAttention(MultiHeadAttentionBase):
     r"""Multi-head kernel attention, thesis eq. (3.2): :math:`F = K_{qk} v` (MLE baseline).
 
     Queries and keys share one projection :math:`W_{qk}` (Tsai et al., 2019) so that :math:`K_{qk}` is a
@@ -141,7 +142,7 @@ class KernelAttention(_MultiHeadAttention):
         """
         self._check_step(x_t, state)
         q, v = self._split(self.qk_proj(x_t)), self._split(self.v_proj(x_t))
-        state = _append_to_cache(state, q, v)
+        state = append_to_cache(state, q, v)
         gram_row = dense_kernel(self.kernel, q, state.keys)  # (B, H, 1, t+1)
         output = self.out_proj(self._merge(self.dropout(gram_row).matmul(state.values)))
         self._check_result(x_t, output)

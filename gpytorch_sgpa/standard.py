@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .multihead import _gp_dtype, _masked_cholesky, _relative_jitter
+from ._numerics import gp_dtype, masked_cholesky, relative_jitter
 from .samplers import PosteriorTerms
 
 
@@ -28,7 +28,7 @@ def standard_cov_factor(layer, x: Tensor, key_padding_mask: Tensor | None) -> Te
     batch, length, _ = x.shape
     if length > layer.max_len:
         raise ValueError(f"sequence length {length} exceeds max_len={layer.max_len} of mode='standard'")
-    raw = layer.cov_proj(x).to(_gp_dtype(x.dtype))
+    raw = layer.cov_proj(x).to(gp_dtype(x.dtype))
     raw = raw.view(batch, length, layer.num_heads, layer.max_len).transpose(1, 2)[..., :length]
     factor = raw.tril(-1) + torch.diag_embed(raw.diagonal(dim1=-2, dim2=-1).exp())
     if key_padding_mask is not None:
@@ -51,7 +51,7 @@ def standard_kl(layer, gram, gram_values, values, factor, key_padding_mask) -> T
     """
     length = gram.shape[-1]
     valid = None if key_padding_mask is None else (~key_padding_mask)[:, None, :]
-    chol = _masked_cholesky(gram, valid, _relative_jitter(layer.kernel, gram.dtype))
+    chol = masked_cholesky(gram, valid, relative_jitter(layer.kernel, gram.dtype))
     whitened = torch.linalg.solve_triangular(chol, factor, upper=False)
     per_dim = (
         whitened.square().sum((-2, -1))

@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from ._optional import require
+from ._outputs import output_logits
 from .attention import posterior_mean
-from .dropin import _logits, kl_divergence
+from .dropin import kl_divergence
 from .elbo import SGPAELBO
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class SGPATrainer(transformers.Trainer):
         with torch.random.fork_rng(devices=_cuda_devices(model)):  # the training passes draw the same noise and dropout
             for batch in batch_samples:
                 inputs = dict(self._prepare_inputs(batch))
-                logits, labels = self._scored(_logits(model(**{k: v for k, v in inputs.items() if k != "labels"})), inputs["labels"])
+                logits, labels = self._scored(output_logits(model(**{k: v for k, v in inputs.items() if k != "labels"})), inputs["labels"])
                 part = self.elbo.beta_totals(labels, self.elbo.weighted_kl(kl_divergence(model)))
                 totals = part if totals is None else totals + part
                 classes = logits.shape[-1]
@@ -149,7 +150,7 @@ class SGPATrainer(transformers.Trainer):
         inputs = dict(inputs)
         labels = inputs.pop("labels")
         outputs = model(**inputs)
-        logits, labels = self._scored(_logits(outputs), labels)
+        logits, labels = self._scored(output_logits(outputs), labels)
         kl = kl_divergence(model)
         self.elbo.num_updates.fill_(self.state.global_step)
         loss = -self.elbo(logits, kl, labels)
@@ -223,13 +224,13 @@ class SGPATrainer(transformers.Trainer):
         with torch.no_grad():
             if self.eval_samples == 0:
                 with posterior_mean():
-                    logits = _logits(model(**inputs))
+                    logits = output_logits(model(**inputs))
             else:
                 with torch.random.fork_rng(devices=_cuda_devices(model)):
                     torch.manual_seed(self.args.seed)
                     total = None
                     for _ in range(self.eval_samples):
-                        sample = _logits(model(**inputs))
+                        sample = output_logits(model(**inputs))
                         probabilities = torch.softmax(sample.double(), dim=-1)
                         total = probabilities if total is None else total + probabilities
                     logits = (total / self.eval_samples).log().to(sample.dtype)

@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_dtype, check_finite, check_finite_result, check_real, check_tensor
+from ._attention_base import MultiHeadAttentionBase
+from ._validation import check_dtype, check_finite, check_finite_result, check_real, check_tensor, checks_on_host
 from .attention import KernelAttention, ScaledDotProductAttention, SGPANoise, SGPAttention
-from .multihead import _checks_on_host, _MultiHeadAttention
 
 __all__ = ["ATTENTION_TYPES", "TASKS", "build_attention", "SGPABlock", "SGPADecoder", "SGPATransformer", "SGPAViT"]
 
@@ -211,7 +211,7 @@ class _SGPAModel(nn.Module):
         self.final_norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
         for layer in self.layers:  # the model checks its inputs and outputs once, not every layer
-            if isinstance(layer.attention, _MultiHeadAttention):
+            if isinstance(layer.attention, MultiHeadAttentionBase):
                 layer.attention.checks_values = False
 
     @staticmethod
@@ -221,7 +221,7 @@ class _SGPAModel(nn.Module):
 
     @staticmethod
     def _check_result(inputs: Tensor, name: str, *results: Tensor) -> None:
-        if _checks_on_host(results[0]):
+        if checks_on_host(results[0]):
             check_finite_result(results, inputs, name)
 
     def _run_layers(self, h: Tensor, key_padding_mask: Tensor | None, noise: list | None = None):
@@ -349,7 +349,7 @@ class SGPATransformer(_SGPAModel):
             if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"tokens must be an integer tensor (batch, L), got {tokens.dtype} {tuple(tokens.shape)}")
             self._check_batch(tokens, "tokens")
-            if _checks_on_host(tokens) and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            if checks_on_host(tokens) and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
                 raise ValueError(f"tokens must lie in [0, vocab_size={self.vocab_size})")
         else:
             if tokens.dim() != 3 or tokens.shape[-1] != self.input_dim or not tokens.is_floating_point():
@@ -359,7 +359,7 @@ class SGPATransformer(_SGPAModel):
                 )
             self._check_batch(tokens, "tokens")
             check_dtype(tokens, "tokens", self.embedding.weight.dtype)
-            if _checks_on_host(tokens):
+            if checks_on_host(tokens):
                 check_finite(tokens, "tokens")
         outputs, kl = self._encode(self.embedding(tokens), key_padding_mask)
         self._check_result(tokens, "tokens", outputs, kl)
@@ -434,7 +434,7 @@ class SGPAViT(_SGPAModel):
             raise ValueError(f"images must have shape (batch, {', '.join(map(str, expected))}), got {tuple(images.shape)}")
         self._check_batch(images, "images")
         check_dtype(images, "images", self.patch_embedding.weight.dtype)
-        if _checks_on_host(images):
+        if checks_on_host(images):
             check_finite(images, "images")
         patches = self.patch_embedding(images).flatten(2).transpose(1, 2)
         outputs, kl = self._encode(patches, None)
@@ -516,7 +516,7 @@ class SGPADecoder(_SGPAModel):
         if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2:
             raise ValueError(f"{name} must be an integer tensor (batch, L), got {getattr(tokens, 'shape', tokens)!r}")
         self._check_batch(tokens, name)
-        if _checks_on_host(tokens) and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+        if checks_on_host(tokens) and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise ValueError(f"{name} must lie in [0, vocab_size={self.vocab_size})")
         if start + tokens.shape[1] > self.max_len:
             raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds max_len={self.max_len}")
@@ -528,7 +528,7 @@ class SGPADecoder(_SGPAModel):
             raise ValueError(f"noise must be a list with one SGPANoise (or None) per layer ({len(self.layers)})")
         for index, layer_noise in enumerate(noise):
             for part, value in zip(("local", "global_"), layer_noise if isinstance(layer_noise, SGPANoise) else ()):
-                if isinstance(value, Tensor) and value.is_floating_point() and _checks_on_host(value):
+                if isinstance(value, Tensor) and value.is_floating_point() and checks_on_host(value):
                     check_finite(value, f"noise[{index}].{part}")
         return list(noise)
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._heat import heat_time
 from ._random import randn
 from ._validation import check_generator, check_int, check_real, check_tensor
 from .scaling import check_model_range
@@ -67,7 +68,7 @@ def make_pseudo_video(
         stds = torch.logspace(math.log10(settings["min_std"]), math.log10(settings["max_std"]), num_frames - 1, dtype=torch.float64)
         for std in stds.tolist():
             noise = randn(images.shape, generator, images.dtype, images.device)
-            frames.append(heat_dissipation(images, _heat_time(std)) + settings["noise_std"] * noise)
+            frames.append(heat_dissipation(images, heat_time(std)) + settings["noise_std"] * noise)
     else:
         betas = markov_betas(num_frames, settings["beta_start"], settings["beta_end"], settings["betas"])
         total = images  # running sum of the frames built so far: markov_high's mean in O(1) per frame
@@ -77,11 +78,6 @@ def make_pseudo_video(
             frames.append(math.sqrt(1 - beta) * previous + math.sqrt(beta) * noise)
             total = total + frames[-1]
     return torch.stack(frames[::-1], dim=1)
-
-
-def _heat_time(std: float) -> float:
-    """``tau = std^2 / 2``, ``inf`` where that overflows (the heat equation then reaches the image mean)."""
-    return std * std / 2 if std < 1e150 else math.inf
 
 
 def markov_betas(num_frames: int, beta_start: float, beta_end: float, betas=None) -> torch.Tensor:

@@ -42,8 +42,9 @@ from typing import NamedTuple
 
 import torch
 
+from ._heat import heat_time
 from ._validation import check_int, check_tensor
-from .augment import DEFAULT_PARAMS, _heat_time, heat_dissipation, markov_betas
+from .augment import DEFAULT_PARAMS, heat_dissipation, markov_betas
 
 #: The Markov builders, whose frames the ``"eigen"`` solver handles (scalar ``A_s``).
 GAUSSIAN_METHODS = ("markov_first", "markov_high")
@@ -133,7 +134,7 @@ def frame_operators(num_frames: int, method: str, image_shape, **params):
     operators = [torch.eye(n, dtype=torch.float64)]
     noise = torch.zeros(num_frames, num_frames - 1, dtype=torch.float64)
     for t, std in enumerate(stds.tolist(), start=1):  # frame z_{T-t}: F_h(tau_t) is symmetric
-        heat = heat_dissipation(basis, _heat_time(std)).reshape(height * width, height * width)
+        heat = heat_dissipation(basis, heat_time(std)).reshape(height * width, height * width)
         operators.append(torch.block_diag(*[heat] * channels))
         noise[num_frames - 1 - t, t - 1] = settings["noise_std"]
     return torch.stack(operators[::-1]), noise

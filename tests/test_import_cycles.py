@@ -189,3 +189,55 @@ def test_moved_modules_keep_their_import_paths() -> None:
     assert all(hasattr(package, name) for name in package.__all__)
     registered = set(DrawMatheronPaths.funcs)
     assert (models.OnlineGPModel,) in registered and (multioutput.MultiOutputOnlineGPModel,) in registered
+
+
+def private_name_imports(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """``file:line name`` for every import of a private name defined in another project module.
+
+    A private name starts with one underscore (not a dunder).  Every ``from ... import``
+    counts, relative or absolute, at module level or inside a function or class.  Importing a
+    private *module* (``from . import _helpers``, where ``_helpers`` is a submodule) is fine:
+    only private names defined inside another module are reported.
+    """
+    modules = _modules(root, packages)
+    found: list[str] = []
+    for name, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _resolve_relative(name, is_package, node.level, node.module) if node.level else node.module or ""
+            if base not in modules or base == name:
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{base}.{alias.name}" not in modules:
+                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno} {alias.name}")
+    return sorted(found)
+
+
+def test_no_module_imports_a_private_name_of_another_module() -> None:
+    """What modules share is public within its package (in a private module if it should stay
+    off the documentation site); no module reaches into another's private names."""
+    offenders = private_name_imports()
+    assert not offenders, "private names imported from another module:\n" + "\n".join(f"    {item}" for item in offenders)
+
+
+def test_private_name_check_sees_every_kind_of_import(tmp_path: Path) -> None:
+    """The check finds nested, absolute and multi-line imports, and lets private submodules,
+    dunders, a module's own names and other libraries' names pass."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "from ._private import helper\n",
+        "_private.py": "def helper():\n    pass\n\n_hidden = 1\n",
+        "a.py": "from . import _private\nfrom ._private import helper, __doc__\nfrom os import _exit\n",
+        "b.py": "def f():\n    from ._private import _hidden\n    return _hidden\n",
+        "c.py": "from pkg._private import (\n    helper,\n    _hidden,\n)\n",
+        "sub/__init__.py": "",
+        "sub/d.py": "class C:\n    from .. import _hidden\n",
+        "sub/e.py": "from .. import _private as _p\nfrom pkg.sub import d\n",
+    }
+    for relative, text in files.items():
+        (package / relative).write_text(text, encoding="utf-8")
+    assert private_name_imports(tmp_path, ("pkg",)) == ["pkg/b.py:2 _hidden", "pkg/c.py:1 _hidden", "pkg/sub/d.py:2 _hidden"]

@@ -12,8 +12,13 @@ from .._optional import require
 TMY3_FILE = "723170TYA.CSV"  # Greensboro, NC: hourly typical meteorological year, 8760 hours
 
 
-def _tmy3_path(pvlib: ModuleType) -> str:
-    """The path of the TMY3 file bundled with the imported ``pvlib`` module; ``FileNotFoundError`` if it is missing."""
+def tmy3_path(pvlib: ModuleType) -> str:
+    """The path of the TMY3 file bundled with the imported ``pvlib`` module; ``FileNotFoundError`` if it is missing.
+
+    The file (``TMY3_FILE``, Greensboro NC) is the one :func:`load_solar_ghi` reads.
+
+    :param pvlib: the imported ``pvlib`` module.
+    """
     if pvlib.__file__ is None:
         raise FileNotFoundError(f"{TMY3_FILE} is missing: the 'pvlib' package has no install folder; reinstall it")
     path = os.path.join(os.path.dirname(pvlib.__file__), "data", TMY3_FILE)
@@ -34,7 +39,7 @@ def load_solar_ghi(resolution: str = "daily", dtype: torch.dtype = torch.float64
     if resolution not in ("daily", "hourly"):
         raise ValueError(f"resolution must be 'daily' or 'hourly', got {resolution!r}")
     pvlib = require("pvlib", "data", "the solar series")
-    frame, _ = pvlib.iotools.read_tmy3(_tmy3_path(pvlib), map_variables=True)
+    frame, _ = pvlib.iotools.read_tmy3(tmy3_path(pvlib), map_variables=True)
     ghi = torch.tensor(frame["ghi"].to_numpy(dtype=float), dtype=dtype)
     if resolution == "daily":
         ghi = ghi.reshape(365, 24).mean(dim=1)

@@ -67,11 +67,11 @@ class IrradianceObjective:
     """
 
     def __init__(self, first_day: int = 80, min_elevation: float = 10.0):
-        from ..data.solar import _tmy3_path
+        from ..data.solar import tmy3_path
 
         pvlib = require("pvlib", "data", "the irradiance objective")
 
-        frame, meta = pvlib.iotools.read_tmy3(_tmy3_path(pvlib), map_variables=True)
+        frame, meta = pvlib.iotools.read_tmy3(tmy3_path(pvlib), map_variables=True)
         # TMY3 values integrate the hour ending at the stamp: the sun's position at its middle
         position = pvlib.solarposition.get_solarposition(frame.index - np.timedelta64(30, "m"), meta["latitude"], meta["longitude"])
         self.zenith = position["apparent_zenith"].to_numpy()

@@ -7,7 +7,8 @@ from typing import cast
 
 import torch
 
-from .prediction import _check_num_samples, logits_of
+from .._validation import check_num_samples
+from .prediction import logits_of
 
 _DROPOUT_TYPES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout)
 # PyTorch's Transformer modules take a fused inference path in eval mode that skips their dropout
@@ -53,7 +54,7 @@ def mc_dropout_predict_proba(model: torch.nn.Module, *inputs, num_samples: int =
     :param model: the classifier with dropout; its forward returns logits (or ``(logits, kl)``).
     :param num_samples: the number of dropout masks (forward passes) averaged, a positive int (default 10).
     """
-    _check_num_samples(num_samples)
+    check_num_samples(num_samples)
     with dropout_enabled(model):
         total: torch.Tensor | None = None
         for _ in range(num_samples):

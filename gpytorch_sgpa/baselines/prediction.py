@@ -6,6 +6,8 @@ from typing import cast
 
 import torch
 
+from .._validation import check_num_samples
+
 
 def logits_of(output) -> torch.Tensor:
     """The logits of a model output: models here return ``(logits, kl)``; plain modules return logits.
@@ -13,11 +15,6 @@ def logits_of(output) -> torch.Tensor:
     :param output: a model output: a tuple or list whose first element is the logits, or the logits themselves.
     """
     return output[0] if isinstance(output, (tuple, list)) else output
-
-
-def _check_num_samples(num_samples) -> None:
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
 
 
 @torch.no_grad()
@@ -31,7 +28,7 @@ def predict_proba(model: torch.nn.Module, *inputs, num_samples: int = 1, **forwa
     :param model: the classifier; its forward returns logits (or ``(logits, kl)``), or it has its own ``predict_proba``.
     :param num_samples: the number of forward passes averaged, a positive int (default 1).
     """
-    _check_num_samples(num_samples)
+    check_num_samples(num_samples)
     was_training = model.training
     model.eval()
     try:

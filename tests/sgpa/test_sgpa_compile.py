@@ -12,6 +12,7 @@ import pytest
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 
+import gpytorch_sgpa._attention_base as attention_base
 import gpytorch_sgpa.elbo as elbo_module
 import gpytorch_sgpa.multihead as multihead
 import gpytorch_sgpa.transformer as transformer_module
@@ -114,9 +115,10 @@ def test_decoder_sequence_elbo_compiles_without_graph_breaks(device):
 @pytest.fixture
 def accelerator_path(monkeypatch):
     """Run the code paths taken on accelerators and under ``torch.compile`` (no host checks)."""
-    monkeypatch.setattr(multihead, "_checks_on_host", lambda x: False)
-    monkeypatch.setattr(elbo_module, "_checks_on_host", lambda x: False)
-    monkeypatch.setattr(transformer_module, "_checks_on_host", lambda x: False)
+    monkeypatch.setattr(multihead, "checks_on_host", lambda x: False)
+    monkeypatch.setattr(attention_base, "checks_on_host", lambda x: False)
+    monkeypatch.setattr(elbo_module, "checks_on_host", lambda x: False)
+    monkeypatch.setattr(transformer_module, "checks_on_host", lambda x: False)
 
 
 def _spd(batch, n, seed):

@@ -17,6 +17,7 @@ import torch
 from sgpa_layer_fixtures import BATCH, D_MODEL, HEADS, LENGTH, NUM_GLOBAL, TIGHT, E, _heads, _inputs, _layer
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import gpytorch_sgpa._attention_base as attention_base_module
 import gpytorch_sgpa.attention as attention_module
 import gpytorch_sgpa.decoupled as decoupled_module
 import gpytorch_sgpa.elbo as elbo_module
@@ -262,8 +263,8 @@ def test_an_sgpa_training_step_dispatches_less_than_three_times_the_operators_of
     reductions and 2.81x after (`benchmarks/sgpa_cost.py --preset cifar --count-ops`, Adam included:
     2.86x -> 2.57x).  A change that adds per-layer operators back (hyperparameters read once per use,
     a copy per parameter, the keys' features built per sequence) fails it."""
-    for module in (multihead_module, elbo_module, transformer_module):
-        monkeypatch.setattr(module, "_checks_on_host", lambda x: False)
+    for module in (multihead_module, attention_base_module, elbo_module, transformer_module):
+        monkeypatch.setattr(module, "checks_on_host", lambda x: False)
     images, labels = torch.rand(2, 1, 8, 8), torch.tensor([0, 1])
     totals = {}
     for attention, kwargs in (("kernel", {}), ("sgpa", {"num_global": 4})):

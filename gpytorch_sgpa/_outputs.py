@@ -1,0 +1,21 @@
+"""Reading the logits out of whatever a classifier's forward returns."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+__all__ = ["output_logits"]
+
+
+def output_logits(output) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits
+    raise TypeError(
+        f"the model's forward returned {type(output).__name__}; predict_proba needs logits (a tensor, "
+        "a tuple whose first element is the logits, or an output with .logits)"
+    )
