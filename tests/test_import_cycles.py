@@ -141,22 +141,29 @@ def test_no_import_cycles() -> None:
     assert not cycles, "\n".join(_describe(component, graph) for component in cycles)
 
 
+def _write_package(root: Path, files: dict[str, str]) -> None:
+    """The package ``pkg`` under ``root``: ``files`` maps paths inside it (``sub/`` allowed) to their text."""
+    for relative, text in files.items():
+        path = root / "pkg" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
 def test_graph_sees_the_imports_a_cycle_can_hide_behind(tmp_path: Path) -> None:
     """The checker finds cycles through function-level, end-of-file and ``from . import`` imports."""
-    package = tmp_path / "pkg"
-    (package / "sub").mkdir(parents=True)
-    files = {
-        "__init__.py": "from .a import A\n",
-        "a.py": "class A:\n    def f(self):\n        from .b import B\n        return B\n",
-        "b.py": "class B:\n    pass\n\nfrom pkg.a import A  # end of file\n",
-        "c.py": "from . import A\n",  # a name from the package's __init__
-        "d.py": "import pkg.sub.e\n",
-        "sub/__init__.py": "",
-        "sub/e.py": "from .. import d\n",  # ``d`` is a module: an edge to pkg.d, not to pkg
-        "f.py": "from pkg import sub\n",  # a subpackage
-    }
-    for relative, text in files.items():
-        (package / relative).write_text(text, encoding="utf-8")
+    _write_package(
+        tmp_path,
+        {
+            "__init__.py": "from .a import A\n",
+            "a.py": "class A:\n    def f(self):\n        from .b import B\n        return B\n",
+            "b.py": "class B:\n    pass\n\nfrom pkg.a import A  # end of file\n",
+            "c.py": "from . import A\n",  # a name from the package's __init__
+            "d.py": "import pkg.sub.e\n",
+            "sub/__init__.py": "",
+            "sub/e.py": "from .. import d\n",  # ``d`` is a module: an edge to pkg.d, not to pkg
+            "f.py": "from pkg import sub\n",  # a subpackage
+        },
+    )
     graph = import_graph(tmp_path, ("pkg",))
     assert graph["pkg"] == {"pkg.a": 1}
     assert graph["pkg.a"] == {"pkg.b": 3}
@@ -166,7 +173,7 @@ def test_graph_sees_the_imports_a_cycle_can_hide_behind(tmp_path: Path) -> None:
     assert graph["pkg.f"] == {"pkg.sub": 1}
     assert find_cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.d", "pkg.sub.e"]]
     # c imports from __init__, but __init__ does not import c: no cycle there.
-    (package / "__init__.py").write_text("from .a import A\nfrom . import c\n", encoding="utf-8")
+    (tmp_path / "pkg" / "__init__.py").write_text("from .a import A\nfrom . import c\n", encoding="utf-8")
     assert ["pkg", "pkg.c"] in find_cycles(import_graph(tmp_path, ("pkg",)))
 
 
@@ -226,18 +233,17 @@ def test_no_module_imports_a_private_name_of_another_module() -> None:
 def test_private_name_check_sees_every_kind_of_import(tmp_path: Path) -> None:
     """The check finds nested, absolute and multi-line imports, and lets private submodules,
     dunders, a module's own names and other libraries' names pass."""
-    package = tmp_path / "pkg"
-    (package / "sub").mkdir(parents=True)
-    files = {
-        "__init__.py": "from ._private import helper\n",
-        "_private.py": "def helper():\n    pass\n\n_hidden = 1\n",
-        "a.py": "from . import _private\nfrom ._private import helper, __doc__\nfrom os import _exit\n",
-        "b.py": "def f():\n    from ._private import _hidden\n    return _hidden\n",
-        "c.py": "from pkg._private import (\n    helper,\n    _hidden,\n)\n",
-        "sub/__init__.py": "",
-        "sub/d.py": "class C:\n    from .. import _hidden\n",
-        "sub/e.py": "from .. import _private as _p\nfrom pkg.sub import d\n",
-    }
-    for relative, text in files.items():
-        (package / relative).write_text(text, encoding="utf-8")
+    _write_package(
+        tmp_path,
+        {
+            "__init__.py": "from ._private import helper\n",
+            "_private.py": "def helper():\n    pass\n\n_hidden = 1\n",
+            "a.py": "from . import _private\nfrom ._private import helper, __doc__\nfrom os import _exit\n",
+            "b.py": "def f():\n    from ._private import _hidden\n    return _hidden\n",
+            "c.py": "from pkg._private import (\n    helper,\n    _hidden,\n)\n",
+            "sub/__init__.py": "",
+            "sub/d.py": "class C:\n    from .. import _hidden\n",
+            "sub/e.py": "from .. import _private as _p\nfrom pkg.sub import d\n",
+        },
+    )
     assert private_name_imports(tmp_path, ("pkg",)) == ["pkg/b.py:2 _hidden", "pkg/c.py:1 _hidden", "pkg/sub/d.py:2 _hidden"]
