@@ -1069,10 +1069,12 @@ class OnlineELBO(_ApproximateMarginalLogLikelihood):
         """The stored task, or ``None`` before :meth:`end_task`; a ``RuntimeError`` for a task stored in part."""
         ivs, mean_module = self.old_inducing_variables, self.old_mean_module
         mean, covar_chol, prior_chol, prior_mean = self.old_mean, self.old_covar_chol, self.old_prior_chol, self.old_prior_mean
-        if ivs is None:
+        if ivs is None and mean_module is None and mean is None and covar_chol is None and prior_chol is None and prior_mean is None:
             return None
-        if mean_module is None or mean is None or covar_chol is None or prior_chol is None or prior_mean is None:
-            raise RuntimeError("the ELBO holds the old task's inducing variables without its q(a): load a complete state_dict")
+        if ivs is None or mean_module is None or mean is None or covar_chol is None or prior_chol is None or prior_mean is None:
+            raise RuntimeError(
+                "the ELBO holds only a part of the old task (say, q(a) without its inducing variables): load a complete state_dict"
+            )
         return _OldTask(ivs, mean_module, mean, covar_chol, prior_chol, prior_mean)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):

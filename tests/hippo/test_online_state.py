@@ -96,6 +96,21 @@ def test_online_elbo_state_dict_deepcopy_and_dtype_round_trip(kind):
     assert abs(value32.item() - value.item()) < 1e-3 * max(1.0, abs(value.item()))
 
 
+@pytest.mark.parametrize("dropped", ["old_mean", "old_covar_chol", "old_prior_chol", "old_prior_mean"])
+def test_an_old_task_loaded_in_part_raises_instead_of_reading_as_no_old_task(dropped):
+    """A checkpoint without one of the old task's tensors, loaded with ``strict=False``, would otherwise turn the online
+    ELBO into the plain ELBO without a word or fail on ``None`` (a fresh ELBO has no old-task buffers for torch to
+    report as missing)."""
+    model, elbo = two_task_elbo("points")
+    state = {key: value for key, value in elbo.state_dict().items() if key != dropped}
+    fresh_model = SVGP(make_inducing("points")).to(DT)
+    fresh = OnlineELBO(gpytorch.likelihoods.GaussianLikelihood().to(DT), fresh_model, num_data=30)
+    assert fresh.load_state_dict(state, strict=False).missing_keys == []
+    for read in (lambda: fresh.has_old_task, fresh.online_kl_divergence):
+        with pytest.raises(RuntimeError, match="only a part of the old task"):
+            read()
+
+
 def test_online_sgpr_state_round_trip_with_a_changed_number_of_points():
     x, y = task_data(4, 0.0, 4.0, 60)
     model = OnlineSGPR(
