@@ -22,7 +22,7 @@ import itertools
 import math
 import time
 import warnings
-from typing import NamedTuple, TypeVar
+from typing import Literal, NamedTuple, TypeVar, overload
 
 import gpytorch
 import numpy as np
@@ -431,8 +431,8 @@ class OnlineSGPR(gpytorch.Module):
     # ------------------------------------------------------------------ state handling
     @property
     def has_posterior(self) -> bool:
-        """Whether at least one task has been absorbed."""
-        return self.posterior_chol is not None
+        """Whether at least one task has been absorbed (a ``RuntimeError`` for a task stored in part)."""
+        return self._stored_task(required=False) is not None
 
     def reset_posterior(self) -> None:
         """Forget every absorbed task: back to the prior (hyperparameters and inducing variables kept)."""
@@ -721,12 +721,24 @@ class OnlineSGPR(gpytorch.Module):
         fixed_mean = self._stored_mean_is_fixed()
         return self.refit_iter, self.refit_optimizer, fixed_mean
 
-    def _stored_task(self) -> _StoredTask:
-        """The stored task; a ``RuntimeError`` before the first one."""
+    @overload
+    def _stored_task(self, required: Literal[True] = ...) -> _StoredTask: ...
+
+    @overload
+    def _stored_task(self, required: bool) -> _StoredTask | None: ...
+
+    def _stored_task(self, required: bool = True) -> _StoredTask | None:
+        """The stored task; before the first one a ``RuntimeError`` (``required``) or ``None``. A task stored in part
+        (a checkpoint without some of its tensors, which torch cannot report missing on a fresh model) raises."""
         ivs, mean = self.posterior_inducing_variables, self.posterior_mean_module
         chol, precision, shift, prior_mean = self.posterior_chol, self.posterior_precision, self.posterior_shift, self.posterior_prior_mean
+        parts = (ivs, mean, chol, precision, shift, prior_mean)
+        if all(part is None for part in parts):
+            if required:
+                raise RuntimeError("no task has been absorbed yet: call update(train_x, train_y) first")
+            return None
         if ivs is None or mean is None or chol is None or precision is None or shift is None or prior_mean is None:
-            raise RuntimeError("no task has been absorbed yet: call update(train_x, train_y) first")
+            raise RuntimeError("the model holds only a part of the stored task: load a complete state_dict")
         return _StoredTask(ivs, mean, chol, precision, shift, prior_mean)
 
     def _summary(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:

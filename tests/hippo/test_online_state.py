@@ -111,6 +111,24 @@ def test_an_old_task_loaded_in_part_raises_instead_of_reading_as_no_old_task(dro
             read()
 
 
+@pytest.mark.parametrize("dropped", ["posterior_chol", "posterior_shift"])
+def test_a_stored_task_loaded_in_part_raises_instead_of_predicting_the_prior(dropped):
+    """Without ``posterior_chol`` the model read as one without a task (predicting the prior); without another summary
+    tensor it failed on ``None``. Torch reports neither missing on a fresh model, whose buffers are still ``None``."""
+    x, y = task_data(4, 0.0, 4.0, 30)
+    model = OnlineSGPR(
+        InducingPoints(torch.linspace(0, 4, 8, dtype=DT), learn=False), make_kernel(), gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    )
+    model.update(x, y)
+    fresh = OnlineSGPR(
+        InducingPoints(torch.zeros(8, dtype=DT), learn=False), make_kernel(), gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    )
+    state = {key: value for key, value in model.state_dict().items() if key != dropped}
+    assert fresh.load_state_dict(state, strict=False).missing_keys == []
+    with pytest.raises(RuntimeError, match="only a part of the stored task"):
+        fresh(x)
+
+
 def test_online_sgpr_state_round_trip_with_a_changed_number_of_points():
     x, y = task_data(4, 0.0, 4.0, 60)
     model = OnlineSGPR(
