@@ -484,9 +484,13 @@ class HiPPO(nn.Module):
             or not (cached.shape == times.shape and cached.device == times.device and torch.equal(cached, times))
         ):
             n_old = 0 if cached is None else cached.shape[0]
-            extends = cached is not None and 1 < n_old < times.shape[0] and cached.device == times.device
-            if extends and cached is not None and cached_steps is not None and torch.equal(times[:n_old], cached):
-                # a stream that grew: only the new steps are discretised
+            if (
+                cached is not None
+                and cached_steps is not None
+                and 1 < n_old < times.shape[0]
+                and cached.device == times.device
+                and torch.equal(times[:n_old], cached)
+            ):  # a stream that grew: only the new steps are discretised
                 old = cached_steps[torch.float64]
                 new = self.step_matrices(times[n_old - 1 : -1], times[n_old:])
                 steps = tuple(torch.cat([a, b]) for a, b in zip(old, new))
