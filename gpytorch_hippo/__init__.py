@@ -8,6 +8,7 @@ try:
 except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path without an install
     __version__ = "0+unknown"
 
+from .fitting import FitReport, RefitWarning, fit_online_bound
 from .gpvae import SVGPVAE, ContinualSVGPVAE, ElasticWeightConsolidation
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
 from .inducing import (
@@ -20,6 +21,7 @@ from .inducing import (
     InputsOutsideSupportError,
 )
 from .likelihoods import NegativeBinomialLikelihood
+from .monitor import CapturedVarianceMonitor
 from .online import OnlineELBO, OnlineSGPR
 from .ordering import ORDERING_CRITERIA, order_inputs
 from .reconstruction import reconstruction_moments, sample_coefficients, sample_reconstruction
@@ -44,6 +46,10 @@ __all__ = [
     "InterdomainVariationalStrategy",
     "OnlineSGPR",
     "OnlineELBO",
+    "fit_online_bound",
+    "FitReport",
+    "RefitWarning",
+    "CapturedVarianceMonitor",
     "NegativeBinomialLikelihood",
     "ORDERING_CRITERIA",
     "order_inputs",

@@ -20,8 +20,6 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import time
-import warnings
 from typing import Literal, NamedTuple, TypeVar, overload
 
 import gpytorch
@@ -33,13 +31,14 @@ from linear_operator import to_dense
 from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
-from tqdm import tqdm
 
 from ._validation import check_finite_scalar, check_tensor, floating_dtype
-from .inducing.base import CapturedVarianceWarning, InducingVariables
+from .fitting import FitReport, fit_online_bound
+from .inducing.base import InducingVariables
 from .inducing.points import InducingPoints
+from .monitor import CapturedVarianceMonitor
 from .nystrom import nystrom_residual
-from .timeaxis import TimeAxis, is_datetime_like
+from .timeaxis import TimeAxis, align_on_index, is_datetime_like
 from .variational import InterdomainVariationalStrategy, solve_lower
 
 #: predictions at up to this many points get a dense covariance (fast sampling, as BoTorch's acquisitions
@@ -49,11 +48,6 @@ DENSE_PREDICTION_POINTS = 256
 __all__ = ["OnlineSGPR", "OnlineELBO", "FitReport"]
 
 _OLD_TASK_BUFFERS = ("old_mean", "old_covar_chol", "old_prior_chol", "old_prior_mean")
-
-#: OnlineSGPR's captured-variance check runs on the first task and then whenever the time spent in
-#: updates since its last run reaches its last cost divided by this fraction: it never takes more
-#: than about this fraction of the updates' time, whatever the backend or measure
-CHECK_COST_FRACTION = 0.05
 
 
 _ModuleT = TypeVar("_ModuleT", bound=torch.nn.Module)
@@ -237,31 +231,6 @@ class _OldTask(NamedTuple):
     prior_mean: Tensor
 
 
-class FitReport(NamedTuple):
-    """How a hyperparameter fit of :meth:`OnlineSGPR.update` ended (:attr:`OnlineSGPR.last_fit`).
-
-    ``status``: ``"stopped"`` (Adam ran its ``num_iter`` steps), or BoTorch's optimisation status of the
-    L-BFGS-B fit (``"success"``: converged; ``"stopped"``: ``num_iter`` reached; ``"failure"``);
-    ``bound_before``/``bound_after``: the task's online bound (not divided by ``N``) at the start and end.
-
-    :param optimizer: ``"adam"`` or ``"lbfgs"``, the optimiser of the fit.
-    :param iterations: the iterations run (Adam: ``num_iter``; L-BFGS-B: the steps BoTorch reports).
-    :param status: how the fit ended, as above.
-    :param message: the optimiser's message (for Adam, ``"<num_iter> Adam steps"``).
-    :param bound_before: the task's online bound at the start of the fit (summed over batched streams).
-    :param bound_after: the task's online bound at the end of the fit (summed over batched streams).
-    :param seconds: wall-clock seconds from the start of the optimisation to the end of the fit (the final bound included).
-    """
-
-    optimizer: str
-    iterations: int
-    status: str
-    message: str
-    bound_before: float
-    bound_after: float
-    seconds: float
-
-
 class OnlineSGPR(gpytorch.Module):
     r"""Collapsed online sparse GP regression (OSGPR / OHSGPR), Bui et al. (2017), thesis §4.2.2.
 
@@ -317,13 +286,17 @@ class OnlineSGPR(gpytorch.Module):
     :param likelihood: a homoskedastic ``gpytorch.likelihoods.GaussianLikelihood``.
     :param mean_module: prior mean (default ``ZeroMean``).
     :param captured_variance_warning: :meth:`update` warns when the inducing variables capture less
-        than this fraction of the prior variance over the inputs seen so far within their reach (mean
-        of :math:`\operatorname{diag}(K_{fu} K_{uu}^{-1} K_{uf}) / \operatorname{diag}(K_{ff})`, :meth:`_check_memory`), and again
-        whenever it falls below half the level of its last warning; :attr:`last_captured_variance` holds the latest value;
-        ``None`` disables the check. A task's inputs outside that reach (e.g. beyond a HiPPO :math:`t` after a forgotten
-        ``advance``) always raise :class:`~gpytorch_hippo.inducing.InputsOutsideSupportError`.
+        than this fraction of the prior variance at the task's inputs or over the inputs seen so far within their reach
+        (mean of :math:`\operatorname{diag}(K_{fu} K_{uu}^{-1} K_{uf}) / \operatorname{diag}(K_{ff})`), and again
+        whenever it falls below half the level of its last warning; :attr:`last_captured_variance` holds the latest value.
+        The check is the :class:`~gpytorch_hippo.monitor.CapturedVarianceMonitor` in :attr:`captured_variance_monitor`,
+        paced by counts of work (never by time); ``None`` disables it. A task's inputs outside the reach of HiPPO
+        variables (e.g. beyond :math:`t` after a forgotten ``advance``) always raise
+        :class:`~gpytorch_hippo.inducing.InputsOutsideSupportError`.
     :param time_axis: a :class:`~gpytorch_hippo.timeaxis.TimeAxis` (or its unit, e.g. ``"h"``) to take calendar
-        times as inputs.
+        times as inputs. Its unit, origin and zone are in the ``state_dict``: ``load_state_dict`` gives a model
+        built without an axis (or with an axis of no origin yet) the saved one, and raises a ``ValueError`` for
+        an axis of another unit or origin.
     :param refit_every: the refit policy of :meth:`update` calls that leave ``num_iter`` unset: the
         hyperparameters are fitted on task 1 and on every ``refit_every``-th task after it (tasks
         :math:`1, 1 + k, 1 + 2k, \dots`; the count ``num_tasks`` is in the ``state_dict``, so a reloaded model keeps
@@ -334,6 +307,11 @@ class OnlineSGPR(gpytorch.Module):
     :param refit_iter: iterations of each policy refit (``num_iter`` of :meth:`update`), a positive int; default 50.
     :param refit_optimizer: the optimiser of the policy refits, ``"lbfgs"`` (default) or ``"adam"`` (the ``optimizer``
         of :meth:`update`; Adam runs at the ``lr`` given to :meth:`update`).
+    :param refit_max_change: a fit of :meth:`update` on a model that holds a posterior (policy or ``num_iter``) that
+        moves a positive hyperparameter by more than this factor is undone, with a
+        :class:`~gpytorch_hippo.fitting.RefitWarning` and :attr:`last_fit` saying why
+        (:func:`~gpytorch_hippo.fitting.fit_online_bound`'s ``max_change``), as is a fit that lowers the task's bound;
+        default 10; ``None``: keep every fit as the optimiser ends it.
 
     In both modes ``model(x)`` returns the latent :math:`q(f(x))`: the stored :math:`q(b)` pushed through
     :math:`p(f \mid b)` with the current kernel; ``likelihood(model(x))`` is the predictive.
@@ -348,19 +326,10 @@ class OnlineSGPR(gpytorch.Module):
     posterior_prior_mean: Tensor | None
     num_tasks: Tensor
     seen_input_range: Tensor | None
-    time_origin: Tensor | None
     last_bound: Tensor | None
-    last_captured_variance: float | None
     last_fit: FitReport | None
     _prediction_cache: tuple[tuple[list[int], list[Tensor]], tuple[Tensor, Tensor, Tensor]] | None
     _b_chol_cache: tuple[Tensor, tuple[int, int], Tensor] | None
-
-    # State of the captured-variance check (:meth:`_check_memory`), plain attributes set in ``__init__``:
-    # not in the ``state_dict`` (a reloaded model checks on its next task), copied by ``deepcopy`` and pickling.
-    #: the captured fraction below which the next warning is issued (halved at each warning; ``-1``: never)
-    _warning_level: float
-    #: pacing of the check: ``{"updates": seconds of updates since the last check, "check": that check's seconds}``
-    _check_clock: dict[str, float]
 
     def __init__(
         self,
@@ -373,6 +342,7 @@ class OnlineSGPR(gpytorch.Module):
         refit_every: int | None = None,
         refit_iter: int = 50,
         refit_optimizer: str = "lbfgs",
+        refit_max_change: float | None = 10.0,
     ):
         super().__init__()
         for name, value, smallest in (("refit_every", refit_every, 1), ("refit_iter", refit_iter, 1)):
@@ -387,9 +357,12 @@ class OnlineSGPR(gpytorch.Module):
             raise TypeError(f"time_axis must be a TimeAxis, a unit such as 'h', or None, got {type(time_axis).__name__}")
         #: converts calendar times (pandas, NumPy ``datetime64``) to the model's time inputs (``None``: numbers only)
         self.time_axis = time_axis
-        if captured_variance_warning is not None and not 0 <= captured_variance_warning <= 1:
-            raise ValueError(f"captured_variance_warning must be in [0, 1] or None, got {captured_variance_warning!r}")
+        #: the :class:`~gpytorch_hippo.monitor.CapturedVarianceMonitor` consulted after each update (``None``: none)
+        self.captured_variance_monitor: CapturedVarianceMonitor | None = None
         self.captured_variance_warning = captured_variance_warning
+        if refit_max_change is not None and not (isinstance(refit_max_change, (int, float)) and refit_max_change > 1):
+            raise ValueError(f"refit_max_change must be a number > 1 or None, got {refit_max_change!r}")
+        self.refit_max_change = refit_max_change
         if not isinstance(inducing_variables, InducingVariables):
             raise TypeError(f"inducing_variables must be an InducingVariables instance, got {type(inducing_variables).__name__}")
         if not isinstance(covar_module, gpytorch.kernels.Kernel):
@@ -417,16 +390,28 @@ class OnlineSGPR(gpytorch.Module):
             self.register_buffer(name, None)
         self.register_buffer("num_tasks", torch.tensor(0))
         self.register_buffer("seen_input_range", None)
-        self.register_buffer("time_origin", None)  # the time axis's origin in ns since 1970 (in the state_dict)
         self.register_buffer("last_bound", None, persistent=False)
-        #: fraction of the prior variance captured at the last captured-variance check (``None`` before one)
-        self.last_captured_variance = None
         self._prediction_cache = None  # (key, factors) of forward(): see _prediction_factors
         self._b_chol_cache = None  # (posterior_precision, (version, storage), chol(I + posterior_precision)): _stored_b_chol
         #: :class:`FitReport` of the last update that fitted hyperparameters (``None`` before one)
         self.last_fit = None
-        self._warning_level = -1.0 if captured_variance_warning is None else captured_variance_warning
-        self._check_clock = {"updates": 0.0, "check": 0.0}  # seconds of updates since the last check, its cost
+
+    @property
+    def captured_variance_warning(self) -> float | None:
+        """The captured-variance monitor's threshold (``None``: no monitor); setting it starts a fresh monitor."""
+        monitor = self.captured_variance_monitor
+        return None if monitor is None else monitor.threshold
+
+    @captured_variance_warning.setter
+    def captured_variance_warning(self, threshold: float | None) -> None:
+        self.captured_variance_monitor = None if threshold is None else CapturedVarianceMonitor(threshold)
+
+    @property
+    def last_captured_variance(self) -> float | None:
+        """The captured fraction of the prior variance at the monitor's latest checks (the lower of the task's inputs
+        and the inputs seen so far; ``None`` before a check or without a monitor)."""
+        monitor = self.captured_variance_monitor
+        return None if monitor is None else monitor.last_captured_variance
 
     # ------------------------------------------------------------------ state handling
     @property
@@ -443,9 +428,12 @@ class OnlineSGPR(gpytorch.Module):
         self.num_tasks.zero_()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        saved_axis = (state_dict.get(prefix + "_extra_state") or {}).get("time_axis")
+        if saved_axis is not None and self.time_axis is not None:
+            copy.deepcopy(self.time_axis).load_state(saved_axis)  # a conflicting time axis raises before anything is loaded
         # The summary buffers and the frozen inducing copy exist only after a task: allocate them so
         # that a fresh model can load the state of a trained one.
-        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range", "time_origin"):
+        for name in ("posterior_chol", "posterior_precision", "posterior_shift", "posterior_prior_mean", "seen_input_range"):
             key = prefix + name
             if key in state_dict and getattr(self, name) is None:
                 setattr(self, name, torch.empty_like(state_dict[key]))
@@ -456,6 +444,24 @@ class OnlineSGPR(gpytorch.Module):
             if getattr(self, name) is None and prefix + "posterior_chol" in state_dict:
                 setattr(self, name, _frozen_copy_to_load(template, state_dict, f"{prefix}{name}."))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def get_extra_state(self) -> dict:
+        """The time axis's :meth:`~gpytorch_hippo.timeaxis.TimeAxis.state` (unit, origin, zone; ``None`` without one)."""
+        return {"time_axis": None if self.time_axis is None else self.time_axis.state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        """Restore the saved time axis: a model without one takes it, a model whose axis has no origin yet takes its
+        origin and zone, and another unit or origin raises a ``ValueError``.
+
+        :param state: what :meth:`get_extra_state` returned.
+        """
+        saved = state.get("time_axis")
+        if saved is None:
+            return
+        if self.time_axis is None:
+            self.time_axis = TimeAxis.from_state(saved)
+        else:
+            self.time_axis.load_state(saved)
 
     def _noise(self) -> Tensor:
         return self.likelihood.noise.squeeze(-1)
@@ -469,12 +475,7 @@ class OnlineSGPR(gpytorch.Module):
         """Inputs as given by the user: calendar times through :attr:`time_axis`, NumPy/pandas numbers
         as tensors; tensors unchanged (``_check_inputs`` validates them)."""
         if self.time_axis is not None and not isinstance(x, Tensor):
-            if self.time_origin is not None and self.time_axis.origin is None:
-                self.time_axis.origin = np.datetime64(int(self.time_origin), "ns")
-            times = self.time_axis(x)
-            if self.time_axis.origin is not None and self.time_origin is None:
-                self.time_origin = torch.tensor(int(self.time_axis.origin.astype("datetime64[ns]").astype(np.int64)))
-            return times.to(floating_dtype(self.covar_module))
+            return self.time_axis(x).to(floating_dtype(self.covar_module))
         if isinstance(x, Tensor):
             return x
         if is_datetime_like(x):
@@ -492,6 +493,7 @@ class OnlineSGPR(gpytorch.Module):
         """``(x, y, noise)`` of a task as tensors, with NaN targets left out if ``missing="drop"``."""
         if missing not in ("raise", "drop"):
             raise ValueError(f"missing must be 'raise' or 'drop', got {missing!r}")
+        train_y = align_on_index(train_x, train_y)
         train_x = self._as_inputs(train_x, "train_x")
         if not isinstance(train_y, Tensor):
             train_y = self._as_numbers(train_y, "train_y")
@@ -520,7 +522,9 @@ class OnlineSGPR(gpytorch.Module):
         W = solve_lower(chol, to_working_dtype(ivs.Kuf(kernel, x)))
         noise = to_working_dtype(self._noise()[..., None] if noise is None else noise).expand(y.shape)  # σ_i²
         resid = to_working_dtype(y - self.mean_module(x))
-        residual = nystrom_residual(to_working_dtype(kernel(x, diag=True)), W, floating_dtype(kernel))  # diag(K_XX - Q_XX)
+        prior_variance = to_working_dtype(kernel(x, diag=True))
+        residual = nystrom_residual(prior_variance, W, floating_dtype(kernel))  # diag(K_XX - Q_XX)
+        captured = W.detach().square().sum(-2) / prior_variance.detach()  # diag(Q_XX) / diag(K_XX), for the monitor
         per_point = torch.log(2 * math.pi * noise) + (resid.square() + residual) / noise
         if mask is not None:  # a padded point: no column of W, no residual, no term of the bound
             observed = mask.to(W.dtype)
@@ -552,7 +556,7 @@ class OnlineSGPR(gpytorch.Module):
                     + old_b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
                     - 0.5 * old_c.square().sum(-1)
                 )
-                return self._finish_bound(bound, precision, shift, chol, y.dtype)
+                return (*self._finish_bound(bound, precision, shift, chol, y.dtype), captured)
             R = solve_lower(chol, to_working_dtype(ivs.Kuu_cross(old, kernel)))  # L^{-1} K_ba
             # the stored ratio in the old variables' own coordinates z = a - μ'_a, averaged over their jitter
             old_kuu = to_working_dtype(to_dense(old.Kuu(kernel)))
@@ -576,7 +580,7 @@ class OnlineSGPR(gpytorch.Module):
                 - 0.5 * old_c.square().sum(-1)
                 + smoothing
             )
-        return self._finish_bound(bound, precision, shift, chol, y.dtype)
+        return (*self._finish_bound(bound, precision, shift, chol, y.dtype), captured)
 
     @staticmethod
     def _finish_bound(bound: Tensor, precision: Tensor, shift: Tensor, chol: Tensor, dtype: torch.dtype):
@@ -587,7 +591,7 @@ class OnlineSGPR(gpytorch.Module):
         bound = bound - b_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * c.square().sum(-1)
         return bound.to(dtype), precision, shift, chol, b_chol
 
-    def log_bound(self, train_x, train_y, noise: Tensor | None = None) -> Tensor:
+    def log_bound(self, train_x, train_y, noise: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         """Collapsed online bound (the online ELBO of Bui et al. (2017), thesis eq. (4.6), at the optimal ``q(u)``) of
         absorbing ``(train_x, train_y)`` into the current summary, with the current hyperparameters (``noise``:
         per-point noise variances instead of the likelihood's, as in :meth:`update`). The state is not
@@ -596,12 +600,17 @@ class OnlineSGPR(gpytorch.Module):
         :param train_x: the task's inputs ``(N, D)`` (or ``(N,)``), as in :meth:`update`.
         :param train_y: the task's targets ``(N,)``, all finite.
         :param noise: noise variances broadcasting to ``train_y``'s shape; ``None`` (default): the likelihood's.
+        :param mask: for batched streams, booleans ``(S, N)`` (``False``: padding), as in :meth:`update`.
         :return: the bound (not divided by ``N``); ``(S,)`` for ``S`` batched streams.
         """
+        if mask is not None:
+            train_x, train_y, mask = self._masked_task(train_x, train_y, mask)
+            if mask is None:
+                raise ValueError("mask marks no observation: the bound of an empty task is not defined")
         train_x, train_y, noise = self._task(train_x, train_y, noise, "raise")
         train_x, train_y = _check_inputs(train_x, train_y, floating_dtype(self.covar_module), streams=self._num_streams())
         self.inducing_variables.check_inputs_within_support(train_x, "inputs of train_x")
-        return self._bound_and_posterior(train_x, train_y, noise)[0]
+        return self._bound_and_posterior(train_x, train_y, noise, mask)[0]
 
     def update(
         self,
@@ -618,20 +627,31 @@ class OnlineSGPR(gpytorch.Module):
     ) -> Tensor | None:
         r"""Absorb one task.
 
+        Every row given is absorbed as a new observation: rows sent again (a retried task) count twice. Exactly-once
+        delivery is the caller's (:class:`~gpytorch_hippo.fleet.StreamFleet` skips a task id it has absorbed).
+
         :param train_x: inputs ``(N, D)`` (or ``(N,)``) of the new task only: a tensor, NumPy or pandas
-            numbers, or calendar times (pandas ``DatetimeIndex``/``Series``, ``datetime64``) with ``time_axis``.
-        :param train_y: targets ``(N,)`` (tensor, NumPy or pandas).
+            numbers, or calendar times (pandas ``DatetimeIndex``/``Series``, ``datetime64``, with or without a time
+            zone) with ``time_axis``.
+        :param train_y: targets ``(N,)`` (tensor, NumPy or pandas). A pandas ``train_y`` is aligned on the labels of
+            ``train_x``'s rows (its index, or its values for a pandas ``Index`` as in ``update(series.index, series)``),
+            as pandas aligns; other labels raise a ``ValueError`` (``train_y.to_numpy()`` pairs rows by position).
         :param missing: ``"raise"`` (default): NaN targets raise; ``"drop"``: they are left out of the task
             (nothing is imputed). A task with no observation left is a no-op that returns ``None``.
         :param num_iter: optimiser iterations on :math:`-\mathrm{bound} / N` over the hyperparameters of the kernel,
-            likelihood, mean and (learnable) inducing variables (:attr:`last_fit` reports how the fit ended).
+            likelihood, mean and (learnable) inducing variables by :func:`~gpytorch_hippo.fitting.fit_online_bound`
+            (:attr:`last_fit` reports how the fit ended). A fit that raises restores the hyperparameters bit for bit and
+            the error propagates, the task not absorbed; a fit undone for lowering the bound or moving a hyperparameter
+            more than ``refit_max_change`` times issues a :class:`~gpytorch_hippo.fitting.RefitWarning`, and the task is
+            absorbed at the hyperparameters it started from.
             ``0``: nothing is optimised, the update is a closed-form computation. ``None`` (default): the
             model's refit policy decides (``refit_every``; without one, ``0``).
         :param lr: Adam learning rate.
         :param mask: for a model of ``S`` batched streams (kernel, likelihood and inducing variables with
             ``batch_shape=(S,)``; ``train_x`` ``(S, N, D)``, ``train_y`` ``(S, N)``), booleans ``(S, N)``: ``False``
             marks padding of streams with fewer points in this task (its values are ignored, NaN allowed). A
-            stream with no point keeps its stored posterior exactly (keep its inducing variables unchanged).
+            stream with no point keeps its stored posterior exactly, on the variables it was computed for (HiPPO bases
+            with a clock per stream: whatever ``advance`` moved since; other variables: keep that stream's unchanged).
             NaN at an observed entry raises an error naming the stream.
         :param optimizer: ``"adam"`` (default; ``num_iter`` steps of rate ``lr``) or ``"lbfgs"`` (SciPy's
             L-BFGS-B through BoTorch's ``scipy_minimize``, at most ``num_iter`` iterations, stopping at
@@ -647,7 +667,6 @@ class OnlineSGPR(gpytorch.Module):
             for this task; ``None``: the likelihood's.
         :return: the collapsed online bound of this task at the final hyperparameters.
         """
-        start = time.perf_counter()
         if mask is not None:
             train_x, train_y, mask = self._masked_task(train_x, train_y, mask)
             if mask is None:
@@ -683,14 +702,16 @@ class OnlineSGPR(gpytorch.Module):
                 f"{type(self.posterior_inducing_variables).__name__} (projections of f - m) cannot follow: "
                 "call mean_module.requires_grad_(False) first, or use InducingPoints"
             )
-        if num_iter > 0:
-            self.last_fit = self._fit(train_x, train_y, noise, num_iter, lr, optimizer, progress, mask, fixed_mean)
+        if num_iter > 0:  # a failed fit restores the hyperparameters and raises: the task is not absorbed
+            self.last_fit = fit_online_bound(
+                self, train_x, train_y, num_iter, optimizer, lr, noise, mask, fixed_mean, self.refit_max_change, progress
+            )
         keep = (lambda tensor: tensor.clone()) if differentiable else (lambda tensor: tensor.detach().clone())
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
-            bound, precision, shift, chol, b_chol = self._bound_and_posterior(train_x, train_y, noise, mask)
+            bound, precision, shift, chol, b_chol, captured = self._bound_and_posterior(train_x, train_y, noise, mask)
             _check_finite_result("the online update", bound, precision, shift)
-            with torch.no_grad():
-                self._check_memory(train_x, chol, time.perf_counter() - start)
+            if self.captured_variance_monitor is not None:
+                self.captured_variance_monitor.observe(self, train_x, chol.detach(), captured, mask)
             prior_mean = self.inducing_variables.prior_mean(self.mean_module)
             if prior_mean is None:
                 prior_mean = torch.zeros(shift.shape, dtype=shift.dtype, device=shift.device)
@@ -708,7 +729,10 @@ class OnlineSGPR(gpytorch.Module):
             )
             self._remember_b_chol(precision, b_chol)
         with torch.no_grad():
-            self.posterior_inducing_variables = frozen_copy(self.inducing_variables)
+            stored, self.posterior_inducing_variables = self.posterior_inducing_variables, frozen_copy(self.inducing_variables)
+            keep_streams = getattr(self.posterior_inducing_variables, "keep_streams", None)
+            if mask is not None and stored is not None and keep_streams is not None:  # streams without points: their stored sets
+                keep_streams(stored, ~mask.any(-1))
             self.posterior_mean_module = frozen_copy(self.mean_module)
             self.num_tasks += 1
         self.last_bound = bound.detach()
@@ -779,105 +803,6 @@ class OnlineSGPR(gpytorch.Module):
         fill = torch.where(mask.any(-1, keepdim=True), own, fill)
         train_x = torch.where(mask.unsqueeze(-1), train_x, fill.unsqueeze(-2))
         return train_x, torch.where(mask, train_y, torch.zeros((), dtype=train_y.dtype)), mask
-
-    def _fit(
-        self,
-        train_x,
-        train_y,
-        noise,
-        num_iter: int,
-        lr: float,
-        optimizer: str,
-        progress: bool,
-        mask: Tensor | None = None,
-        fixed_mean: bool = False,
-    ) -> FitReport:
-        """Maximise the task's online bound over the trainable hyperparameters (the mean's too, unless
-        ``fixed_mean``); the report of the fit."""
-        frozen = ("posterior_", "mean_module.") if fixed_mean else ("posterior_",)
-        parameters = {name: p for name, p in self.named_parameters() if p.requires_grad and not name.startswith(frozen)}
-        num_data = train_y.shape[-1] if mask is None else max(int(mask.sum(-1).max()), 1)
-
-        def loss() -> Tensor:
-            value = -self._bound_and_posterior(train_x, train_y, noise, mask)[0].sum() / num_data
-            _check_finite_result("the online bound during optimisation (try a smaller lr, or optimizer='lbfgs')", value)
-            return value
-
-        with torch.no_grad():
-            before = -float(loss()) * num_data
-        start = time.perf_counter()
-        if optimizer == "adam":
-            adam = torch.optim.Adam(list(parameters.values()), lr=lr)
-            for _ in tqdm(range(num_iter), disable=not progress, desc="OnlineSGPR task"):
-                adam.zero_grad()
-                value = loss()
-                value.backward()
-                adam.step()
-            iterations, status, message = num_iter, "stopped", f"{num_iter} Adam steps"
-        else:
-            from botorch.optim.closures import ForwardBackwardClosure
-            from botorch.optim.core import scipy_minimize
-
-            result = scipy_minimize(ForwardBackwardClosure(loss, parameters), parameters, options={"maxiter": num_iter})
-            iterations, status, message = result.step, result.status.name.lower(), str(result.message)
-        with torch.no_grad():
-            after = -float(loss()) * num_data
-        return FitReport(optimizer, iterations, status, message, before, after, time.perf_counter() - start)
-
-    def _check_memory(self, train_x: Tensor, chol: Tensor, update_seconds: float) -> None:
-        """Warn when the inducing variables cannot hold the stream (again at each halving): less than
-        ``captured_variance_warning`` of the prior variance captured
-        (``diag(K_fu K_uu⁻¹ K_uf) / diag(K_ff)``, :meth:`InducingVariables.captured_variance`) on a
-        32-point grid over the inputs seen so far within their reach (inputs outside it are refused by
-        :meth:`update` before this check: :class:`~gpytorch_hippo.inducing.InputsOutsideSupportError`; 1-D inputs: LegS keeps the
-          ends of the stream best and its middle worst, so the task's own inputs would hide a lost
-          past; a sliding window such as LegT forgets the rest by design), else over this task's
-          inputs. It reuses the update's ``chol(K_uu)`` (one ``K_uf`` of the grid) and runs at most
-          :data:`CHECK_COST_FRACTION` of the updates' time (always on the first task).
-        """
-        if self.captured_variance_warning is None:
-            return
-        ivs = self.inducing_variables
-        grid = train_x
-        supports = getattr(ivs, "stream_supports", lambda: None)()
-        if supports is not None:  # batched streams with their own supports: a grid over each stream's
-            unit = torch.linspace(0, 1, 32, dtype=torch.float64)
-            grid = (supports[:, :1] + (supports[:, 1:] - supports[:, :1]) * unit).unsqueeze(-1).to(train_x)
-        elif train_x.shape[-1] == 1:
-            low, high = float(train_x.min()), float(train_x.max())
-            support = ivs.input_support()
-            if self.seen_input_range is not None:
-                low, high = min(low, float(self.seen_input_range[0])), max(high, float(self.seen_input_range[1]))
-            self.seen_input_range = torch.tensor([low, high], dtype=train_x.dtype, device=train_x.device)
-            if support is not None:
-                low, high = max(low, support[0]), min(high, support[1])
-            grid = torch.linspace(low, high, 32 if low <= high else 0, dtype=train_x.dtype, device=train_x.device).unsqueeze(-1)
-        clock = self._check_clock
-        clock["updates"] += update_seconds
-        if grid.shape[-2] == 0 or (self.has_posterior and clock["updates"] * CHECK_COST_FRACTION < clock["check"]):
-            return
-        start = time.perf_counter()
-        W = solve_lower(chol, to_working_dtype(ivs.Kuf(self.covar_module, grid)))
-        per_point = W.square().sum(-2) / to_working_dtype(self.covar_module(grid, diag=True))
-        captured = per_point.mean(-1)
-        self.last_captured_variance = float(captured.min())
-        if self.last_captured_variance < self._warning_level:
-            worst = f"{per_point.min().item():.1%} at worst"
-            if captured.dim() == 1:  # batched streams: name the worst one
-                worst += f", stream {int(captured.argmin())}"
-            elif train_x.shape[-1] == 1:
-                worst += f", at x = {grid[per_point.reshape(-1, grid.shape[-2]).min(0).values.argmin(), 0].item():.4g}"
-            self._warning_level = self.last_captured_variance / 2
-            warnings.warn(
-                f"the {ivs.num_inducing} inducing variables keep only {self.last_captured_variance:.1%} of the prior "
-                f"variance over the inputs seen so far within their reach ({worst}; InducingVariables.captured_variance; "
-                f"threshold {self.captured_variance_warning:.0%}): expect underfitting and lost memory there; "
-                f"{ivs.coverage_advice('too few')} (warned again below {self._warning_level:.1%}; "
-                "model.last_captured_variance holds the latest value)",
-                CapturedVarianceWarning,
-                stacklevel=3,
-            )
-        clock.update(updates=0.0, check=time.perf_counter() - start)
 
     # ------------------------------------------------------------------ posterior
     def _stored_b_chol(self) -> Tensor:

@@ -15,8 +15,11 @@ def _source(generator: torch.Generator | None, device) -> torch.device:
     return generator.device if generator is not None else torch.device(device)
 
 
-def randn(shape, generator: torch.Generator | None, dtype: torch.dtype | None, device) -> torch.Tensor:
-    """Standard normals of ``shape`` on ``device`` drawn by ``generator``."""
+def randn(shape, generator: torch.Generator | list[torch.Generator] | None, dtype: torch.dtype | None, device) -> torch.Tensor:
+    """Standard normals of ``shape`` on ``device`` drawn by ``generator`` (a list of generators: row ``i`` by
+    ``generator[i]``, as diffusers' ``randn_tensor`` draws)."""
+    if isinstance(generator, list):
+        return torch.cat([randn((1, *shape[1:]), row, dtype, device) for row in generator])
     return torch.randn(shape, generator=generator, dtype=dtype, device=_source(generator, device)).to(device)
 
 

@@ -108,9 +108,24 @@ class ImageClassifier(nn.Module):
             nn.ReLU(),
         )
         self.head = nn.Linear(num_features, num_classes)
-        self.num_features = num_features
+        self.in_channels, self.num_features = in_channels, num_features
         #: accuracy on held-out images where :func:`default_classifier` measured it, else ``None``
         self.test_accuracy: float | None = None
+
+    def check_images(self, images: torch.Tensor, name: str = "images") -> None:
+        """A ``TypeError`` / ``ValueError`` naming ``name`` unless ``images`` have this network's dtype and channels.
+
+        :param images: ``(N, C, H, W)`` floating-point images.
+        :param name: what the error message calls ``images``.
+        """
+        dtype = self.head.weight.dtype
+        if images.dtype != dtype:
+            raise TypeError(f"{name} are {images.dtype} but the feature network's weights are {dtype}: pass images.to({dtype})")
+        if images.shape[1] != self.in_channels:
+            raise ValueError(
+                f"{name} have {images.shape[1]} channels but the feature network takes {self.in_channels}: score images "
+                "of the data set the classifier was trained on (default_classifier(dataset))"
+            )
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """The ``(N, num_features)`` penultimate features.
@@ -239,11 +254,15 @@ def frechet_distance(real, fake, feature: nn.Module, batch_size: int = 256, dist
             _check_images(images, name)
     if isinstance(feature, ImageClassifier):
         feature = PenultimateFeatures(feature)
-    metric = None
+    metric, channels = None, 0
     for is_real, images, name in ((True, real, "real"), (False, fake, "fake")):
         for batch in _batches(images, name, batch_size):
+            _check_fits(batch, feature, name)
             if metric is None:  # the states live beside the features, on the first batch's device
                 metric = FrechetInceptionDistance(feature=feature, normalize=True, sync_on_compute=distributed).to(batch.device)
+            elif batch.shape[1] != channels:
+                raise ValueError(f"{name} images have {batch.shape[1]} channels, the first real ones {channels}: real and fake must match")
+            channels = batch.shape[1]
             with torch.no_grad():
                 metric.update(batch, real=is_real)
     if metric is None:
@@ -298,6 +317,7 @@ def inception_score(
     with warnings.catch_warnings():  # torchmetrics warns that IS buffers features, and of std() for one split
         warnings.simplefilter("ignore", UserWarning)
         for batch in _batches(images, "images", batch_size):
+            _check_fits(batch, feature, "images")
             if metric is None:
                 metric = InceptionScore(feature=feature, splits=splits, sync_on_compute=False).to(batch.device)
             with torch.no_grad():
@@ -360,7 +380,8 @@ def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None,
     2,000 images; else the other 20 %): ``classifier.test_accuracy``. The cache file is named by a
     SHA-256 hash of the training images, labels and settings, so a changed data set or loader
     retrains instead of loading a stale network. ``downsample`` > 1 trains it on images
-    average-pooled by that factor (the CPU-sized experiments).
+    average-pooled by that factor (the CPU-sized experiments). Within a process, later calls with the
+    same arguments return the same classifier without reading or hashing the data again.
 
     :param dataset: one of :data:`pseudovideo.data.DATASETS`.
     :param cache_dir: where the classifier is cached (``None``: ``~/.cache/probseq/pseudovideo``).
@@ -369,13 +390,21 @@ def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None,
     from .data import load_images
 
     check_int(downsample, "downsample")
+    cache = Path(cache_dir or Path.home() / ".cache" / "probseq" / "pseudovideo")
+    key = (dataset, str(cache.resolve()), downsample)
+    if key not in _CLASSIFIERS:
+        _CLASSIFIERS[key] = _load_or_train_classifier(dataset, cache, downsample, load_images)
+    return _CLASSIFIERS[key]
+
+
+def _load_or_train_classifier(dataset, cache: Path, downsample: int, load_images) -> ImageClassifier:
+    """:func:`default_classifier` from its cache file (named by the data's hash), else trained and saved there."""
     (train, train_labels), (test, test_labels) = _classifier_data(dataset, load_images)
     if downsample > 1:
         train, test = nn.functional.avg_pool2d(train, downsample), nn.functional.avg_pool2d(test, downsample)
     digest = hashlib.sha256()
     for part in (f"{dataset}|{downsample}|epochs=3|seed=0".encode(), train.numpy().tobytes(), train_labels.numpy().tobytes()):
         digest.update(part)
-    cache = Path(cache_dir or Path.home() / ".cache" / "probseq" / "pseudovideo")
     weights = cache / f"{dataset}_x{downsample}_{digest.hexdigest()[:16]}.pt"
     record = weights.with_suffix(".json")
     num_classes = int(train_labels.max()) + 1
@@ -401,6 +430,10 @@ def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None,
         )
     )
     return classifier
+
+
+#: :func:`default_classifier`'s classifiers of this process, by ``(dataset, cache folder, downsample)``.
+_CLASSIFIERS: dict[tuple[str, str, int], ImageClassifier] = {}
 
 
 def _classifier_data(dataset, load_images):
@@ -436,6 +469,13 @@ def _batches(images, name: str, batch_size: int) -> Iterator[torch.Tensor]:
         yield from batch.split(batch_size)
     if empty:
         raise ValueError(f"{name} needs at least 2 images, got an empty iterable")
+
+
+def _check_fits(batch, network, name: str) -> None:
+    """The named error of :meth:`ImageClassifier.check_images` where ``network`` is (or wraps) one."""
+    classifier = network.classifier if isinstance(network, PenultimateFeatures) else network
+    if isinstance(classifier, ImageClassifier):
+        classifier.check_images(batch, name)
 
 
 def _check_network(network, name: str) -> nn.Module:

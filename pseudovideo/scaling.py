@@ -10,7 +10,10 @@ another scale they silently mean something else (on ``[0, 255]`` the noise is ne
 * :func:`to_data_range` maps model-space frames back, :math:`x = \mathrm{low} + (x' + 1) (\mathrm{high} - \mathrm{low}) / 2`
   (clipping to ``data_range`` only if asked: Gaussian-noise pseudo frames lie partly outside it);
 * :func:`check_model_range` is the check the builders and models apply to the clean images they
-  receive: a ``ValueError`` if their root-mean-square pixel exceeds ``FAR_OUTSIDE = 3``. Images in
+  receive: a ``ValueError`` if their root-mean-square pixel exceeds ``FAR_OUTSIDE = 3``; with
+  ``refuse_unit_range=True`` (the diffusion model's frames and context) also if every pixel lies in
+  ``[0, 1]``, the loaders' range, spanning at least half of it (a batch of ``[-1, 1]`` images has its
+  dark pixels below 0). Images in
   ``[-1, 1]`` have a root-mean-square of at most 1, standardised or Gaussian images about 1 (single
   pixels may lie well beyond 3: the thesis's Theorem 5.4.1, the minimum MSE of predicting an image from
   its pseudo-video frames, is about Gaussian images; see :mod:`pseudovideo.theory`), while 8-bit pixels
@@ -81,13 +84,21 @@ def to_data_range(frames: torch.Tensor, data_range=(0.0, 1.0), clip: bool = Fals
     return images.clamp(low, high) if clip else images
 
 
-def check_model_range(images: torch.Tensor, name: str = "images") -> torch.Tensor:
+def check_model_range(images: torch.Tensor, name: str = "images", refuse_unit_range: bool = False) -> torch.Tensor:
     """``images`` if ``sqrt(mean(images^2)) <= FAR_OUTSIDE``, else a ``ValueError`` naming
     :func:`to_model_range` (``images`` must already be checked to be a finite float tensor).
 
     :param images: finite floating-point images, of any shape.
     :param name: what the error message calls ``images``.
+    :param refuse_unit_range: also a ``ValueError`` if every pixel lies in ``[0, 1]`` and they span at least
+        half of it (images not yet mapped; a constant frame such as zeros passes).
     """
+    low, high = (float(images.min()), float(images.max())) if images.numel() else (0.0, 0.0)
+    if refuse_unit_range and 0 <= low and high <= 1 and high - low >= 0.5:
+        raise ValueError(
+            f"every pixel of {name} lies in [0, 1], the loaders' range, not the [-1, 1] the noise schedules "
+            "assume (whose dark pixels lie below 0); map them with pseudovideo.to_model_range(images)"
+        )
     rms = float(images.double().pow(2).mean().sqrt()) if images.numel() else 0.0
     if rms > FAR_OUTSIDE:
         raise ValueError(

@@ -11,6 +11,7 @@ PROJECT_WARNINGS = {
     "pseudovideo.metrics.MetricReliabilityWarning": "torchmetrics",
     "gpytorch_hippo.inducing.base.CapturedVarianceWarning": "gpytorch",
     "gpytorch_hippo.inducing.base.InconsistentCovarianceWarning": "gpytorch",
+    "gpytorch_hippo.botorch.models.OnlineGPModelWarning": "botorch",
 }
 
 

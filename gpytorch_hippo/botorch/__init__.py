@@ -20,14 +20,24 @@ modules ``gpytorch_hippo.botorch_multioutput``, ``gpytorch_hippo.botorch_paths``
 """
 
 from . import paths  # noqa: F401  (registers the models with BoTorch's pathwise sampling)
-from .models import DEFAULT_NUM_INDUCING, OnlineCollapsedMLL, OnlineGPModel, default_inducing_points
-from .multioutput import MultiOutputOnlineGPModel
+from .models import (
+    DEFAULT_NUM_INDUCING,
+    InducingApproximationWarning,
+    OnlineCollapsedMLL,
+    OnlineGPModel,
+    OnlineGPModelWarning,
+    default_inducing_points,
+)
+from .multioutput import IndependentOutputsLikelihood, MultiOutputOnlineGPModel
 from .variational import OnlineVariationalGPModel
 
 __all__ = [
     "OnlineGPModel",
+    "OnlineGPModelWarning",
+    "InducingApproximationWarning",
     "OnlineCollapsedMLL",
     "MultiOutputOnlineGPModel",
+    "IndependentOutputsLikelihood",
     "OnlineVariationalGPModel",
     "default_inducing_points",
     "DEFAULT_NUM_INDUCING",

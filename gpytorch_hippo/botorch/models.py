@@ -15,13 +15,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import warnings
 from typing import Any
 
 import gpytorch
 import torch
 from botorch.acquisition.objective import PosteriorTransform
-from botorch.exceptions.errors import BotorchTensorDimensionError
-from botorch.fit import fit_gpytorch_mll
+from botorch.exceptions.errors import BotorchTensorDimensionError, ModelFittingError
+from botorch.exceptions.warnings import BotorchWarning
+from botorch.fit import _fit_fallback, fit_gpytorch_mll
 from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin, Model
 from botorch.models.transforms.input import InputTransform
@@ -48,6 +50,8 @@ from ._checks import check_points_near, check_X_Y, check_Yvar, split_third_argum
 
 __all__ = [
     "OnlineGPModel",
+    "OnlineGPModelWarning",
+    "InducingApproximationWarning",
     "OnlineModelBase",
     "OnlineCollapsedMLL",
     "default_inducing_points",
@@ -58,6 +62,52 @@ __all__ = [
 # The class that ``OnlineGPModel(train_X, train_Y)`` builds for ``m > 1`` outputs, registered by
 # gpytorch_hippo.botorch.multioutput (which imports this module, so this one cannot import it).
 _multi_output_model: type | None = None
+
+
+class OnlineGPModelWarning(BotorchWarning):
+    """Where an :class:`OnlineGPModel` does not do what ``SingleTaskGP`` would at the same BoTorch call: a
+    ``load_state_dict`` that does not restore the checkpoint's posterior, an exact fit that starts from the
+    sparse fit, the sparse approximation's error, a refit rolled back. A ``BotorchWarning``, so BoTorch's loops
+    and the filters of its tutorials (which silence ``RuntimeWarning``) show it."""
+
+
+@contextlib.contextmanager
+def _tensor_state_only(module: torch.nn.Module):
+    """``module.state_dict()`` without non-tensor entries, and ``load_state_dict`` without them, inside the block:
+    BoTorch's ``fit_gpytorch_mll`` copies every entry of the state it rolls back to as a tensor, and the models'
+    extra state (a time axis, HiPPO's recurrence step) is not a tensor, nor changed by a fit."""
+
+    def drop_extra_state(module, state_dict, prefix, local_metadata) -> None:
+        for key in [key for key, value in state_dict.items() if not isinstance(value, Tensor)]:
+            del state_dict[key]
+
+    def allow_missing_extra_state(module, incompatible_keys) -> None:
+        incompatible_keys.missing_keys[:] = [key for key in incompatible_keys.missing_keys if not key.endswith("_extra_state")]
+
+    handles = [module.register_state_dict_post_hook(drop_extra_state), module.register_load_state_dict_post_hook(allow_missing_extra_state)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def warn_posterior_not_restored() -> None:
+    """The :class:`OnlineGPModelWarning` of a warm start by ``load_state_dict`` (one message, so Python's default
+    filter shows it once per calling line), for code that meant ``load_state_dict`` as a restore."""
+    warnings.warn(
+        "load_state_dict of another model's checkpoint loads its hyperparameters (kernel, likelihood, mean) "
+        "as SingleTaskGP does and keeps this model's data, posterior and counters: the checkpoint's posterior "
+        "is not restored. To restore a checkpointed model use OnlineGPModel.from_state_dict(state_dict, ...); "
+        "to warm-start without this warning use model.load_hyperparameters(state_dict)",
+        OnlineGPModelWarning,
+        stacklevel=3,
+    )
+
+
+class InducingApproximationWarning(OnlineGPModelWarning):
+    """New inputs where the inducing variables leave more prior variance than the observation noise: there the
+    online model's posterior is wider than ``SingleTaskGP``'s on the same data, and its predictions deviate from it."""
 
 
 class OnlineCollapsedMLL(MarginalLogLikelihood):
@@ -145,6 +195,42 @@ class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):  # type: ignor
     def _revert_to_original_inputs(self) -> None:
         """No-op (see :meth:`_set_transformed_inputs`)."""
 
+    def custom_fit(
+        self,
+        mll: MarginalLogLikelihood,
+        closure=None,
+        closure_kwargs: dict | None = None,
+        optimizer_kwargs: dict | None = None,
+        **kwargs: Any,
+    ) -> MarginalLogLikelihood:
+        """What BoTorch's ``fit_gpytorch_mll(mll)`` runs for this model (BoTorch calls a model's ``custom_fit``): its
+        generic fit, with the model's non-tensor state (a time axis, HiPPO's recurrence step), which a fit does not
+        change, left out of the state it rolls back to. An exact fit (e.g. ``ExactMarginalLogLikelihood``) that starts
+        from the hyperparameters the constructor fitted on the sparse bound warns (:class:`OnlineGPModelWarning`):
+        ``SingleTaskGP`` starts from its priors, and the exact fit can end in a worse local optimum from here.
+
+        :param mll: the marginal likelihood of this model to maximise.
+        :param closure: ``fit_gpytorch_mll``'s closure (``None``: BoTorch's default).
+        :param closure_kwargs: ``fit_gpytorch_mll``'s keyword arguments of the closure.
+        :param optimizer_kwargs: ``fit_gpytorch_mll``'s keyword arguments of the optimiser.
+        :param kwargs: ``fit_gpytorch_mll``'s other keyword arguments (``optimizer``, ``max_attempts``, ...).
+        """
+        if not isinstance(mll, OnlineCollapsedMLL) and self._starts_from_sparse_fit():
+            warnings.warn(
+                "fit_gpytorch_mll of this online model starts from the hyperparameters its constructor fitted on the "
+                "sparse online bound (fit_maxiter > 0), not from SingleTaskGP's start: the exact fit can end in another, "
+                "worse local optimum from there. Build the model with fit_maxiter=0 to start the exact fit as "
+                "SingleTaskGP does",
+                OnlineGPModelWarning,
+                stacklevel=3,
+            )
+        with _tensor_state_only(mll):
+            return _fit_fallback(mll, closure=closure, closure_kwargs=closure_kwargs, optimizer_kwargs=optimizer_kwargs, **kwargs)
+
+    def _starts_from_sparse_fit(self) -> bool:
+        """Whether the hyperparameters are still those the constructor fitted on the sparse bound."""
+        raise NotImplementedError
+
     def _inputs_to_model_space(self, X: Tensor, fit_transforms: bool = False) -> Tensor:
         """``X`` through the input transform; ``fit_transforms`` learns its statistics from ``X`` (the first batch)."""
         if not hasattr(self, "input_transform"):
@@ -165,12 +251,13 @@ class OnlineGPModel(OnlineModelBase):
     also refreshes the hyperparameters every ``refit_every`` batches on the online bound of the
     new batch (Bui et al. 2017; old data are not revisited).
 
-    HiPPO inducing variables are moved forward with the stream before each un-batched update:
-    1-D ones (time inputs) by ``advance(max(X))`` when ``X`` goes beyond their current ``t``,
-    multidimensional ones by ``append_path`` of ``X`` ordered by ``ordering`` (thesis §4.4).
-    Inducing points stay where they are (replace ``model.inducing_variables`` between updates to
-    move them). A t-batched conditioning (BoTorch's fantasies) keeps the inducing variables fixed
-    and returns a model with that batch shape.
+    HiPPO inducing variables are moved forward with the stream before each update: 1-D ones (time
+    inputs) by ``advance(max(X))`` when ``X`` goes beyond their current ``t``, multidimensional ones
+    by ``append_path`` of an un-batched ``X`` ordered by ``ordering`` (thesis §4.4). Inducing points
+    stay where they are (replace ``model.inducing_variables`` between updates to move them). A
+    t-batched conditioning (BoTorch's fantasies) returns a model with that batch shape; it advances
+    the copy's time bases to the largest time in the whole batch (one clock for every batch element,
+    each then equal to conditioning a model advanced by hand to that time) and keeps a path fixed.
 
     Built as BoTorch's ``SingleTaskGP``: ``OnlineGPModel(train_X, train_Y)`` or, with known noise,
     ``OnlineGPModel(train_X, train_Y, train_Yvar)``, with the same default kernel, likelihood and mean,
@@ -217,6 +304,8 @@ class OnlineGPModel(OnlineModelBase):
     stored_targets: Tensor | None
     stored_noise: Tensor | None
     _posterior_hyperparameters: list[Tensor] | None
+    # the hyperparameters of the constructor's fit of the sparse bound (None: fit_maxiter=0)
+    _sparse_fit: list[Tensor] | None
 
     def __new__(cls, train_X: Tensor | None = None, train_Y: Tensor | None = None, *args: Any, **kwargs: Any):
         # as SingleTaskGP takes (n, m) targets: OnlineGPModel(train_X, train_Y) with m > 1 outputs builds the registered
@@ -280,6 +369,8 @@ class OnlineGPModel(OnlineModelBase):
         self.online.mean_module.requires_grad_(False)
         self._absorb(train_X, train_Y, x, y, noise)
         self.eval()
+        if fit_maxiter > 0:  # an exact fit_gpytorch_mll that starts here says so (custom_fit)
+            self._sparse_fit = self._posterior_hyperparameters
 
     def _setup(
         self,
@@ -335,6 +426,7 @@ class OnlineGPModel(OnlineModelBase):
         for name in ("stored_inputs", "stored_targets", "stored_noise"):  # keep_data=True: all data, model space
             self.register_buffer(name, None)
         self._posterior_hyperparameters = None
+        self._sparse_fit = None
         self._internal_refit = False
         # observation noise variances are given with the data (train_Yvar), not learned (in the state_dict)
         self.register_buffer("known_noise_flag", torch.tensor(bool(known_noise), device=reference.device))
@@ -427,11 +519,25 @@ class OnlineGPModel(OnlineModelBase):
         modules = (self.online.covar_module, self.online.likelihood, self.online.mean_module)
         return [t for module in modules for t in itertools.chain(module.parameters(), module.buffers())]
 
+    def _starts_from_sparse_fit(self) -> bool:
+        return self._sparse_fit is not None and not self._hyperparameters_changed_from(self._sparse_fit)
+
+    def subset_output(self, idcs: list[int]) -> OnlineGPModel:
+        """BoTorch's ``subset_output`` of a single-output model: a copy for ``[0]``.
+
+        :param idcs: ``[0]``.
+        """
+        if list(idcs) != [0]:
+            raise ValueError(f"idcs must be [0] for a single-output model, got {idcs!r}")
+        return self._copy()
+
     def _hyperparameters_changed(self) -> bool:
         """Whether the kernel, likelihood or mean changed since the stored posterior was computed."""
-        snapshot, tensors = self._posterior_hyperparameters, self._hyperparameter_tensors()
-        if snapshot is None:
-            return False
+        return self._posterior_hyperparameters is not None and self._hyperparameters_changed_from(self._posterior_hyperparameters)
+
+    def _hyperparameters_changed_from(self, snapshot: list[Tensor]) -> bool:
+        """Whether the kernel, likelihood or mean differ from ``snapshot`` (:meth:`_record_hyperparameters`)."""
+        tensors = self._hyperparameter_tensors()
         return len(snapshot) != len(tensors) or any(a.shape != b.shape or not torch.equal(a, b.detach()) for a, b in zip(snapshot, tensors))
 
     def _record_hyperparameters(self) -> None:
@@ -467,12 +573,13 @@ class OnlineGPModel(OnlineModelBase):
         self._record_hyperparameters()
 
     def load_hyperparameters(self, state_dict: dict):
-        """Warm start: load the kernel and likelihood of ``state_dict`` and keep this model's data, counters,
-        transforms and mean (fitted to this model's first batch in its outcome space, and fixed after it) and
-        posterior (recomputed from the kept data with the loaded hyperparameters when ``keep_data=True``).
+        """Warm start, as ``SingleTaskGP.load_state_dict`` of another model: load the kernel, likelihood and mean
+        of ``state_dict`` and keep this model's data, counters, transforms (the statistics its kept targets were
+        transformed with) and posterior (recomputed from the kept data with the loaded hyperparameters when
+        ``keep_data=True``).
 
         :param state_dict: a ``state_dict`` of an :class:`OnlineGPModel` with the same modules; its keys of this
-            model's own state (posterior, counters, data, transforms, mean, inducing variables) are ignored.
+            model's own state (posterior, counters, data, transforms, inducing variables) are ignored.
         :return: ``(missing_keys, unexpected_keys)`` as ``torch.nn.Module.load_state_dict`` returns them, for the
             hyperparameters (this model's own state, kept on purpose, is not reported missing).
         """
@@ -484,10 +591,9 @@ class OnlineGPModel(OnlineModelBase):
             "num_updates",
             "stored_",
             "known_noise_flag",
-            "online.time_origin",
+            "online._extra_state",
             "input_transform.",
             "outcome_transform.",
-            "online.mean_module.",
         )
         hyperparameters = {k: v for k, v in state_dict.items() if not k.startswith(own)}
         with self._own_update():
@@ -504,9 +610,11 @@ class OnlineGPModel(OnlineModelBase):
         A checkpoint of this model's own posterior (or a model without one, as :meth:`from_state_dict` builds)
         is restored whole: hyperparameters, posterior summary, counters and kept data. A ``state_dict`` of a
         model with other observations (BoTorch tutorials' ``model.load_state_dict(old_model.state_dict())``
-        after rebuilding on more data) is a warm start, :meth:`load_hyperparameters`: with kept data the
-        posterior is recomputed from this model's data; without (``keep_data=False``) it is refused, because
-        this model's observations could not be recovered.
+        after rebuilding on more data) is a warm start, :meth:`load_hyperparameters`: kernel, likelihood and mean
+        loaded as ``SingleTaskGP`` loads them, the posterior recomputed from this model's data, and an
+        :class:`OnlineGPModelWarning` says that the checkpoint's posterior was not restored (restore one with
+        :meth:`from_state_dict`; warm-start without the warning with :meth:`load_hyperparameters`); without kept
+        data (``keep_data=False``) it is refused, because this model's observations could not be recovered.
 
         :param state_dict: a ``state_dict`` of an :class:`OnlineGPModel` with the same modules.
         :param strict: as ``torch.nn.Module.load_state_dict`` (raise on missing or unexpected keys); default ``True``.
@@ -515,6 +623,7 @@ class OnlineGPModel(OnlineModelBase):
         """
         if self._is_warm_start(state_dict):
             if self.stored_inputs is not None:
+                warn_posterior_not_restored()
                 return self.load_hyperparameters(state_dict)
             raise ValueError(
                 "load_state_dict would replace this model's posterior (and its observations) by the checkpoint's, and "
@@ -721,8 +830,7 @@ class OnlineGPModel(OnlineModelBase):
     def _conditioned(self, X: Tensor, Y: Tensor, noise: Tensor | None, outcome_transformed: bool = False) -> OnlineGPModel:
         model = self._copy()
         x, y = model._to_model_space(X, Y, outcome_transformed=outcome_transformed)
-        if x.dim() == 2:
-            model._move_inducing(x)
+        model._move_inducing(x)
         model._absorb(X, Y, x, y, noise)
         return model
 
@@ -758,8 +866,9 @@ class OnlineGPModel(OnlineModelBase):
         """Maximise the collapsed online bound of absorbing ``(x, y)`` (model space) over the trainable
         hyperparameters with ``fit_gpytorch_mll`` (L-BFGS-B, at most ``maxiter`` iterations). A fit
         that ends below its starting bound (L-BFGS-B can stop "ABNORMAL" after a bad line search) is
-        rolled back: a refit never leaves the bound lower than it found it. ``noise``: known noise
-        variances of the batch (model space).
+        rolled back: a refit never leaves the bound lower than it found it. A fit that fails
+        (``fit_gpytorch_mll`` raises ``ModelFittingError`` after all its attempts) is rolled back too, with an
+        :class:`OnlineGPModelWarning`. ``noise``: known noise variances of the batch (model space).
 
         :param x: the batch's inputs ``(n, d)`` in the model (input-transformed) space.
         :param y: its targets ``(n,)`` in the model (outcome-transformed) space.
@@ -772,7 +881,16 @@ class OnlineGPModel(OnlineModelBase):
             start = mll()
         before = {key: value.clone() for key, value in mll.state_dict().items()}
         with self._own_update():  # the online refit: the stored q(u) is carried to the new hyperparameters
-            fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": maxiter}})
+            try:
+                fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": maxiter}})
+            except ModelFittingError as error:
+                mll.load_state_dict(before)
+                warnings.warn(
+                    f"the hyperparameter fit on the online bound failed ({error}); the model keeps the hyperparameters it "
+                    "had before the fit",
+                    OnlineGPModelWarning,
+                    stacklevel=2,
+                )
             self.eval()
             with torch.no_grad():
                 if not mll() >= start:
@@ -812,20 +930,50 @@ class OnlineGPModel(OnlineModelBase):
         return x.expand(*batch, *x.shape[-2:]), Y[..., 0].expand(*batch, Y.shape[-2])
 
     def _move_inducing(self, x: Tensor) -> None:
-        """Move HiPPO inducing variables forward to cover the un-batched inputs ``x`` (class docstring)."""
+        """Move HiPPO inducing variables forward to cover the inputs ``x`` ``(*b, n, d)`` (class docstring): time
+        bases to the largest time of every batch, the path of multidimensional ones only by un-batched inputs."""
         ivs = self.online.inducing_variables
         if not isinstance(ivs, HiPPOInducingVariables):
             return
         if ivs.input_dim == 1:
-            t_new = float(x.max())
+            t_new = float(x.detach().max())
             if t_new > ivs.t:
                 ivs.advance(t_new)
+            return
+        if x.dim() != 2:
             return
         start = None if ivs.path_pending.shape[0] == 0 else ivs.path_pending[-1].to(x)
         order = order_inputs(x.detach(), self.ordering, kernel=self.online.covar_module, start=start)
         ivs.append_path(x.detach()[order], kernel=self.online.covar_module)
 
+    def _warn_if_approximate(self, X: Tensor, noise: Tensor | None) -> None:
+        r"""An :class:`InducingApproximationWarning` where inducing points leave more prior variance at the new inputs
+        ``X`` than the observation noise: the Nyström residual :math:`k(x, x) - K_{xu} K_{uu}^{-1} K_{ux}`
+        (:meth:`~gpytorch_hippo.inducing.InducingVariables.captured_variance`) bounds the sparse posterior variance at
+        :math:`x` from below, while the exact GP's at an observed input is below the noise variance. (HiPPO variables
+        have the captured-variance monitor of :class:`~gpytorch_hippo.online.OnlineSGPR`.)"""
+        if not isinstance(self.inducing_variables, InducingPoints):
+            return
+        x = self._inputs_to_model_space(X.detach())
+        x = x.reshape(-1, x.shape[-1])
+        kernel = self.online.covar_module
+        captured = self.inducing_variables.captured_variance(kernel, x, reduction="none")
+        with torch.no_grad():
+            residual = kernel(x, diag=True) * (1 - captured)
+            level = self.likelihood.noise.detach().max() if noise is None else noise.detach().max()
+        if bool(residual.max() > level):
+            warnings.warn(
+                "the inducing variables capture too little of the prior at the new inputs: the residual variance "
+                "k(x, x) - Q(x, x) exceeds the observation noise there (InducingVariables.captured_variance), so the "
+                "posterior variance at them stays above the noise variance where SingleTaskGP's falls below it, and "
+                "predictions deviate from the exact GP. Use more inducing points (num_inducing=) or place them where "
+                "the inputs are (model.inducing_variables = ...); see the approximation in the BoTorch guide",
+                InducingApproximationWarning,
+                stacklevel=2,  # one location for every path, so Python's default filter shows it once
+            )
+
     def _absorb(self, X: Tensor, Y: Tensor, x: Tensor, y: Tensor, noise: Tensor | None = None) -> None:
+        self._warn_if_approximate(X, noise)
         # fantasies of look-ahead acquisitions carry gradients to the candidate: keep the graph then
         differentiable = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
         if self.stored_inputs is not None and self._hyperparameters_changed():

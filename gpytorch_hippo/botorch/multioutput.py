@@ -23,6 +23,7 @@ import gpytorch
 import torch
 from botorch.acquisition.objective import PosteriorTransform
 from botorch.exceptions.errors import BotorchTensorDimensionError
+from botorch.fit import fit_gpytorch_mll
 from botorch.models.model import Model
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform, Standardize
@@ -30,15 +31,55 @@ from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.posteriors.posterior import Posterior
 from botorch.utils.types import DEFAULT, _DefaultType
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
+from gpytorch.likelihoods import Likelihood
+from gpytorch.likelihoods.gaussian_likelihood import _GaussianLikelihoodBase
+from gpytorch.mlls import ExactMarginalLogLikelihood, MarginalLogLikelihood
 from linear_operator import to_linear_operator
 from torch import Tensor, nn
 
 from .._validation import check_tensor, floating_dtype
 from ..inducing.base import InducingVariables
 from ._checks import check_points_near, check_X_Y, check_Yvar, split_third_argument
-from .models import OnlineGPModel, OnlineModelBase, register_multi_output_model
+from .models import OnlineGPModel, OnlineModelBase, register_multi_output_model, warn_posterior_not_restored
 
-__all__ = ["MultiOutputOnlineGPModel"]
+__all__ = ["MultiOutputOnlineGPModel", "IndependentOutputsLikelihood"]
+
+
+class IndependentOutputsLikelihood(_GaussianLikelihoodBase):
+    r"""The outputs' Gaussian likelihoods as one, over BoTorch's batched multi-output layout: a function distribution
+    with mean ``(*b, m, n)`` gets output ``j``'s noise :math:`\sigma_j^2` on the diagonal of row ``j``, so that
+    ``ExactMarginalLogLikelihood(model.likelihood, model)`` sums each output's exact marginal likelihood
+    :math:`\log \mathcal{N}(y_j;\, m_j(X), K_j(X, X) + \sigma_j^2 I)`, as for ``SingleTaskGP`` with ``m`` outputs.
+
+    :param likelihoods: the outputs' ``GaussianLikelihood`` modules (shared, not copied): ``likelihoods[j]``.
+    """
+
+    #: the outputs' likelihoods (an ``nn.ModuleList``, typed by what it holds)
+    likelihoods: Sequence[gpytorch.likelihoods.GaussianLikelihood]
+
+    def __init__(self, likelihoods: Sequence[gpytorch.likelihoods.GaussianLikelihood]):
+        Likelihood.__init__(self)  # the noise lives in the outputs' likelihoods, not in a noise model of its own
+        self.likelihoods = cast(Sequence[gpytorch.likelihoods.GaussianLikelihood], nn.ModuleList(likelihoods))
+
+    def _noise(self, shape: torch.Size) -> Tensor:
+        noise = torch.cat([likelihood.noise.reshape(-1)[:1] for likelihood in self.likelihoods])
+        return noise.unsqueeze(-1).expand(shape)
+
+    def marginal(self, function_dist: MultivariateNormal, *args: Any, **kwargs: Any) -> MultivariateNormal:
+        r""":math:`\mathcal{N}(\mu, K + \operatorname{diag}(\sigma_j^2))` for ``function_dist`` of mean ``(*b, m, n)``.
+
+        :param function_dist: the outputs' distributions at their inputs, batched over the outputs.
+        """
+        mean = function_dist.mean
+        return MultivariateNormal(mean, function_dist.lazy_covariance_matrix.add_diagonal(self._noise(mean.shape)))
+
+    def forward(self, function_samples: Tensor, *args: Any, **kwargs: Any) -> torch.distributions.Normal:
+        r""":math:`p(y \mid f)`, independent normals with output ``j``'s noise on row ``j`` of ``(*b, m, n)``.
+
+        :param function_samples: samples of ``f``, ``(*b, m, n)``.
+        """
+        return torch.distributions.Normal(function_samples, self._noise(function_samples.shape).sqrt())
+
 
 _PER_OUTPUT = ("covar_module", "mean_module", "inducing_variables", "online")
 
@@ -53,8 +94,10 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
 
     ``outputs[j]`` is output ``j``'s single-output :class:`~gpytorch_hippo.botorch.OnlineGPModel`
     in the transformed spaces (it holds no transforms); ``covar_module``, ``mean_module`` and
-    ``inducing_variables`` are per output and read there. ``likelihood`` is a
-    ``LikelihoodList`` of the outputs' likelihoods.
+    ``inducing_variables`` are per output and read there. ``likelihood`` is an
+    :class:`IndependentOutputsLikelihood` of the outputs' likelihoods (``likelihood.likelihoods[j]``), so that
+    ``fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))`` fits every output's exact marginal
+    likelihood, as for ``SingleTaskGP``; ``subset_output`` keeps some of the outputs.
 
     :param train_X: first batch of inputs, ``(n, d)``.
     :param train_Y: its targets, ``(n, m)`` with ``m > 1`` outputs.
@@ -164,7 +207,7 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """A checkpoint of this model restored whole, or a warm start per output
         (:meth:`OnlineGPModel.load_state_dict`): kernels, likelihoods and means loaded, this model's data,
-        transforms and posteriors (recomputed from the kept data) kept.
+        transforms and posteriors (recomputed from the kept data) kept, with one :class:`~.models.OnlineGPModelWarning`.
 
         :param state_dict: a ``state_dict`` of a :class:`MultiOutputOnlineGPModel` with the same number of outputs.
         :param strict: as ``torch.nn.Module.load_state_dict`` for a whole checkpoint (default ``True``); a warm start ignores it.
@@ -176,9 +219,14 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
             {k[len(f"outputs.{j}.") :]: v for k, v in state_dict.items() if k.startswith(f"outputs.{j}.")} for j in range(len(self.outputs))
         ]
         if any(output._is_warm_start(sub) for output, sub in zip(self.outputs, per_output)):
+            keep_data = self.outputs[0].stored_inputs is not None
+            if keep_data:
+                warn_posterior_not_restored()
             missing, unexpected = [], []
             for j, (output, sub) in enumerate(zip(self.outputs, per_output)):
-                result = output.load_state_dict(sub) if output._is_warm_start(sub) else output.load_hyperparameters(sub)
+                # without kept data an output's warm start is refused by its load_state_dict, naming what to call
+                warm_without_data = not keep_data and output._is_warm_start(sub)
+                result = output.load_state_dict(sub) if warm_without_data else output.load_hyperparameters(sub)
                 missing += [f"outputs.{j}.{key}" for key in result.missing_keys]
                 unexpected += [f"outputs.{j}.{key}" for key in result.unexpected_keys]
             return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
@@ -199,8 +247,47 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
         return self.outputs[0].batch_shape
 
     @property
-    def likelihood(self) -> gpytorch.likelihoods.LikelihoodList:
-        return gpytorch.likelihoods.LikelihoodList(*(output.likelihood for output in self.outputs))
+    def likelihood(self) -> IndependentOutputsLikelihood:
+        return IndependentOutputsLikelihood([output.likelihood for output in self.outputs])
+
+    def _starts_from_sparse_fit(self) -> bool:
+        return any(output._starts_from_sparse_fit() for output in self.outputs)
+
+    def custom_fit(self, mll: MarginalLogLikelihood, closure=None, closure_kwargs=None, optimizer_kwargs=None, **kwargs: Any):
+        """BoTorch's ``fit_gpytorch_mll(mll)`` for this model: an ``ExactMarginalLogLikelihood`` without a closure of
+        its own is maximised output by output (each output's exact marginal likelihood and priors, as ``SingleTaskGP``
+        fits its outputs); any other objective as :meth:`OnlineModelBase.custom_fit` does.
+
+        :param mll: the marginal likelihood of this model to maximise.
+        :param closure: ``fit_gpytorch_mll``'s closure (``None``: BoTorch's default).
+        :param closure_kwargs: ``fit_gpytorch_mll``'s keyword arguments of the closure.
+        :param optimizer_kwargs: ``fit_gpytorch_mll``'s keyword arguments of the optimiser.
+        :param kwargs: ``fit_gpytorch_mll``'s other keyword arguments (``optimizer``, ``max_attempts``, ...).
+        """
+        if isinstance(mll, ExactMarginalLogLikelihood) and closure is None:
+            for output in self.outputs:
+                fit_gpytorch_mll(
+                    type(mll)(output.likelihood, output), closure_kwargs=closure_kwargs, optimizer_kwargs=optimizer_kwargs, **kwargs
+                )
+            return mll.eval()
+        return super().custom_fit(mll, closure=closure, closure_kwargs=closure_kwargs, optimizer_kwargs=optimizer_kwargs, **kwargs)
+
+    def subset_output(self, idcs: list[int]) -> MultiOutputOnlineGPModel:
+        """BoTorch's ``subset_output``: a model of the outputs ``idcs`` only, with their posteriors (and transforms).
+
+        :param idcs: the outputs to keep, a non-empty list of distinct ints in ``[0, m)``.
+        """
+        indices = list(idcs)
+        if (
+            not indices
+            or len(set(indices)) != len(indices)
+            or any(not isinstance(j, int) or not 0 <= j < self.num_outputs for j in indices)
+        ):
+            raise ValueError(f"idcs must be a non-empty list of distinct ints in [0, {self.num_outputs}), got {idcs!r}")
+        model = self._with_outputs([copy.deepcopy(self.outputs[j]) for j in indices])
+        if hasattr(self, "outcome_transform"):
+            model.outcome_transform = self.outcome_transform.subset_output(indices)
+        return model
 
     def __getattr__(self, name: str):
         if name in _PER_OUTPUT:
@@ -263,13 +350,19 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
 
     def forward(self, X: Tensor) -> MultivariateNormal:
         """``q(f(X))`` in the model's spaces, batched over the outputs: mean ``(*b, m, q)``, as
-        BoTorch's batched multi-output GPs return from ``model(X)``.
+        BoTorch's batched multi-output GPs return from ``model(X)``. In train mode each output's prior at model-space
+        inputs ``(*b, m, n, d)`` (:attr:`train_inputs`; ``(n, d)``: the same inputs for every output), as
+        :meth:`OnlineGPModel.forward`, for ``ExactMarginalLogLikelihood``.
 
-        :param X: inputs ``(*b, q, d)`` in the original input space.
+        :param X: inputs ``(*b, q, d)`` in the original input space (train mode: as described).
         """
         X = check_tensor(X, "X", dtype=floating_dtype(self.outputs[0].covar_module), min_dim=2)
-        x = self.transform_inputs(X)
-        mvns = [output.online(x) for output in self.outputs]
+        if self.training:
+            X = X.expand(self.num_outputs, *X.shape) if X.dim() == 2 else X
+            mvns = [output(X[..., j, :, :]) for j, output in enumerate(self.outputs)]
+        else:
+            x = self.transform_inputs(X)
+            mvns = [output.online(x) for output in self.outputs]
         return MultivariateNormal(
             torch.stack([mvn.mean for mvn in mvns], dim=-2),
             to_linear_operator(torch.stack([mvn.covariance_matrix for mvn in mvns], dim=-3)),

@@ -261,7 +261,7 @@ def run_method(
             train_x, train_y = task.train_x.to(dtype), task.train_y.to(dtype)
             if model is None:
                 ivs = schedule.first(train_x, task.t_end, kernel, generator).to(dtype)
-                model = OnlineSGPR(ivs, kernel, likelihood)
+                model = OnlineSGPR(ivs, kernel, likelihood, refit_max_change=None)  # the thesis's protocol: Adam's steps kept
                 model.update(train_x, train_y, num_iter=num_iter, lr=lr)
             else:
                 learn_task(model, schedule, train_x, train_y, task.t_end, generator, num_iter=num_iter, lr=lr)

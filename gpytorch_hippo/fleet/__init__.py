@@ -7,6 +7,6 @@ and resumes from the checkpoints (:meth:`StreamFleet.restore`). The Ray engine n
 """
 
 from .fleet import ENGINES, StreamFleet, shard_of
-from .shard import PackedTask, Shard, StreamDataError
+from .shard import PackedTask, Shard, StreamDataError, TaskConflictError, TimeResolutionError
 
-__all__ = ["StreamFleet", "StreamDataError", "Shard", "PackedTask", "ENGINES", "shard_of"]
+__all__ = ["StreamFleet", "StreamDataError", "TimeResolutionError", "TaskConflictError", "Shard", "PackedTask", "ENGINES", "shard_of"]

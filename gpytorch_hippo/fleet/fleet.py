@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import copy
 import json
 import os
 import zlib
@@ -13,7 +15,8 @@ from torch import Tensor
 
 from .._optional import require
 from ..online import OnlineSGPR
-from .shard import PackedTask, Shard, StreamDataError
+from ..timeaxis import TimeAxis, align_on_index, is_datetime_like
+from .shard import PackedTask, Shard, StreamDataError, TimeResolutionError, task_conflict
 
 __all__ = ["StreamFleet", "ENGINES", "shard_of"]
 
@@ -28,33 +31,67 @@ def shard_of(stream_id, num_shards: int) -> int:
     r"""The shard of ``stream_id``: :math:`\mathrm{crc32}(\mathrm{repr}(s)) \bmod \mathrm{num\_shards}`, the same in
     every process and whatever the order in which streams arrive (so a re-delivered task finds the same shards).
 
-    :param stream_id: the stream's id (an int or a str; its ``repr`` is hashed).
+    :param stream_id: the stream's id (an int or a str, or a NumPy scalar of one: its Python value's ``repr`` is hashed).
     :param num_shards: the number of shards, a positive int.
     """
-    return zlib.crc32(repr(stream_id).encode()) % num_shards
+    return zlib.crc32(repr(_as_id(stream_id)).encode()) % num_shards
 
 
-def _check_id(value, name: str) -> None:
+def _as_id(value, name: str = "a stream id") -> int | str:
+    """``value`` as the plain ``int`` or ``str`` the checkpoints store: NumPy scalars (``np.str_``, ``np.int64``, what
+    pandas columns give) become their Python value, so an id names one stream whatever its type.
+
+    :param value: the id.
+    :param name: what the id is, for the error message.
+    :raises TypeError: for anything but an int or a str (``bool`` included).
+    """
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise TypeError(f"{name} must be an int or a str (stored in the checkpoints), got {type(value).__name__}: {value!r}")
+    return str(value) if isinstance(value, str) else int(value)
 
 
 def _as_tensor(values, name: str, stream_id) -> Tensor:
+    """``values`` as a tensor: integers stay int64 (checked exactly when packed), other numbers become float64."""
     if isinstance(values, Tensor):
         return values
     try:
-        return torch.as_tensor(np.asarray(values, dtype=np.float64))
+        array = np.asarray(values)
+        return torch.as_tensor(array.astype(np.int64 if array.dtype.kind in "iu" else np.float64))
     except (TypeError, ValueError):
         raise StreamDataError(
             f"stream {stream_id!r}: {name} must be a tensor or an array of numbers, got {type(values).__name__}", [stream_id]
         ) from None
 
 
-def _stream_data(stream_id, pair) -> tuple[Tensor, Tensor]:
-    """``(X (n, d), y (n,))`` of one stream, finite; a :class:`StreamDataError` naming the stream otherwise."""
+def _times(values, time_axis: TimeAxis | None, what: str, stream_ids: list):
+    """``values`` through ``time_axis`` if they are calendar times (a ``TypeError`` saying how without an axis; a
+    :class:`StreamDataError` naming ``stream_ids`` for times the axis refuses)."""
+    if not is_datetime_like(values):
+        return values
+    if time_axis is None:
+        raise TypeError(
+            f"{what}: X holds calendar times: build the fleet with time_axis=TimeAxis('h') (or another unit, and "
+            "origin=) to convert them, or pass numbers"
+        )
+    try:
+        return time_axis(values)
+    except ValueError as error:
+        raise StreamDataError(f"{what}: {error}", stream_ids) from error
+
+
+def _stream_data(stream_id, pair, time_axis: TimeAxis | None = None) -> tuple[Tensor, Tensor]:
+    """``(X (n, d), y (n,))`` of one stream, finite, calendar times through ``time_axis``; a :class:`StreamDataError`
+    naming the stream otherwise."""
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
         raise StreamDataError(f"stream {stream_id!r}: expected a pair (X, y), got {type(pair).__name__}", [stream_id])
-    x, y = _as_tensor(pair[0], "X", stream_id), _as_tensor(pair[1], "y", stream_id)
+    try:
+        aligned = align_on_index(pair[0], pair[1], ("X", "y"))
+    except ValueError as error:
+        raise StreamDataError(f"stream {stream_id!r}: {error}", [stream_id]) from None
+    x = _as_tensor(_times(pair[0], time_axis, f"stream {stream_id!r}", [stream_id]), "X", stream_id)
+    y = _as_tensor(aligned, "y", stream_id)
     if x.dim() == 1:
         x = x.unsqueeze(-1)
     if y.dim() != 1 or x.dim() != 2 or x.shape[0] != y.shape[0]:
@@ -69,6 +106,53 @@ def _stream_data(stream_id, pair) -> tuple[Tensor, Tensor]:
                 [stream_id],
             )
     return x, y
+
+
+def _packed_inputs(x: Tensor, dtype: torch.dtype, what: str, stream_ids: list) -> Tensor:
+    r"""``x`` (``(..., d)``) in the models' ``dtype``; a :class:`TimeResolutionError` naming ``stream_ids`` if that moves
+    an integer input, makes two distinct inputs equal, or moves one by more than 1 % of its column's median spacing."""
+    packed = x.to(dtype)
+    if x.dtype == dtype or (x.is_floating_point() and torch.finfo(x.dtype).bits <= torch.finfo(dtype).bits):
+        return packed
+    columns = x.shape[-1] if x.dim() else 1
+    exact = x.reshape(-1, columns).to(torch.float64).sort(0).values
+    rounded = packed.reshape(-1, columns).to(torch.float64).sort(0).values
+    moved = (rounded - exact).abs()
+    if not x.is_floating_point():
+        lost = bool((moved > 0).any())
+    else:
+        gaps = exact.diff(dim=0)
+        merged = bool(((gaps > 0) & (rounded.diff(dim=0) == 0)).any())
+        spacing = torch.stack(
+            [column[column > 0].median() if bool((column > 0).any()) else column.new_tensor(torch.inf) for column in gaps.T]
+        )
+        lost = merged or bool((moved > 0.01 * spacing).any())
+    if lost:
+        raise TimeResolutionError(
+            f"{what}: the models' {dtype} cannot hold these inputs (given as {x.dtype}) without moving them "
+            f"by up to {float(moved.max()):g}: subtract an origin first (StreamFleet(time_axis=TimeAxis(unit, origin=...)) "
+            "for calendar times), or build the models in float64",
+            stream_ids,
+        )
+    return packed
+
+
+def _as_time_axis(value: TimeAxis | str | None) -> TimeAxis | None:
+    if value is None or isinstance(value, TimeAxis):
+        return value
+    if isinstance(value, str):
+        return TimeAxis(value)
+    raise TypeError(f"time_axis must be a TimeAxis, a unit such as 'h', or None, got {type(value).__name__}")
+
+
+def _restored_time_axis(saved_state: dict | None, given: TimeAxis | None) -> TimeAxis | None:
+    """The axis of a restored fleet: the saved one; ``given`` must agree with it (without an origin, it takes the
+    saved one: :meth:`~gpytorch_hippo.timeaxis.TimeAxis.load_state`)."""
+    if saved_state is None or given is None:
+        return given if saved_state is None else TimeAxis.from_state(saved_state)
+    axis = copy.deepcopy(given)
+    axis.load_state(saved_state)
+    return axis
 
 
 class _LocalEngine:
@@ -168,7 +252,9 @@ class StreamFleet:
     ``task_id`` it absorbed before. So a task delivered again, after a crash at any point (some shards had
     written their checkpoint, others not), is absorbed exactly once by every shard; :meth:`restore` resumes
     a fleet from the directory in a new process, and the Ray engine replaces a dead actor by one loaded from
-    its checkpoint before sending its call again.
+    its checkpoint before sending its call again. A task id delivered again with other data raises
+    :class:`~gpytorch_hippo.fleet.shard.TaskConflictError` (the checkpoints hold a digest of each task), and a
+    shard refuses to write over a checkpoint that another fleet wrote since it loaded it.
 
     :param model_factory: ``model_factory(num_streams)`` returns a batched ``OnlineSGPR`` with
         ``batch_shape=(num_streams,)`` (stream dimension first in every per-stream tensor); with the Ray
@@ -184,6 +270,11 @@ class StreamFleet:
         to attach to a cluster.
     :param actor_options: options of the shard actors (``num_cpus``, ``resources``, ...).
     :param max_restarts: how many dead actors the Ray engine replaces in this fleet's lifetime.
+    :param time_axis: a :class:`~gpytorch_hippo.timeaxis.TimeAxis` (or its unit, e.g. ``"h"``) that turns calendar
+        times (pandas ``DatetimeIndex``/``Series``, ``datetime64``) of every stream into numbers
+        :math:`(t - \mathrm{origin}) / \mathrm{unit}` before any shard sees them; without ``origin=``, the origin is the
+        earliest time of the first task with calendar times. Saved in ``checkpoint_dir`` with its origin.
+        ``None`` (default): numbers only (calendar times raise a ``TypeError``).
     """
 
     def __init__(
@@ -196,13 +287,24 @@ class StreamFleet:
         ray_init: dict | None = None,
         actor_options: dict | None = None,
         max_restarts: int = 100,
+        time_axis: TimeAxis | str | None = None,
     ):
-        manifest = None if checkpoint_dir is None else os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)
-        if manifest is not None and os.path.exists(manifest):
+        if checkpoint_dir is not None and os.path.exists(os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)):
             raise FileExistsError(f"{checkpoint_dir} holds a fleet already: resume it with StreamFleet.restore")
+        self.time_axis = _as_time_axis(time_axis)
+        self._input_dim: int | None = None
         self._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume=False)
-        if manifest is not None:
-            atomic_save_json({"num_shards": num_shards}, manifest)
+        self._save_manifest()
+
+    def _save_manifest(self) -> None:
+        """Write ``fleet.json``: the number of shards, the time axis (with its origin), the inputs' dimension."""
+        if self.checkpoint_dir is not None:
+            manifest = {
+                "num_shards": self.num_shards,
+                "time_axis": None if self.time_axis is None else self.time_axis.state(),
+                "input_dim": self._input_dim,
+            }
+            atomic_save_json(manifest, os.path.join(self.checkpoint_dir, _FLEET_FILE))
 
     def _start(
         self, model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume: bool
@@ -227,10 +329,12 @@ class StreamFleet:
         else:
             self._engine = _RayEngine(shard_arguments, num_shards, resume, ray_init, actor_options, max_restarts)
         self._members: list[list] = [[] for _ in range(num_shards)]
-        self._task_ids: list[set] = [set() for _ in range(num_shards)]
+        #: per shard, the absorbed task ids and their contents' digests
+        self._task_ids: list[dict] = [{} for _ in range(num_shards)]
+        self._dtype: torch.dtype | None = None
         if resume:
             for k, summary in self._engine.call("summary", {k: () for k in range(num_shards)}).items():
-                self._members[k], self._task_ids[k] = summary["stream_ids"], set(summary["task_ids"])
+                self._members[k], self._task_ids[k] = summary["stream_ids"], summary["task_digests"]
 
     @classmethod
     def restore(
@@ -242,10 +346,11 @@ class StreamFleet:
         ray_init: dict | None = None,
         actor_options: dict | None = None,
         max_restarts: int = 100,
+        time_axis: TimeAxis | str | None = None,
     ) -> StreamFleet:
-        """The fleet whose checkpoints are in ``checkpoint_dir`` (its ``num_shards`` read from there), each shard
-        at its last written task; deliver again the tasks after the last one :meth:`update` returned from
-        (tasks a shard absorbed already are skipped). The other arguments: as for the constructor.
+        """The fleet whose checkpoints are in ``checkpoint_dir`` (its ``num_shards`` and time axis read from there),
+        each shard at its last written task; deliver again the tasks after the last one :meth:`update` returned
+        from (tasks a shard absorbed already are skipped). The other arguments: as for the constructor.
 
         :param checkpoint_dir: the directory a fleet wrote its checkpoints to (with its ``fleet.json``).
         :param model_factory: ``model_factory(num_streams)``, building the same models as the fleet's did.
@@ -254,13 +359,17 @@ class StreamFleet:
         :param ray_init: keyword arguments of ``ray.init`` (Ray engine); ``None`` (default): Ray's own.
         :param actor_options: options of the shard actors (Ray engine); ``None`` (default): none.
         :param max_restarts: how many dead actors the Ray engine replaces (default 100).
+        :param time_axis: ``None`` (default): the saved one; a ``TimeAxis`` or unit must agree with it (a ``ValueError``
+            otherwise; one without an origin takes the saved origin).
         """
         manifest = os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)
         if not os.path.exists(manifest):
             raise FileNotFoundError(f"{manifest} not found: {checkpoint_dir} holds no fleet")
         with open(manifest) as file:
-            num_shards = json.load(file)["num_shards"]
+            saved = json.load(file)
+        num_shards = saved["num_shards"]
         fleet = cls.__new__(cls)
+        fleet.time_axis, fleet._input_dim = _restored_time_axis(saved.get("time_axis"), _as_time_axis(time_axis)), saved.get("input_dim")
         fleet._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume=True)
         return fleet
 
@@ -278,7 +387,7 @@ class StreamFleet:
     @property
     def task_ids(self) -> set:
         """The tasks every shard has absorbed."""
-        return set.intersection(*self._task_ids)
+        return set.intersection(*(set(task_ids) for task_ids in self._task_ids))
 
     def shard_of(self, stream_id) -> int:
         """The shard that holds (or will hold) ``stream_id``.
@@ -289,48 +398,111 @@ class StreamFleet:
 
     # ------------------------------------------------------------------ tasks
     def update(self, task_id: int | str, data: Mapping[Hashable, tuple]) -> bool:
-        """Absorb task ``task_id``: ``data`` maps stream id -> ``(X (n, d) or (n,), y (n,))`` (tensors or arrays).
+        """Absorb task ``task_id``: ``data`` maps stream id -> ``(X (n, d) or (n,), y (n,))`` (tensors, arrays, pandas
+        objects; calendar times with ``time_axis``).
 
         Streams absent from ``data`` are left exactly as they were; new stream ids join their shard. The data
-        are checked before any shard sees them (:class:`StreamDataError` naming the stream). Every shard
-        records ``task_id`` and writes its checkpoint. Returns whether any shard absorbed the task now
-        (``False``: it was delivered before, nothing changed).
+        are checked before any shard sees them: :class:`StreamDataError` naming the stream (NaN or infinite
+        values, mismatched shapes, inputs of another dimension than the other streams'), :class:`TimeResolutionError`
+        (inputs the models' dtype cannot hold), :class:`TaskConflictError` (``task_id`` absorbed before with other
+        data). Every shard records ``task_id`` with a digest of its part and writes its checkpoint. Returns whether
+        any shard absorbed the task now (``False``: it was delivered before with the same data, nothing changed).
 
-        :param task_id: the task's id, an int or a str (stored in the checkpoints; a repeated id is skipped).
-        :param data: mapping stream id (int or str) -> ``(X, y)``, ``X`` ``(n, d)`` or ``(n,)``, ``y`` ``(n,)``, finite.
+        :param task_id: the task's id, an int or a str (or a NumPy scalar of one; stored in the checkpoints).
+        :param data: mapping stream id (int or str, or a NumPy scalar of one) -> ``(X, y)``, ``X`` ``(n, d)`` or
+            ``(n,)``, ``y`` ``(n,)``, finite.
         """
-        _check_id(task_id, "task_id")
+        task_id = _as_id(task_id, "task_id")
         if not isinstance(data, Mapping):
             raise TypeError(f"data must be a mapping stream_id -> (X, y), got {type(data).__name__}")
+        data = {_as_id(stream_id): pair for stream_id, pair in data.items()}
+        time_axis = self._task_time_axis(data)
+        streams = {stream_id: _stream_data(stream_id, pair, time_axis) for stream_id, pair in data.items()}
+        dims = self._check_dimensions(streams)
+        dtype = self._model_dtype()
         parts: dict[int, dict] = {k: {} for k in range(self.num_shards)}
-        for stream_id, pair in data.items():
-            _check_id(stream_id, "a stream id")
-            parts[self.shard_of(stream_id)][stream_id] = _stream_data(stream_id, pair)
-        results = self._engine.call("update", {k: (task_id, PackedTask.from_mapping(part)) for k, part in parts.items()})
+        for stream_id, (x, y) in streams.items():
+            parts[self.shard_of(stream_id)][stream_id] = (_packed_inputs(x, dtype, f"stream {stream_id!r}", [stream_id]), y.to(dtype))
+        packed = {k: PackedTask.from_mapping(part, dtype) for k, part in parts.items()}
+        stored = {k: self._task_ids[k].get(task_id) for k in packed}
+        conflicts = [k for k, task in packed.items() if stored[k] is not None and stored[k] != task.digest()]
+        if conflicts:
+            raise task_conflict(task_id, conflicts)
+        if time_axis is not self.time_axis:
+            self.time_axis = time_axis
+            self._save_manifest()  # before any shard sees the task: a shard's times are on the saved axis
+        results = self._engine.call("update", {k: (task_id, task) for k, task in packed.items()})
         for k, result in results.items():
             self._members[k] = result["stream_ids"]
-            self._task_ids[k].add(task_id)
+            self._task_ids[k][task_id] = result["digest"]
+        if self._input_dim is None and dims is not None:  # the models took inputs of this dimension
+            self._input_dim = dims
+            self._save_manifest()
         return any(result["absorbed"] for result in results.values())
+
+    def _task_time_axis(self, data: Mapping) -> TimeAxis | None:
+        """The time axis of this task: the fleet's, or, if it has no origin yet and the task has calendar times, a
+        copy whose origin is the task's earliest time (the fleet takes it once every stream has been checked)."""
+        axis = self.time_axis
+        if axis is None or axis.origin is not None:
+            return axis
+        probes = []
+        for stream_id, pair in data.items():
+            if isinstance(pair, (tuple, list)) and len(pair) == 2 and is_datetime_like(pair[0]) and np.size(pair[0]):
+                probe = copy.deepcopy(axis)  # no origin: it takes the stream's earliest time (and zone)
+                _times(pair[0], probe, f"stream {stream_id!r}", [stream_id])
+                probes.append(probe)
+        return min(probes, key=lambda probe: str(probe.origin)) if probes else axis  # ISO strings of datetime64[ns] sort as times
+
+    def _check_dimensions(self, streams: Mapping[Hashable, tuple[Tensor, Tensor]]) -> int | None:
+        """The task's input dimension ``d``, the same for every stream with points and the fleet's (a
+        :class:`StreamDataError` naming the other streams); ``None`` for a task without points."""
+        dims = {stream_id: x.shape[-1] for stream_id, (x, _) in streams.items() if x.shape[0]}
+        if not dims:
+            return None
+        counts = collections.Counter(dims.values())
+        expected = self._input_dim if self._input_dim is not None else counts.most_common(1)[0][0]
+        other = [stream_id for stream_id, d in dims.items() if d != expected]
+        if other:
+            raise StreamDataError(
+                f"stream(s) {other[:10]}: X has {dims[other[0]]} column(s) where the fleet's streams have {expected} "
+                f"(X of every stream: (n, {expected}){' or (n,)' if expected == 1 else ''})",
+                other,
+            )
+        return expected
+
+    def _model_dtype(self) -> torch.dtype:
+        """The floating dtype of the shards' models (asked of shard 0 once)."""
+        if self._dtype is None:
+            self._dtype = self._engine.call("dtype", {0: ()})[0]
+        return self._dtype
 
     def predict(self, stream_ids: Sequence, X, observation_noise: bool = False) -> tuple[Tensor, Tensor]:
         """Mean and variance ``(len(stream_ids), n)`` of each stream's latent ``f`` at ``X`` (with
         ``observation_noise``: of ``y``, the likelihood's noise added). ``X``: ``(n, d)`` or ``(n,)``, the
-        same inputs for every stream, or ``(len(stream_ids), n, d)``, each stream's own.
+        same inputs for every stream, or ``(len(stream_ids), n, d)``, each stream's own; calendar times with
+        ``time_axis``.
 
         :param stream_ids: ids of streams the fleet holds.
-        :param X: the inputs (tensor or array), as above.
+        :param X: the inputs (tensor, array or pandas object), as above.
         :param observation_noise: ``False`` (default): the latent ``f``; ``True``: ``y``, with the likelihood's noise.
         """
-        stream_ids = list(stream_ids)
+        stream_ids = [_as_id(s) for s in stream_ids]
         known = {s: k for k, members in enumerate(self._members) for s in members}
         unknown = [s for s in stream_ids if s not in known]
         if unknown:
             raise KeyError(f"unknown stream id(s) {unknown[:10]}: the fleet holds {len(known)} streams (StreamFleet.stream_ids)")
-        x = X if isinstance(X, Tensor) else torch.as_tensor(np.asarray(X, dtype=np.float64))
+        if self.time_axis is not None and self.time_axis.origin is None and is_datetime_like(X):
+            raise ValueError(
+                "X holds calendar times but the fleet's time axis has no origin yet (no task had calendar times): "
+                "build the fleet with time_axis=TimeAxis(unit, origin=...)"
+            )
+        x = _as_tensor(_times(X, self.time_axis, "X of predict", stream_ids), "X", "predict")
         if x.dim() in (1, 2):
             x = x.reshape(x.shape[0], -1).expand(len(stream_ids), -1, -1)
         if x.dim() != 3 or x.shape[0] != len(stream_ids):
             raise ValueError(f"X must have shape (n, d), (n,) or ({len(stream_ids)}, n, d), got {tuple(x.shape)}")
+        x = _packed_inputs(x, self._model_dtype(), "X of predict", stream_ids)
         rows: dict[int, list[int]] = {}
         for i, s in enumerate(stream_ids):
             rows.setdefault(known[s], []).append(i)

@@ -2,7 +2,7 @@
 :class:`~gpytorch_hippo.inducing.base.InducingVariables`), so that one variational strategy serves them all."""
 
 from .base import CapturedVarianceWarning, InconsistentCovarianceWarning, InducingVariables, InputsOutsideSupportError
-from .covariances import CovarianceBackend, StationaryKernelSpec, register_stationary_kernel
+from .covariances import CovarianceBackend, StationaryKernelSpec, UnsupportedKernelError, register_stationary_kernel
 from .fourier import FourierInducingVariables
 from .hippo_variables import HiPPOInducingVariables
 from .points import InducingPoints
@@ -20,4 +20,5 @@ __all__ = [
     "register_stationary_kernel",
     "StationaryKernelSpec",
     "CovarianceBackend",
+    "UnsupportedKernelError",
 ]

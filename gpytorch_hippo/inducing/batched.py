@@ -128,6 +128,17 @@ class BatchedInducingVariables(InducingVariables):
         frozen._engine = self._engine  # its cache is keyed by the clocks and hyperparameters it was computed for
         return frozen
 
+    def keep_streams(self, stored: BatchedInducingVariables, kept: Tensor) -> None:
+        """Take ``stored``'s sets for the streams where ``kept`` is ``True``, in place: a stream without points in a task
+        keeps its stored posterior, which holds only on the variables it was computed for (e.g. its bases at the clock of
+        its last update, whatever ``advance`` moved since).
+
+        :param stored: the stored task's copy of these ``S`` streams.
+        :param kept: booleans ``(S,)``, ``True`` for the streams that keep their stored posterior.
+        """
+        for i in kept.reshape(-1).nonzero().squeeze(-1).tolist():
+            cast(nn.ModuleList, self.streams)[i] = stored.streams[i]  # a stored set never moves: the two copies may share it
+
     def _groups(self, kernel: nn.Module, other: BatchedInducingVariables | None = None) -> list[list[int]] | None:
         """Streams whose covariances coincide: the same state (every parameter and buffer of their own sets, and of
         ``other``'s) and the same slice of ``kernel`` -- e.g. streams that advanced to the same clocks under shared

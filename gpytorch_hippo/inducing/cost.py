@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .covariances import kernel_parts
+from .covariances import describe_kernel, kernel_parts, supported_kernels, unregistered_factors
 
 __all__ = ["CovarianceCostError", "MAX_ENTRIES", "MAX_SPECTRAL_NODES", "check_work", "kernel_reach"]
 
@@ -70,7 +70,9 @@ def kernel_reach(kernel) -> float | None:
 def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float | None = None, lengthscale: float | None = None) -> None:
     """Raise :class:`CovarianceCostError` if ``entries`` exceeds ``limit`` (default :data:`MAX_ENTRIES`).
 
-    The message gives the span of the bases in length scales and what to change.
+    The message gives the span of the bases in length scales and what to change: for a kernel with an unregistered
+    factor (e.g. Matérn x periodic), which only the quadrature backend takes, a window or a registered kernel; else the
+    times' offset and unit and the length scale.
 
     :param entries: the number of values (float64 entries or kernel evaluations) the evaluation would form.
     :param what: what would form them, for the message (e.g. ``"the quadrature rule (nodes x M)"``).
@@ -91,6 +93,16 @@ def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float 
         if ell is not None:
             detail += f", {(t - lower) / ell:.3g} kernel length scales (lengthscale = {ell:.3g})"
         detail += "."
+    factors = [] if kernel is None else unregistered_factors(kernel)
+    if factors:
+        raise CovarianceCostError(
+            f"{what} would form about {entries:.3g} values (limit {limit:.3g}).{detail} Only method='quadrature' takes "
+            f"{describe_kernel(kernel)} ({', '.join(factors)}: no registration), and its rule grows with the bases' span in "
+            "length scales (Kuu with its square): LegS bases cover [0, t], so the work grows with every advance. Bound the "
+            "span with a window (measure='legt' or 'fout' with theta=, bases over [t - theta, t]); or use a registered "
+            f"kernel ({supported_kernels()}) with method='lyapunov', whose cost per task does not grow with t; or, if the "
+            "work is intended, raise gpytorch_hippo.inducing.cost.MAX_ENTRIES."
+        )
     raise CovarianceCostError(
         f"{what} would form about {entries:.3g} values (limit {limit:.3g}).{detail} "
         "Shift the times so that the stream starts near 0 (x - x[0]: LegS bases always cover [0, t], so "

@@ -41,6 +41,8 @@ __all__ = [
     "KernelParts",
     "Resolved",
     "StationaryKernelSpec",
+    "UnsupportedKernelError",
+    "describe_kernel",
     "kernel_parts",
     "register_scale_wrapper",
     "register_stationary_kernel",
@@ -48,6 +50,8 @@ __all__ = [
     "resolve_kernel",
     "supported_kernels",
     "unregister_stationary_kernel",
+    "unregistered_factors",
+    "unsupported_kernel",
 ]
 
 #: ``exp(-(Ω ℓ)²/2)`` at ``Ω ℓ = 9.5`` is 2e-20: the RBF spectral density is zero in float64 beyond it
@@ -258,6 +262,57 @@ def supported_kernels() -> str:
     return listed + (f", optionally wrapped in {wrappers}" if wrappers else "")
 
 
+class UnsupportedKernelError(TypeError):
+    """A HiPPO covariance backend chosen by ``method`` does not take the kernel; the message names the kernel's
+    unregistered factors and the backend that takes it (``method="quadrature"``: any kernel, 1-D inputs)."""
+
+
+def describe_kernel(kernel: gpytorch.kernels.Kernel) -> str:
+    """The kernel's structure in words, e.g. ``ScaleKernel(ProductKernel(MaternKernel, PeriodicKernel))``.
+
+    :param kernel: a GPyTorch kernel.
+    """
+    parts = [describe_kernel(sub) for sub in _direct_sub_kernels(kernel)]
+    return type(kernel).__name__ + (f"({', '.join(parts)})" if parts else "")
+
+
+def unregistered_factors(kernel: gpytorch.kernels.Kernel) -> list[str]:
+    """The class names of the kernels within ``kernel`` that no registration covers (scale wrappers looked through, the
+    parts of sums and products listed), e.g. ``["PeriodicKernel"]`` for Matérn x periodic; ``[]`` for a registered kernel.
+
+    :param kernel: a GPyTorch kernel.
+    """
+    spec, base, _ = resolve_kernel(kernel)
+    if spec is not None:
+        return []
+    parts = _direct_sub_kernels(base)
+    if not parts:
+        return [type(base).__name__]
+    return list(dict.fromkeys(name for part in parts for name in unregistered_factors(part)))
+
+
+def _direct_sub_kernels(kernel: gpytorch.kernels.Kernel) -> list[gpytorch.kernels.Kernel]:
+    subs = list(kernel.sub_kernels())
+    return [sub for sub in subs if not any(sub is not other and sub in other.modules() for other in subs)]
+
+
+def unsupported_kernel(what: str, kernel: gpytorch.kernels.Kernel, takes: str) -> UnsupportedKernelError:
+    """The error of a backend that does not take ``kernel``: the kernel's unregistered factors, the kernels the backend
+    takes, and the backend that takes any kernel.
+
+    :param what: the backend, as the message names it (e.g. ``"method='lyapunov'"``).
+    :param kernel: the GP's kernel.
+    :param takes: the kernels the backend takes, in words.
+    """
+    factors = unregistered_factors(kernel)
+    unregistered = f" ({', '.join(factors)}: no registration)" if factors else ""
+    return UnsupportedKernelError(
+        f"{what} does not take {describe_kernel(kernel)}{unregistered}: it takes {takes}. "
+        "method='quadrature' (or 'auto', which chooses it) takes any kernel with 1-D inputs, exactly, at a cost that grows "
+        "with the bases' span in length scales; a stationary kernel class can be registered with register_stationary_kernel."
+    )
+
+
 def resolve_kernel(kernel: gpytorch.kernels.Kernel) -> Resolved:
     """``(spec or None, base kernel, outputscale function or None)``: a scale wrapper looked through,
     no hyperparameter evaluated (cheap enough for a check on every call).
@@ -288,9 +343,10 @@ def kernel_parts(kernel: gpytorch.kernels.Kernel) -> KernelParts:
     """
     spec, base, scale = resolve_kernel(kernel)
     if spec is None:
-        raise TypeError(
-            f"HiPPO inducing variables with Fourier features need a spectral density: "
-            f"kernel must be {supported_kernels()}, got {type(base).__name__}"
+        raise unsupported_kernel(
+            "HiPPO inducing variables with Fourier features (method='spectral' or 'recurrence')",
+            kernel,
+            f"a registered kernel with a spectral density, {supported_kernels()}",
         )
     outputscale = None if scale is None else scale(kernel)
     lengthscale = base.lengthscale

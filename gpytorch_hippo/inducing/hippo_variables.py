@@ -336,7 +336,11 @@ class HiPPOInducingVariables(InducingVariables):
             )
         t_new = _check_time(t_new, "t_new")
         if not t_new > self.t:
-            raise ValueError(f"t_new must be greater than the current t = {self.t}, got {t_new}")
+            raise ValueError(
+                f"t_new must be greater than the current t = {self.t}, got {t_new}: a stream moves forward in time, so "
+                "give its tasks in time order (sort the rows by time; a TMY3 file mixes years: "
+                "gpytorch_hippo.data.solar.load_tmy3 puts them on one)"
+            )
         return float(t_new)
 
     def batched_engine(self):
@@ -542,8 +546,18 @@ def _chi2_draws(num: int, generator: torch.Generator) -> Tensor:
     return torch.stack([normals[:1].sum(0), normals[:3].sum(0), normals[:5].sum(0)])
 
 
+def _refuse_calendar_time(value, name: str) -> None:
+    """A ``TypeError`` naming :class:`~gpytorch_hippo.timeaxis.TimeAxis` if ``value`` is a calendar time."""
+    if is_datetime_like(value):
+        raise TypeError(
+            f"{name} is a calendar time: give it as a number of the model's time axis, e.g. {name}=axis(time) with "
+            "axis = gpytorch_hippo.TimeAxis('h', origin=first_time), and pass the same axis to OnlineSGPR(time_axis=axis)"
+        )
+
+
 def _check_time(value, name: str) -> float:
     """A finite time of magnitude at most :data:`.cost.MAX_TIME` (beyond it ``t²`` overflows float64)."""
+    _refuse_calendar_time(value, name)
     value = check_finite_scalar(value, name)
     if abs(value) > MAX_TIME:
         raise ValueError(f"{name} must have magnitude at most {MAX_TIME:g} (squared distances overflow beyond), got {value!r}")
@@ -558,6 +572,7 @@ def _batched(cls, batch_shape, *args, **kwargs) -> BatchedInducingVariables:
     kwargs = dict(inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments)
     kwargs.pop("self")
     t = kwargs.pop("t", 1.0)
+    _refuse_calendar_time(t, "t")
     if kwargs.get("input_dim", 1) != 1:
         raise ValueError("batched streams need 1-D time inputs (input_dim=1): the path memory of multidimensional inputs is per model")
     clocks = torch.as_tensor(t, dtype=torch.float64).detach().cpu()

@@ -51,7 +51,7 @@ from .._validation import floating_dtype
 from ..hippo import normalized_legendre
 from .banded import BandedBackend, Panels, support_span
 from .cost import MAX_ENTRIES
-from .covariances import CovarianceBackend, StationaryKernelSpec, kernel_parts, resolve_kernel, supported_kernels
+from .covariances import CovarianceBackend, StationaryKernelSpec, kernel_parts, resolve_kernel, supported_kernels, unsupported_kernel
 from .hippo_backends import QuadratureBackend, SpectralBackend
 from .spectral import gauss_legendre, kernel_signature
 
@@ -388,11 +388,13 @@ class LyapunovBackend:
             raise ValueError(f"method='lyapunov' needs input_dim=1 (time inputs), got input_dim={ivars.input_dim}")
         spec, base, scale = resolve_kernel(kernel)  # without running the constraints' transforms on every call
         if spec is None:
-            raise TypeError(f"method='lyapunov': kernel must be {supported_kernels()}, got {type(kernel).__name__}")
+            raise unsupported_kernel("method='lyapunov'", kernel, supported_kernels())
         if spec.reach is None or not (spec.matern or spec.gaussian):
-            raise TypeError(
-                f"method='lyapunov' needs a Matérn kernel or one with a Gaussian spectral density (RBF), with a reach; "
-                f"got {type(base).__name__} registered as {spec.name!r}"
+            raise unsupported_kernel(
+                "method='lyapunov'",
+                kernel,
+                f"a Matérn kernel or one with a Gaussian spectral density (RBF), with a reach "
+                f"({type(base).__name__} is registered as {spec.name!r})",
             )
         if base.raw_lengthscale.numel() != 1:
             raise ValueError(f"method='lyapunov': kernel must have one length scale (1-D), got {base.raw_lengthscale.numel()}")

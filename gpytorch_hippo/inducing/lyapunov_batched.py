@@ -104,8 +104,9 @@ def _chunks(size: int, entries: int):
 class BatchedLegS:
     """:math:`K(t)`, :math:`K_{uf}` and :math:`C(t_a, t_b)` of ``S`` LegS streams under per-stream RBF hyperparameters (module docstring).
 
-    The carried state, :math:`(t, K(t))` for every stream, is kept with the hyperparameters and starts it was computed for;
-    a stream whose hyperparameters or start changed, or whose clock is behind the state, restarts from nothing.
+    The carried state, :math:`(t, K(t))` for every stream, is kept with the hyperparameters and starts it was computed for
+    (the last few states); each stream steps from the latest of them at or before its clock (e.g. a stored task's clock, kept
+    by a stream without points), and restarts from nothing where none is (other hyperparameters or start, an earlier clock).
 
     :param num_inducing: ``M``, the number of LegS basis functions of every stream.
     """
@@ -234,7 +235,7 @@ class BatchedLegS:
 
     # ------------------------------------------------------------------ the carried state
     def state(self, t: Tensor, lower: Tensor, ell: Tensor, scale: Tensor) -> Tensor:
-        r"""``K(t)`` ``(S, M, M)``, carried forward from the newest state of the same streams (module docstring).
+        r"""``K(t)`` ``(S, M, M)``, carried forward stream by stream from the latest remembered state not ahead of it (module docstring).
 
         :param t: the streams' clocks, ``(S,)``.
         :param lower: the start of each stream's support, ``(S,)``.
@@ -244,13 +245,12 @@ class BatchedLegS:
         for state in reversed(self._states):
             if _same(state, t=t, lower=lower, ell=ell, scale=scale):
                 return state["K"]
-        base = next((s for s in reversed(self._states) if s["t"].shape == t.shape), None)
-        if base is None:
-            t_a, K_a = lower.clone(), t.new_zeros(t.shape[0], self.M, self.M)
-        else:
-            valid = (base["lower"] == lower) & (base["ell"] == ell) & (base["scale"] == scale) & (base["t"] <= t)
-            t_a = torch.where(valid, base["t"], lower)
-            K_a = torch.where(valid[:, None, None], base["K"], 0.0)
+        t_a, K_a = lower.clone(), t.new_zeros(t.shape[0], self.M, self.M)
+        for base in self._states:  # each stream from the latest remembered state of its own that is not ahead of t
+            if base["t"].shape == t.shape:
+                valid = (base["lower"] == lower) & (base["ell"] == ell) & (base["scale"] == scale) & (t_a <= base["t"]) & (base["t"] <= t)
+                t_a = torch.where(valid, base["t"], t_a)
+                K_a = torch.where(valid[:, None, None], base["K"], K_a)
         K, C = self.step(t_a, K_a, t, lower, ell, scale)
         self._remember(self._states, {"t": t, "lower": lower, "ell": ell, "scale": scale, "K": K})
         self._remember(self._steps, {"t_a": t_a, "t_b": t, "lower": lower, "ell": ell, "scale": scale, "K_a": K_a, "C": C})

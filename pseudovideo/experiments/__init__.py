@@ -44,6 +44,19 @@ def add_ema_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def announce_processes(processes) -> None:
+    """Print, on the main process, how many processes this run trains on (``accelerate launch --cpu`` starts one
+    whatever ``--num_processes`` says; ``torchrun --nproc-per-node N`` or ``accelerate launch --multi_gpu
+    --num_processes N`` start ``N``, also on a machine without a GPU).
+
+    :param processes: the run's ``accelerate.PartialState``.
+    """
+    if processes.is_main_process:
+        count = processes.num_processes
+        kind = "data-parallel" if count > 1 else "no data parallelism"
+        print(f"processes: {count} ({kind}, {processes.distributed_type.value}, {processes.device})", flush=True)
+
+
 def make_ema(model: nn.Module, decay: float):
     """diffusers' ``EMAModel`` of ``model``'s parameters, or ``None`` for ``decay == 0``.
 

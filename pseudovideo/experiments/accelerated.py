@@ -3,12 +3,12 @@
 :func:`train` runs ``steps`` optimiser steps of a model whose ``forward`` returns its training
 loss (``AutoregressiveVideoDiffusion``, ``HeatHVAE``) or whose named method does (``loss=``: the
 token priors' ``"loss"``; the method then runs inside a module that the data-parallel wrapper
-calls, so that gradients are still averaged), on one process or, launched with ``accelerate launch
---num_processes N`` (``--cpu`` for CPU processes) or ``torchrun --nproc-per-node N``, on ``N``
-data-parallel processes: each draws its own batches (its generator is seeded by the seed and its
-rank) and the gradients are averaged across processes, so one step of ``N`` processes with
-batches ``B_1..B_N`` is one step on their concatenation (exactly, where every video has the same
-number of latent slots). It also gives
+calls, so that gradients are still averaged), on one process or, launched with ``torchrun
+--nproc-per-node N`` or ``accelerate launch --multi_gpu --num_processes N`` (CPU processes where there
+is no GPU; accelerate's ``--cpu`` flag would start a single process), on ``N`` data-parallel
+processes: each draws its own batches (its generator is seeded by the seed and its rank) and the
+gradients are averaged across processes, so one step of ``N`` processes with batches ``B_1..B_N``
+is one step on their concatenation (exactly, where every video has the same number of latent slots). It also gives
 
 * gradient accumulation (``accumulation`` micro-batches per optimiser step),
 * mixed precision (``"bf16"``/``"fp16"``, accelerate's autocast),

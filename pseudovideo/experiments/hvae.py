@@ -26,7 +26,7 @@ from ..data import DATASETS, SUBSTITUTES, load_images
 from ..metrics import default_classifier, inception_score
 from ..models.hvae import ENCODERS, HeatHVAE
 from ..plots import save_image_grid
-from . import add_ema_argument, add_seed_arguments, ema_weights, seed_range
+from . import add_ema_argument, add_seed_arguments, announce_processes, ema_weights, seed_range
 from .accelerated import train as accelerated_train
 
 COLUMNS = ["dataset", "encoder", "latents", "seed", "is", "train_s", "classifier_accuracy"]
@@ -87,6 +87,7 @@ def main(argv=None) -> list[dict]:
     pooled = F.avg_pool2d(images, args.downsample) if args.downsample > 1 else images
     binary = (pooled > 0.5).float()
     processes = require("accelerate", "video", "pseudovideo.experiments.hvae").PartialState(cpu=args.cpu)
+    announce_processes(processes)
     with processes.main_process_first():  # the main process trains and caches the metric classifier
         classifier = default_classifier(args.dataset, args.classifier_cache, args.downsample)
     rows = []

@@ -43,7 +43,7 @@ from ..models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
 from ..models.quantizer import codebook_perplexity
 from ..models.tokenizer import ImageTokenizer, VideoTokenizer
 from ..plots import save_image_grid, save_video_rows
-from . import add_ema_argument, add_seed_arguments, seed_range
+from . import add_ema_argument, add_seed_arguments, announce_processes, seed_range
 from .accelerated import train as accelerated_train
 from .diffusion import experiment_images, to_image_space
 
@@ -352,6 +352,7 @@ def main(argv=None) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     processes = require("accelerate", "video", "pseudovideo.experiments.tokens").PartialState(cpu=args.cpu)
+    announce_processes(processes)
     with processes.main_process_first():  # the main process trains and caches the metric classifier
         train, held_out, size, classifier = experiment_images(args)
     main_process = processes.is_main_process

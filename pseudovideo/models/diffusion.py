@@ -192,8 +192,10 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
         )
         self.unet.num_indicator_channels = self.slots
         try:
-            self.scheduler = DDPMScheduler(
+            self.scheduler = DDPMScheduler(  # beta_start/end explicit: from_config carries them to other schedulers
                 num_train_timesteps=num_train_timesteps,
+                beta_start=0.0001,
+                beta_end=0.02,
                 beta_schedule=beta_schedule,
                 clip_sample=clip_sample,
                 prediction_type=prediction_type,
@@ -312,7 +314,8 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
 
         A sample, not the conditional mean ``E[z_t | context]`` (average several draws to estimate that).
 
-        :param context_frames: ``(B, C, channels, H, W)``: the ``context`` previous frames, oldest first, in model space.
+        :param context_frames: ``(B, C, channels, H, W)``: the ``context`` previous frames, oldest first, in model
+            space (a ``ValueError`` on ``[0, 1]`` or ``[0, 255]`` frames, as for the training videos).
         :param num_inference_steps: the DDIM steps of the reverse chain.
         :param generator: the random generator of the chain's noise (``None``: PyTorch's global one).
         """
@@ -323,6 +326,7 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
         if context_frames.dim() != 5 or tuple(context_frames.shape[1:]) != expected:
             raise ValueError(f"context_frames must have shape (B, {', '.join(map(str, expected))}), got {tuple(context_frames.shape)}")
         check_tensor(context_frames, "context_frames", non_empty=True, finite=True, dtype=self._dtype())
+        check_model_range(context_frames, "context_frames", refuse_unit_range=True)
         check_int(num_inference_steps, "num_inference_steps")
         check_generator(generator)
         scheduler = DDIMScheduler.from_config(self.scheduler.config)
@@ -345,44 +349,46 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
         """Reverse chains per generated video: the initial block, then one per later frame."""
         return self.num_tasks
 
-    def _sample_batch(self, batch, scheduler, steps, generator, step_options=None, progress=None):
-        """``batch`` videos, every chain run by ``scheduler`` (``step_options``: extra ``step`` arguments)."""
+    def _sample_batch(self, batch, scheduler, steps, generator, step_options=None, on_step=None):
+        """``batch`` videos, every chain run by ``scheduler`` (``step_options``: extra ``step`` arguments;
+        ``on_step(index, timestep, sample)``: called after every step, returns the sample to go on from)."""
         shape = (batch, self.slots, self.channels, self.image_size, self.image_size)
         window = torch.zeros(shape, dtype=self._dtype(), device=self.device)
         tasks = torch.zeros(batch, dtype=torch.long, device=self.device)
         _, state = self.task_windows(tasks)
-        initial = self._reverse_chain(window, state, scheduler, steps, generator, step_options, progress)
+        initial = self._reverse_chain(window, state, scheduler, steps, generator, step_options, on_step)
         frames = list(initial.unbind(1)) if self.num_frames == 1 else list(initial[:, : self.context].unbind(1))
         while len(frames) < self.num_frames:
             context = torch.stack(frames[-self.context :], 1)
-            frames.append(self._next_frame(context, scheduler, steps, generator, step_options, progress))
+            frames.append(self._next_frame(context, scheduler, steps, generator, step_options, on_step))
         return torch.stack(frames, 1)
 
-    def _next_frame(self, context_frames, scheduler, steps, generator, step_options=None, progress=None):
+    def _next_frame(self, context_frames, scheduler, steps, generator, step_options=None, on_step=None):
         batch = len(context_frames)
         state = torch.tensor([OBSERVED] * self.context + [LATENT], device=context_frames.device).expand(batch, -1)
         window = torch.cat([context_frames, torch.zeros_like(context_frames[:, :1])], dim=1)
-        return self._reverse_chain(window, state, scheduler, steps, generator, step_options, progress)[:, -1]
+        return self._reverse_chain(window, state, scheduler, steps, generator, step_options, on_step)[:, -1]
 
-    def _reverse_chain(self, window, state, scheduler, steps, generator, step_options=None, progress=None):
+    def _reverse_chain(self, window, state, scheduler, steps, generator, step_options=None, on_step=None):
         """The scheduler's reverse chain from noise in the latent slots; observed slots stay clean.
 
         Any diffusers scheduler: ``x_T = init_noise_sigma * eps``, then per timestep the UNet sees
         ``scale_model_input(x_t)`` and ``step`` gives ``x_{t-1}`` (DDIM's ``eta``, DDPM's ancestral
-        noise drawn by ``generator``). ``set_timesteps`` restarts multistep schedulers' history.
+        noise drawn by ``generator``, or by one generator per video from a list). ``set_timesteps`` restarts
+        multistep schedulers' history.
         """
         scheduler.set_timesteps(steps, device=window.device)
         latent = (state == LATENT)[:, :, None, None, None]
         # drawn in float32 whatever the model's dtype: a seeded generator gives the same chain in every dtype
         noise = randn(window.shape, generator, torch.float32, window.device).to(window.dtype)
         sample = torch.where(latent, noise * scheduler.init_noise_sigma, window)
-        for timestep in scheduler.timesteps:
+        for index, timestep in enumerate(scheduler.timesteps):
             timesteps = torch.full((len(window),), int(timestep), device=window.device)
             prediction = self._predict_noise(scheduler.scale_model_input(sample, timestep), window, state, timesteps)
             stepped = scheduler.step(prediction, timestep, sample, **(step_options or {})).prev_sample
             sample = torch.where(latent, stepped.to(window.dtype), window)
-            if progress is not None:
-                progress.update()
+            if on_step is not None:
+                sample = torch.where(latent, on_step(index, timestep, sample), window)
         return sample
 
     def _predict_noise(self, noisy, clean, state, timesteps):
@@ -415,4 +421,4 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
         if videos.dim() != 5 or tuple(videos.shape[1:]) != expected:
             raise ValueError(f"videos must have shape (B, {', '.join(map(str, expected))}), got {tuple(videos.shape)}")
         check_tensor(videos, "videos", non_empty=True, finite=True, dtype=self._dtype())
-        check_model_range(videos[:, -1], "videos' last frames (the images)")
+        check_model_range(videos[:, -1], "videos' last frames (the images)", refuse_unit_range=True)

@@ -128,6 +128,7 @@ def test_online_elbo_names_the_bad_target(bad, match):
         elbo(model(x.unsqueeze(-1)), y)
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.botorch.InducingApproximationWarning")  # 6 points, to be fast
 def test_botorch_posterior_names_a_nan_candidate():
     x, y = data()
     points = InducingPoints(torch.linspace(0, 1, 6, dtype=DT), learn=False)

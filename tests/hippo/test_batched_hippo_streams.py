@@ -290,3 +290,45 @@ def test_the_fleet_benchmark_times_each_thread_count_and_its_batched_fleet_equal
     assert all(row["speedup"][n] == pytest.approx(row["loop_s"] / row["batched_s"][n]) for n in (1, 2))
     assert row["max_mean_gap"] < 1e-8
     assert row["bytes_per_stream"] == 8 * (2 * 6 * 6 + 2 * 6)  # chol, precision (M x M), shift, prior mean (M): O(M²)
+
+
+@pytest.mark.parametrize("method, rbf", [("lyapunov", False), ("lyapunov", True), ("spectral", False)])
+def test_a_stream_without_points_whose_clock_moves_equals_its_own_model(method, rbf):
+    """A per-stream user's loop: every task advances every stream's clock, then updates with the points there are;
+    some streams have none in a task (one in two tasks running). The single-stream model advances and skips its
+    update; its stored posterior stays on the bases it was computed for, and so must the batched stream's (also
+    through a reload)."""
+    batched = batched_model(method, rbf)
+    singles = [single_model(s, method, rbf) for s in range(S)]
+    generator = torch.Generator().manual_seed(1)
+    clocks = STARTS.clone()
+    empty = {0: [2], 1: [1], 2: [1, 2], 3: [0]}  # task -> streams without points (stream 1 twice in a row, stream 2 before its first point)
+    for k in range(5):
+        ends = clocks + (0 if k == 0 else 1.0 + 0.5 * torch.arange(S, dtype=DT))
+        starts = torch.zeros(S, dtype=DT) if k == 0 else clocks
+        x = (starts.view(S, 1) + (ends - starts).view(S, 1) * torch.rand(S, 8, generator=generator, dtype=DT)).unsqueeze(-1)
+        y = torch.sin(2 * x[..., 0]) + 0.05 * torch.randn(S, 8, generator=generator, dtype=DT)
+        mask = torch.ones(S, 8, dtype=torch.bool)
+        mask[empty.get(k, [])] = False
+        if k > 0:
+            batched.inducing_variables.advance(ends)  # every clock moves, with points or not
+            for s in range(S):
+                singles[s].inducing_variables.advance(ends[s].item())
+        batched.update(x, torch.where(mask, y, torch.nan), mask=mask)
+        for s in range(S):
+            if mask[s].any():
+                singles[s].update(x[s], y[s])
+        if k == 2:  # a reload keeps each stream's stored bases at its own clock
+            reloaded = batched_model(method, rbf)
+            reloaded.load_state_dict(copy.deepcopy(batched.state_dict()))
+            batched = reloaded
+        clocks = ends
+    test = torch.linspace(0, 12, 40, dtype=DT).expand(S, 40).unsqueeze(-1)
+    batched.eval()
+    with torch.no_grad():
+        joint = batched(test)
+        for s, single in enumerate(singles):
+            single.eval()
+            alone = single(test[s])
+            torch.testing.assert_close(joint.mean[s], alone.mean, rtol=0, atol=1e-8)
+            torch.testing.assert_close(joint.variance[s], alone.variance, rtol=0, atol=1e-8)

@@ -21,6 +21,10 @@ from gpytorch_hippo.botorch import OnlineCollapsedMLL, OnlineGPModel
 
 DOUBLE = torch.float64
 
+# these tests check the online model against OnlineSGPR and BoTorch's own algebra with few inducing points, to be fast:
+# where those points do not reach new inputs the model says so (test_botorch_dropin.py checks the warning)
+pytestmark = pytest.mark.filterwarnings("ignore::gpytorch_hippo.botorch.InducingApproximationWarning")
+
 
 def objective(x):
     return torch.sin(5 * x[..., :1]) + 0.5 * torch.cos(3 * x[..., 1:2])
@@ -249,6 +253,7 @@ def test_keep_data_and_train_inputs():
     torch.testing.assert_close(kept.train_targets, y[:, 0])
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # few inducing variables, to be fast
 def test_state_dict_reload_and_float32():
     x, y = data(15, 10)
     model, _ = fixed_model(InducingPoints(x[:6], learn=False, jitter=1e-4), x[:8], y[:8])
@@ -311,6 +316,31 @@ def test_a_fit_that_lowers_the_bound_is_rolled_back(monkeypatch):
     monkeypatch.setattr(online_botorch, "fit_gpytorch_mll", ruin)
     model.fit_hyperparameters(*model._to_model_space(x[15:], y[15:]), maxiter=5)
     assert torch.equal(model.covar_module.lengthscale, lengthscale)
+
+
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # few inducing variables, to be fast
+def test_a_refit_that_fails_in_observe_is_rolled_back_with_a_warning(monkeypatch):
+    # a long stream with refit_every=10 met a refit whose every attempt failed (ModelFittingError after 379
+    # updates); as documented, the refit is rolled back: the batch is absorbed with the former hyperparameters
+    from botorch.exceptions.errors import ModelFittingError
+
+    import gpytorch_hippo.botorch.models as online_botorch
+    from gpytorch_hippo.botorch import OnlineGPModelWarning
+
+    x, y = data(30, 11)
+    model = OnlineGPModel(x[:15], y[:15], InducingPoints(x[:8].clone()), fit_maxiter=0, refit_every=1, outcome_transform=None)
+    lengthscale = model.covar_module.lengthscale.clone()
+
+    def fail(mll, **kwargs):
+        mll.model.covar_module.lengthscale = 1e-3
+        raise ModelFittingError("All attempts to fit the model have failed.")
+
+    monkeypatch.setattr(online_botorch, "fit_gpytorch_mll", fail)
+    with pytest.warns(OnlineGPModelWarning, match="keeps the hyperparameters"):
+        updated = model.observe(x[15:], y[15:])
+    assert torch.equal(updated.covar_module.lengthscale, lengthscale) and updated.num_updates == 2
+    reference = model.condition_on_observations(x[15:], y[15:])  # the same batch without a refit
+    torch.testing.assert_close(updated.posterior(x).mean, reference.posterior(x).mean, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,7 @@ def test_known_noise_is_single_task_gp_with_train_yvar(streamed):
     torch.testing.assert_close(model.posterior(test).variance, gp.posterior(test).variance, rtol=0, atol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.botorch.InducingApproximationWarning")  # few inducing points, to be fast
 def test_the_former_positional_inducing_variables_keep_working():
     x, y = data()
     points = InducingPoints(x[:8], learn=False)
@@ -154,3 +155,36 @@ def test_a_one_dimensional_test_x_is_read_as_points():
     posterior = model.posterior(grid)
     assert posterior.mean.shape == (101, 1)
     torch.testing.assert_close(posterior.mean, model.posterior(grid.unsqueeze(-1)).mean)
+
+
+def test_conditioning_where_the_inducing_points_do_not_reach_warns_a_botorch_loop():
+    """A BoTorch loop (which filters RuntimeWarning, as BoTorch's tutorials do) conditions the default model on new
+    points between the fixed inducing points: its posterior sd there is many times SingleTaskGP's (up to 60x here), and
+    an InducingApproximationWarning, a BotorchWarning, says so; at points the inducing points reach it stays silent."""
+    from botorch.exceptions.warnings import BotorchWarning
+    from botorch.models.utils.gpytorch_modules import (
+        get_covar_module_with_dim_scaled_prior,
+        get_gaussian_likelihood_with_lognormal_prior,
+    )
+
+    from gpytorch_hippo.botorch import InducingApproximationWarning
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(25, 2, generator=generator, dtype=DT)
+    y = torch.sin(6 * x[:, :1]) * torch.cos(5 * x[:, 1:]) + 0.01 * torch.randn(25, 1, generator=generator, dtype=DT)
+    kernel, likelihood = get_covar_module_with_dim_scaled_prior(ard_num_dims=2), get_gaussian_likelihood_with_lognormal_prior()
+    kernel.lengthscale = 0.1
+    likelihood.noise = 1e-5
+    model = OnlineGPModel(x[:20], y[:20], covar_module=kernel, likelihood=likelihood, fit_maxiter=0)  # exact on its 20 points
+    assert issubclass(InducingApproximationWarning, BotorchWarning) and not issubclass(InducingApproximationWarning, RuntimeWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # BoTorch's tutorials
+        with pytest.warns(InducingApproximationWarning, match="num_inducing"):
+            conditioned = model.condition_on_observations(x[20:], y[20:])
+    gp = same_hyperparameters(SingleTaskGP(x, y, outcome_transform=Standardize(1)), model)
+    gp.outcome_transform.load_state_dict(model.outcome_transform.state_dict())
+    ratio = conditioned.posterior(x[20:]).variance.sqrt() / gp.posterior(x[20:]).variance.sqrt()
+    assert ratio.max() > 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InducingApproximationWarning)
+        model.condition_on_observations(x[:3], y[:3])  # inputs at inducing points: exact, silent

@@ -5,6 +5,7 @@ sparse posterior to equal the exact one, and finite differences."""
 
 import copy
 
+import gpytorch
 import pytest
 import torch
 from botorch.acquisition import qKnowledgeGradient
@@ -13,7 +14,7 @@ from botorch.exceptions.warnings import BotorchTensorDimensionWarning
 from botorch.models import SingleTaskGP
 from botorch.sampling import SobolQMCNormalSampler
 
-from gpytorch_hippo import InducingPoints
+from gpytorch_hippo import HiPPOInducingVariables, InducingPoints
 from gpytorch_hippo.botorch import OnlineGPModel
 
 DOUBLE = torch.float64
@@ -212,6 +213,7 @@ def test_inducing_points_on_the_raw_scale_under_normalize_are_refused():
     )  # in the transformed space: accepted
 
 
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.botorch.InducingApproximationWarning")  # few inducing points, to be fast
 def test_several_outputs_through_model_list_gp():
     """m independent outputs as BoTorch's ``ModelListGP`` of online models: streaming conditioning equals
     conditioning each output's model, and multi-objective BO (qLogNEHVI) runs."""
@@ -270,3 +272,55 @@ def test_multi_step_lookahead_gradient_equals_finite_differences():
         with torch.no_grad():
             numeric = (acquisition(X + shift) - acquisition(X - shift)).sum() / (2 * step)
         assert abs(numeric - gradient[0, index, 0]) < 1e-5 * max(1.0, abs(numeric))
+
+
+def time_series_model():
+    """OHSGPR on a time axis: LegS bases at t = 2, the stream's last time, and look-ahead candidates beyond it."""
+    t = torch.linspace(0, 2, 30, dtype=DOUBLE).unsqueeze(-1)
+    y = torch.sin(3 * t) + 0.05 * torch.randn(30, 1, generator=torch.Generator().manual_seed(4), dtype=DOUBLE)
+    kernel, likelihood = gpytorch.kernels.RBFKernel(), gpytorch.likelihoods.GaussianLikelihood()
+    kernel.lengthscale, likelihood.noise = 0.4, 1e-3
+    return OnlineGPModel(
+        t,
+        y,
+        HiPPOInducingVariables(16, "legs", t=2.0),
+        covar_module=kernel,
+        likelihood=likelihood,
+        mean_module=gpytorch.means.ZeroMean(),
+        fit_maxiter=0,
+        outcome_transform=None,
+    )
+
+
+def test_fantasies_beyond_the_bases_advance_a_copy_as_conditioning_does():
+    model = time_series_model()
+    X = torch.tensor([[2.3], [2.6]], dtype=DOUBLE)  # the next two times, beyond the bases' t = 2
+    sampler = SobolQMCNormalSampler(torch.Size([3]), seed=5)
+    fantasy = model.fantasize(X, sampler)
+    assert model.inducing_variables.t == 2.0 and fantasy.inducing_variables.t == pytest.approx(2.6)
+    by_hand = copy.deepcopy(model)
+    by_hand.inducing_variables.advance(2.6)
+    Y = sampler(model.posterior(X, observation_noise=True))  # the same fantasies: (3, 2, 1)
+    reference = by_hand.condition_on_observations(X.expand(3, 2, 1), Y)
+    grid = torch.linspace(0, 3, 7, dtype=DOUBLE).unsqueeze(-1)
+    torch.testing.assert_close(fantasy.posterior(grid).mean, reference.posterior(grid).mean, rtol=0, atol=1e-10)
+    torch.testing.assert_close(fantasy.posterior(grid).variance, reference.posterior(grid).variance, rtol=0, atol=1e-10)
+    get_fantasy = model.get_fantasy_model(X, Y[..., 0])
+    torch.testing.assert_close(get_fantasy.posterior(grid).mean, reference.posterior(grid).mean, rtol=0, atol=1e-10)
+
+
+def test_knowledge_gradient_and_integrated_variance_on_a_time_axis():
+    model = time_series_model()
+    X = torch.tensor([[[2.4]]], dtype=DOUBLE).repeat(1, 1 + 2, 1)  # a candidate at t = 2.4 and 2 fantasy solutions
+    X[0, 1:, 0] = torch.tensor([2.5, 2.7], dtype=DOUBLE)
+    kg = qKnowledgeGradient(model, num_fantasies=2, sampler=SobolQMCNormalSampler(torch.Size([2]), seed=6))
+    value, gradient = value_and_gradient(kg, X)
+    assert torch.isfinite(value) and torch.isfinite(gradient).all() and gradient.abs().sum() > 0
+    mc_points = torch.linspace(2.0, 3.0, 11, dtype=DOUBLE).unsqueeze(-1)
+    nipv = qNegIntegratedPosteriorVariance(model, mc_points=mc_points)
+    candidate = torch.tensor([[[2.5]]], dtype=DOUBLE)
+    by_hand = copy.deepcopy(model)
+    by_hand.inducing_variables.advance(2.5)
+    expected = -by_hand.condition_on_observations(candidate[0], torch.zeros(1, 1, dtype=DOUBLE)).posterior(mc_points).variance.mean()
+    torch.testing.assert_close(nipv(candidate)[0], expected, rtol=1e-8, atol=1e-12)
+    assert nipv(candidate)[0] > -model.posterior(mc_points).variance.mean()  # observing at 2.5 shrinks the variance

@@ -14,6 +14,10 @@ from gpytorch_hippo.botorch import OnlineGPModel
 
 DOUBLE = torch.float64
 
+# these tests check the online model against OnlineSGPR and BoTorch's own algebra with few inducing points, to be fast:
+# where those points do not reach new inputs the model says so (test_botorch_dropin.py checks the warning)
+pytestmark = pytest.mark.filterwarnings("ignore::gpytorch_hippo.botorch.InducingApproximationWarning")
+
 
 def model_2d(**kwargs):
     generator = torch.Generator().manual_seed(0)

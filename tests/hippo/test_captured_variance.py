@@ -1,12 +1,13 @@
 """captured_variance on every inducing-variable class, and OnlineSGPR's warning when it is low."""
 
+import time
 import warnings
 
 import gpytorch
 import pytest
 import torch
 
-from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, OnlineSGPR, online
+from gpytorch_hippo import CapturedVarianceMonitor, HiPPOInducingVariables, InducingPoints, OnlineSGPR
 from gpytorch_hippo.inducing import CapturedVarianceWarning, FourierInducingVariables, InputsOutsideSupportError
 
 DT = torch.float64
@@ -112,18 +113,15 @@ def _stream(num_tasks, size=40.0, n=80, seed=0):
 
 
 def _learn(model, tasks, size=40.0, advance=True):
-    """Learn ``tasks``, the captured-variance check on every task; the warnings raised."""
-    model._check_clock = {"updates": 0.0, "check": 0.0}
-    online.CHECK_COST_FRACTION, fraction = float("inf"), online.CHECK_COST_FRACTION
-    try:
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always", CapturedVarianceWarning)
-            for k, (x, y) in enumerate(tasks):
-                if k > 0 and advance:
-                    model.inducing_variables.advance(size * (k + 1))
-                model.update(x, y)
-    finally:
-        online.CHECK_COST_FRACTION = fraction
+    """Learn ``tasks``, the check over the inputs seen so far on every task (of 80 points); the warnings raised."""
+    if model.captured_variance_monitor is not None and model.captured_variance_monitor.cost_fraction < 1:
+        model.captured_variance_monitor = CapturedVarianceMonitor(model.captured_variance_warning, cost_fraction=1.0, spacing=0.0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always", CapturedVarianceWarning)
+        for k, (x, y) in enumerate(tasks):
+            if k > 0 and advance:
+                model.inducing_variables.advance(size * (k + 1))
+            model.update(x, y)
     return [str(w.message) for w in record if issubclass(w.category, CapturedVarianceWarning)]
 
 
@@ -166,7 +164,8 @@ def test_advice_matches_the_kind_of_inducing_variables():
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
     points = OnlineSGPR(InducingPoints(torch.linspace(0, 40, 3, dtype=DT), learn=False), rbf(1.0), likelihood)
     messages = _learn(points, _stream(2), advance=False)
-    assert len(messages) == 1 and "pivoted Cholesky" in messages[0] and "HiPPO" not in messages[0]
+    # task 2, beyond the points, warns again at its own inputs
+    assert len(messages) == 2 and all("pivoted Cholesky" in m and "HiPPO" not in m for m in messages)
     matern = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5)).to(DT)
     fourier = OnlineSGPR(FourierInducingVariables(3, 0.0, 80.0), matern, likelihood)
     messages = _learn(fourier, _stream(2), advance=False)
@@ -205,29 +204,63 @@ def test_the_check_reuses_the_update_factorisation(measure, monkeypatch):
     assert sorted(counts[0.9][1]) == sorted(counts[None][1] + [32] * 3)
 
 
-def test_the_check_takes_at_most_its_share_of_the_update_time(monkeypatch):
-    """On a clock where an update takes 2 s (two ``Kuu``) and the check 3 s, the check runs on the first
-    task and then after every 60 s of updates (``CHECK_COST_FRACTION = 0.05``): tasks 1 and 31 of 40."""
-    now, task, checks = [0.0], [0], []
-    kuu, kuf = HiPPOInducingVariables.Kuu, HiPPOInducingVariables.Kuf
+def _grid_checks(model, tasks, monkeypatch, clock_step):
+    """The tasks (1-based) on which ``model`` checks the inputs seen so far, and ``last_captured_variance`` after each,
+    with ``time.perf_counter`` advancing ``clock_step`` seconds per call (a loaded machine: large steps)."""
+    now, task, checks, values = [0.0], [0], [], []
+    kuf = HiPPOInducingVariables.Kuf
 
-    def slow_kuu(self, kernel):
-        now[0] += 1.0
-        return kuu(self, kernel)
-
-    def slow_kuf(self, kernel, x):
-        if x.shape[-2] == 32:
-            now[0] += 3.0
+    def counting_kuf(self, kernel, x):
+        if x.shape[-2] == model.captured_variance_monitor.grid_size:
             checks.append(task[0])
         return kuf(self, kernel, x)
 
-    monkeypatch.setattr(online.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(HiPPOInducingVariables, "Kuu", slow_kuu)
-    monkeypatch.setattr(HiPPOInducingVariables, "Kuf", slow_kuf)
-    model = OnlineSGPR(HiPPOInducingVariables(20, "legs", t=40.0), rbf(2000.0), gpytorch.likelihoods.GaussianLikelihood().to(DT))
-    for k, (x, y) in enumerate(_stream(40, n=10)):
-        task[0] = k + 1
-        if k > 0:
-            model.inducing_variables.advance(40.0 * (k + 1))
-        model.update(x, y)
-    assert checks == [1, 31]
+    def clock():
+        now[0] += clock_step
+        return now[0]
+
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(HiPPOInducingVariables, "Kuf", counting_kuf)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always", CapturedVarianceWarning)
+        for k, (x, y) in enumerate(tasks):
+            task[0] = k + 1
+            if k > 0:
+                model.inducing_variables.advance(40.0 * (k + 1))
+            model.update(x, y)
+            values.append(model.last_captured_variance)
+    monkeypatch.undo()
+    return checks, values, [str(w.message) for w in record]
+
+
+def test_the_check_is_paced_by_counts_so_the_same_data_give_the_same_warnings_on_any_machine(monkeypatch):
+    """Tasks of N = 10 points, M = 20: the check over the inputs seen so far runs on task 1 and then whenever
+    sum(N + M) since its last run reaches 32 / 0.05 = 640 and the work before it, i.e. on tasks 1 and 23 of 40,
+    whatever the clock reads; the clock used to decide (tasks 1 and 31 on a clock where an update took 2 s and the
+    check 3 s, other tasks on a busier clock)."""
+    runs = []
+    for clock_step in (1e-6, 1.0, 1000.0):
+        model = OnlineSGPR(HiPPOInducingVariables(20, "legs", t=40.0), rbf(30.0), gpytorch.likelihoods.GaussianLikelihood().to(DT))
+        runs.append(_grid_checks(model, _stream(40, n=10), monkeypatch, clock_step))
+    assert runs[0][0] == [1, 23]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_points_that_do_not_reach_the_data_warn_on_the_first_task_beyond_them():
+    """Points fixed over [0, 10], a stream moving on past them: the posterior at the new inputs is the prior
+    (mean 1e-86, variance 1). The task's own inputs are checked on every task, from the update's own factor:
+    task 2 warns, with the fraction that ``InducingPoints.captured_variance`` gives at its inputs."""
+    kernel = rbf(1.0)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+    points = InducingPoints(torch.linspace(0, 10, 20, dtype=DT), learn=False)
+    model = OnlineSGPR(points, kernel, likelihood)
+    x1, x2 = torch.linspace(0, 10, 100, dtype=DT), torch.linspace(10, 20, 100, dtype=DT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CapturedVarianceWarning)
+        model.update(x1, torch.sin(x1))
+    with pytest.warns(CapturedVarianceWarning, match="over this task's inputs") as record:
+        model.update(x2, torch.sin(x2))
+    expected = points.captured_variance(kernel, x2.unsqueeze(-1)).item()
+    assert expected < 0.2
+    assert model.last_captured_variance == pytest.approx(expected, rel=1e-9)
+    assert f"keep only {expected:.1%}" in str(record[0].message)

@@ -10,11 +10,12 @@ import tempfile
 import textwrap
 
 import gpytorch
+import numpy as np
 import pytest
 import torch
 
-from gpytorch_hippo import InducingPoints, OnlineSGPR
-from gpytorch_hippo.fleet import PackedTask, Shard, StreamDataError, StreamFleet, shard_of
+from gpytorch_hippo import InducingPoints, OnlineSGPR, TimeAxis
+from gpytorch_hippo.fleet import PackedTask, Shard, StreamDataError, StreamFleet, TaskConflictError, shard_of
 from gpytorch_hippo.fleet import shard as shard_module
 
 DT = torch.float64
@@ -111,6 +112,9 @@ def test_growing_a_shard_copies_the_old_streams_exactly_and_starts_new_ones_from
     assert int(after.pop("num_tasks")) == int(before.pop("num_tasks")) + 1
     for key, value in before.items():
         grown = after[key]
+        if not isinstance(value, torch.Tensor):  # the model's extra state (its time axis)
+            assert grown == value, key
+            continue
         assert torch.equal(grown if grown.shape == value.shape else grown[:3], value), key
     alone = single_model()
     alone.update(*data["meter-4"])
@@ -194,14 +198,14 @@ def test_a_new_process_restores_the_fleet_from_its_checkpoints(tmp_path):
     script = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_fleet import STREAMS, TEST_X, model_factory
+        from test_fleet import STREAMS, TEST_X, model_factory, tasks
         from gpytorch_hippo.fleet import StreamFleet
         fleet = StreamFleet.restore({str(tmp_path)!r}, model_factory)
         expected = torch.load({str(tmp_path / "expected.pt")!r})
         mean, variance = fleet.predict(STREAMS, TEST_X)
         assert fleet.task_ids == {{0, 1, 2, 3}} and sorted(fleet.stream_ids) == sorted(STREAMS)
         assert torch.equal(mean, expected["mean"]) and torch.equal(variance, expected["variance"])
-        assert not fleet.update(3, {{}})
+        assert not fleet.update(3, tasks()[3])  # delivered again: skipped
     """)
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
@@ -304,6 +308,30 @@ def test_ray_engine_equals_the_local_engine_and_a_new_driver_restores_it(ray_ins
         assert restored.shards == local.shards and restored.task_ids == {0, 1, 2, 3}
         for a, b in zip(reference, restored.predict(STREAMS, TEST_X)):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_ray_engine_takes_pandas_datetimes_and_numpy_ids_as_the_local_engine_does(ray_instance, tmp_path):
+    """Calendar times through the fleet's time axis and ``np.str_`` ids, on Ray actors: equal to the local engine,
+    a re-delivery with other data refused, and the axis restored from the checkpoint by a new fleet."""
+    import pandas as pd
+
+    start = pd.Timestamp("2024-03-01")
+    series = [{s: pd.Series(y.numpy(), index=start + pd.to_timedelta(x.numpy(), unit="h")) for s, (x, y) in data.items()} for data in tasks()]
+    frames = [{s: (values.index, values) for s, values in data.items()} for data in series]
+    local = StreamFleet(model_factory, num_shards=2, time_axis=TimeAxis("h", origin=start))
+    with StreamFleet(model_factory, engine="ray", num_shards=2, checkpoint_dir=tmp_path, time_axis=TimeAxis("h", origin=start)) as fleet:
+        for k, data in enumerate(frames):
+            local.update(k, data)
+            assert fleet.update(k, {np.str_(s): pair for s, pair in data.items()})
+        assert fleet.shards == local.shards
+        with pytest.raises(TaskConflictError, match="task 3"):
+            fleet.update(3, frames[2])
+    reference = local.predict(STREAMS, TEST_X)
+    with StreamFleet.restore(tmp_path, model_factory, engine="ray") as restored:
+        assert restored.time_axis.origin == np.datetime64(start)
+        result = restored.predict(np.array(STREAMS), start + pd.to_timedelta(TEST_X.numpy(), unit="h"))
+    for a, b in zip(reference, result):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
 def test_ray_engine_survives_killed_actors(ray_instance, tmp_path):

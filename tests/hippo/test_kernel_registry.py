@@ -192,3 +192,77 @@ def test_the_path_kernel_is_a_declared_reference_not_state():
     assert ivars.path_memory.shape[-1] == 8 and ivars.path_lengthscale.numel() == 2
     with pytest.raises(ValueError, match="kernel is required"):  # a copy forgot it: the default is explicit
         copy.deepcopy(ivars).append_path(torch.randn(3, 2, dtype=DT))
+
+
+def seasonal_kernel(periodic_only=False, batch=torch.Size([])):
+    """Hourly data with a daily season: PeriodicKernel, or Matérn-3/2 x periodic (the forecaster's kernel)."""
+    periodic = gpytorch.kernels.PeriodicKernel(batch_shape=batch)
+    periodic.period_length = 24.0
+    if periodic_only:
+        return gpytorch.kernels.ScaleKernel(periodic, batch_shape=batch).to(DT)
+    matern = gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch)
+    matern.lengthscale = 2.0
+    return gpytorch.kernels.ScaleKernel(matern * periodic, batch_shape=batch).to(DT)
+
+
+def hourly_task(day, streams=None):
+    hours = torch.arange(24 * day, 24 * day + 24, dtype=DT) + 0.5
+    x = hours.unsqueeze(-1) if streams is None else hours.expand(streams, 24).unsqueeze(-1)
+    return x, torch.sin(2 * torch.pi * x[..., 0] / 24)
+
+
+@pytest.mark.parametrize("periodic_only", [True, False])
+@pytest.mark.parametrize("streams", [None, 3])
+def test_a_periodic_kernel_under_lyapunov_is_a_named_error_naming_the_backend_that_takes_it(periodic_only, streams):
+    from gpytorch_hippo import OnlineSGPR
+    from gpytorch_hippo.inducing import UnsupportedKernelError
+
+    batch = torch.Size([]) if streams is None else torch.Size([streams])
+
+    def model(method):
+        ivars = HiPPOInducingVariables(16, "legs", t=24.0, method=method, batch_shape=batch if streams else None)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).to(DT)
+        return OnlineSGPR(ivars, seasonal_kernel(periodic_only, batch), likelihood, captured_variance_warning=None)
+
+    x, y = hourly_task(0, streams)
+    with pytest.raises(UnsupportedKernelError, match="method='lyapunov' does not take") as error:
+        model("lyapunov").update(x, y)
+    assert isinstance(error.value, TypeError)
+    assert "PeriodicKernel: no registration" in str(error.value) and "method='quadrature'" in str(error.value)
+    with pytest.raises(UnsupportedKernelError, match="method='quadrature'"):
+        model("spectral").update(x, y)
+    advised = model("quadrature")  # the backend the message names takes the kernel
+    advised.update(x, y)
+    advised.eval()
+    with torch.no_grad():
+        assert bool(torch.isfinite(advised(x).mean).all())
+
+
+def test_the_cost_error_of_matern_times_periodic_gives_advice_for_that_kernel(monkeypatch):
+    """Only the quadrature backend takes Matérn x periodic, and on LegS bases over [0, t] its work grows with the
+    stream; the error names the periodic factor and a fix that applies (not the times' offset or unit, nor a length
+    scale collapsing: here neither is the cause). Following it (a window, theta) runs the same stream."""
+    from gpytorch_hippo import OnlineSGPR
+    from gpytorch_hippo.inducing import cost
+
+    monkeypatch.setattr(cost, "MAX_ENTRIES", 2**20)  # the 1 GiB default is reached after about 40 days
+
+    def stream(measure, **window):
+        model = OnlineSGPR(
+            HiPPOInducingVariables(16, measure, t=24.0, **window),
+            seasonal_kernel(),
+            gpytorch.likelihoods.GaussianLikelihood().to(DT),
+            captured_variance_warning=None,
+        )
+        for day in range(6):
+            x, y = hourly_task(day)
+            if day:
+                model.inducing_variables.advance(24.0 * (day + 1))
+            model.update(x, y)
+
+    with pytest.raises(cost.CovarianceCostError) as error:
+        stream("legs")
+    message = str(error.value)
+    assert "PeriodicKernel" in message and "method='quadrature'" in message and "theta" in message
+    assert "GreaterThan" not in message and "Unix timestamps" not in message
+    stream("legt", theta=48.0)  # the advised window: its bases cover [t - theta, t], the work stays bounded

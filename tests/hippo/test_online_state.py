@@ -9,7 +9,7 @@ import gpytorch
 import pytest
 import torch
 
-from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, InterdomainVariationalStrategy, OnlineELBO, OnlineSGPR
+from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, InterdomainVariationalStrategy, OnlineELBO, OnlineSGPR, TimeAxis
 
 DT = torch.float64
 M = 6
@@ -364,3 +364,51 @@ def test_online_sgpr_resumes_a_stream_from_saved_state(method):
     )
     with pytest.raises(ValueError, match="method"):
         other.load_state_dict(saved)
+
+
+def test_a_stream_on_calendar_time_resumes_with_its_saved_time_axis():
+    """A stream on hourly timestamps, saved after task 2 of 4 and resumed into a model built with the default
+    TimeAxis('h'): advance(model.time_axis(ts)) works right after the load and the stream continues as the
+    uninterrupted one; a model without an axis takes the saved one; a model whose axis has another origin or
+    unit refuses the checkpoint, unchanged (it used to take the checkpoint and predict shifted)."""
+    pd = pytest.importorskip("pandas")
+    start = pd.Timestamp("2013-01-01 06:00")
+    tasks = []
+    for k in range(4):
+        x, y = task_data(seed=k, start=2.0 * k, end=2.0 * (k + 1))
+        times = start + pd.to_timedelta(x.squeeze(-1).numpy(), unit="h")
+        tasks.append((times, pd.Series(y.numpy(), index=times)))
+
+    def build(axis):
+        return OnlineSGPR(
+            HiPPOInducingVariables(M, "legs", t=2.0, method="lyapunov"),
+            make_kernel(),
+            gpytorch.likelihoods.GaussianLikelihood().to(DT),
+            captured_variance_warning=None,
+            time_axis=axis,
+        )
+
+    def learn(model, first, last):
+        for k in range(first, last):
+            if k > 0:
+                model.inducing_variables.advance(model.time_axis(start + pd.Timedelta(hours=2.0 * (k + 1))))
+            model.update(*tasks[k])
+
+    whole, interrupted = build(TimeAxis("h")), build(TimeAxis("h"))  # origin: the first time seen
+    learn(whole, 0, 4)
+    learn(interrupted, 0, 2)
+    saved = copy.deepcopy(interrupted.state_dict())
+    test = start + pd.to_timedelta(torch.linspace(0, 8, 30, dtype=DT).numpy(), unit="h")
+    for axis in (TimeAxis("h"), None):
+        resumed = build(axis)
+        resumed.load_state_dict(saved)
+        assert resumed.time_axis.origin == whole.time_axis.origin == tasks[0][0].min()
+        learn(resumed, 2, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(resumed(test).mean, whole(test).mean, rtol=0, atol=1e-10)
+            torch.testing.assert_close(resumed(test).variance, whole(test).variance, rtol=0, atol=1e-10)
+    for axis in (TimeAxis("h", origin=start), TimeAxis("m")):
+        other = build(axis)
+        with pytest.raises(ValueError, match="saved time axis"):
+            other.load_state_dict(saved)
+        assert not other.has_posterior and other.time_axis.origin == axis.origin

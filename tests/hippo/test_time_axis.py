@@ -34,8 +34,6 @@ def test_time_axis_converts_every_calendar_type_the_same_way():
 def test_time_axis_refuses_what_it_cannot_convert_faithfully():
     with pytest.raises(ValueError, match="unit"):
         TimeAxis("hours")
-    with pytest.raises(TypeError, match="time-zone"):
-        TimeAxis("h")(pd.date_range("2013-01-01", periods=3, freq="h", tz="UTC"))
     with pytest.raises(ValueError, match="NaT"):
         TimeAxis("h")(pd.DatetimeIndex(["2013-01-01", None]))
     with pytest.raises(RuntimeError, match="origin"):
@@ -136,3 +134,92 @@ def test_the_origin_travels_with_the_state_dict(weather):
     with torch.no_grad():
         torch.testing.assert_close(fresh(test).mean, model(test).mean, rtol=0, atol=0)
     assert fresh.time_axis.origin == model.time_axis.origin
+
+
+def test_times_with_a_zone_are_converted_to_utc_and_the_zone_is_recorded(weather):
+    """The same stream given in New York time (the data set's UTC times with a zone) equals the stream
+    given in naive UTC; predictions take times in any zone; naive times on that axis (or zoned times on a naive
+    one) raise, naming the conversion (before: every zoned time raised)."""
+    ours, reference = _model(TimeAxis("h")), _model(TimeAxis("h"))
+    for utc in _days(weather):
+        day = utc.tz_localize("UTC").tz_convert("America/New_York")
+        if ours.num_tasks.item() > 0:
+            ours.inducing_variables.advance(ours.time_axis(day.index[-1]))
+            reference.inducing_variables.advance(reference.time_axis(utc.index[-1]))
+        ours.update(day.index, day, missing="drop")
+        reference.update(utc.index, utc, missing="drop")
+    assert ours.time_axis.zone == "America/New_York" and ours.time_axis.origin == reference.time_axis.origin
+    test = pd.date_range(weather.index[0], periods=40, freq="3h")
+    ours.eval(), reference.eval()
+    with torch.no_grad():
+        expected = reference(test).mean
+        for zoned in (test.tz_localize("UTC"), test.tz_localize("UTC").tz_convert("Asia/Tokyo"), list(test.tz_localize("UTC"))):
+            torch.testing.assert_close(ours(zoned).mean, expected, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="tz_localize"):
+        ours(test)
+    with pytest.raises(TypeError, match="tz_convert"):
+        reference(test.tz_localize("UTC"))
+    restored = TimeAxis.from_state(ours.time_axis.state())
+    assert (restored.origin, restored.zone) == (ours.time_axis.origin, "America/New_York")
+
+
+def test_an_empty_first_task_is_a_no_op_that_leaves_the_origin_to_the_next(weather):
+    """An empty first task (a day without readings) with origin=None returns None and leaves the origin unset
+    (before: a raw NumPy error about a zero-size reduction); the next task sets it, as without the empty one."""
+    model, reference = _model(TimeAxis("h")), _model(TimeAxis("h"))
+    empty = weather.iloc[:0]
+    assert model.update(empty.index, empty) is None
+    assert model.time_axis.origin is None and model.num_tasks.item() == 0
+    day = _days(weather)[0]
+    model.update(day.index, day, missing="drop")
+    reference.update(day.index, day, missing="drop")
+    assert model.time_axis.origin == reference.time_axis.origin == day.index[0]
+    assert torch.equal(model.posterior_shift, reference.posterior_shift)
+
+
+def test_a_calendar_t_for_hippo_bases_names_the_time_axis():
+    with pytest.raises(TypeError, match="TimeAxis"):
+        HiPPOInducingVariables(10, "legs", t=pd.Timestamp("2013-01-02"))
+    with pytest.raises(TypeError, match="TimeAxis"):
+        HiPPOInducingVariables(10, "legs", t=pd.date_range("2013-01-02", periods=3, freq="D"), batch_shape=torch.Size([3]))
+
+
+def test_a_pandas_y_is_aligned_on_the_index_of_x(weather):
+    """A pandas y in another row order than X (sorted by value, or shuffled beside X's column) is aligned on
+    the index, as pandas aligns, and equals the rows given in order (before: y was read by position, pairing
+    each time with another time's value); a y whose index holds other labels raises, naming the fix."""
+    day = _days(weather)[0].dropna()
+    ours, reference = _model(TimeAxis("h", origin=day.index[0])), _model(TimeAxis("h", origin=day.index[0]))
+    reference.update(day.index, day)
+    ours.update(day.index, day.sort_values())
+    assert torch.equal(ours.posterior_shift, reference.posterior_shift)
+    frame = day.rename("temp").rename_axis("time").reset_index()  # columns time and temp on a RangeIndex
+    ours.reset_posterior()
+    ours.update(frame["time"], frame["temp"].sample(frac=1.0, random_state=0))
+    assert torch.equal(ours.posterior_shift, reference.posterior_shift)
+    for misaligned in (frame["temp"], day.iloc[:-1]):
+        with pytest.raises(ValueError, match="to_numpy"):
+            ours.update(day.index, misaligned)
+    assert ours.num_tasks.item() == 1
+
+
+def test_the_tmy3_year_streams_on_a_time_axis_in_order():
+    """pvlib's TMY3 file takes each month from another year (March 1996, April 1990, ...), so its own index
+    goes back and forth in time. load_tmy3 puts the months on one year: on a TimeAxis its hours are the
+    positional loader's 0, ..., 8759. Streaming pvlib's index instead stops at the first step back with an
+    error that names the fix (before: "t_new must be greater than the current t" without a word on order)."""
+    pvlib = pytest.importorskip("pvlib")
+    from gpytorch_hippo.data.solar import load_solar_ghi, load_tmy3, tmy3_path
+
+    frame = load_tmy3()
+    hours, ghi = load_solar_ghi("hourly")
+    axis = TimeAxis("h")
+    torch.testing.assert_close(axis(frame.index), hours, rtol=0, atol=0)
+    torch.testing.assert_close(torch.tensor(frame["ghi"].to_numpy(dtype=float), dtype=DT), ghi, rtol=0, atol=0)
+    assert axis.zone == "UTC-05:00" and frame.index.year[0] == 1990
+    raw, _ = pvlib.iotools.read_tmy3(tmy3_path(pvlib), map_variables=True)
+    march_31, april_1 = (raw["ghi"].iloc[24 * d : 24 * (d + 1)] / 1000.0 for d in (89, 90))
+    model = _model(TimeAxis("h"))
+    model.update(march_31.index, march_31)
+    with pytest.raises(ValueError, match="load_tmy3"):
+        model.inducing_variables.advance(model.time_axis(april_1.index[-1]))

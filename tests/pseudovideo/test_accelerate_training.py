@@ -126,23 +126,24 @@ def test_accumulation_and_mixed_precision_run_and_bad_arguments_are_named(tmp_pa
         train(worker.tiny_model(), worker.next_batch, 1, resume=True, cpu=True)
 
 
+TORCHRUN = ["torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+ACCELERATE = ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]  # the guide's accelerate command
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(
-    "runner, options, csv_name, rows",
+    "runner, options, csv_name, rows, launcher",
     [
-        ("hvae", ["--encoders", "heat"], "hvae_results.csv", 1),
-        ("tokens", ["--frames", "1", "--model", "tokenizer,ar"], "results.csv", 2),
+        ("hvae", ["--encoders", "heat"], "hvae_results.csv", 1, ACCELERATE),
+        ("tokens", ["--frames", "1", "--model", "tokenizer,ar"], "results.csv", 2, TORCHRUN),
     ],
 )
-def test_hvae_and_tokens_runners_under_two_processes_write_once(tmp_path, runner, options, csv_name, rows):
+def test_hvae_and_tokens_runners_under_two_processes_write_once(tmp_path, runner, options, csv_name, rows, launcher):
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
+        *launcher,
         "-m",
         f"pseudovideo.experiments.{runner}",
         "--dataset",
@@ -160,6 +161,7 @@ def test_hvae_and_tokens_runners_under_two_processes_write_once(tmp_path, runner
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len((tmp_path / csv_name).read_text().splitlines()) == 1 + rows
+    assert result.stdout.count("processes: 2 (data-parallel") == 1  # said once, by the main process
 
 
 @pytest.mark.distributed
@@ -199,3 +201,4 @@ def test_diffusion_runner_under_two_processes_writes_once(tmp_path):
     lines = (tmp_path / "results.csv").read_text().splitlines()
     assert len(lines) == 3 and lines[1].startswith("digits,image_ddpm") and lines[2].startswith("digits,video_diffusion")
     assert result.stdout.count("video_diffusion") == 1
+    assert result.stdout.count("processes: 2 (data-parallel") == 1

@@ -12,11 +12,14 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 from PIL import Image
 
 from pseudovideo.models.diffusion import AutoregressiveVideoDiffusion, IndicatorChannelsError
-from pseudovideo.pipelines import PseudoVideoPipeline
+from pseudovideo.pipelines import SCHEDULERS, PseudoVideoPipeline
 
 # diffusers' EulerDiscreteScheduler hands NumPy 2 a tensor whose __array__ has no copy keyword (diffusers' own
 # deprecation, not this package's)
-pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning"),  # DEIS, KDPM2 (same)
+]
 
 
 def tiny(num_frames=3, context=1, **options):
@@ -192,7 +195,7 @@ def test_ema_weights_are_diffusers_ema_and_restored():
 
 
 @pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images
-def test_runner_saves_ema_models_that_reload(tmp_path):
+def test_runner_saves_ema_models_that_reload(tmp_path, capsys):
     from pseudovideo.experiments.diffusion import main
 
     main(
@@ -218,8 +221,10 @@ def test_runner_saves_ema_models_that_reload(tmp_path):
             str(tmp_path / "cache"),
         ]
     )
+    assert "processes: 1 (no data parallelism" in capsys.readouterr().out
     loaded = AutoregressiveVideoDiffusion.from_pretrained(tmp_path / "model_2frame_markov_high_seed0")
     assert loaded.config.num_frames == 2 and loaded.config.clip_sample is False  # markov_high: no clipping
+    assert loaded.config.prediction_type == "v_prediction"  # the runner's default
 
 
 @pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images
@@ -245,3 +250,98 @@ def test_hvae_and_tokens_runners_take_ema(tmp_path, runner):
     plain = main(common + ["--out", str(tmp_path / "plain")])
     averaged = main(common + ["--out", str(tmp_path / "ema"), "--ema-decay", "0.5"])
     assert plain[0]["is"] != averaged[0]["is"]  # the evaluated weights are the average, not the last ones
+
+
+def exact_gaussian_denoiser(model, monkeypatch, std=0.75):
+    """Replace the UNet by the exact denoiser of data ``N(0, std^2)``: ``E[x_0 | x_t] = sqrt(abar) std^2 x_t / (abar std^2 + 1 - abar)``."""
+    alphas = model.scheduler.alphas_cumprod
+    kind = model.config.prediction_type
+
+    def forward(sample, timestep, *args, **kwargs):
+        noisy = sample[:, : model.channels]
+        abar = alphas[timestep.long()].to(noisy.dtype).view(-1, 1, 1, 1)
+        denominator = abar * std**2 + 1 - abar
+        clean, noise = abar.sqrt() * std**2 * noisy / denominator, (1 - abar).sqrt() * noisy / denominator
+        output = {"epsilon": noise, "sample": clean, "v_prediction": abar.sqrt() * noise - (1 - abar).sqrt() * clean}[kind]
+        return UNet2DOutput(sample=output)
+
+    monkeypatch.setattr(model.unet, "forward", forward)
+    return model
+
+
+@pytest.mark.parametrize("schedule", ["squaredcos_cap_v2", "linear"])
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_every_named_scheduler_samples_the_data_scale(monkeypatch, name, schedule):
+    import diffusers
+
+    model = exact_gaussian_denoiser(
+        AutoregressiveVideoDiffusion(1, 0, image_size=4, block_out_channels=(8, 16), beta_schedule=schedule), monkeypatch
+    )
+    pipeline = quiet(PseudoVideoPipeline(model, getattr(diffusers, name).from_config(model.scheduler.config)))
+    frames = pipeline(batch_size=512, num_inference_steps=50, generator=torch.Generator().manual_seed(0), output_type="model").videos
+    assert abs(float(frames.std()) - 0.75) < 0.075  # within 10 % of the data's (DDPM, 50 steps on "linear": 0.68)
+
+
+@pytest.mark.parametrize(
+    "name, options, reason",
+    [
+        ("HeunDiscreteScheduler", {}, "second-order"),  # frames of standard deviation 3.1 for 0.75
+        ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}, "use_karras_sigmas"),  # diffusers' IndexError
+        ("KDPM2DiscreteScheduler", {"use_karras_sigmas": True}, "use_karras_sigmas"),  # NaN frames
+        ("EulerDiscreteScheduler", {"use_exponential_sigmas": True}, "use_exponential_sigmas"),
+        ("EulerDiscreteScheduler", {"use_beta_sigmas": True}, "beta"),  # standard deviation 0.02
+        ("LCMScheduler", {}, "consistency"),
+        ("EDMEulerScheduler", {}, "alphas_cumprod"),
+    ],
+)
+def test_schedulers_that_cannot_drive_the_cosine_schedule_are_refused_with_the_reason(name, options, reason):
+    import diffusers
+
+    model = tiny()
+    scheduler = getattr(diffusers, name).from_config(model.scheduler.config, **options)
+    with pytest.raises(ValueError, match=reason):
+        quiet(PseudoVideoPipeline(model, scheduler))(num_inference_steps=4)
+
+
+def test_generic_diffusion_pipeline_loader_rebuilds_the_pipeline(tmp_path):
+    from diffusers import DiffusionPipeline
+
+    model = tiny()
+    pipeline = quiet(PseudoVideoPipeline(model, DDIMScheduler.from_config(model.scheduler.config)))
+    pipeline.save_pretrained(tmp_path)
+    loaded = quiet(DiffusionPipeline.from_pretrained(tmp_path, trust_remote_code=True))
+    assert type(loaded) is PseudoVideoPipeline and isinstance(loaded.scheduler, DDIMScheduler)
+    direct = quiet(PseudoVideoPipeline.from_pretrained(tmp_path))  # no remote code needed through the class itself
+    run = dict(batch_size=2, num_inference_steps=3, output_type="model")
+    videos = pipeline(**run, generator=torch.Generator().manual_seed(0)).videos
+    assert torch.equal(loaded(**run, generator=torch.Generator().manual_seed(0)).videos, videos)
+    assert torch.equal(direct(**run, generator=torch.Generator().manual_seed(0)).videos, videos)
+
+
+def test_a_list_of_generators_draws_each_video_by_its_own_as_diffusers_does():
+    model = tiny()
+    pipeline = quiet(PseudoVideoPipeline(model, DDPMScheduler.from_config(model.scheduler.config)))  # ancestral: noise every step
+    run = dict(num_inference_steps=4, output_type="model")
+    together = pipeline(batch_size=3, generator=[torch.Generator().manual_seed(seed) for seed in (5, 6, 7)], **run).videos
+    alone = torch.cat([pipeline(batch_size=1, generator=torch.Generator().manual_seed(seed), **run).videos for seed in (5, 6, 7)])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="one per video"):
+        pipeline(batch_size=2, generator=[torch.Generator()], **run)
+
+
+def test_callback_on_step_end_sees_and_replaces_the_latents():
+    model = tiny()
+    pipeline = quiet(PseudoVideoPipeline(model, DDIMScheduler.from_config(model.scheduler.config)))
+    seen = []
+
+    def zero_at_the_end(pipe, step, timestep, callback_kwargs):
+        seen.append((pipe, step, int(timestep)))
+        latents = callback_kwargs["latents"]
+        return {"latents": torch.zeros_like(latents) if step == 2 else latents}
+
+    videos = pipeline(batch_size=2, num_inference_steps=3, output_type="model", callback_on_step_end=zero_at_the_end).videos
+    assert len(seen) == model.num_chains * 3 and all(pipe is pipeline for pipe, _, _ in seen)
+    assert [step for _, step, _ in seen] == [0, 1, 2] * model.num_chains
+    assert torch.equal(videos, torch.zeros_like(videos))  # every chain's last step replaced by zeros
+    with pytest.raises(ValueError, match="latents"):
+        pipeline(num_inference_steps=2, callback_on_step_end=zero_at_the_end, callback_on_step_end_tensor_inputs=["noise"])

@@ -120,6 +120,8 @@ def test_quick_run_writes_the_csv_contract(tmp_path):
         ("video_diffusion", "2", "markov_high"),
     ]
     assert written[0]["psnr"] == "" and float(written[1]["psnr"]) > 0
+    assert float(written[0]["out_of_range"]) == 0.0  # the image model's sampler clips to [-1, 1]
+    assert 0.0 <= float(written[1]["out_of_range"]) <= 1.0
     assert all(float(r["fid"]) > 0 and 1 <= float(r["is"]) <= 10 for r in written) and len(rows) == 2
     assert (tmp_path / "pseudo_videos_2frames.png").is_file() and (tmp_path / "samples_1frame_none_seed0.png").is_file()
 

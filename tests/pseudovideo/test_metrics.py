@@ -129,8 +129,34 @@ def test_default_classifier_is_trained_once_then_loaded_from_cache(tmp_path):
         ),
         (lambda: frechet_distance(torch.rand(4, 1, 4, 4), torch.rand(4, 1, 4, 4), "features"), TypeError, "feature"),
         (lambda: inception_score(torch.rand(1, 1, 4, 4), ImageClassifier()), ValueError, "at least 2"),
+        (
+            lambda: frechet_distance(torch.rand(4, 1, 8, 8).double(), torch.rand(4, 1, 8, 8).double(), ImageClassifier()),
+            TypeError,
+            "float32",
+        ),
+        (lambda: frechet_distance(torch.rand(4, 3, 8, 8), torch.rand(4, 3, 8, 8), ImageClassifier()), ValueError, "3 channels"),
+        (
+            lambda: frechet_distance(
+                torch.rand(4, 1, 8, 8), torch.rand(4, 3, 8, 8), LinearFeatures(torch.ones(2, 64).double(), torch.zeros(2).double())
+            ),
+            ValueError,
+            "channels",
+        ),
+        (lambda: inception_score(torch.rand(4, 1, 8, 8).double(), ImageClassifier(), splits=2), TypeError, "float32"),
     ],
 )
 def test_bad_input_is_named(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_default_classifier_reads_and_hashes_the_data_once_per_process(tmp_path, monkeypatch):
+    import pseudovideo.data
+
+    calls = []
+    real_loader = pseudovideo.data.load_images
+    monkeypatch.setattr(pseudovideo.data, "load_images", lambda *args, **kwargs: calls.append(args) or real_loader(*args, **kwargs))
+    first = default_classifier("digits", cache_dir=tmp_path)
+    assert len(calls) == 1  # digits: one split, read once
+    assert default_classifier("digits", cache_dir=tmp_path) is first and len(calls) == 1
+    assert default_classifier("digits", cache_dir=tmp_path, downsample=2) is not first and len(calls) == 2

@@ -249,3 +249,19 @@ def test_priors_input():
         autoregressive.sample(2, temperature=INF)
     with pytest.raises(ValueError, match="choice_temperature"):
         masked.sample(2, steps=2, choice_temperature=INF)
+
+
+def test_diffusion_refuses_loader_range_and_8_bit_frames_by_name():
+    from pseudovideo import make_pseudo_video, to_model_range
+    from pseudovideo.data import load_images
+
+    images, _ = load_images("digits", limit=4)  # (4, 1, 8, 8) in [0, 1], as every loader gives them
+    model = _diffusion()
+    with pytest.raises(ValueError, match="to_model_range"):
+        model.training_loss(make_pseudo_video(images, 3, "blur"))  # forgot to_model_range: trained on [0, 1]
+    assert torch.isfinite(model.training_loss(make_pseudo_video(to_model_range(images), 3, "blur")))
+    context = make_pseudo_video(to_model_range(images), 3, "blur")[:, :1]  # context=1 previous frame
+    for wrong in ((context + 1) / 2, (context + 1) * 127.5):  # [0, 1] and [0, 255] context
+        with pytest.raises(ValueError, match="context_frames.*to_model_range"):
+            model.sample_next_frame(wrong, 2)
+    assert model.sample_next_frame(context, 2).shape == (4, 1, 8, 8)
