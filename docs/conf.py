@@ -225,6 +225,10 @@ BARE_NAMES = {
 }
 
 
+# Public paths of other libraries' classes that their inventories list under the defining module only
+INVENTORY_PATHS = {"botorch.exceptions.BotorchWarning": "botorch.exceptions.warnings.BotorchWarning"}
+
+
 def _documented_path(obj) -> str:
     return f"{obj.__module__}.{obj.__qualname__}" if _is_ours(obj) else _public_path(obj)
 
@@ -293,7 +297,8 @@ def _resolve_alias(app, env, node, contnode):
     """Runs after intersphinx: resolves the aliases of :func:`_alias`, in this site or another."""
     if node.get("refdomain") != "py":
         return None
-    if (target := _alias(node["reftarget"], node.get("py:module"))) in (None, node["reftarget"]):
+    target = INVENTORY_PATHS.get(node["reftarget"]) or _alias(node["reftarget"], node.get("py:module"))
+    if target in (None, node["reftarget"]):
         return None
     from sphinx.ext.intersphinx import missing_reference
 

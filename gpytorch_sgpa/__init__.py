@@ -21,6 +21,7 @@ from .attention import (
     SGPAPosterior,
     SGPAStepState,
     SGPAttention,
+    per_example_noise,
     posterior_mean,
 )
 from .dropin import MultiheadSGPAttention, convert, global_kl_divergence, kl_divergence, predict_proba
@@ -55,6 +56,7 @@ __all__ = [
     "kl_divergence",
     "lora_target_modules",
     "make_attention_kernel",
+    "per_example_noise",
     "posterior_mean",
     "predict_proba",
     "register_adapter",

@@ -70,6 +70,7 @@ __all__ = [
     "from_timm_attention",
     "from_vit_attention",
     "register_adapter",
+    "supported_modules",
 ]
 
 _BY_TYPE: dict[type, Callable] = {}
@@ -106,6 +107,14 @@ def adapter_for(module: nn.Module) -> Callable | None:
         if name in _BY_NAME:
             return _BY_NAME[name]
     return None
+
+
+def supported_modules() -> list[str]:
+    """The names of the module classes that have an adapter (registered ones included), for error messages."""
+    internal = {"SelfAttentionAdapter", "MultiheadSGPAttention"}  # the package's own adapters, reconverted
+    names = [("nn." if cls.__module__.startswith("torch.nn") else "") + cls.__qualname__ for cls in _BY_TYPE]
+    names += [f"{name.split('.')[0]} {name.rsplit('.', 1)[-1]}" for name in _BY_NAME]  # "transformers BertSelfAttention"
+    return [name for name in names if name not in internal]
 
 
 def child_defaults(parent: nn.Module, name: str) -> dict | None:

@@ -75,6 +75,51 @@ def posterior_mean():
         _posterior_mean_active = previous
 
 
+#: inside :func:`per_example_noise`: the seeds of a batch's sequences and the count of noise draws so far
+_example_seeds: list[int] | None = None
+_example_draws = 0
+
+
+@contextlib.contextmanager
+def per_example_noise(seeds):
+    """Sampling whose draws for a sequence do not depend on the other sequences of its batch: inside
+    ``with gpytorch_sgpa.per_example_noise(seeds): logits = model(x)``, sequence ``b`` of every batch draws the noise of
+    each :class:`SGPAttention` call from a generator seeded by ``seeds[b]`` and the call's order in the block, its
+    global noise first, then its positions one by one.  So a sequence's sample is the same whatever the batch size,
+    its neighbours and the (right) padding after it; the global random state is not used.  Successive forward passes
+    inside one block draw new noise.  :func:`posterior_mean` and explicit ``noise=`` arguments still win.
+
+    :param seeds: one integer seed per sequence of the batches that run inside (e.g. ``seed + example index``).
+    """
+    global _example_seeds, _example_draws
+    seeds = [int(seed) for seed in seeds]
+    previous = (_example_seeds, _example_draws)
+    _example_seeds, _example_draws = seeds, 0
+    try:
+        yield
+    finally:
+        _example_seeds, _example_draws = previous
+
+
+def _per_example_draws(shapes: list[tuple[int, int, int, int]], dtype, device) -> list[Tensor]:
+    """The draws of :meth:`SGPAttention.sample_noise` inside :func:`per_example_noise`: shapes ``(B, H, L, d)`` and
+    optionally ``(B, H, d, M)``; sequence ``b``'s from its own generator, position by position."""
+    global _example_draws
+    seeds = cast(list[int], _example_seeds)
+    batch, heads, length, head_dim = shapes[0]
+    if len(seeds) != batch:
+        raise ValueError(f"per_example_noise was given {len(seeds)} seeds for a batch of {batch} sequences: give one per sequence")
+    call, _example_draws = _example_draws, _example_draws + 1
+    local, global_ = [], []
+    for seed in seeds:
+        generator = torch.Generator().manual_seed((seed * 1_000_003 + call) % 2**63)
+        if len(shapes) > 1:
+            global_.append(torch.randn(shapes[1][1:], dtype=dtype, generator=generator))
+        local.append(torch.stack([torch.randn(heads, head_dim, dtype=dtype, generator=generator) for _ in range(length)], dim=1))
+    draws = [torch.stack(local)] + ([torch.stack(global_)] if global_ else [])
+    return [draw.to(device) for draw in draws]
+
+
 class SGPANoise(NamedTuple):
     r"""Standard-normal draws behind one SGPA sample (thesis eq. (3.17), the reparameterisation
     :math:`m + \Sigma^{1/2} \varepsilon` of the head outputs; Chen & Li (2023), SGPA).
@@ -630,7 +675,8 @@ class SGPAttention(MultiHeadAttentionBase):
 
     def sample_noise(self, batch_size: int, length: int, dtype=None, device=None, generator: torch.Generator | None = None) -> SGPANoise:
         """Draw the standard-normal noise one forward pass of ``batch_size × length`` uses (from
-        ``generator`` if given, on its device); zeros inside :func:`posterior_mean`.
+        ``generator`` if given, on its device); zeros inside :func:`posterior_mean`; per sequence inside
+        :func:`per_example_noise`.
 
         :param batch_size: the number of sequences :math:`B`.
         :param length: the sequence length :math:`L`.
@@ -649,6 +695,8 @@ class SGPAttention(MultiHeadAttentionBase):
             shapes.append((batch_size, self.num_heads, self.head_dim, self.num_global))
         if _posterior_mean_active:
             draws = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+        elif _example_seeds is not None and generator is None:
+            draws = _per_example_draws(shapes, dtype, device)
         else:
             source = device if generator is None else generator.device
             draws = [torch.randn(shape, dtype=dtype, device=source, generator=generator).to(device) for shape in shapes]

@@ -4,7 +4,9 @@ r"""The record of a conversion in a ``transformers`` model's configuration (``co
 model, so that ``save_pretrained`` writes it with the weights and :func:`gpytorch_sgpa.from_pretrained`
 replays it (:mod:`gpytorch_sgpa.pretrained` describes the format and the loading).  The configuration
 then names :data:`ATTN_IMPLEMENTATION`, an attention implementation whose functions raise naming
-:func:`~gpytorch_sgpa.pretrained.from_pretrained`, so that the unconverted class refuses the checkpoint.
+:func:`~gpytorch_sgpa.pretrained.from_pretrained`, and :data:`EXPERTS_IMPLEMENTATION`, an experts implementation
+that does not exist (``transformers`` checks it when it builds any model, and ``from_pretrained(path,
+attn_implementation="sdpa")`` does not replace it), so that the unconverted class refuses the checkpoint.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from torch import nn
 
 _Model = TypeVar("_Model", bound=nn.Module)
 
-__all__ = ["ATTN_IMPLEMENTATION", "record_conversion", "register_refusal"]
+__all__ = ["ATTN_IMPLEMENTATION", "EXPERTS_IMPLEMENTATION", "record_conversion", "register_refusal"]
 
 
 #: The attention implementation a converted model's configuration names (see the module docstring).
 ATTN_IMPLEMENTATION = "gpytorch_sgpa"
+#: The experts implementation a converted model's configuration names: no such implementation exists, so building
+#: the configuration's class without replaying the conversion raises, whatever ``attn_implementation`` it is given.
+EXPERTS_IMPLEMENTATION = "gpytorch_sgpa: this checkpoint holds a converted model; load it with gpytorch_sgpa.from_pretrained"
 
 
 def _json_value(value):
@@ -61,7 +66,7 @@ def _pretrained_roots(module: nn.Module, pretrained: type[_Model]) -> list[_Mode
     return [m for child in module.children() for m in _pretrained_roots(child, pretrained)]
 
 
-def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, replaced: dict) -> None:
+def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, replaced: dict) -> list[nn.Module]:
     """Append a conversion of ``root`` (``replaced``: ``id(old) -> (old, new)``) to the ``config.sgpa``
     of the ``transformers`` models in or around it (the format: :mod:`gpytorch_sgpa.pretrained`).
 
@@ -70,9 +75,11 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
     :param attention_kwargs: the layer keyword arguments of the conversion (JSON-serialisable values are saved, the
         others' names listed as ``unsaved_kwargs``).
     :param replaced: the replacements made, ``{id(old): (old, new)}``.
+
+    Returns the ``transformers`` models whose modules were replaced.
     """
     if "transformers" not in sys.modules:  # then no model of it is in the tree; do not import it
-        return
+        return []
     from transformers import PretrainedConfig, PreTrainedModel
 
     kwargs, unsaved = {}, []
@@ -84,10 +91,12 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
             unsaved.append(key)
     new = {id(module) for _, module in replaced.values()}
     targets: list[tuple[PretrainedConfig, list[str] | None]] = []
+    models: list[nn.Module] = []
     for model in _pretrained_roots(root, PreTrainedModel):
         paths = [name for name, module in model.named_modules() if id(module) in new]
         if paths:
             targets.append((model.config, paths))
+            models.append(model)
     configs = {id(config) for config, _ in targets}
     for _, module in replaced.values():  # converted below a transformers model: no paths to replay
         config = getattr(module, "config", None)
@@ -95,12 +104,18 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
             configs.add(id(config))
             targets.append((config, None))
     for config, modules in targets:
-        settings = getattr(config, "sgpa", None) or {"attn_implementation": config._attn_implementation, "conversions": []}
+        settings = getattr(config, "sgpa", None) or {
+            "attn_implementation": config._attn_implementation,
+            "experts_implementation": config._experts_implementation,
+            "conversions": [],
+        }
         entry = {"attention": attention, "kwargs": kwargs, "modules": modules}
         if unsaved:
             entry["unsaved_kwargs"] = unsaved
         settings["conversions"].append(entry)
         config.sgpa = settings
         config.attn_implementation = ATTN_IMPLEMENTATION
+        config.experts_implementation = EXPERTS_IMPLEMENTATION
     if targets:
         register_refusal()
+    return models

@@ -29,10 +29,20 @@ from torch import Tensor, nn
 
 from ._outputs import output_logits
 from ._validation import check_int
-from .adapters import adapter_for, child_defaults, copy_kernel, record_attentions, register_adapter, sgpa_start, start_at_mean
+from .adapters import (
+    adapter_for,
+    child_defaults,
+    copy_kernel,
+    record_attentions,
+    register_adapter,
+    sgpa_start,
+    start_at_mean,
+    supported_modules,
+)
 from .attention import KernelAttention, ScaledDotProductAttention, SGPAttention
 from .conversion_record import record_conversion
 from .kernel_scale import calibrate_kernel_scales, forget_softmax_projections
+from .model_loss import install_elbo_loss
 from .transformer import ATTENTION_TYPES, build_attention
 
 __all__ = ["MultiheadSGPAttention", "convert", "global_kl_divergence", "kl_divergence"]
@@ -227,7 +237,7 @@ def _recorded(module: nn.Module, part: str) -> Tensor:
                 "collect kl_divergence(model) right after the forward whose logits enter the loss"
             )
         total = value if total is None else total + value
-    return cast(Tensor, total)  # _sgpa_layers found at least one layer
+    return cast(Tensor, total)  # sgpa_layers found at least one layer
 
 
 def kl_divergence(module: nn.Module) -> Tensor:
@@ -244,6 +254,15 @@ def kl_divergence(module: nn.Module) -> Tensor:
     :param module: the model (or layer) whose SGPA layers' KL terms are summed; it must hold at least one.
     """
     return _recorded(module, "total")
+
+
+def global_kl_divergence(module: nn.Module) -> Tensor:
+    """The part of :func:`kl_divergence` from the global inducing variables (shared by all
+    sequences, so ``SGPAELBO(kl_weighting="decomposed")`` divides it by ``num_data``).
+
+    :param module: the model (or layer) whose SGPA layers' global KL parts are summed; it must hold at least one.
+    """
+    return _recorded(module, "global_")
 
 
 @torch.no_grad()
@@ -269,15 +288,6 @@ def predict_proba(model: nn.Module, *inputs, num_samples: int = 10, **kwargs) ->
     finally:
         model.train(training)
     return cast(Tensor, total) / num_samples  # num_samples >= 1 passes
-
-
-def global_kl_divergence(module: nn.Module) -> Tensor:
-    """The part of :func:`kl_divergence` from the global inducing variables (shared by all
-    sequences, so ``SGPAELBO(kl_weighting="decomposed")`` divides it by ``num_data``).
-
-    :param module: the model (or layer) whose SGPA layers' global KL parts are summed; it must hold at least one.
-    """
-    return _recorded(module, "global_")
 
 
 def _split_in_projection(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor, Tensor]:
@@ -457,11 +467,13 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
             setattr(parent, name, replaced[id(child)][1])
     if not replaced:
         raise ValueError(
-            f"{type(module).__name__} holds no nn.MultiheadAttention nor other self-attention with an "
-            f"adapter (nor kernel attention to turn into {attention!r}) to convert"
+            f"{type(module).__name__} holds no nn.MultiheadAttention nor other self-attention that convert knows (nor kernel attention to "
+            f"turn into {attention!r}); it converts {', '.join(supported_modules())}. For another attention module, "
+            "register its adapter first: gpytorch_sgpa.register_adapter(ModuleType, fn)"
         )
     record_attentions(module, replaced)
-    record_conversion(module, attention, attention_kwargs, replaced)
+    for model in record_conversion(module, attention, attention_kwargs, replaced):
+        install_elbo_loss(model, kl_divergence)
     return _finish(module, calibration_inputs)
 
 

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from ._validation import check_finite, check_real, check_tensor, checks_on_host
 from .attention import SGPAttention
 from .dropin import global_kl_divergence
+from .model_loss import attach_elbo
 
 __all__ = ["SGPAELBO", "LIKELIHOODS", "IGNORE_INDEX", "KL_WEIGHTINGS"]
 
@@ -166,6 +167,7 @@ class SGPAELBO(gpytorch.Module):
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
         if self.auto_beta:  # β once set (NaN before the first call), saved with the state dict
             self.register_buffer("chosen_beta", torch.tensor(float("nan"), dtype=torch.float64))
+        attach_elbo(self)  # a converted Hugging Face model given labels returns -ELBO (gpytorch_sgpa.model_loss)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -11,9 +11,13 @@ therefore records each conversion in the model's configuration, which ``save_pre
   its keyword arguments and the paths of the modules it replaced;
 * ``config.attn_implementation = "gpytorch_sgpa"``: an attention implementation that only this
   package registers (in ``transformers``' ``AttentionInterface``), and whose function raises with
-  the fix.  Loading the checkpoint with the model's own ``from_pretrained`` therefore never gives the
-  softmax network silently: without ``gpytorch_sgpa`` imported ``transformers`` refuses the unknown
-  implementation; with it, the first forward pass raises and names :func:`from_pretrained`.
+  the fix;
+* ``config.experts_implementation``: an experts implementation that does not exist, whose name says to load
+  the checkpoint with :func:`from_pretrained`.  ``transformers`` checks it whenever it builds a model, and
+  ``from_pretrained(path, attn_implementation="sdpa" | "eager")`` replaces the attention implementation
+  but not this one, so loading the checkpoint with the model's own ``from_pretrained`` raises a
+  ``ValueError`` naming :func:`from_pretrained`, with or without ``gpytorch_sgpa`` imported: never the
+  softmax network with fresh query/key weights.
 
 :func:`from_pretrained` builds the model from the configuration with the attention implementation
 it was converted with, replays the recorded conversions (the same modules are replaced, checked),
@@ -121,6 +125,7 @@ def from_pretrained(model_class, path: str | os.PathLike):
             )
     config.sgpa = None
     config._attn_implementation = settings["attn_implementation"]
+    config._experts_implementation = settings.get("experts_implementation")  # absent from checkpoints of 0.1
     model = model_class(config) if is_model else model_class.from_config(config)
     for entry in settings["conversions"]:
         convert(model, entry["attention"], **entry["kwargs"])

@@ -22,14 +22,20 @@ annealing and its ``kl_weighting``), with the same steps as a plain loop over th
 * **evaluation** (``evaluate``, ``predict``, best-model selection): a deterministic prediction, by
   default the posterior mean of every attention output (:func:`~gpytorch_sgpa.posterior_mean`, one
   pass); ``eval_samples=k`` gives instead ``log`` of the mean of ``k`` samples' class
-  probabilities, drawn from a generator seeded with ``args.seed`` (the same every call, the
-  training random state untouched).  The evaluation loss is the negative expected log-likelihood of
-  that prediction per sequence, without the KL (which does not depend on held-out data);
+  probabilities, the :math:`i`-th sequence of the evaluated data set drawing its samples from the seed
+  ``args.seed`` :math:`\cdot 2^{32} + i` (:func:`~gpytorch_sgpa.per_example_noise`): the same every call, and a
+  sequence's prediction does not depend on the batch size, its neighbours or the padding after it (one process;
+  under data parallelism :math:`i` counts the sequences of each process's shard); evaluating leaves the
+  training's random state untouched (an ``evaluate()`` before ``train()`` changes neither β nor the
+  training's noise).  The evaluation loss is the negative expected log-likelihood of that prediction per
+  sequence, without the KL (which does not depend on held-out data);
 * **logs**: each training log adds ``kl`` (the last step's ``kl_divergence``), ``beta`` and
   ``kl_weight`` (:math:`w_t`).
 
 Causal language models (``Trainer``'s label shift) score ``logits[:, :-1]`` against
-``labels[:, 1:]``.  ``Trainer`` needs ``accelerate`` (``pip install "probseq[zoo]"``).
+``labels[:, 1:]``.  The stock ``Trainer`` works too, through the loss the converted model returns given
+``labels`` (:mod:`gpytorch_sgpa.model_loss`), with the differences the user guide lists.  ``Trainer`` needs
+``accelerate`` (``pip install "probseq[zoo]"``).
 """
 
 from __future__ import annotations
@@ -43,9 +49,10 @@ import torch
 
 from ._optional import require
 from ._outputs import output_logits
-from .attention import posterior_mean
+from .attention import per_example_noise, posterior_mean
 from .dropin import kl_divergence
 from .elbo import SGPAELBO
+from .model_loss import shifts_labels
 
 if TYPE_CHECKING:
     import transformers
@@ -63,7 +70,8 @@ class SGPATrainer(transformers.Trainer):
     """``Trainer(model, args, ..., elbo=SGPAELBO(model, num_data, beta=..., anneal_steps=...),
     eval_samples=0)``: fine-tunes ``model`` on ``-elbo`` (module docstring).  ``elbo.model`` must be
     ``model``; an ELBO with parameters of its own (a Gaussian or Laplace likelihood) needs an
-    optimizer given through ``optimizers=``.  Batches need ``labels``.
+    optimizer given through ``optimizers=``.  Batches need ``labels``.  The likelihood term is the ELBO's:
+    ``compute_loss_func`` and ``label_smoothing_factor`` (which would replace or change it) raise.
 
     :param elbo: the objective, an :class:`~gpytorch_sgpa.elbo.SGPAELBO` whose ``model`` is the trained model.
     :param eval_samples: the posterior samples averaged per evaluation prediction, an int >= 0 (default 0: the
@@ -84,16 +92,31 @@ class SGPATrainer(transformers.Trainer):
                 "the ELBO has parameters outside the model (its likelihood's), which the Trainer's default "
                 "optimizer would not train: pass optimizers=(torch.optim.AdamW(elbo.parameters()), None)"
             )
+        if self.compute_loss_func is not None:
+            raise ValueError(
+                "SGPATrainer trains on the negative ELBO, so compute_loss_func would be ignored: drop it, and choose the "
+                "ELBO's likelihood term with SGPAELBO(model, num_data, likelihood=...) (a GPyTorch likelihood)"
+            )
+        if self.args.label_smoothing_factor != 0:
+            raise ValueError(
+                f"SGPATrainer trains on the negative ELBO, whose likelihood term is the log-likelihood of the labels, so "
+                f"label_smoothing_factor={self.args.label_smoothing_factor} would be ignored: set label_smoothing_factor=0 "
+                "in TrainingArguments (the KL term already regularises the attention outputs)"
+            )
         if isinstance(eval_samples, bool) or not isinstance(eval_samples, int) or eval_samples < 0:
             raise ValueError(f"eval_samples must be an int >= 0 (0: the posterior mean), got {eval_samples!r}")
         self.elbo = elbo
         self.eval_samples = eval_samples
+        get_base_model = getattr(self.model, "get_base_model", None)  # peft's base model
+        base = get_base_model() if callable(get_base_model) else self.model
+        self._shifts_labels = shifts_labels(base)
         self._step_sequences = None
         self._last_kl = None
+        self._evaluated_rows = 0  # sequences predicted so far in the running evaluation (their index: their seed)
 
     # ------------------------------------------------------------------ training
     def _scored(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._loss_shifts_labels:
+        if self._shifts_labels:
             return logits[..., :-1, :], labels[..., 1:]
         return logits, labels
 
@@ -211,6 +234,22 @@ class SGPATrainer(transformers.Trainer):
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # ------------------------------------------------------------------ evaluation
+    def evaluation_loop(self, *args, **kwargs):
+        """``Trainer.evaluation_loop``, counting the sequences from 0 (each one's index seeds its samples)."""
+        self._evaluated_rows = 0
+        return super().evaluation_loop(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs) -> dict[str, float]:
+        """``Trainer.evaluate`` with the global random state put back afterwards, so that evaluating (before or
+        during training) does not change the training's noise (the evaluation's data loader draws a seed from it)."""
+        with torch.random.fork_rng(devices=_cuda_devices(self.model)):
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        """``Trainer.predict`` with the global random state put back afterwards (as :meth:`evaluate`)."""
+        with torch.random.fork_rng(devices=_cuda_devices(self.model)):
+            return super().predict(*args, **kwargs)
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """``(loss, logits, labels)`` of the deterministic prediction (module docstring).
 
@@ -226,8 +265,10 @@ class SGPATrainer(transformers.Trainer):
                 with posterior_mean():
                     logits = output_logits(model(**inputs))
             else:
-                with torch.random.fork_rng(devices=_cuda_devices(model)):
-                    torch.manual_seed(self.args.seed)
+                rows = next(value for value in inputs.values() if isinstance(value, torch.Tensor)).shape[0]
+                first, self._evaluated_rows = self._evaluated_rows, self._evaluated_rows + rows
+                seeds = [self.args.seed * 2**32 + first + row for row in range(rows)]
+                with per_example_noise(seeds):
                     total = None
                     for _ in range(self.eval_samples):
                         sample = output_logits(model(**inputs))

@@ -404,8 +404,9 @@ class StreamFleet:
         Streams absent from ``data`` are left exactly as they were; new stream ids join their shard. The data
         are checked before any shard sees them: :class:`StreamDataError` naming the stream (NaN or infinite
         values, mismatched shapes, inputs of another dimension than the other streams'), :class:`TimeResolutionError`
-        (inputs the models' dtype cannot hold), :class:`TaskConflictError` (``task_id`` absorbed before with other
-        data). Every shard records ``task_id`` with a digest of its part and writes its checkpoint. Returns whether
+        (inputs the models' dtype cannot hold), :class:`~gpytorch_hippo.fleet.shard.TaskConflictError` (``task_id``
+        absorbed before with other data). Every shard records ``task_id`` with a digest of its part and writes its
+        checkpoint. Returns whether
         any shard absorbed the task now (``False``: it was delivered before with the same data, nothing changed).
 
         :param task_id: the task's id, an int or a str (or a NumPy scalar of one; stored in the checkpoints).

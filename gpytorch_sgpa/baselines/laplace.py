@@ -17,6 +17,8 @@ import warnings
 import torch
 from torch import nn
 
+from .._outputs import output_logits
+
 __all__ = ["HESSIAN_STRUCTURES", "LAPLACE_INSTALL", "LastLayerLaplace", "require_laplace"]
 
 #: The Hessian approximations of the last layer that :class:`LastLayerLaplace` accepts (laplace-torch's names).
@@ -26,8 +28,9 @@ LINK_APPROXIMATIONS = ("probit", "mc", "bridge")
 
 #: How to get ``laplace-torch`` (the error of a missing install repeats it).
 LAPLACE_INSTALL = (
-    "pip install laplace-torch (it installs torchvision: keep torch and torchvision a matching pair, "
-    "e.g. torch 2.14.1 with torchvision 0.29.1, as CI's zoo environment does)"
+    "pip install laplace-torch needs a torchvision that imports beside your torch (the one pip picks for the CPU "
+    "torch 2.13.0 does not): in a fresh environment run 'pip install torch==2.14.1 torchvision==0.29.1', then "
+    "'pip install \"probseq[zoo]\" laplace-torch==0.3', the pair and pins CI's zoo check installs"
 )
 
 
@@ -42,6 +45,18 @@ def require_laplace():
             name="laplace",
         ) from error
     return laplace
+
+
+class _Logits(nn.Module):
+    """``model`` whose forward returns its logits (a Hugging Face classifier returns a ``ModelOutput``), what
+    ``laplace-torch`` expects."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return output_logits(self.model(inputs))
 
 
 def _check_inputs(inputs, name="inputs"):
@@ -60,7 +75,8 @@ def _check_positive_int(value, name):
 
 
 class LastLayerLaplace(nn.Module):
-    r"""A last-layer Laplace approximation of ``model``, a classifier whose forward returns logits and whose
+    r"""A last-layer Laplace approximation of ``model``, a classifier whose forward returns logits (or an output with
+    ``.logits``, as Hugging Face's classifiers, called with the token ids alone) and whose
     last layer is an ``nn.Linear`` (found by ``laplace-torch``, or named by ``last_layer_name``, e.g.
     ``"head"``).  :meth:`fit` on the training data, then :meth:`predict_proba`.
 
@@ -123,17 +139,17 @@ class LastLayerLaplace(nn.Module):
         self.model.eval()
         try:
             with torch.no_grad():
-                num_classes = self.model(inputs[:1]).shape[-1]
+                num_classes = output_logits(self.model(inputs[:1])).shape[-1]
             if (labels >= num_classes).any():
                 raise ValueError(f"labels must lie in [0, {num_classes}), the model's classes")
             loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, labels.long()), batch_size=batch_size)
             approximation = laplace.Laplace(
-                self.model,
+                _Logits(self.model),
                 "classification",
                 subset_of_weights="last_layer",
                 hessian_structure=self.hessian_structure,
                 prior_precision=self.initial_prior_precision,
-                last_layer_name=self.last_layer_name,
+                last_layer_name=None if self.last_layer_name is None else f"model.{self.last_layer_name}",
             )
             approximation.fit(loader)
             if optimize_prior == "marglik":

@@ -51,7 +51,8 @@ def dropout_enabled(model: torch.nn.Module):
 def mc_dropout_predict_proba(model: torch.nn.Module, *inputs, num_samples: int = 10, **forward_kwargs) -> torch.Tensor:
     """Class probabilities averaged over ``num_samples`` dropout masks (thesis ch. 3 uses 10 samples).
 
-    :param model: the classifier with dropout; its forward returns logits (or ``(logits, kl)``).
+    :param model: the classifier with dropout; its forward returns logits, ``(logits, kl)`` or an output with
+        ``.logits`` (Hugging Face's).
     :param num_samples: the number of dropout masks (forward passes) averaged, a positive int (default 10).
     """
     check_num_samples(num_samples)

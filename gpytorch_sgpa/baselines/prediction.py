@@ -6,15 +6,8 @@ from typing import cast
 
 import torch
 
+from .._outputs import output_logits as logits_of
 from .._validation import check_num_samples
-
-
-def logits_of(output) -> torch.Tensor:
-    """The logits of a model output: models here return ``(logits, kl)``; plain modules return logits.
-
-    :param output: a model output: a tuple or list whose first element is the logits, or the logits themselves.
-    """
-    return output[0] if isinstance(output, (tuple, list)) else output
 
 
 @torch.no_grad()
@@ -25,7 +18,8 @@ def predict_proba(model: torch.nn.Module, *inputs, num_samples: int = 1, **forwa
     the softmax of its logits is averaged (one pass suffices for a deterministic MLE model).
     The model's train/eval mode is restored afterwards.
 
-    :param model: the classifier; its forward returns logits (or ``(logits, kl)``), or it has its own ``predict_proba``.
+    :param model: the classifier; its forward returns logits, ``(logits, kl)`` or an output with ``.logits`` (Hugging
+        Face's), or it has its own ``predict_proba``.
     :param num_samples: the number of forward passes averaged, a positive int (default 1).
     """
     check_num_samples(num_samples)

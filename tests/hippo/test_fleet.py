@@ -316,7 +316,9 @@ def test_ray_engine_takes_pandas_datetimes_and_numpy_ids_as_the_local_engine_doe
     import pandas as pd
 
     start = pd.Timestamp("2024-03-01")
-    series = [{s: pd.Series(y.numpy(), index=start + pd.to_timedelta(x.numpy(), unit="h")) for s, (x, y) in data.items()} for data in tasks()]
+    series = [
+        {s: pd.Series(y.numpy(), index=start + pd.to_timedelta(x.numpy(), unit="h")) for s, (x, y) in data.items()} for data in tasks()
+    ]
     frames = [{s: (values.index, values) for s, values in data.items()} for data in series]
     local = StreamFleet(model_factory, num_shards=2, time_axis=TimeAxis("h", origin=start))
     with StreamFleet(model_factory, engine="ray", num_shards=2, checkpoint_dir=tmp_path, time_axis=TimeAxis("h", origin=start)) as fleet:

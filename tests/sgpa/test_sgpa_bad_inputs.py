@@ -258,3 +258,24 @@ def test_kernel_functions_and_corruptions_input():
         evaluate_kernel(kernel, [1.0])
     with pytest.raises(ValueError, match="images must lie in"):
         corrupt(IMAGES * NAN, "blur", 1)
+
+
+def test_convert_of_an_unsupported_family_names_register_adapter_and_the_supported_modules():
+    class Mixer(torch.nn.Module):  # attention-free
+        def __init__(self):
+            super().__init__()
+            self.mix = torch.nn.Linear(4, 4)
+
+    with pytest.raises(ValueError, match=r"register_adapter") as error:
+        gpytorch_sgpa.convert(Mixer())
+    for name in ("MultiheadAttention", "BertSelfAttention", "ViTAttention", "GPT2Attention"):
+        assert name in str(error.value)
+
+
+def test_per_example_noise_needs_one_seed_per_sequence():
+    model = gpytorch_sgpa.convert(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), num_global=3)
+    x = torch.randn(4, 5, 8)
+    with gpytorch_sgpa.per_example_noise(range(4)):
+        model(x)
+    with pytest.raises(ValueError, match="one per sequence"), gpytorch_sgpa.per_example_noise(range(3)):
+        model(x)

@@ -198,3 +198,75 @@ def test_the_peft_benchmark_measures_every_method_at_a_tiny_size(tmp_path, monke
     assert rows["softmax, LoRA"]["trainable"] < rows["softmax (full)"]["trainable"]
     printed = capsys.readouterr().out
     assert "| recipe: LoRA minus full |" in printed and "| softmax: LoRA minus full |" in printed
+
+
+def _hf_classifier(seed):
+    """A small random BERT classifier (an MLE baseline: not converted), its token ids and padding mask."""
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=16, num_labels=3, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    ids = torch.randint(1, 50, (5, 7), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(5, 7, dtype=torch.long)
+    mask[:2, 5:] = 0
+    return transformers.BertForSequenceClassification(config), ids, mask
+
+
+def test_baselines_take_hugging_face_outputs():
+    """``SequenceClassifierOutput`` (``.logits``) in predict_proba, MC dropout and a deep ensemble, against the
+    softmax of ``.logits`` computed by hand with the same dropout masks."""
+    from gpytorch_sgpa.baselines import mc_dropout_predict_proba
+
+    bert, ids, mask = _hf_classifier(0)
+    other, _, _ = _hf_classifier(1)
+    with torch.no_grad():
+        expected = [m.eval()(input_ids=ids, attention_mask=mask).logits.softmax(-1) for m in (bert, other)]
+    torch.testing.assert_close(predict_proba(bert, input_ids=ids, attention_mask=mask), expected[0])
+    ensemble = EnsembleClassifier([bert, other]).predict_proba(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(ensemble, (expected[0] + expected[1]) / 2)
+    torch.manual_seed(5)
+    sampled = mc_dropout_predict_proba(bert, input_ids=ids, attention_mask=mask, num_samples=3)
+    torch.manual_seed(5)
+    bert.train()  # BERT's dropout is all its randomness: train mode draws the same masks in the same order
+    with torch.no_grad():
+        by_hand = sum(bert(input_ids=ids, attention_mask=mask).logits.softmax(-1) for _ in range(3)) / 3
+    torch.testing.assert_close(sampled, by_hand)
+    assert (sampled - expected[0]).abs().max() > 1e-3  # dropout was on
+
+
+@needs_laplace
+def test_last_layer_laplace_of_a_hugging_face_classifier_equals_that_of_its_logits():
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.bert = model
+
+        def forward(self, ids):
+            return self.bert(ids).logits
+
+    bert, ids, _ = _hf_classifier(0)
+    labels = torch.tensor([0, 1, 2, 1, 0])
+    fitted = LastLayerLaplace(bert, last_layer_name="classifier").fit(ids, labels)
+    reference = LastLayerLaplace(Logits(bert), last_layer_name="bert.classifier").fit(ids, labels)
+    assert fitted.prior_precision == pytest.approx(reference.prior_precision)
+    torch.testing.assert_close(fitted.predict_proba(ids), reference.predict_proba(ids))
+    assert LastLayerLaplace(bert).fit(ids, labels).predict_proba(ids).shape == (5, 3)  # the head found by laplace-torch
+
+
+def test_the_documented_laplace_install_is_the_one_ci_runs():
+    """The guide's commands, and the error of a missing laplace-torch, install the torch/torchvision pair that
+    CI's zoo check installs (the pair imports together; the torchvision pip picks for torch 2.13.0 does not)."""
+    from gpytorch_sgpa.baselines.laplace import LAPLACE_INSTALL
+
+    root = Path(__file__).resolve().parents[2]
+    guide = (root / "docs" / "guide" / "sgpa.md").read_text()
+    ci = (root / ".ci" / "run").read_text()
+    pair = "pip install torch==2.14.1 torchvision==0.29.1"
+    laplace = "laplace-torch==0.3"
+    assert pair in LAPLACE_INSTALL and laplace in LAPLACE_INSTALL
+    assert f'{pair}\npip install "probseq[zoo]" {laplace}' in guide
+    assert pair.replace("install", "install -q") in ci and "laplace-torch" in ci
+    assert f"{laplace}\n" in (root / "constraints.txt").read_text()  # what the zoo check's constraints pin

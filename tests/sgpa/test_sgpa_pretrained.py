@@ -122,13 +122,18 @@ def test_torch_save_of_the_whole_model(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_unconverted_class_refuses_the_checkpoint_naming_the_loader(family, tmp_path):
+@pytest.mark.parametrize("attn_implementation", [None, "sdpa", "eager"])
+def test_the_unconverted_class_refuses_the_checkpoint_naming_the_loader(family, attn_implementation, tmp_path):
+    """Also when the attention implementation is chosen at load (which replaces the one the checkpoint names),
+    through the model's class or its ``AutoModel*`` class, with transformers' messages silenced."""
     _quiet()
     model, inputs = _converted(family)
     model.save_pretrained(tmp_path)
-    plain = type(model).from_pretrained(tmp_path)
-    with pytest.raises(RuntimeError, match=r"gpytorch_sgpa\.from_pretrained"):
-        plain(**inputs)
+    chosen = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    auto = {"bert": "AutoModelForSequenceClassification", "vit": "AutoModelForImageClassification", "gpt2": "AutoModelForCausalLM"}[family]
+    for model_class in (type(model), getattr(transformers, auto)):
+        with pytest.raises(ValueError, match=r"gpytorch_sgpa\.from_pretrained"):
+            model_class.from_pretrained(tmp_path, **chosen)
 
 
 def test_without_the_package_imported_transformers_refuses_the_checkpoint(tmp_path):

@@ -105,6 +105,147 @@ def test_evaluate_and_predict_are_deterministic_and_do_not_choose_beta(tmp_path)
     sampled = worker.trainer(run.model, tmp_path / "sampled", batch_size=8, steps=1, lr=LR, beta=0.1, anneal_steps=0, eval_samples=5)
     once, again = sampled.predict(worker.Rows()).predictions, sampled.predict(worker.Rows()).predictions
     assert (once == again).all() and abs(once - mean.numpy()).max() > 1e-4  # samples, not the mean
-    torch.manual_seed(worker.SEED)
-    expected = gpytorch_sgpa.predict_proba(run.model, input_ids=ids[:8], attention_mask=mask[:8], num_samples=5)
+    with gpytorch_sgpa.per_example_noise([worker.SEED * 2**32 + row for row in range(8)]):  # row i's seed: seed·2³² + i
+        expected = gpytorch_sgpa.predict_proba(run.model, input_ids=ids[:8], attention_mask=mask[:8], num_samples=5)
     torch.testing.assert_close(torch.as_tensor(once[:8]).exp(), expected.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_loss_function_or_label_smoothing_is_refused_not_ignored(tmp_path):
+    """``compute_loss_func`` and ``label_smoothing_factor`` would replace or change the likelihood term, which
+    the ELBO owns: both raise, naming the fix."""
+    import transformers
+
+    from gpytorch_sgpa.trainer import SGPATrainer
+
+    model = worker.model()
+    elbo = gpytorch_sgpa.SGPAELBO(model, num_data=worker.NUM_DATA)
+
+    def arguments(**kwargs):
+        return transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, **kwargs)
+
+    def focal(outputs, labels, num_items_in_batch=None):
+        return torch.nn.functional.cross_entropy(outputs.logits, labels)
+
+    with pytest.raises(ValueError, match="compute_loss_func.*likelihood="):
+        SGPATrainer(model, arguments(), train_dataset=worker.Rows(), elbo=elbo, compute_loss_func=focal)
+    with pytest.raises(ValueError, match="label_smoothing_factor=0"):
+        SGPATrainer(model, arguments(label_smoothing_factor=0.1), train_dataset=worker.Rows(), elbo=elbo)
+    SGPATrainer(model, arguments(), train_dataset=worker.Rows(), elbo=elbo)  # the plain path
+
+
+def test_evaluate_before_train_with_samples_does_not_choose_beta(tmp_path):
+    """Also with sampled evaluation; and the evaluation leaves the training's random state as it was (its data
+    loader draws a seed from it): the run then takes the steps of one without the evaluation."""
+    reference, reference_elbo = worker.package_loop(worker.model(), 8, 2, LR, "auto", 0)
+    run = worker.trainer(worker.model(), tmp_path, batch_size=8, steps=2, lr=LR, beta="auto", anneal_steps=0, eval_samples=2)
+    run.evaluate()
+    assert torch.isnan(torch.tensor(run.elbo.beta))
+    run.train()
+    assert run.elbo.beta == pytest.approx(reference_elbo.beta, rel=1e-6)
+    _assert_same(run.model, reference)
+
+
+class _Padded(torch.utils.data.Dataset):
+    """The rows of ``worker.Rows`` with ``extra`` padding positions appended (as a longer batch pads them)."""
+
+    def __init__(self, extra):
+        self.rows, self.extra = worker.Rows(), extra
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        row = self.rows[i]
+        pad = torch.zeros(self.extra, dtype=torch.long)
+        return {
+            "input_ids": torch.cat([row["input_ids"], pad]),
+            "attention_mask": torch.cat([row["attention_mask"], pad]),
+            "labels": row["labels"],
+        }
+
+
+def test_sampled_predictions_do_not_depend_on_the_batch(tmp_path):
+    """``eval_samples=k``: each sequence draws its samples from its own seed, position by position, so its
+    prediction is the same whatever the evaluation batch size, its neighbours and the padding after it."""
+    model = worker.model()
+    runs = {
+        size: worker.trainer(
+            model, tmp_path / str(size), batch_size=8, steps=1, lr=LR, beta=0.1, anneal_steps=0, eval_samples=4, eval_batch_size=size
+        )
+        for size in (8, 3, 1)
+    }
+    eight = runs[8].predict(worker.Rows()).predictions
+    for size in (3, 1):
+        np_close = abs(runs[size].predict(worker.Rows()).predictions - eight).max()
+        assert np_close < 1e-5, size
+    assert abs(runs[8].predict(_Padded(3)).predictions - eight).max() < 1e-5
+    with torch.no_grad(), gpytorch_sgpa.posterior_mean():
+        ids, mask, _ = worker.data()
+        mean = model.eval()(input_ids=ids, attention_mask=mask).logits
+    assert abs(eight - mean.numpy()).max() > 1e-3  # samples, not the mean
+
+
+def test_the_stock_trainer_without_an_objective_refuses_to_train(tmp_path):
+    """A converted model given labels in training mode would return one sample's cross-entropy as its loss."""
+    run = worker.trainer(worker.model(), tmp_path, batch_size=8, steps=1, lr=LR, beta=None, anneal_steps=0, stock=True)
+    with pytest.raises(ValueError, match=r"SGPAELBO\(model, num_data=.*SGPATrainer"):
+        run.train()
+
+
+@pytest.mark.parametrize("beta", [0.3, "auto"])
+def test_the_stock_trainer_takes_the_steps_of_sgpa_trainer(tmp_path, beta):
+    """With an ``SGPAELBO`` built for the model, the stock ``Trainer`` trains on ``outputs.loss`` = the negative ELBO:
+    the same steps as ``SGPATrainer`` and the package's loop (no accumulation: annealing counts forward passes
+    there, optimizer steps in ``SGPATrainer``); its evaluation is the posterior mean, as ``SGPATrainer``'s."""
+    reference, reference_elbo = worker.package_loop(worker.model(), 8, 3, LR, beta, 2)
+    sgpa_run = worker.trainer(worker.model(), tmp_path / "sgpa", batch_size=8, steps=3, lr=LR, beta=beta, anneal_steps=2)
+    sgpa_run.train()
+    stock = worker.trainer(worker.model(), tmp_path / "stock", batch_size=8, steps=3, lr=LR, beta=beta, anneal_steps=2, stock=True)
+    stock.train()
+    _assert_same(stock.model, reference)
+    _assert_same(stock.model, sgpa_run.model)
+    assert [entry["loss"] for entry in stock.state.log_history if "loss" in entry] == pytest.approx(
+        [entry["loss"] for entry in sgpa_run.state.log_history if "loss" in entry], rel=1e-5
+    )
+    first, second = stock.predict(worker.Rows()), stock.predict(worker.Rows())
+    assert (first.predictions == second.predictions).all()
+    ids, mask, labels = worker.data()
+    stock.model.eval()
+    with torch.no_grad(), gpytorch_sgpa.posterior_mean():
+        mean = stock.model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(torch.as_tensor(first.predictions), mean)
+    assert first.metrics["test_loss"] == pytest.approx(sgpa_run.evaluate()["eval_loss"], rel=1e-5)
+    with torch.no_grad():  # without labels the model samples, as before
+        assert not torch.equal(stock.model(input_ids=ids, attention_mask=mask).logits, mean)
+
+
+def test_a_converted_language_model_given_labels_returns_the_shifted_negative_elbo(tmp_path):
+    """GPT-2 (whose transformers loss shifts the labels): ``outputs.loss`` is ``-elbo`` of ``logits[:, :-1]`` against
+    ``labels[:, 1:]`` under the same noise; in evaluation mode the logits are the posterior mean's."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=30, n_embd=16, n_layer=1, n_head=2, n_positions=8, bos_token_id=0, eos_token_id=1)
+    model = gpytorch_sgpa.convert(transformers.GPT2LMHeadModel(config), num_global=3).train()
+    elbo = gpytorch_sgpa.SGPAELBO(model, num_data=100, beta=0.5)
+    ids = torch.randint(2, 30, (3, 6))
+    torch.manual_seed(1)
+    outputs = model(input_ids=ids, labels=ids)
+    torch.manual_seed(1)
+    logits = model(input_ids=ids).logits
+    expected = -elbo(logits[:, :-1], gpytorch_sgpa.kl_divergence(model), ids[:, 1:])
+    torch.testing.assert_close(outputs.loss, expected)
+    from gpytorch_sgpa.trainer import SGPATrainer  # scores GPT-2 (whose loss_type is unset) shifted as well
+
+    arguments = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    trainer = SGPATrainer(model, arguments, elbo=elbo)
+    torch.manual_seed(1)
+    loss = trainer.compute_loss(model, {"input_ids": ids, "labels": ids})
+    torch.testing.assert_close(loss, expected)
+    model.eval()
+    with torch.no_grad():
+        first, second = model(input_ids=ids, labels=ids), model(input_ids=ids, labels=ids)
+        with gpytorch_sgpa.posterior_mean():
+            mean = model(input_ids=ids).logits
+    assert torch.equal(first.logits, mean) and torch.equal(second.logits, mean)
+    torch.testing.assert_close(first.loss, -elbo.expected_log_likelihood(mean[:, :-1], ids[:, 1:]).mean())

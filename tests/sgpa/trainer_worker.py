@@ -74,7 +74,7 @@ class Rows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
 
 
-def trainer(network, output_dir, batch_size, steps, lr, beta, anneal_steps, accumulation=1, save_steps=None, **kwargs):
+def trainer(network, output_dir, batch_size, steps, lr, beta, anneal_steps, accumulation=1, save_steps=None, eval_batch_size=8, **kwargs):
     """An ``SGPATrainer`` on the rows in order with plain SGD (no clipping, constant rate)."""
     import transformers
 
@@ -87,7 +87,7 @@ def trainer(network, output_dir, batch_size, steps, lr, beta, anneal_steps, accu
     arguments = transformers.TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=batch_size,
-        per_device_eval_batch_size=8,
+        per_device_eval_batch_size=eval_batch_size,
         gradient_accumulation_steps=accumulation,
         max_steps=steps,
         learning_rate=lr,
@@ -103,6 +103,22 @@ def trainer(network, output_dir, batch_size, steps, lr, beta, anneal_steps, accu
         dataloader_num_workers=0,
         ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
     )
+    if kwargs.pop("stock", False):  # transformers' own Trainer; an SGPAELBO built for the model is its loss
+
+        class StockInOrder(transformers.Trainer):
+            def _get_train_sampler(self, *args, **kwargs):
+                return SequentialSampler(self.train_dataset)
+
+        if beta is not None:
+            SGPAELBO(network, num_data=NUM_DATA, beta=beta, anneal_steps=anneal_steps)
+        return StockInOrder(
+            network,
+            arguments,
+            train_dataset=Rows(),
+            eval_dataset=Rows(),
+            optimizers=(torch.optim.SGD(network.parameters(), lr=lr), None),
+            **kwargs,
+        )
     elbo = SGPAELBO(network, num_data=NUM_DATA, beta=beta, anneal_steps=anneal_steps)
     return InOrder(
         network,
