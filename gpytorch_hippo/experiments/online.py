@@ -14,7 +14,8 @@ task each method is evaluated on the test points of every task seen so far. Meth
 
 * ``ohsgpr``: HiPPO (``--measure``, default LegS) with the fastest exact backend that applies
   (``--hippo-backend``; default ``lyapunov`` for LegS, ``auto`` for the other measures);
-  ``ohsgpr-rff``: the thesis's recurrence with 1000 random Fourier features;
+  ``ohsgpr-rff``: the same HiPPO bases, whose ``Kuu`` and ``Kuf`` both come from 1000 random Fourier features
+  carried by the HiPPO recurrence (``kuf="rff"``; the thesis's recurrence takes ``Kuf`` from the ODE instead);
 * ``osgpr``: points re-drawn from old points ∪ new inputs, then ``--osgpr-iters`` Adam steps on
   the online bound (the thesis: ~1000); ``osgpr-fixed``: re-drawn and kept fixed;
 * ``ovc``: pivoted-Cholesky points, fixed; ``ovc-optz``: then optimised like OSGPR;
@@ -57,7 +58,7 @@ from .online_elbo import ELBO_METHODS, FIRST_TASK_KERNELS, PREPROCESSINGS, run_e
 #: The methods the runner compares (``--methods``).
 METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
 #: The HiPPO covariance backends of ``--hippo-backend``.
-HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact ones; ohsgpr-rff is the recurrence
+HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact ones; ohsgpr-rff: the recurrence, random-feature Kuf
 #: The columns of the CSV the runner writes.
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
 
