@@ -28,7 +28,8 @@ import time
 
 import torch
 
-from ._optional import require
+from probseq._optional import require
+
 from .data import load_solar_ghi
 from .hippo import MEASURES, HiPPO
 

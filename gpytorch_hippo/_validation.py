@@ -1,8 +1,5 @@
-"""Checks shared by the entry points of :mod:`gpytorch_hippo`: one place for what bad input raises.
+"""Checks of :mod:`gpytorch_hippo`'s own (tensor arguments: :func:`probseq._validation.check_tensor`).
 
-* :func:`check_tensor` -- a tensor argument: ``TypeError`` for a non-tensor (or a complex one),
-  ``ValueError`` naming the argument for NaN/Inf; integer inputs are promoted to a floating dtype
-  as GPyTorch's arithmetic would (``torch.promote_types(x.dtype, dtype)``).
 * :func:`check_finite_scalar` -- a real number argument (times, scales, steps).
 * :func:`floating_dtype` -- the floating dtype a module (a kernel, inducing variables) computes in.
 """
@@ -15,7 +12,7 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["check_tensor", "check_finite_scalar", "floating_dtype"]
+__all__ = ["check_finite_scalar", "floating_dtype"]
 
 
 def floating_dtype(module: torch.nn.Module | None, default: torch.dtype | None = None) -> torch.dtype:
@@ -28,41 +25,6 @@ def floating_dtype(module: torch.nn.Module | None, default: torch.dtype | None =
             if buffer.is_floating_point():
                 return buffer.dtype
     return default if default is not None else torch.get_default_dtype()
-
-
-def check_tensor(
-    x,
-    name: str,
-    *,
-    finite: bool = True,
-    dtype: torch.dtype | None = None,
-    min_dim: int = 0,
-) -> Tensor:
-    """Return the tensor argument ``name`` checked and in a floating dtype.
-
-    :param finite: raise ``ValueError`` if ``x`` holds NaN or infinite values.
-    :param dtype: the floating dtype the caller computes in (e.g. the kernel's); ``x`` is returned
-        in ``torch.promote_types(x.dtype, dtype)``: integers become ``dtype``, a float32 input meets
-        a float64 kernel in float64 (GPyTorch's promotion). ``None``: integers become torch's default
-        floating dtype, floating inputs are kept as they are.
-    :param min_dim: the fewest dimensions ``x`` must have.
-    """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.is_complex():
-        raise TypeError(f"{name} must be a real tensor, got dtype {x.dtype}")
-    if x.dim() < min_dim:
-        raise ValueError(f"{name} must have at least {min_dim} dimension(s), got shape {tuple(x.shape)}")
-    if dtype is not None and not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
-    if not x.is_floating_point():
-        x = x.to(dtype if dtype is not None else torch.get_default_dtype())
-    elif dtype is not None and x.dtype != dtype:
-        x = x.to(torch.promote_types(x.dtype, dtype))
-    if finite and x.numel() and not bool(torch.isfinite(x).all()):
-        bad = "NaN" if bool(torch.isnan(x).any()) else "infinite"
-        raise ValueError(f"{name} contains {bad} values; expected finite numbers")
-    return x
 
 
 def check_finite_scalar(value, name: str, *, positive: bool = False, nonnegative: bool = False) -> float:

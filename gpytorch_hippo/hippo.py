@@ -54,7 +54,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_finite_scalar, check_tensor
+from probseq._validation import check_tensor
+
+from ._validation import check_finite_scalar
 
 #: The HiPPO measures (``measure=``), in order scaled Legendre, translated Legendre, translated Laguerre and Fourier.
 MEASURES = ("legs", "legt", "lagt", "fout")

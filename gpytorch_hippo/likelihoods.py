@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 from gpytorch.constraints import Interval, Positive
-from gpytorch.likelihoods.likelihood import _OneDimensionalLikelihood
 from gpytorch.priors import Prior
 from torch import Tensor
+
+from probseq._compat import OneDimensionalLikelihood
 
 __all__ = ["NegativeBinomialLikelihood"]
 
 
-class NegativeBinomialLikelihood(_OneDimensionalLikelihood):
+class NegativeBinomialLikelihood(OneDimensionalLikelihood):
     r"""Negative binomial likelihood for over-dispersed counts (the COVID deaths task, thesis §4.6).
 
     .. math::

@@ -26,13 +26,15 @@ import gpytorch
 import numpy as np
 import torch
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.mlls._approximate_mll import _ApproximateMarginalLogLikelihood
 from linear_operator import to_dense
 from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ._validation import check_finite_scalar, check_tensor, floating_dtype
+from probseq._compat import ApproximateMarginalLogLikelihood, cholesky_dtype, tensor_version
+from probseq._validation import check_tensor
+
+from ._validation import check_finite_scalar, floating_dtype
 from .fitting import FitReport, fit_online_bound
 from .inducing.base import InducingVariables
 from .inducing.points import InducingPoints
@@ -101,12 +103,12 @@ def _check_mean_unchanged(old_inducing_variables: InducingVariables, old_mean: t
 
 def to_working_dtype(tensor: Tensor) -> Tensor:
     r"""``tensor`` in the dtype of the online algebra: at least GPyTorch's Cholesky dtype
-    (``settings._linalg_dtype_cholesky``, float64), so that a float32 model is the float64 model
+    (:func:`probseq._compat.cholesky_dtype`, float64), so that a float32 model is the float64 model
     rounded once at its outputs (:math:`K_{uu}` is conditioned only by its jitter, :math:`\kappa \approx M / 10^{-6}`).
 
     :param tensor: a floating tensor; one of the working dtype (float64) already is returned as it is.
     """
-    return tensor.to(torch.promote_types(tensor.dtype, gpytorch.settings._linalg_dtype_cholesky.value()))
+    return tensor.to(torch.promote_types(tensor.dtype, cholesky_dtype()))
 
 
 def _check_inputs(
@@ -811,7 +813,7 @@ class OnlineSGPR(gpytorch.Module):
         in-place change of ``posterior_precision`` recomputes it)."""
         stored = self._stored_task().precision
         cached = self._b_chol_cache
-        if cached is not None and cached[0] is stored and cached[1] == (stored._version, stored.data_ptr()):
+        if cached is not None and cached[0] is stored and cached[1] == (tensor_version(stored), stored.data_ptr()):
             return cached[2]
         precision = to_working_dtype(stored)
         b_chol = psd_safe_cholesky(precision + torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device))
@@ -821,7 +823,7 @@ class OnlineSGPR(gpytorch.Module):
     def _remember_b_chol(self, precision: Tensor, b_chol: Tensor) -> None:
         """Keep ``chol(I + Λ')`` for the stored ``Λ'``, ``precision`` (not for a differentiable summary: its graph is the
         user's)."""
-        self._b_chol_cache = None if b_chol.requires_grad else (precision, (precision._version, precision.data_ptr()), b_chol)
+        self._b_chol_cache = None if b_chol.requires_grad else (precision, (tensor_version(precision), precision.data_ptr()), b_chol)
 
     def _whitened_posterior(self) -> tuple[Tensor, Tensor]:
         """``(mean, chol(B))`` of the stored ``q(v) = N(B^{-1} η', B^{-1})``."""
@@ -922,7 +924,7 @@ def _same_key(old: tuple, new: tuple) -> bool:
     )
 
 
-class OnlineELBO(_ApproximateMarginalLogLikelihood):
+class OnlineELBO(ApproximateMarginalLogLikelihood):
     r"""Online ELBO of Bui et al. (2017) for any likelihood (thesis eq. (4.6)).
 
     .. math::

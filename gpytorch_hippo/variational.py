@@ -11,7 +11,6 @@ import gpytorch
 import torch
 from gpytorch.distributions import Delta, MultivariateNormal
 from gpytorch.utils.memoize import cached, clear_cache_hook
-from gpytorch.variational._variational_strategy import _VariationalStrategy
 from linear_operator import to_dense
 from linear_operator.operators import (
     CholLinearOperator,
@@ -22,6 +21,8 @@ from linear_operator.operators import (
 )
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
+
+from probseq._compat import VariationalDistributionBase, VariationalStrategyBase, cholesky_dtype
 
 from .inducing.base import InducingVariables
 from .inducing.points import InducingPoints
@@ -47,7 +48,7 @@ def _same_tensor(cached: Tensor, current: Tensor) -> bool:
     )
 
 
-class InterdomainVariationalStrategy(_VariationalStrategy):
+class InterdomainVariationalStrategy(VariationalStrategyBase):
     r"""Sparse variational GP with arbitrary (interdomain) inducing variables.
 
     For inducing variables :math:`u` with :math:`q(u) = \mathcal{N}(m_u, S_u)` the approximate posterior at inputs
@@ -88,7 +89,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
         self,
         model: gpytorch.models.ApproximateGP,
         inducing_variables: InducingVariables,
-        variational_distribution: gpytorch.variational._VariationalDistribution,
+        variational_distribution: VariationalDistributionBase,
         whitened: bool = True,
         kernel: gpytorch.kernels.Kernel | None = None,
     ):
@@ -96,7 +97,7 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
             raise TypeError(
                 f"inducing_variables must be an InducingVariables instance (e.g. InducingPoints), got {type(inducing_variables).__name__}"
             )
-        if not isinstance(variational_distribution, gpytorch.variational._VariationalDistribution):
+        if not isinstance(variational_distribution, VariationalDistributionBase):
             raise TypeError(
                 f"variational_distribution must be a gpytorch variational distribution, got {type(variational_distribution).__name__}"
             )
@@ -231,9 +232,9 @@ class InterdomainVariationalStrategy(_VariationalStrategy):
 
     @cached(name="cholesky_factor", ignore_args=True)
     def _cholesky_factor(self) -> Tensor:
-        """Lower Cholesky factor of ``K_uu`` (jittered), in ``settings._linalg_dtype_cholesky``."""
+        """Lower Cholesky factor of ``K_uu`` (jittered), in GPyTorch's Cholesky dtype."""
         Kuu = to_dense(self.inducing_variables.Kuu(self.kernel))
-        return psd_safe_cholesky(Kuu.type(gpytorch.settings._linalg_dtype_cholesky.value()))
+        return psd_safe_cholesky(Kuu.type(cholesky_dtype()))
 
     def _prior_mean_u(self) -> Tensor | None:
         return self.inducing_variables.prior_mean(self.mean_module)

@@ -7,8 +7,10 @@ import gpytorch
 import torch
 from torch import Tensor, nn
 
+from probseq._validation import check_dtype, check_tensor
+
 from ._numerics import causal_mask
-from ._validation import check_dtype, check_finite, check_finite_result, check_tensor, checks_on_host
+from ._validation import check_finite, check_finite_result, checks_on_host
 from .multihead import SGPAStepState
 
 __all__ = ["MultiHeadAttentionBase", "append_to_cache"]
@@ -55,7 +57,7 @@ class MultiHeadAttentionBase(gpytorch.Module):
         return checks_on_host(x) and getattr(self, "checks_values", True)
 
     def _check_input(self, x: Tensor, key_padding_mask: Tensor | None) -> None:
-        check_tensor(x, "x", floating=True)
+        check_tensor(x, "x", floating=True, finite=False)
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (batch, L, d_model={self.d_model}), got {tuple(x.shape)}")
         if x.shape[0] == 0 or x.shape[1] == 0:

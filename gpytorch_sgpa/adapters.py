@@ -50,8 +50,10 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from probseq._compat import can_record_registry, forward_hooks, output_capturing_installed
+from probseq._validation import check_real
+
 from ._numerics import gp_dtype, relative_jitter
-from ._validation import check_real
 from .attention import KernelAttention, SGPAttention
 from .decoupled import mean_gate
 from .kernel_scale import mark_for_placement
@@ -776,20 +778,16 @@ def record_attentions(root: nn.Module, replaced: dict[int, tuple[nn.Module, nn.M
     """
     if "transformers" not in sys.modules:  # then no model of it is in the tree; do not import it
         return
-    try:
-        from transformers.modeling_utils import PreTrainedModel
-        from transformers.utils.output_capturing import (
-            _CAN_RECORD_REGISTRY,
-            OutputRecorder,
-        )
-    except ImportError:  # another layout of transformers' internals: attention maps are then not recorded
-        return
+    registry = can_record_registry()
+    from transformers.modeling_utils import PreTrainedModel
+    from transformers.utils.output_capturing import OutputRecorder
+
     originals = {id(new): old for old, new in replaced.values()}
     for model in root.modules():
-        if not isinstance(model, PreTrainedModel) or getattr(model, "_output_capturing_hooks_installed", False):
+        if not isinstance(model, PreTrainedModel) or output_capturing_installed(model):
             continue
         tasks = []
-        for key, specs in _CAN_RECORD_REGISTRY.get(model).items():
+        for key, specs in registry.get(model).items():
             for spec in specs if isinstance(specs, list) else [specs]:
                 if not isinstance(spec, OutputRecorder):
                     index = 0 if "hidden_states" in key else 1
@@ -825,7 +823,7 @@ class _OutputCapture:
 
             holder = nn.Module()
             install_output_capuring_hook(holder, *self.arguments)
-            (self.hook,) = holder._forward_hooks.values()
+            (self.hook,) = forward_hooks(holder)
         return self.hook(module, args, output)
 
     def __getstate__(self):

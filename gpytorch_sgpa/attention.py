@@ -28,9 +28,11 @@ from gpytorch.kernels import Kernel
 from linear_operator.utils.errors import NanError
 from torch import Tensor, nn
 
+from probseq._validation import check_int, check_real, check_tensor
+
 from ._attention_base import MultiHeadAttentionBase
 from ._numerics import causal_mask, gp_dtype, no_autocast, relative_jitter
-from ._validation import check_finite, check_int, check_real, check_tensor
+from ._validation import check_finite
 from .decoupled import GlobalFactors, decoupled_kernel_blocks, decoupled_step_sample, decoupled_terms, global_factors
 from .kernels import ExpKernelParameters, dense_kernel, exp_kernel_parameters, make_attention_kernel
 from .mle_attention import KernelAttention, ScaledDotProductAttention
@@ -99,6 +101,11 @@ def per_example_noise(seeds):
         yield
     finally:
         _example_seeds, _example_draws = previous
+
+
+def sampling_per_example() -> bool:
+    """Whether a :func:`per_example_noise` block is in force (then a model's forward pass samples, per sequence)."""
+    return _example_seeds is not None
 
 
 def _per_example_draws(shapes: list[tuple[int, int, int, int]], dtype, device) -> list[Tensor]:
@@ -524,7 +531,7 @@ class SGPAttention(MultiHeadAttentionBase):
             raise ValueError("global inducing inputs exist only for mode='decoupled'")
         if global_inputs is None:
             return cast(Tensor, self.global_inducing_inputs)  # a parameter in decoupled mode
-        check_tensor(global_inputs, "global_inputs", floating=True)
+        check_tensor(global_inputs, "global_inputs", floating=True, finite=False)
         expected = (self.num_heads, self.num_global, self.d_model)
         if tuple(global_inputs.shape) != expected:
             raise ValueError(f"global_inputs must have shape {expected}, got {tuple(global_inputs.shape)}")
@@ -705,7 +712,7 @@ class SGPAttention(MultiHeadAttentionBase):
     def _check_noise(self, noise: SGPANoise, batch: int, length: int) -> SGPANoise:
         if not isinstance(noise, SGPANoise):
             raise TypeError(f"noise must be an SGPANoise, got {type(noise).__name__}")
-        check_tensor(noise.local, "noise.local", floating=True)
+        check_tensor(noise.local, "noise.local", floating=True, finite=False)
         expected = (batch, self.num_heads, length, self.head_dim)
         if tuple(noise.local.shape) != expected:
             raise ValueError(f"noise.local must have shape {expected}, got {tuple(noise.local.shape)}")
@@ -713,7 +720,7 @@ class SGPAttention(MultiHeadAttentionBase):
         if self._uses_global_noise():
             expected_global = (batch, self.num_heads, self.head_dim, self.num_global)
             if noise.global_ is not None:
-                check_tensor(noise.global_, "noise.global_", floating=True)
+                check_tensor(noise.global_, "noise.global_", floating=True, finite=False)
             if noise.global_ is None or tuple(noise.global_.shape) != expected_global:
                 raise ValueError(f"noise.global_ must have shape {expected_global} when sampler={self.sampler!r}")
             parts.append(("noise.global_", noise.global_))

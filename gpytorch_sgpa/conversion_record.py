@@ -17,6 +17,8 @@ from typing import TypeVar
 
 from torch import nn
 
+from probseq._compat import attn_implementation, experts_implementation
+
 _Model = TypeVar("_Model", bound=nn.Module)
 
 __all__ = ["ATTN_IMPLEMENTATION", "EXPERTS_IMPLEMENTATION", "record_conversion", "register_refusal"]
@@ -105,8 +107,8 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
             targets.append((config, None))
     for config, modules in targets:
         settings = getattr(config, "sgpa", None) or {
-            "attn_implementation": config._attn_implementation,
-            "experts_implementation": config._experts_implementation,
+            "attn_implementation": attn_implementation(config),
+            "experts_implementation": experts_implementation(config),
             "conversions": [],
         }
         entry = {"attention": attention, "kwargs": kwargs, "modules": modules}

@@ -27,8 +27,10 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from probseq._compat import child_modules
+from probseq._validation import check_int
+
 from ._outputs import output_logits
-from ._validation import check_int
 from .adapters import (
     adapter_for,
     child_defaults,
@@ -455,7 +457,7 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     for parent in list(module.modules()):
         if isinstance(parent, nn.TransformerEncoder):
             parent.use_nested_tensor = False
-        for name, child in list(parent._modules.items()):  # named_children() would skip repeats
+        for name, child in list(child_modules(parent).items()):  # named_children() would skip repeats
             if child is None:
                 continue
             if id(child) not in replaced:

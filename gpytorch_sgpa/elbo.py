@@ -40,7 +40,9 @@ import torch.nn.functional as F
 from gpytorch.likelihoods import GaussianLikelihood, LaplaceLikelihood, Likelihood
 from torch import Tensor, nn
 
-from ._validation import check_finite, check_real, check_tensor, checks_on_host
+from probseq._validation import check_real, check_tensor
+
+from ._validation import check_finite, checks_on_host
 from .attention import SGPAttention
 from .dropin import global_kl_divergence
 from .model_loss import attach_elbo
@@ -234,8 +236,8 @@ class SGPAELBO(gpytorch.Module):
         :param targets: class indices ``(B,)``, token sequences ``(B, L)`` (:data:`IGNORE_INDEX` at unscored
             positions), or regression targets ``(B, D)`` / ``(B,)``.
         """
-        check_tensor(outputs, "outputs", floating=True)
-        check_tensor(targets, "targets")
+        check_tensor(outputs, "outputs", floating=True, finite=False)
+        check_tensor(targets, "targets", finite=False)
         if targets.dim() == 0 or targets.shape[0] == 0 or targets.numel() == 0:
             raise ValueError(f"targets must hold at least one data point, got shape {tuple(targets.shape)}")
         if checks_on_host(outputs):
@@ -301,7 +303,7 @@ class SGPAELBO(gpytorch.Module):
         """
         if not isinstance(kl, Tensor) or kl.dim() != 0:
             raise ValueError("kl must be a scalar tensor (the model's kl_total)")
-        check_tensor(kl, "kl", floating=True)
+        check_tensor(kl, "kl", floating=True, finite=False)
         if checks_on_host(kl):
             check_finite(kl, "kl")
         training = self.model.training and torch.is_grad_enabled()

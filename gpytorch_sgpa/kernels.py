@@ -20,7 +20,9 @@ import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
-from ._validation import check_finite, check_int, check_tensor, checks_on_host
+from probseq._validation import check_int, check_tensor
+
+from ._validation import check_finite, checks_on_host
 
 __all__ = ["ExponentialKernel", "KERNEL_INITS", "KERNEL_NAMES", "make_attention_kernel", "evaluate_kernel", "kernel_blocks"]
 
@@ -251,7 +253,7 @@ def _check_inputs(kernel, x1, *others) -> None:
         raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
     for index, x in enumerate((x1, *others)):
         name = "x1" if index == 0 else ("x2" if len(others) == 1 else f"others[{index - 1}]")
-        check_tensor(x, name, floating=True, dim=tuple(range(2, 9)))
+        check_tensor(x, name, floating=True, dim=tuple(range(2, 9)), finite=False)
         if checks_on_host(x):
             check_finite(x, name)
 

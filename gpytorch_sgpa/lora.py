@@ -23,7 +23,8 @@ import os
 
 from torch import nn
 
-from ._optional import require
+from probseq._optional import require
+
 from .attention import SGPAttention
 from .mle_attention import KernelAttention
 

@@ -79,7 +79,7 @@ def _before(model: nn.Module, args, kwargs):
                 "ELBO as outputs.loss), or train with gpytorch_sgpa.trainer.SGPATrainer"
             )
         return None
-    if attention._example_seeds is None:  # no sampling asked for: the posterior mean
+    if not attention.sampling_per_example():  # no sampling asked for: the posterior mean
         context = posterior_mean()
         context.__enter__()
         object.__setattr__(model, _MEAN_CONTEXT, context)

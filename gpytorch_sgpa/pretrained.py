@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ._optional import require
+from probseq._compat import set_implementations
+from probseq._optional import require
+
 from .conversion_record import ATTN_IMPLEMENTATION
 from .dropin import convert
 
@@ -124,8 +126,7 @@ def from_pretrained(model_class, path: str | os.PathLike):
                 "which a config cannot hold: convert with names (e.g. kernel='rbf') before saving"
             )
     config.sgpa = None
-    config._attn_implementation = settings["attn_implementation"]
-    config._experts_implementation = settings.get("experts_implementation")  # absent from checkpoints of 0.1
+    set_implementations(config, settings["attn_implementation"], settings.get("experts_implementation"))  # experts: absent from 0.1's
     model = model_class(config) if is_model else model_class.from_config(config)
     for entry in settings["conversions"]:
         convert(model, entry["attention"], **entry["kwargs"])

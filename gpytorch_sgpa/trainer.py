@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from ._optional import require
+from probseq._optional import require
+
 from ._outputs import output_logits
 from .attention import per_example_noise, posterior_mean
 from .dropin import kl_divergence
@@ -113,6 +114,7 @@ class SGPATrainer(transformers.Trainer):
         self._step_sequences = None
         self._last_kl = None
         self._evaluated_rows = 0  # sequences predicted so far in the running evaluation (their index: their seed)
+        self.add_callback(_ELBOStateSaver(elbo))
 
     # ------------------------------------------------------------------ training
     def _scored(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,11 +195,14 @@ class SGPATrainer(transformers.Trainer):
         super().log(logs, *args, **kwargs)
 
     # ------------------------------------------------------------------ checkpoints
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """``Trainer``'s save (``save_model`` and checkpoints); for a ``peft`` model also SGPA's own parameters,
+    def save_model(self, output_dir: str | None = None, *args, **kwargs) -> None:
+        """``Trainer.save_model`` (also each checkpoint's model); for a ``peft`` model also SGPA's own parameters,
         which the adapter leaves out (:func:`gpytorch_sgpa.lora.save_sgpa_parameters`), so that
-        :func:`gpytorch_sgpa.lora.load_adapter` restores the trained function."""
-        super()._save(output_dir, state_dict)
+        :func:`gpytorch_sgpa.lora.load_adapter` restores the trained function.
+
+        :param output_dir: the directory (default ``args.output_dir``), as ``Trainer.save_model``.
+        """
+        super().save_model(output_dir, *args, **kwargs)
         model = self.accelerator.unwrap_model(self.model)
         if self.args.should_save and hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
             from .lora import save_sgpa_parameters
@@ -205,12 +210,14 @@ class SGPATrainer(transformers.Trainer):
             directory = output_dir if output_dir is not None else cast(str, self.args.output_dir)  # TrainingArguments sets it
             save_sgpa_parameters(model, directory)
 
-    def _save_checkpoint(self, model, trial) -> None:
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            with open(os.path.join(folder, ELBO_STATE_NAME), "w") as handle:
-                json.dump({"beta": self.elbo.beta, "num_updates": self.state.global_step}, handle)
+    def hyperparameter_search(self, *args, **kwargs):
+        """Not supported: each trial builds a new model (``model_init``), while the ELBO, and the β and checkpoints it
+        keeps, belong to the one model it was built for; raises ``NotImplementedError``."""
+        raise NotImplementedError(
+            "SGPATrainer does not run hyperparameter_search: each trial builds a new model, which the ELBO built for "
+            "one model does not follow. Build one SGPATrainer per setting (model, SGPAELBO(model, ...)) and compare "
+            "their evaluate() results"
+        )
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         r"""``Trainer.train``; resuming from a checkpoint restores the ELBO's :math:`\beta`.
@@ -282,6 +289,19 @@ class SGPATrainer(transformers.Trainer):
         if prediction_loss_only:
             return loss, None, None
         return loss, logits, labels
+
+
+class _ELBOStateSaver(transformers.TrainerCallback):
+    """Writes the ELBO's :math:`\\beta` and counter beside each checkpoint (``on_save``: after ``Trainer`` wrote it)."""
+
+    def __init__(self, elbo: SGPAELBO):
+        self.elbo = elbo
+
+    def on_save(self, args, state, control, **kwargs):
+        if args.should_save:
+            folder = os.path.join(args.output_dir, f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            with open(os.path.join(folder, ELBO_STATE_NAME), "w") as handle:
+                json.dump({"beta": self.elbo.beta, "num_updates": state.global_step}, handle)
 
 
 def _cuda_devices(model) -> list[int]:

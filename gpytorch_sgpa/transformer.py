@@ -20,8 +20,10 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
+from probseq._validation import check_dtype, check_real, check_tensor
+
 from ._attention_base import MultiHeadAttentionBase
-from ._validation import check_dtype, check_finite, check_finite_result, check_real, check_tensor, checks_on_host
+from ._validation import check_finite, check_finite_result, checks_on_host
 from .attention import KernelAttention, ScaledDotProductAttention, SGPANoise, SGPAttention
 
 __all__ = ["ATTENTION_TYPES", "TASKS", "build_attention", "SGPABlock", "SGPADecoder", "SGPATransformer", "SGPAViT"]
@@ -344,7 +346,7 @@ class SGPATransformer(_SGPAModel):
             ``vocab_size`` is ``None``.
         :param key_padding_mask: bool ``(B, L)``, ``True`` at padded positions; ``None`` (the default): no padding.
         """
-        check_tensor(tokens, "tokens")
+        check_tensor(tokens, "tokens", finite=False)
         if self.vocab_size is not None:
             if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"tokens must be an integer tensor (batch, L), got {tokens.dtype} {tuple(tokens.shape)}")
@@ -428,7 +430,7 @@ class SGPAViT(_SGPAModel):
 
         :param images: the images, ``(B, in_channels, image_size, image_size)``, in the model's dtype.
         """
-        check_tensor(images, "images", floating=True)
+        check_tensor(images, "images", floating=True, finite=False)
         expected = (self.in_channels, self.image_size, self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images must have shape (batch, {', '.join(map(str, expected))}), got {tuple(images.shape)}")

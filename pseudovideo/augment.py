@@ -30,9 +30,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from probseq._validation import check_int, check_real, check_tensor
+
 from ._heat import heat_time
 from ._random import randn
-from ._validation import check_generator, check_int, check_real, check_tensor
+from ._validation import check_generator
 from .scaling import check_model_range
 
 #: Each method's default parameters.
@@ -168,7 +170,7 @@ def heat_dissipation(images: torch.Tensor, time: float) -> torch.Tensor:
     :param images: ``(..., H, W)`` floating-point images :math:`x`.
     :param time: the diffusion time :math:`\tau \ge 0` (squared pixels; ``inf`` gives each image's mean).
     """
-    check_tensor(images, "images", floating=True)
+    check_tensor(images, "images", floating=True, finite=False)
     if images.dim() < 2 or 0 in images.shape[-2:]:
         raise ValueError(f"images must have shape (..., H, W) with H, W >= 1, got {tuple(images.shape)}")
     if not (isinstance(time, (int, float)) and not isinstance(time, bool) and time >= 0):
@@ -191,7 +193,7 @@ def _check_arguments(images, num_frames, method, params, generator) -> dict:
         raise TypeError(f"images must be floating point (float32/float64), got {images.dtype}")
     if 0 in images.shape[1:]:
         raise ValueError(f"images must have C, H, W >= 1, got shape {tuple(images.shape)}")
-    check_tensor(images, "images", finite=True)
+    check_tensor(images, "images")
     check_int(num_frames, "num_frames", low=2)
     if not isinstance(method, str) or method not in DEFAULT_PARAMS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._optional import require
-from ._validation import check_int
+from probseq._optional import require
+from probseq._validation import check_int
 
 #: The data sets :func:`load_images` reads (module docstring).
 DATASETS = ("fashion_mnist", "mnist", "digits")

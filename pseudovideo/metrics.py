@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ._optional import missing
-from ._validation import check_int, check_real, check_tensor
+from probseq._optional import missing
+from probseq._validation import check_int, check_real, check_tensor
 
 try:
     from torchmetrics.image.fid import FrechetInceptionDistance
@@ -58,12 +58,12 @@ def psnr(preds: torch.Tensor, target: torch.Tensor, data_range: float = 1.0, bat
     :param data_range: the width of the pixel range (above).
     :param batch_size: the images fed to the network at a time.
     """
-    check_tensor(preds, "preds")
-    check_tensor(target, "target")
+    check_tensor(preds, "preds", finite=False)
+    check_tensor(target, "target", finite=False)
     if preds.shape != target.shape or preds.dim() != 4:
         raise ValueError(f"preds and target must share a (N, C, H, W) shape, got {tuple(preds.shape)} and {tuple(target.shape)}")
-    check_tensor(preds, "preds", non_empty=True, finite=True)
-    check_tensor(target, "target", finite=True)
+    check_tensor(preds, "preds", non_empty=True)
+    check_tensor(target, "target")
     data_range = check_real(data_range, "data_range", low=0.0, low_open=True)
     check_int(batch_size, "batch_size")
     span = float(target.max() - target.min())
@@ -449,7 +449,7 @@ def _check_images(images, name: str, at_least: int = 2) -> None:
         raise TypeError(f"{name} must be a floating (N, C, H, W) tensor")
     if len(images) < at_least:
         raise ValueError(f"{name} needs at least {at_least} images, got {len(images)}")
-    check_tensor(images, name, non_empty=True, finite=True)
+    check_tensor(images, name, non_empty=True)
     if images.min() < 0 or images.max() > 1:
         raise ValueError(f"{name} must lie in [0, 1], got range [{images.min():.3g}, {images.max():.3g}]")
 

@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ._optional import missing
-from ._validation import check_generator, check_int, check_real
+from probseq._optional import missing
+from probseq._validation import check_int, check_real
+
+from ._validation import check_generator
 from .models.diffusion import AutoregressiveVideoDiffusion
 from .scaling import to_data_range
 
@@ -169,7 +171,7 @@ class PseudoVideoPipeline(DiffusionPipeline):
                 returned = callback_on_step_end(self, step, timestep, inputs) or {}
                 return returned.get("latents", latents)
 
-            videos = model._sample_batch(batch_size, self.scheduler, num_inference_steps, generator, step_options, on_step)
+            videos = model.sample_batch(batch_size, self.scheduler, num_inference_steps, generator, step_options, on_step)
         videos = self._convert(videos, output_type)
         return PseudoVideoPipelineOutput(videos=videos) if return_dict else (videos,)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ._optional import require
+from probseq._optional import require
 
 matplotlib = require("matplotlib", "plots", "pseudovideo.plots")
 matplotlib.use("Agg")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_real, check_tensor
+from probseq._validation import check_real, check_tensor
 
 __all__ = ["MODEL_RANGE", "FAR_OUTSIDE", "to_model_range", "to_data_range", "check_model_range"]
 
@@ -53,10 +53,10 @@ def to_model_range(images: torch.Tensor, data_range=(0.0, 1.0)) -> torch.Tensor:
     :param images: a non-empty tensor of finite pixel values, of any shape and dtype.
     :param data_range: ``(low, high)``, the range the pixels are stored in, ``low < high``.
     """
-    check_tensor(images, "images", non_empty=True)
+    check_tensor(images, "images", non_empty=True, finite=False)
     low, high = _check_data_range(data_range)
     images = images if images.is_floating_point() else images.float()
-    check_tensor(images, "images", finite=True)
+    check_tensor(images, "images")
     smallest, largest = float(images.min()), float(images.max())
     if smallest < low or largest > high:
         raise ValueError(
@@ -76,7 +76,7 @@ def to_data_range(frames: torch.Tensor, data_range=(0.0, 1.0), clip: bool = Fals
     :param data_range: ``(low, high)``, the range to map ``[-1, 1]`` onto, ``low < high``.
     :param clip: whether to clamp the result to ``data_range``.
     """
-    check_tensor(frames, "frames", floating=True)
+    check_tensor(frames, "frames", floating=True, finite=False)
     low, high = _check_data_range(data_range)
     if not isinstance(clip, bool):
         raise TypeError(f"clip must be a bool, got {type(clip).__name__}")

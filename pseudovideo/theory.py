@@ -42,8 +42,9 @@ from typing import NamedTuple
 
 import torch
 
+from probseq._validation import check_int, check_tensor
+
 from ._heat import heat_time
-from ._validation import check_int, check_tensor
 from .augment import DEFAULT_PARAMS, heat_dissipation, markov_betas
 
 #: The Markov builders, whose frames the ``"eigen"`` solver handles (scalar ``A_s``).
@@ -374,7 +375,7 @@ def _check_mean(mean, n: int) -> torch.Tensor:
             mean = torch.as_tensor(mean, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError) as error:
             raise TypeError(f"mean must be a tensor or array-like of numbers, got {type(mean).__name__}") from error
-    mean = check_tensor(mean, "mean", finite=True).to(torch.float64)
+    mean = check_tensor(mean, "mean").to(torch.float64)
     if mean.shape != (n,):
         raise ValueError(f"mean must have shape ({n},), got {tuple(mean.shape)}")
     return mean
@@ -383,7 +384,7 @@ def _check_mean(mean, n: int) -> torch.Tensor:
 def _check_covariance(covariance: torch.Tensor) -> torch.Tensor:
     if not isinstance(covariance, torch.Tensor) or covariance.dim() != 2 or covariance.shape[0] != covariance.shape[1]:
         raise ValueError("covariance must be a square (n, n) torch.Tensor")
-    check_tensor(covariance, "covariance", non_empty=True, finite=True)
+    check_tensor(covariance, "covariance", non_empty=True)
     if covariance.dtype == torch.bool or covariance.is_complex():
         raise TypeError(f"covariance must be a real tensor, got {covariance.dtype}")
     covariance = covariance.to(torch.float64)

@@ -64,21 +64,36 @@ def _leaves(value):
 
 
 @pytest.fixture
-def assert_matches_cpu(device):
-    """``check(result, reference, rtol, atol)``: every tensor of ``result`` (nested tuples, lists and
-    dicts of tensors and numbers) lives on ``device`` and equals the CPU ``reference`` within the
-    tolerances; numbers are compared with the same tolerances."""
+def device_dtype(device):
+    """The floating dtype of the device tests' run on ``device``: float64 on CUDA, float32 on the CPU.
 
-    def check(result, reference, rtol: float, atol: float) -> None:
+    Each device test compares that run with the same computation in float64 on the CPU. On CUDA this
+    checks the device plumbing at float64 round-off; on the CPU (and so on a machine without a GPU)
+    it checks that the results follow the inputs' dtype and agree with the float64 reference to
+    float32's precision, instead of comparing the CPU with itself."""
+    return torch.float64 if device.type == "cuda" else torch.float32
+
+
+@pytest.fixture
+def assert_matches_cpu(device, device_dtype):
+    """``check(result, reference, rtol, atol, float32=None, dtype=None)``: every tensor of ``result``
+    (nested tuples, lists and dicts of tensors and numbers) lives on ``device``, has the reference's
+    dtype with float64 replaced by ``dtype`` (default :func:`device_dtype`), and equals the float64
+    CPU ``reference`` within ``rtol``/``atol``, or within ``float32`` (a dict of ``rtol`` and ``atol``)
+    when the result was computed in float32; numbers are compared with the same tolerances."""
+
+    def check(result, reference, rtol: float, atol: float, float32: dict | None = None, dtype: torch.dtype | None = None) -> None:
+        dtype = device_dtype if dtype is None else dtype
+        tolerance = float32 if dtype == torch.float32 and float32 is not None else dict(rtol=rtol, atol=atol)
         got, expected = _leaves(result), _leaves(reference)
         assert len(got) == len(expected)
         for value, want in zip(got, expected):
             if isinstance(value, torch.Tensor):
                 assert value.device.type == device.type, f"result on {value.device}, expected {device}"
-                assert value.dtype == want.dtype
-                torch.testing.assert_close(value.cpu(), want, rtol=rtol, atol=atol)
+                assert value.dtype == (dtype if want.dtype == torch.float64 else want.dtype)
+                torch.testing.assert_close(value.cpu().to(want.dtype), want, **tolerance)
             else:
-                assert value == pytest.approx(want, rel=rtol, abs=atol)
+                assert value == pytest.approx(want, rel=tolerance["rtol"], abs=tolerance["atol"])
 
     return check
 

@@ -1,4 +1,5 @@
-"""No import cycle among the modules of the three packages.
+"""No import cycle among the modules of the three packages (and ``probseq``, their shared private modules);
+no module reaches into another's private names, by import or by attribute.
 
 Every import statement counts: module-level ones, those inside functions and methods (a
 function-level import only postpones a cycle to the first call), and those at the end of a
@@ -18,7 +19,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gpytorch_hippo", "gpytorch_sgpa", "pseudovideo")
+PACKAGES = ("gpytorch_hippo", "gpytorch_sgpa", "pseudovideo", "probseq")
 
 
 def _modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, tuple[Path, bool]]:
@@ -177,22 +178,17 @@ def test_graph_sees_the_imports_a_cycle_can_hide_behind(tmp_path: Path) -> None:
     assert ["pkg", "pkg.c"] in find_cycles(import_graph(tmp_path, ("pkg",)))
 
 
-def test_moved_modules_keep_their_import_paths() -> None:
-    """The BoTorch models moved into the ``gpytorch_hippo.botorch`` subpackage to break its cycles; the
-    package and the former flat modules still give the same objects, and the pathwise samplers are
-    registered on ``import gpytorch_hippo.botorch``."""
+def test_the_botorch_package_exports_its_modules_names() -> None:
+    """The package gives its modules' objects, and the pathwise samplers are registered on
+    ``import gpytorch_hippo.botorch``."""
     from botorch.sampling.pathwise.posterior_samplers import DrawMatheronPaths
 
     import gpytorch_hippo.botorch as package
-    import gpytorch_hippo.botorch_multioutput as old_multioutput
-    import gpytorch_hippo.botorch_paths as old_paths
-    import gpytorch_hippo.botorch_variational as old_variational
-    from gpytorch_hippo.botorch import models, multioutput, paths, variational
+    from gpytorch_hippo.botorch import models, multioutput, variational
 
     assert package.OnlineGPModel is models.OnlineGPModel
-    assert package.MultiOutputOnlineGPModel is multioutput.MultiOutputOnlineGPModel is old_multioutput.MultiOutputOnlineGPModel
-    assert package.OnlineVariationalGPModel is variational.OnlineVariationalGPModel is old_variational.OnlineVariationalGPModel
-    assert old_paths.paths is paths
+    assert package.MultiOutputOnlineGPModel is multioutput.MultiOutputOnlineGPModel
+    assert package.OnlineVariationalGPModel is variational.OnlineVariationalGPModel
     assert all(hasattr(package, name) for name in package.__all__)
     registered = set(DrawMatheronPaths.funcs)
     assert (models.OnlineGPModel,) in registered and (multioutput.MultiOutputOnlineGPModel,) in registered
@@ -247,3 +243,117 @@ def test_private_name_check_sees_every_kind_of_import(tmp_path: Path) -> None:
         },
     )
     assert private_name_imports(tmp_path, ("pkg",)) == ["pkg/b.py:2 _hidden", "pkg/c.py:1 _hidden", "pkg/sub/d.py:2 _hidden"]
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, else ``None``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _annotation_names(annotation: ast.expr | None) -> list[str]:
+    """The dotted names an annotation names: ``A``, ``a.A``, ``"A"``, ``A | None``."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return _annotation_names(ast.parse(annotation.value, mode="eval").body)
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return _annotation_names(annotation.left) + _annotation_names(annotation.right)
+    name = _dotted(annotation) if annotation is not None else None
+    return [name] if name else []
+
+
+def private_attribute_uses(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """``file:line receiver._name`` for every private attribute read through a receiver that the module itself shows
+    to come from another project module.
+
+    A receiver comes from another module when it is a name bound by an import of that module or of a name it defines
+    (``from . import models`` then ``models._helper()``, ``import pkg.a`` then ``pkg.a._x``, ``from .models import
+    Model`` then ``Model._check()``), or a function's parameter or annotated variable whose annotation is such an
+    imported name (``def f(model: Model): model._step()``; ``Model | None`` and quoted annotations count), unless the
+    module defines or assigns that private name itself (a subclass's own method on an object it checked with
+    ``isinstance``).  What needs type inference is out of scope: ``self._x``, ``cls._x`` and ``super()._x`` (a class
+    using what it inherits), ``self.model._x``, and names bound by assignment (``model = self.model``).  Private: one
+    leading underscore, not a dunder.
+    """
+    modules = _modules(root, packages)
+    found: list[str] = []
+    for name, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        imported: dict[str, str] = {}  # local name -> the dotted name it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    local = alias.asname or alias.name.partition(".")[0]
+                    imported[local] = alias.name if alias.asname else local
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve_relative(name, is_package, node.level, node.module) if node.level else node.module or ""
+                for alias in node.names:
+                    imported[alias.asname or alias.name] = f"{base}.{alias.name}"
+
+        def origin(dotted: str | None) -> str | None:
+            """The other project module ``dotted`` (a chain rooted at an imported name) comes from, if any."""
+            if dotted is None or dotted.partition(".")[0] not in imported:
+                return None
+            root_name, _, rest = dotted.partition(".")
+            owner = _deepest_module(imported[root_name] + (f".{rest}" if rest else ""), modules)
+            return owner if owner is not None and owner != name else None
+
+        own = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+        own |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+        own |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        typed: dict[ast.AST, set[str]] = {}  # function -> its names annotated with another module's class
+        for function in ast.walk(tree):
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                arguments = function.args
+                annotated = [(a.arg, a.annotation) for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+                annotated += [
+                    (n.target.id, n.annotation)
+                    for n in ast.walk(function)
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                ]
+                typed[function] = {arg for arg, annotation in annotated if any(origin(a) for a in _annotation_names(annotation))}
+        for scope in [tree, *typed]:
+            names = typed.get(scope, set())
+            for node in ast.walk(scope):
+                if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                    continue
+                receiver = _dotted(node.value)
+                by_type = isinstance(node.value, ast.Name) and node.value.id in names and node.attr not in own
+                if (scope is tree and origin(receiver)) or by_type:
+                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno} {receiver}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_no_module_reads_a_private_attribute_of_another_module() -> None:
+    """No module calls another module's private functions or methods, nor reads its private attributes, through a
+    receiver whose origin the module shows (:func:`private_attribute_uses`): it gets a public name instead."""
+    offenders = private_attribute_uses()
+    assert not offenders, "private attributes of another module:\n" + "\n".join(f"    {item}" for item in offenders)
+
+
+def test_private_attribute_check_sees_what_the_module_shows(tmp_path: Path) -> None:
+    """The check finds private reads through imported modules and classes and through annotated parameters, and lets
+    a module's own privates, ``self``, other libraries, dunders and unannotated receivers pass."""
+    _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "class Model:\n    def _step(self):\n        return self._step\n\n    @classmethod\n"
+            "    def _check(cls):\n        pass\n",
+            "b.py": "from . import a\nfrom .a import Model\n\na._helper()\nModel._check()\n",
+            "c.py": "import pkg.a\nimport os\n\n\ndef f(model: pkg.a.Model, other: 'Model | None', plain):\n"
+            "    os._exit\n    plain._step()\n    model.__dict__\n    return model._step(), other._step()\n\n\n"
+            "from pkg.a import Model\n\n\ndef g(self):\n    self._step()\n    pkg.a._hidden\n",
+            "d.py": "from .a import Model\n\n\nclass Own(Model):\n    def _x(self, other: Model):\n        return other._x\n\n\nOwn._x\n",
+        },
+    )
+    assert private_attribute_uses(tmp_path, ("pkg",)) == [
+        "pkg/b.py:4 a._helper",
+        "pkg/b.py:5 Model._check",
+        "pkg/c.py:17 pkg.a._hidden",
+        "pkg/c.py:9 model._step",
+        "pkg/c.py:9 other._step",
+    ]

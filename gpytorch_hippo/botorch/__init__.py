@@ -14,9 +14,7 @@ the stored summary ``q(u)``. The modules:
   dispatchers when this package is imported);
 * :mod:`~gpytorch_hippo.botorch.variational`: OHSVGP / OSVGP for non-Gaussian observations.
 
-Every name is importable from here: ``from gpytorch_hippo.botorch import OnlineGPModel``. The former
-modules ``gpytorch_hippo.botorch_multioutput``, ``gpytorch_hippo.botorch_paths`` and
-``gpytorch_hippo.botorch_variational`` re-export what moved here.
+Every name is importable from here: ``from gpytorch_hippo.botorch import OnlineGPModel``.
 """
 
 from . import paths  # noqa: F401  (registers the models with BoTorch's pathwise sampling)

@@ -23,8 +23,7 @@ import torch
 from botorch.acquisition.objective import PosteriorTransform
 from botorch.exceptions.errors import BotorchTensorDimensionError, ModelFittingError
 from botorch.exceptions.warnings import BotorchWarning
-from botorch.fit import _fit_fallback, fit_gpytorch_mll
-from botorch.models.gpytorch import GPyTorchModel
+from botorch.fit import fit_gpytorch_mll
 from botorch.models.model import FantasizeMixin, Model
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform, Standardize
@@ -34,13 +33,16 @@ from botorch.models.utils.gpytorch_modules import (
     get_gaussian_likelihood_with_lognormal_prior,
 )
 from botorch.posteriors.gpytorch import GPyTorchPosterior
-from botorch.utils.types import DEFAULT, _DefaultType
+from botorch.utils.types import DEFAULT
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.mlls import MarginalLogLikelihood
 from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
-from .._validation import check_tensor, floating_dtype
+from probseq._compat import DefaultType, IncompatibleKeys, fit_mll_generic, validate_tensor_args
+from probseq._validation import check_tensor
+
+from .._validation import floating_dtype
 from ..inducing.base import InducingVariables
 from ..inducing.hippo_variables import HiPPOInducingVariables
 from ..inducing.points import InducingPoints
@@ -215,7 +217,7 @@ class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):  # type: ignor
         :param optimizer_kwargs: ``fit_gpytorch_mll``'s keyword arguments of the optimiser.
         :param kwargs: ``fit_gpytorch_mll``'s other keyword arguments (``optimizer``, ``max_attempts``, ...).
         """
-        if not isinstance(mll, OnlineCollapsedMLL) and self._starts_from_sparse_fit():
+        if not isinstance(mll, OnlineCollapsedMLL) and self.starts_from_sparse_fit():
             warnings.warn(
                 "fit_gpytorch_mll of this online model starts from the hyperparameters its constructor fitted on the "
                 "sparse online bound (fit_maxiter > 0), not from SingleTaskGP's start: the exact fit can end in another, "
@@ -225,10 +227,12 @@ class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):  # type: ignor
                 stacklevel=3,
             )
         with _tensor_state_only(mll):
-            return _fit_fallback(mll, closure=closure, closure_kwargs=closure_kwargs, optimizer_kwargs=optimizer_kwargs, **kwargs)
+            return fit_mll_generic(mll, closure=closure, closure_kwargs=closure_kwargs, optimizer_kwargs=optimizer_kwargs, **kwargs)
 
-    def _starts_from_sparse_fit(self) -> bool:
-        """Whether the hyperparameters are still those the constructor fitted on the sparse bound."""
+    def starts_from_sparse_fit(self) -> bool:
+        """Whether the hyperparameters are still those the constructor fitted on the sparse online bound
+        (``fit_maxiter > 0``), from which an exact ``fit_gpytorch_mll`` would start
+        (:meth:`~gpytorch_hippo.botorch.models.OnlineModelBase.custom_fit` warns)."""
         raise NotImplementedError
 
     def _inputs_to_model_space(self, X: Tensor, fit_transforms: bool = False) -> Tensor:
@@ -326,7 +330,7 @@ class OnlineGPModel(OnlineModelBase):
         likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
         mean_module: gpytorch.means.Mean | None = None,
         input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
+        outcome_transform: OutcomeTransform | DefaultType | None = DEFAULT,
         fit_maxiter: int = 100,
         refit_every: int | None = None,
         keep_data: bool = True,
@@ -519,7 +523,7 @@ class OnlineGPModel(OnlineModelBase):
         modules = (self.online.covar_module, self.online.likelihood, self.online.mean_module)
         return [t for module in modules for t in itertools.chain(module.parameters(), module.buffers())]
 
-    def _starts_from_sparse_fit(self) -> bool:
+    def starts_from_sparse_fit(self) -> bool:
         return self._sparse_fit is not None and not self._hyperparameters_changed_from(self._sparse_fit)
 
     def subset_output(self, idcs: list[int]) -> OnlineGPModel:
@@ -602,7 +606,7 @@ class OnlineGPModel(OnlineModelBase):
         if unexpected:
             raise RuntimeError(f"unexpected keys in state_dict: {unexpected}")
         self.eval()
-        return torch.nn.modules.module._IncompatibleKeys([k for k in result.missing_keys if not k.startswith(own)], [])
+        return IncompatibleKeys([k for k in result.missing_keys if not k.startswith(own)], [])
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Restore a checkpoint, or warm-start as ``SingleTaskGP`` does.
@@ -621,7 +625,7 @@ class OnlineGPModel(OnlineModelBase):
             Not used by a warm start, which ignores this model's own keys.
         :param assign: as ``torch.nn.Module.load_state_dict`` (assign instead of copying); default ``False``.
         """
-        if self._is_warm_start(state_dict):
+        if self.is_warm_start(state_dict):
             if self.stored_inputs is not None:
                 warn_posterior_not_restored()
                 return self.load_hyperparameters(state_dict)
@@ -637,8 +641,12 @@ class OnlineGPModel(OnlineModelBase):
             self._record_hyperparameters()
         return result
 
-    def _is_warm_start(self, state_dict: dict) -> bool:
-        """Whether ``state_dict`` holds the posterior of other observations than this model's."""
+    def is_warm_start(self, state_dict: dict) -> bool:
+        """Whether ``state_dict`` holds the posterior of other observations than this model's, so that
+        :meth:`load_state_dict` loads it as a warm start (hyperparameters only) rather than restoring it whole.
+
+        :param state_dict: a ``state_dict`` of an :class:`OnlineGPModel`.
+        """
         has_summary = any(key.startswith("online.posterior_") for key in state_dict)
         return has_summary and self.online.has_posterior and not self._same_posterior(state_dict)
 
@@ -662,7 +670,7 @@ class OnlineGPModel(OnlineModelBase):
         likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
         mean_module: gpytorch.means.Mean | None = None,
         input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
+        outcome_transform: OutcomeTransform | DefaultType | None = DEFAULT,
         **options: Any,
     ) -> OnlineGPModel:
         """Rebuild a checkpointed model without its training data: the same modules (or defaults) as
@@ -1073,7 +1081,7 @@ def _validate_like_single_task_gp(x: Tensor, y: Tensor, noise: Tensor | None) ->
     inputs, inputs outside the unit cube and unstandardised outcomes."""
     Y = y.unsqueeze(-1)
     Yvar = None if noise is None else noise.unsqueeze(-1)
-    GPyTorchModel._validate_tensor_args(X=x, Y=Y, Yvar=Yvar)
+    validate_tensor_args(X=x, Y=Y, Yvar=Yvar)
     validate_input_scaling(train_X=x, train_Y=Y, train_Yvar=Yvar)
 
 

@@ -29,15 +29,17 @@ from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.posteriors.posterior import Posterior
-from botorch.utils.types import DEFAULT, _DefaultType
+from botorch.utils.types import DEFAULT
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from gpytorch.likelihoods import Likelihood
-from gpytorch.likelihoods.gaussian_likelihood import _GaussianLikelihoodBase
 from gpytorch.mlls import ExactMarginalLogLikelihood, MarginalLogLikelihood
 from linear_operator import to_linear_operator
 from torch import Tensor, nn
 
-from .._validation import check_tensor, floating_dtype
+from probseq._compat import DefaultType, GaussianLikelihoodBase, IncompatibleKeys, child_modules
+from probseq._validation import check_tensor
+
+from .._validation import floating_dtype
 from ..inducing.base import InducingVariables
 from ._checks import check_points_near, check_X_Y, check_Yvar, split_third_argument
 from .models import OnlineGPModel, OnlineModelBase, register_multi_output_model, warn_posterior_not_restored
@@ -45,7 +47,7 @@ from .models import OnlineGPModel, OnlineModelBase, register_multi_output_model,
 __all__ = ["MultiOutputOnlineGPModel", "IndependentOutputsLikelihood"]
 
 
-class IndependentOutputsLikelihood(_GaussianLikelihoodBase):
+class IndependentOutputsLikelihood(GaussianLikelihoodBase):
     r"""The outputs' Gaussian likelihoods as one, over BoTorch's batched multi-output layout: a function distribution
     with mean ``(*b, m, n)`` gets output ``j``'s noise :math:`\sigma_j^2` on the diagonal of row ``j``, so that
     ``ExactMarginalLogLikelihood(model.likelihood, model)`` sums each output's exact marginal likelihood
@@ -133,7 +135,7 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
         likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
         mean_module: gpytorch.means.Mean | None = None,
         input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
+        outcome_transform: OutcomeTransform | DefaultType | None = DEFAULT,
         fit_maxiter: int = 100,
         refit_every: int | None = None,
         keep_data: bool = True,
@@ -161,7 +163,7 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
             )
         else:
             per_output = list(inducing_variables)
-        if isinstance(outcome_transform, _DefaultType):
+        if isinstance(outcome_transform, DefaultType):
             outcome_transform = Standardize(m=num_outputs)
         if input_transform is not None:
             self.input_transform = input_transform.to(train_X)
@@ -218,18 +220,18 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
         per_output = [
             {k[len(f"outputs.{j}.") :]: v for k, v in state_dict.items() if k.startswith(f"outputs.{j}.")} for j in range(len(self.outputs))
         ]
-        if any(output._is_warm_start(sub) for output, sub in zip(self.outputs, per_output)):
+        if any(output.is_warm_start(sub) for output, sub in zip(self.outputs, per_output)):
             keep_data = self.outputs[0].stored_inputs is not None
             if keep_data:
                 warn_posterior_not_restored()
             missing, unexpected = [], []
             for j, (output, sub) in enumerate(zip(self.outputs, per_output)):
                 # without kept data an output's warm start is refused by its load_state_dict, naming what to call
-                warm_without_data = not keep_data and output._is_warm_start(sub)
+                warm_without_data = not keep_data and output.is_warm_start(sub)
                 result = output.load_state_dict(sub) if warm_without_data else output.load_hyperparameters(sub)
                 missing += [f"outputs.{j}.{key}" for key in result.missing_keys]
                 unexpected += [f"outputs.{j}.{key}" for key in result.unexpected_keys]
-            return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+            return IncompatibleKeys(missing, unexpected)
         return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
 
     # ------------------------------------------------------------------ BoTorch's model contract
@@ -250,8 +252,8 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
     def likelihood(self) -> IndependentOutputsLikelihood:
         return IndependentOutputsLikelihood([output.likelihood for output in self.outputs])
 
-    def _starts_from_sparse_fit(self) -> bool:
-        return any(output._starts_from_sparse_fit() for output in self.outputs)
+    def starts_from_sparse_fit(self) -> bool:
+        return any(output.starts_from_sparse_fit() for output in self.outputs)
 
     def custom_fit(self, mll: MarginalLogLikelihood, closure=None, closure_kwargs=None, optimizer_kwargs=None, **kwargs: Any):
         """BoTorch's ``fit_gpytorch_mll(mll)`` for this model: an ``ExactMarginalLogLikelihood`` without a closure of
@@ -291,7 +293,7 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
 
     def __getattr__(self, name: str):
         if name in _PER_OUTPUT:
-            outputs = self._modules.get("outputs")
+            outputs = child_modules(self).get("outputs")
             count = len(outputs) if isinstance(outputs, nn.ModuleList) else 0
             raise AttributeError(f"a model with {count} outputs has one {name} per output: read model.outputs[j].{name}")
         return super().__getattr__(name)
@@ -381,9 +383,7 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
             raise TypeError(f"condition_on_observations got unexpected keyword arguments {unknown}")
         m = self.num_outputs
         if isinstance(X, Tensor) and isinstance(Y, Tensor) and X.dim() >= 2 and X.shape[-2] == 0 and Y.shape[-2:] == (0, m):
-            return self._with_outputs(
-                [output._with_batch_shape(torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2])) for output in self.outputs]
-            )
+            return self._with_outputs([output.condition_on_observations(X, Y[..., j : j + 1]) for j, output in enumerate(self.outputs)])
         check_X_Y(X, Y, "X", "Y", m)
         noise = kwargs.get("noise")
         if noise is not None:
@@ -394,10 +394,7 @@ class MultiOutputOnlineGPModel(OnlineModelBase):
             Y, noise = self.outcome_transform(Y, noise, X=X)
         x = self.transform_inputs(X)
         return self._with_outputs(
-            [
-                output._conditioned(x, Y[..., j : j + 1], None if noise is None else noise[..., j], outcome_transformed=True)
-                for j, output in enumerate(self.outputs)
-            ]
+            [output.get_fantasy_model(x, Y[..., j], None if noise is None else noise[..., j]) for j, output in enumerate(self.outputs)]
         )
 
     def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any):

@@ -29,7 +29,7 @@ import torch
 from botorch.sampling.pathwise.features import FeatureMap
 from botorch.sampling.pathwise.paths import GeneralizedLinearPath, PathList
 from botorch.sampling.pathwise.posterior_samplers import DrawMatheronPaths, MatheronPath
-from botorch.sampling.pathwise.prior_samplers import DrawKernelFeaturePaths, _draw_kernel_feature_paths_fallback
+from botorch.sampling.pathwise.prior_samplers import DrawKernelFeaturePaths
 from botorch.sampling.pathwise.update_strategies import GaussianUpdate
 from botorch.sampling.pathwise.utils import get_input_transform, get_output_transform
 from botorch.utils.context_managers import delattr_ctx
@@ -37,6 +37,8 @@ from gpytorch.likelihoods import Likelihood
 from linear_operator import to_dense
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Size, Tensor
+
+from probseq._compat import generic_kernel_feature_paths, tensor_version
 
 from .._validation import floating_dtype
 from ..inducing.base import InducingVariables
@@ -87,7 +89,7 @@ class _HiPPOFourierMap(FeatureMap):
         super().__init__()
         self.input_transform, self.output_transform = None, None
         if variables.input_dim > 1:  # the variables' own random features, projected along the path
-            backend = cast(PathBackend, variables._backend_for(kernel))  # validates the kernel too
+            backend = cast(PathBackend, variables.backend_for(kernel))  # validates the kernel too
             frequencies, weights = backend.features.frequencies_and_weights(variables, kernel)
             self.projections = backend.memory(variables, kernel)
         else:
@@ -113,12 +115,12 @@ class _HiPPOFourierMap(FeatureMap):
 
     def forward(self, x: Tensor) -> Tensor:
         last = self._last
-        if last is not None and last[0] is x and last[1] == x._version and last[2] == torch.is_grad_enabled():
+        if last is not None and last[0] is x and last[1] == tensor_version(x) and last[2] == torch.is_grad_enabled():
             return last[3]
         phase = x @ self.frequencies.to(x.dtype).mT
         root = self.root.to(x.dtype)
         features = torch.cat([root * torch.cos(phase), root * torch.sin(phase)], dim=-1)
-        self._last = (x, x._version, torch.is_grad_enabled(), features)
+        self._last = (x, tensor_version(x), torch.is_grad_enabled(), features)
         return features
 
 
@@ -154,7 +156,7 @@ def _hippo_prior_paths(
 def _prior_paths(model: OnlineGPModel, **kwargs) -> GeneralizedLinearPath:
     variables = _stored_variables(model)
     if isinstance(variables, InducingPoints):
-        return _draw_kernel_feature_paths_fallback(
+        return generic_kernel_feature_paths(
             num_inputs=variables.points.shape[-1],
             mean_module=model.mean_module,
             covar_module=model.covar_module,

@@ -21,7 +21,9 @@ from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from torch import Tensor
 
-from .._validation import check_finite_scalar, check_tensor, floating_dtype
+from probseq._validation import check_tensor
+
+from .._validation import check_finite_scalar, floating_dtype
 from ..inducing.base import InducingVariables
 from ..inducing.hippo_variables import HiPPOInducingVariables
 from ..online import OnlineELBO
@@ -96,7 +98,6 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
 
     def _absorb(self, X: Tensor, Y: Tensor, hyperparameters: bool = False) -> None:
         """Maximise the online ELBO of the batch ``(X, Y)`` over ``q(u)`` (and the hyperparameters)."""
-        strategy = self.gp.variational_strategy
         parameters = list(self.gp.variational_parameters())
         if hyperparameters:
             parameters += list(self.gp.hyperparameters()) + list(self.likelihood.parameters())
@@ -107,8 +108,7 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
             optimizer.zero_grad()
             (-self.elbo(self.gp(X), y)).backward()
             optimizer.step()
-        self.gp.eval(), self.likelihood.eval()
-        strategy._clear_cache()
+        self.gp.eval(), self.likelihood.eval()  # GPyTorch's eval() drops the strategy's train-mode caches
 
     def observe(self, X: Tensor, Y: Tensor) -> OnlineVariationalGPModel:
         """A new model with the batch ``(X, Y)`` absorbed (this one unchanged): the finished batch is

@@ -15,7 +15,7 @@ import numpy
 import torch
 from torch import Tensor
 
-from .._optional import require
+from probseq._optional import require
 
 __all__ = ["SeriesFleet", "load_us_employment"]
 

@@ -16,7 +16,8 @@ import numpy
 import torch
 from torch import Tensor
 
-from .._optional import require
+from probseq._optional import require
+
 from .solar import load_solar_ghi
 
 SPEECH_DIR = "/usr/share/pocketsphinx/test/data/librivox"

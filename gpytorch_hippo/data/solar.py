@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._optional import require
+from probseq._optional import require
 
 TMY3_FILE = "723170TYA.CSV"  # Greensboro, NC: hourly typical meteorological year, 8760 hours
 

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from .._optional import require
+from probseq._optional import require
 
 NYCFLIGHTS13_VARIABLES = ("temp", "dewp", "humid", "wind_speed", "pressure", "visib")
 NYCFLIGHTS13_STATIONS = ("EWR", "JFK", "LGA")

@@ -23,7 +23,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from .._optional import require
+from probseq._optional import require
+
 from ..data.weather import WEATHER_SOURCES, load_weather, standardise
 from ..gpvae import METHODS, ContinualSVGPVAE
 

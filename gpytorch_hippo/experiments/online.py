@@ -46,7 +46,8 @@ import gpytorch
 import torch
 from tqdm import tqdm
 
-from .._optional import require
+from probseq._optional import require
+
 from ..baselines import FourierSchedule, HiPPOSchedule, PivotedCholeskySchedule, RandomPointsSchedule, learn_task
 from ..data import DATASETS, load_dataset, split_tasks
 from ..hippo import MEASURES

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .._optional import require
+from probseq._optional import require
 
 if TYPE_CHECKING:  # imported where they are used (the runner's --help imports no BoTorch)
     import botorch.models.approximate_gp

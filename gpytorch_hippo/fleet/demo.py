@@ -28,7 +28,8 @@ from collections.abc import Callable
 import gpytorch
 import torch
 
-from .._optional import require
+from probseq._optional import require
+
 from ..data import SeriesFleet, load_us_employment
 from ..inducing.hippo_variables import HiPPOInducingVariables
 from ..inducing.points import InducingPoints

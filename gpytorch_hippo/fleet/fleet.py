@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._optional import require
+from probseq._optional import require
+
 from ..online import OnlineSGPR
 from ..timeaxis import TimeAxis, align_on_index, is_datetime_like
 from .shard import PackedTask, Shard, StreamDataError, TimeResolutionError, task_conflict

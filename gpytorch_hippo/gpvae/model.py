@@ -21,6 +21,8 @@ from linear_operator.operators import RootLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from probseq._compat import VariationalDistributionBase
+
 from ..inducing.base import InducingVariables
 from ..online import OnlineELBO
 from ..variational import InterdomainVariationalStrategy
@@ -29,7 +31,7 @@ from ..variational import solve_lower as _solve_lower
 __all__ = ["EncodedVariationalDistribution", "LatentGP", "SVGPVAE", "SVGPVAETerms"]
 
 
-class EncodedVariationalDistribution(gpytorch.variational._VariationalDistribution):
+class EncodedVariationalDistribution(VariationalDistributionBase):
     r""":math:`q(v) = \mathcal{N}(\mathrm{mean}, R R^\top)` (:math:`R` = ``root``) with no parameters of its own: it is set
     from the encoder's pseudo-observations by :meth:`SVGPVAE.encode_posterior` (amortised inference, thesis App. C).
 

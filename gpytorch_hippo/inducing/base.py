@@ -14,6 +14,8 @@ from linear_operator import to_linear_operator
 from linear_operator.operators import DenseLinearOperator, LinearOperator
 from torch import Tensor
 
+from probseq._compat import cholesky_dtype
+
 
 class InputsOutsideSupportError(ValueError):
     """Training inputs lie outside the input range the inducing variables summarise
@@ -124,7 +126,7 @@ class InducingVariables(gpytorch.Module):
 
         with torch.no_grad():
             kuu = self.Kuu(kernel).to_dense()
-            working = torch.promote_types(kuu.dtype, gpytorch.settings._linalg_dtype_cholesky.value())
+            working = torch.promote_types(kuu.dtype, cholesky_dtype())
             chol = psd_safe_cholesky(kuu.to(working))
             W = torch.linalg.solve_triangular(chol, self.Kuf(kernel, grid).to(working), upper=False)
             captured = (W.square().sum(-2) / kernel(grid, diag=True)).to(kuu.dtype)

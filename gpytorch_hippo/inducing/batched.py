@@ -105,10 +105,10 @@ class BatchedInducingVariables(InducingVariables):
                 stream = self.streams[i] = copy.deepcopy(stream)
             seen_modules.add(id(stream))
             for module in stream.modules():
-                for name, tensor in list(module._buffers.items()):
-                    if tensor is not None and id(tensor) in seen_tensors:
-                        module._buffers[name] = tensor.clone()
-                    elif tensor is not None:
+                for name, tensor in list(module.named_buffers(recurse=False, remove_duplicate=False)):
+                    if id(tensor) in seen_tensors:
+                        setattr(module, name, tensor.clone())
+                    else:
                         seen_tensors.add(id(tensor))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -360,9 +360,10 @@ def _state_key(module: nn.Module, seen: dict | None = None) -> tuple:
     seen = {} if seen is None else seen
     key = []
     for prefix, sub in module.named_modules():
-        for name, tensor in itertools.chain(sub._parameters.items(), sub._buffers.items()):
-            if tensor is None:
-                continue
+        own = itertools.chain(
+            sub.named_parameters(recurse=False, remove_duplicate=False), sub.named_buffers(recurse=False, remove_duplicate=False)
+        )
+        for name, tensor in own:
             known = seen.get(id(tensor))
             if known is None or known[0] is not tensor:
                 known = seen[id(tensor)] = (tensor, _bytes(tensor))
@@ -381,13 +382,13 @@ def share_equal_buffers(modules: list[nn.Module]) -> None:
         for module in modules[1:]:
             path, _, leaf = name.rpartition(".")
             owner = module.get_submodule(path) if path else module
-            tensor = owner._buffers.get(leaf)
+            tensor = dict(owner.named_buffers(recurse=False, remove_duplicate=False)).get(leaf)
             if tensor is None or tensor.shape != first.shape or tensor.dtype != first.dtype or not torch.equal(tensor, first):
                 break
             owners.append((owner, leaf))
         else:
             for owner, leaf in owners:
-                owner._buffers[leaf] = first
+                setattr(owner, leaf, first)
 
 
 def _batched_modules(module: nn.Module, size: int) -> set:

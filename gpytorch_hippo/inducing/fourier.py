@@ -24,7 +24,9 @@ import torch
 from linear_operator.operators import DiagLinearOperator, LinearOperator, LowRankRootAddedDiagLinearOperator, LowRankRootLinearOperator
 from torch import Tensor
 
-from .._validation import check_tensor, floating_dtype
+from probseq._validation import check_tensor
+
+from .._validation import floating_dtype
 from .base import InducingVariables
 from .covariances import resolve_kernel
 

@@ -450,7 +450,7 @@ class RecurrenceBackend:
         if a.features != b.features or not torch.equal(a.rff_normal, b.rff_normal):
             raise ValueError("cross-covariance by Fourier features needs both sets to share their features (same seed and features)")
         Z = self.memory(a, kernel)
-        Z_b = Z if b is a else b._backend_for(kernel).memory(b, kernel)
+        Z_b = Z if b is a else b.backend_for(kernel).memory(b, kernel)
         return (Z.mT @ Z_b).to(floating_dtype(kernel))
 
 
@@ -534,7 +534,7 @@ class PathBackend:
         if not torch.equal(a.rff_normal, b.rff_normal):
             raise ValueError("cross-covariance by random features needs both sets to share their spectral samples (same seed)")
         Z = self.memory(a, kernel)
-        Z_b = Z if b is a else b._backend_for(kernel).memory(b, kernel)
+        Z_b = Z if b is a else b.backend_for(kernel).memory(b, kernel)
         return (Z.mT @ Z_b).to(floating_dtype(kernel))
 
 

@@ -48,7 +48,9 @@ from linear_operator import to_dense
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-from .._validation import check_finite_scalar, check_tensor, floating_dtype
+from probseq._validation import check_tensor
+
+from .._validation import check_finite_scalar, floating_dtype
 from ..hippo import HiPPO
 from ..timeaxis import is_datetime_like
 from .banded import BandedBackend, support_span
@@ -114,7 +116,7 @@ class HiPPOInducingVariables(InducingVariables):
     jitter; feature estimates :math:`Z^\top Z` are PSD by construction.
     """
 
-    #: the backends by method name (:meth:`_make_backends`); :meth:`_backend_for` chooses among them
+    #: the backends by method name (:meth:`_make_backends`); :meth:`backend_for` chooses among them
     _backends: dict[str, CovarianceBackend]
     # the bases' breakpoints, the last one the clock t; path variables' pending inputs, memory and their kernel's state
     breakpoints: Tensor
@@ -224,8 +226,12 @@ class HiPPOInducingVariables(InducingVariables):
         """The backend of path variables (``input_dim > 1``)."""
         return cast(PathBackend, self._backends["path"])
 
-    def _backend_for(self, kernel: gpytorch.kernels.Kernel) -> CovarianceBackend:
-        """The backend that ``method`` selects for ``kernel`` (module docstring)."""
+    def backend_for(self, kernel: gpytorch.kernels.Kernel) -> CovarianceBackend:
+        """The covariance backend that ``method`` selects for ``kernel`` (module docstring); raises for a kernel
+        no backend supports or with non-finite length scales.
+
+        :param kernel: the GP's kernel.
+        """
         lengthscale_of(kernel)  # a clear error for NaN/Inf length scales (diverged hyperparameters)
         if self.input_dim > 1:
             return self._path_backend
@@ -374,7 +380,7 @@ class HiPPOInducingVariables(InducingVariables):
         :param x: inputs ``(*batch, N, D)`` (``(N,)`` allowed for 1-D inputs), finite.
         """
         x = self._check_inputs(x, dtype=floating_dtype(kernel))
-        backend = self._backend_for(kernel)
+        backend = self.backend_for(kernel)
         reach = kernel_reach(kernel) if self.input_dim == 1 else None
         if reach is None:
             return backend.Kuf(self, kernel, x)
@@ -395,7 +401,7 @@ class HiPPOInducingVariables(InducingVariables):
 
         :param kernel: the GP's kernel :math:`k`.
         """
-        return self.add_jitter(self._backend_for(kernel).cross(self, self, kernel))
+        return self.add_jitter(self.backend_for(kernel).cross(self, self, kernel))
 
     def _cross_covariance(self, other: InducingVariables, kernel: gpytorch.kernels.Kernel):
         """``cov(u^{(t)}, u'^{(t')})`` between two HiPPO sets (e.g. the old and new ones of an online update)."""
@@ -403,7 +409,7 @@ class HiPPOInducingVariables(InducingVariables):
             return super()._cross_covariance(other, kernel)
         if (self.input_dim, self.measure) != (other.input_dim, other.measure):
             raise ValueError("cross-covariance needs two HiPPO sets with the same input_dim and measure")
-        backend, other_backend = self._backend_for(kernel), other._backend_for(kernel)
+        backend, other_backend = self.backend_for(kernel), other.backend_for(kernel)
         if backend.name != other_backend.name:
             if "recurrence" in (backend.name, other_backend.name):
                 raise ValueError(f"cross-covariance between backends {backend.name!r} and {other_backend.name!r} is not defined")

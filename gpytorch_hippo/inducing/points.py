@@ -7,7 +7,9 @@ import torch
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-from .._validation import check_tensor, floating_dtype
+from probseq._validation import check_tensor
+
+from .._validation import floating_dtype
 from .base import InducingVariables
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._optional import require
+from probseq._optional import require
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = (

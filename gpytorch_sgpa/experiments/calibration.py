@@ -58,8 +58,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from probseq._optional import require
+
 from .. import metrics
-from .._optional import require
 from ..baselines import EnsembleClassifier, TemperatureScaling, mc_dropout_predict_proba, predict_proba
 from ..baselines.prediction import logits_of
 from ..data import (

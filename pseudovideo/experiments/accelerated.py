@@ -30,8 +30,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .._optional import require
-from .._validation import check_int
+from probseq._optional import require
+from probseq._validation import check_int
+
 from . import make_ema
 
 MIXED_PRECISION = ("no", "bf16", "fp16")

@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .._optional import require
+from probseq._optional import require
+
 from ..augment import METHODS, make_pseudo_video
 from ..data import DATASETS, SUBSTITUTES, load_images
 from ..metrics import PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from .._optional import require
+from probseq._optional import require
+
 from ..augment import make_pseudo_video
 from ..data import DATASETS, SUBSTITUTES
 from ..metrics import PenultimateFeatures, frechet_distance, inception_score, psnr

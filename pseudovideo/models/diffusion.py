@@ -44,9 +44,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from .._optional import missing
+from probseq._optional import missing
+from probseq._validation import check_dtype, check_int, check_tensor
+
 from .._random import randn
-from .._validation import check_generator, check_int, check_tensor
+from .._validation import check_generator
 from ..scaling import check_model_range
 
 try:
@@ -301,7 +303,7 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
         check_generator(generator)
         scheduler = DDIMScheduler.from_config(self.scheduler.config)
         chunks = [
-            self._sample_batch(min(batch_size, num_samples - start), scheduler, num_inference_steps, generator)
+            self.sample_batch(min(batch_size, num_samples - start), scheduler, num_inference_steps, generator)
             for start in range(0, num_samples, batch_size)
         ]
         return torch.cat(chunks)
@@ -321,11 +323,12 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
         """
         if self.num_frames == 1:
             raise ValueError("an image model (num_frames=1) has no context frames to condition on")
-        check_tensor(context_frames, "context_frames", floating=True)
+        check_tensor(context_frames, "context_frames", floating=True, finite=False)
         expected = (self.context, self.channels, self.image_size, self.image_size)
         if context_frames.dim() != 5 or tuple(context_frames.shape[1:]) != expected:
             raise ValueError(f"context_frames must have shape (B, {', '.join(map(str, expected))}), got {tuple(context_frames.shape)}")
-        check_tensor(context_frames, "context_frames", non_empty=True, finite=True, dtype=self._dtype())
+        check_dtype(context_frames, "context_frames", self._dtype())
+        check_tensor(context_frames, "context_frames", non_empty=True)
         check_model_range(context_frames, "context_frames", refuse_unit_range=True)
         check_int(num_inference_steps, "num_inference_steps")
         check_generator(generator)
@@ -349,9 +352,18 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
         """Reverse chains per generated video: the initial block, then one per later frame."""
         return self.num_tasks
 
-    def _sample_batch(self, batch, scheduler, steps, generator, step_options=None, on_step=None):
-        """``batch`` videos, every chain run by ``scheduler`` (``step_options``: extra ``step`` arguments;
-        ``on_step(index, timestep, sample)``: called after every step, returns the sample to go on from)."""
+    def sample_batch(self, batch, scheduler, steps, generator, step_options=None, on_step=None):
+        """``batch`` videos sampled at once, every chain run by ``scheduler`` (what :meth:`sample` and
+        :class:`~pseudovideo.pipelines.PseudoVideoPipeline` run per batch).
+
+        :param batch: the number of videos.
+        :param scheduler: the diffusers scheduler that runs each reverse chain.
+        :param steps: the inference steps of each chain.
+        :param generator: the random generator of the chains' noise (``None``: PyTorch's global one).
+        :param step_options: extra keyword arguments of ``scheduler.step`` (default none).
+        :param on_step: ``on_step(index, timestep, sample)``, called after every step; returns the sample to go on
+            from (default none).
+        """
         shape = (batch, self.slots, self.channels, self.image_size, self.image_size)
         window = torch.zeros(shape, dtype=self._dtype(), device=self.device)
         tasks = torch.zeros(batch, dtype=torch.long, device=self.device)
@@ -416,9 +428,10 @@ class AutoregressiveVideoDiffusion(ModelMixin, ConfigMixin):  # type: ignore[mis
         return next(self.unet.parameters()).dtype
 
     def _check_videos(self, videos):
-        check_tensor(videos, "videos", floating=True)
+        check_tensor(videos, "videos", floating=True, finite=False)
         expected = (self.num_frames, self.channels, self.image_size, self.image_size)
         if videos.dim() != 5 or tuple(videos.shape[1:]) != expected:
             raise ValueError(f"videos must have shape (B, {', '.join(map(str, expected))}), got {tuple(videos.shape)}")
-        check_tensor(videos, "videos", non_empty=True, finite=True, dtype=self._dtype())
+        check_dtype(videos, "videos", self._dtype())
+        check_tensor(videos, "videos", non_empty=True)
         check_model_range(videos[:, -1], "videos' last frames (the images)", refuse_unit_range=True)

@@ -30,8 +30,10 @@ import math
 import torch
 from torch import nn
 
+from probseq._validation import check_int, check_real, check_tensor
+
 from .._random import randn
-from .._validation import check_generator, check_int, check_real, check_tensor
+from .._validation import check_generator
 from ..augment import make_pseudo_video
 
 ENCODERS = ("heat", "learned")
@@ -153,7 +155,7 @@ class HeatHVAE(nn.Module):
         expected = tuple(self.prior_mean.shape)
         if tuple(x.shape[1:]) != expected:
             raise ValueError(f"x must have shape (B, {', '.join(map(str, expected))}), got {tuple(x.shape)}")
-        check_tensor(x, "x", non_empty=True, finite=True)
+        check_tensor(x, "x", non_empty=True)
         if not bool(((x >= 0) & (x <= 1)).all()):
             raise ValueError("x must hold pixels in [0, 1] (binary for the Bernoulli likelihood)")
         check_generator(generator)

@@ -28,8 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from probseq._validation import check_int, check_real
+
 from .._random import multinomial, rand
-from .._validation import check_generator, check_int, check_real
+from .._validation import check_generator
 from .quantizer import check_tokens
 from .tokenizer import transformer_stack
 

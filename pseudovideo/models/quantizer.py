@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._optional import missing
-from .._validation import check_int, check_real, check_tensor
+from probseq._optional import missing
+from probseq._validation import check_int, check_real, check_tensor
 
 try:
     from vector_quantize_pytorch import VectorQuantize
@@ -94,7 +94,7 @@ class VectorQuantizer(nn.Module):
             raise TypeError("features must be a floating-point tensor")
         if features.dim() < 2 or features.shape[-1] != self.dim:
             raise ValueError(f"features must have shape (..., {self.dim}), got {tuple(features.shape)}")
-        check_tensor(features, "features", non_empty=True, finite=True)
+        check_tensor(features, "features", non_empty=True)
         flat = features.reshape(1, -1, self.dim)
         codebook = self.codebook.clone()  # the codes the search sees, before any dead-code re-seeding
         _, indices, _ = self.vq(flat, freeze_codebook=not update_codebook)

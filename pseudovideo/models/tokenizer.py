@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._optional import missing
-from .._validation import check_int, check_tensor
+from probseq._optional import missing
+from probseq._validation import check_int, check_tensor
+
 from ..scaling import check_model_range
 
 try:
@@ -269,7 +270,7 @@ class VideoTokenizer(nn.Module):
             )
         if videos.dim() != len(self.input_shape) + 1 or tuple(videos.shape[1:]) != self.input_shape:
             raise ValueError(f"videos must have shape (B, {', '.join(map(str, self.input_shape))}), got {tuple(videos.shape)}")
-        check_tensor(videos, "videos", non_empty=True, finite=True)
+        check_tensor(videos, "videos", non_empty=True)
         return check_model_range(videos, "videos")
 
 

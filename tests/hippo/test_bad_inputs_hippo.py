@@ -14,7 +14,7 @@ import gpytorch
 import pytest
 import torch
 
-from gpytorch_hippo._validation import check_finite_scalar, check_tensor, floating_dtype
+from gpytorch_hippo._validation import check_finite_scalar, floating_dtype
 from gpytorch_hippo.hippo import HiPPO
 from gpytorch_hippo.inducing import FourierInducingVariables, HiPPOInducingVariables, InducingPoints
 from gpytorch_hippo.inducing.banded import BandedBackend
@@ -60,19 +60,9 @@ def variables(method, M=8, t=3.0, **options):
 
 
 # ----------------------------------------------------------------------------- the shared validator
-def test_check_tensor_promotes_integers_and_names_the_argument():
-    assert check_tensor(torch.arange(3), "x", dtype=torch.float64).dtype == torch.float64
-    assert check_tensor(torch.arange(3), "x", dtype=torch.float32).dtype == torch.float32
-    assert check_tensor(torch.ones(2, dtype=torch.float32), "x", dtype=torch.float64).dtype == torch.float64
-    assert check_tensor(torch.ones(2, dtype=torch.float32), "x").dtype == torch.float32
-    with pytest.raises(ValueError, match="signal contains NaN"):
-        check_tensor(torch.tensor([0.0, math.nan]), "signal")
-    with pytest.raises(ValueError, match="x contains infinite"):
-        check_tensor(torch.tensor([0.0, math.inf]), "x")
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
-        check_tensor([1.0], "x")
-    assert check_tensor(torch.tensor([math.nan]), "x", finite=False).isnan().all()
+def test_floating_dtype_is_the_modules():  # tensor arguments: tests/test_shared_infrastructure.py
     assert floating_dtype(rbf(dtype=torch.float32)) == torch.float32
+    assert floating_dtype(None, torch.float32) == torch.float32
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])

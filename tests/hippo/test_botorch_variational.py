@@ -7,7 +7,7 @@ import torch
 from botorch.models import SingleTaskVariationalGP
 
 from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, NegativeBinomialLikelihood
-from gpytorch_hippo.botorch_variational import OnlineVariationalGPModel
+from gpytorch_hippo.botorch import OnlineVariationalGPModel
 
 DOUBLE = torch.float64
 

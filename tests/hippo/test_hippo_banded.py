@@ -76,7 +76,7 @@ def rel(a, b):
 def test_kuf_matches_adaptive_quadrature(measure, theta, M, nu):
     ivars = HiPPOInducingVariables(M, measure, t=10.0, theta=theta)
     kernel = matern(nu)
-    assert ivars._backend_for(kernel).name == "banded"
+    assert ivars.backend_for(kernel).name == "banded"
     times = [-3.0, 0.0, 0.3, 4.1, 9.99, 10.0, 12.5]  # before, at the start, inside, at t, after
     Kuf = ivars.Kuf(kernel, torch.tensor(times, dtype=DT)[:, None]).detach()
     reference = torch.tensor(np.stack([reference_kuf(ivars, kernel, x) for x in times], axis=1))
@@ -91,7 +91,7 @@ def test_kuu_and_cross_are_outer_integrals_of_kuf(nu):
     kernel = matern(nu, lengthscale=0.8)
     old = HiPPOInducingVariables(6, "legt", t=7.0, theta=5.0)
     new = HiPPOInducingVariables(6, "legt", t=9.5, theta=5.0)
-    backend = old._backend_for(kernel)
+    backend = old.backend_for(kernel)
 
     def outer(a, b):
         lower, upper = _span(a)
@@ -121,11 +121,11 @@ def test_long_stream_kuu_converged_and_psd(nu):
     ivars = HiPPOInducingVariables(100, "legs", t=300.0)
     kernel = matern(nu, lengthscale=1.0)
     with torch.no_grad():
-        Kuu = ivars._backend_for(kernel).cross(ivars, ivars, kernel)
+        Kuu = ivars.backend_for(kernel).cross(ivars, ivars, kernel)
         width, base = banded.PANEL_WIDTH, banded.BASE_NODES
         try:
             banded.PANEL_WIDTH, banded.BASE_NODES = width / 2, base + 12
-            refined = ivars._backend_for(kernel).cross(ivars, ivars, kernel)
+            refined = ivars.backend_for(kernel).cross(ivars, ivars, kernel)
         finally:
             banded.PANEL_WIDTH, banded.BASE_NODES = width, base
     assert rel(Kuu, refined) < 1e-12

@@ -1,15 +1,18 @@
-"""``gpytorch_hippo`` follows the device of its inputs and modules.
+"""``gpytorch_hippo`` follows the device and dtype of its inputs and modules.
 
-Every test builds the same seeded problem twice -- on the CPU (the reference) and on ``device``
-(the ``device`` fixture of ``tests/conftest.py``: ``cpu``, and ``cuda`` where a GPU is available) --
-and checks that the results live on ``device`` and equal the CPU's.  Everything is float64, as in
-the CPU tests of these components.  Tolerances: the HiPPO recurrences and covariances are sums of a
-few hundred float64 products, whose order differs between CPU and CUDA kernels (round-off
-``~1e-14`` relative, checked at ``1e-10``); the GP posteriors go through Cholesky factors of ``Kuu``
-whose condition number is at most ``M / jitter ~ 1e7`` with the relative jitter, which can amplify
-that round-off to ``~1e-9`` (checked at ``1e-7`` relative).  On a CPU-only machine the ``cuda``
-cases skip; the ``cpu`` cases still check the device plumbing and determinism, and the cache tests
-check the dtype half of "a cache built for one device/dtype is not reused for another".
+Every test builds the same seeded problem twice -- in float64 on the CPU (the reference) and on
+``device`` in ``device_dtype`` (fixtures of ``tests/conftest.py``: float64 on CUDA where a GPU is
+available, float32 on the CPU) -- and checks that the results live on ``device``, have its dtype, and
+equal the reference.  Tolerances on CUDA: the HiPPO recurrences and covariances are sums of a few
+hundred float64 products, whose order differs between CPU and CUDA kernels (round-off ``~1e-14``
+relative, checked at ``1e-10``); the GP posteriors go through Cholesky factors of ``Kuu`` whose
+condition number is at most ``M / jitter ~ 1e7`` with the relative jitter, which can amplify that
+round-off to ``~1e-9`` (checked at ``1e-7`` relative).  In float32 on the CPU: the memories and
+covariances agree to a few float32 round-offs (``~5e-7``, checked at ``2e-5`` relative, ``2e-6``
+absolute); the online models keep their summary in float64, so their float32 outputs differ from
+the float64 ones by the float32 inputs and kernel matrices (``4e-5`` relative for the random-feature
+recurrence, checked at ``2e-4``).  Point and Fourier inducing variables get one jitter in both
+dtypes.  The cache tests check that a cache built for one device/dtype is not reused for another.
 """
 
 import copy
@@ -35,6 +38,9 @@ DT = torch.float64
 CPU = torch.device("cpu")
 EXACT = dict(rtol=1e-10, atol=1e-12)
 POSTERIOR = dict(rtol=1e-7, atol=1e-9)
+FLOAT32 = dict(rtol=2e-5, atol=2e-6)
+FLOAT32_POSTERIOR = dict(rtol=2e-4, atol=1e-5)
+JITTER = 1e-4  # point and Fourier inducing variables: one jitter in both dtypes (GPyTorch's: 1e-4 in float32, 1e-6 in float64)
 
 
 def make_kernel(where, nu=None, dims=1, dtype=DT):
@@ -47,8 +53,8 @@ def make_kernel(where, nu=None, dims=1, dtype=DT):
     return kernel.to(where)
 
 
-def make_likelihood(where):
-    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+def make_likelihood(where, dtype=DT):
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(dtype)
     likelihood.noise = 0.05
     return likelihood.to(where)
 
@@ -60,17 +66,19 @@ def stream(n=60, seed=0):
 
 
 @pytest.mark.parametrize("measure", ["legs", "legt", "lagt", "fout"])
-def test_hippo_scan_step_and_final_state_on_device(device, assert_matches_cpu, measure):
-    def run(where):
+def test_hippo_scan_step_and_final_state_on_device(device, device_dtype, assert_matches_cpu, measure):
+    def run(where, dtype):
         memory = HiPPO(measure, 9, theta=0.8).to(where)
-        times = torch.linspace(0.05, 2.0, 50, dtype=DT, device=where)
+        times = torch.linspace(0.05, 2.0, 50, dtype=dtype, device=where)
         signal = torch.stack([torch.sin(3 * times), times**2, torch.cos(times)])
         state = memory.initial_state(signal[:, 0], float(times[0]))
         for k in range(1, times.shape[0]):
             state = memory.step(state, signal[:, k], float(times[k - 1]), float(times[k]), f_prev=signal[:, k - 1])
-        return memory.scan(signal, times), memory.final_state(signal, times), state, memory.kernel(times)
+        kernel = memory.kernel(times)
+        assert kernel.dtype == DT  # float64 by design, whatever the signal's dtype
+        return memory.scan(signal, times), memory.final_state(signal, times), state, kernel.to(dtype)
 
-    assert_matches_cpu(run(device), run(CPU), **EXACT)
+    assert_matches_cpu(run(device, device_dtype), run(CPU, DT), **EXACT, float32=FLOAT32)
 
 
 def test_hippo_grid_cache_is_rebuilt_for_another_device_and_dtype(device):
@@ -94,63 +102,63 @@ def _hippo(method, **options):
     return lambda: HiPPOInducingVariables(8, "legs", t=1.5, method=method, **options)
 
 
-def _moved_hippo(ivars, where):
+def _moved_hippo(ivars, where, dtype):
     old = copy.deepcopy(ivars)
     ivars.advance(2.5)
     return old
 
 
-def _moved_points(ivars, where):
-    return InducingPoints(ivars.points.detach() + 0.1)
+def _moved_points(ivars, where, dtype):
+    return InducingPoints(ivars.points.detach() + 0.1, jitter=JITTER)
 
 
-def _points_for_fourier(ivars, where):
-    return InducingPoints(torch.linspace(0.2, 2.8, 5, dtype=DT)[:, None]).to(where)
+def _points_for_fourier(ivars, where, dtype):
+    return InducingPoints(torch.linspace(0.2, 2.8, 5, dtype=dtype)[:, None], jitter=JITTER).to(where)
 
 
 BACKENDS = {
     # name: (make the variables, kernel nu, how to get a second set for Kuu_cross)
-    "points": (lambda: InducingPoints(torch.linspace(0, 3, 7, dtype=DT)[:, None]), None, _moved_points),
+    "points": (lambda: InducingPoints(torch.linspace(0, 3, 7, dtype=DT)[:, None], jitter=JITTER), None, _moved_points),
     "hippo-quadrature": (_hippo("quadrature"), None, _moved_hippo),
     "hippo-spectral": (_hippo("spectral"), None, _moved_hippo),
     "hippo-banded": (_hippo("spectral"), 1.5, _moved_hippo),  # Matérn: the banded backend
     "hippo-recurrence": (_hippo("recurrence", num_rff=200, dt=0.01), None, _moved_hippo),
-    "fourier": (lambda: FourierInducingVariables(3, 0.0, 3.0), 1.5, _points_for_fourier),
+    "fourier": (lambda: FourierInducingVariables(3, 0.0, 3.0, jitter=JITTER), 1.5, _points_for_fourier),
 }
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_inducing_variable_covariances_on_device(device, assert_matches_cpu, backend):
+def test_inducing_variable_covariances_on_device(device, device_dtype, assert_matches_cpu, backend):
     make, nu, second_set = BACKENDS[backend]
 
-    def run(where):
-        kernel = make_kernel(where, nu)
-        ivars = make().to(DT).to(where)
-        x = torch.linspace(0.1, 2.9, 23, dtype=DT, device=where)[:, None]
+    def run(where, dtype):
+        kernel = make_kernel(where, nu, dtype=dtype)
+        ivars = make().to(dtype).to(where)
+        x = torch.linspace(0.1, 2.9, 23, dtype=dtype, device=where)[:, None]
         before = ivars.Kuu(kernel).to_dense(), ivars.Kuf(kernel, x)
-        other = second_set(ivars, where)
+        other = second_set(ivars, where, dtype)
         return before, ivars.Kuu(kernel).to_dense(), ivars.Kuf(kernel, x), ivars.Kuu_cross(other, kernel)
 
     if backend == "hippo-banded":
-        assert type(make()._backend_for(make_kernel(CPU, nu))).__name__ == "BandedBackend"
-    assert_matches_cpu(run(device), run(CPU), **EXACT)
+        assert type(make().backend_for(make_kernel(CPU, nu))).__name__ == "BandedBackend"
+    assert_matches_cpu(run(device, device_dtype), run(CPU, DT), **EXACT, float32=FLOAT32)
 
 
-def test_path_inducing_variables_on_device(device, assert_matches_cpu):
+def test_path_inducing_variables_on_device(device, device_dtype, assert_matches_cpu):
     """Multidimensional inputs (thesis §4.4): the random-feature path memory, folded across two tasks."""
 
-    def run(where):
-        kernel = make_kernel(where, dims=2)
+    def run(where, dtype):
+        kernel = make_kernel(where, dims=2, dtype=dtype)
         generator = torch.Generator().manual_seed(2)
-        first, second = (torch.rand(15, 2, generator=generator, dtype=DT).to(where) for _ in range(2))
+        first, second = (torch.rand(15, 2, generator=generator, dtype=DT).to(where, dtype) for _ in range(2))
         ivars = HiPPOInducingVariables(6, "legs", input_dim=2, num_rff=150).to(where)
         ivars.append_path(first)
         old = copy.deepcopy(ivars)
         ivars.append_path(second, kernel=kernel)
-        x = torch.rand(9, 2, generator=generator, dtype=DT).to(where)
+        x = torch.rand(9, 2, generator=generator, dtype=DT).to(where, dtype)
         return ivars.Kuu(kernel).to_dense(), ivars.Kuf(kernel, x), ivars.Kuu_cross(old, kernel)
 
-    assert_matches_cpu(run(device), run(CPU), **EXACT)
+    assert_matches_cpu(run(device, device_dtype), run(CPU, DT), **EXACT, float32=FLOAT32)
 
 
 @pytest.mark.parametrize("method", ["quadrature", "spectral", "recurrence", "lyapunov"])
@@ -175,69 +183,75 @@ def test_inducing_variable_caches_are_not_reused_across_devices_and_dtypes(devic
 
 def _online_variables(method):
     if method == "points":
-        return InducingPoints(torch.linspace(0, 3, 10, dtype=DT)[:, None])
+        return InducingPoints(torch.linspace(0, 3, 10, dtype=DT)[:, None], jitter=JITTER)
     options = dict(num_rff=300, dt=0.01) if method == "recurrence" else {}
     return HiPPOInducingVariables(10, "legs", t=1.5, method=method, **options)
 
 
 @pytest.mark.parametrize("method", ["points", "quadrature", "recurrence", "lyapunov"])
-def test_online_sgpr_updates_predictions_and_samples_on_device(device, assert_matches_cpu, method):
+def test_online_sgpr_updates_predictions_and_samples_on_device(device, device_dtype, assert_matches_cpu, method):
     """OHSGPR/OSGPR over two tasks: bounds, predictive moments, metrics, and reconstructions drawn
     with a seeded CPU generator (the draws are made where the generator lives, then moved)."""
 
-    def run(where):
-        x, y = (v.to(where) for v in stream())
-        model = OnlineSGPR(_online_variables(method).to(where), make_kernel(where), make_likelihood(where), captured_variance_warning=None)
+    def run(where, dtype):
+        x, y = (v.to(where, dtype) for v in stream())
+        model = OnlineSGPR(
+            _online_variables(method).to(dtype).to(where),
+            make_kernel(where, dtype=dtype),
+            make_likelihood(where, dtype),
+            captured_variance_warning=None,
+        )
         first = x < 1.5
         bounds = [model.update(x[first], y[first])]
         if method != "points":
             model.inducing_variables.advance(3.0)
         bounds.append(model.update(x[~first], y[~first]))
         model.eval()
-        grid = torch.linspace(0.0, 3.0, 31, dtype=DT, device=where)
+        grid = torch.linspace(0.0, 3.0, 31, dtype=dtype, device=where)
         with torch.no_grad():
             prediction = model.likelihood(model(grid))
         mean, variance = prediction.mean, prediction.variance
         truth = torch.sin(2 * grid)
-        samples = mean + variance.sqrt() * torch.randn(200, 31, generator=torch.Generator().manual_seed(3), dtype=DT).to(where)
+        samples = mean + variance.sqrt() * torch.randn(200, 31, generator=torch.Generator().manual_seed(3), dtype=DT).to(where, dtype)
         metrics = rmse(mean, truth), gaussian_nlpd(mean, variance, truth), interval_ece(samples, truth)
         result = [bounds, mean, variance, metrics]
         if method != "points":
-            result.append(sample_reconstruction(model, grid[1:], 3, generator=torch.Generator().manual_seed(4)))
+            # float64 whatever the model's dtype: the draws come from the stored float64 summary
+            result.append(sample_reconstruction(model, grid[1:], 3, generator=torch.Generator().manual_seed(4)).to(dtype))
         return result
 
-    assert_matches_cpu(run(device), run(CPU), **POSTERIOR)
+    assert_matches_cpu(run(device, device_dtype), run(CPU, DT), **POSTERIOR, float32=FLOAT32_POSTERIOR)
 
 
 @pytest.mark.parametrize("rbf", [True, False], ids=["batched-lyapunov-engine", "per-stream-backends"])
-def test_batched_streams_update_and_predict_on_device(device, assert_matches_cpu, rbf):
+def test_batched_streams_update_and_predict_on_device(device, device_dtype, assert_matches_cpu, rbf):
     """Three LegS streams with their own clocks and kernels as one batched model (RBF: the batched Lyapunov
     engine forms every stream's covariances where the kernel lives; Matérn: each stream's own backend)."""
     streams = torch.Size([3])
 
-    def run(where):
+    def run(where, dtype):
         base = gpytorch.kernels.RBFKernel(batch_shape=streams) if rbf else gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=streams)
-        kernel = gpytorch.kernels.ScaleKernel(base, batch_shape=streams).to(device=where, dtype=DT)
-        kernel.base_kernel.lengthscale = torch.tensor([0.4, 0.7, 1.1], dtype=DT, device=where).view(3, 1, 1)
-        likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=streams).to(device=where, dtype=DT)
-        starts = torch.tensor([1.0, 1.5, 2.0], dtype=DT)
-        variables = HiPPOInducingVariables(10, "legs", t=starts, method="lyapunov", batch_shape=streams).to(where)
+        kernel = gpytorch.kernels.ScaleKernel(base, batch_shape=streams).to(device=where, dtype=dtype)
+        kernel.base_kernel.lengthscale = torch.tensor([0.4, 0.7, 1.1], dtype=dtype, device=where).view(3, 1, 1)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=streams).to(device=where, dtype=dtype)
+        starts = torch.tensor([1.0, 1.5, 2.0], dtype=dtype)
+        variables = HiPPOInducingVariables(10, "legs", t=starts, method="lyapunov", batch_shape=streams).to(dtype).to(where)
         model = OnlineSGPR(variables, kernel, likelihood, captured_variance_warning=None)
         generator = torch.Generator().manual_seed(5)
         bounds = []
         for k in range(3):
             if k > 0:
                 model.inducing_variables.advance(starts + k)
-            x = (starts + k - 1)[:, None] + torch.rand(3, 12, generator=generator, dtype=DT)
-            y = torch.sin(2 * x) + 0.1 * torch.randn(3, 12, generator=generator, dtype=DT)
+            x = (starts + k - 1)[:, None] + torch.rand(3, 12, generator=generator, dtype=DT).to(dtype)
+            y = torch.sin(2 * x) + 0.1 * torch.randn(3, 12, generator=generator, dtype=DT).to(dtype)
             bounds.append(model.update(x.to(where).unsqueeze(-1), y.to(where)))
         model.eval()
-        grid = torch.linspace(0.5, 4.0, 9, dtype=DT).expand(3, -1).unsqueeze(-1).to(where)
+        grid = torch.linspace(0.5, 4.0, 9, dtype=dtype).expand(3, -1).unsqueeze(-1).to(where)
         with torch.no_grad():
             prediction = model(grid)
         return bounds, prediction.mean, prediction.variance
 
-    assert_matches_cpu(run(device), run(CPU), **POSTERIOR)
+    assert_matches_cpu(run(device, device_dtype), run(CPU, DT), **POSTERIOR, float32=FLOAT32_POSTERIOR)
 
 
 class OHSVGP(gpytorch.models.ApproximateGP):
@@ -251,14 +265,14 @@ class OHSVGP(gpytorch.models.ApproximateGP):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
-def test_interdomain_strategy_with_online_elbo_on_device(device, assert_matches_cpu):
+def test_interdomain_strategy_with_online_elbo_on_device(device, device_dtype, assert_matches_cpu):
     """OHSVGP trained by natural gradients on the online ELBO over two tasks (``end_task``, ``advance``)."""
 
-    def run(where):
-        x, y = (v.to(where) for v in stream())
+    def run(where, dtype):
+        x, y = (v.to(where, dtype) for v in stream())
         torch.manual_seed(0)  # q(u)'s initial noise, drawn on the CPU before the move
-        model = OHSVGP(HiPPOInducingVariables(10, "legs", t=1.5)).to(DT).to(where).train()
-        elbo = OnlineELBO(make_likelihood(where), model, num_data=int((x < 1.5).sum()))
+        model = OHSVGP(HiPPOInducingVariables(10, "legs", t=1.5)).to(dtype).to(where).train()
+        elbo = OnlineELBO(make_likelihood(where, dtype), model, num_data=int((x < 1.5).sum()))
         values = []
         for index, mask in enumerate([x < 1.5, x >= 1.5]):
             if index == 1:
@@ -273,10 +287,10 @@ def test_interdomain_strategy_with_online_elbo_on_device(device, assert_matches_
                 values.append(loss.detach())
         model.eval()
         with torch.no_grad():
-            posterior = model(torch.linspace(0, 3, 21, dtype=DT, device=where))
+            posterior = model(torch.linspace(0, 3, 21, dtype=dtype, device=where))
         return values, posterior.mean, posterior.variance
 
-    assert_matches_cpu(run(device), run(CPU), **POSTERIOR)
+    assert_matches_cpu(run(device, device_dtype), run(CPU, DT), **POSTERIOR, float32=FLOAT32_POSTERIOR)
 
 
 def test_strategy_eval_cache_is_rebuilt_for_another_dtype_and_device(device):
@@ -305,16 +319,16 @@ def test_strategy_eval_cache_is_rebuilt_for_another_dtype_and_device(device):
     assert again.mean.device.type == device.type
 
 
-def test_order_inputs_on_device(device, assert_matches_cpu):
+def test_order_inputs_on_device(device, device_dtype, assert_matches_cpu):
     """The random order from a seeded CPU generator and the greedy kernel orders, for inputs on ``device``."""
 
-    def run(where):
-        x = torch.rand(30, 2, generator=torch.Generator().manual_seed(5), dtype=DT).to(where)
-        kernel = make_kernel(where, dims=2)
+    def run(where, dtype):
+        x = torch.rand(30, 2, generator=torch.Generator().manual_seed(5), dtype=DT).to(where, dtype)
+        kernel = make_kernel(where, dims=2, dtype=dtype)
         return (
             order_inputs(x, "random", generator=torch.Generator().manual_seed(6)),
             order_inputs(x, "kernel_max", kernel=kernel),
             order_inputs(x, "kernel_min", kernel=kernel),
         )
 
-    assert_matches_cpu(run(device), run(CPU), rtol=0, atol=0)
+    assert_matches_cpu(run(device, device_dtype), run(CPU, DT), rtol=0, atol=0)

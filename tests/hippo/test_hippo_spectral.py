@@ -63,7 +63,7 @@ def test_gauss_legendre_matches_numpy():
 def test_spectral_equals_quadrature_for_every_measure(measure, t, theta):
     kernel = scaled_rbf(lengthscale=1.0 if measure == "lagt" else 0.5)  # LagT needs t >= 80 theta: fewer quadrature panels
     spectral, quadrature = pair(measure, t, theta)
-    assert spectral._backend_for(kernel).name == "spectral"
+    assert spectral.backend_for(kernel).name == "spectral"
     assert rel(spectral.Kuu(kernel).to_dense(), quadrature.Kuu(kernel).to_dense()) < 1e-12
     x = torch.linspace(-2.0, t + 3.0, 41, dtype=DT)  # inside and outside the support (wider frequency band)
     assert rel(spectral.Kuf(kernel, x), quadrature.Kuf(kernel, x)) < 1e-12
@@ -101,19 +101,19 @@ def test_backend_choice_and_fallbacks():
     rbf = scaled_rbf()
     matern = gpytorch.kernels.MaternKernel(nu=1.5).to(DT)
     auto = HiPPOInducingVariables(8, "legs", t=4.0)
-    assert auto._backend_for(rbf).name == "spectral"
-    assert auto._backend_for(matern).name == "banded"
-    assert HiPPOInducingVariables(8, "legs", t=4.0, method="spectral")._backend_for(matern).name == "banded"
-    assert auto._backend_for(gpytorch.kernels.PeriodicKernel().to(DT)).name == "quadrature"
+    assert auto.backend_for(rbf).name == "spectral"
+    assert auto.backend_for(matern).name == "banded"
+    assert HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").backend_for(matern).name == "banded"
+    assert auto.backend_for(gpytorch.kernels.PeriodicKernel().to(DT)).name == "quadrature"
     batched = gpytorch.kernels.RBFKernel(batch_shape=torch.Size([3])).to(DT)  # e.g. inside LMC: exact quadrature
-    assert auto._backend_for(batched).name == "quadrature"
+    assert auto.backend_for(batched).name == "quadrature"
     with pytest.raises(ValueError, match="batched"):
         HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(batched)
     with pytest.raises(TypeError, match="spectral density"):
         HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(gpytorch.kernels.PeriodicKernel().to(DT))
     # LegT window clipped by the stream start: no closed form, exact quadrature instead
     clipped, quadrature = pair("legt", 2.0, theta=3.0)
-    assert clipped._backend_for(rbf).name == "quadrature"
+    assert clipped.backend_for(rbf).name == "quadrature"
     torch.testing.assert_close(clipped.Kuu(rbf).to_dense(), quadrature.Kuu(rbf).to_dense())
     # the online update crosses a clipped (quadrature) and an unclipped (spectral) window
     unclipped_s, unclipped_q = pair("legt", 2.0, theta=3.0)

@@ -24,7 +24,7 @@ def exact_cross(M, t_a, t_b, start, ell, scale):
     a, kernel = exact(M, t_a, start, ell, scale)
     b, _ = exact(M, t_b, start, ell, scale)
     with torch.no_grad():
-        return a._backend_for(kernel).cross(a, b, kernel).double()
+        return a.backend_for(kernel).cross(a, b, kernel).double()
 
 
 def relative(a, b):

@@ -114,13 +114,24 @@ def test_calendar_times_need_a_time_axis_and_advance_names_it(weather):
 
 
 def test_numpy_and_pandas_numbers_take_the_model_dtype():
-    model = OnlineSGPR(
-        HiPPOInducingVariables(10, "legs", t=1.0), gpytorch.kernels.RBFKernel(), gpytorch.likelihoods.GaussianLikelihood()
-    )  # float32
+    """A float32 model fed float64 pandas/NumPy numbers equals the same model fed float32 tensors."""
+
+    def float32_model():
+        return OnlineSGPR(
+            HiPPOInducingVariables(10, "legs", t=1.0), gpytorch.kernels.RBFKernel(), gpytorch.likelihoods.GaussianLikelihood()
+        )
+
     x = np.linspace(0.0, 1.0, 20)
-    model.update(pd.Series(x), np.sin(6 * x))
-    model.eval()
-    assert model(x).mean.dtype == torch.float32
+    model, reference = float32_model(), float32_model()
+    bound = model.update(pd.Series(x), np.sin(6 * x))
+    x32 = torch.tensor(x, dtype=torch.float32)
+    torch.testing.assert_close(bound, reference.update(x32, torch.sin(6 * x32.double()).float()))
+    model.eval(), reference.eval()
+    with torch.no_grad():
+        got, want = model(x[::3]), reference(x32[::3])
+    assert got.mean.dtype == torch.float32
+    torch.testing.assert_close(got.mean, want.mean)
+    torch.testing.assert_close(got.variance, want.variance)
 
 
 def test_the_origin_travels_with_the_state_dict(weather):

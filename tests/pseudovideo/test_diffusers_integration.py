@@ -229,11 +229,43 @@ def test_runner_saves_ema_models_that_reload(tmp_path, capsys):
 
 @pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images
 @pytest.mark.parametrize("runner", ["hvae", "tokens"])
-def test_hvae_and_tokens_runners_take_ema(tmp_path, runner):
+def test_hvae_and_tokens_runners_evaluate_the_ema_of_the_trained_weights(tmp_path, monkeypatch, runner):
+    r"""The weights a runner evaluates with ``--ema-decay 0.5`` are the moving average, computed by hand, of the
+    weights after each optimiser step: :math:`\bar w_k = d_k \bar w_{k-1} + (1 - d_k) w_k`, with diffusers'
+    warm-up :math:`d_1 = 0`, :math:`d_k = \min(0.5, k / (9 + k))`."""
     import importlib
 
-    main = importlib.import_module(f"pseudovideo.experiments.{runner}").main
-    options = ["--frames", "1", "--model", "tokenizer"] if runner == "tokens" else []
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    module = importlib.import_module(f"pseudovideo.experiments.{runner}")
+    steps, evaluated = {}, []  # the weights after each step, by the first parameter's id; those evaluated
+
+    def weights(parameters):
+        return [p.detach().clone() for p in parameters]
+
+    def after_step(optimizer, args, kwargs):
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        steps.setdefault(id(parameters[0]), []).append(weights(parameters))
+
+    if runner == "hvae":
+        sample = module.HeatHVAE.sample
+
+        def spy(model, *args, **kwargs):
+            evaluated.append((id(next(model.parameters())), weights(model.parameters())))
+            return sample(model, *args, **kwargs)
+
+        monkeypatch.setattr(module.HeatHVAE, "sample", spy)
+        options = []
+    else:
+        optimise = module.optimise
+
+        def spy(model, *args, **kwargs):
+            result = optimise(model, *args, **kwargs)
+            evaluated.append((id(next(model.parameters())), weights(model.parameters())))
+            return result
+
+        monkeypatch.setattr(module, "optimise", spy)
+        options = ["--frames", "1", "--model", "tokenizer"]
     common = [
         "--dataset",
         "digits",
@@ -245,11 +277,23 @@ def test_hvae_and_tokens_runners_take_ema(tmp_path, runner):
         "--quiet",
         "--classifier-cache",
         str(tmp_path / "cache"),
-        *options,
     ]
-    plain = main(common + ["--out", str(tmp_path / "plain")])
-    averaged = main(common + ["--out", str(tmp_path / "ema"), "--ema-decay", "0.5"])
-    assert plain[0]["is"] != averaged[0]["is"]  # the evaluated weights are the average, not the last ones
+    handle = register_optimizer_step_post_hook(after_step)
+    try:
+        module.main(common + options + ["--out", str(tmp_path / "ema"), "--ema-decay", "0.5"])
+    finally:
+        handle.remove()
+    assert evaluated
+    for key, got in evaluated:
+        trajectory = steps[key]
+        assert len(trajectory) >= 2
+        average = trajectory[0]
+        for k, step in enumerate(trajectory[1:], start=2):
+            decay = min(0.5, k / (9 + k))
+            average = [decay * a + (1 - decay) * w for a, w in zip(average, step)]
+        for value, want in zip(got, average, strict=True):
+            torch.testing.assert_close(value, want)
+        assert any(not torch.allclose(a, w) for a, w in zip(average, trajectory[-1]))  # the average is not the last weights
 
 
 def exact_gaussian_denoiser(model, monkeypatch, std=0.75):

@@ -1,6 +1,8 @@
 """Bad input to the public entry points of pseudovideo: a ValueError/TypeError naming the argument,
 never a NaN result or an unrelated error from deep inside torch; or a correct finite result."""
 
+import math
+
 import pytest
 import torch
 
@@ -25,7 +27,7 @@ def _with(value, images=IMAGES):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("value", [NAN, INF, -INF])
 def test_non_finite_images(method, value):
-    with pytest.raises(ValueError, match="images contains NaN"):
+    with pytest.raises(ValueError, match=f"images contains {'NaN' if math.isnan(value) else 'infinite'} values"):
         make_pseudo_video(_with(value), 4, method)
 
 
@@ -170,6 +172,15 @@ def test_diffusion_sampling_arguments():
         model.sample(1, 0)
     with pytest.raises(ValueError, match="num_samples"):
         model.sample(0, 2)
+
+
+def test_diffusion_inputs_in_another_dtype_name_the_conversion():
+    model = _diffusion()
+    fix = r"but the module's parameters are torch.float32: convert one of them \(e.g. module.to\(torch.float64\)\)"
+    with pytest.raises(TypeError, match=f"^videos has dtype torch.float64 {fix}"):
+        model.training_loss(VIDEOS.double())
+    with pytest.raises(TypeError, match=f"^context_frames has dtype torch.float64 {fix}"):
+        model.sample_next_frame(VIDEOS[:, :1].double(), 2)
 
 
 BINARY = (torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(3)) > 0.5).float()

@@ -133,6 +133,14 @@ def test_a_loss_function_or_label_smoothing_is_refused_not_ignored(tmp_path):
     SGPATrainer(model, arguments(), train_dataset=worker.Rows(), elbo=elbo)  # the plain path
 
 
+def test_a_hyperparameter_search_is_refused(tmp_path):
+    """Each trial of ``hyperparameter_search`` builds a new model, which the ELBO (built for one model, its β and
+    checkpoints with it) does not follow: refused, naming what to do instead."""
+    run = worker.trainer(worker.model(), tmp_path, batch_size=8, steps=1, lr=LR, beta=0.1, anneal_steps=0)
+    with pytest.raises(NotImplementedError, match="one SGPATrainer per setting"):
+        run.hyperparameter_search(n_trials=2)
+
+
 def test_evaluate_before_train_with_samples_does_not_choose_beta(tmp_path):
     """Also with sampled evaluation; and the evaluation leaves the training's random state as it was (its data
     loader draws a seed from it): the run then takes the steps of one without the evaluation."""
