@@ -1,21 +1,33 @@
 # Two entry points for a newcomer: `make demo` and `make test`.
-# Both create .venv (once) and install probseq with all its extras (the demo needs `data` and `plots`,
-# the test suite every extra) at the tested pins in constraints.txt.
+# Both create .venv (once) and install probseq at the tested pins in constraints.txt: the demo with the
+# extras it needs (`data` and `plots`), the test suite with every extra. Each install has its own stamp,
+# so a demo install does not stand in for the full one; the full install also stamps the demo's.
 PYTHON ?= python3
+comma := ,
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test setup clean data
 
 setup: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml constraints.txt
+# $(call install,EXTRAS): the venv, the pinned CPU torch, then probseq editable with EXTRAS
+define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[all]"
-	touch $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(1)]"
+endef
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	$(call install,all)
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): setup.cfg pyproject.toml constraints.txt
+	$(call install,data$(comma)plots)
+	touch $(DEMO_STAMP)
 
 # The movie-review sentences of the vaderSentiment source archive (PyPI), which the Hugging Face tutorial
 # (executed by the test suite) and the sentence experiments read.
@@ -24,7 +36,7 @@ VADER_ARCHIVE := $(HOME)/.cache/probseq/vaderSentiment-3.3.2.tar.gz
 $(VADER_ARCHIVE): | $(STAMP)
 	$(PY) -m pip download -q --no-binary :all: --no-deps vaderSentiment==3.3.2 -d $(dir $@)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	MPLBACKEND=Agg $(PY) -m gpytorch_hippo --out out/demo
 
 # One worker process per core, at most 4 (pytest-xdist); a test file's tests share a worker, so its module

@@ -115,7 +115,7 @@ def main():
                 else:
                     wide = make("spectral", M, t, args)
                     wide.advance(t)
-                    reference = (wide.Kuu(kernel).to_dense(), _wide_kuf(wide._backends["spectral"], wide, kernel, x_new))
+                    reference = (wide.Kuu(kernel).to_dense(), _wide_kuf(wide.backends["spectral"], wide, kernel, x_new))
                     mark = "*"
 
                 def error(name):

@@ -67,7 +67,7 @@ def plot(memories, rows, times, values, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), layout="constrained")
     legs = memories["legs"]
     T = times[-1].item()
     for t, style in ((T / 2, "--"), (T, "-")):
@@ -95,7 +95,6 @@ def plot(memories, rows, times, values, path):
             ylim=(values.min().item() - 1, values.max().item() + 1),
         )
         ax.legend(fontsize=7, ncol=5)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -117,12 +116,13 @@ FULL_COMPARISON = (
 )
 
 
-def run_online(seeds, methods=METHODS, num_inducing=NUM_INDUCING, num_tasks=NUM_TASKS):
+def run_online(seeds, methods=METHODS, num_inducing=NUM_INDUCING, num_tasks=NUM_TASKS, progress=False):
     """The online runner's rows (:data:`~gpytorch_hippo.experiments.online.COLUMNS`) and the first
-    seed's final models, with the runner's defaults (task-1 grid-start fit, 100 OSGPR steps per task)."""
+    seed's final models, with the runner's defaults (task-1 grid-start fit, 100 OSGPR steps per task);
+    ``progress``: the runner's progress bars (on stderr)."""
     from .experiments import online
 
-    return online.run(DATASET, methods, num_inducing, list(seeds), progress=False, num_tasks=num_tasks)
+    return online.run(DATASET, methods, num_inducing, list(seeds), progress=progress, num_tasks=num_tasks)
 
 
 def task1_curves(rows, method, metric):
@@ -178,7 +178,7 @@ def plot_forgetting(rows, finals, path):
     import matplotlib.pyplot as plt
 
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig = plt.figure(figsize=(11, 6.5))
+    fig = plt.figure(figsize=(11, 7), layout="constrained")
     grid = fig.add_gridspec(2, 2, height_ratios=(1, 1.1))
     for col, metric in enumerate(("nlpd", "rmse")):
         ax = fig.add_subplot(grid[0, col])
@@ -191,15 +191,16 @@ def plot_forgetting(rows, finals, path):
                 for curve in curves:
                     ax.plot(tasks, curve, color=f"C{i}", lw=0.6, alpha=0.35, ls=style.get("ls", "-"))
         ax.set(xlabel="number of learned tasks", ylabel=f"test {metric.upper()} on task 1", xticks=tasks)
-        seeds = f" (thick: mean of {len(curves)} seeds; thin: each seed)" if len(curves) > 1 else ""
-        ax.set_title(f"({'ab'[col]}) task 1 {metric.upper()} as the stream goes on{seeds}", fontsize=10)
+        ax.set_title(f"({'ab'[col]}) task-1 {metric.upper()}", fontsize=10)
     fig.axes[0].legend(fontsize=8)
+    seeds = f" (thick: mean of {len(curves)} seeds; thin: each seed)" if len(curves) > 1 else ""
+    fig.suptitle(f"Task 1's test error as the stream goes on{seeds}", fontsize=11)
     ax = fig.add_subplot(grid[1, :])
     model, data = next(iter(finals.values()))
     x = data.x[:, 0]
     span = (float(x.max()) - float(x.min())) / NUM_TASKS if len(finals) else 0
     ax.axvspan(float(x.min()), float(x.min()) + span, color="0.92", label="task 1")
-    ax.plot(x, data.y, ".", color="0.5", ms=2)
+    ax.plot(x, data.y, ".", color="0.5", ms=2, label="data")
     for i, method in enumerate(methods):
         if method not in ("ohsgpr", "osgpr", "ovc"):
             continue
@@ -215,12 +216,12 @@ def plot_forgetting(rows, finals, path):
             ax.fill_between(x, mean - 2 * sd, mean + 2 * sd, color=f"C{i}", alpha=0.15)
         points = getattr(model.posterior_inducing_variables, "points", None)
         if points is not None:
-            ax.plot(points[:, 0], torch.full_like(points[:, 0], float(data.y.min()) - 0.4 - 0.3 * i), "|", color=f"C{i}", ms=7)
+            y_points = torch.full_like(points[:, 0], float(data.y.min()) - 0.4 - 0.3 * i)
+            ax.plot(points[:, 0], y_points, "|", color=f"C{i}", ms=7, label=f"{NAMES[method]} inducing points")
     seed = rows[0]["seed"]
     ax.set(xlabel="day", ylabel="standardised GHI")
-    ax.set_title(f"(c) after the last task, seed {seed}: predictive mean (± 2 sd for OHSGPR, OSGPR); | inducing points", fontsize=10)
-    ax.legend(fontsize=8, ncol=4, loc="upper right")
-    fig.tight_layout()
+    ax.set_title(f"(c) after the last task, seed {seed}: predictive mean (± 2 sd for OHSGPR, OSGPR)", fontsize=10)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, ncol=4, loc="outside lower center")  # (c)'s, off the data
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -240,6 +241,7 @@ def main(argv=None):
         help="torch threads (default 1: the demo's many small operations gain nothing from more, and more slow it down on a busy machine)",
     )
     parser.add_argument("--no-online", action="store_true", help="skip part 2 (online sparse GPs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars in part 2")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
@@ -249,13 +251,14 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
 
+    print(f"1. streaming the series through {len(MEASURES)} HiPPO memories ({', '.join(MEASURES)}) ...", flush=True)
     times, ghi = load_solar_ghi("daily")
     values = (ghi - ghi.mean()) / ghi.std()
     memories = build_memories(args.M, args.window)
     rows = reconstruction_errors(memories, times, values, args.window)
 
     print(
-        f"1. Daily solar irradiance (pvlib TMY3, Greensboro NC), T = {times.shape[0]} days, standardised; "
+        f"   Daily solar irradiance (pvlib TMY3, Greensboro NC), T = {times.shape[0]} days, standardised; "
         f"M = {args.M}, window = {args.window:g} days, bilinear"
     )
     print("reconstruction RMSE (outside a measure's support the memory predicts the mean, 0)")
@@ -270,12 +273,17 @@ def main(argv=None):
         from .experiments import online
 
         seeds = [0] if args.quick else list(range(args.seeds))
-        rows, finals = run_online(seeds)
+        print(
+            f"\n2. training {len(METHODS)} online sparse GPs ({', '.join(NAMES[m] for m in METHODS)}) on {NUM_TASKS} tasks "
+            f"with {len(seeds)} seed(s): {len(METHODS) * len(seeds)} runs ...",
+            flush=True,
+        )
+        rows, finals = run_online(seeds, progress=not args.quiet)
         lengthscale = float(finals["ohsgpr"][0].covar_module.base_kernel.lengthscale)
         span = float(finals["ohsgpr"][1].x.max() - finals["ohsgpr"][1].x.min())
         which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}, mean over seeds"
         print(
-            f"\n2. Online regression of the same series: {NUM_TASKS} tasks of ~{span / NUM_TASKS:.0f} days, each seen once, "
+            f"   Online regression of the same series: {NUM_TASKS} tasks of ~{span / NUM_TASKS:.0f} days, each seen once, "
             f"M = {NUM_INDUCING} inducing variables ({which})"
         )
         print(

@@ -683,10 +683,14 @@ class HiPPO(nn.Module):
         x, t = self._check_points(x, t)
         return _measure_density(self.measure, self.theta, x, t)
 
-    def _basis_at(self, x: Tensor, t: float, scale: Tensor | None = None) -> Tensor:
-        """:meth:`basis` without its input checks, for the package's quadrature rules (``x`` a float
-        tensor ``(N,)`` of nodes on the memory's device, ``t`` a float they have validated); ``scale``
-        ``(N,)``: the rows multiplied by it (folded into the Legendre recurrence: no second array)."""
+    def basis_at_nodes(self, x: Tensor, t: float, scale: Tensor | None = None) -> Tensor:
+        """:meth:`basis` without its input checks, for quadrature rules that have validated their nodes.
+
+        :param x: the nodes, a float tensor ``(N,)`` on the memory's device.
+        :param t: the time of the bases, a float.
+        :param scale: ``(N,)`` weights the rows are multiplied by (folded into the Legendre recurrence: no second
+            array), or ``None`` (the default).
+        """
         if self.measure == "legs":
             return normalized_legendre(2 * x / t - 1, self.M, scale)
         if self.measure == "legt":
@@ -694,8 +698,12 @@ class HiPPO(nn.Module):
         basis = _basis(self.measure, self.M, self.theta, x, torch.tensor(t, dtype=x.dtype, device=x.device))
         return basis if scale is None else basis * scale[:, None]
 
-    def _density_at(self, x: Tensor, t: float) -> Tensor:
-        """:meth:`measure_density` without its input checks (as :meth:`_basis_at`)."""
+    def density_at_nodes(self, x: Tensor, t: float) -> Tensor:
+        """:meth:`measure_density` without its input checks (as :meth:`basis_at_nodes`).
+
+        :param x: the nodes, a float tensor ``(N,)`` on the memory's device.
+        :param t: the time of the measure, a float.
+        """
         return _measure_density(self.measure, self.theta, x, torch.tensor(t, dtype=x.dtype, device=x.device))
 
     def reconstruct(self, c: Tensor, x, t) -> Tensor:

@@ -69,7 +69,7 @@ def frozen_copy(module: _ModuleT, share: bool = True) -> _ModuleT:
     for parameter in snapshot.parameters():
         parameter.requires_grad_(False)
     if isinstance(snapshot, InducingVariables):
-        snapshot._variational_owner = None
+        snapshot.variational_owner = None
     return snapshot
 
 
@@ -976,7 +976,7 @@ class OnlineELBO(ApproximateMarginalLogLikelihood):
         if not (isinstance(beta, (int, float)) and beta >= 0):
             raise ValueError(f"beta must be a non-negative float, got {beta!r}")
         super().__init__(likelihood, model, num_data, beta, combine_terms)
-        self._interdomain_strategy()._online_objective = True  # (also fails early on an unsupported model)
+        self._interdomain_strategy().online_objective = True  # (also fails early on an unsupported model)
         self.old_inducing_variables = None
         self.old_mean_module = None
         for name in _OLD_TASK_BUFFERS:

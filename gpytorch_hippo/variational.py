@@ -120,11 +120,11 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         # set by OnlineELBO.end_task, cleared by advance: an attached OnlineELBO must store the
         # finished task before the inducing variables move (see advance)
         self.register_buffer("online_task_ended", torch.tensor(False))
-        self._online_objective = False
+        self.online_objective = False  # whether an OnlineELBO uses this strategy (set by OnlineELBO)
         self.whitened = bool(whitened)
         self._explicit_kernel = kernel
         self._cache_fingerprint: list[Tensor] | None = None
-        inducing_variables._variational_owner = type(self).__name__
+        inducing_variables.variational_owner = type(self).__name__
 
     # ------------------------------------------------------------------ components
     @property
@@ -381,9 +381,9 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         carry = self._check_movable("replace_inducing_variables")
         with torch.no_grad():
             carried = self.inducing_marginal(inducing_variables) if carry else None
-        self.inducing_variables._variational_owner = None
+        self.inducing_variables.variational_owner = None
         self.inducing_variables = inducing_variables
-        inducing_variables._variational_owner = type(self).__name__
+        inducing_variables.variational_owner = type(self).__name__
         old = self._variational_distribution
         if old.shape()[-1] != inducing_variables.num_inducing:
             reference = next(itertools.chain(old.parameters(), old.buffers()), None)
@@ -399,7 +399,7 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
     def _check_movable(self, method: str) -> bool:
         """Whether ``q(u)`` holds something to carry; refuses to move past an unstored online task."""
         carry = bool(self.variational_params_initialized.item())  # (an unused q(u) holds nothing to carry)
-        if carry and self._online_objective and not self.online_task_ended.item():
+        if carry and self.online_objective and not self.online_task_ended.item():
             raise RuntimeError(
                 f"call OnlineELBO.end_task() before {method}: it stores q(u) of the finished task ({method} first would silently lose it)"
             )
@@ -417,14 +417,14 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         with torch.no_grad():
             if carry:
                 moved = copy.deepcopy(inducing_variables)
-                moved._variational_owner = None
+                moved.variational_owner = None
                 move(moved)
                 carried = self.inducing_marginal(moved)
-            inducing_variables._variational_owner = None
+            inducing_variables.variational_owner = None
             try:
                 move(inducing_variables)
             finally:
-                inducing_variables._variational_owner = type(self).__name__
+                inducing_variables.variational_owner = type(self).__name__
             self._clear_cache()
             if carry:
                 self._set_variational_distribution(carried)
@@ -523,7 +523,7 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         )
 
     def __call__(self, x: Tensor, prior: bool = False, diag: bool = True, **kwargs) -> MultivariateNormal:
-        self.inducing_variables._variational_owner = type(self).__name__  # also after a replacement
+        self.inducing_variables.variational_owner = type(self).__name__  # also after a replacement
         if prior:
             return self.model.forward(x, **kwargs)
         if self.training:  # training data the inducing variables cannot reach would be lost silently

@@ -89,11 +89,19 @@ class MultiHeadAttentionBase(gpytorch.Module):
         if self._checks_values(x):
             check_finite_result(results, x, "x")
 
-    def _split(self, x: Tensor) -> Tensor:
+    def split_heads(self, x: Tensor) -> Tensor:
+        """The heads of a projection: ``(B, L, d_model)`` to ``(B, H, L, d_model / H)``.
+
+        :param x: a projection of the tokens, ``(B, L, d_model)``.
+        """
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def _merge(self, x: Tensor) -> Tensor:
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """The heads side by side again (inverse of :meth:`split_heads`): ``(B, H, L, e)`` to ``(B, L, d_model)``.
+
+        :param x: per-head rows, ``(B, H, L, d_model / H)``.
+        """
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 

@@ -251,7 +251,7 @@ def _mean_weights(layer: nn.Module, queries: Tensor, keys: Tensor, allowed: Tens
     weights = dense_kernel(layer.kernel, queries, keys)
     offset = factors = whitened = None
     if isinstance(layer, SGPAttention) and layer.mode == "decoupled":
-        factors = layer._global_factors(None, queries.dtype)
+        factors = layer.cached_global_factors(None, queries.dtype)
         whitened = factors.chol_inverse.matmul(dense_kernel(layer.kernel, queries, factors.keys).transpose(-2, -1))
         if layer.variant == "orthogonal":
             whitened_keys = factors.chol_inverse.matmul(dense_kernel(layer.kernel, keys, factors.keys).transpose(-2, -1))
@@ -326,7 +326,7 @@ class SelfAttentionAdapter(nn.Module):
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor]:
         layer = self.attention
         dtype = gp_dtype(x.dtype)
-        return layer._split(layer.qk_proj(x)).to(dtype), layer._split(layer.v_proj(x)).to(dtype)
+        return layer.split_heads(layer.qk_proj(x)).to(dtype), layer.split_heads(layer.v_proj(x)).to(dtype)
 
     def attend(self, x: Tensor, mask=None, cache=None, output_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``(output, weights)`` for ``x`` ``(B, L, d_model)``; ``mask`` as the module's family passes
@@ -366,7 +366,7 @@ class SelfAttentionAdapter(nn.Module):
                 position = torch.arange(total - length, total, device=x.device)
                 allowed = (torch.arange(total, device=x.device)[None, :] <= position[:, None]).expand(batch, 1, -1, -1)
             dtype = queries.dtype
-            merged = layer._merge(_cached_rows(layer, queries, keys.to(dtype), all_values.to(dtype), allowed).to(x.dtype))
+            merged = layer.merge_heads(_cached_rows(layer, queries, keys.to(dtype), all_values.to(dtype), allowed).to(x.dtype))
             output = layer.out_proj(layer.dropout(merged) if isinstance(layer, SGPAttention) else merged)
             if output_weights:
                 weights = _mean_weights(layer, queries, keys.to(dtype), allowed)[0].to(x.dtype)

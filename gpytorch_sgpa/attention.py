@@ -549,10 +549,19 @@ class SGPAttention(MultiHeadAttentionBase):
         with torch.no_grad():
             return self._global_key(self.global_keys(global_inputs, dtype))
 
-    def _global_factors(self, global_inputs: Tensor | None, dtype: torch.dtype, params: ExpKernelParameters | None = None) -> GlobalFactors:
-        """The global factors; in eval mode without gradients cached, keyed on the values they
+    def cached_global_factors(
+        self, global_inputs: Tensor | None, dtype: torch.dtype, params: ExpKernelParameters | None = None
+    ) -> GlobalFactors:
+        """The global factors (decoupled mode); in eval mode without gradients cached, keyed on the values they
         depend on.  With gradients they are computed afresh and recorded for :meth:`global_kl`.
-        Under ``torch.compile`` they are always computed afresh (neither cached nor recorded)."""
+        Under ``torch.compile`` they are always computed afresh (neither cached nor recorded).
+
+        :param global_inputs: as in :meth:`global_keys`: :math:`G_\\phi(Z_g)` ``(H, M, d_model)``, or ``None`` for the
+            layer's ``global_inducing_inputs``.
+        :param dtype: the dtype the GP computes in.
+        :param params: the kernel's parameters (:class:`~gpytorch_sgpa.kernels.ExpKernelParameters`) already read for
+            this forward, or ``None`` (the default) to read them.
+        """
         if torch.compiler.is_compiling():  # no value comparisons or hooks inside a compiled graph
             return global_factors(self, global_inputs, dtype, params)
         keys = self.global_keys(global_inputs, dtype)
@@ -596,13 +605,13 @@ class SGPAttention(MultiHeadAttentionBase):
             and _same_values(record.key, self._current_global_key(global_inputs, dtype))
         ):
             return record.factors.kl.sum()
-        return self._global_factors(global_inputs, dtype).kl.sum()
+        return self.cached_global_factors(global_inputs, dtype).kl.sum()
 
     def _project(self, x: Tensor, key_padding_mask: Tensor | None):
         """Queries and values (under any autocast), returned in the GP algebra's dtype."""
         dtype = gp_dtype(x.dtype)
-        queries = self._split(self.qk_proj(x)).to(dtype)
-        values = self._split(self.v_proj(x)).to(dtype)
+        queries = self.split_heads(self.qk_proj(x)).to(dtype)
+        values = self.split_heads(self.v_proj(x)).to(dtype)
         if key_padding_mask is not None:
             values = values.masked_fill(key_padding_mask[:, None, :, None], 0.0)
         return queries, values.contiguous()  # one copy for the products with K_qq and A, not one each
@@ -630,7 +639,7 @@ class SGPAttention(MultiHeadAttentionBase):
     def _posterior_terms(self, x, key_padding_mask, global_inputs, full_covariance, sampler, global_noise, params):
         queries, values = self._project(x, key_padding_mask)
         if self.mode == "decoupled":
-            factors = self._global_factors(global_inputs, queries.dtype, params)
+            factors = self.cached_global_factors(global_inputs, queries.dtype, params)
             gram, cross = decoupled_kernel_blocks(self.kernel, params, queries, factors)
         else:
             gram = dense_kernel(self.kernel, queries)  # K_qq = K_qa = K_aa, (B, H, L, L)
@@ -764,7 +773,7 @@ class SGPAttention(MultiHeadAttentionBase):
             sample = SAMPLERS[self.sampler](terms, local, relative_jitter(self.kernel, dtype, params))
         kl = terms.kl.mean()
         self.last_kl = ForwardKL(kl, kl.new_zeros(()) if terms.global_kl is None else terms.global_kl)
-        output = self.out_proj(self.dropout(self._merge(sample.to(x.dtype))))
+        output = self.out_proj(self.dropout(self.merge_heads(sample.to(x.dtype))))
         self._check_result(x, output, kl)
         return output, kl
 
@@ -801,7 +810,7 @@ class SGPAttention(MultiHeadAttentionBase):
             if state is None:
                 state = SGPAStepState(keys=query[..., :0, :], values=value[..., :0, :])
                 if self.mode == "decoupled":
-                    state.global_factors = self._global_factors(global_inputs, query.dtype)
+                    state.global_factors = self.cached_global_factors(global_inputs, query.dtype)
                     m = self.num_global
                     state.projected_values = query.new_zeros(batch, self.num_heads, m, self.head_dim)
                     state.whitened_keys = query.new_zeros(batch, self.num_heads, m, 0)
@@ -820,6 +829,6 @@ class SGPAttention(MultiHeadAttentionBase):
                 sample = standard_step_sample(self, x_t, position, mean, state)
             else:
                 sample = decoupled_step_sample(self, query, value, gram_row, mean, state)
-        output = self.out_proj(self.dropout(self._merge(sample.to(x_t.dtype))))
+        output = self.out_proj(self.dropout(self.merge_heads(sample.to(x_t.dtype))))
         self._check_result(x_t, output)
         return output, state

@@ -46,7 +46,7 @@ class ScaledDotProductAttention(MultiHeadAttentionBase):
         :param global_inputs: ignored (accepted for the call signature the SGPA layers share).
         """
         self._check_input(x, key_padding_mask)
-        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
+        q, k, v = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
         scores = q.matmul(k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         allowed = self._key_mask(key_padding_mask, x.shape[1], x.device)
         if allowed is not None:
@@ -57,7 +57,7 @@ class ScaledDotProductAttention(MultiHeadAttentionBase):
             weights = weights.masked_fill(~allowed, 0.0)
         else:
             weights = torch.softmax(scores, dim=-1)
-        output = self.out_proj(self._merge(self.dropout(weights).matmul(v)))
+        output = self.out_proj(self.merge_heads(self.dropout(weights).matmul(v)))
         self._check_result(x, output)
         return output, x.new_zeros(())
 
@@ -71,11 +71,11 @@ class ScaledDotProductAttention(MultiHeadAttentionBase):
         :param noise: ignored (the layer is deterministic apart from dropout).
         """
         self._check_step(x_t, state)
-        q, k, v = self._split(self.q_proj(x_t)), self._split(self.k_proj(x_t)), self._split(self.v_proj(x_t))
+        q, k, v = self.split_heads(self.q_proj(x_t)), self.split_heads(self.k_proj(x_t)), self.split_heads(self.v_proj(x_t))
         state = append_to_cache(state, k, v)
         scores = q.matmul(state.keys.transpose(-2, -1)) / math.sqrt(self.head_dim)
         weights = self.dropout(torch.softmax(scores, dim=-1))
-        output = self.out_proj(self._merge(weights.matmul(state.values)))
+        output = self.out_proj(self.merge_heads(weights.matmul(state.values)))
         self._check_result(x_t, output)
         return output, state
 
@@ -121,13 +121,13 @@ class KernelAttention(MultiHeadAttentionBase):
         :param global_inputs: ignored (accepted for the call signature the SGPA layers share).
         """
         self._check_input(x, key_padding_mask)
-        q, v = self._split(self.qk_proj(x)), self._split(self.v_proj(x))
+        q, v = self.split_heads(self.qk_proj(x)), self.split_heads(self.v_proj(x))
         gram = dense_kernel(self.kernel, q)
         allowed = self._key_mask(key_padding_mask, x.shape[1], x.device)
         if allowed is not None:
             gram = gram.masked_fill(~allowed, 0.0)
         heads = self.dropout(gram).matmul(v)
-        output = self.out_proj(self._merge(heads))
+        output = self.out_proj(self.merge_heads(heads))
         self._check_result(x, output)
         return output, x.new_zeros(())
 
@@ -141,9 +141,9 @@ class KernelAttention(MultiHeadAttentionBase):
         :param noise: ignored (the layer is deterministic apart from dropout).
         """
         self._check_step(x_t, state)
-        q, v = self._split(self.qk_proj(x_t)), self._split(self.v_proj(x_t))
+        q, v = self.split_heads(self.qk_proj(x_t)), self.split_heads(self.v_proj(x_t))
         state = append_to_cache(state, q, v)
         gram_row = dense_kernel(self.kernel, q, state.keys)  # (B, H, 1, t+1)
-        output = self.out_proj(self._merge(self.dropout(gram_row).matmul(state.values)))
+        output = self.out_proj(self.merge_heads(self.dropout(gram_row).matmul(state.values)))
         self._check_result(x_t, output)
         return output, state

@@ -16,6 +16,8 @@ package.
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -356,4 +358,100 @@ def test_private_attribute_check_sees_what_the_module_shows(tmp_path: Path) -> N
         "pkg/c.py:17 pkg.a._hidden",
         "pkg/c.py:9 model._step",
         "pkg/c.py:9 other._step",
+    ]
+
+
+#: Private names that GPyTorch's own classes define and the project's subclasses set as upstream does: upstream API,
+#: not another project module's private member (each is checked to be in its class's source below).
+UPSTREAM_PRIVATE = {"_variational_distribution": "gpytorch.variational._variational_strategy._VariationalStrategy"}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _class_members(tree: ast.Module) -> set[str]:
+    """The private names a module's classes define: methods, class-body assignments, ``self._x = ...``/``cls._x = ...``."""
+    names: set[str] = set()
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for statement in cls.body:
+            if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(statement.name)
+            elif isinstance(statement, ast.Assign):
+                names |= {target.id for target in statement.targets if isinstance(target, ast.Name)}
+            elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                names.add(statement.target.id)
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name):
+                if node.value.id in ("self", "cls"):
+                    names.add(node.attr)
+    return {name for name in names if _is_private(name)}
+
+
+def foreign_private_member_uses(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """``file:line receiver._name`` for every private member of another project module's class used through any
+    receiver but ``self``, ``cls`` and ``super()``.
+
+    The rule needs no type inference: ``_name`` counts when a class of another project module defines it (a method, a
+    class-body assignment, or ``self._name = ...`` in its methods) and the module itself defines it nowhere (none of
+    its classes, functions or assigned names: a subclass overriding a hook may use it on other instances of its
+    hierarchy).  So ``layer._split(x)``, ``self.online._stored_task()`` and ``strategy._flag = True`` count, reads and
+    writes alike; a name no project class defines (another library's) does not, nor the private names GPyTorch's own
+    classes define that the project's subclasses set as upstream does (:data:`UPSTREAM_PRIVATE`).
+    """
+    modules = _modules(root, packages)
+    trees = {name: ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) for name, (path, _) in modules.items()}
+    members = {name: _class_members(tree) for name, tree in trees.items()}
+    found: list[str] = []
+    for name, tree in trees.items():
+        own = members[name] | {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+        own |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        foreign = set().union(*(names for other, names in members.items() if other != name)) - own - set(UPSTREAM_PRIVATE)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr in foreign):
+                continue
+            receiver = node.value
+            if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
+                continue
+            if isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name) and receiver.func.id == "super":
+                continue
+            found.append(f"{modules[name][0].relative_to(root).as_posix()}:{node.lineno} {ast.unparse(receiver)}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_no_module_uses_a_private_member_of_another_modules_class() -> None:
+    """No module calls another module's classes' private methods or reads or writes their private attributes, whatever
+    the receiver (:func:`foreign_private_member_uses`): the owning class gives the member a public name instead."""
+    offenders = foreign_private_member_uses()
+    assert not offenders, "private members of another module's class:\n" + "\n".join(f"    {item}" for item in offenders)
+
+
+def test_upstream_private_names_are_upstream() -> None:
+    """Each name the member check leaves to upstream is set by the upstream class it names."""
+    for member, qualified in UPSTREAM_PRIVATE.items():
+        module, _, cls = qualified.rpartition(".")
+        assert f"self.{member} =" in inspect.getsource(getattr(importlib.import_module(module), cls))
+
+
+def test_private_member_check_sees_any_receiver(tmp_path: Path) -> None:
+    """The check finds another module's class's private methods and attributes through any receiver, read or written,
+    and lets ``self``/``cls``/``super()``, a module's own (overriding) members, other libraries' and upstream names pass."""
+    _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "class Layer:\n    _flag = False\n\n    def _split(self, x):\n"
+            "        self._cache = self._variational_distribution = x\n        return self._split(x), self._cache\n",
+            "b.py": "def f(layer, holder, x):\n    holder.layer._flag = True\n    return layer._split(x), holder.layer._cache\n",
+            "c.py": "from .a import Layer\n\n\nclass Own(Layer):\n    def _split(self, x):\n"
+            "        return super()._split(x), x._split(x)\n",
+            "d.py": "def g(model, torch):\n    return model._variational_distribution, torch._C, model.split, model.__dict__\n",
+        },
+    )
+    assert foreign_private_member_uses(tmp_path, ("pkg",)) == [
+        "pkg/b.py:2 holder.layer._flag",
+        "pkg/b.py:3 holder.layer._cache",
+        "pkg/b.py:3 layer._split",
     ]

@@ -245,3 +245,26 @@ def test_make_data_without_apt_get_names_the_missing_files_and_fails(tmp_path):
     (speech / "clip.wav").touch()
     result = run()
     assert result.returncode == 0 and "in place" in result.stdout, result.stdout + result.stderr
+
+
+def test_make_demo_installs_only_the_demos_extras_and_make_test_still_installs_every_extra(tmp_path):
+    make = shutil.which("make")
+    if make is None or not (REPO / "Makefile").is_file():
+        pytest.skip("no make, or no Makefile next to the tests")
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
+    environment.update(HOME=str(tmp_path))
+    venv = tmp_path / "venv"
+
+    def plan(target):  # what make would run (-n), with the venv in a fresh folder
+        command = [make, "-n", "-C", str(REPO), target, f"VENV={venv}"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment).stdout
+
+    demo = plan("demo")
+    assert '-e ".[data,plots]"' in demo and ".[all]" not in demo and "-m gpytorch_hippo" in demo
+    venv.mkdir()
+    (venv / ".installed-demo").touch()  # after `make demo`: the demo runs at once, the tests install every extra
+    assert "pip install" not in plan("demo")
+    test = plan("test")
+    assert '-e ".[all]"' in test and f"touch {venv}/.installed {venv}/.installed-demo" in test
+    (venv / ".installed").touch()  # after `make test`: neither installs again
+    assert "pip install -q -c" not in plan("test") + plan("demo")

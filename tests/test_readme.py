@@ -9,6 +9,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SGPA_GUIDE = ROOT / "docs" / "guide" / "sgpa.md"
+DOCS_INDEX = ROOT / "docs" / "index.md"
 
 
 def python_blocks(page=README):
@@ -70,3 +71,20 @@ def test_readme_examples_run_and_are_accurate(capsys):
     log_probs = torch.log_softmax(lm["logits"][:, :-1], -1)
     nll = -log_probs.gather(-1, lm["tokens"][:, 1:, None]).squeeze(-1).sum(-1).mean()
     torch.testing.assert_close(lm["lm_elbo"], -nll - lm["kl"] / 1_000)
+
+
+def test_docs_front_page_example_runs_and_prints_the_rmse_the_page_states(capsys):
+    (block,) = python_blocks(DOCS_INDEX)
+    namespace = {}
+    exec(compile(block, str(DOCS_INDEX), "exec"), namespace)
+    printed = re.search(r"RMSE over all ten tasks: (\d+\.\d+)", capsys.readouterr().out).group(1)
+    stated = re.search(r"\(RMSE (\d+\.\d+), the noise level\)", DOCS_INDEX.read_text()).group(1)
+    assert printed == stated
+    # against the exact GP posterior on all 1000 points with the same hyperparameters (closed form):
+    # ten tasks seen once through 64 HiPPO inducing variables fit the stream about as well
+    times, y, kernel, noise = namespace["times"], namespace["y"], namespace["kernel"], namespace["likelihood"].noise
+    with torch.no_grad():
+        K = kernel(times[:, None]).to_dense()
+        exact = K @ torch.linalg.solve(K + noise * torch.eye(len(y), dtype=K.dtype), y)
+    exact_rmse = (exact - y).pow(2).mean().sqrt()
+    assert abs(float(stated) - exact_rmse) < 0.01, (stated, exact_rmse)

@@ -16,7 +16,7 @@ import contextlib
 import copy
 import itertools
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import gpytorch
 import torch
@@ -495,7 +495,9 @@ class OnlineGPModel(OnlineModelBase):
     @property
     def batch_shape(self) -> torch.Size:
         """Empty, except for models conditioned on t-batched (fantasy) observations."""
-        return self.online._stored_task().shift.shape[:-1]
+        if not self.online.has_posterior:
+            raise RuntimeError("no task has been absorbed yet: condition the model on observations first")
+        return cast(Tensor, self.online.posterior_shift).shape[:-1]
 
     @property
     def train_inputs(self) -> tuple[Tensor]:

@@ -108,9 +108,9 @@ class Panels:
         index = torch.arange(self.first, self.last, dtype=torch.float64, device=device)
         left = self.lower + self.width * index
         self.nodes = left[:, None] + self.width * (self.z + 1) / 2  # (P, p), panels first..last-1
-        density = ivars.memory._density_at(self.nodes.reshape(-1), ivars.t)
+        density = ivars.memory.density_at_nodes(self.nodes.reshape(-1), ivars.t)
         scale = ((self.width / 2) * self.w * density.reshape(self.nodes.shape)).reshape(-1)
-        weighted = ivars.memory._basis_at(self.nodes.reshape(-1), ivars.t, scale)  # φ with the rule's weights folded in
+        weighted = ivars.memory.basis_at_nodes(self.nodes.reshape(-1), ivars.t, scale)  # φ with the rule's weights folded in
         self.weighted = weighted.reshape(self.last - self.first, self.num_nodes, ivars.num_inducing)  # (P, p, M); P = 0 allowed
 
     @functools.cached_property

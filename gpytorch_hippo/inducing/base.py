@@ -76,8 +76,8 @@ class InducingVariables(gpytorch.Module):
     #: the default jitter is relative to ``mean(diag K_uu)`` (:meth:`_jitter_scale`) and then the same
     #: for every dtype (the float64 value): the online algebra factorises ``K_uu`` in float64
     _relative_jitter: bool = False
-    #: set by a variational strategy whose ``q(u)`` lives on these variables (see :meth:`_check_movable`)
-    _variational_owner: str | None = None
+    #: the name of the variational strategy whose ``q(u)`` lives on these variables (they refuse to move then), or ``None``
+    variational_owner: str | None = None
 
     def __init__(self, jitter: float | None = None):
         super().__init__()
@@ -234,9 +234,9 @@ class InducingVariables(gpytorch.Module):
         """Refuse to move these variables in place (``step``, e.g. ``"advance(t_new)"``) while a
         variational ``q(u)`` lives on them: it would silently become a distribution over the moved
         variables. The owning strategy moves them itself and carries ``q(u)`` forward."""
-        if self._variational_owner is not None:
+        if self.variational_owner is not None:
             raise RuntimeError(
-                f"{step} would silently re-interpret the q(u) of the {self._variational_owner} that uses these "
+                f"{step} would silently re-interpret the q(u) of the {self.variational_owner} that uses these "
                 f"inducing variables as a distribution over the moved ones; call model.variational_strategy.{step} "
                 "instead, which carries q(u) forward"
             )

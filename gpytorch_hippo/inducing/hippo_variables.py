@@ -116,8 +116,8 @@ class HiPPOInducingVariables(InducingVariables):
     jitter; feature estimates :math:`Z^\top Z` are PSD by construction.
     """
 
-    #: the backends by method name (:meth:`_make_backends`); :meth:`backend_for` chooses among them
-    _backends: dict[str, CovarianceBackend]
+    #: the covariance backends by method name; :meth:`backend_for` chooses among them
+    backends: dict[str, CovarianceBackend]
     # the bases' breakpoints, the last one the clock t; path variables' pending inputs, memory and their kernel's state
     breakpoints: Tensor
     path_pending: Tensor
@@ -211,9 +211,9 @@ class HiPPOInducingVariables(InducingVariables):
     def _make_backends(self) -> None:
         """Fresh backend objects (they hold only caches)."""
         if self.input_dim > 1:
-            self._backends = {"path": PathBackend(self.features)}
+            self.backends = {"path": PathBackend(self.features)}
         else:
-            self._backends = {
+            self.backends = {
                 "spectral": SpectralBackend(),
                 "banded": BandedBackend(),
                 "quadrature": QuadratureBackend(),
@@ -224,7 +224,7 @@ class HiPPOInducingVariables(InducingVariables):
     @property
     def _path_backend(self) -> PathBackend:
         """The backend of path variables (``input_dim > 1``)."""
-        return cast(PathBackend, self._backends["path"])
+        return cast(PathBackend, self.backends["path"])
 
     def backend_for(self, kernel: gpytorch.kernels.Kernel) -> CovarianceBackend:
         """The covariance backend that ``method`` selects for ``kernel`` (module docstring); raises for a kernel
@@ -237,14 +237,14 @@ class HiPPOInducingVariables(InducingVariables):
             return self._path_backend
         if self.method in ("auto", "spectral"):
             for name in ("spectral", "banded"):
-                if self._backends[name].supports(self, kernel):
-                    return self._backends[name]
+                if self.backends[name].supports(self, kernel):
+                    return self.backends[name]
             if self.method == "spectral":
                 spectral_parts(kernel)  # raises TypeError/ValueError for kernels it cannot handle
-            return self._backends["quadrature"]
+            return self.backends["quadrature"]
         if self.method == "lyapunov":
-            cast(LyapunovBackend, self._backends["lyapunov"]).check(self, kernel)  # a clear error for kernels it cannot handle
-        return self._backends[self.method]
+            cast(LyapunovBackend, self.backends["lyapunov"]).check(self, kernel)  # a clear error for kernels it cannot handle
+        return self.backends[self.method]
 
     # ------------------------------------------------------------------ basic properties
     @property
@@ -317,7 +317,7 @@ class HiPPOInducingVariables(InducingVariables):
         current = stream_clocks(streams)
         moving = targets != current
         bad = ~torch.isfinite(targets) | (targets.abs() > MAX_TIME) | ~(targets > current)
-        bad |= torch.tensor([s.input_dim != 1 or s._variational_owner is not None for s in streams])
+        bad |= torch.tensor([s.input_dim != 1 or s.variational_owner is not None for s in streams])
         for i in (moving & bad).nonzero().squeeze(-1).tolist()[:1]:
             try:
                 streams[i].check_advance(float(targets[i]))  # raises the error that advance would
@@ -413,7 +413,7 @@ class HiPPOInducingVariables(InducingVariables):
         if backend.name != other_backend.name:
             if "recurrence" in (backend.name, other_backend.name):
                 raise ValueError(f"cross-covariance between backends {backend.name!r} and {other_backend.name!r} is not defined")
-            backend = self._backends["quadrature"]  # e.g. one of two RBF supports is clipped: exact quadrature for both
+            backend = self.backends["quadrature"]  # e.g. one of two RBF supports is clipped: exact quadrature for both
         cross = backend.cross(self, other, kernel)
         if self._same_variables(other):
             jitter = self.jitter_value(cross.dtype) * self._jitter_scale(cross)  # cross is Kuu here

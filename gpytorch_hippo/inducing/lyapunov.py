@@ -73,7 +73,7 @@ class _At:
     def __init__(self, ivars, t: float, start: float):
         self.memory, self.num_inducing, self.num_nodes = ivars.memory, ivars.num_inducing, ivars.num_nodes
         self.t, self.start = float(t), float(start)
-        self._backends = ivars._backends
+        self.backends = ivars.backends
         self.breakpoints = torch.tensor([self.start, self.t], dtype=torch.float64, device=ivars.breakpoints.device)
 
     def input_support(self) -> tuple[float, float]:
@@ -165,7 +165,7 @@ def _window_panels(at, ell: float, window: tuple[float, float]) -> Panels:
     """The panels of ``at``'s support meeting ``window``, from the Lyapunov backend's last panels
     when those are of the same set (``t``, ``start``, ``M``) and length scale and cover the window:
     a task's ``Kuf`` at its inputs leaves the panels up to ``t`` that the next step's forcing needs."""
-    backend = at._backends.get("lyapunov")
+    backend = at.backends.get("lyapunov")
     key = (at.t, at.start, at.num_inducing, ell, str(at.breakpoints.device))
     cached = getattr(backend, "_panels", None)
     if cached is not None and cached[0] == key:
@@ -263,7 +263,7 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float, lower: float | Non
     ell, reach, spec = kernel_scales(kernel)
     if spec.matern:
         segment = _At(ivars, t_b, t_a)
-        return ivars._backends["banded"].cross(segment, segment, kernel).double()
+        return ivars.backends["banded"].cross(segment, segment, kernel).double()
     nodes, weighted = segment_rule(ivars, t_a, t_b, 4 * ell, lower)
     values = kernel_function(kernel)
     count, p = nodes.shape
@@ -298,7 +298,7 @@ def segment_rule(ivars, t_a: float, t_b: float, width: float, lower: float | Non
     z, w = gauss_legendre(p, device=ivars.breakpoints.device)
     left = t_a + 2 * half * torch.arange(count, dtype=torch.float64, device=z.device)
     nodes = left[:, None] + half * (z + 1)
-    weighted = ivars.memory._basis_at(nodes.reshape(-1), t_b, (half * w / t_b).repeat(count))
+    weighted = ivars.memory.basis_at_nodes(nodes.reshape(-1), t_b, (half * w / t_b).repeat(count))
     return nodes, weighted.reshape(count, p, -1)
 
 
@@ -506,7 +506,7 @@ class LyapunovBackend:
 
     def _earlier(self, lo, kernel) -> Tensor:
         """``K(t_lo)`` of the earlier set: its own carried state (a snapshot keeps its backend's cache)."""
-        backend = lo._backends.get("lyapunov") if hasattr(lo, "_backends") else None
+        backend = lo.backends.get("lyapunov") if hasattr(lo, "backends") else None
         return (backend if isinstance(backend, LyapunovBackend) else LyapunovBackend()).state(lo, kernel, lo.t)
 
     def cross(self, a, b, kernel) -> Tensor:
@@ -523,7 +523,7 @@ class LyapunovBackend:
             raise ValueError("method='lyapunov': cross-covariance needs two sets with the same num_inducing and start")
         dtype = floating_dtype(kernel)
         if self._differentiable(kernel):
-            return exact_backend(_At(a, a.t, a.start), kernel, a._backends).cross(a, b, kernel).to(dtype)
+            return exact_backend(_At(a, a.t, a.start), kernel, a.backends).cross(a, b, kernel).to(dtype)
         if b is a or a.t == b.t:
             return self.state(a, kernel, a.t).to(dtype)
         lo, hi = (a, b) if a.t < b.t else (b, a)

@@ -101,7 +101,7 @@ def test_each_stream_equals_its_own_model_with_its_own_clock(method, rbf):
             torch.testing.assert_close(joint.mean[s], alone.mean, rtol=0, atol=1e-8)
             torch.testing.assert_close(joint.variance[s], alone.variance, rtol=0, atol=1e-8)
     if method == "lyapunov":
-        engine_used = all(s._backends["lyapunov"]._state is None for s in batched.inducing_variables.streams)
+        engine_used = all(s.backends["lyapunov"]._state is None for s in batched.inducing_variables.streams)
         assert engine_used == rbf
 
 

@@ -110,7 +110,7 @@ def test_matern_spectral_samples_reproduce_the_kernel(nu):
     kernel.lengthscale = 0.7
     ivars = HiPPOInducingVariables(3, "legs", t=1.0, method="recurrence", num_rff=200_000, seed=3)
     r = torch.tensor([[0.0], [0.3], [1.0]])
-    features = ivars._backends["recurrence"].features(ivars, kernel, r)  # sqrt(1/R) [cos, sin]
+    features = ivars.backends["recurrence"].features(ivars, kernel, r)  # sqrt(1/R) [cos, sin]
     approx = features @ features[:1].mT
     exact = kernel(r, r[:1]).to_dense()
     assert (approx - exact).abs().max() < 0.01

@@ -195,7 +195,7 @@ def test_matern_quadrature_features_reproduce_the_kernel(nu):
     kernel.lengthscale = 0.7
     ivars = HiPPOInducingVariables(3, "legs", t=1.0, method="recurrence", features="quadrature", num_rff=4000)
     r = torch.tensor([[0.0], [0.3], [1.0], [2.5]], dtype=DT)
-    psi = ivars._backends["recurrence"].features(ivars, kernel, r)
+    psi = ivars.backends["recurrence"].features(ivars, kernel, r)
     # the tan map leaves an algebraic tail error: about 1e-4 for nu = 1/2, far less for 5/2
     tolerance = 2e-3 if nu == 0.5 else 1e-6
     assert (psi @ psi[:1].mT - kernel(r, r[:1]).to_dense()).abs().max() < tolerance
@@ -341,7 +341,7 @@ def test_quadrature_kuf_in_blocks_equals_one_block(monkeypatch):
     x = torch.rand(2, 37, 1, generator=torch.Generator().manual_seed(0), dtype=DT) * 5
     with torch.no_grad():
         single = ivars.Kuf(kernel, x)
-        monkeypatch.setattr(hippo_backends, "QUADRATURE_CHUNK_ENTRIES", 10 * ivars._backends["quadrature"].rule(ivars, kernel)[0].shape[0])
+        monkeypatch.setattr(hippo_backends, "QUADRATURE_CHUNK_ENTRIES", 10 * ivars.backends["quadrature"].rule(ivars, kernel)[0].shape[0])
         blocked = ivars.Kuf(kernel, x)  # blocks of 10 inputs: 4 blocks, the last one short
     assert blocked.shape == (2, 6, 37)
     torch.testing.assert_close(blocked, single, rtol=1e-13, atol=1e-15)

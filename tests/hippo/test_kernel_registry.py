@@ -176,7 +176,7 @@ def test_every_backend_has_the_declared_interface():
         assert isinstance(backend, CovarianceBackend)
         assert isinstance(backend.name, str)
     ivars = HiPPOInducingVariables(8, "legs", t=2.0)
-    assert all(isinstance(b, CovarianceBackend) for b in ivars._backends.values())
+    assert all(isinstance(b, CovarianceBackend) for b in ivars.backends.values())
 
 
 def test_the_path_kernel_is_a_declared_reference_not_state():

@@ -141,7 +141,7 @@ def test_state_carried_over_many_advances_equals_fresh():
     """60 advances (each Kuu resumed from the cached state) against one fresh evaluation at the end."""
     M, kernel = 24, _kernel(lengthscale=0.5)
     ivars, _ = _carried(M, kernel, 2.0, [2.0 + 1.5 * k for k in range(1, 61)])
-    backend = ivars._backends["lyapunov"]
+    backend = ivars.backends["lyapunov"]
     assert backend._state[1] == ivars.t  # carried, not restarted
     fresh = HiPPOInducingVariables(M, t=ivars.t, method="lyapunov")
     assert _rel(ivars.Kuu(kernel).to_dense(), fresh.Kuu(kernel).to_dense()) < TOL
@@ -168,7 +168,7 @@ def test_equal_length_tasks_reuse_the_segment_covariance_exactly(nu):
     it, a changed length scale or a new length does not (a stale Kuu(L) would be off by 1e-2 or more)."""
     M, kernel = 120, _kernel(nu, lengthscale=1.0)
     ivars, old = _carried(M, kernel, 30.0, [60.0, 90.0, 120.0, 150.0])
-    backend = ivars._backends["lyapunov"]
+    backend = ivars.backends["lyapunov"]
     assert backend._segment_length[2] is not None  # the kept Kuu(L) served the later steps
     ref = _reference(M, 150.0, "auto")
     assert _rel(ivars.Kuu(kernel).to_dense(), ref.Kuu(kernel).to_dense()) < TOL
@@ -178,7 +178,7 @@ def test_equal_length_tasks_reuse_the_segment_covariance_exactly(nu):
         ivars.advance(t)
         assert _rel(ivars.Kuu(kernel).to_dense(), _reference(M, t, "auto").Kuu(kernel).to_dense()) < TOL
     small, _ = _carried(16, kernel, 0.1, [0.1 * k for k in range(2, 9)])  # 0.30000000000000004 - 0.2, ...
-    assert small._backends["lyapunov"]._segment_length[2] is not None
+    assert small.backends["lyapunov"]._segment_length[2] is not None
     assert _rel(small.Kuu(kernel).to_dense(), _reference(16, small.t, "auto").Kuu(kernel).to_dense()) < TOL
 
 

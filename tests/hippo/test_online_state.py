@@ -179,7 +179,7 @@ def test_advance_is_refused_on_owned_variables_and_before_end_task():
     with pytest.raises(TypeError, match="have no advance"):
         SVGP(make_inducing("points")).variational_strategy.advance(3.0)
     # frozen copies are owned by nobody: the stored old variables can still be moved (they never are)
-    assert elbo.old_inducing_variables._variational_owner is None
+    assert elbo.old_inducing_variables.variational_owner is None
 
 
 @pytest.mark.parametrize("whitened", [True, False])

@@ -325,8 +325,8 @@ def test_output_attentions_are_the_weights_of_the_posterior_mean():
     ((x, (context, weights)),) = calls
     assert len(output.attentions) == 2 and output.attentions[0] is weights
     layer = adapter.attention
-    values = layer._split(layer.v_proj(x))
-    torch.testing.assert_close(context, layer._merge(weights @ values), rtol=1e-8, atol=1e-8)
+    values = layer.split_heads(layer.v_proj(x))
+    torch.testing.assert_close(context, layer.merge_heads(weights @ values), rtol=1e-8, atol=1e-8)
     assert torch.all(weights[1, :, :, 5] == 0)  # the padded key
     with torch.no_grad():
         assert model(ids, attention_mask=mask).attentions is None

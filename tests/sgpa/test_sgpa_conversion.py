@@ -180,8 +180,8 @@ def _dense_gated(layer, x, causal):
     """Mean and per-sequence KL of the gated orthogonal posterior written out with dense solves."""
     dtype = x.dtype
     factors = global_factors(layer, None, dtype)
-    q = layer._split(layer.qk_proj(x))
-    v = layer._split(layer.v_proj(x))
+    q = layer.split_heads(layer.qk_proj(x))
+    v = layer.split_heads(layer.v_proj(x))
     kernel = layer.kernel
     gram = kernel(q).to_dense()
     cross = kernel(q, factors.keys).to_dense()  # (B, H, L, M)
@@ -251,9 +251,9 @@ def test_multihead_value_bias_is_kept_and_old_state_dicts_load():
     torch.testing.assert_close(layer.v_proj.bias, mha.in_proj_bias[16:], rtol=0, atol=0)
     x = torch.randn(2, 5, 8)
     with torch.no_grad():
-        q = layer._split(layer.qk_proj(x))
-        v = layer._split(x @ mha.in_proj_weight[16:].T + mha.in_proj_bias[16:])
-        expected = layer.out_proj(layer._merge(layer.kernel(q).to_dense() @ v))
+        q = layer.split_heads(layer.qk_proj(x))
+        v = layer.split_heads(x @ mha.in_proj_weight[16:].T + mha.in_proj_bias[16:])
+        expected = layer.out_proj(layer.merge_heads(layer.kernel(q).to_dense() @ v))
         torch.testing.assert_close(adapter(x, x, x)[0], expected, rtol=1e-5, atol=1e-6)
     old = {k: v for k, v in adapter.state_dict().items() if k != "attention.v_proj.bias"}  # as 0.1.0 saved it
     reloaded = convert(nn.MultiheadAttention(8, 2, batch_first=True), attention="kernel")
@@ -289,7 +289,7 @@ def test_calibration_matches_the_spread_and_mass_of_the_softmax_logits():
     layer = kernel_model.encoder.layers[0].self_attn.attention
     assert not hasattr(layer, "_softmax_query_key")  # nothing kept after convert
     with torch.no_grad():
-        gram = layer.kernel(layer._split(layer.qk_proj(h))).to_dense()
+        gram = layer.kernel(layer.split_heads(layer.qk_proj(h))).to_dense()
     allowed = torch.ones(48, 1, 6, 6, dtype=torch.bool)
     outputscale = layer.kernel.outputscale.view(1, -1, 1, 1)
     torch.testing.assert_close(_spread((gram / outputscale).log(), allowed), _spread(logits, allowed), rtol=1e-4, atol=1e-5)

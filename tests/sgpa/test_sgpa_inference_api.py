@@ -19,7 +19,7 @@ def test_posterior_mean_is_the_layers_posterior_mean_and_deterministic():
         second, _ = layer(x)
         posterior = layer.posterior(x)
     assert torch.equal(first, second)
-    expected = layer.out_proj(layer._merge(posterior.mean))  # the output of the mean, before the output projection
+    expected = layer.out_proj(layer.merge_heads(posterior.mean))  # the output of the mean, before the output projection
     torch.testing.assert_close(first, expected, rtol=0, atol=1e-12)
     with torch.no_grad():  # outside the context the layer samples again, around that mean
         samples = torch.stack([layer(x)[0] for _ in range(2000)])
