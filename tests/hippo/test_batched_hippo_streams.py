@@ -62,6 +62,19 @@ def ragged_tasks(num_tasks=4, size=10, seed=0):
     return tasks
 
 
+def assert_streams_equal_their_models(batched, singles, times) -> None:
+    """Each stream's predictive mean and variance at ``times`` equal its single-stream model's to 1e-8."""
+    test = times.expand(len(singles), len(times)).unsqueeze(-1)
+    batched.eval()
+    with torch.no_grad():
+        joint = batched(test)
+        for s, single in enumerate(singles):
+            single.eval()
+            alone = single(test[s])
+            torch.testing.assert_close(joint.mean[s], alone.mean, rtol=0, atol=1e-8)
+            torch.testing.assert_close(joint.variance[s], alone.variance, rtol=0, atol=1e-8)
+
+
 @pytest.mark.parametrize("method, rbf", [("lyapunov", False), ("lyapunov", True), ("spectral", False)])
 def test_each_stream_equals_its_own_model_with_its_own_clock(method, rbf):
     """With an RBF kernel the lyapunov streams' covariances come from one batched engine (the streams' own backends
@@ -91,15 +104,7 @@ def test_each_stream_equals_its_own_model_with_its_own_clock(method, rbf):
                 single.load_state_dict(copy.deepcopy(singles[s].state_dict()))
                 singles[s] = single
     torch.testing.assert_close(batched.inducing_variables.t, torch.stack([torch.tensor(s.inducing_variables.t, dtype=DT) for s in singles]))
-    test = torch.linspace(0, 8, 30, dtype=DT).expand(S, 30).unsqueeze(-1)
-    batched.eval()
-    with torch.no_grad():
-        joint = batched(test)
-        for s, single in enumerate(singles):
-            single.eval()
-            alone = single(test[s])
-            torch.testing.assert_close(joint.mean[s], alone.mean, rtol=0, atol=1e-8)
-            torch.testing.assert_close(joint.variance[s], alone.variance, rtol=0, atol=1e-8)
+    assert_streams_equal_their_models(batched, singles, torch.linspace(0, 8, 30, dtype=DT))
     if method == "lyapunov":
         engine_used = all(s.backends["lyapunov"]._state is None for s in batched.inducing_variables.streams)
         assert engine_used == rbf
@@ -323,12 +328,4 @@ def test_a_stream_without_points_whose_clock_moves_equals_its_own_model(method, 
             reloaded.load_state_dict(copy.deepcopy(batched.state_dict()))
             batched = reloaded
         clocks = ends
-    test = torch.linspace(0, 12, 40, dtype=DT).expand(S, 40).unsqueeze(-1)
-    batched.eval()
-    with torch.no_grad():
-        joint = batched(test)
-        for s, single in enumerate(singles):
-            single.eval()
-            alone = single(test[s])
-            torch.testing.assert_close(joint.mean[s], alone.mean, rtol=0, atol=1e-8)
-            torch.testing.assert_close(joint.variance[s], alone.variance, rtol=0, atol=1e-8)
+    assert_streams_equal_their_models(batched, singles, torch.linspace(0, 12, 40, dtype=DT))
