@@ -40,7 +40,7 @@ from .inducing.base import InducingVariables
 from .inducing.points import InducingPoints
 from .monitor import CapturedVarianceMonitor
 from .nystrom import nystrom_residual
-from .timeaxis import TimeAxis, align_on_index, is_datetime_like
+from .timeaxis import TimeAxis, align_on_index, as_time_axis, is_datetime_like
 from .variational import InterdomainVariationalStrategy, solve_lower
 
 #: predictions at up to this many points get a dense covariance (fast sampling, as BoTorch's acquisitions
@@ -353,12 +353,8 @@ class OnlineSGPR(gpytorch.Module):
         if refit_optimizer not in ("adam", "lbfgs"):
             raise ValueError(f"refit_optimizer must be 'adam' or 'lbfgs', got {refit_optimizer!r}")
         self.refit_every, self.refit_iter, self.refit_optimizer = refit_every, refit_iter, refit_optimizer
-        if isinstance(time_axis, str):
-            time_axis = TimeAxis(time_axis)
-        if time_axis is not None and not isinstance(time_axis, TimeAxis):
-            raise TypeError(f"time_axis must be a TimeAxis, a unit such as 'h', or None, got {type(time_axis).__name__}")
         #: converts calendar times (pandas, NumPy ``datetime64``) to the model's time inputs (``None``: numbers only)
-        self.time_axis = time_axis
+        self.time_axis = as_time_axis(time_axis)
         #: the :class:`~gpytorch_hippo.monitor.CapturedVarianceMonitor` consulted after each update (``None``: none)
         self.captured_variance_monitor: CapturedVarianceMonitor | None = None
         self.captured_variance_warning = captured_variance_warning

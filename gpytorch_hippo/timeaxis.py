@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["TimeAxis", "align_on_index", "is_datetime_like"]
+__all__ = ["TimeAxis", "align_on_index", "as_time_axis", "is_datetime_like"]
 
 #: the units of :class:`TimeAxis` (NumPy's ``timedelta64`` codes)
 UNITS = ("W", "D", "h", "m", "s", "ms", "us", "ns")
@@ -46,6 +46,19 @@ def align_on_index(x, y, names: tuple[str, str] = ("train_x", "train_y")):
         f"{y_name}'s index does not hold the labels of {x_name}'s rows (pandas aligns rows on them): align the two "
         f"first (e.g. {y_name}.reindex({x_name}.index)), or pass {y_name}.to_numpy() to pair the rows by position"
     )
+
+
+def as_time_axis(value: TimeAxis | str | None) -> TimeAxis | None:
+    """The ``time_axis=`` argument of the online models and fleets as a :class:`TimeAxis` (``None`` stays ``None``).
+
+    :param value: a :class:`TimeAxis`, its unit (e.g. ``"h"``: an axis whose origin is the first times'), or ``None``.
+    :raises TypeError: for anything else.
+    """
+    if isinstance(value, str):
+        return TimeAxis(value)
+    if value is not None and not isinstance(value, TimeAxis):
+        raise TypeError(f"time_axis must be a TimeAxis, a unit such as 'h', or None, got {type(value).__name__}")
+    return value
 
 
 def _is_time(value) -> bool:

@@ -16,7 +16,7 @@ from torch import Tensor
 from probseq._optional import require
 
 from ..online import OnlineSGPR
-from ..timeaxis import TimeAxis, align_on_index, is_datetime_like
+from ..timeaxis import TimeAxis, align_on_index, as_time_axis, is_datetime_like
 from .shard import PackedTask, Shard, StreamDataError, TimeResolutionError, task_conflict
 
 __all__ = ["StreamFleet", "ENGINES", "shard_of"]
@@ -136,14 +136,6 @@ def _packed_inputs(x: Tensor, dtype: torch.dtype, what: str, stream_ids: list) -
             stream_ids,
         )
     return packed
-
-
-def _as_time_axis(value: TimeAxis | str | None) -> TimeAxis | None:
-    if value is None or isinstance(value, TimeAxis):
-        return value
-    if isinstance(value, str):
-        return TimeAxis(value)
-    raise TypeError(f"time_axis must be a TimeAxis, a unit such as 'h', or None, got {type(value).__name__}")
 
 
 def _restored_time_axis(saved_state: dict | None, given: TimeAxis | None) -> TimeAxis | None:
@@ -292,7 +284,7 @@ class StreamFleet:
     ):
         if checkpoint_dir is not None and os.path.exists(os.path.join(os.fspath(checkpoint_dir), _FLEET_FILE)):
             raise FileExistsError(f"{checkpoint_dir} holds a fleet already: resume it with StreamFleet.restore")
-        self.time_axis = _as_time_axis(time_axis)
+        self.time_axis = as_time_axis(time_axis)
         self._input_dim: int | None = None
         self._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume=False)
         self._save_manifest()
@@ -370,7 +362,7 @@ class StreamFleet:
             saved = json.load(file)
         num_shards = saved["num_shards"]
         fleet = cls.__new__(cls)
-        fleet.time_axis, fleet._input_dim = _restored_time_axis(saved.get("time_axis"), _as_time_axis(time_axis)), saved.get("input_dim")
+        fleet.time_axis, fleet._input_dim = _restored_time_axis(saved.get("time_axis"), as_time_axis(time_axis)), saved.get("input_dim")
         fleet._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume=True)
         return fleet
 
