@@ -75,13 +75,13 @@ data: $(STAMP) $(VADER_ARCHIVE)
 		echo "make data: installed the 'data' extra and the vaderSentiment archive, but there is no apt-get here to" >&2; \
 		echo "install the files below; put them in place by hand (only the experiments named need them):" >&2; \
 		$(HAVE_FASHION_MNIST) || { \
-		echo "- Fashion-MNIST (gpytorch_sgpa.data.load_fashion_mnist, pseudovideo.data.load_images('fashion_mnist'), the" >&2; \
-		echo "  SGPA calibration experiments): the four gzipped IDX files of the Fashion-MNIST release" >&2; \
+		echo "- Fashion-MNIST (experiments.fashion_mnist.load_fashion_mnist: the SGPA calibration and pseudo-video" >&2; \
+		echo "  experiments with --dataset fashion_mnist): the four gzipped IDX files of the Fashion-MNIST release" >&2; \
 		echo "  ($(FASHION_MNIST_FILES);" >&2; \
 		echo "  Debian package dataset-fashion-mnist) in $(FASHION_MNIST_DIR)/" >&2; \
-		echo "  (load_fashion_mnist(root=FOLDER) reads another folder; the other loaders read only this one)" >&2; }; \
+		echo "  (load_fashion_mnist(root=FOLDER) reads another folder; the experiments read only this one)" >&2; }; \
 		$(HAVE_SPEECH) || { \
-		echo "- speech (gpytorch_hippo.data.load_speech, load_dataset('speech')): the LibriVox .wav clips of pocketsphinx's" >&2; \
+		echo "- speech (experiments.hippo.datasets.load_speech, the runners' --dataset speech): the LibriVox .wav clips of pocketsphinx's" >&2; \
 		echo "  test data (folder test/data/librivox of the pocketsphinx sources; Debian package pocketsphinx-testdata)," >&2; \
 		echo "  in $(SPEECH_DIR)/; the loader reads the first *.wav by name: 16 kHz, mono, >= 19,000 samples" >&2; }; \
 		exit 1; \

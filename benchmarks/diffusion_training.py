@@ -1,7 +1,7 @@
 """A short video-diffusion training run on one device: steps per second, the loss, peak memory.
 
 ``AutoregressiveVideoDiffusion`` learns blur pseudo videos of synthetic images (smoothed noise in
-``[-1, 1]``, no data set needed) through :func:`pseudovideo.experiments.accelerated.train`, as diffusers'
+``[-1, 1]``, no data set needed) through :func:`pseudovideo.training.train`, as diffusers'
 own scripts train with ``accelerate`` (mixed precision, EMA); where ``accelerate`` is not installed, a plain
 torch loop over the same loss. The first ``--warmup`` steps are left out of the timing.
 
@@ -53,7 +53,7 @@ def run(
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     try:
-        from pseudovideo.experiments.accelerated import train
+        from pseudovideo.training import train
 
         def batch_loss(wrapped, videos, rng):
             loss = wrapped(videos, rng)

@@ -4,7 +4,7 @@ Every figure is measured side by side in this run on this machine (one torch thr
 benchmark that owns it:
 
 * OSGPR / OHSGPR training time at the thesis budget (sunspots, 10 tasks, 1,000 Adam steps per
-  OSGPR task; :mod:`gpytorch_hippo.experiments.online`), target >= 100;
+  OSGPR task; :mod:`experiments.hippo.online`), target >= 100;
 * OVC / OHSGPR training time on the thesis's daily series and, where its clips are installed
   (``make data``), the speech series, target >= 1 (OHSGPR no slower);
 * the captured-variance check's extra time per update, LegS stream
@@ -36,11 +36,12 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root: the experiments/ tree
 
 
 def online_times(dataset: str, methods: list[str], num_inducing: int, seed: int, osgpr_iters: int) -> dict[str, float]:
     """Cumulative training seconds over the 10 tasks, per method, from the online runner."""
-    from gpytorch_hippo.experiments import online
+    from experiments.hippo import online
 
     times = {}
     for method in methods:
@@ -52,7 +53,7 @@ def online_times(dataset: str, methods: list[str], num_inducing: int, seed: int,
 
 def speech_available() -> bool:
     """Whether the speech series loads here (its clips come from a system package)."""
-    from gpytorch_hippo.data import load_dataset
+    from experiments.hippo.datasets import load_dataset
 
     try:
         load_dataset("speech")

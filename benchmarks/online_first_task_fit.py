@@ -1,6 +1,6 @@
 """How far the online runner's task-1 hyperparameter fit gets (docs/results.md).
 
-For each series, the exact GP of :func:`gpytorch_hippo.experiments.online.fit_hyperparameters` on
+For each series, the exact GP of :func:`gpytorch_hippo.hyperparameters.fit_exact_hyperparameters` on
 task 1 of seed 0, started from the runner's ``ℓ = span / 50`` with its 100 Adam steps (lr 0.05),
 with 1000 steps, from ``ℓ = 2`` with 100 steps, and from the runner's grid start (since the fix)
 with 100 steps; printed: the fitted length scale, noise and
@@ -10,11 +10,17 @@ the exact log marginal likelihood per training point (higher is a better fit).
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from gpytorch_hippo.data import load_dataset, split_tasks
-from gpytorch_hippo.experiments import online
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the experiments/ tree
+
+from experiments.hippo import online  # noqa: E402
+from experiments.hippo.datasets import load_dataset  # noqa: E402
+from gpytorch_hippo.data import split_tasks  # noqa: E402
+from gpytorch_hippo.hyperparameters import fit_exact_hyperparameters  # noqa: E402
 
 
 def mll_per_point(kernel, likelihood, x, y) -> float:
@@ -37,14 +43,14 @@ def main(argv=None):
             torch.manual_seed(0)
             kernel = online.make_kernel("ohsgpr", span)
             kernel.base_kernel.lengthscale = torch.tensor(init, dtype=torch.float64)
-            likelihood = online.fit_hyperparameters(kernel, task.train_x, task.train_y, steps, 0.05, start="given")
+            likelihood = fit_exact_hyperparameters(kernel, task.train_x, task.train_y, steps, 0.05, start="given")
             cells.append(
                 f"ℓ0 = {init:.1f}, {steps} steps: ℓ = {kernel.base_kernel.lengthscale.item():.2f}, "
                 f"noise = {likelihood.noise.item():.3f}, "
                 f"log ML/n = {mll_per_point(kernel, likelihood, task.train_x, task.train_y):.3f}"
             )
         kernel = online.make_kernel("ohsgpr", span)
-        likelihood = online.fit_hyperparameters(kernel, task.train_x, task.train_y, 100, 0.05)  # the runner's grid start
+        likelihood = fit_exact_hyperparameters(kernel, task.train_x, task.train_y, 100, 0.05)  # the runner's grid start
         cells.append(
             f"grid start, 100 steps: ℓ = {kernel.base_kernel.lengthscale.item():.2f}, "
             f"noise = {likelihood.noise.item():.3f}, "

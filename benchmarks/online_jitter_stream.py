@@ -6,7 +6,7 @@ noise in ``--tasks`` tasks of ``--size`` unit-spaced samples and learned online 
 variance for
 
 * ``smoothed``: the library's update, which averages the stored task over the jitter noise of its
-  inducing variables (:func:`gpytorch_hippo.online._smooth_ratio`);
+  inducing variables (:func:`gpytorch_hippo.collapsed.smooth_ratio`);
 * ``jitter-as-information``: the same update with that average switched off, so each step passes
   the ``Kuu`` jitter on as information about ``f`` (Bui et al.'s ratio taken literally);
 

@@ -20,18 +20,23 @@ import argparse
 import json
 import multiprocessing as mp
 import resource
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import gpytorch
 import torch
 from devices import add_device_argument, describe, device_from_args, synchronize
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the experiments/ tree
+
 METHODS = ("ohsgpr-spectral", "ohsgpr-quadrature", "ohsgpr-recurrence", "ohsgpr-lyapunov", "osgpr")
 
 
 def load(args):
-    from gpytorch_hippo.data import load_dataset, load_speech
+    from experiments.hippo.datasets import load_speech
+    from gpytorch_hippo.data import load_dataset
 
     if args.series == "speech":
         y = load_speech(num_samples=args.samples, offset=0)
@@ -43,12 +48,12 @@ def load(args):
 
 
 def fitted_hyperparameters(x, y, args):
-    from gpytorch_hippo.experiments.online import fit_hyperparameters
+    from gpytorch_hippo.hyperparameters import fit_exact_hyperparameters
 
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double().to(x.device)
     kernel.base_kernel.lengthscale = 5.0
     # start="given" (ℓ = 5, noise 0.1), as in the recorded runs (docs/performance.md, "Long streams")
-    likelihood = fit_hyperparameters(kernel, x[: args.fit_points], y[: args.fit_points], 50, 0.1, start="given")
+    likelihood = fit_exact_hyperparameters(kernel, x[: args.fit_points], y[: args.fit_points], 50, 0.1, start="given")
     return kernel.requires_grad_(False), likelihood.requires_grad_(False)
 
 

@@ -3,7 +3,7 @@ and the baselines practitioners use, on Fashion-MNIST, paired by seed.
 
 A small ViT (``nn.TransformerEncoder``, dropout 0.1; :class:`sgpa_conversion.PatchViT`) is trained with
 softmax attention for ``--epochs`` epochs on a Fashion-MNIST subset (offline files, see
-:func:`gpytorch_sgpa.data.images.load_fashion_mnist`); then every method gets the same
+:func:`experiments.fashion_mnist.load_fashion_mnist`); then every method gets the same
 ``2 x --fine-tune`` further epochs:
 
 * **softmax**: the softmax network trained on (cross-entropy);
@@ -45,7 +45,9 @@ import copy
 import importlib.util
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from sgpa_conversion import PatchViT, _epoch
@@ -53,8 +55,12 @@ from sgpa_conversion import PatchViT, _epoch
 from gpytorch_sgpa import SGPAELBO, convert, predict_proba
 from gpytorch_sgpa.baselines import EnsembleClassifier, TemperatureScaling, mc_dropout_predict_proba
 from gpytorch_sgpa.baselines.laplace import LAPLACE_INSTALL, LastLayerLaplace
-from gpytorch_sgpa.data.images import load_fashion_mnist, load_mnist_ood
+from gpytorch_sgpa.data.images import load_mnist_ood
 from gpytorch_sgpa.metrics import accuracy, calibration_errors, negative_log_likelihood, ood_detection_scores
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the experiments/ tree
+
+from experiments.fashion_mnist import load_fashion_mnist
 
 METRICS = ("accuracy", "nll", "ece", "ood_auroc")
 HIGHER_IS_BETTER = {"accuracy": True, "nll": False, "ece": False, "ood_auroc": True}
@@ -83,6 +89,34 @@ def scores(probs, labels, probs_ood) -> dict:
     return dict(accuracy=accuracy(probs, labels), nll=negative_log_likelihood(probs.clamp_min(1e-12), labels), ece=ece, ood_auroc=auroc)
 
 
+def fine_tune_recipe(trained, calibration, train_x, train_y, generator, args):
+    """The README's recipe on a copy of the softmax network ``trained``: kernel attention, ``--fine-tune`` epochs of
+    cross-entropy, SGPA, ``--fine-tune`` epochs of the ELBO (``SGPAELBO`` defaults)."""
+    recipe = convert(copy.deepcopy(trained), attention="kernel", calibration_inputs=calibration)
+    recipe = train(recipe, train_x, train_y, args.fine_tune, generator, args.lr)
+    recipe = convert(recipe, num_global=args.num_global, calibration_inputs=calibration)
+    return train(recipe, train_x, train_y, args.fine_tune, generator, args.lr, elbo=SGPAELBO(recipe, num_data=len(train_y)))
+
+
+def load_data(args) -> tuple:
+    """``(train_x, train_y, val_x, val_y, test_x, test_y, ood_x)``: ``--train`` and ``--val`` images of Fashion-MNIST's
+    training set (one fixed draw), its first ``--test`` test images and as many MNIST digits."""
+    images, labels = load_fashion_mnist("train")
+    test_images, test_labels = load_fashion_mnist("test")
+    ood, _ = load_mnist_ood()
+    split = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
+    train_i, val_i = split[: args.train], split[args.train : args.train + args.val]
+    return (
+        images[train_i].float(),
+        labels[train_i],
+        images[val_i].float(),
+        labels[val_i],
+        test_images[: args.test].float(),
+        test_labels[: args.test],
+        ood[: args.test].float(),
+    )
+
+
 def run_seed(seed, data, args) -> dict:
     """``{method: {metric: value, "seconds": wall time}}`` of one seed."""
     train_x, train_y, val_x, val_y, test_x, test_y, ood_x = data
@@ -109,10 +143,7 @@ def run_seed(seed, data, args) -> dict:
     results["MC dropout"]["seconds"] = softmax_seconds + time.perf_counter() - clock
 
     clock = time.perf_counter()
-    recipe = convert(copy.deepcopy(trained), attention="kernel", calibration_inputs=calibration)
-    recipe = train(recipe, train_x, train_y, args.fine_tune, generator, args.lr)
-    recipe = convert(recipe, num_global=args.num_global, calibration_inputs=calibration)
-    recipe = train(recipe, train_x, train_y, args.fine_tune, generator, args.lr, elbo=SGPAELBO(recipe, num_data=len(train_y)))
+    recipe = fine_tune_recipe(trained, calibration, train_x, train_y, generator, args)
     sgpa = lambda images: in_chunks(lambda chunk: predict_proba(recipe, chunk, num_samples=args.num_samples), images)
     recipe_scores = scores(sgpa(test_x), test_y, sgpa(ood_x))
     recipe_scores["seconds"] = time.perf_counter() - clock
@@ -206,20 +237,7 @@ def main(argv=None) -> dict:
     if args.laplace and importlib.util.find_spec("laplace") is None:
         print(f"last-layer Laplace: not run, laplace-torch is not installed ({LAPLACE_INSTALL})")
         args.laplace = False
-    images, labels = load_fashion_mnist("train")
-    test_images, test_labels = load_fashion_mnist("test")
-    ood, _ = load_mnist_ood()
-    split = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
-    train_i, val_i = split[: args.train], split[args.train : args.train + args.val]
-    data = (
-        images[train_i].float(),
-        labels[train_i],
-        images[val_i].float(),
-        labels[val_i],
-        test_images[: args.test].float(),
-        test_labels[: args.test],
-        ood[: args.test].float(),
-    )
+    data = load_data(args)
     per_seed = {seed: run_seed(seed, data, args) for seed in args.seeds}
     if args.json:
         with open(args.json, "w") as file:

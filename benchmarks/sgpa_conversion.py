@@ -2,7 +2,7 @@
 
 A small ViT (``nn.TransformerEncoder``, 7 x 7 patches = 16 tokens) is trained with softmax
 attention on a subset of Fashion-MNIST (the Debian package's files, read offline by
-:func:`gpytorch_sgpa.data.images.load_fashion_mnist`), then converted:
+:func:`experiments.fashion_mnist.load_fashion_mnist`), then converted:
 
 * (a) softmax → kernel attention, the kernel at its default scale (``kernel_init="sdp"``);
 * (b) softmax → kernel attention with ``calibration_inputs`` (a batch of training images): length
@@ -31,7 +31,9 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +41,10 @@ from torch import nn
 
 import gpytorch_sgpa
 from gpytorch_sgpa import SGPAELBO, convert, kl_divergence, posterior_mean, predict_proba
-from gpytorch_sgpa.data.images import load_fashion_mnist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the experiments/ tree
+
+from experiments.fashion_mnist import load_fashion_mnist
 
 
 class PatchViT(nn.Module):

@@ -25,11 +25,13 @@ import time
 import torch
 from devices import add_device_argument, device_from_args, synchronize
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root: the experiments/ tree
+
 
 def worker(args) -> None:
+    from experiments.sgpa import distributed
+    from experiments.sgpa.training import Split, train_classifier
     from gpytorch_sgpa import SGPAELBO, SGPAViT
-    from gpytorch_sgpa.experiments import distributed
-    from gpytorch_sgpa.experiments.training import Split, train_classifier
 
     torch.set_num_threads(1)
     device = torch.device(args.device)

@@ -36,15 +36,20 @@ import argparse
 import copy
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from sgpa_calibration_recipe import add_recipe_arguments, in_chunks, train
 from sgpa_conversion import PatchViT
 
 from gpytorch_sgpa import SGPAELBO, convert, kl_divergence, predict_proba
-from gpytorch_sgpa.data.images import load_fashion_mnist
 from gpytorch_sgpa.metrics import accuracy, calibration_errors, negative_log_likelihood
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the experiments/ tree
+
+from experiments.fashion_mnist import load_fashion_mnist
 
 NUM_CLASSES = 10
 

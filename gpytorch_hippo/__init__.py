@@ -8,7 +8,7 @@ try:
 except _PackageNotFoundError:  # pragma: no cover - the source tree on sys.path without an install
     __version__ = "0+unknown"
 
-from .fitting import FitReport, RefitWarning, fit_online_bound
+from .fitting import FitReport, RefitPolicy, RefitWarning, fit_online_bound
 from .gpvae import SVGPVAE, ContinualSVGPVAE, ElasticWeightConsolidation
 from .hippo import DISCRETIZATIONS, MEASURES, HiPPO, project, quadrature_rule, transition
 from .inducing import (
@@ -48,6 +48,7 @@ __all__ = [
     "OnlineELBO",
     "fit_online_bound",
     "FitReport",
+    "RefitPolicy",
     "RefitWarning",
     "CapturedVarianceMonitor",
     "NegativeBinomialLikelihood",

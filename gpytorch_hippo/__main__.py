@@ -11,10 +11,10 @@
    ``ℓ`` ≈ 41 days, ``t/ℓ`` ≈ 9), enough for LegS to keep the whole past (``M = 1.6 t/ℓ`` keeps
    99.97 % of the prior variance) but fewer than the 292 training inputs, so points that follow the
    data to each new task leave the old ones.  Prints task 1's test NLPD and RMSE after every task
-   and the time per task, writes ``OUT/results.csv`` (the online runner's columns,
-   :data:`gpytorch_hippo.experiments.online.COLUMNS`) and ``OUT/online_forgetting.png``.  The full
-   comparison (more methods, data sets and ``M``; OVC draws level with OHSGPR on this series) is
-   :mod:`gpytorch_hippo.experiments.online`.
+   and the time per task, writes ``OUT/results.csv`` (columns :data:`COLUMNS`) and
+   ``OUT/online_forgetting.png``.  The full comparison (more methods, data sets and ``M``; OVC draws
+   level with OHSGPR on this series) is the thesis's experiment runner, run from a checkout of the
+   repository (``python -m experiments.hippo.online``).
 
 One torch thread by default (``--threads``): these are many small operations, which extra threads
 slow down on a machine that is busy with other work.
@@ -23,15 +23,23 @@ slow down on a machine that is busy with other work.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import time
+import warnings
 
+import gpytorch
 import torch
+from tqdm import tqdm
 
 from probseq._optional import require
 
-from .data import load_solar_ghi
+from .baselines import FourierSchedule, HiPPOSchedule, PivotedCholeskySchedule, RandomPointsSchedule, learn_task
+from .data import load_dataset, load_solar_ghi, split_tasks
 from .hippo import MEASURES, HiPPO
+from .hyperparameters import fit_exact_hyperparameters
+from .metrics import gaussian_nlpd, rmse
+from .online import OnlineSGPR
 
 
 def build_memories(M: int, window: float):
@@ -111,18 +119,102 @@ STYLES = {
 }
 NUM_TASKS = 10
 FULL_COMPARISON = (
-    "python -m gpytorch_hippo.experiments.online --dataset irradiance "
+    "python -m experiments.hippo.online --dataset irradiance "
     "--methods ohsgpr,ohsgpr-rff,osgpr,osgpr-fixed,ovc,ovc-optz,ovff --num-inducing 50 --seeds 5"
 )
 
 
-def run_online(seeds, methods=METHODS, num_inducing=NUM_INDUCING, num_tasks=NUM_TASKS, progress=False):
-    """The online runner's rows (:data:`~gpytorch_hippo.experiments.online.COLUMNS`) and the first
-    seed's final models, with the runner's defaults (task-1 grid-start fit, 100 OSGPR steps per task);
-    ``progress``: the runner's progress bars (on stderr)."""
-    from .experiments import online
+#: The columns of ``OUT/results.csv``: one row per method, seed, task trained and task evaluated.
+COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
+FIRST_ITERS = 100  # Adam steps of the exact GP that fits the hyperparameters on task 1
+OSGPR_ITERS = 100  # Adam steps on OSGPR's re-drawn inducing points per later task
+LR = 0.05
 
-    return online.run(DATASET, methods, num_inducing, list(seeds), progress=progress, num_tasks=num_tasks)
+
+def make_schedule(method: str, num_inducing: int, x: torch.Tensor):
+    """How ``method`` places its ``num_inducing`` inducing variables on the series' times ``x`` ``(N, 1)``."""
+    start, end = float(x.min()), float(x.max())
+    if method == "ohsgpr":
+        return HiPPOSchedule(num_inducing, "legs", start=start, method="lyapunov")
+    if method == "osgpr":
+        return RandomPointsSchedule(num_inducing, num_iter=OSGPR_ITERS)
+    if method == "ovc":
+        return PivotedCholeskySchedule(num_inducing)
+    if method == "ovff":
+        return FourierSchedule((num_inducing - 1) // 2, start, end)
+    raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+
+
+def run_method(method: str, num_inducing: int, seed: int, num_tasks: int = NUM_TASKS, progress: bool = False):
+    """Learn the series' ``num_tasks`` tasks in turn with ``method``: hyperparameters fitted on task 1 by an
+    exact GP and then fixed (RBF kernel; Matérn-5/2 for OVFF), each task absorbed once; after every task the
+    test NLPD and RMSE of every task seen so far.  Returns the rows (:data:`COLUMNS`; ``cum_time_s``: training
+    seconds so far), the final model and the data set."""
+    data = load_dataset(DATASET)
+    tasks = split_tasks(data, num_tasks, seed)
+    schedule = make_schedule(method, num_inducing, data.x)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    base = gpytorch.kernels.MaternKernel(nu=2.5) if method == "ovff" else gpytorch.kernels.RBFKernel()
+    kernel = gpytorch.kernels.ScaleKernel(base).double()
+    likelihood = fit_exact_hyperparameters(kernel, tasks[0].train_x, tasks[0].train_y, FIRST_ITERS, LR)
+    kernel.requires_grad_(False)
+    likelihood.requires_grad_(False)
+    rows, seconds, model = [], 0.0, None
+    for k, task in enumerate(tqdm(tasks, desc=f"{method} seed {seed}", disable=not progress, leave=False)):
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # captured-variance warnings of the small M
+            if model is None:
+                inducing = schedule.first(task.train_x, task.t_end, kernel, generator).to(task.train_x.dtype)
+                model = OnlineSGPR(inducing, kernel, likelihood, refit_max_change=None)
+                model.update(task.train_x, task.train_y, num_iter=schedule.num_iter, lr=LR)
+            else:
+                learn_task(model, schedule, task.train_x, task.train_y, task.t_end, generator, lr=LR)
+        seconds += time.perf_counter() - start
+        model.eval()
+        for j, seen in enumerate(tasks[: k + 1]):
+            with torch.no_grad():
+                predictive = model.likelihood(model(seen.test_x))
+            scores = {"nlpd": gaussian_nlpd(predictive.mean, predictive.variance, seen.test_y), "rmse": rmse(predictive.mean, seen.test_y)}
+            rows.append(
+                dict(
+                    dataset=DATASET,
+                    method=method,
+                    num_inducing=num_inducing,
+                    seed=seed,
+                    task_trained=k + 1,
+                    task_eval=j + 1,
+                    ece="",
+                    cum_time_s=seconds,
+                    **scores,
+                )
+            )
+        model.train()
+    return rows, model, data
+
+
+def run_online(seeds, methods=METHODS, num_inducing=NUM_INDUCING, num_tasks=NUM_TASKS, progress=False):
+    """The rows of :func:`run_method` for every method and seed, and the first seed's final models and data
+    (``{method: (model, data)}``); ``progress``: progress bars (on stderr)."""
+    rows, finals = [], {}
+    for seed in seeds:
+        for method in tqdm(methods, desc=f"{DATASET} M={num_inducing} seed {seed}", disable=not progress):
+            method_rows, model, data = run_method(method, num_inducing, seed, num_tasks, progress)
+            rows += method_rows
+            if seed == seeds[0]:
+                finals[method] = (model, data)
+    return rows, finals
+
+
+def write_csv(rows: list[dict], out: str) -> str:
+    """Write ``out/results.csv`` (columns :data:`COLUMNS`) and return its path."""
+    path = os.path.join(out, "results.csv")
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
 
 
 def task1_curves(rows, method, metric):
@@ -270,8 +362,6 @@ def main(argv=None):
     plot(memories, rows, times, values, path)
     print(f"figure: {path}")
     if not args.no_online:
-        from .experiments import online
-
         seeds = [0] if args.quick else list(range(args.seeds))
         print(
             f"\n2. training {len(METHODS)} online sparse GPs ({', '.join(NAMES[m] for m in METHODS)}) on {NUM_TASKS} tasks "
@@ -292,7 +382,7 @@ def main(argv=None):
             f"points re-drawn from old points and new inputs drift to the newest task"
         )
         print(forgetting_table(rows))
-        csv_path = online.write_csv(rows, args.out)
+        csv_path = write_csv(rows, args.out)
         figure = plot_forgetting(rows, finals, os.path.join(args.out, "online_forgetting.png"))
         print(f"wrote {csv_path}, {figure}")
         print(

@@ -12,10 +12,14 @@ than ``max_change`` times (an order of magnitude by default), is undone in the s
 (``FitReport.rejected``) and by a :class:`~gpytorch_hippo.fitting.RefitWarning`: one task's bound can favour such a move -- a short
 task says little about a length scale, and a mismatch between the stored posterior and new data is cheapest
 to explain by noise -- but it wrecks the model's forecasts.
+
+When :meth:`~gpytorch_hippo.online.OnlineSGPR.update` is called without ``num_iter``, the model consults its
+:class:`~gpytorch_hippo.fitting.RefitPolicy`: which tasks get a fit, of how many iterations, by which optimiser.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -25,7 +29,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-__all__ = ["FitReport", "RefitWarning", "fit_online_bound"]
+from probseq._validation import check_real
+
+__all__ = ["FitReport", "RefitPolicy", "RefitWarning", "fit_before_update", "fit_online_bound"]
 
 
 class RefitWarning(UserWarning):
@@ -61,6 +67,47 @@ class FitReport(NamedTuple):
     seconds: float
     rejected: str = ""
     largest_change: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RefitPolicy:
+    r"""When :meth:`~gpytorch_hippo.online.OnlineSGPR.update` fits the hyperparameters if its ``num_iter`` is unset
+    (``OnlineSGPR(refit_every=..., refit_iter=..., refit_optimizer=..., refit_max_change=...)`` builds one): on task 1
+    and on every ``every``-th task after it (tasks :math:`1, 1 + k, 1 + 2k, \dots`), by ``num_iter`` iterations of
+    ``optimizer`` on the task's online bound (:func:`fit_online_bound`); the other tasks are closed-form updates.
+
+    :param every: the spacing :math:`k` of the refitted tasks, a positive int; ``None`` (default): no fit unless
+        ``update`` asks for one.
+    :param num_iter: iterations of each refit, a positive int; default 50.
+    :param optimizer: ``"lbfgs"`` (default) or ``"adam"`` (at the ``lr`` given to ``update``).
+    :param max_change: every fit of ``update`` on a model that holds a posterior (the policy's or an explicit
+        ``num_iter``'s) that moves a positive hyperparameter by more than this factor is undone
+        (:func:`fit_online_bound`'s ``max_change``), as is a fit that lowers the task's bound; a number > 1, default
+        10; ``None``: keep every fit as the optimiser ends it.
+    """
+
+    every: int | None = None
+    num_iter: int = 50
+    optimizer: str = "lbfgs"
+    max_change: float | None = 10.0
+
+    def __post_init__(self) -> None:
+        for name, value, none in (("every", self.every, " or None"), ("num_iter", self.num_iter, "")):
+            if (value is not None or not none) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} (OnlineSGPR's refit_{name.replace('num_', '')}) must be a positive int{none}, got {value!r}")
+        if self.optimizer not in ("adam", "lbfgs"):
+            raise ValueError(f"optimizer (OnlineSGPR's refit_optimizer) must be 'adam' or 'lbfgs', got {self.optimizer!r}")
+        if self.max_change is not None and not (isinstance(self.max_change, (int, float)) and self.max_change > 1):
+            raise ValueError(f"max_change (OnlineSGPR's refit_max_change) must be a number > 1 or None, got {self.max_change!r}")
+
+    def next_fit(self, num_tasks: int) -> tuple[int, str] | None:
+        """``(num_iter, optimizer)`` of the fit of the next task, after ``num_tasks`` absorbed ones; ``None``: no fit.
+
+        :param num_tasks: the tasks absorbed so far (the model's ``num_tasks``).
+        """
+        if self.every is None or num_tasks % self.every != 0:
+            return None
+        return self.num_iter, self.optimizer
 
 
 def _positive_values(model: Any, names: set[str]) -> dict[str, Tensor]:
@@ -219,3 +266,53 @@ def fit_online_bound(
             stacklevel=3,
         )
     return FitReport(optimizer, iterations, status, message, before, after, time.perf_counter() - start, rejected, largest)
+
+
+def fit_before_update(
+    model: Any,
+    train_x: Tensor,
+    train_y: Tensor,
+    num_iter: int | None,
+    optimizer: str = "adam",
+    lr: float = 0.01,
+    noise: Tensor | None = None,
+    mask: Tensor | None = None,
+    progress: bool = False,
+) -> FitReport | None:
+    """The fit that :meth:`~gpytorch_hippo.online.OnlineSGPR.update` runs before it absorbs a task: ``num_iter``
+    iterations of ``optimizer`` if ``num_iter`` is given, else what the model's :class:`RefitPolicy` says for its next
+    task (a policy fit leaves out a mean function that the stored task's interdomain variables, projections of
+    :math:`f - m`, cannot follow; an explicit fit that would train it raises). Undone as the policy's ``max_change`` says.
+
+    :param model: an :class:`~gpytorch_hippo.online.OnlineSGPR`.
+    :param train_x: the task's inputs, checked (``(N, D)``; ``(S, N, D)`` for batched streams).
+    :param train_y: the task's targets, checked.
+    :param num_iter: the iterations, a non-negative int (``0``: no fit); ``None``: the refit policy decides.
+    :param optimizer: ``"adam"`` (default) or ``"lbfgs"``, unless the refit policy decides.
+    :param lr: Adam's learning rate, a positive number; default 0.01.
+    :param noise: per-point noise variances in place of the likelihood's (``None``: the likelihood's).
+    :param mask: booleans ``(S, N)`` of a ragged task of batched streams (``False``: padding).
+    :param progress: show a ``tqdm`` bar.
+    :return: the :class:`FitReport`, or ``None`` if nothing was fitted.
+    """
+    by_policy = num_iter is None
+    if num_iter is None:
+        num_iter, optimizer = model.refit_policy.next_fit(int(model.num_tasks)) or (0, optimizer)
+    if not isinstance(num_iter, int) or isinstance(num_iter, bool) or num_iter < 0:
+        raise ValueError(f"num_iter must be a non-negative int, got {num_iter!r}")
+    lr = check_real(lr, "lr", low=0, low_open=True)
+    if optimizer not in ("adam", "lbfgs"):
+        raise ValueError(f"optimizer must be 'adam' or 'lbfgs', got {optimizer!r}")
+    if num_iter == 0:
+        return None
+    stored = model.posterior_inducing_variables
+    mean_is_fixed = stored is not None and stored.prior_mean(model.mean_module) is None  # interdomain: f - m
+    fixed_mean = by_policy and mean_is_fixed
+    if not fixed_mean and mean_is_fixed and any(p.requires_grad for p in model.mean_module.parameters()):
+        raise ValueError(  # fail before optimising rather than at the first step that moves the mean
+            "num_iter > 0 would train the mean function after the first task, which the stored task's "
+            f"{type(stored).__name__} (projections of f - m) cannot follow: "
+            "call mean_module.requires_grad_(False) first, or use InducingPoints"
+        )
+    max_change = model.refit_policy.max_change
+    return fit_online_bound(model, train_x, train_y, num_iter, optimizer, lr, noise, mask, fixed_mean, max_change, progress)

@@ -54,9 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from probseq._validation import check_tensor
-
-from ._validation import check_finite_scalar
+from probseq._validation import check_real, check_tensor
 
 #: The HiPPO measures (``measure=``), in order scaled Legendre, translated Legendre, translated Laguerre and Fourier.
 MEASURES = ("legs", "legt", "lagt", "fout")
@@ -535,7 +533,7 @@ class HiPPO(nn.Module):
         :param t0: its time (default 0); :math:`\ge 0` for LegS. Only checked: the state does not depend on it.
         """
         f0 = _floating(f0, "f0", self.A.device)
-        t0 = check_finite_scalar(t0, "t0")
+        t0 = check_real(t0, "t0")
         if self.measure == "legs" and t0 < 0:
             raise ValueError(f"t0 must be >= 0 for measure 'legs', got {t0}")
         return f0[..., None] * self._initial_vector().to(f0.dtype)
@@ -556,7 +554,7 @@ class HiPPO(nn.Module):
         c = _floating(c, "c", None)  # an integer state steps in float64, not in integers
         if c.shape[-1] != self.M:
             raise ValueError(f"c must have last dimension M = {self.M}, got {tuple(c.shape)}")
-        t_prev, t = check_finite_scalar(t_prev, "t_prev"), check_finite_scalar(t, "t")
+        t_prev, t = check_real(t_prev, "t_prev"), check_real(t, "t")
         if not t > t_prev:
             raise ValueError(f"t must be greater than t_prev, got t_prev={t_prev}, t={t}")
         if self.measure == "legs" and t_prev < 0:

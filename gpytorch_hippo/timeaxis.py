@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["TimeAxis", "align_on_index", "as_time_axis", "is_datetime_like"]
+__all__ = ["TimeAxis", "align_on_index", "as_time_axis", "is_datetime_like", "restore_time_axis"]
 
 #: the units of :class:`TimeAxis` (NumPy's ``timedelta64`` codes)
 UNITS = ("W", "D", "h", "m", "s", "ms", "us", "ns")
@@ -229,3 +229,20 @@ class TimeAxis:
             )
         if self.origin is None:
             self.origin, self.zone = saved.origin, saved.zone
+
+
+def restore_time_axis(axis: TimeAxis | None, saved: dict | None) -> TimeAxis | None:
+    """``axis`` with a checkpoint's saved axis restored into it (:meth:`TimeAxis.load_state`: it takes the saved origin
+    and zone if it has no origin yet); without an axis, the saved one (:meth:`TimeAxis.from_state`); without a saved
+    one, ``axis`` as it is.
+
+    :param axis: the axis of the model or fleet being restored (changed in place), or ``None``.
+    :param saved: what :meth:`TimeAxis.state` saved, or ``None``.
+    :raises ValueError: if the saved axis has another unit, or another origin or zone than ``axis`` has.
+    """
+    if saved is None:
+        return axis
+    if axis is None:
+        return TimeAxis.from_state(saved)
+    axis.load_state(saved)
+    return axis

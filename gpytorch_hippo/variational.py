@@ -1,16 +1,23 @@
 r"""One variational strategy for every kind of inducing variable (thesis §4.2.1 and §2.3.2):
 :math:`q(f) = \int p(f \mid u)\, q(u)\, \mathrm{d}u` with :math:`q(u) = \mathcal{N}(m, S)` (Titsias (2009), Hensman et al. (2013)).
+
+The strategy holds the GPyTorch hooks; the algebra lives in the functions below it, in the whitened coordinates
+:math:`v = L^{-1}(u - \mu_u)` with :math:`L = \operatorname{chol}(K_{uu})`, and the eval-mode caches are guarded by a
+fingerprint of what they were computed from (a cache never outlives what it depends on).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
+from collections.abc import Callable, Iterable
 
 import gpytorch
 import torch
 from gpytorch.distributions import Delta, MultivariateNormal
-from gpytorch.utils.memoize import cached, clear_cache_hook
+from gpytorch.utils.errors import CachingError
+from gpytorch.utils.memoize import cached, clear_cache_hook, pop_from_cache
 from linear_operator import to_dense
 from linear_operator.operators import (
     CholLinearOperator,
@@ -22,7 +29,7 @@ from linear_operator.operators import (
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from probseq._compat import VariationalDistributionBase, VariationalStrategyBase, cholesky_dtype
+from probseq._compat import VariationalDistributionBase, VariationalStrategyBase, cholesky_dtype, without_memoized_values
 
 from .inducing.base import InducingVariables
 from .inducing.points import InducingPoints
@@ -40,12 +47,216 @@ def solve_lower(chol: Tensor, rhs: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(chol, rhs.to(chol.dtype), upper=False).to(rhs.dtype)
 
 
-def _same_tensor(cached: Tensor, current: Tensor) -> bool:
-    """Whether a fingerprint tensor still describes ``current``: same values, shape, dtype and device
+def _watched_tensors(strategy: InterdomainVariationalStrategy) -> list[Tensor]:
+    """Every parameter and buffer of ``strategy`` (its inducing variables and :math:`q(u)`), its kernel and the model's
+    mean: what the eval-mode caches depend on."""
+    modules = (strategy, strategy.kernel, strategy.mean_module)
+    return [tensor for module in modules if module is not None for tensor in itertools.chain(module.parameters(), module.buffers())]
+
+
+def _fingerprint(tensors: Iterable[Tensor]) -> list[Tensor]:
+    """Detached copies of ``tensors``, to tell later whether any of them changed (:func:`_fingerprint_matches`)."""
+    return [tensor.detach().clone() for tensor in tensors]
+
+
+def _fingerprint_matches(recorded: list[Tensor] | None, tensors: list[Tensor]) -> bool:
+    """Whether ``recorded`` (:func:`_fingerprint`) still describes ``tensors``: same values, shapes, dtypes and devices
     (``torch.equal`` alone calls float32 and float64 copies equal, and raises across devices)."""
     return (
-        cached.shape == current.shape and cached.dtype == current.dtype and cached.device == current.device and torch.equal(cached, current)
+        recorded is not None
+        and len(recorded) == len(tensors)
+        and all(
+            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b.detach())
+            for a, b in zip(recorded, tensors)
+        )
     )
+
+
+def whitened_moments(
+    chol: Tensor, mean: Tensor, covar: LinearOperator | None, prior_mean: Tensor | None, whitened: bool
+) -> tuple[Tensor, Tensor | None]:
+    r"""The mean :math:`m_v` and a root :math:`R_v` (``None`` for a point mass) of :math:`q(v)`, :math:`v = L^{-1}(u - \mu_u)`, from
+    the variational distribution's mean and covariance: as they are when ``whitened`` (it is over :math:`v`), else
+    :math:`m_v = L^{-1}(m - \mu_u)` and :math:`R_v = L^{-1} R` with :math:`S = R R^\top`.
+
+    :param chol: :math:`L`, the lower Cholesky factor of :math:`K_{uu}`, ``(..., M, M)``.
+    :param mean: the variational mean (:math:`m`, or :math:`m_v` when ``whitened``), ``(..., M)``.
+    :param covar: the variational covariance (:math:`S`, or :math:`R_v R_v^\top` when ``whitened``); ``None``: a point
+        mass.
+    :param prior_mean: :math:`\mu_u`, ``(..., M)``; ``None``: zero.
+    :param whitened: whether ``mean`` and ``covar`` are over :math:`v` already.
+    """
+    if whitened:
+        return mean, None if covar is None else to_dense(covar.root_decomposition().root)
+    if prior_mean is not None:
+        mean = mean - prior_mean
+    mean_v = solve_lower(chol, mean.unsqueeze(-1)).squeeze(-1)
+    return mean_v, None if covar is None else solve_lower(chol, to_dense(covar.root_decomposition().root))
+
+
+def conditional(
+    prior_mean: Tensor, prior_covar: LinearOperator, W: Tensor, mean_v: Tensor, root_v: Tensor | None, jitter: float
+) -> MultivariateNormal:
+    r""":math:`\int p(f \mid u)\, q(u)\, \mathrm{d}u` for targets :math:`f` with prior :math:`\mathcal{N}(\mu_f, K_{ff})` and
+    :math:`W = L^{-1} \operatorname{cov}(u, f)` (thesis eq. (2.36)), for :math:`q(v) = \mathcal{N}(m_v, R_v R_v^\top)`
+    (:func:`whitened_moments`; ``root_v=None`` for a point mass):
+
+    .. math::
+        q(f) = \mathcal{N}\big(\mu_f + W^\top m_v,\; K_{ff} + \mathrm{jitter}\, I + W^\top (R_v R_v^\top - I) W\big).
+
+    The covariance stays lazy (prior plus low rank): reading its diagonal costs :math:`O(N M^2)`, while samples and
+    GPyTorch's multitask wrappers see the correlations. A negative Nyström residual warns (:func:`nystrom_residual`).
+
+    :param prior_mean: :math:`\mu_f`, ``(..., N)``.
+    :param prior_covar: :math:`K_{ff}`, ``(..., N, N)``.
+    :param W: :math:`L^{-1} \operatorname{cov}(u, f)`, ``(..., M, N)``.
+    :param mean_v: :math:`m_v`, ``(..., M)``.
+    :param root_v: :math:`R_v`, ``(..., M, R)``; ``None``: a point mass at :math:`m_v`.
+    :param jitter: added to the diagonal of :math:`K_{ff}` (``0``: none).
+    """
+    mean = prior_mean + (W.mT @ mean_v.unsqueeze(-1)).squeeze(-1)
+    nystrom_residual(prior_covar.diagonal(dim1=-2, dim2=-1), W)  # warns if Kuu and Kuf are inconsistent
+    eye = torch.eye(W.shape[-2], dtype=W.dtype, device=W.device)
+    middle = -eye if root_v is None else root_v @ root_v.mT - eye
+    covar = prior_covar.add_jitter(jitter) if jitter > 0 else prior_covar
+    covar = covar + MatmulLinearOperator(W.mT, middle @ W)
+    if gpytorch.settings.trace_mode.on():
+        covar = covar.to_dense()
+    return MultivariateNormal(mean, covar)
+
+
+def unwhiten(chol: Tensor, q_v: MultivariateNormal, prior_mean: Tensor | None) -> MultivariateNormal:
+    r""":math:`q(u)` for :math:`u = \mu_u + L v`: :math:`\mathcal{N}(\mu_u + L m_v,\; L R_v R_v^\top L^\top)` with a dense covariance.
+
+    :param chol: :math:`L`, the lower Cholesky factor of :math:`K_{uu}`, ``(..., M, M)``.
+    :param q_v: :math:`q(v) = \mathcal{N}(m_v, R_v R_v^\top)`.
+    :param prior_mean: :math:`\mu_u`, ``(..., M)``; ``None``: zero.
+    """
+    mean = (chol.to(q_v.mean.dtype) @ q_v.mean.unsqueeze(-1)).squeeze(-1)
+    if prior_mean is not None:
+        mean = mean + prior_mean
+    root = to_dense(q_v.lazy_covariance_matrix.root_decomposition().root)
+    root = chol.to(root.dtype) @ root
+    return MultivariateNormal(mean, root @ root.mT)
+
+
+def whiten(chol: Tensor, q_u: MultivariateNormal, prior_mean: Tensor | None) -> tuple[Tensor, Tensor]:
+    r"""The mean :math:`L^{-1}(m - \mu_u)` and covariance :math:`L^{-1} S L^{-\top}` of :math:`v = L^{-1}(u - \mu_u)` for
+    :math:`q(u) = \mathcal{N}(m, S)` (the inverse of :func:`unwhiten`).
+
+    :param chol: :math:`L`, the lower Cholesky factor of :math:`K_{uu}`, ``(..., M, M)``.
+    :param q_u: :math:`q(u) = \mathcal{N}(m, S)`.
+    :param prior_mean: :math:`\mu_u`, ``(..., M)``; ``None``: zero.
+    """
+    mean, covar = q_u.mean, to_dense(q_u.lazy_covariance_matrix)
+    chol = chol.to(mean.dtype)
+    mean = mean if prior_mean is None else mean - prior_mean
+    return solve_lower(chol, mean.unsqueeze(-1)).squeeze(-1), solve_lower(chol, solve_lower(chol, covar).mT)
+
+
+def _initialize_exactly(distribution: VariationalDistributionBase, mean: Tensor, covar: Tensor) -> None:
+    """Set a GPyTorch variational distribution to :math:`\\mathcal{N}(\\text{mean}, \\text{covar})` exactly: without the
+    random jitter its ``initialize_variational_distribution`` adds to the mean (``covar`` is symmetrised)."""
+    mean_init_std = distribution.mean_init_std
+    distribution.mean_init_std = 0.0
+    try:
+        distribution.initialize_variational_distribution(MultivariateNormal(mean, (covar + covar.mT) / 2))
+    finally:
+        distribution.mean_init_std = mean_init_std
+
+
+def _input_locations(inducing_variables: InducingVariables, q: VariationalDistributionBase) -> Tensor:
+    """The inputs ``Z`` of :class:`~gpytorch_hippo.inducing.InducingPoints` (the live tensor); for interdomain inducing
+    variables, which have none, an empty ``(*batch, M, 0)`` tensor of ``q``'s dtype and device."""
+    points = getattr(inducing_variables, "points", None)
+    if isinstance(points, Tensor):
+        return points
+    return torch.empty(*q.batch_shape, inducing_variables.num_inducing, 0, dtype=q.dtype, device=q.device)
+
+
+def _load_gpytorch_checkpoint(strategy, state_dict, prefix, *args) -> None:
+    """A load pre-hook: a checkpoint of GPyTorch's ``VariationalStrategy`` / ``UnwhitenedVariationalStrategy`` (built
+    with the same ``whitened``) loads into a strategy over :class:`~gpytorch_hippo.inducing.InducingPoints`: its
+    ``inducing_points`` become theirs, and it has no online bookkeeping."""
+    if prefix + "inducing_points" not in state_dict or not isinstance(strategy.inducing_variables, InducingPoints):
+        return
+    state_dict[prefix + "inducing_variables.points"] = state_dict.pop(prefix + "inducing_points")
+    updated = state_dict.pop(prefix + "updated_strategy", None)
+    if updated is not None and not bool(updated):
+        raise RuntimeError(
+            "this VariationalStrategy checkpoint predates GPyTorch's current whitening (updated_strategy=False): "
+            "load it into gpytorch.variational.VariationalStrategy once and save it again"
+        )
+    state_dict.setdefault(prefix + "online_task_ended", strategy.online_task_ended.clone())
+
+
+def _moved_copy(inducing_variables: InducingVariables, move: Callable[[InducingVariables], None]) -> InducingVariables:
+    """A copy of ``inducing_variables`` moved by ``move``, owned by no strategy (the originals stay as they are)."""
+    moved = copy.deepcopy(inducing_variables)
+    moved.variational_owner = None
+    move(moved)
+    return moved
+
+
+def _move_owned(inducing_variables: InducingVariables, move: Callable[[InducingVariables], None], owner: str) -> None:
+    """``move(inducing_variables)`` in place, released by their strategy ``owner`` meanwhile (inducing variables
+    refuse to move while a strategy owns them)."""
+    inducing_variables.variational_owner = None
+    try:
+        move(inducing_variables)
+    finally:
+        inducing_variables.variational_owner = owner
+
+
+def _no_fantasy_error(inducing_variables: InducingVariables) -> NotImplementedError:
+    """The error of GPyTorch's fantasy models for inducing variables without input locations."""
+    return NotImplementedError(
+        f"GPyTorch's fantasy models condition an exact GP on pseudo-observations at input locations, which "
+        f"{type(inducing_variables).__name__} do not have: condition them online with "
+        "gpytorch_hippo.OnlineSGPR / OnlineELBO, or gpytorch_hippo.botorch.OnlineGPModel.condition_on_observations"
+    )
+
+
+def _resized(distribution: VariationalDistributionBase, num_inducing: int) -> VariationalDistributionBase:
+    """``distribution`` if it has ``num_inducing`` variables, else a fresh one of its class, batch shape,
+    ``mean_init_std``, dtype and device."""
+    if distribution.shape()[-1] == num_inducing:
+        return distribution
+    reference = next(itertools.chain(distribution.parameters(), distribution.buffers()), None)
+    fresh = type(distribution)(num_inducing, batch_shape=distribution.batch_shape, mean_init_std=distribution.mean_init_std)
+    return fresh if reference is None else fresh.to(reference)
+
+
+def _check_inducing_variables(inducing_variables) -> None:
+    if not isinstance(inducing_variables, InducingVariables):
+        raise TypeError(
+            f"inducing_variables must be an InducingVariables instance (e.g. InducingPoints), got {type(inducing_variables).__name__}"
+        )
+
+
+def _check_sizes(distribution: VariationalDistributionBase, inducing_variables: InducingVariables) -> None:
+    num_q = distribution.shape()[-1]
+    if num_q != inducing_variables.num_inducing:
+        raise RuntimeError(
+            f"the variational distribution has size {num_q} but inducing_variables has num_inducing="
+            f"{inducing_variables.num_inducing}: change their number with "
+            "variational_strategy.replace_inducing_variables(new), which resizes and carries q(u)"
+        )
+
+
+def _check_arguments(inducing_variables, variational_distribution, kernel) -> None:
+    _check_inducing_variables(inducing_variables)
+    if not isinstance(variational_distribution, VariationalDistributionBase):
+        raise TypeError(
+            f"variational_distribution must be a gpytorch variational distribution, got {type(variational_distribution).__name__}"
+        )
+    if kernel is not None and not isinstance(kernel, gpytorch.kernels.Kernel):
+        raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(kernel).__name__}")
+    num_q = variational_distribution.shape()[-1]
+    if num_q != inducing_variables.num_inducing:
+        raise ValueError(
+            f"variational_distribution has size {num_q} but inducing_variables has num_inducing={inducing_variables.num_inducing}"
+        )
 
 
 class InterdomainVariationalStrategy(VariationalStrategyBase):
@@ -59,15 +270,16 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         q(f_X) = \mathcal{N}\big(m(X) + K_{Xu} K_{uu}^{-1} (m_u - \mu_u),\;
                  K_{XX} + K_{Xu} K_{uu}^{-1} (S_u - K_{uu}) K_{uu}^{-1} K_{uX}\big),
 
-    computed as :math:`W = L^{-1} K_{uX}` with :math:`L = \operatorname{chol}(K_{uu})`. With ``whitened=True`` the
-    variational distribution is over :math:`v = L^{-1}(u - \mu_u)` and the prior is :math:`\mathcal{N}(0, I)`;
-    with ``whitened=False`` it is over :math:`u` itself and the prior is :math:`\mathcal{N}(\mu_u, K_{uu})`. The
-    ELBO's KL term is :math:`\mathrm{KL}(q \| \mathrm{prior})` (thesis eq. (2.38)).
+    computed as :math:`W = L^{-1} K_{uX}` with :math:`L = \operatorname{chol}(K_{uu})`. With
+    ``whitened=True`` the variational distribution is over :math:`v = L^{-1}(u - \mu_u)` and the prior is
+    :math:`\mathcal{N}(0, I)`; with ``whitened=False`` it is over :math:`u` itself and the prior is
+    :math:`\mathcal{N}(\mu_u, K_{uu})`. The ELBO's KL term is :math:`\mathrm{KL}(q \| \mathrm{prior})` (thesis eq. (2.38)).
 
     With :class:`~gpytorch_hippo.inducing.InducingPoints` this is exactly GPyTorch's
     ``VariationalStrategy`` (``whitened=True``) or ``UnwhitenedVariationalStrategy``
     (``whitened=False``): same mean, covariance, KL and jitter (``Kuu`` jitter from the inducing
-    variables' policy; the whitened form also adds it to the data covariance, as GPyTorch does).
+    variables' policy; the whitened form also adds it to the data covariance, as GPyTorch does), and
+    their checkpoints load into it.
 
     :param model: the ``ApproximateGP`` that owns this strategy. It is not registered as a
         submodule. ``model.forward(x)`` gives the prior :math:`p(f(x))` (mean and covariance at data).
@@ -85,6 +297,8 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
     filled (e.g. after ``load_state_dict`` or setting a lengthscale).
     """
 
+    _variational_distribution: VariationalDistributionBase  # set by GPyTorch's constructor
+
     def __init__(
         self,
         model: gpytorch.models.ApproximateGP,
@@ -93,30 +307,14 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         whitened: bool = True,
         kernel: gpytorch.kernels.Kernel | None = None,
     ):
-        if not isinstance(inducing_variables, InducingVariables):
-            raise TypeError(
-                f"inducing_variables must be an InducingVariables instance (e.g. InducingPoints), got {type(inducing_variables).__name__}"
-            )
-        if not isinstance(variational_distribution, VariationalDistributionBase):
-            raise TypeError(
-                f"variational_distribution must be a gpytorch variational distribution, got {type(variational_distribution).__name__}"
-            )
-        if kernel is not None and not isinstance(kernel, gpytorch.kernels.Kernel):
-            raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(kernel).__name__}")
-        num_q = variational_distribution.shape()[-1]
-        if num_q != inducing_variables.num_inducing:
-            raise ValueError(
-                f"variational_distribution has size {num_q} but inducing_variables has num_inducing={inducing_variables.num_inducing}"
-            )
-        # Deliberately skip _VariationalStrategy.__init__: it would register an `inducing_points`
-        # parameter, which has no meaning for interdomain inducing variables (and would go stale for
-        # point ones); the `inducing_points` property below gives GPyTorch's wrappers what they read.
-        gpytorch.Module.__init__(self)
-        self._jitter_val = None
-        object.__setattr__(self, "model", model)
+        _check_arguments(inducing_variables, variational_distribution, kernel)
+        # GPyTorch's constructor holds the model, the variational distribution and its initialisation flag, and
+        # registers a copy of the inducing inputs (the `inducing_points` property, which reads them live, has nothing
+        # to read yet); the copy is removed: the inputs belong to the inducing variables, and interdomain ones have none.
+        points = _input_locations(inducing_variables, variational_distribution)
+        super().__init__(model, points, variational_distribution, learn_inducing_locations=False)
+        del self.inducing_points
         self.inducing_variables = inducing_variables
-        self._variational_distribution = variational_distribution
-        self.register_buffer("variational_params_initialized", torch.tensor(0))
         # set by OnlineELBO.end_task, cleared by advance: an attached OnlineELBO must store the
         # finished task before the inducing variables move (see advance)
         self.register_buffer("online_task_ended", torch.tensor(False))
@@ -124,9 +322,9 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         self.whitened = bool(whitened)
         self._explicit_kernel = kernel
         self._cache_fingerprint: list[Tensor] | None = None
+        self.register_load_state_dict_pre_hook(_load_gpytorch_checkpoint)
         inducing_variables.variational_owner = type(self).__name__
 
-    # ------------------------------------------------------------------ components
     @property
     def kernel(self) -> gpytorch.kernels.Kernel:
         """The kernel ``k`` of the prior: the explicit ``kernel`` argument or ``model.covar_module``."""
@@ -149,84 +347,36 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
 
     @property
     def inducing_points(self) -> Tensor:
-        """GPyTorch's attribute, read by its wrappers (``LMCVariationalStrategy`` takes its dtype).
-
-        The inputs ``Z`` of :class:`~gpytorch_hippo.inducing.InducingPoints` (the live tensor, never a
-        stale copy); interdomain inducing variables have no input locations, so for them an empty
-        ``(*batch, M, 0)`` tensor of the variational distribution's dtype and device.
-        """
-        points = getattr(self.inducing_variables, "points", None)
-        if isinstance(points, Tensor):
-            return points
-        q = self._variational_distribution
-        return torch.empty(*q.batch_shape, self.inducing_variables.num_inducing, 0, dtype=q.dtype, device=q.device)
+        """GPyTorch's attribute, read by its wrappers (``LMCVariationalStrategy`` takes its dtype): the live inputs of
+        point inducing variables, an empty ``(*batch, M, 0)`` tensor for interdomain ones."""
+        return _input_locations(self.inducing_variables, self._variational_distribution)
 
     @property
     def jitter_val(self) -> float:
-        dtype = self._variational_distribution.dtype
-        return self.inducing_variables.jitter_value(dtype)
+        """The jitter of :math:`K_{uu}`, from the inducing variables' policy (relative for HiPPO ones)."""
+        return self.inducing_variables.jitter_value(self._variational_distribution.dtype)
 
     @jitter_val.setter
     def jitter_val(self, value: float) -> None:
         raise AttributeError("set the jitter on the inducing variables (inducing_variables.jitter)")
 
-    # ------------------------------------------------------------------ caching
-    def _watched_tensors(self) -> list[Tensor]:
-        modules = [self, self.kernel]
-        if self.mean_module is not None:
-            modules.append(self.mean_module)
-        tensors = []
-        for module in modules:
-            tensors.extend(module.parameters())
-            tensors.extend(module.buffers())
-        return tensors
-
     def _clear_cache(self) -> None:
+        """GPyTorch's hook: drop the caches, and the fingerprint of what they were filled from."""
         clear_cache_hook(self)
         self._cache_fingerprint = None
 
     def _clear_cache_if_stale(self, force: bool = False) -> None:
-        """Drop the caches if any watched tensor changed value since they were filled (or ``force``),
-        and record what the next fill depends on."""
-        tensors = self._watched_tensors()
-        old = self._cache_fingerprint
-        fresh = (
-            not force and old is not None and len(old) == len(tensors) and all(_same_tensor(a, b.detach()) for a, b in zip(old, tensors))
-        )
-        if not fresh:
+        """Drop the caches if any parameter or buffer of the strategy, the kernel or the mean changed value since they
+        were filled (or ``force``), and record what the next fill depends on."""
+        tensors = _watched_tensors(self)
+        if force or not _fingerprint_matches(self._cache_fingerprint, tensors):
             clear_cache_hook(self)
-            self._cache_fingerprint = [t.detach().clone() for t in tensors]
-
-    def _forget_variational_distribution(self) -> None:
-        """Drop only the memo of ``q(u)`` after its parameters were set (initialisation), and record the
-        new values: the prior and ``chol(K_uu)`` depend on the kernel and the inducing variables only, so
-        they stay cached (GPyTorch's count of Cholesky factorisations per pass)."""
-        cache = getattr(self, "_memoize_cache", {})
-        self._memoize_cache = {
-            key: value for key, value in cache.items() if (key[0] if isinstance(key, tuple) else key) != "variational_distribution_memo"
-        }
-        self._cache_fingerprint = [t.detach().clone() for t in self._watched_tensors()]
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        # A checkpoint of GPyTorch's VariationalStrategy / UnwhitenedVariationalStrategy (built with the
-        # same ``whitened``): its ``inducing_points`` are the points of InducingPoints, and it has no
-        # online bookkeeping.
-        if prefix + "inducing_points" in state_dict and isinstance(self.inducing_variables, InducingPoints):
-            state_dict[prefix + "inducing_variables.points"] = state_dict.pop(prefix + "inducing_points")
-            updated = state_dict.pop(prefix + "updated_strategy", None)
-            if updated is not None and not bool(updated):
-                raise RuntimeError(
-                    "this VariationalStrategy checkpoint predates GPyTorch's current whitening (updated_strategy=False): "
-                    "load it into gpytorch.variational.VariationalStrategy once and save it again"
-                )
-            state_dict.setdefault(prefix + "online_task_ended", self.online_task_ended.clone())
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+            self._cache_fingerprint = _fingerprint(tensors)
 
     def __getstate__(self):
         """Copies and pickles drop the caches: they are recomputed on demand, and train-mode ones
         hold tensors in the autograd graph, which ``copy.deepcopy`` refuses."""
-        state = super().__getstate__()
-        state["_memoize_cache"] = {}
+        state = without_memoized_values(super().__getstate__())
         state["_cache_fingerprint"] = None
         return state
 
@@ -236,28 +386,22 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         Kuu = to_dense(self.inducing_variables.Kuu(self.kernel))
         return psd_safe_cholesky(Kuu.type(cholesky_dtype()))
 
-    def _prior_mean_u(self) -> Tensor | None:
-        return self.inducing_variables.prior_mean(self.mean_module)
-
-    # ------------------------------------------------------------------ distributions over u
     @property
     @cached(name="prior_distribution_memo")
     def prior_distribution(self) -> MultivariateNormal:
         r""":math:`p(v) = \mathcal{N}(0, I)` (whitened) or :math:`p(u) = \mathcal{N}(\mu_u, K_{uu})` (unwhitened)."""
-        q_shape = self._variational_distribution.shape()
-        dtype = self._variational_distribution.dtype
-        device = self._variational_distribution.device
-        zeros = torch.zeros(q_shape, dtype=dtype, device=device)
+        q = self._variational_distribution
+        q_shape = q.shape()
+        zeros = torch.zeros(q_shape, dtype=q.dtype, device=q.device)
         if self.whitened:
             return MultivariateNormal(zeros, DiagLinearOperator(torch.ones_like(zeros)))
-        chol = self._cholesky_factor().to(dtype)
+        chol = self._cholesky_factor().to(q.dtype)
         batch_shape = torch.broadcast_shapes(q_shape[:-1], chol.shape[:-2])
         chol = chol.expand(*batch_shape, *chol.shape[-2:])
-        mean_u = self._prior_mean_u()
+        mean_u = self.inducing_variables.prior_mean(self.mean_module)
         mean = zeros.expand(*batch_shape, q_shape[-1]) if mean_u is None else (zeros + mean_u).expand(*batch_shape, -1)
         return MultivariateNormal(mean, CholLinearOperator(TriangularLinearOperator(chol)))
 
-    # ------------------------------------------------------------------ GPyTorch's fantasy models
     @property
     def has_fantasy_strategy(self) -> bool:
         """Online variational conditioning needs input locations: point inducing variables only."""
@@ -269,7 +413,7 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         :math:`D_a = (S^{-1} - K_{uu}^{-1})^{-1}` (Maddox et al. 2021), computed exactly as GPyTorch's
         ``VariationalStrategy`` (whitened) or ``UnwhitenedVariationalStrategy`` does."""
         if not self.has_fantasy_strategy:
-            raise NotImplementedError(self._no_fantasy_message())
+            raise _no_fantasy_error(self.inducing_variables)
         self._clear_cache_if_stale()
         strategies = gpytorch.variational
         gpytorch_strategy = strategies.VariationalStrategy if self.whitened else strategies.UnwhitenedVariationalStrategy
@@ -286,17 +430,10 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         :param covar_module: kernel of the fantasy ``ExactGP``; ``None`` (default) takes ``model.covar_module``.
         """
         if not self.has_fantasy_strategy:
-            raise NotImplementedError(self._no_fantasy_message())
+            raise _no_fantasy_error(self.inducing_variables)
         if self._explicit_kernel is not None or isinstance(getattr(self.model, "covar_module", None), gpytorch.kernels.Kernel):
             self._clear_cache_if_stale()  # (without a kernel GPyTorch's own method names the missing module)
         return super().get_fantasy_model(inputs, targets, mean_module=mean_module, covar_module=covar_module, **kwargs)
-
-    def _no_fantasy_message(self) -> str:
-        return (
-            f"GPyTorch's fantasy models condition an exact GP on pseudo-observations at input locations, which "
-            f"{type(self.inducing_variables).__name__} do not have: condition them online with "
-            "gpytorch_hippo.OnlineSGPR / OnlineELBO, or gpytorch_hippo.botorch.OnlineGPModel.condition_on_observations"
-        )
 
     def kl_divergence(self) -> Tensor:
         r""":math:`\mathrm{KL}(q(u) \| p(u))` with the current hyperparameters (also right after an optimiser step)."""
@@ -309,14 +446,7 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         q = self.variational_distribution
         if not self.whitened:
             return MultivariateNormal(q.mean, to_dense(q.lazy_covariance_matrix))
-        chol = self._cholesky_factor()
-        mean = (chol.to(q.mean.dtype) @ q.mean.unsqueeze(-1)).squeeze(-1)
-        mean_u = self._prior_mean_u()
-        if mean_u is not None:
-            mean = mean + mean_u
-        root = to_dense(q.lazy_covariance_matrix.root_decomposition().root)
-        root = chol.to(root.dtype) @ root
-        return MultivariateNormal(mean, root @ root.mT)
+        return unwhiten(self._cholesky_factor(), q, self.inducing_variables.prior_mean(self.mean_module))
 
     def inducing_marginal(self, other: InducingVariables) -> MultivariateNormal:
         r""":math:`\tilde q(u') = \int p(u' \mid u)\, q(u)\, \mathrm{d}u` for another set :math:`u'` (thesis eq. (4.6)).
@@ -327,17 +457,15 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         :param other: the inducing variables :math:`u'` (any :class:`~gpytorch_hippo.inducing.InducingVariables`, any number).
         """
         self._clear_cache_if_stale()
-        q = self.variational_distribution
-        kernel = self.kernel
+        q, kernel = self.variational_distribution, self.kernel
         Kuu_other = other.Kuu(kernel)
         mean_other = other.prior_mean(self.mean_module)
         if mean_other is None:
             mean_other = torch.zeros(Kuu_other.shape[:-1], dtype=Kuu_other.dtype, device=Kuu_other.device)
         cross = self.inducing_variables.Kuu_cross(other, kernel)
         covar_q = None if isinstance(q, Delta) else q.lazy_covariance_matrix
-        return self._conditional(mean_other, Kuu_other, cross, q.mean, covar_q, data_jitter=False)
+        return conditional(mean_other, Kuu_other, *self._whitened(cross, q.mean, covar_q), jitter=0.0)
 
-    # ------------------------------------------------------------------ moving the inducing variables
     def advance(self, t_new: float) -> None:
         r"""Move HiPPO inducing variables (time inputs) to ``t_new`` and carry :math:`q(u)` forward.
 
@@ -350,7 +478,7 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
 
         :param t_new: the new time :math:`t` of the bases, later than the current one (same unit as the inputs).
         """
-        self._move_inducing_variables("advance", lambda variables: variables.advance(t_new))
+        self._move_in_place("advance", lambda variables: variables.advance(t_new))
 
     def append_path(self, x_ordered: Tensor, step: int = 1) -> None:
         """Extend the path of multidimensional HiPPO inducing variables with a task's ordered inputs
@@ -361,7 +489,7 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         :param step: use every ``step``-th input (a positive int, default 1), at path times ``step * dt`` apart.
         """
         kernel = self.kernel
-        self._move_inducing_variables("append_path", lambda variables: variables.append_path(x_ordered, step=step, kernel=kernel))
+        self._move_in_place("append_path", lambda variables: variables.append_path(x_ordered, step=step, kernel=kernel))
 
     def replace_inducing_variables(self, inducing_variables: InducingVariables) -> None:
         r"""Use other inducing variables, of any number (e.g. OSVGP's re-drawn points), and carry
@@ -374,126 +502,53 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         :param inducing_variables: the new inducing variables :math:`u'` (any
             :class:`~gpytorch_hippo.inducing.InducingVariables`).
         """
-        if not isinstance(inducing_variables, InducingVariables):
-            raise TypeError(
-                f"inducing_variables must be an InducingVariables instance (e.g. InducingPoints), got {type(inducing_variables).__name__}"
-            )
-        carry = self._check_movable("replace_inducing_variables")
-        with torch.no_grad():
-            carried = self.inducing_marginal(inducing_variables) if carry else None
-        self.inducing_variables.variational_owner = None
-        self.inducing_variables = inducing_variables
-        inducing_variables.variational_owner = type(self).__name__
-        old = self._variational_distribution
-        if old.shape()[-1] != inducing_variables.num_inducing:
-            reference = next(itertools.chain(old.parameters(), old.buffers()), None)
-            fresh = type(old)(inducing_variables.num_inducing, batch_shape=old.batch_shape, mean_init_std=old.mean_init_std)
-            self._variational_distribution = fresh if reference is None else fresh.to(reference)
-            self.variational_params_initialized.fill_(0)
-        self._clear_cache()
-        if carry:
-            with torch.no_grad():
-                self._set_variational_distribution(carried)
-        self.online_task_ended.fill_(False)
+        _check_inducing_variables(inducing_variables)
 
-    def _check_movable(self, method: str) -> bool:
-        """Whether ``q(u)`` holds something to carry; refuses to move past an unstored online task."""
-        carry = bool(self.variational_params_initialized.item())  # (an unused q(u) holds nothing to carry)
+        def install() -> None:
+            self.inducing_variables.variational_owner = None
+            self.inducing_variables = inducing_variables
+            inducing_variables.variational_owner = type(self).__name__
+            distribution = _resized(self._variational_distribution, inducing_variables.num_inducing)
+            if distribution is not self._variational_distribution:
+                self._variational_distribution = distribution
+                self.variational_params_initialized.fill_(0)
+
+        self._carry("replace_inducing_variables", lambda: inducing_variables, install)
+
+    def _move_in_place(self, method: str, move: Callable[[InducingVariables], None]) -> None:
+        """Move the inducing variables themselves by ``move`` (their ``method``), carrying :math:`q(u)` to them."""
+        variables = self.inducing_variables
+        if not callable(getattr(variables, method, None)):
+            raise TypeError(
+                f"{type(variables).__name__} have no {method} (it is for HiPPO inducing variables); "
+                "use variational_strategy.replace_inducing_variables(new) instead"
+            )
+
+        self._carry(method, lambda: _moved_copy(variables, move), lambda: _move_owned(variables, move, type(self).__name__))
+
+    def _carry(self, method: str, target: Callable[[], InducingVariables], install: Callable[[], None]) -> None:
+        r"""Set :math:`q(u')` to :math:`\tilde q(u') = \int p(u' \mid u)\, q(u)\, \mathrm{d}u` (thesis eq. (4.6)) for the inducing
+        variables ``target()``, after ``install()`` put them in place of the current ones; exactly, without the random
+        jitter GPyTorch's initialisation adds (:func:`_initialize_exactly`). An unused :math:`q(u)` holds nothing to
+        carry; one an :class:`~gpytorch_hippo.online.OnlineELBO` trained is carried only after its ``end_task()``."""
+        carry = bool(self.variational_params_initialized.item())
         if carry and self.online_objective and not self.online_task_ended.item():
             raise RuntimeError(
                 f"call OnlineELBO.end_task() before {method}: it stores q(u) of the finished task ({method} first would silently lose it)"
             )
-        return carry
-
-    def _move_inducing_variables(self, method: str, move) -> None:
-        if not callable(getattr(self.inducing_variables, method, None)):
-            raise TypeError(
-                f"{type(self.inducing_variables).__name__} have no {method} (it is for HiPPO inducing variables); "
-                "use variational_strategy.replace_inducing_variables(new) instead"
-            )
-        carry = self._check_movable(method)
         self._clear_cache()
-        inducing_variables = self.inducing_variables
         with torch.no_grad():
-            if carry:
-                moved = copy.deepcopy(inducing_variables)
-                moved.variational_owner = None
-                move(moved)
-                carried = self.inducing_marginal(moved)
-            inducing_variables.variational_owner = None
-            try:
-                move(inducing_variables)
-            finally:
-                inducing_variables.variational_owner = type(self).__name__
+            carried = self.inducing_marginal(target()) if carry else None
+            install()
             self._clear_cache()
-            if carry:
-                self._set_variational_distribution(carried)
+            if carried is not None:
+                mean, covar = carried.mean, to_dense(carried.lazy_covariance_matrix)
+                if self.whitened:
+                    mean, covar = whiten(self._cholesky_factor(), carried, self.inducing_variables.prior_mean(self.mean_module))
+                _initialize_exactly(self._variational_distribution, mean, covar)
+                self.variational_params_initialized.fill_(1)
+                self._clear_cache()
         self.online_task_ended.fill_(False)
-
-    def _set_variational_distribution(self, q_u: MultivariateNormal) -> None:
-        """Set the variational parameters to ``q(u) = q_u`` (whitened by ``chol(K_uu)`` if need be),
-        exactly: without the random jitter GPyTorch's initialisation adds to the mean."""
-        mean, covar = q_u.mean, to_dense(q_u.lazy_covariance_matrix)
-        if self.whitened:
-            chol = self._cholesky_factor().to(mean.dtype)
-            mean_u = self._prior_mean_u()
-            mean = mean if mean_u is None else mean - mean_u
-            mean = solve_lower(chol, mean.unsqueeze(-1)).squeeze(-1)
-            covar = solve_lower(chol, solve_lower(chol, covar).mT)
-        distribution = self._variational_distribution
-        mean_init_std = distribution.mean_init_std
-        distribution.mean_init_std = 0.0
-        try:
-            distribution.initialize_variational_distribution(MultivariateNormal(mean, (covar + covar.mT) / 2))
-        finally:
-            distribution.mean_init_std = mean_init_std
-        self.variational_params_initialized.fill_(1)
-        self._clear_cache()
-
-    # ------------------------------------------------------------------ q(f)
-    def _conditional(
-        self,
-        prior_mean: Tensor,
-        prior_covar: LinearOperator,
-        Kuf: Tensor,
-        inducing_values: Tensor,
-        variational_inducing_covar: LinearOperator | None,
-        data_jitter: bool,
-    ) -> MultivariateNormal:
-        """``\\int p(f | u) q(u) du`` for targets with prior ``N(prior_mean, prior_covar)`` and ``cov(u, f) = Kuf``."""
-        chol = self._cholesky_factor()
-        W = solve_lower(chol, Kuf)  # L^{-1} K_uf
-        if self.whitened:
-            mean_v = inducing_values
-            root_v = None
-            if variational_inducing_covar is not None:
-                root_v = to_dense(variational_inducing_covar.root_decomposition().root)
-        else:
-            diff = inducing_values
-            mean_u = self._prior_mean_u()
-            if mean_u is not None:
-                diff = diff - mean_u
-            mean_v = solve_lower(chol, diff.unsqueeze(-1)).squeeze(-1)
-            root_v = None
-            if variational_inducing_covar is not None:
-                root = to_dense(variational_inducing_covar.root_decomposition().root)
-                root_v = solve_lower(chol, root)
-        mean = prior_mean + (W.mT @ mean_v.unsqueeze(-1)).squeeze(-1)
-        jitter = self.inducing_variables.jitter_value(W.dtype) if data_jitter else 0.0
-
-        # The full covariance in every mode, kept lazy (prior + low rank): the ELBO reads only its
-        # diagonal, at O(N M^2), while samples and GPyTorch's multitask wrappers see the correlations.
-        nystrom_residual(prior_covar.diagonal(dim1=-2, dim2=-1), W)  # warns if Kuu and Kuf are inconsistent
-        num_inducing = W.shape[-2]
-        if root_v is None:
-            middle = -torch.eye(num_inducing, dtype=W.dtype, device=W.device)
-        else:
-            middle = root_v @ root_v.mT - torch.eye(num_inducing, dtype=W.dtype, device=W.device)
-        covar = prior_covar.add_jitter(jitter) if jitter > 0 else prior_covar
-        covar = covar + MatmulLinearOperator(W.mT, middle @ W)
-        if gpytorch.settings.trace_mode.on():
-            covar = covar.to_dense()
-        return MultivariateNormal(mean, covar)
 
     def forward(
         self,
@@ -513,14 +568,17 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         """
         prior = self.model.forward(x, **kwargs)
         Kuf = self.inducing_variables.Kuf(self.kernel, x)
-        return self._conditional(
-            prior.mean,
-            prior.lazy_covariance_matrix,
-            Kuf,
-            inducing_values,
-            variational_inducing_covar,
-            data_jitter=self.whitened,
+        jitter = self.inducing_variables.jitter_value(Kuf.dtype) if self.whitened else 0.0
+        return conditional(
+            prior.mean, prior.lazy_covariance_matrix, *self._whitened(Kuf, inducing_values, variational_inducing_covar), jitter
         )
+
+    def _whitened(self, cross: Tensor, mean: Tensor, covar: LinearOperator | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """:math:`W = L^{-1}` ``cross`` and the moments of :math:`q(v)` (:func:`whitened_moments`) for :func:`conditional`."""
+        chol = self._cholesky_factor()
+        W = solve_lower(chol, cross)
+        mean_u = None if self.whitened else self.inducing_variables.prior_mean(self.mean_module)
+        return (W, *whitened_moments(chol, mean, covar, mean_u, self.whitened))
 
     def __call__(self, x: Tensor, prior: bool = False, diag: bool = True, **kwargs) -> MultivariateNormal:
         self.inducing_variables.variational_owner = type(self).__name__  # also after a replacement
@@ -531,22 +589,16 @@ class InterdomainVariationalStrategy(VariationalStrategyBase):
         # train mode: a fresh graph every forward; the fingerprint lets later readers of the same step
         # (kl_divergence, inducing_posterior) reuse it, and refill after an optimiser step
         self._clear_cache_if_stale(force=self.training)
-        num_q = self._variational_distribution.shape()[-1]
-        if num_q != self.inducing_variables.num_inducing:
-            raise RuntimeError(
-                f"the variational distribution has size {num_q} but inducing_variables has num_inducing="
-                f"{self.inducing_variables.num_inducing}: change their number with "
-                "variational_strategy.replace_inducing_variables(new), which resizes and carries q(u)"
-            )
+        _check_sizes(self._variational_distribution, self.inducing_variables)
         if not self.variational_params_initialized.item():
             self._variational_distribution.initialize_variational_distribution(self.prior_distribution)
             self.variational_params_initialized.fill_(1)
-            self._forget_variational_distribution()
+            # only q(u) changed: the prior and chol(K_uu) stay cached (GPyTorch's count of factorisations per pass)
+            with contextlib.suppress(CachingError):
+                pop_from_cache(self, "variational_distribution_memo")
+            self._cache_fingerprint = _fingerprint(_watched_tensors(self))
         q = self.variational_distribution
-        if isinstance(q, MultivariateNormal):
-            covar = q.lazy_covariance_matrix
-        elif isinstance(q, Delta):
-            covar = None
-        else:
+        if not isinstance(q, MultivariateNormal | Delta):
             raise RuntimeError(f"Invalid variational distribution ({type(q).__name__}); expected a MultivariateNormal or a Delta")
+        covar = None if isinstance(q, Delta) else q.lazy_covariance_matrix
         return gpytorch.Module.__call__(self, x, inducing_values=q.mean, variational_inducing_covar=covar, diag=diag, **kwargs)

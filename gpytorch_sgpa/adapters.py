@@ -14,8 +14,42 @@ package (the first by :mod:`gpytorch_sgpa.dropin`, which defines the replacement
 * Hugging Face ``transformers`` (tested with the version pinned in ``constraints.txt``): the
   self-attention of BERT, RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA (``*SelfAttention``), ViT
   (``ViTAttention``) and GPT-2 (``GPT2Attention``, causal, with its key/value cache; its
-  cross-attention variant is left alone);
+  cross-attention variant is left alone), and of DistilBERT, ALBERT, DeBERTa-v2 and the Llama-style
+  decoders (below);
 * ``timm``'s ``Attention`` (ViT and the models built from its blocks).
+
+What the later families add:
+
+* DistilBERT (``DistilBertSelfAttention``): ``q_lin``, ``k_lin``, ``v_lin``, then ``out_lin`` after the heads.
+* ALBERT (``AlbertAttention``): after the heads its own ``dense``, ``output_dropout`` and the residual
+  ``LayerNorm(hidden_states + ·)``; its layers are shared across depth, and so are the converted ones
+  (one SGPA layer called once per depth; :func:`~gpytorch_sgpa.kl_divergence` counts its last call).
+* DeBERTa-v2 (``DisentangledSelfAttention``): its attention logits are
+  :math:`q_i \cdot k_j + q_i \cdot r^k_{\delta(i,j)} + k_j \cdot r^q_{\delta(j,i)}`, content-to-content plus the
+  content-to-position and position-to-content terms of the relative position embeddings :math:`r`.  The
+  content-to-content part becomes the kernel (:math:`K(q_i, q_j)` with :math:`q = x W_{qk}`), as for every family;
+  the relative-position terms are additive logit biases, which kernel and SGPA attention have no softmax to add
+  to, so they are dropped: the converted layer does not read ``relative_pos`` nor ``rel_embeddings``, and the
+  module's ``pos_key_proj`` / ``pos_query_proj`` go with it.  Kept: the model's relative position embeddings
+  (``encoder.rel_embeddings`` and their ``LayerNorm``, now unused by attention) and everything outside the
+  self-attention (``DebertaV2SelfOutput``, the optional convolution layer).  The conversion record of the
+  model (``config.sgpa``) says so in its ``notes``.
+* Llama-style decoders (``LlamaAttention``, ``MistralAttention``, ``Qwen2Attention``): causal, with the
+  rotary position embeddings the model passes (``position_embeddings = (cos, sin)``) applied to the shared
+  queries/keys before the kernel, :math:`\tilde q_i = q_i \cos\theta_i + \operatorname{rot}(q_i) \sin\theta_i`
+  (:math:`\operatorname{rot}(q) = (-q_{e/2:}, q_{:e/2})`, per head), so an RBF kernel sees
+  :math:`\lVert \tilde q_i - \tilde q_j \rVert^2 = \lVert q_i \rVert^2 + \lVert q_j \rVert^2 - 2 q_i^\top R_{j-i} q_j`,
+  the relative position through the rotation; the global inducing keys :math:`k_g = Z_g W_{qk}` are not
+  rotated (they have no position).  Grouped-query attention: the :math:`H_{kv}` shared key and value heads
+  are repeated to the :math:`H` query heads (as the family's own ``repeat_kv``), so :math:`W_k` gives each
+  query head its group's key and :math:`W_v` its group's value: exact at conversion, after which each
+  head's value projection trains on its own.  The key/value cache of ``generate`` holds the rotated
+  :math:`\tilde q` and the values of the prefix, as the GPT-2 adapter's does.  Qwen2's query/key biases
+  are dropped with the shared bias :math:`(b_q + b_k) / 2` as for every family (with rotary embeddings
+  the common shift is rotated per position, so the kernel would see it: fine-tuning learns what it needs).
+  Sliding-window attention (Mistral's ``sliding_window``, Qwen2's sliding layers) is supported while the
+  sequence fits in the window; a longer one gets a banded mask, which raises.  ``calibration_inputs`` sets
+  the kernel's scales from the unrotated queries and softmax logits.
 
 Optional packages are never imported here: their classes are matched by their qualified names,
 so ``import gpytorch_sgpa`` imports neither ``transformers`` nor ``timm``.
@@ -45,6 +79,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
@@ -61,14 +96,22 @@ from .kernels import dense_kernel
 from .transformer import ATTENTION_TYPES, build_attention
 
 __all__ = [
+    "AlbertAttentionAdapter",
     "BertSelfAttentionAdapter",
+    "DebertaV2SelfAttentionAdapter",
+    "DistilBertSelfAttentionAdapter",
     "GPT2AttentionAdapter",
+    "RotaryAttentionAdapter",
     "SelfAttentionAdapter",
     "TimmAttentionAdapter",
     "ViTAttentionAdapter",
     "adapter_for",
+    "from_albert_attention",
     "from_bert_self_attention",
+    "from_deberta_v2_self_attention",
+    "from_distilbert_self_attention",
     "from_gpt2_attention",
+    "from_rotary_attention",
     "from_timm_attention",
     "from_vit_attention",
     "register_adapter",
@@ -112,10 +155,14 @@ def adapter_for(module: nn.Module) -> Callable | None:
 
 
 def supported_modules() -> list[str]:
-    """The names of the module classes that have an adapter (registered ones included), for error messages."""
+    """The names of the module classes that have an adapter (registered ones included), for error messages;
+    a ``transformers`` class with its family (the model type): ``"transformers deberta_v2.DisentangledSelfAttention"``."""
     internal = {"SelfAttentionAdapter", "MultiheadSGPAttention"}  # the package's own adapters, reconverted
     names = [("nn." if cls.__module__.startswith("torch.nn") else "") + cls.__qualname__ for cls in _BY_TYPE]
-    names += [f"{name.split('.')[0]} {name.rsplit('.', 1)[-1]}" for name in _BY_NAME]  # "transformers BertSelfAttention"
+    for name in _BY_NAME:
+        parts = name.split(".")
+        family = f"{parts[2]}." if parts[0] == "transformers" else ""  # transformers.models.<family>.modeling_<family>.<Class>
+        names.append(f"{parts[0]} {family}{parts[-1]}")
     return [name for name in names if name not in internal]
 
 
@@ -746,6 +793,284 @@ def from_timm_attention(module: nn.Module, attention: str = "sgpa", **kwargs) ->
     return TimmAttentionAdapter(layer, source.norm, getattr(source, "gate", None), source.proj, source.proj_drop)
 
 
+#: what a DeBERTa-v2 conversion keeps and drops, written into the model's conversion record
+DEBERTA_V2_NOTE = (
+    "DeBERTa-v2: content-to-content attention converted to the kernel; the content-to-position and "
+    "position-to-content terms of the relative position embeddings are dropped (the converted layers do not read "
+    "rel_embeddings); encoder.rel_embeddings are kept, unused by attention"
+)
+
+
+# --------------------------------------------------------------------------- DistilBERT, ALBERT, DeBERTa-v2
+class DistilBertSelfAttentionAdapter(SelfAttentionAdapter):
+    """In place of ``DistilBertSelfAttention``: ``forward(hidden_states, attention_mask=None, **kwargs) ->
+    (out_lin(context), weights)``.
+
+    :param attention: the package's kernel or SGPA layer that computes the heads.
+    :param output: the replaced module's ``out_lin``, applied after the heads.
+    :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
+    """
+
+    output: nn.Module
+
+    def __init__(self, attention, output, config):
+        super().__init__(attention, output)
+        self.config = config
+
+    def forward(self, hidden_states: Tensor, attention_mask=None, **kwargs):
+        """``(out_lin(context), weights)``; ``weights``: the kernel weights of the posterior mean with ``output_attentions``.
+
+        :param hidden_states: the input of the attention block, ``(B, L, d_model)``.
+        :param attention_mask: the Hugging Face attention mask (bool ``True`` = attend, or additive float ``0`` / very
+            negative); ``None`` (the default): no mask.
+        """
+        _no_head_mask(kwargs)
+        context, weights = self.attend(hidden_states, attention_mask, None, _output_attentions(self, kwargs))
+        return self.output(context), weights
+
+
+class AlbertAttentionAdapter(SelfAttentionAdapter):
+    """In place of ``AlbertAttention``: ``forward(hidden_states, attention_mask=None, **kwargs) ->
+    (LayerNorm(hidden_states + output_dropout(dense(context))), weights)``, ALBERT's own output path.
+
+    :param attention: the package's kernel or SGPA layer that computes the heads.
+    :param dense: the replaced module's ``dense`` output projection.
+    :param output_dropout: the replaced module's ``output_dropout``.
+    :param layer_norm: the replaced module's ``LayerNorm`` (of the residual sum).
+    :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
+    """
+
+    def __init__(self, attention, dense, output_dropout, layer_norm, config):
+        super().__init__(attention, None)
+        self.dense, self.output_dropout, self.LayerNorm = dense, output_dropout, layer_norm
+        self.config = config
+
+    def forward(self, hidden_states: Tensor, attention_mask=None, **kwargs):
+        """``(LayerNorm(hidden_states + output_dropout(dense(context))), weights)``.
+
+        :param hidden_states: the input of the attention block, ``(B, L, d_model)``.
+        :param attention_mask: the Hugging Face attention mask (bool ``True`` = attend, or additive float ``0`` / very
+            negative); ``None`` (the default): no mask.
+        """
+        _no_head_mask(kwargs)
+        context, weights = self.attend(hidden_states, attention_mask, None, _output_attentions(self, kwargs))
+        return self.LayerNorm(hidden_states + self.output_dropout(self.dense(context))), weights
+
+
+class DebertaV2SelfAttentionAdapter(SelfAttentionAdapter):
+    """In place of DeBERTa-v2's ``DisentangledSelfAttention``: ``forward(hidden_states, attention_mask,
+    output_attentions=False, query_states=None, relative_pos=None, rel_embeddings=None) -> (context, weights)``,
+    the context before ``DebertaV2SelfOutput``.  The relative-position arguments are accepted and not used (see
+    :mod:`gpytorch_sgpa.adapters`); ``query_states`` other than ``None`` (the enhanced mask decoder) raises.
+
+    :param attention: the package's kernel or SGPA layer that computes the heads.
+    """
+
+    #: what the conversion keeps and drops (collected into the model's ``config.sgpa`` record)
+    conversion_note = DEBERTA_V2_NOTE
+
+    def __init__(self, attention):
+        super().__init__(attention, None)
+
+    def forward(
+        self, hidden_states: Tensor, attention_mask=None, output_attentions=False, query_states=None, relative_pos=None, rel_embeddings=None
+    ):
+        """``(context, weights)``: the heads' outputs ``(B, L, d_model)`` and, with ``output_attentions``, the kernel
+        weights ``(B, H, L, L)`` of the posterior mean.
+
+        :param hidden_states: the input of the attention block, ``(B, L, d_model)``.
+        :param attention_mask: DeBERTa's mask ``(B, 1, L, L)`` (nonzero = attend, as the model builds it) or ``None``.
+        :param output_attentions: whether to return the weights (the model passes it).
+        :param query_states: must be ``None``: queries other than the hidden states are cross-attention.
+        :param relative_pos: ignored: the relative-position terms are dropped by the conversion.
+        :param rel_embeddings: ignored, as ``relative_pos``.
+        """
+        if query_states is not None and query_states is not hidden_states:
+            raise ValueError("a converted DeBERTa-v2 self-attention got query_states other than hidden_states (cross-attention)")
+        if attention_mask is not None and not (attention_mask.dtype == torch.bool or attention_mask.is_floating_point()):
+            attention_mask = attention_mask.bool()  # the model's 0/1 integer mask, read as the module reads it
+        return self.attend(hidden_states, attention_mask, None, bool(output_attentions))
+
+
+def from_distilbert_self_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> DistilBertSelfAttentionAdapter:
+    """``DistilBertSelfAttention`` (``q_lin``, ``k_lin``, ``v_lin``, ``out_lin``) → :class:`DistilBertSelfAttentionAdapter`.
+
+    :param module: the module to replace (its trained weights start the new layer).
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+        (default ``"sgpa"``).
+    """
+    source: Any = module
+    kwargs.setdefault("dropout", source.dropout.p)
+    kwargs.setdefault("causal", False)
+    layer = _from_linears(attention, source.q_lin, source.k_lin, source.v_lin, source.n_heads, kwargs)
+    return DistilBertSelfAttentionAdapter(layer, source.out_lin, source.config)
+
+
+def from_albert_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> AlbertAttentionAdapter:
+    """``AlbertAttention`` (``query``, ``key``, ``value``, ``dense``, ``LayerNorm``) → :class:`AlbertAttentionAdapter`.
+
+    :param module: the module to replace (its trained weights start the new layer).
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+        (default ``"sgpa"``).
+    """
+    source: Any = module
+    kwargs.setdefault("dropout", source.attention_dropout.p)
+    kwargs.setdefault("causal", False)
+    layer = _from_linears(attention, source.query, source.key, source.value, source.num_attention_heads, kwargs)
+    return AlbertAttentionAdapter(layer, source.dense, source.output_dropout, source.LayerNorm, source.config)
+
+
+def from_deberta_v2_self_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> DebertaV2SelfAttentionAdapter:
+    """DeBERTa-v2's ``DisentangledSelfAttention`` (``query_proj``, ``key_proj``, ``value_proj``) →
+    :class:`DebertaV2SelfAttentionAdapter`: content-to-content attention becomes the kernel; the relative-position
+    terms are dropped (see :mod:`gpytorch_sgpa.adapters`).
+
+    :param module: the module to replace (its trained weights start the new layer).
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+        (default ``"sgpa"``).
+    """
+    source: Any = module
+    kwargs.setdefault("dropout", source.dropout.p)
+    kwargs.setdefault("causal", False)
+    layer = _from_linears(attention, source.query_proj, source.key_proj, source.value_proj, source.num_attention_heads, kwargs)
+    return DebertaV2SelfAttentionAdapter(layer)
+
+
+def _from_linears(attention: str, query: nn.Linear, key: nn.Linear, value: nn.Linear, num_heads: int, kwargs: dict):
+    """The kernel/SGPA layer of three ``nn.Linear`` projections of width ``d_model`` (no grouped heads)."""
+    d_model = query.in_features
+    if query.out_features != d_model:
+        raise ValueError(f"convert needs num_heads * head_size = hidden size, got {query.out_features} != {d_model}")
+    return _kernel_layer(
+        attention,
+        d_model,
+        num_heads,
+        query.weight.detach(),
+        key.weight.detach(),
+        value.weight.detach(),
+        _bias(value),
+        kwargs,
+        _bias(query),
+        _bias(key),
+    )
+
+
+# --------------------------------------------------------------------------- Llama-style decoders
+def _rotate_half(x: Tensor) -> Tensor:
+    """:math:`\\operatorname{rot}(x) = (-x_{e/2:}, x_{:e/2})` over the last dimension."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryAttentionAdapter(SelfAttentionAdapter):
+    r"""In place of a Llama-style attention (``LlamaAttention``, ``MistralAttention``, ``Qwen2Attention``):
+    ``forward(hidden_states, position_embeddings, attention_mask=None, cache=None, **kwargs) -> (output, weights)``
+    with ``o_proj`` after the heads.  The queries (= keys) of each head are rotated by the model's rotary
+    embeddings before the kernel, :math:`\tilde q_i = q_i \cos\theta_i + \operatorname{rot}(q_i) \sin\theta_i`; with a
+    cache (``use_cache=True``, ``generate``) the rotated queries and the values of the prefix are stored and later
+    calls compute only the new positions (as :class:`~gpytorch_sgpa.adapters.GPT2AttentionAdapter`).
+
+    :param attention: the package's kernel or SGPA layer that computes the heads (causal by default).
+    :param output: the replaced module's ``o_proj``, applied after the heads.
+    :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
+    :param layer_idx: the layer's index in the Hugging Face key/value cache.
+    """
+
+    output: nn.Module
+
+    def __init__(self, attention, output, config, layer_idx=None):
+        super().__init__(attention, output, layer_idx)
+        self.config = config
+
+    @contextmanager
+    def _rotated(self, cos: Tensor, sin: Tensor):
+        """Rotate every ``(B, L, d_model)`` output of the layer's ``qk_proj`` (a LoRA layer around it included) while
+        the context runs; the global keys (projected as ``(H M, d_model)``) are left."""
+        layer = self.attention
+        heads, head_dim = layer.num_heads, layer.head_dim
+        if cos.shape[-1] != head_dim or sin.shape != cos.shape:
+            raise ValueError(
+                f"position_embeddings must be (cos, sin) of head size {head_dim}, got {tuple(cos.shape)} and {tuple(sin.shape)}"
+            )
+
+        def rotate(module, args, output):
+            if output.dim() != 3 or output.shape[1] != cos.shape[-2]:
+                return None
+            q = output.view(*output.shape[:2], heads, head_dim)
+            c, s = cos.unsqueeze(2).to(q.dtype), sin.unsqueeze(2).to(q.dtype)
+            return (q * c + _rotate_half(q) * s).reshape(output.shape)
+
+        handle = layer.qk_proj.register_forward_hook(rotate)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def forward(self, hidden_states: Tensor, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+        """``(o_proj(context), weights)``; ``cache`` (or ``past_key_values``) as the family's attention takes it.
+
+        :param hidden_states: the input of the attention block, ``(B, L, d_model)``.
+        :param position_embeddings: the rotary embeddings ``(cos, sin)``, each ``(B, L, head_dim)``, as the model
+            passes them (required).
+        :param attention_mask: the Hugging Face attention mask (bool ``True`` = attend, or additive float ``0`` / very
+            negative); ``None`` (the default): the causal structure only.
+        :param cache: the Hugging Face key/value cache (also accepted as ``past_key_values``); ``None`` (the default): none.
+        """
+        if position_embeddings is None:
+            raise ValueError("a converted Llama-style attention needs position_embeddings=(cos, sin), as the model passes them")
+        cache = kwargs.pop("past_key_values", cache)
+        _no_head_mask(kwargs)
+        cache = None if cache is None else _cache_of(cache)
+        cos, sin = position_embeddings
+        with self._rotated(cos, sin):
+            context, weights = self.attend(hidden_states, attention_mask, cache, _output_attentions(self, kwargs))
+        return self.output(context), weights
+
+
+def _repeat_heads(tensor: Tensor, groups: int, head_dim: int) -> Tensor:
+    """Rows of ``H_kv`` heads (a weight ``(H_kv e, d)`` or a bias ``(H_kv e,)``) repeated to ``H = groups H_kv`` heads,
+    head ``h`` from shared head ``h // groups`` (``repeat_kv``'s order)."""
+    shared = tensor.reshape(-1, head_dim, *tensor.shape[1:])
+    return shared.repeat_interleave(groups, dim=0).reshape(-1, *tensor.shape[1:])
+
+
+def from_rotary_attention(module: nn.Module, attention: str = "sgpa", **kwargs) -> RotaryAttentionAdapter:
+    """A Llama-style attention (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``head_dim``, grouped key/value heads,
+    rotary embeddings) → :class:`RotaryAttentionAdapter`, causal unless ``causal=False`` is given.
+
+    :param module: the module to replace (its trained weights start the new layer).
+    :param attention: the layer type to convert to, one of :data:`~gpytorch_sgpa.transformer.ATTENTION_TYPES`
+        (default ``"sgpa"``).
+    """
+    source: Any = module
+    d_model = source.q_proj.in_features
+    head_dim = source.head_dim
+    if source.q_proj.out_features != d_model:
+        raise ValueError(
+            f"convert needs num_attention_heads * head_dim = hidden size, got {source.q_proj.out_features} != {d_model} "
+            "(a config with another head_dim)"
+        )
+    groups = source.num_key_value_groups
+    weight_k = _repeat_heads(source.k_proj.weight.detach(), groups, head_dim)
+    weight_v = _repeat_heads(source.v_proj.weight.detach(), groups, head_dim)
+    bias_k, bias_v = (None if b is None else _repeat_heads(b, groups, head_dim) for b in (_bias(source.k_proj), _bias(source.v_proj)))
+    kwargs.setdefault("dropout", float(source.attention_dropout))
+    kwargs.setdefault("causal", True)
+    layer = _kernel_layer(
+        attention,
+        d_model,
+        d_model // head_dim,
+        source.q_proj.weight.detach(),
+        weight_k,
+        weight_v,
+        bias_v,
+        kwargs,
+        _bias(source.q_proj),
+        bias_k,
+    )
+    return RotaryAttentionAdapter(layer, source.o_proj, source.config, source.layer_idx)
+
+
 def _from_adapter(module: SelfAttentionAdapter, attention: str = "sgpa", **kwargs):
     return module.reconverted(attention, **kwargs)
 
@@ -764,6 +1089,12 @@ def _register_builtin() -> None:
     _BY_NAME["transformers.models.vit.modeling_vit.ViTAttention"] = from_vit_attention
     _BY_NAME["transformers.models.gpt2.modeling_gpt2.GPT2Attention"] = from_gpt2_attention
     _BY_NAME["timm.layers.attention.Attention"] = from_timm_attention
+    families = "transformers.models"
+    _BY_NAME[f"{families}.distilbert.modeling_distilbert.DistilBertSelfAttention"] = from_distilbert_self_attention
+    _BY_NAME[f"{families}.albert.modeling_albert.AlbertAttention"] = from_albert_attention
+    _BY_NAME[f"{families}.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention"] = from_deberta_v2_self_attention
+    for family in ("llama.modeling_llama.Llama", "mistral.modeling_mistral.Mistral", "qwen2.modeling_qwen2.Qwen2"):
+        _BY_NAME[f"{families}.{family}Attention"] = from_rotary_attention
 
 
 # --------------------------------------------------------------------------- attention maps of transformers models

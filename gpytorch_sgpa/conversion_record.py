@@ -100,6 +100,8 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
             targets.append((model.config, paths))
             models.append(model)
     configs = {id(config) for config, _ in targets}
+    # what an adapter keeps and drops of its family's attention (e.g. DeBERTa-v2's relative-position terms)
+    notes = sorted({note for _, module in replaced.values() if (note := getattr(module, "conversion_note", None))})
     for _, module in replaced.values():  # converted below a transformers model: no paths to replay
         config = getattr(module, "config", None)
         if isinstance(config, PretrainedConfig) and id(config) not in configs:
@@ -112,6 +114,8 @@ def record_conversion(root: nn.Module, attention: str, attention_kwargs: dict, r
             "conversions": [],
         }
         entry = {"attention": attention, "kwargs": kwargs, "modules": modules}
+        if notes:
+            entry["notes"] = notes
         if unsaved:
             entry["unsaved_kwargs"] = unsaved
         settings["conversions"].append(entry)

@@ -27,7 +27,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from probseq._compat import child_modules
+from probseq._compat import child_modules, move_forward_hooks
 from probseq._validation import check_int
 
 from ._outputs import output_logits
@@ -371,7 +371,8 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
     class first; :func:`~gpytorch_sgpa.register_adapter` adds one): ``nn.MultiheadAttention`` (→
     :class:`MultiheadSGPAttention`; in ``nn.TransformerDecoderLayer`` the self-attention only, causal
     by default, the cross-attention left as it is), the self-attention of Hugging Face BERT-style
-    encoders, ViT and GPT-2 and of timm's ViT; and every kernel-attention adapter when ``attention``
+    encoders, DistilBERT, ALBERT, DeBERTa-v2, ViT, GPT-2 and the Llama-style decoders (Llama, Mistral,
+    Qwen2) and of timm's ViT; and every kernel-attention adapter when ``attention``
     is not ``"kernel"``: the thesis's path, MLE kernel attention first, then SGPA from its weights.
     ``attention`` and ``attention_kwargs`` are those of :class:`MultiheadSGPAttention` (e.g.
     ``num_global=32``, ``"sgpa-dsvgp"``, ``sampler="decomposed"``, ``causal=True`` for a causal
@@ -447,7 +448,7 @@ def convert(module: nn.Module, attention: str = "sgpa", calibration_inputs=None,
         if new is not None:
             new.train(child.training)  # an evaluation-mode model stays in evaluation mode (dropout off)
             if new is not child:
-                _move_hooks(child, new)
+                move_forward_hooks(child, new)
         return new
 
     root = replacement(module, {})
@@ -487,18 +488,3 @@ def _finish(module: nn.Module, calibration_inputs) -> nn.Module:
     finally:
         forget_softmax_projections(module)
     return module
-
-
-def _move_hooks(old: nn.Module, new: nn.Module) -> None:
-    """Give ``new`` the forward hooks and pre-hooks of ``old`` (the same dicts, so their handles still
-    remove them)."""
-    for name in (
-        "_forward_hooks",
-        "_forward_hooks_with_kwargs",
-        "_forward_hooks_always_called",
-        "_forward_pre_hooks",
-        "_forward_pre_hooks_with_kwargs",
-    ):
-        hooks = getattr(old, name, None)
-        if hooks:
-            setattr(new, name, hooks)

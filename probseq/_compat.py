@@ -47,10 +47,12 @@ __all__ = [
     "fit_mll_generic",
     "forward_hooks",
     "generic_kernel_feature_paths",
+    "move_forward_hooks",
     "output_capturing_installed",
     "set_implementations",
     "tensor_version",
     "validate_tensor_args",
+    "without_memoized_values",
 ]
 
 #: The versions every access below is tested with (``constraints.txt`` pins the same).
@@ -137,6 +139,16 @@ def cholesky_dtype() -> torch.dtype:
     return _private("gpytorch.settings", "_linalg_dtype_cholesky", "the dtype of Cholesky factors").value()
 
 
+def without_memoized_values(state: dict) -> dict:
+    """A module's pickled state (its ``__getstate__``) without the values GPyTorch's ``@cached`` memoised on it: they
+    live in the private ``_memoize_cache``, which the public ``gpytorch.utils.memoize.clear_cache_hook`` empties only
+    on the live module (a copy or a pickle of it must not carry them: train-mode ones hold autograd graphs).
+
+    :param state: the module's ``__dict__`` copy, as ``torch.nn.Module.__getstate__`` returns it.
+    """
+    return {**state, "_memoize_cache": {}}
+
+
 # --------------------------------------------------------------------------- BoTorch
 def fit_mll_generic(mll, **kwargs: Any):
     """BoTorch's generic fit (``botorch.fit._fit_fallback``), which ``fit_gpytorch_mll`` runs for a model without a
@@ -204,6 +216,25 @@ def forward_hooks(module) -> list:
     """The forward hooks registered on ``module``: torch registers them publicly but lists them only in the private
     ``Module._forward_hooks``."""
     return list(_attribute(module, "_forward_hooks", "torch", "a module's forward hooks").values())
+
+
+def move_forward_hooks(old, new) -> None:
+    """Give ``new`` the forward hooks and pre-hooks registered on ``old``, which it replaces: the same tables (torch's
+    private ``Module._forward_hooks``, ``_forward_pre_hooks`` and their keyword and always-called tables), so that the
+    hooks' handles still remove them. torch registers hooks publicly but offers no way to move them.
+
+    :param old: the module whose hooks move; :param new: the module that receives them.
+    """
+    for name in (
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+    ):
+        hooks = _attribute(old, name, "torch", "a module's hooks")
+        if hooks:
+            setattr(new, name, hooks)
 
 
 def child_modules(module) -> dict:

@@ -5,7 +5,8 @@
   ``finite=False``) values; integers are returned in a floating dtype, as GPyTorch's arithmetic
   would promote them.
 * :func:`check_dtype` -- a tensor in the dtype of the parameters it meets.
-* :func:`check_int`, :func:`check_real` -- Python, NumPy and 0-d tensor numbers.
+* :func:`check_int`, :func:`check_real` -- Python, NumPy and 0-d tensor numbers (a real number also from a
+  one-element tensor, such as a time read off an ``(N, 1)`` input).
 """
 
 from __future__ import annotations
@@ -98,15 +99,15 @@ def check_real(
 ) -> float:
     """``value`` as a finite float in the given range; else ``TypeError`` / ``ValueError``.
 
-    Accepts Python and NumPy numbers and 0-d real tensors, not bools.
+    Accepts Python and NumPy numbers and one-element real tensors (``x[-1]`` of an ``(N, 1)`` input), not bools.
     """
-    if isinstance(value, Tensor) and value.dim() == 0 and not value.is_complex() and value.dtype != torch.bool:
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {_type_name(value)}")
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+        raise ValueError(f"{name} must be a finite number, got {value}")
     if low is not None and (value <= low if low_open else value < low):
         raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
     if high is not None and (value >= high if high_open else value > high):

@@ -4,8 +4,9 @@ r"""Pseudo videos (thesis ch. 5; Chen et al. (2025), pseudo videos): an image as
 :math:`\min_h \mathbb{E} \lVert z_T - h(z_{s_1}, \ldots, z_{s_l}) \rVert^2` (never larger with more frames) in closed form for
 Gaussian images, ``scaling`` maps images to and from the ``[-1, 1]`` the builders assume,
 ``metrics`` wraps torchmetrics' FID/IS (and PSNR) with a pluggable feature network, ``models``
-holds the image/video diffusion models (diffusers models) and the HVAE of §5.2.1, and
-``pipelines`` a diffusers pipeline that samples the video model with any scheduler.
+holds the image/video diffusion models (diffusers models) and the HVAE of §5.2.1,
+``pipelines`` a diffusers pipeline that samples the video model with any scheduler, and ``training``
+trains a model through Hugging Face ``accelerate``.
 """
 
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError

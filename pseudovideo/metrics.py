@@ -372,34 +372,36 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int = 3
     return classifier.eval()
 
 
-def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None, downsample: int = 1) -> ImageClassifier:
+def default_classifier(dataset: str, cache_dir: str | os.PathLike | None = None, downsample: int = 1, data=None) -> ImageClassifier:
     """The cached classifier for ``dataset`` (see ``pseudovideo.data``), trained on first use (~1 min).
 
-    Trained on up to 20,000 training images (Fashion-MNIST's train split; for the one-split sets,
-    the first 80 % of a fixed permutation) and scored on held-out ones (Fashion-MNIST's test split,
-    2,000 images; else the other 20 %): ``classifier.test_accuracy``. The cache file is named by a
-    SHA-256 hash of the training images, labels and settings, so a changed data set or loader
-    retrains instead of loading a stale network. ``downsample`` > 1 trains it on images
-    average-pooled by that factor (the CPU-sized experiments). Within a process, later calls with the
-    same arguments return the same classifier without reading or hashing the data again.
+    Trained on up to 20,000 training images (the first 80 % of a fixed permutation, or ``data``'s
+    training images) and scored on held-out ones (the other 20 %, or ``data``'s held-out images):
+    ``classifier.test_accuracy``. The cache file is named by ``dataset`` and a SHA-256 hash of the
+    training images, labels and settings, so a changed data set or loader retrains instead of loading
+    a stale network. ``downsample`` > 1 trains it on images average-pooled by that factor (the
+    CPU-sized experiments). Within a process, later calls with the same arguments and no ``data``
+    return the same classifier without reading or hashing the data again.
 
-    :param dataset: one of :data:`pseudovideo.data.DATASETS`.
+    :param dataset: one of :data:`pseudovideo.data.DATASETS`, or the name of ``data``.
     :param cache_dir: where the classifier is cached (``None``: ``~/.cache/probseq/pseudovideo``).
     :param downsample: the average-pooling factor of the training images (1: none).
+    :param data: ``((train_images, train_labels), (test_images, test_labels))``, images ``(N, C, H, W)`` in
+        ``[0, 1]``: a data set of your own to train and score on; ``None`` (the default) loads ``dataset``.
     """
-    from .data import load_images
-
     check_int(downsample, "downsample")
     cache = Path(cache_dir or Path.home() / ".cache" / "probseq" / "pseudovideo")
+    if data is not None:
+        return _load_or_train_classifier(dataset, cache, downsample, _checked_classifier_data(data))
     key = (dataset, str(cache.resolve()), downsample)
     if key not in _CLASSIFIERS:
-        _CLASSIFIERS[key] = _load_or_train_classifier(dataset, cache, downsample, load_images)
+        _CLASSIFIERS[key] = _load_or_train_classifier(dataset, cache, downsample, _classifier_data(dataset))
     return _CLASSIFIERS[key]
 
 
-def _load_or_train_classifier(dataset, cache: Path, downsample: int, load_images) -> ImageClassifier:
+def _load_or_train_classifier(dataset, cache: Path, downsample: int, data) -> ImageClassifier:
     """:func:`default_classifier` from its cache file (named by the data's hash), else trained and saved there."""
-    (train, train_labels), (test, test_labels) = _classifier_data(dataset, load_images)
+    (train, train_labels), (test, test_labels) = data
     if downsample > 1:
         train, test = nn.functional.avg_pool2d(train, downsample), nn.functional.avg_pool2d(test, downsample)
     digest = hashlib.sha256()
@@ -436,12 +438,22 @@ def _load_or_train_classifier(dataset, cache: Path, downsample: int, load_images
 _CLASSIFIERS: dict[tuple[str, str, int], ImageClassifier] = {}
 
 
-def _classifier_data(dataset, load_images):
-    if dataset == "fashion_mnist":
-        return load_images(dataset, "train", limit=20_000), load_images(dataset, "test", limit=2_000)
+def _classifier_data(dataset):
+    from .data import load_images
+
     images, labels = load_images(dataset, limit=20_000)
     cut = len(images) * 4 // 5
     return (images[:cut], labels[:cut]), (images[cut:], labels[cut:])
+
+
+def _checked_classifier_data(data):
+    try:
+        (train, train_labels), (test, test_labels) = data
+    except (TypeError, ValueError):
+        raise TypeError("data must be ((train_images, train_labels), (test_images, test_labels)), got " + type(data).__name__) from None
+    _check_images(train, "data's train_images")
+    _check_images(test, "data's test_images", at_least=1)
+    return (train, train_labels), (test, test_labels)
 
 
 def _check_images(images, name: str, at_least: int = 2) -> None:

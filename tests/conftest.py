@@ -143,7 +143,7 @@ SLOW_TESTS = {
     "pseudovideo/test_diffusion.py::test_conditioning_is_learned",
     "hippo/test_fleet.py::test_the_demo_writes_its_csv_and_its_batched_fleet_equals_the_loop",
     "hippo/test_fleet.py::test_a_new_process_restores_the_fleet_from_its_checkpoints",
-    "hippo/test_batched_hippo_streams.py::test_online_elbo_with_batched_streams_equals_each_streams_own_model",
+    "hippo/test_inducing_batched.py::test_online_elbo_with_batched_streams_equals_each_streams_own_model",
     "sgpa/test_sgpa_pretrained.py::test_without_the_package_imported_transformers_refuses_the_checkpoint",
 }
 # hippo/test_continual.py, hippo/test_gpvae_continual.py, pseudovideo/test_diffusion_sampling.py, hippo/test_fleet.py (Ray)

@@ -60,6 +60,26 @@ def test_cholesky_dtype_follows_gpytorchs_public_setting():
         assert _compat.cholesky_dtype() == torch.float32
 
 
+def test_without_memoized_values_drops_what_gpytorchs_cache_memoised():
+    """A copy built from the state loses the values GPyTorch's ``@cached`` memoised (it recomputes them); the module
+    keeps its own."""
+    from gpytorch.utils.memoize import cached
+
+    class Memo(gpytorch.Module):
+        calls = 0
+
+        @cached(name="value")
+        def value(self):
+            Memo.calls += 1
+            return Memo.calls
+
+    module = Memo()
+    assert module.value() == module.value() == 1
+    copy = Memo.__new__(Memo)
+    copy.__setstate__(_compat.without_memoized_values(module.__getstate__()))
+    assert copy.value() == 2 and module.value() == 1
+
+
 def _gp(**kwargs):
     torch.manual_seed(0)
     X = torch.rand(12, 2, dtype=torch.float64)
@@ -99,6 +119,21 @@ def test_forward_hooks_lists_the_registered_hooks():
     module, hook = torch.nn.Linear(2, 2), lambda module, args, output: None
     module.register_forward_hook(hook)
     assert _compat.forward_hooks(module) == [hook]
+
+
+def test_moved_forward_hooks_run_on_the_new_module_and_their_handles_remove_them():
+    old, new, seen = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), []
+    handles = [
+        old.register_forward_pre_hook(lambda module, args, kwargs: seen.append(("pre", module)), with_kwargs=True),
+        old.register_forward_hook(lambda module, args, output: seen.append(("post", module)), always_call=True),
+    ]
+    _compat.move_forward_hooks(old, new)
+    new(torch.zeros(1, 2))
+    assert seen == [("pre", new), ("post", new)]
+    for handle in handles:
+        handle.remove()
+    new(torch.zeros(1, 2))
+    assert len(seen) == 2 and _compat.forward_hooks(new) == []
 
 
 def test_child_modules_keep_a_child_that_fills_two_names():

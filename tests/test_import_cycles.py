@@ -1,5 +1,6 @@
 """No import cycle among the modules of the three packages (and ``probseq``, their shared private modules);
-no module reaches into another's private names, by import or by attribute.
+no module reaches into another's private names, by import or by attribute; none imports the experiments
+(the top-level ``experiments/`` tree, which is not installed).
 
 Every import statement counts: module-level ones, those inside functions and methods (a
 function-level import only postpones a cycle to the first call), and those at the end of a
@@ -180,20 +181,76 @@ def test_graph_sees_the_imports_a_cycle_can_hide_behind(tmp_path: Path) -> None:
     assert ["pkg", "pkg.c"] in find_cycles(import_graph(tmp_path, ("pkg",)))
 
 
+IMPORT_FUNCTIONS = ("importlib.import_module", "import_module", "__import__")
+
+
+def experiment_imports(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """``file:line name`` for every module of the packages that is an experiment (a module of an ``experiments``
+    subpackage) or imports one: the top-level ``experiments`` tree or a package's ``experiments``, by absolute or
+    relative import, at module level or inside a function, or by ``importlib.import_module("...")``."""
+    found = []
+    for name, (path, is_package) in _modules(root, packages).items():
+        where = path.relative_to(root)
+        if "experiments" in name.split("."):
+            found.append(f"{where}:1 {name}")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve_relative(name, is_package, node.level, node.module) if node.level else node.module or ""
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Call) and _dotted(node.func) in IMPORT_FUNCTIONS and node.args:
+                argument = node.args[0]
+                if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+                    targets = [argument.value]
+            found += [f"{where}:{node.lineno} {target}" for target in targets if "experiments" in target.split(".")]
+    return found
+
+
+def test_no_module_of_the_packages_imports_the_experiments() -> None:
+    """The packages are what the wheel installs; the experiments run from a checkout only, so the core (the main demo
+    included) imports nothing from them."""
+    assert experiment_imports() == []
+
+
+def test_experiment_import_check_sees_every_kind_of_import(tmp_path: Path) -> None:
+    _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "__main__.py": "def main():\n    from .experiments import online\n",  # lazy, relative
+            "a.py": "import experiments.hippo.online as runner\n",
+            "b.py": "from experiments.hippo import online\n",
+            "c.py": "import importlib\n\n\ndef load():\n    return importlib.import_module('experiments.hippo.online')\n",
+            "d.py": "from pkg import experiments\n",
+            "e.py": "import experiments_helper\nfrom .a import runner\n",  # neither is an experiment
+            "experiments/__init__.py": "",
+        },
+    )
+    assert experiment_imports(tmp_path, ("pkg",)) == [
+        "pkg/__main__.py:2 pkg.experiments.online",
+        "pkg/a.py:1 experiments.hippo.online",
+        "pkg/b.py:1 experiments.hippo.online",
+        "pkg/c.py:5 experiments.hippo.online",
+        "pkg/d.py:1 pkg.experiments",
+        "pkg/experiments/__init__.py:1 pkg.experiments",
+    ]
+
+
 def test_the_botorch_package_exports_its_modules_names() -> None:
     """The package gives its modules' objects, and the pathwise samplers are registered on
     ``import gpytorch_hippo.botorch``."""
     from botorch.sampling.pathwise.posterior_samplers import DrawMatheronPaths
 
     import gpytorch_hippo.botorch as package
-    from gpytorch_hippo.botorch import models, multioutput, variational
+    from gpytorch_hippo.botorch import models, variational
 
     assert package.OnlineGPModel is models.OnlineGPModel
-    assert package.MultiOutputOnlineGPModel is multioutput.MultiOutputOnlineGPModel
     assert package.OnlineVariationalGPModel is variational.OnlineVariationalGPModel
     assert all(hasattr(package, name) for name in package.__all__)
     registered = set(DrawMatheronPaths.funcs)
-    assert (models.OnlineGPModel,) in registered and (multioutput.MultiOutputOnlineGPModel,) in registered
+    assert (models.OnlineGPModel,) in registered
 
 
 def private_name_imports(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:

@@ -1,10 +1,11 @@
 """The distribution as users install it: one version for the three packages, a core install that
 imports no optional package, modules that need an extra name it, (against an installed wheel) every
-source file shipped; the metadata (Python versions as CI tests them, license, keywords, project URLs,
+source file shipped and no experiment module; the metadata (Python versions as CI tests them, license, keywords, project URLs,
 CITATION.cff), and ``make data`` on a system without apt-get."""
 
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import pathlib
 import re
@@ -117,11 +118,20 @@ def test_data_loaders_and_the_demo_name_their_extras(monkeypatch, tmp_path):
         hippo_demo(["--out", str(tmp_path), "--no-online"])  # before any computation
 
 
-def test_an_installed_wheel_holds_every_source_file():
-    """Meaningful against a non-editable install (CI's wheel check); skipped on the source tree."""
+def _installed_location() -> pathlib.Path:
+    """The folder the packages are imported from, when it is an installed wheel's (site-packages); skips the test on
+    the source tree, and fails it there in CI's wheel check (``PROBSEQ_WHEEL_CHECK=1``), which must test the wheel."""
     installed = pathlib.Path(importlib.import_module("gpytorch_hippo").__file__).resolve().parent.parent
     if installed == REPO or not (REPO / "gpytorch_hippo").is_dir():
+        if os.environ.get("PROBSEQ_WHEEL_CHECK") == "1":
+            pytest.fail(f"the wheel check imported gpytorch_hippo from {installed}, not from the installed wheel")
         pytest.skip("the packages are imported from the source tree, not from an installed wheel")
+    return installed
+
+
+def test_an_installed_wheel_holds_every_source_file():
+    """Meaningful against a non-editable install (CI's wheel check); skipped on the source tree."""
+    _installed_location()
     shipped = {str(path) for path in importlib.metadata.files("probseq") if path.parts[0] in SHIPPED}
     sources = {
         path.relative_to(REPO).as_posix()
@@ -130,6 +140,39 @@ def test_an_installed_wheel_holds_every_source_file():
         if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".typed")
     }
     assert sources - shipped == set(), "source files missing from the installed package"
+
+
+def experiment_files(paths) -> list[str]:
+    """The paths (``RECORD`` entries, relative to site-packages) of experiment modules: the top-level
+    ``experiments`` package, or anything under a folder named ``experiments``."""
+    return sorted(
+        str(path) for path in paths if "experiments" in pathlib.PurePosixPath(str(path)).parts[:-1] or str(path) == "experiments.py"
+    )
+
+
+def test_an_installed_wheel_holds_no_experiment_module():
+    """The experiments run from a checkout (``python -m experiments.hippo.online``); ``pip install`` of the wheel
+    installs none of them. Meaningful against a non-editable install (CI's wheel check); skipped on the source tree."""
+    installed = _installed_location()
+    files = importlib.metadata.files("probseq") or []
+    assert "gpytorch_hippo/__init__.py" in {str(path) for path in files}, "the distribution lists no files (no RECORD)"
+    assert experiment_files(files) == [], "experiment modules in the installed distribution"
+    # and the installed modules import none (the import walk of tests/test_import_cycles.py, over site-packages)
+    spec = importlib.util.spec_from_file_location("import_walk", REPO / "tests" / "test_import_cycles.py")
+    walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walk)
+    assert walk.experiment_imports(installed, SHIPPED) == []
+
+
+def test_experiment_files_finds_the_top_level_tree_and_a_packages_own():
+    record = ["gpytorch_hippo/online.py", "experiments/__init__.py", "experiments/hippo/online.py", "pseudovideo/experiments/hvae.py"]
+    record += ["probseq-0.1.0.dist-info/RECORD", "pseudovideo/experiments_notes.py", "experiments.py"]
+    assert experiment_files(record) == [
+        "experiments.py",
+        "experiments/__init__.py",
+        "experiments/hippo/online.py",
+        "pseudovideo/experiments/hvae.py",
+    ]
 
 
 def _metadata():
@@ -163,6 +206,18 @@ def test_ci_runs_the_wheel_check_on_each_other_version_or_says_it_skipped():
     assert "variable=PYTHON${version/./}" in text and "python$version" in text  # $PYTHON312, else python3.12
     assert re.search(r'echo "== wheel check on Python \$version skipped', text)
     assert re.search(r'^\s+check_wheel "\$python" "\$version"$', text, flags=re.M)
+
+
+def test_ci_wheel_check_runs_the_packaging_tests_against_the_installed_wheel():
+    """setup.cfg's ``pythonpath = .`` (the checkout's experiments for the tests) would put the source tree before the
+    wheel: the wheel check overrides it, and its installed-wheel tests fail rather than skip on the source tree."""
+    ci_run = REPO / ".ci" / "run"
+    if not ci_run.is_file():
+        pytest.skip("no .ci/run next to the tests")
+    command = re.search(r'\(cd "\$work" && ([^\n]* -m pytest .*?)\)$', ci_run.read_text(), flags=re.S | re.M)
+    assert command, ".ci/run runs no tests in its wheel check"
+    assert "PROBSEQ_WHEEL_CHECK=1 " in command.group(1) and " -o pythonpath= " in command.group(1)
+    assert '"$repo/tests/test_packaging.py"' in command.group(1)
 
 
 def test_license_keywords_and_project_urls_in_the_metadata():

@@ -129,6 +129,19 @@ def test_check_int_accepts_integers_only():
         check_int(1, "num_frames", low=2)
 
 
+def test_check_real_takes_a_time_read_off_a_column_of_inputs():
+    """A HiPPO time given as ``x[-1]`` of ``(N, 1)`` inputs, as GPyTorch models hold them, is a number."""
+    from gpytorch_hippo import HiPPOInducingVariables
+
+    x = torch.linspace(0.0, 3.0, 7, dtype=torch.float64).unsqueeze(-1)
+    assert check_real(x[-1], "t") == 3.0
+    variables = HiPPOInducingVariables(4, "legs", t=x[3])
+    variables.advance(x[-1])
+    assert variables.t == 3.0
+    with pytest.raises(TypeError, match="^t must be a real number, got torch.float64 tensor$"):
+        check_real(x[-2:], "t")
+
+
 def test_check_real_accepts_python_numpy_and_0d_tensor_numbers_in_range():
     assert check_real(np.float32(0.5), "beta") == 0.5
     assert check_real(torch.tensor(2), "beta") == 2.0
@@ -137,7 +150,7 @@ def test_check_real_accepts_python_numpy_and_0d_tensor_numbers_in_range():
         check_real(False, "beta")
     with pytest.raises(TypeError, match=r"^beta must be a real number, got torch.float32 tensor$"):
         check_real(torch.ones(2), "beta")
-    with pytest.raises(ValueError, match="^beta must be finite, got nan$"):
+    with pytest.raises(ValueError, match="^beta must be a finite number, got nan$"):
         check_real(math.nan, "beta")
     with pytest.raises(ValueError, match="^data_range must be > 0.0, got 0.0$"):
         check_real(0.0, "data_range", low=0.0, low_open=True)

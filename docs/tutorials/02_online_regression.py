@@ -124,4 +124,4 @@ assert ohsgpr_final < osgpr_final  # OHSGPR remembers the first task, OSGPR with
 
 # %% [markdown]
 # The same comparison on several data sets and with more baselines (OVC, OVFF, OSGPR with trained
-# inducing inputs) is `python -m gpytorch_hippo.experiments.online --dataset irradiance`.
+# inducing inputs) is `python -m experiments.hippo.online --dataset irradiance` (from a checkout of the repository).

@@ -34,7 +34,7 @@ from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 
 from gpytorch_hippo.botorch import OnlineGPModel
-from gpytorch_hippo.experiments.streaming_bo import IrradianceObjective
+from gpytorch_hippo.data import IrradianceObjective
 from gpytorch_hippo.inducing import CapturedVarianceWarning, HiPPOInducingVariables
 
 SMALL = os.environ.get("PROBSEQ_TUTORIAL_SIZE") == "small"
@@ -143,4 +143,4 @@ for report in optimiser_reports:
 # Inducing points instead of HiPPO variables give OSGPR: `OnlineGPModel(X, Y, InducingPoints(Z))`;
 # move them between steps with `model.inducing_variables = InducingPoints(new_Z)`. The comparison
 # with BoTorch's refitted `SingleTaskGP` and `SingleTaskVariationalGP` over 200 steps is
-# `python -m gpytorch_hippo.experiments.streaming_bo` (table in `docs/project_results.md`).
+# `python -m experiments.hippo.streaming_bo`, from a checkout of the repository (table in `docs/project_results.md`).

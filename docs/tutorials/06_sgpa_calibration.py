@@ -122,5 +122,5 @@ plt.show()
 # %% [markdown]
 # A model that knows what it does not know has high entropy on the unseen digits. The full
 # calibration study (MNIST-type images, IMDB/CoLA text, ensembles, MC dropout, temperature
-# scaling) is `python -m gpytorch_sgpa.experiments.calibration`; its numbers are in
+# scaling) is `python -m experiments.sgpa.calibration`; its numbers are in
 # `docs/results.md`.

@@ -139,5 +139,6 @@ assert float((fit - data.values[0][observed]).square().mean().sqrt()) < 0.2  # t
 # fleet = StreamFleet(model_factory, engine="ray", num_shards=2, checkpoint_dir="fleet-checkpoints")
 # ```
 #
-# `python -m gpytorch_hippo.fleet --out DIR` runs the whole comparison (two numbers of inducing points,
-# every stream's first-task memory, the batched fleet against a loop over single-stream models).
+# `python -m experiments.hippo.fleet_demo --out DIR` (from a checkout of the repository) runs the whole
+# comparison (two numbers of inducing points, every stream's first-task memory, the batched fleet against a
+# loop over single-stream models).

@@ -3,13 +3,14 @@
 :class:`~gpytorch_hippo.botorch.models.OnlineGPModel` is a BoTorch ``Model`` whose posterior is the
 collapsed online sparse GP of Bui et al. (2017) (OHSGPR with HiPPO inducing variables, OSGPR with
 inducing points); new observations enter by one online update that touches only the new batch and
-the stored summary ``q(u)``. The modules:
+the stored summary ``q(u)``; a target of shape ``(n, m)`` gives ``m`` independent outputs. The modules:
 
-* :mod:`~gpytorch_hippo.botorch.models`: :class:`~gpytorch_hippo.botorch.models.OnlineGPModel`,
-  :class:`~gpytorch_hippo.botorch.models.OnlineCollapsedMLL` (the collapsed online bound for
-  ``botorch.fit.fit_gpytorch_mll``) and the default inducing points;
-* :mod:`~gpytorch_hippo.botorch.multioutput`: ``m`` independent outputs, what
-  ``OnlineGPModel(train_X, train_Y)`` builds for a target of shape ``(n, m)``, ``m > 1``;
+* :mod:`~gpytorch_hippo.botorch.models`: :class:`~gpytorch_hippo.botorch.models.OnlineGPModel`, BoTorch's hooks;
+* :mod:`~gpytorch_hippo.botorch.fit`: :class:`~gpytorch_hippo.botorch.fit.OnlineCollapsedMLL` (the collapsed online
+  bound for ``botorch.fit.fit_gpytorch_mll``) and the online refit;
+* :mod:`~gpytorch_hippo.botorch.inducing`: the default inducing points and how inducing variables follow the stream;
+* :mod:`~gpytorch_hippo.botorch.exceptions`: the models' warnings;
+* :mod:`~gpytorch_hippo.botorch.multioutput`: the likelihood of ``m`` independent outputs;
 * :mod:`~gpytorch_hippo.botorch.paths`: pathwise posterior samples (registered with BoTorch's
   dispatchers when this package is imported);
 * :mod:`~gpytorch_hippo.botorch.variational`: OHSVGP / OSVGP for non-Gaussian observations.
@@ -17,16 +18,14 @@ the stored summary ``q(u)``. The modules:
 Every name is importable from here: ``from gpytorch_hippo.botorch import OnlineGPModel``.
 """
 
+import warnings
+
 from . import paths  # noqa: F401  (registers the models with BoTorch's pathwise sampling)
-from .models import (
-    DEFAULT_NUM_INDUCING,
-    InducingApproximationWarning,
-    OnlineCollapsedMLL,
-    OnlineGPModel,
-    OnlineGPModelWarning,
-    default_inducing_points,
-)
-from .multioutput import IndependentOutputsLikelihood, MultiOutputOnlineGPModel
+from .exceptions import InducingApproximationWarning, OnlineGPModelWarning
+from .fit import OnlineCollapsedMLL
+from .inducing import DEFAULT_NUM_INDUCING, default_inducing_points
+from .models import OnlineGPModel
+from .multioutput import IndependentOutputsLikelihood
 from .variational import OnlineVariationalGPModel
 
 __all__ = [
@@ -34,9 +33,20 @@ __all__ = [
     "OnlineGPModelWarning",
     "InducingApproximationWarning",
     "OnlineCollapsedMLL",
-    "MultiOutputOnlineGPModel",
     "IndependentOutputsLikelihood",
     "OnlineVariationalGPModel",
     "default_inducing_points",
     "DEFAULT_NUM_INDUCING",
 ]
+
+
+def __getattr__(name: str):
+    if name == "MultiOutputOnlineGPModel":  # the class of several outputs is OnlineGPModel itself
+        warnings.warn(
+            "MultiOutputOnlineGPModel is OnlineGPModel: OnlineGPModel(train_X, train_Y) with train_Y of shape (n, m) has "
+            "m independent outputs; import OnlineGPModel instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return OnlineGPModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

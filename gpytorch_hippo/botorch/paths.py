@@ -47,7 +47,6 @@ from ..inducing.hippo_variables import HiPPOInducingVariables
 from ..inducing.points import InducingPoints
 from ..inducing.spectral import hippo_support, hippo_transform
 from .models import OnlineGPModel
-from .multioutput import MultiOutputOnlineGPModel
 
 
 def _stored_variables(model: OnlineGPModel) -> InducingPoints | HiPPOInducingVariables:
@@ -198,7 +197,9 @@ def _update_weight(model: OnlineGPModel, variables: InducingVariables, sample_va
 
 
 @DrawMatheronPaths.register(OnlineGPModel)
-def _matheron_paths(model: OnlineGPModel, *, sample_shape: Size, prior_sampler, update_strategy) -> MatheronPath:
+def _matheron_paths(model: OnlineGPModel, *, sample_shape: Size, prior_sampler, update_strategy) -> MatheronPath | PathList:
+    if model.num_outputs > 1:
+        return _matheron_paths_multioutput(model, sample_shape=sample_shape, prior_sampler=prior_sampler, update_strategy=update_strategy)
     variables = _stored_variables(model)  # in the transformed input space, as BoTorch assumes for inducing variables
     output_transform = get_output_transform(model)
     if isinstance(variables, InducingPoints):
@@ -234,8 +235,7 @@ class _OutputPaths(PathList):
         return cast(Tensor, super().forward(x, **kwargs))  # one tensor: the paths' reducer stacks the outputs
 
 
-@DrawMatheronPaths.register(MultiOutputOnlineGPModel)
-def _matheron_paths_multioutput(model: MultiOutputOnlineGPModel, *, sample_shape: Size, prior_sampler, update_strategy) -> PathList:
+def _matheron_paths_multioutput(model: OnlineGPModel, *, sample_shape: Size, prior_sampler, update_strategy) -> PathList:
     """One path per output (each output's own posterior), stacked as BoTorch's multi-output models return
     them: ``sample x batch x m x n``; the model's input and outcome transforms around them."""
     paths = [

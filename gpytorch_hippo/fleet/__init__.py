@@ -3,7 +3,8 @@
 :class:`StreamFleet` shards stream ids over ``k`` batched :class:`~gpytorch_hippo.OnlineSGPR` models,
 absorbs tasks ``{stream_id: (X, y)}`` exactly once per task id, checkpoints every shard after every task
 and resumes from the checkpoints (:meth:`StreamFleet.restore`). The Ray engine needs
-``pip install "probseq[fleet]"``; ``python -m gpytorch_hippo.fleet --out DIR`` runs the demo.
+``pip install "probseq[fleet]"``; from a checkout of the repository, ``python -m experiments.hippo.fleet_demo --out DIR``
+runs the demo.
 """
 
 from .fleet import ENGINES, StreamFleet, shard_of

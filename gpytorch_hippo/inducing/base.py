@@ -185,7 +185,7 @@ class InducingVariables(gpytorch.Module):
         """Variances ``(*batch, M)`` of the jitter noise of these variables that ``other`` does not
         share (class docstring: ``Kuu_cross`` carries the shared part); ``kuu`` is :meth:`Kuu`
         densified. Online updates average the stored task over this noise
-        (:func:`gpytorch_hippo.online._smooth_ratio`) so that it never counts as information about :math:`f`.
+        (:func:`gpytorch_hippo.collapsed.smooth_ratio`) so that it never counts as information about :math:`f`.
 
         :param other: the other set (e.g. the current variables, for these stored ones).
         :param kuu: :meth:`Kuu` of these variables as a dense ``(*batch, M, M)`` tensor.

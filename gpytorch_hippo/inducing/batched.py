@@ -82,7 +82,7 @@ class BatchedInducingVariables(InducingVariables):
             template = copy.deepcopy(module)  # its tensors are replaced in every call: only its structure is used
             for sub in template.modules():
                 if isinstance(sub, gpytorch.kernels.Kernel) and sub.batch_shape == self.batch_shape:
-                    sub._batch_shape = torch.Size([])
+                    sub.batch_shape = torch.Size([])
             self._templates[key] = (module, _Apply(template))
         batched = _batched_modules(module, len(self.streams))
         tensors = {}

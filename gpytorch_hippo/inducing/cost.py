@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .covariances import describe_kernel, kernel_parts, supported_kernels, unregistered_factors
+from .covariances import CovarianceCostError, describe_kernel, kernel_parts, resolve_kernel, supported_kernels, unregistered_factors
 
 __all__ = ["CovarianceCostError", "MAX_ENTRIES", "MAX_SPECTRAL_NODES", "check_work", "kernel_reach"]
 
@@ -27,10 +27,6 @@ MAX_ENTRIES = 2**27
 MAX_SPECTRAL_NODES = 2**16
 #: ``|t|`` above this would overflow squared distances (``t² < 1.8e308``)
 MAX_TIME = 1e150
-
-
-class CovarianceCostError(ValueError):
-    """A covariance evaluation would exceed :data:`MAX_ENTRIES` (or :data:`MAX_SPECTRAL_NODES`)."""
 
 
 def lengthscale_of(kernel) -> float | None:
@@ -70,9 +66,9 @@ def kernel_reach(kernel) -> float | None:
 def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float | None = None, lengthscale: float | None = None) -> None:
     """Raise :class:`CovarianceCostError` if ``entries`` exceeds ``limit`` (default :data:`MAX_ENTRIES`).
 
-    The message gives the span of the bases in length scales and what to change: for a kernel with an unregistered
-    factor (e.g. Matérn x periodic), which only the quadrature backend takes, a window or a registered kernel; else the
-    times' offset and unit and the length scale.
+    The message gives the span of the bases in length scales and what to change: for a kernel that only the quadrature
+    backend takes (an unregistered one, or a product such as Matérn x periodic), a window or a sum of registered kernels;
+    else the times' offset and unit and the length scale.
 
     :param entries: the number of values (float64 entries or kernel evaluations) the evaluation would form.
     :param what: what would form them, for the message (e.g. ``"the quadrature rule (nodes x M)"``).
@@ -93,21 +89,24 @@ def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float 
         if ell is not None:
             detail += f", {(t - lower) / ell:.3g} kernel length scales (lengthscale = {ell:.3g})"
         detail += "."
-    factors = [] if kernel is None else unregistered_factors(kernel)
-    if factors:
+    if kernel is not None and resolve_kernel(kernel).spec is None:
+        factors = unregistered_factors(kernel)
+        unregistered = f" ({', '.join(factors)}: no registration)" if factors else " (a product of kernels)"
         raise CovarianceCostError(
             f"{what} would form about {entries:.3g} values (limit {limit:.3g}).{detail} Only method='quadrature' takes "
-            f"{describe_kernel(kernel)} ({', '.join(factors)}: no registration), and its rule grows with the bases' span in "
-            "length scales (Kuu with its square): LegS bases cover [0, t], so the work grows with every advance. Bound the "
-            "span with a window (measure='legt' or 'fout' with theta=, bases over [t - theta, t]); or use a registered "
-            f"kernel ({supported_kernels()}) with method='lyapunov', whose cost per task does not grow with t; or, if the "
-            "work is intended, raise gpytorch_hippo.inducing.cost.MAX_ENTRIES."
+            f"{describe_kernel(kernel)}{unregistered}, and its rule grows with the bases' span in length scales (Kuu with "
+            "its square): LegS bases cover [0, t], so the work grows with every advance, whatever the length scales. Bound "
+            "the span with a window (measure='legt' or 'fout' with theta=, bases over [t - theta, t]); or write the kernel "
+            "as a sum of registered kernels, e.g. a trend plus a season, ScaleKernel(MaternKernel()) + "
+            "ScaleKernel(PeriodicKernel()), which method='lyapunov' takes at a cost per task that does not grow with t "
+            f"(registered: {supported_kernels()}); or, if the work is intended, raise gpytorch_hippo.inducing.cost.MAX_ENTRIES."
         )
     raise CovarianceCostError(
         f"{what} would form about {entries:.3g} values (limit {limit:.3g}).{detail} "
         "Shift the times so that the stream starts near 0 (x - x[0]: LegS bases always cover [0, t], so "
         "Unix timestamps with start=0 span decades) or rescale them (e.g. hours instead of seconds); for "
         "LegT/FouT/LagT pass start= the stream's first time; keep the length scale from collapsing with a "
-        "constraint (e.g. gpytorch.constraints.GreaterThan on the kernel's lengthscale); or, if the work is "
-        "intended, raise gpytorch_hippo.inducing.cost.MAX_ENTRIES."
+        "constraint (e.g. gpytorch.constraints.GreaterThan on the kernel's lengthscale); on a long LegS stream use "
+        "method='lyapunov', whose cost per task does not grow with t (RBF, Matérn and periodic kernels and their sums); "
+        "or, if the work is intended, raise gpytorch_hippo.inducing.cost.MAX_ENTRIES."
     )

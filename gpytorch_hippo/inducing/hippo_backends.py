@@ -13,7 +13,12 @@ supported by every backend whose needs its registration meets.
   integrals over frequency of the closed-form HiPPO transforms (:mod:`.spectral`).  A
   Gauss-Legendre rule on :math:`[0, 9.5/\ell]` with :math:`\Omega B / 4 + M + 40` nodes (:math:`B` the phase
   bandwidth: the supports' width plus their distance) integrates to round-off; the cost is
-  :math:`O((t/\ell + M) M^2)` for ``Kuu``, linear in the stream length.
+  :math:`O((t/\ell + M) M^2)` for ``Kuu``, linear in the stream length.  A kernel whose spectral measure is a
+  series of point masses (``spectral_lines``: the periodic kernel, :func:`.covariances.periodic_lines`) needs no
+  rule: the integrals are sums over its :math:`K` lines, :math:`O(K M^2)` whatever :math:`t` is.
+* :class:`AdditiveBackend` (a sum of kernels, :math:`k = \sum_j k_j`): covariances are linear in the kernel, so
+  ``Kuu``, ``Kuf`` and the cross covariance are the sums of each part's, each from the backend ``method`` selects
+  for that part.
 * :class:`QuadratureBackend` (exact, any kernel): composite Gauss-Legendre in time,
   :math:`O((t/\ell)^2)` kernel evaluations.
 * :class:`RecurrenceBackend` (the thesis, 1-D): :math:`K_{uu} = Z^\top Z` with :math:`Z` the HiPPO memory of
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import math
 
+import gpytorch
 import torch
 from torch import Tensor
 
@@ -189,14 +195,27 @@ class SpectralBackend:
         except (TypeError, ValueError):  # not registered, or a batched kernel
             return False
         fast_decay = spec.spectral_density is not None and spec.spectral_cutoff is not None
-        return fast_decay and lengthscale.numel() == 1 and self._support(ivars) is not None
+        return (fast_decay or spec.spectral_lines is not None) and lengthscale.numel() == 1 and self._support(ivars) is not None
+
+    def takes_lines(self, ivars, kernel) -> bool:
+        """Whether :meth:`supports` holds and the kernel's spectral measure is a series of point masses (a periodic
+        kernel): then the cost does not depend on ``t``.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        """
+        return self.supports(ivars, kernel) and kernel_parts(kernel).spec.spectral_lines is not None
 
     def _support(self, ivars):
         return hippo_support(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start)
 
     def _rule(self, kernel, bandwidth: float, num_inducing: int, device, ivars=None) -> tuple[Tensor, Tensor]:
-        """Nodes ``ω_q`` on ``[0, Ω]`` and the differentiable scales ``sqrt(2 w_q S(ω_q))``."""
+        """Nodes ``ω_q`` on ``[0, Ω]`` and the differentiable scales ``sqrt(2 w_q S(ω_q))``; a kernel's spectral lines
+        ``(ω_k, sqrt(q_k))`` where it has them (whatever the band: no rule, no cost that grows with ``t``)."""
         spec, outputscale, lengthscale, _ = kernel_parts(kernel)
+        if spec.spectral_lines is not None:
+            omega, weights = spec.spectral_lines(outputscale, lengthscale)
+            return omega.to(device), weights.sqrt().to(device)
         spectral_density, spectral_cutoff = spec.known_spectrum()
         # Ω rounded up to a grid of 2^(1/8) steps: while a length scale is trained the nodes, and the
         # cached transforms at them, stay put (a wider Ω only adds negligible spectral tail)
@@ -215,15 +234,21 @@ class SpectralBackend:
 
     def _features(self, ivars, omega: Tensor, scale: Tensor) -> Tensor:
         """``F = sqrt(2wS) [Re ĉ; Im ĉ]``: ``(2Q, M)`` float64 (the transform at the nodes is cached)."""
+        if omega.requires_grad:  # lines that move with a trained period: differentiable, not cached
+            return torch.cat([scale, scale])[:, None] * self._transform(ivars, omega)
         key = (ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega.shape[0], float(omega[-1]), omega.device)
         if key not in self._transforms:
-            centre, _ = self._support(ivars)
-            D = hippo_transform(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega)
-            chat = torch.polar(torch.ones_like(omega), omega * centre)[:, None] * D
             if len(self._transforms) >= 4:  # the current and the old variables of an online update, a wider band
                 self._transforms.pop(next(iter(self._transforms)))
-            self._transforms[key] = torch.cat([chat.real, chat.imag])
+            self._transforms[key] = self._transform(ivars, omega)
         return torch.cat([scale, scale])[:, None] * self._transforms[key]
+
+    def _transform(self, ivars, omega: Tensor) -> Tensor:
+        """``[Re ĉ; Im ĉ]`` at the frequencies: ``(2Q, M)`` float64."""
+        centre, _ = self._support(ivars)
+        D = hippo_transform(ivars.measure, ivars.num_inducing, ivars.memory.theta, ivars.t, ivars.start, omega)
+        chat = torch.polar(torch.ones_like(omega), omega * centre)[:, None] * D
+        return torch.cat([chat.real, chat.imag])
 
     def _bucket(self, half_width: float, needed: float) -> float:
         """The band ``2h 2^k >= needed``: inputs inside the support share the nodes of ``Kuu``."""
@@ -542,3 +567,39 @@ def _fresh_memory(ivars) -> HiPPO:
     """A new memory for one-off segment grids, so that ``ivars.memory`` keeps the cache of the full grid."""
     memory = ivars.memory
     return HiPPO(memory.measure, memory.M, memory.theta, memory.discretization).to(ivars.breakpoints.device)
+
+
+class AdditiveBackend:
+    r"""A sum of kernels :math:`k = \sum_j k_j` (GPyTorch's ``AdditiveKernel``, e.g. a trend plus a season,
+    ``ScaleKernel(MaternKernel()) + ScaleKernel(PeriodicKernel())``): covariances are linear in the kernel, so
+    :math:`K_{uu} = \sum_j K_{uu}^{(j)}`, :math:`K_{uf} = \sum_j K_{uf}^{(j)}` and likewise the cross covariance, each part
+    from the backend that the inducing variables' ``method`` selects for it (:meth:`~.hippo_variables.HiPPOInducingVariables.backend_for`).
+    """
+
+    name = "additive"
+
+    def supports(self, ivars, kernel) -> bool:
+        """Whether ``kernel`` is a sum of kernels and ``ivars`` have 1-D (time) inputs.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the GP's kernel :math:`k`.
+        """
+        return isinstance(kernel, gpytorch.kernels.AdditiveKernel) and ivars.input_dim == 1
+
+    def Kuf(self, ivars, kernel, x: Tensor) -> Tensor:
+        r""":math:`\sum_j \operatorname{cov}(u, f_j(x))`: ``(*batch, M, N)``.
+
+        :param ivars: the HiPPO inducing variables.
+        :param kernel: the sum of kernels.
+        :param x: inputs ``(*batch, N, 1)``.
+        """
+        return sum(ivars.Kuf(part, x) for part in kernel.kernels)
+
+    def cross(self, a, b, kernel) -> Tensor:
+        r""":math:`\sum_j \operatorname{cov}_j(u_a, u_b)` without jitter, ``(M, M')``.
+
+        :param a: the first set of HiPPO inducing variables.
+        :param b: the second set, or ``a`` itself (then ``Kuu`` without jitter).
+        :param kernel: the sum of kernels.
+        """
+        return sum(a.covariance_without_jitter(b, part) for part in kernel.kernels)

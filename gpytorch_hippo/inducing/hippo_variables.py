@@ -25,6 +25,11 @@ argument, ``method``:
 * ``"auto"`` (default): ``"spectral"`` where it applies (RBF with a support not clipped by the
   stream start, or Matérn), otherwise ``"quadrature"``.
 
+A periodic kernel (a spectral measure of point masses) goes to the spectral backend's sum over its lines, exact at a
+cost that does not depend on ``t``, under ``"auto"``, ``"spectral"`` and ``"lyapunov"``.  A sum of kernels is taken
+part by part (:class:`~.hippo_backends.AdditiveBackend`), each part by the backend ``method`` selects for it: with
+``"lyapunov"``, a Matérn or RBF trend plus a periodic season streams at a flat cost per task.
+
 Multidimensional inputs (thesis §4.4): the ordered inputs of each task are placed at times
 ``i dt`` continuing across tasks (:meth:`HiPPOInducingVariables.append_path`), and :math:`u` projects
 :math:`f` along that path.  To stay truly online, the path is kept only as its random-feature memory
@@ -48,9 +53,9 @@ from linear_operator import to_dense
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-from probseq._validation import check_tensor
+from probseq._validation import check_real, check_tensor
 
-from .._validation import check_finite_scalar, floating_dtype
+from .._validation import floating_dtype
 from ..hippo import HiPPO
 from ..timeaxis import is_datetime_like
 from .banded import BandedBackend, support_span
@@ -58,7 +63,7 @@ from .base import InducingVariables
 from .batched import BatchedInducingVariables, share_equal_buffers, stream_clocks
 from .cost import MAX_TIME, kernel_reach, lengthscale_of
 from .covariances import CovarianceBackend
-from .hippo_backends import PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
+from .hippo_backends import AdditiveBackend, PathBackend, QuadratureBackend, RecurrenceBackend, SpectralBackend
 from .lyapunov import LyapunovBackend
 from .lyapunov_batched import LyapunovStreams
 from .spectral import SUPPORTED_KERNELS, spectral_parts  # noqa: F401  (re-exported)
@@ -182,7 +187,7 @@ class HiPPOInducingVariables(InducingVariables):
         if input_dim == 1 and not t > start:
             raise ValueError(f"t must be greater than start = {start}, got {t}")
         if dt is not None:
-            dt = check_finite_scalar(dt, "dt", positive=True)
+            dt = check_real(dt, "dt", low=0, low_open=True)
         self.memory = HiPPO(measure, num_inducing, theta, discretization)  # validates M, measure, theta
         self.method = method if input_dim == 1 else "recurrence"
         self.input_dim = input_dim
@@ -219,6 +224,7 @@ class HiPPOInducingVariables(InducingVariables):
                 "quadrature": QuadratureBackend(),
                 "recurrence": RecurrenceBackend(self.features, self.kuf),
                 "lyapunov": LyapunovBackend(),
+                "additive": AdditiveBackend(),
             }
 
     @property
@@ -235,6 +241,8 @@ class HiPPOInducingVariables(InducingVariables):
         lengthscale_of(kernel)  # a clear error for NaN/Inf length scales (diverged hyperparameters)
         if self.input_dim > 1:
             return self._path_backend
+        if self.backends["additive"].supports(self, kernel):
+            return self.backends["additive"]
         if self.method in ("auto", "spectral"):
             for name in ("spectral", "banded"):
                 if self.backends[name].supports(self, kernel):
@@ -243,6 +251,9 @@ class HiPPOInducingVariables(InducingVariables):
                 spectral_parts(kernel)  # raises TypeError/ValueError for kernels it cannot handle
             return self.backends["quadrature"]
         if self.method == "lyapunov":
+            spectral = cast(SpectralBackend, self.backends["spectral"])
+            if spectral.takes_lines(self, kernel):  # a periodic kernel: exact by its lines, no cost that grows with t
+                return spectral
             cast(LyapunovBackend, self.backends["lyapunov"]).check(self, kernel)  # a clear error for kernels it cannot handle
         return self.backends[self.method]
 
@@ -409,16 +420,25 @@ class HiPPOInducingVariables(InducingVariables):
             return super()._cross_covariance(other, kernel)
         if (self.input_dim, self.measure) != (other.input_dim, other.measure):
             raise ValueError("cross-covariance needs two HiPPO sets with the same input_dim and measure")
+        cross = self.covariance_without_jitter(other, kernel)
+        if self._same_variables(other):
+            jitter = self.jitter_value(cross.dtype) * self._jitter_scale(cross)  # cross is Kuu here
+            cross = cross + jitter * torch.eye(cross.shape[-1], dtype=cross.dtype, device=cross.device)
+        return cross
+
+    def covariance_without_jitter(self, other: HiPPOInducingVariables, kernel: gpytorch.kernels.Kernel) -> Tensor:
+        """``cov(u^{(t)}, u'^{(t')})`` without jitter, ``(M, M')``, by the backend both sets select for ``kernel`` (exact
+        quadrature where they select different ones).
+
+        :param other: HiPPO inducing variables with the same ``input_dim`` and measure (or ``self``).
+        :param kernel: the GP's kernel :math:`k`.
+        """
         backend, other_backend = self.backend_for(kernel), other.backend_for(kernel)
         if backend.name != other_backend.name:
             if "recurrence" in (backend.name, other_backend.name):
                 raise ValueError(f"cross-covariance between backends {backend.name!r} and {other_backend.name!r} is not defined")
             backend = self.backends["quadrature"]  # e.g. one of two RBF supports is clipped: exact quadrature for both
-        cross = backend.cross(self, other, kernel)
-        if self._same_variables(other):
-            jitter = self.jitter_value(cross.dtype) * self._jitter_scale(cross)  # cross is Kuu here
-            cross = cross + jitter * torch.eye(cross.shape[-1], dtype=cross.dtype, device=cross.device)
-        return cross
+        return backend.cross(self, other, kernel)
 
     def _shares_jitter_with(self, other: InducingVariables) -> Tensor:
         """All of the jitter is shared with the same variables (``Kuu_cross`` adds it), none otherwise."""
@@ -564,7 +584,7 @@ def _refuse_calendar_time(value, name: str) -> None:
 def _check_time(value, name: str) -> float:
     """A finite time of magnitude at most :data:`.cost.MAX_TIME` (beyond it ``t²`` overflows float64)."""
     _refuse_calendar_time(value, name)
-    value = check_finite_scalar(value, name)
+    value = check_real(value, name)
     if abs(value) > MAX_TIME:
         raise ValueError(f"{name} must have magnitude at most {MAX_TIME:g} (squared distances overflow beyond), got {value!r}")
     return value

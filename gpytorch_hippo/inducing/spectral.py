@@ -205,7 +205,8 @@ def hippo_transform(measure: str, M: int, theta: float, t: float, start: float, 
         return values * torch.polar(torch.ones_like(m), m * math.pi / 2)  # i^m
     if measure == "lagt":
         z = (1j * omega * theta)[:, None]
-        return z**m / (1 + z) ** (m + 1)
+        ratio = (z / (1 + z)).expand(-1, M - 1)  # powers by products: z**m is NaN at ω = 0 (a periodic kernel's line)
+        return torch.cat([torch.ones_like(z), ratio], dim=-1).cumprod(-1) / (1 + z)
     k = torch.arange(1, (M - 1) // 2 + 1, dtype=torch.float64, device=omega.device)
     a = 2 * math.pi * k / theta
     minus = torch.sinc((omega[:, None] - a) * h / math.pi)  # torch.sinc(x) = sin(πx)/(πx)

@@ -65,7 +65,7 @@ def test_update_names_the_bad_argument(kind, bad, match):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(
     "lr, match",
-    [(INF, "lr must be a finite"), (NAN, "lr must be a finite"), (0.0, "lr must be positive"), (True, "lr must be a real")],
+    [(INF, "lr must be a finite"), (NAN, "lr must be a finite"), (0.0, "lr must be > 0"), (True, "lr must be a real")],
 )
 def test_update_rejects_a_bad_learning_rate(kind, lr, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -60,13 +60,13 @@ def test_each_stream_equals_its_own_model_through_ragged_tasks_and_a_reload():
     tasks = ragged_tasks()
     test = torch.linspace(0, 12, 25, dtype=DT)
     for k, (x, y, mask) in enumerate(tasks):
-        before = [t.clone() for t in batched._summary()] if batched.has_posterior else None
+        before = [t.clone() for t in batched._stored_task()[2:]] if batched.has_posterior else None
         batched.update(x, y, mask=mask)
         for s in range(S):
             if mask[s].any():
                 singles[s].update(x[s][mask[s]], y[s][mask[s]])
         if k == 2:  # stream 2 saw nothing: its stored posterior is exactly what it was
-            assert all(torch.equal(old[2], new[2]) for old, new in zip(before, batched._summary()))
+            assert all(torch.equal(old[2], new[2]) for old, new in zip(before, batched._stored_task()[2:]))
         if k == 1:  # save and reload in the middle of the stream
             reloaded = batched_model()
             reloaded.load_state_dict(copy.deepcopy(batched.state_dict()))
@@ -110,19 +110,19 @@ def test_mask_shape_and_type_are_checked():
 def test_the_short_update_for_unchanged_points_equals_the_general_one(monkeypatch):
     """With the same points and ``K_uu`` as the stored task the update is ``Λ' + WWᵀ/σ²`` (``T = I``, no
     residual, no jitter to average); the general update, forced, gives the same summary and bound."""
-    from gpytorch_hippo import online
+    from gpytorch_hippo import collapsed
 
-    calls, unchanged = [], online._unchanged_points
+    calls, unchanged = [], collapsed._unchanged_points
     results = []
     for short in (True, False):
-        monkeypatch.setattr(online, "_unchanged_points", lambda *args: calls.append(1) or (short and unchanged(*args)))
+        monkeypatch.setattr(collapsed, "_unchanged_points", lambda *args: calls.append(1) or (short and unchanged(*args)))
         model = batched_model()
         model.mean_module = gpytorch.means.ConstantMean(batch_shape=torch.Size([S])).double()
         bounds = []
         for k, (x, y, mask) in enumerate(ragged_tasks()):
             model.mean_module.constant.data.fill_(0.1 * k)  # a mean that moves between tasks: μ_a - μ'_a ≠ 0
             bounds.append(model.update(x, y, mask=mask))
-        results.append((torch.stack(bounds), [t.clone() for t in model._summary()]))
+        results.append((torch.stack(bounds), [t.clone() for t in model._stored_task()[2:]]))
     assert len(calls) == 6  # tasks 2-4 of both runs took the test; the first run the short update
     (bounds_short, summary_short), (bounds_general, summary_general) = results
     torch.testing.assert_close(bounds_short, bounds_general, rtol=1e-12, atol=1e-9)

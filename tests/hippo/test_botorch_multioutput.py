@@ -16,7 +16,7 @@ from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 
 from gpytorch_hippo import HiPPOInducingVariables, InducingPoints
-from gpytorch_hippo.botorch import MultiOutputOnlineGPModel, OnlineGPModel, OnlineGPModelWarning
+from gpytorch_hippo.botorch import OnlineGPModel, OnlineGPModelWarning
 
 DOUBLE = torch.float64
 
@@ -74,7 +74,7 @@ def assert_same_posterior(multi, singles, X, **kwargs):
 @pytest.mark.parametrize("kind", ["points", "hippo"])
 def test_equals_independent_single_output_models_through_a_stream(kind):
     multi, singles = multi_and_singles(kind, refit_every=2)
-    assert isinstance(multi, MultiOutputOnlineGPModel) and multi.num_outputs == 2
+    assert type(multi) is OnlineGPModel and multi.num_outputs == 2
     # per-output hyperparameters: fitted on each column (the scales differ by ~20x before standardising)
     assert not torch.allclose(multi.outputs[0].covar_module.lengthscale, multi.outputs[1].covar_module.lengthscale)
     if kind == "hippo":  # path memories are features of the first length scale: refresh the rest
@@ -116,22 +116,23 @@ def test_t_batched_conditioning_and_output_subsets():
     torch.testing.assert_close(empty.posterior(test).mean[0], multi.posterior(test).mean, rtol=0, atol=1e-12)
 
 
-def test_the_multi_output_model_composes_single_output_models_instead_of_disabling_an_inherited_one():
-    """Substitutability: the m-output model is not an ``OnlineGPModel`` whose kernel, mean and inducing variables
-    raise; it is a BoTorch ``Model`` (with ``OnlineGPModel``'s base) that holds one working ``OnlineGPModel`` per
-    output, as ``ModelListGP`` holds its models."""
+def test_several_outputs_are_one_online_gp_model_holding_one_single_output_model_per_output():
+    """As ``SingleTaskGP`` takes an ``(n, m)`` target, ``OnlineGPModel(train_X, train_Y)`` with ``m`` outputs is an
+    ``OnlineGPModel`` (no other class to pick); it holds one working single-output ``OnlineGPModel`` per output, as
+    ``ModelListGP`` holds its models, and names ``outputs[j]`` for what it has once per output. The former class name
+    still imports, with a ``DeprecationWarning``."""
     from botorch.models.model import Model
 
-    from gpytorch_hippo.botorch.models import OnlineModelBase, register_multi_output_model
+    import gpytorch_hippo.botorch as package
 
     multi, _ = multi_and_singles("points")
-    assert not isinstance(multi, OnlineGPModel) and isinstance(multi, OnlineModelBase) and isinstance(multi, Model)
+    assert isinstance(multi, OnlineGPModel) and isinstance(multi, Model) and multi.num_outputs == 2
     for output in multi.outputs:
-        assert type(output) is OnlineGPModel and output.covar_module.lengthscale.shape[-1] == 2
+        assert type(output) is OnlineGPModel and output.num_outputs == 1 and output.covar_module.lengthscale.shape[-1] == 2
     with pytest.raises(AttributeError, match=r"outputs\[j\]\.covar_module"):
         multi.covar_module
-    with pytest.raises(TypeError, match="OnlineModelBase"):
-        register_multi_output_model(OnlineGPModel)
+    with pytest.warns(DeprecationWarning, match="MultiOutputOnlineGPModel is OnlineGPModel"):
+        assert package.MultiOutputOnlineGPModel is OnlineGPModel
 
 
 def test_model_call_and_stored_data_follow_batched_multi_output_layout():
@@ -161,6 +162,31 @@ def test_a_warm_start_loads_each_outputs_hyperparameters_and_reports_the_keys_as
         torch.testing.assert_close(new.outputs[j].mean_module.constant, old.outputs[j].mean_module.constant, rtol=0, atol=0)
         torch.testing.assert_close(new.outputs[j].likelihood.noise, old.outputs[j].likelihood.noise, rtol=0, atol=0)
     assert new.train_targets.shape == (2, 30)
+
+
+@pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # few inducing points, to be fast
+def test_the_streaming_conveniences_work_per_output_as_on_single_output_models():
+    """``load_hyperparameters`` (the warm start without a warning) and ``refresh_posterior`` of a model with two outputs
+    do for each output what they do for a single-output model (a model of several outputs had neither)."""
+    old, old_singles = multi_and_singles("points", keep_data=True)
+    x, y = data(30, 3)
+    settings = dict(input_transform=Normalize(2), keep_data=True, fit_maxiter=0)
+    new = OnlineGPModel(x, y, inducing("points"), outcome_transform=Standardize(2), **settings)
+    singles = [
+        OnlineGPModel(x, y[:, j : j + 1], inducing("points"), outcome_transform=Standardize(1), **copy.deepcopy(settings)) for j in range(2)
+    ]
+    result = new.load_hyperparameters(old.state_dict())
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    for single, old_single in zip(singles, old_singles):
+        single.load_hyperparameters(old_single.state_dict())
+    test = torch.rand(5, 2, generator=torch.Generator().manual_seed(4), dtype=DOUBLE)
+    assert_same_posterior(new, singles, test)
+    with torch.no_grad():
+        new.outputs[1].likelihood.noise = 0.5
+        singles[1].likelihood.noise = 0.5
+    new.refresh_posterior()
+    singles[1].refresh_posterior()
+    assert_same_posterior(new, singles, test)
 
 
 def test_log_nehvi_equals_model_list_of_single_output_models_and_optimises():

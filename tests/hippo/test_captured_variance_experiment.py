@@ -4,7 +4,7 @@ stream's end is the one OHSGPR actually holds after streaming every task through
 import pytest
 import torch
 
-from gpytorch_hippo.experiments import captured_variance, online
+from experiments.hippo import captured_variance, online
 
 
 def test_fresh_memory_at_the_end_equals_the_streamed_ohsgpr_memory():

@@ -7,9 +7,9 @@ import gpytorch
 import pytest
 import torch
 
+from experiments.hippo import online_elbo
+from experiments.hippo.online_elbo import fit_exact_gp, run_elbo_method
 from gpytorch_hippo.data import Dataset, minmax_inputs, split_order, split_tasks
-from gpytorch_hippo.experiments import online_elbo
-from gpytorch_hippo.experiments.online_elbo import fit_exact_gp, run_elbo_method
 
 
 def tied_inputs():

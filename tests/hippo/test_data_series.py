@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from gpytorch_hippo.data import load_dataset, series
+from experiments.hippo import datasets
+from gpytorch_hippo.data import load_dataset
 
 
 def standardised(values):
@@ -40,20 +41,20 @@ def test_sunspots_and_counts_match_their_packages():
 
 
 def test_speech_is_a_window_of_the_librivox_clip():
-    if not os.path.isdir(series.SPEECH_DIR):
+    if not os.path.isdir(datasets.SPEECH_DIR):
         pytest.skip("Debian package pocketsphinx-testdata not installed (make data)")
     from scipy.io import wavfile
 
-    rate, samples = wavfile.read(sorted(f.path for f in os.scandir(series.SPEECH_DIR) if f.name.endswith(".wav"))[0])
-    data = load_dataset("speech")
+    rate, samples = wavfile.read(sorted(f.path for f in os.scandir(datasets.SPEECH_DIR) if f.name.endswith(".wav"))[0])
+    data = datasets.load_dataset("speech")
     assert rate == 16000 and data.y.shape == (3000,)
     np.testing.assert_allclose(data.y.numpy(), standardised(samples[16000:19000]), rtol=1e-10)
 
 
 def test_missing_sources_name_what_to_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(series, "SPEECH_DIR", str(tmp_path))
+    monkeypatch.setattr(datasets, "SPEECH_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="pocketsphinx-testdata"):
-        load_dataset("speech")
+        datasets.load_dataset("speech")
     real_import = builtins.__import__
 
     def no_statsmodels(name, *args, **kwargs):
@@ -66,3 +67,7 @@ def test_missing_sources_name_what_to_install(monkeypatch, tmp_path):
         load_dataset("sunspots")
     with pytest.raises(ValueError, match="dataset must be one of"):
         load_dataset("mnist")
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        load_dataset("speech")  # a system package's clip: the experiments' loader, not the library's
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        datasets.load_dataset("mnist")

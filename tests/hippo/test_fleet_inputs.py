@@ -224,7 +224,7 @@ def test_a_stream_with_a_backlog_is_updated_in_a_model_of_its_own_not_padding_it
     """A stream with 300 points in a task where the others have at most 15: the shard's batched update is padded to
     the others' longest, the backlog is absorbed by a model of its row only; every stream still equals its own
     single-stream model (LegS bases with a clock per stream included)."""
-    from gpytorch_hippo.fleet.demo import EmploymentModelFactory
+    from experiments.hippo.fleet_demo import EmploymentModelFactory
 
     factory = EmploymentModelFactory(12, horizon=8.0, lengthscale=0.7, inducing=inducing)
     advance = factory.before_update or (lambda model, x, mask: None)
@@ -282,8 +282,8 @@ def test_a_fleet_refit_keeps_every_bit_of_a_stream_absent_from_the_task():
 
 
 def test_a_kernel_the_lyapunov_backend_does_not_take_raises_its_named_error_through_the_fleet():
+    from experiments.hippo.fleet_demo import EmploymentModelFactory
     from gpytorch_hippo import HiPPOInducingVariables
-    from gpytorch_hippo.fleet.demo import EmploymentModelFactory
     from gpytorch_hippo.inducing.covariances import UnsupportedKernelError
 
     def periodic_factory(num_streams: int) -> OnlineSGPR:

@@ -1,30 +1,18 @@
-"""The main demo's data and output, against pvlib's own reader and a direct quadrature projection;
+"""The main demo's output, against a direct quadrature projection (its data: test_data_solar.py);
 its online part: the runner's CSV schema, the printed table, and what it shows (OSGPR forgets task 1,
 OHSGPR does not)."""
 
 import csv
-import os
 
 import numpy as np
-import pvlib
 import pytest
 import torch
 
 import gpytorch_hippo.__main__ as demo
+from experiments.hippo.online import COLUMNS
 from gpytorch_hippo.__main__ import main, plot_forgetting
 from gpytorch_hippo.data import load_solar_ghi
-from gpytorch_hippo.experiments.online import COLUMNS
 from gpytorch_hippo.hippo import HiPPO
-
-
-def test_daily_ghi_equals_pvlib_daily_means():
-    frame, _ = pvlib.iotools.read_tmy3(os.path.join(os.path.dirname(pvlib.__file__), "data", "723170TYA.CSV"), map_variables=True)
-    hourly = frame["ghi"].to_numpy(dtype=float)
-    times, daily = load_solar_ghi("daily")
-    assert times.shape == daily.shape == (365,)
-    np.testing.assert_allclose(daily.numpy(), hourly.reshape(365, 24).mean(axis=1), rtol=1e-12)
-    _, raw = load_solar_ghi("hourly")
-    np.testing.assert_array_equal(raw.numpy(), hourly)
 
 
 def test_demo_writes_figure_and_legs_state_matches_projection(tmp_path, capsys):
@@ -83,7 +71,7 @@ def test_demo_online_part_shows_forgetting(tmp_path, capsys, monkeypatch):
         block = [line.split() for line in lines[start + 1 : start + 5]]
         assert [cells[0] for cells in block] == ["OHSGPR", "OSGPR", "OVC", "OVFF"]
         assert all(len(cells) == (11 if "task-1" in header else 5) for cells in block)  # one seed: no min-max
-    assert "python -m gpytorch_hippo.experiments.online" in out and "±" not in out
+    assert "python -m experiments.hippo.online" in out and "±" not in out
 
     def task1_rmse(method):
         per_task = {int(r["task_trained"]): float(r["rmse"]) for r in rows if r["method"] == method and r["task_eval"] == "1"}

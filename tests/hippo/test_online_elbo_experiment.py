@@ -5,9 +5,9 @@ import pytest
 import scipy.stats
 import torch
 
+from experiments.hippo import online
+from experiments.hippo.online_elbo import run_elbo_method
 from gpytorch_hippo.data import Dataset, split_tasks
-from gpytorch_hippo.experiments import online
-from gpytorch_hippo.experiments.online_elbo import run_elbo_method
 from gpytorch_hippo.metrics import interval_ece
 
 

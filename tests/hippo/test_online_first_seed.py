@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpytorch_hippo.experiments import online
+from experiments.hippo import online
 
 
 def _without_time(rows, seed):

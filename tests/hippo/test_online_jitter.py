@@ -1,6 +1,6 @@
 """The Kuu jitter in online updates: white noise on the inducing variables, never information about f.
 
-References: a dense Gaussian integral for the smoothed ratio, the exact GP's log marginal likelihood
+References (the smoothed ratio itself: test_collapsed.py): the exact GP's log marginal likelihood
 and posterior, and the same stream with the jitter passed on as information (the former update),
 which ends confidently wrong about the first task.
 """
@@ -13,34 +13,8 @@ import torch
 
 from gpytorch_hippo import HiPPOInducingVariables, InducingPoints, OnlineSGPR
 from gpytorch_hippo.inducing.base import InducingVariables
-from gpytorch_hippo.online import _smooth_ratio
 
 DT = torch.float64
-
-
-def test_smoothed_ratio_is_the_gaussian_average_over_the_jitter():
-    """``log E_e[r(a + e)]``, ``e ~ N(0, diag(n))``, against the dense integral
-    ``∫ N(s; a, diag(n)) exp(-½ sᵀPs + sᵀh) ds`` at several ``a`` (quadratic, linear and constant parts)."""
-    torch.manual_seed(0)
-    M = 5
-    A = torch.randn(M, M, dtype=DT)
-    precision = A @ A.T + 0.1 * torch.eye(M, dtype=DT)
-    shift = torch.randn(M, dtype=DT)
-    noise = torch.rand(M, dtype=DT) + 0.1
-    noise[1] = 0.0  # a variable whose jitter the new set shares
-    smoothed_precision, smoothed_shift, constant = _smooth_ratio(precision, shift, noise)
-    keep = noise > 0
-    J = torch.diag(noise.sqrt())[:, keep]  # s = a + J z, z ~ N(0, I) on the noisy coordinates
-    inner = torch.eye(int(keep.sum()), dtype=DT) + J.T @ precision @ J
-    for _ in range(4):
-        a = torch.randn(M, dtype=DT)
-        b = J.T @ (shift - precision @ a)
-        reference = -0.5 * a @ precision @ a + a @ shift - 0.5 * torch.logdet(inner) + 0.5 * b @ torch.linalg.solve(inner, b)
-        value = -0.5 * a @ smoothed_precision @ a + a @ smoothed_shift + constant
-        assert abs(value - reference) < 1e-10 * max(1.0, abs(reference))
-    dense = torch.linalg.inv(torch.linalg.inv(precision) + torch.diag(noise))  # (P^{-1} + N)^{-1}
-    torch.testing.assert_close(smoothed_precision, dense, rtol=1e-10, atol=1e-10)
-    assert torch.equal(_smooth_ratio(precision, shift, torch.zeros(M, dtype=DT))[0], precision)
 
 
 def _rff_stream(num_tasks, size, lengthscale, noise, seed=0):

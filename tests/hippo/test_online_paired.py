@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gpytorch_hippo.experiments import online, online_paired
+from experiments.hippo import online, online_paired
 
 
 def _rows():

@@ -1,35 +1,14 @@
-"""The streaming BO experiment: its objective against the physics it encodes, and a tiny run end to end."""
+"""The streaming BO experiment: a tiny run end to end (its objective: test_data_solar.py)."""
 
 import csv
 
 import numpy as np
 import pytest
 
-from gpytorch_hippo.experiments import streaming_bo
+from experiments.hippo import streaming_bo
 
 # the OSGPR surrogate keeps its inducing points at the recent inputs, by design: it says where they do not reach
 pytestmark = pytest.mark.filterwarnings("ignore::gpytorch_hippo.botorch.InducingApproximationWarning")
-
-
-@pytest.fixture(scope="module")
-def objective():
-    return streaming_bo.IrradianceObjective()
-
-
-def test_best_panel_faces_the_sun_in_clear_hours(objective):
-    # Under a clear sky (beam >> diffuse) the plane-of-array irradiance is largest when the panel
-    # is normal to the beam: tilt = solar zenith, azimuth = solar azimuth, and the value is at
-    # least the direct normal irradiance.
-    clear = [
-        h for h in objective.hours[:400] if objective.dni[h] > 700 and 100 < objective.sun_azimuth[h] < 260 and objective.zenith[h] < 85
-    ]
-    assert len(clear) > 20
-    for hour in clear[:: max(1, len(clear) // 10)]:
-        values = objective(objective.grid, hour)
-        tilt, azimuth = objective.grid[values.argmax()]
-        assert abs(90 * tilt - objective.zenith[hour]) < 6, hour
-        assert abs(90 + 180 * azimuth - objective.sun_azimuth[hour]) < 10, hour
-        assert values.max() >= objective.dni[hour] / 1000 - 1e-9
 
 
 @pytest.mark.filterwarnings("ignore::gpytorch_hippo.inducing.CapturedVarianceWarning")  # a short run with the path memory

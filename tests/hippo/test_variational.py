@@ -1,13 +1,17 @@
 """InterdomainVariationalStrategy against GPyTorch's own VariationalStrategy / UnwhitenedVariationalStrategy."""
 
+import ast
 import copy
+import pathlib
 
 import gpytorch
 import pytest
 import torch
 
-from gpytorch_hippo.inducing import InducingPoints
+from gpytorch_hippo import variational
+from gpytorch_hippo.inducing import HiPPOInducingVariables, InducingPoints
 from gpytorch_hippo.variational import InterdomainVariationalStrategy
+from probseq._compat import VariationalStrategyBase
 
 DT = torch.float64
 M, N = 8, 40
@@ -291,3 +295,59 @@ def test_a_direct_assignment_of_another_number_of_inducing_variables_is_refused_
         model(data()[0])
     with pytest.raises(TypeError, match="inducing_variables must be an InducingVariables"):
         model.variational_strategy.replace_inducing_variables(torch.rand(5, 2, dtype=DT))
+
+
+def test_the_strategy_is_built_by_gpytorchs_constructor(monkeypatch):
+    """GPyTorch's own constructor of the strategy base runs (it holds the model and the variational distribution and
+    registers their initialisation flag) and leaves no copy of the inducing inputs: the strategy reads them live."""
+    calls = []
+    constructor = VariationalStrategyBase.__init__
+
+    def spy(self, *args, **kwargs):
+        calls.append(args)
+        constructor(self, *args, **kwargs)
+
+    monkeypatch.setattr(VariationalStrategyBase, "__init__", spy)
+    ours = Ours(data()[2]).to(DT)
+    strategy = ours.variational_strategy
+    assert len(calls) == 1 and calls[0][0] is ours and calls[0][2] is strategy._variational_distribution
+    assert not any("inducing_points" in name for name, _ in strategy.named_buffers())
+    assert strategy.inducing_points is strategy.inducing_variables.points
+    assert strategy.jitter_val == Reference(data()[2]).to(DT).variational_strategy.jitter_val
+
+
+def test_saved_keys_are_those_of_earlier_releases():
+    """A checkpoint keeps its keys: the strategy's own entries, beside those of its inducing variables."""
+    points = Ours(data()[2]).to(DT).variational_strategy.state_dict()
+    assert set(points) == {
+        "variational_params_initialized",
+        "online_task_ended",
+        "inducing_variables.points",
+        "_variational_distribution.variational_mean",
+        "_variational_distribution.chol_variational_covar",
+    }
+    kernel = gpytorch.kernels.RBFKernel()
+    distribution = gpytorch.variational.MeanFieldVariationalDistribution(6)
+    hippo = InterdomainVariationalStrategy(None, HiPPOInducingVariables(6, "legs", t=1.0), distribution, kernel=kernel).state_dict()
+    assert {key for key in hippo if not key.startswith("inducing_variables.")} == {
+        "variational_params_initialized",
+        "online_task_ended",
+        "_variational_distribution.variational_mean",
+        "_variational_distribution._variational_stddev",
+        "_explicit_kernel.raw_lengthscale",
+        "_explicit_kernel.raw_lengthscale_constraint.lower_bound",
+        "_explicit_kernel.raw_lengthscale_constraint.upper_bound",
+    }
+
+
+def test_the_class_keeps_hooks_and_public_methods_and_the_algebra_is_in_functions():
+    """The class stays near GPyTorch's ``VariationalStrategy`` (273 lines, 7 methods): besides GPyTorch's and torch's
+    hooks and its public methods it has at most four private helpers; whitening, the conditional, the cache
+    fingerprint and the carried ``q(u)`` are functions of the module."""
+    tree = ast.parse(pathlib.Path(variational.__file__).read_text())
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "InterdomainVariationalStrategy")
+    methods = [node.name for node in cls.body if isinstance(node, ast.FunctionDef)]
+    upstream = set(dir(gpytorch.variational.VariationalStrategy))
+    helpers = [name for name in methods if name.startswith("_") and not name.startswith("__") and name not in upstream]
+    assert cls.end_lineno - cls.lineno + 1 <= 345
+    assert len(methods) <= 25 and len(helpers) <= 4, helpers

@@ -1,13 +1,13 @@
 """One accelerate training step of a tiny video diffusion model; run by ``torchrun --nproc-per-node 2``
-from ``test_accelerate_training.py``, which compares it with a plain single-process step."""
+from ``test_training.py``, which compares it with a plain single-process step."""
 
 import sys
 
 import torch
 
-from pseudovideo.experiments.accelerated import train
 from pseudovideo.models.diffusion import AutoregressiveVideoDiffusion
 from pseudovideo.models.prior import AutoregressiveTokenPrior
+from pseudovideo.training import train
 
 POOL = torch.rand(32, 2, 1, 4, 4, generator=torch.Generator().manual_seed(11)) * 2 - 1
 TOKENS = torch.randint(0, 6, (32, 2, 3), generator=torch.Generator().manual_seed(12))

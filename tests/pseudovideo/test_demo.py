@@ -1,4 +1,4 @@
-from pseudovideo.__main__ import main
+from experiments.pseudovideo.demo import main
 
 
 def test_demo_writes_the_videos_and_the_theorem_table(tmp_path, capsys):

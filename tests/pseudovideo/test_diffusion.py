@@ -6,7 +6,7 @@ import csv
 import pytest
 import torch
 
-from pseudovideo.experiments.diffusion import COLUMNS, main
+from experiments.pseudovideo.diffusion import COLUMNS, main
 from pseudovideo.models.diffusion import ABSENT, LATENT, OBSERVED, AutoregressiveVideoDiffusion
 
 

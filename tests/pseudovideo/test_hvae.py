@@ -9,8 +9,8 @@ import pytest
 import scipy.stats
 import torch
 
+from experiments.pseudovideo.hvae import COLUMNS, main
 from pseudovideo.augment import heat_dissipation
-from pseudovideo.experiments.hvae import COLUMNS, main
 from pseudovideo.models.hvae import HeatHVAE
 
 

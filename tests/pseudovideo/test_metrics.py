@@ -7,7 +7,15 @@ import scipy.linalg
 import torch
 from torch import nn
 
-from pseudovideo.metrics import ImageClassifier, PenultimateFeatures, default_classifier, frechet_distance, inception_score, psnr
+from pseudovideo.metrics import (
+    ImageClassifier,
+    PenultimateFeatures,
+    default_classifier,
+    frechet_distance,
+    inception_score,
+    psnr,
+    train_classifier,
+)
 
 
 class LinearFeatures(nn.Module):
@@ -115,6 +123,23 @@ def test_default_classifier_is_trained_once_then_loaded_from_cache(tmp_path):
     feature = PenultimateFeatures(classifier)
     shuffled = images[:, :, torch.randperm(8)][:, :, :, torch.randperm(8)]
     assert frechet_distance(images[:800], shuffled[800:1600], feature) > 3 * frechet_distance(images[:800], images[800:1600], feature)
+
+
+def test_default_classifier_trains_on_a_data_set_of_your_own(tmp_path):
+    from pseudovideo.data import load_images
+
+    images, labels = load_images("digits")
+    train, test = (images[:1000], labels[:1000]), (images[1000:1400], labels[1000:1400])
+    classifier = default_classifier("my_digits", cache_dir=tmp_path, data=(train, test))
+    reference = train_classifier(*train)  # the same seed and epochs, trained by hand
+    torch.testing.assert_close(classifier(test[0]), reference(test[0]))
+    accuracy = float((reference(test[0]).argmax(1) == test[1]).double().mean())
+    assert classifier.test_accuracy == accuracy and accuracy > 0.6
+    (weights,) = tmp_path.glob("my_digits_x1_*.pt")
+    cached = default_classifier("my_digits", cache_dir=tmp_path, data=(train, test))
+    assert cached is not classifier and cached.test_accuracy == accuracy  # loaded from the file named by the data
+    with pytest.raises(TypeError, match="data must be"):
+        default_classifier("my_digits", cache_dir=tmp_path, data=train)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from pseudovideo.experiments.tokens import COLUMNS, main, parse_arguments
+from experiments.pseudovideo.tokens import COLUMNS, main, parse_arguments
 
 
 @pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images

@@ -10,9 +10,9 @@ import sys
 
 import torch
 
+from experiments.sgpa import distributed
+from experiments.sgpa.training import Split, train_classifier
 from gpytorch_sgpa import SGPAELBO, SGPANoise, SGPAttention, SGPAViT
-from gpytorch_sgpa.experiments import distributed
-from gpytorch_sgpa.experiments.training import Split, train_classifier
 
 GLOBAL_BATCH = 7  # odd: shards of 4 and 3 exercise the loss scaling by shard size
 SEED = 0

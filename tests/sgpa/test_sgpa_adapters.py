@@ -1,7 +1,8 @@
-"""``convert`` on the self-attention of Hugging Face BERT, ViT and GPT-2 models, timm's ``Attention``,
-``nn.Transformer`` and a user's own type (``register_adapter``): kernel outputs against a computation
-by hand from the original weights, masks, causality, the key/value cache of ``generate``, attention
-maps and one ELBO step per family."""
+"""``convert`` on the self-attention of Hugging Face BERT, ViT, GPT-2, DistilBERT, ALBERT, DeBERTa-v2 and
+Llama-style (Llama, Mistral, Qwen2) models, timm's ``Attention``, ``nn.Transformer`` and a user's own type
+(``register_adapter``): kernel outputs against a computation by hand from the original weights (rotary
+embeddings and grouped-query heads by transformers' own functions), masks, causality, kernel → SGPA keeping the
+function, the key/value cache of ``generate``, attention maps and one ELBO step per family."""
 
 import copy
 import os
@@ -604,3 +605,258 @@ def test_bfloat16_model_keeps_its_dtype_and_follows_the_float32_one():
             hidden = low(ids, attention_mask=mask).last_hidden_state
             assert hidden.dtype == torch.bfloat16
             torch.testing.assert_close(hidden.float(), reference, rtol=0.05, atol=0.05)
+
+
+def test_an_unsupported_family_lists_the_supported_ones_and_register_adapter():
+    """A transformers model without an adapter (GPT-NeoX): the error names the supported families (each module class
+    with its model type), the new ones included, and register_adapter."""
+    transformers = _transformers()
+    config = transformers.GPTNeoXConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    with pytest.raises(ValueError) as error:
+        convert(transformers.GPTNeoXForCausalLM(config))
+    message = str(error.value)
+    for name in ("bert.BertSelfAttention", "gpt2.GPT2Attention", "distilbert.DistilBertSelfAttention", "albert.AlbertAttention"):
+        assert name in message
+    for family in ("Llama", "Mistral", "Qwen2"):
+        assert f"{family.lower()}.{family}Attention" in message
+    assert "deberta_v2.DisentangledSelfAttention" in message and "register_adapter" in message
+
+
+# --------------------------------------------------------------------------- DistilBERT, ALBERT, DeBERTa-v2, Llama-style decoders
+def _encoder(family, seed=0):
+    """A small random DistilBERT, ALBERT (two unshared layers) or DeBERTa-v2 (relative attention with both
+    disentangled terms) classifier, dropout off."""
+    transformers = _transformers()
+    torch.manual_seed(seed)
+    if family == "distilbert":
+        config = transformers.DistilBertConfig(
+            vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=64, dropout=0.0, attention_dropout=0.0, num_labels=3
+        )
+        return transformers.DistilBertForSequenceClassification(config)
+    common = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=3,
+    )
+    if family == "albert":
+        return transformers.AlbertForSequenceClassification(transformers.AlbertConfig(embedding_size=16, num_hidden_groups=2, **common))
+    config = transformers.DebertaV2Config(relative_attention=True, pos_att_type=["p2c", "c2p"], max_position_embeddings=32, **common)
+    return transformers.DebertaV2ForSequenceClassification(config)
+
+
+def _attention_of(model, family, index):
+    """The self-attention module of layer ``index`` (the one convert replaces)."""
+    if family == "distilbert":
+        return model.distilbert.transformer.layer[index].attention
+    if family == "albert":
+        return model.albert.encoder.albert_layer_groups[index].albert_layers[0].attention
+    return model.deberta.encoder.layer[index].attention.self
+
+
+def _decoder(family="Llama", implementation="sdpa", seed=0):
+    """A small random Llama, Mistral or Qwen2 causal LM with grouped-query attention (4 query heads sharing
+    2 key/value heads; Qwen2's projections have biases)."""
+    transformers = _transformers()
+    torch.manual_seed(seed)
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    config._attn_implementation = implementation
+    return getattr(transformers, f"{family}ForCausalLM")(config)
+
+
+def _capture_call(module):
+    """The keyword arguments (the positional input as ``hidden_states``) and the output of every call of ``module``."""
+    calls = []
+
+    def hook(m, args, kwargs, output):
+        kwargs = dict(kwargs)
+        if args:
+            kwargs["hidden_states"] = args[0]
+        calls.append((kwargs, output))
+
+    module.register_forward_hook(hook, with_kwargs=True)
+    return calls
+
+
+@pytest.mark.parametrize("family", ["distilbert", "albert", "deberta_v2"])
+def test_encoder_families_kernel_conversion_matches_kernel_attention_by_hand(family):
+    """Through the model's own forward with a padding mask: the converted self-attention computes kernel attention
+    from the original W_q, W_k, W_v and value bias, followed by the family's own output path (DistilBERT's out_lin,
+    ALBERT's dense + residual LayerNorm; DeBERTa-v2's output module stays outside), and DeBERTa-v2's conversion
+    record says that the relative-position terms are dropped."""
+    model = _encoder(family).double().eval()
+    original = copy.deepcopy(_attention_of(model, family, 1))
+    convert(model, attention="kernel")
+    adapter = _attention_of(model, family, 1)
+    assert isinstance(adapter, adapters.SelfAttentionAdapter)
+    calls = _capture_call(adapter)
+    ids = torch.randint(2, 100, (3, 6))
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    ((call, (output, _)),) = calls
+    x = call["hidden_states"]
+    names = {
+        "distilbert": ("q_lin", "k_lin", "v_lin"),
+        "albert": ("query", "key", "value"),
+        "deberta_v2": ("query_proj", "key_proj", "value_proj"),
+    }
+    query, key, value = (getattr(original, name) for name in names[family])
+    allowed = mask.bool()[:, None, :].expand(3, 6, 6)
+    context, _ = _kernel_by_hand(x, query.weight, key.weight, value.weight, value.bias, 4, allowed)
+    expected = {
+        "distilbert": lambda: original.out_lin(context),
+        "albert": lambda: original.LayerNorm(x + original.dense(context)),
+        "deberta_v2": lambda: context,
+    }[family]()
+    valid = mask.bool()
+    torch.testing.assert_close(output[valid], expected[valid], rtol=1e-8, atol=1e-8)
+    notes = [entry.get("notes") for entry in model.config.sgpa["conversions"]]
+    assert notes == ([[adapters.DEBERTA_V2_NOTE]] if family == "deberta_v2" else [None])
+
+
+@pytest.mark.parametrize("family, implementation", [("Llama", "sdpa"), ("Llama", "eager"), ("Mistral", "sdpa"), ("Qwen2", "sdpa")])
+def test_llama_style_kernel_conversion_matches_rotary_kernel_attention_by_hand(family, implementation):
+    """A left-padded batch through the model's own forward: the converted attention is causal kernel attention on
+    the shared projection (W_q + W_k)/2, W_k's two key heads repeated to the four query heads, rotated by the
+    model's rotary embeddings (transformers' own apply_rotary_pos_emb and repeat_kv as the reference), with the
+    repeated value heads, then o_proj."""
+    transformers = _transformers()
+    modeling = __import__(f"transformers.models.{family.lower()}.modeling_{family.lower()}", fromlist=["repeat_kv"])
+    model = _decoder(family, implementation).double().eval()
+    original = copy.deepcopy(model.model.layers[1].self_attn)
+    convert(model, attention="kernel")
+    adapter = model.model.layers[1].self_attn
+    assert isinstance(adapter, adapters.RotaryAttentionAdapter) and adapter.causal
+    calls = _capture_call(adapter)
+    ids = torch.randint(2, 50, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    ((call, (output, _)),) = calls
+    x, (cos, sin) = call["hidden_states"], call["position_embeddings"]
+    heads = lambda t, h: t.view(2, 6, h, 8).transpose(1, 2)  # noqa: E731
+    q = heads(F.linear(x, original.q_proj.weight), 4)
+    k = modeling.repeat_kv(heads(F.linear(x, original.k_proj.weight), 2), 2)
+    v = modeling.repeat_kv(heads(original.v_proj(x), 2), 2)
+    shared, _ = modeling.apply_rotary_pos_emb(0.5 * (q + k), 0.5 * (q + k), cos, sin)
+    gram = torch.exp(-0.5 * (shared[:, :, :, None] - shared[:, :, None]).square().sum(-1) / 8)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril() & mask.bool()[:, None, None, :]
+    context = (gram * allowed).matmul(v).transpose(1, 2).reshape(2, 6, 32)
+    valid = mask.bool()
+    torch.testing.assert_close(output[valid], original.o_proj(context)[valid], rtol=1e-8, atol=1e-8)
+    assert transformers is not None
+
+
+@pytest.mark.parametrize("family", ["Llama", "Mistral", "Qwen2"])
+def test_llama_style_kernel_then_sgpa_keeps_the_function_and_caches(family):
+    """The thesis's path: kernel attention, then orthogonal SGPA from it; inside posterior_mean the SGPA model
+    computes the kernel model's logits (to 1e-10 in float64), a sample differs; a prompt in two chunks through the
+    cache gives the logits of one uncached pass."""
+    model = _decoder(family).double().eval()
+    convert(model, attention="kernel")
+    ids = torch.randint(2, 50, (2, 7))
+    with torch.no_grad():
+        expected = model(ids).logits
+    convert(model, num_global=4)
+    with torch.no_grad():
+        sampled = model(ids).logits
+        with posterior_mean():
+            collapsed = model(ids, use_cache=False).logits
+            first = model(ids[:, :3], use_cache=True)
+            second = model(ids[:, 3:], cache=first.cache, use_cache=True)
+    assert (sampled - expected).abs().max() > 1e-4
+    torch.testing.assert_close(collapsed, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(first.logits, expected[:, :3], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(second.logits, expected[:, 3:], rtol=1e-9, atol=1e-9)
+
+
+def test_llama_generate_with_cache_equals_without():
+    """Greedy generation of a left-padded batch inside posterior_mean: the cached path (new positions from the
+    cached rotated queries) gives the tokens and scores of generation without the cache."""
+    model = convert(_decoder().double(), num_global=4).eval()
+    prompt = torch.randint(2, 50, (2, 4))
+    mask = torch.ones(2, 4, dtype=torch.long)
+    mask[1, :2] = 0
+    results = {}
+    with torch.no_grad(), posterior_mean():
+        for use_cache in (True, False):
+            results[use_cache] = model.generate(
+                prompt,
+                attention_mask=mask,
+                max_new_tokens=5,
+                do_sample=False,
+                use_cache=use_cache,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+    assert torch.equal(results[True].sequences, results[False].sequences)
+    for cached, uncached in zip(results[True].scores, results[False].scores):
+        torch.testing.assert_close(cached, uncached, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", ["distilbert", "albert", "deberta_v2"])
+def test_elbo_step_encoder_families(family):
+    model = _encoder(family)
+    ids, mask = torch.randint(2, 100, (4, 6)), torch.ones(4, 6, dtype=torch.long)
+    mask[0, 4:] = 0
+    _elbo_step(model, lambda: model(ids, attention_mask=mask), torch.tensor([0, 1, 2, 0]), (ids,), {"attention_mask": mask})
+
+
+@pytest.mark.parametrize("family", ["Llama", "Qwen2"])
+def test_elbo_step_llama_style(family):
+    model = _decoder(family)
+    ids = torch.randint(2, 50, (3, 6))
+    _elbo_step(model, lambda: model(ids).logits[:, :-1], ids[:, 1:], (ids,))
+
+
+@pytest.mark.parametrize("family", ["distilbert", "albert", "deberta_v2"])
+def test_encoder_families_kernel_then_sgpa_keep_the_function(family):
+    """Kernel attention, then orthogonal SGPA from it: inside posterior_mean the padded batch's logits are the kernel
+    model's (to 1e-10 in float64); a sample differs."""
+    model = _encoder(family).double().eval()
+    convert(model, attention="kernel")
+    ids = torch.randint(2, 100, (2, 6))
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+        convert(model, num_global=4)
+        sampled = model(ids, attention_mask=mask).logits
+        with posterior_mean():
+            collapsed = model(ids, attention_mask=mask).logits
+    assert (sampled - expected).abs().max() > 1e-6
+    torch.testing.assert_close(collapsed, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_llama_style_configurations_it_cannot_convert_raise_with_the_reason():
+    """A head size other than hidden_size / num_attention_heads raises at conversion; a sliding window shorter than
+    the sequence (a banded mask) raises at the forward pass, while a sequence inside the window runs."""
+    transformers = _transformers()
+    common = dict(vocab_size=50, intermediate_size=64, num_hidden_layers=1, num_key_value_heads=2, max_position_embeddings=64)
+    wide = transformers.LlamaForCausalLM(transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, head_dim=16, **common))
+    with pytest.raises(ValueError, match="head_dim"):
+        convert(wide, attention="kernel")
+    config = transformers.MistralConfig(hidden_size=32, num_attention_heads=4, sliding_window=4, **common)
+    config._attn_implementation = "eager"
+    model = convert(transformers.MistralForCausalLM(config), attention="kernel").eval()
+    with torch.no_grad():
+        assert model(torch.randint(2, 50, (1, 4))).logits.shape == (1, 4, 50)
+        with pytest.raises(ValueError, match="not a causal padding mask"):
+            model(torch.randint(2, 50, (1, 7)))

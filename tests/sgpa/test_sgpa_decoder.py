@@ -1,14 +1,12 @@
-"""Causal SGPA decoder: incremental decoding equals full recomputation; sequence ELBO; learning."""
+"""Causal SGPA decoder: incremental decoding equals full recomputation; learning."""
 
 import pytest
 import torch
-import torch.nn.functional as F
+from sgpa_model_fixtures import BATCH, LENGTH, VOCAB, _decoder
 
 from gpytorch_sgpa import SGPAELBO, SGPADecoder, SGPANoise
-from gpytorch_sgpa.elbo import IGNORE_INDEX
 
 TIGHT = dict(rtol=1e-6, atol=1e-8)
-VOCAB, LENGTH, BATCH = 9, 6, 3
 
 # every layer type, and each sampler of the decoupled SGPA
 CONFIGS = [
@@ -21,18 +19,6 @@ CONFIGS = [
     ("kernel", {}),
     ("sdp", {}),
 ]
-
-
-def _decoder(attention, kwargs, seed=0, num_layers=2):
-    torch.manual_seed(seed)
-    model = SGPADecoder(
-        VOCAB, d_model=8, num_heads=2, num_layers=num_layers, max_len=LENGTH, attention=attention, attention_kwargs=kwargs
-    ).double()
-    with torch.no_grad():  # moderate variational parameters keep the conditionals well conditioned
-        for name, p in model.named_parameters():
-            if "global_chol" in name or "global_values" in name:
-                p.mul_(0.3)
-    return model.eval()
 
 
 def _step_noise(noise, t):
@@ -63,35 +49,6 @@ def test_forward_step_reproduces_the_full_forward(attention, kwargs):
         other, _ = model(changed, noise=noise)
     torch.testing.assert_close(other[:, :-1], full[:, :-1], **TIGHT)
     assert not torch.allclose(other[:, -1], full[:, -1])
-
-
-def test_sequence_elbo_sums_token_log_likelihoods_and_skips_ignored_targets():
-    torch.manual_seed(2)
-    model = _decoder("sgpa", {"num_global": 4}).train()
-    elbo = SGPAELBO(model, num_data=50, kl_weighting="decomposed")
-    tokens = torch.randint(0, VOCAB, (BATCH, LENGTH))
-    targets = tokens[:, 1:].clone()
-    targets[0, 3:] = IGNORE_INDEX  # a shorter first sequence
-    logits, kl = model(tokens)
-    logits = logits[:, :-1]
-    log_probs = F.log_softmax(logits, -1)
-    expected_ell = torch.stack(
-        [sum(log_probs[b, t, targets[b, t]] for t in range(LENGTH - 1) if targets[b, t] != IGNORE_INDEX) for b in range(BATCH)]
-    )
-    torch.testing.assert_close(elbo.expected_log_likelihood(logits, targets), expected_ell, **TIGHT)
-    global_kl = model.global_kl()  # the exact ELBO counts the shared global KL once per data set
-    torch.testing.assert_close(elbo(logits, kl, targets), expected_ell.mean() - (kl - global_kl) - global_kl / 50, **TIGHT)
-    # Monte-Carlo sample dimensions in front are averaged
-    stacked = torch.stack([logits, logits])
-    torch.testing.assert_close(elbo.expected_log_likelihood(stacked, targets), expected_ell, **TIGHT)
-    with pytest.raises(ValueError, match="class indices"):
-        elbo.expected_log_likelihood(logits, targets.clamp_min(0) + VOCAB)
-    with pytest.raises(ValueError, match="at least one position"):
-        elbo.expected_log_likelihood(logits, torch.full_like(targets, IGNORE_INDEX))
-    with pytest.raises(ValueError, match="outputs must be"):
-        elbo.expected_log_likelihood(logits[:, :-1], targets)
-    with pytest.raises(ValueError, match="class indices"):  # -100 is only meaningful in sequences
-        elbo.expected_log_likelihood(logits[:, 0], torch.full((BATCH,), IGNORE_INDEX))
 
 
 def test_decoder_learns_to_count_and_generates_the_rule():

@@ -9,16 +9,18 @@ import sys
 import pytest
 import torch
 
-from gpytorch_sgpa.experiments import distributed
+from experiments.sgpa import distributed
 
 HERE = pathlib.Path(__file__).resolve().parent
+#: the runners and workers import the experiments/ tree of the repository root
+PYTHONPATH = os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
 sys.path.insert(0, str(HERE))
 import ddp_step_worker  # noqa: E402
 from vader_fixtures import fake_vader_corpora  # noqa: E402
 
 
 def _torchrun(args, tmp_path, timeout=300, env=None):  # ~15 s unloaded; the shared machine can be 10x slower
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH, **(env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -65,7 +67,7 @@ def test_calibration_runner_under_torchrun_writes_once_with_world_size(tmp_path)
     _torchrun(
         [
             "-m",
-            "gpytorch_sgpa.experiments.calibration",
+            "experiments.sgpa.calibration",
             "--quick",
             "--dataset",
             "digits",
@@ -101,7 +103,7 @@ def test_language_model_runner_under_torchrun_trains_and_rank_0_writes(tmp_path)
     ``world_size`` 2 is written and the table is printed once (rank 0 only)."""
     import csv
 
-    from gpytorch_sgpa.experiments import language_model as lm
+    from experiments.sgpa import language_model as lm
 
     archive = tmp_path / "vader.tar.gz"
     fake_vader_corpora(archive)
@@ -109,7 +111,7 @@ def test_language_model_runner_under_torchrun_trains_and_rank_0_writes(tmp_path)
     result = _torchrun(
         [
             "-m",
-            "gpytorch_sgpa.experiments.language_model",
+            "experiments.sgpa.language_model",
             "--quick",
             "--methods",
             "mle-sdp,mcd,sgpa",

@@ -8,7 +8,7 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
 
-from gpytorch_sgpa.experiments.calibration import CSV_COLUMNS, QUICK_CONFIG, _Runner, load_task, main
+from experiments.sgpa.calibration import CSV_COLUMNS, QUICK_CONFIG, _Runner, load_task, main
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_sgpa_starts_from_the_mle_snapshot():
     assert all(torch.allclose(state[k], snapshot[k]) for k in shared)
     assert "layers.0.attention.global_inducing_inputs" in state
     with pytest.raises(ValueError, match="mle_init_epochs"):
-        from gpytorch_sgpa.experiments.calibration import run
+        from experiments.sgpa.calibration import run
 
         run("digits", ["sgpa"], [0], replace(config, mle_init_epochs=2))
 
@@ -115,8 +115,8 @@ def test_checkpoint_is_selected_on_validation_accuracy():
     Reference: the same (deterministic, MLE) training without selection, snapshotted every epoch."""
     from dataclasses import replace
 
+    from experiments.sgpa import calibration
     from gpytorch_sgpa import metrics
-    from gpytorch_sgpa.experiments import calibration
 
     config = replace(QUICK_CONFIG, epochs=4, train_size=128, lr=3e-3)
     task = load_task("digits", config, seed=0)
@@ -152,3 +152,15 @@ def test_checkpoint_is_selected_on_validation_accuracy():
     torch.manual_seed(0)
     final.network("mle-sdp", 0, 0)
     assert final.training_records[("mle-sdp", 0)]["selected_epoch"] == config.epochs
+
+
+def test_demo_runs_the_calibration_runner_with_valid_flags(tmp_path, monkeypatch):
+    """``python -m experiments.sgpa.demo`` hands the runner a command line that the runner's own parser accepts."""
+    from experiments.sgpa import calibration, demo
+
+    commands = []
+    monkeypatch.setattr(demo, "calibration_main", lambda command: commands.append(command) or [])
+    demo.main(["--out", str(tmp_path), "--no-progress"])
+    args = calibration.build_parser().parse_args(commands[0])
+    assert (args.dataset, args.methods, args.out, args.quick, args.no_progress) == ("digits", "mle-kernel,ts,sgpa", tmp_path, True, True)
+    assert (args.train_size, args.epochs, args.threads) == (1000, 10, 1)

@@ -7,11 +7,11 @@ import pytest
 import torch
 from vader_fixtures import fake_vader_corpora
 
-from gpytorch_sgpa import SGPADecoder, metrics
+from experiments.sgpa import language_model as lm
+from experiments.sgpa.training import mle_loss
+from gpytorch_sgpa import SGPADecoder
 from gpytorch_sgpa.data import Vocabulary
 from gpytorch_sgpa.elbo import IGNORE_INDEX
-from gpytorch_sgpa.experiments import language_model as lm
-from gpytorch_sgpa.experiments.training import mle_loss
 
 
 def _vocabulary():
@@ -34,37 +34,6 @@ def test_encode_for_lm_shifts_targets_and_truncates():
         [unk, eos, IGNORE_INDEX, IGNORE_INDEX],
     ]
     assert torch.equal(split.padding_mask, split.labels == IGNORE_INDEX)
-
-
-def hand_calibration_errors(confidence, correct, num_bins=15):
-    """ECE and MCE by a loop over the bins ((b - 1) / B, b / B], confidence 0 in the first."""
-    gaps, ece = [], 0.0
-    for b in range(1, num_bins + 1):
-        members = [
-            (c, k) for c, k in zip(confidence.tolist(), correct.tolist()) if (b - 1) / num_bins < c <= b / num_bins or (b == 1 and c == 0)
-        ]
-        if members:
-            gap = abs(sum(k for _, k in members) - sum(c for c, _ in members)) / len(members)
-            gaps.append(gap)
-            ece += len(members) / len(confidence) * gap
-    return ece, max(gaps)
-
-
-def test_confidence_calibration_equals_hand_binned_errors():
-    torch.manual_seed(0)
-    probs = torch.softmax(3 * torch.randn(500, 7, dtype=torch.double), -1)
-    probs[0] = torch.nn.functional.one_hot(torch.tensor(3), 7)  # a saturated prediction: confidence 1 in the last bin
-    labels = torch.randint(0, 7, (500,))
-    confidence, predicted = probs.max(-1)
-    expected = hand_calibration_errors(confidence, predicted == labels)
-    assert expected[0] > 0.01  # the two errors differ from 0 enough to tell a wrong binning
-    ours = metrics.calibration_errors_from_confidence(confidence, predicted == labels)
-    assert ours == pytest.approx(expected, abs=1e-12)
-    assert metrics.calibration_errors(probs, labels) == pytest.approx(expected, abs=1e-12)
-    with pytest.raises(ValueError, match="confidence"):
-        metrics.calibration_errors_from_confidence(confidence + 2, predicted == labels)
-    with pytest.raises(ValueError, match="one length"):
-        metrics.calibration_errors_from_confidence(confidence, (predicted == labels)[:-1])
 
 
 def test_sequence_mle_loss_is_summed_token_nll_per_sequence():

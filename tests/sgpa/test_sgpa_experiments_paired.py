@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gpytorch_sgpa.experiments.paired import main, paired_differences, sign_test
+from experiments.sgpa.paired import main, paired_differences, sign_test
 
 
 def test_sign_test_is_the_exact_binomial_tail():

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import torch
 
+from experiments.sgpa.calibration import QUICK_CONFIG, build_network, build_parser, load_task
 from gpytorch_sgpa.attention import SGPAttention
-from gpytorch_sgpa.experiments.calibration import QUICK_CONFIG, build_network, build_parser, load_task
 
 
 def test_sampler_flag_reaches_the_layers():

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from gpytorch_sgpa.experiments.calibration import (
+from experiments.sgpa.calibration import (
     CSV_COLUMNS,
     METRIC_COLUMNS,
     format_table,

@@ -187,3 +187,34 @@ def test_calibration_errors_agree_with_torchmetrics_away_from_bin_edges():
     assert abs(ece - float(multiclass_calibration_error(probs, labels, 5, n_bins=15, norm="l1"))) < 1e-6  # torchmetrics returns float32
     assert abs(mce - float(multiclass_calibration_error(probs, labels, 5, n_bins=15, norm="max"))) < 1e-6
     assert ece > 0.01  # a miscalibrated predictor: the comparison is not between two zeros
+
+
+def hand_calibration_errors(confidence, correct, num_bins=15):
+    """ECE and MCE by a loop over the bins ((b - 1) / B, b / B], confidence 0 in the first."""
+    gaps, ece = [], 0.0
+    for b in range(1, num_bins + 1):
+        members = [
+            (c, k) for c, k in zip(confidence.tolist(), correct.tolist()) if (b - 1) / num_bins < c <= b / num_bins or (b == 1 and c == 0)
+        ]
+        if members:
+            gap = abs(sum(k for _, k in members) - sum(c for c, _ in members)) / len(members)
+            gaps.append(gap)
+            ece += len(members) / len(confidence) * gap
+    return ece, max(gaps)
+
+
+def test_confidence_calibration_equals_hand_binned_errors():
+    torch.manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(500, 7, dtype=torch.double), -1)
+    probs[0] = torch.nn.functional.one_hot(torch.tensor(3), 7)  # a saturated prediction: confidence 1 in the last bin
+    labels = torch.randint(0, 7, (500,))
+    confidence, predicted = probs.max(-1)
+    expected = hand_calibration_errors(confidence, predicted == labels)
+    assert expected[0] > 0.01  # the two errors differ from 0 enough to tell a wrong binning
+    ours = metrics.calibration_errors_from_confidence(confidence, predicted == labels)
+    assert ours == pytest.approx(expected, abs=1e-12)
+    assert metrics.calibration_errors(probs, labels) == pytest.approx(expected, abs=1e-12)
+    with pytest.raises(ValueError, match="confidence"):
+        metrics.calibration_errors_from_confidence(confidence + 2, predicted == labels)
+    with pytest.raises(ValueError, match="one length"):
+        metrics.calibration_errors_from_confidence(confidence, (predicted == labels)[:-1])

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import torch
 
-from gpytorch_sgpa.experiments import calibration
-from gpytorch_sgpa.experiments.calibration import QUICK_CONFIG, _Runner, load_task
+from experiments.sgpa import calibration
+from experiments.sgpa.calibration import QUICK_CONFIG, _Runner, load_task
 
 CONFIG = replace(QUICK_CONFIG, epochs=4, mle_init_epochs=1, train_size=64, ensemble_size=2)
 
@@ -60,7 +60,7 @@ def test_ensembles_train_full_mle_members_only_when_evaluated(monkeypatch):
 
 
 def test_stop_after_keeps_the_full_schedule():
-    from gpytorch_sgpa.experiments.training import train_classifier
+    from experiments.sgpa.training import train_classifier
 
     task = load_task("digits", CONFIG, seed=0)
     states = []

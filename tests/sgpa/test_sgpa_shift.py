@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from experiments.sgpa import calibration
+from experiments.sgpa.calibration import QUICK_CONFIG, SHIFT_COLUMNS, _Runner, load_task, main
 from gpytorch_sgpa.data import CORRUPTIONS, SEVERITIES, corrupt
-from gpytorch_sgpa.experiments import calibration
-from gpytorch_sgpa.experiments.calibration import QUICK_CONFIG, SHIFT_COLUMNS, _Runner, load_task, main
 
 
 def test_shift_csv_rows_and_an_independent_recomputation(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import gpytorch_sgpa.elbo
-from gpytorch_sgpa.experiments.calibration import (
+from experiments.sgpa.calibration import (
     CSV_COLUMNS,
     PRESETS,
     QUICK_CONFIG,
@@ -21,7 +21,7 @@ from gpytorch_sgpa.experiments.calibration import (
     make_config,
     thesis_num_global,
 )
-from gpytorch_sgpa.experiments.training import Split, learning_rate_factor, train_classifier
+from experiments.sgpa.training import Split, learning_rate_factor, train_classifier
 
 
 def test_presets_set_the_thesis_items_and_keep_the_default_by_name():

@@ -225,35 +225,3 @@ def test_the_stock_trainer_takes_the_steps_of_sgpa_trainer(tmp_path, beta):
     assert first.metrics["test_loss"] == pytest.approx(sgpa_run.evaluate()["eval_loss"], rel=1e-5)
     with torch.no_grad():  # without labels the model samples, as before
         assert not torch.equal(stock.model(input_ids=ids, attention_mask=mask).logits, mean)
-
-
-def test_a_converted_language_model_given_labels_returns_the_shifted_negative_elbo(tmp_path):
-    """GPT-2 (whose transformers loss shifts the labels): ``outputs.loss`` is ``-elbo`` of ``logits[:, :-1]`` against
-    ``labels[:, 1:]`` under the same noise; in evaluation mode the logits are the posterior mean's."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=30, n_embd=16, n_layer=1, n_head=2, n_positions=8, bos_token_id=0, eos_token_id=1)
-    model = gpytorch_sgpa.convert(transformers.GPT2LMHeadModel(config), num_global=3).train()
-    elbo = gpytorch_sgpa.SGPAELBO(model, num_data=100, beta=0.5)
-    ids = torch.randint(2, 30, (3, 6))
-    torch.manual_seed(1)
-    outputs = model(input_ids=ids, labels=ids)
-    torch.manual_seed(1)
-    logits = model(input_ids=ids).logits
-    expected = -elbo(logits[:, :-1], gpytorch_sgpa.kl_divergence(model), ids[:, 1:])
-    torch.testing.assert_close(outputs.loss, expected)
-    from gpytorch_sgpa.trainer import SGPATrainer  # scores GPT-2 (whose loss_type is unset) shifted as well
-
-    arguments = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
-    trainer = SGPATrainer(model, arguments, elbo=elbo)
-    torch.manual_seed(1)
-    loss = trainer.compute_loss(model, {"input_ids": ids, "labels": ids})
-    torch.testing.assert_close(loss, expected)
-    model.eval()
-    with torch.no_grad():
-        first, second = model(input_ids=ids, labels=ids), model(input_ids=ids, labels=ids)
-        with gpytorch_sgpa.posterior_mean():
-            mean = model(input_ids=ids).logits
-    assert torch.equal(first.logits, mean) and torch.equal(second.logits, mean)
-    torch.testing.assert_close(first.loss, -elbo.expected_log_likelihood(mean[:, :-1], ids[:, 1:]).mean())

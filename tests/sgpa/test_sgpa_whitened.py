@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from gpytorch_sgpa import SGPAttention, SGPAViT
-from gpytorch_sgpa.kernels import make_attention_kernel
 
 D_MODEL, HEADS, LENGTH, NUM_GLOBAL, BATCH = 8, 2, 5, 4, 3
 E = D_MODEL // HEADS
@@ -126,19 +125,6 @@ def test_whitening_shrinks_the_initial_global_kl_of_a_vit():
         with torch.no_grad():
             kls[whitened] = float(vit(torch.rand(4, 1, 28, 28))[1])
     assert kls[False] > 5 * kls[True]
-
-
-@pytest.mark.parametrize("kernel,log_ls,outputscale", [("rbf", 0.0, 1.0), ("exponential", 4.0, math.exp(-4.0))])
-def test_authors_kernel_initialisation(kernel, log_ls, outputscale):
-    torch.manual_seed(0)
-    k = make_attention_kernel(kernel, head_dim=64, num_heads=8, init="authors")
-    logs = k.base_kernel.lengthscale.detach().log()
-    assert logs.shape == (8, 1, 64)
-    # 512 draws of N(log_ls, 1): mean within 4 standard errors (4/√512 ≈ 0.18), std within 0.15
-    assert abs(float(logs.mean()) - log_ls) < 0.18 and abs(float(logs.std()) - 1.0) < 0.15
-    torch.testing.assert_close(k.outputscale, torch.full((8,), outputscale))
-    with pytest.raises(ValueError, match="init"):
-        make_attention_kernel(kernel, head_dim=4, num_heads=2, init="xavier")
 
 
 def test_kernel_objects_must_be_per_head_scale_kernels():

@@ -1,1 +1,0 @@
-"""Experiment runners that write CSV + PNG and print a table."""

@@ -1,1 +1,0 @@
-"""Experiment runners for chapter 3 (``python -m gpytorch_sgpa.experiments.calibration``)."""
