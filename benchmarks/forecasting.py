@@ -101,14 +101,23 @@ SETTINGS = {
 
 
 def seasonal_kernel(setting: Setting) -> gpytorch.kernels.Kernel:
-    """Trend (Matérn-5/2 from two seasons, kept longer than one season) plus season (periodic, fixed period), both scaled."""
+    """Trend (Matérn-5/2 from two seasons, kept longer than one season) plus season (periodic, fixed period, length scale
+    kept above 0.05), both scaled."""
     slower_than_a_season = gpytorch.constraints.GreaterThan(setting.period)
     trend = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=2.5, lengthscale_constraint=slower_than_a_season))
     trend.base_kernel.lengthscale = 2 * setting.period
-    season = gpytorch.kernels.ScaleKernel(gpytorch.kernels.PeriodicKernel())
+    # the periodic length scale kept from collapsing (a refit's line search can reach 1e-40, whose spectral lines cannot be summed)
+    season = gpytorch.kernels.ScaleKernel(gpytorch.kernels.PeriodicKernel(lengthscale_constraint=gpytorch.constraints.GreaterThan(0.05)))
     season.base_kernel.period_length = setting.period
     season.base_kernel.raw_period_length.requires_grad_(False)
     return (trend + season).double()
+
+
+def zero_linear_mean() -> gpytorch.means.LinearMean:
+    """A linear mean that starts at zero: GPyTorch draws ``LinearMean``'s start at random, which would make every run differ."""
+    mean = gpytorch.means.LinearMean(1)
+    mean.initialize(weights=0.0, bias=0.0)
+    return mean
 
 
 def gaussian_metrics(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> tuple[float, float, float]:
@@ -135,7 +144,7 @@ class OHSGPRStream:
             HiPPOInducingVariables(NUM_INDUCING, "legs", t=axis(series.index[setting.first - 1]).item() + 1.0, method="lyapunov"),
             seasonal_kernel(setting),
             likelihood,
-            mean_module=gpytorch.means.LinearMean(1),
+            mean_module=zero_linear_mean(),
             time_axis=axis,
             refit_every=4,
             refit_iter=50,
@@ -160,7 +169,7 @@ class OHSGPRStream:
 class ExactGP(gpytorch.models.ExactGP):
     def __init__(self, x, y, likelihood, kernel):
         super().__init__(x, y, likelihood)
-        self.mean_module, self.covar_module = gpytorch.means.LinearMean(1), kernel
+        self.mean_module, self.covar_module = zero_linear_mean(), kernel
 
     def forward(self, x):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
@@ -282,8 +291,7 @@ def summarise(setting, results, seconds, task_times, captured) -> list[dict]:
             row[name], row[name + "_sd"] = float(values[:, column].mean()), float(values[:, column].std())
         if method == "OHSGPR":
             row["seconds"] = (
-                f"{np.median(plain[0]) if plain[0] else math.nan:.3f} -> {np.median(plain[1]) if plain[1] else math.nan:.3f}"
-                f" (refits {np.median(refits):.2f})"
+                " -> ".join(f"{np.median(part):.3f}" if part else "(refits only)" for part in plain) + f" (refits {np.median(refits):.2f})"
             )
             row["captured"] = float(np.nanmin([c for c in captured if c is not None] or [math.nan]))
         else:

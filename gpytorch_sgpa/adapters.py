@@ -802,31 +802,14 @@ DEBERTA_V2_NOTE = (
 
 
 # --------------------------------------------------------------------------- DistilBERT, ALBERT, DeBERTa-v2
-class DistilBertSelfAttentionAdapter(SelfAttentionAdapter):
+class DistilBertSelfAttentionAdapter(ViTAttentionAdapter):
     """In place of ``DistilBertSelfAttention``: ``forward(hidden_states, attention_mask=None, **kwargs) ->
-    (out_lin(context), weights)``.
+    (out_lin(context), weights)``, as :class:`ViTAttentionAdapter` with DistilBERT's ``out_lin`` as ``output``.
 
     :param attention: the package's kernel or SGPA layer that computes the heads.
     :param output: the replaced module's ``out_lin``, applied after the heads.
     :param config: the replaced module's Hugging Face config (read for ``output_attentions``).
     """
-
-    output: nn.Module
-
-    def __init__(self, attention, output, config):
-        super().__init__(attention, output)
-        self.config = config
-
-    def forward(self, hidden_states: Tensor, attention_mask=None, **kwargs):
-        """``(out_lin(context), weights)``; ``weights``: the kernel weights of the posterior mean with ``output_attentions``.
-
-        :param hidden_states: the input of the attention block, ``(B, L, d_model)``.
-        :param attention_mask: the Hugging Face attention mask (bool ``True`` = attend, or additive float ``0`` / very
-            negative); ``None`` (the default): no mask.
-        """
-        _no_head_mask(kwargs)
-        context, weights = self.attend(hidden_states, attention_mask, None, _output_attentions(self, kwargs))
-        return self.output(context), weights
 
 
 class AlbertAttentionAdapter(SelfAttentionAdapter):
