@@ -16,7 +16,7 @@ from torch import Tensor
 from probseq._optional import require
 
 from ..online import OnlineSGPR
-from ..timeaxis import TimeAxis, align_on_index, as_time_axis, is_datetime_like
+from ..timeaxis import TimeAxis, align_on_index, as_time_axis, is_datetime_like, restore_time_axis
 from .shard import PackedTask, Shard, StreamDataError, TimeResolutionError, task_conflict
 
 __all__ = ["StreamFleet", "ENGINES", "shard_of"]
@@ -136,16 +136,6 @@ def _packed_inputs(x: Tensor, dtype: torch.dtype, what: str, stream_ids: list) -
             stream_ids,
         )
     return packed
-
-
-def _restored_time_axis(saved_state: dict | None, given: TimeAxis | None) -> TimeAxis | None:
-    """The axis of a restored fleet: the saved one; ``given`` must agree with it (without an origin, it takes the
-    saved one: :meth:`~gpytorch_hippo.timeaxis.TimeAxis.load_state`)."""
-    if saved_state is None or given is None:
-        return given if saved_state is None else TimeAxis.from_state(saved_state)
-    axis = copy.deepcopy(given)
-    axis.load_state(saved_state)
-    return axis
 
 
 class _LocalEngine:
@@ -362,7 +352,9 @@ class StreamFleet:
             saved = json.load(file)
         num_shards = saved["num_shards"]
         fleet = cls.__new__(cls)
-        fleet.time_axis, fleet._input_dim = _restored_time_axis(saved.get("time_axis"), as_time_axis(time_axis)), saved.get("input_dim")
+        given = as_time_axis(time_axis)  # a copy takes the saved origin: the caller's axis stays as it was
+        fleet.time_axis = restore_time_axis(None if given is None else copy.deepcopy(given), saved.get("time_axis"))
+        fleet._input_dim = saved.get("input_dim")
         fleet._start(model_factory, engine, num_shards, checkpoint_dir, before_update, ray_init, actor_options, max_restarts, resume=True)
         return fleet
 
