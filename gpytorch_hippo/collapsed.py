@@ -49,6 +49,7 @@ model's dtype, and the stored summary stays in float64.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import gpytorch
@@ -71,6 +72,7 @@ __all__ = [
     "b_factor",
     "check_parts",
     "collapsed_update",
+    "distinct_inputs",
     "inducing_moments",
     "keep_streams_without_points",
     "prediction_factors",
@@ -78,6 +80,7 @@ __all__ = [
     "to_working_dtype",
     "unwhiten_ratio",
     "whitened_mean",
+    "with_shared_matrix",
 ]
 
 
@@ -209,6 +212,18 @@ def _unchanged_points(old: InducingVariables, new: InducingVariables, old_chol: 
     return torch.equal(old.points, new.points.detach()) and torch.equal(old_chol, chol)
 
 
+def distinct_inputs(x: Tensor) -> Tensor:
+    """``x`` ``(..., N, D)`` with each leading dimension of stride 0 (a view repeating the same inputs, as BoTorch's
+    fantasies expand them) narrowed to size 1: the same values, broadcasting back to ``x``'s shape.
+
+    :param x: inputs ``(..., N, D)``.
+    """
+    for dim in range(x.dim() - 2):
+        if x.stride(dim) == 0 and x.shape[dim] > 1:
+            x = x.narrow(dim, 0, 1)
+    return x
+
+
 def collapsed_update(
     kernel: gpytorch.kernels.Kernel,
     inducing_variables: InducingVariables,
@@ -236,17 +251,19 @@ def collapsed_update(
         (:func:`b_factor`); needed with ``stored``.
     """
     chol = psd_safe_cholesky(to_working_dtype(to_dense(inducing_variables.Kuu(kernel))))
-    W = solve_lower(chol, to_working_dtype(inducing_variables.Kuf(kernel, x)))
-    noise = to_working_dtype(noise).expand(y.shape)  # σ_i²
+    distinct = distinct_inputs(x)  # fantasies of the same inputs: W, and so B, once for all of them
+    W = solve_lower(chol, to_working_dtype(inducing_variables.Kuf(kernel, distinct)))
+    precision_noise = torch.atleast_1d(to_working_dtype(noise))  # σ_i² with its own batch shape
+    noise = precision_noise.expand(y.shape)
     resid = to_working_dtype(y - mean_module(x))
-    prior_variance = to_working_dtype(kernel(x, diag=True))
+    prior_variance = to_working_dtype(kernel(distinct, diag=True))
     residual = nystrom_residual(prior_variance, W, floating_dtype(kernel))  # diag(K_XX - Q_XX)
-    captured = W.detach().square().sum(-2) / prior_variance.detach()  # diag(Q_XX) / diag(K_XX), for the monitor
+    captured = (W.detach().square().sum(-2) / prior_variance.detach()).expand(y.shape)  # diag(Q_XX) / diag(K_XX), for the monitor
     per_point = torch.log(2 * math.pi * noise) + (resid.square() + residual) / noise
     if mask is not None:  # a padded point: no column of W, no residual, no term of the bound
         observed = mask.to(W.dtype)
         W, resid, per_point = W * observed.unsqueeze(-2), resid * observed, per_point * observed
-    precision = (W / noise.unsqueeze(-2)) @ W.mT
+    precision = (W / precision_noise.unsqueeze(-2)) @ W.mT
     shift = (W @ (resid / noise).unsqueeze(-1)).squeeze(-1)
     bound = -0.5 * per_point.sum(-1)
     if stored is not None:
@@ -341,13 +358,39 @@ def keep_streams_without_points(observed: Tensor, new: tuple[Tensor, ...], old: 
     return tuple(kept)
 
 
+def with_shared_matrix(operation: Callable[[Tensor, Tensor], Tensor], matrix: Tensor, columns: Tensor) -> Tensor:
+    """``operation(matrix, columns)`` (a product or a solve, column by column) for ``matrix`` ``(..., M, M)`` and
+    ``columns`` ``(..., M, n)`` of broadcasting batch shapes, the batch dimensions along which ``matrix`` is shared
+    folded into the columns: one operation per distinct matrix, whose gradient in it is then built once rather than
+    per copy (fantasies of the same inputs share :math:`B`).
+
+    :param operation: ``(matrix, columns) -> result`` ``(..., M', n)``, batched over leading dimensions.
+    :param matrix: ``(..., M, M)``.
+    :param columns: ``(..., M, n)``.
+    """
+    batch = torch.broadcast_shapes(matrix.shape[:-2], columns.shape[:-2])
+    matrix = matrix.reshape((1,) * (len(batch) + 2 - matrix.dim()) + matrix.shape)
+    shared = [d for d in range(len(batch)) if matrix.shape[d] == 1 and batch[d] > 1]
+    if not shared:
+        return operation(matrix, columns)
+    own = [d for d in range(len(batch)) if d not in shared]
+    columns = columns.expand(*batch, *columns.shape[-2:]).permute(*own, len(batch), *shared, len(batch) + 1)
+    result = operation(
+        matrix.reshape(*[matrix.shape[d] for d in own], *matrix.shape[-2:]),
+        columns.reshape(*[batch[d] for d in own], columns.shape[len(own)], -1),
+    )
+    result = result.reshape(*[batch[d] for d in own], result.shape[-2], *[batch[d] for d in shared], -1)
+    position = {d: i for i, d in enumerate(own)} | {d: len(own) + 1 + i for i, d in enumerate(shared)}
+    return result.permute(*[position[d] for d in range(len(batch))], len(own), result.dim() - 1)
+
+
 def whitened_mean(shift: Tensor, b_chol: Tensor) -> Tensor:
     r"""The mean :math:`B^{-1} \eta` of the whitened posterior :math:`q(v) = \mathcal N(B^{-1} \eta, B^{-1})`.
 
     :param shift: :math:`\eta` ``(..., M)``.
     :param b_chol: :math:`\operatorname{chol}(B)` ``(..., M, M)``.
     """
-    return torch.cholesky_solve(to_working_dtype(shift).unsqueeze(-1), b_chol).squeeze(-1)
+    return with_shared_matrix(lambda chol, rhs: torch.cholesky_solve(rhs, chol), b_chol, to_working_dtype(shift).unsqueeze(-1)).squeeze(-1)
 
 
 def inducing_moments(stored: StoredTask, b_chol: Tensor) -> tuple[Tensor, Tensor]:

@@ -52,6 +52,7 @@ from .collapsed import (
     smooth_ratio,
     to_working_dtype,
     unwhiten_ratio,
+    with_shared_matrix,
 )
 from .fitting import FitReport, RefitPolicy, fit_before_update
 from .inducing.base import InducingVariables
@@ -445,10 +446,10 @@ class OnlineSGPR(gpytorch.Module):
             return MultivariateNormal(prior_mean, prior_covar)
         check_mean_unchanged(stored.inducing_variables, stored.mean_module, self.mean_module)
         chol_now, mean_w, middle = self._prediction_factors(stored)
-        W = solve_lower(chol_now, to_working_dtype(stored.inducing_variables.Kuf(kernel, x)))
+        W = with_shared_matrix(solve_lower, chol_now, to_working_dtype(stored.inducing_variables.Kuf(kernel, x)))
         mean = prior_mean + (W.mT @ mean_w.unsqueeze(-1)).squeeze(-1).to(prior_mean.dtype)
         nystrom_residual(to_working_dtype(kernel(x, diag=True)), W, floating_dtype(kernel))  # warns if Kuu and Kuf disagree
-        left, right = W.mT.to(mean.dtype), (middle @ W).to(mean.dtype)
+        left, right = W.mT.to(mean.dtype), with_shared_matrix(torch.matmul, middle, W).to(mean.dtype)
         if x.shape[-2] > DENSE_PREDICTION_POINTS:  # kept as a product, so variances at N points cost O(N M)
             return MultivariateNormal(mean, prior_covar + MatmulLinearOperator(left, right))
         return MultivariateNormal(mean, DenseLinearOperator(to_dense(prior_covar) + left @ right))

@@ -14,8 +14,12 @@ task each method is evaluated on the test points of every task seen so far. Meth
 
 * ``ohsgpr``: HiPPO (``--measure``, default LegS) with the fastest exact backend that applies
   (``--hippo-backend``; default ``lyapunov`` for LegS, ``auto`` for the other measures);
-  ``ohsgpr-rff``: the same HiPPO bases, whose ``Kuu`` and ``Kuf`` both come from 1000 random Fourier features
-  carried by the HiPPO recurrence (``kuf="rff"``; the thesis's recurrence takes ``Kuf`` from the ODE instead);
+  ``ohsgpr-rff``: the same HiPPO bases with ``Kuu = ZᵀZ`` **and** ``Kuf = Zᵀψ(x)`` from 1000 random Fourier
+  features ``ψ`` carried by the HiPPO recurrence (``kuf="rff"``: a random-feature GP, not the thesis's pairing);
+  ``ohsgpr-ode-rff``: the thesis's construction (§4.3.2): ``Kuf`` from the HiPPO ODE driven by the exact
+  kernel, ``d/dt Kuf[n] = A(t) Kuf[n] + B(t) k(x_n, t)``, and ``Kuu = ZᵀZ`` from the 1000 features
+  (``kuf="ode"``); the two can disagree, and a negative Nyström residual ``k(x, x) − Kfu Kuu⁻¹ Kuf`` is
+  reported by an :class:`~gpytorch_hippo.inducing.InconsistentCovarianceWarning` at evaluation;
 * ``osgpr``: points re-drawn from old points ∪ new inputs, then ``--osgpr-iters`` Adam steps on
   the online bound (the thesis: ~1000); ``osgpr-fixed``: re-drawn and kept fixed;
 * ``ovc``: pivoted-Cholesky points, fixed; ``ovc-optz``: then optimised like OSGPR;
@@ -58,9 +62,9 @@ from .datasets import DATASETS, load_dataset
 from .online_elbo import ELBO_METHODS, FIRST_TASK_KERNELS, PREPROCESSINGS, run_elbo_method
 
 #: The methods the runner compares (``--methods``).
-METHODS = ("ohsgpr", "ohsgpr-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
+METHODS = ("ohsgpr", "ohsgpr-rff", "ohsgpr-ode-rff", "osgpr", "osgpr-fixed", "ovc", "ovc-optz", "ovff")
 #: The HiPPO covariance backends of ``--hippo-backend``.
-HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact ones; ohsgpr-rff: the recurrence, random-feature Kuf
+HIPPO_BACKENDS = ("auto", "spectral", "quadrature", "lyapunov")  # the exact ones; ohsgpr-rff, ohsgpr-ode-rff: the recurrence
 #: The columns of the CSV the runner writes.
 COLUMNS = ("dataset", "method", "num_inducing", "seed", "task_trained", "task_eval", "nlpd", "rmse", "ece", "cum_time_s")
 
@@ -94,12 +98,12 @@ def make_schedule(
         raise ValueError(f"hippo_backend 'lyapunov' needs measure 'legs', got {measure!r}")
     span = float(series_x.max() - series_x.min())
     spacing = span / max(series_x.shape[0] - 1, 1)
-    if method in ("ohsgpr", "ohsgpr-rff"):
+    if method in ("ohsgpr", "ohsgpr-rff", "ohsgpr-ode-rff"):
         # a window of one task's length, plus the half gaps to its neighbours: every input of a task lies in it
         options: dict[str, Any] = {"theta": span / num_tasks + 2 * spacing} if measure != "legs" else {}
         options["method"] = hippo_backend
-        if method == "ohsgpr-rff":
-            options.update(method="recurrence", dt=spacing / 4, num_rff=1000, kuf="rff")
+        if method != "ohsgpr":  # Kuu from 1000 features; Kuf from the same features or from the ODE (the thesis)
+            options.update(method="recurrence", dt=spacing / 4, num_rff=1000, kuf="ode" if method == "ohsgpr-ode-rff" else "rff")
         return HiPPOSchedule(num_inducing, measure, start=float(series_x.min()), **options)
     if method in ("osgpr", "osgpr-fixed"):
         return RandomPointsSchedule(num_inducing, num_iter=osgpr_iters if method == "osgpr" else 0)

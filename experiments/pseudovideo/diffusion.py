@@ -10,8 +10,8 @@ experiments.pseudovideo.diffusion ...`` or ``accelerate launch --multi_gpu --num
 CPUs: accelerate's ``--cpu`` launches one process) trains data-parallel (each process draws ``--batch-size``
 videos per micro-batch), with ``--accumulation``, ``--mixed-precision``, ``--ema-decay`` and
 ``--checkpoint-every``/``--resume``; the main process evaluates and writes. Context windows: ``C = T // 2`` (2 for 4 frames, 4 for 8).
-Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,fid,is,psnr,out_of_range,train_s,classifier_accuracy``,
-the last the metric classifier's held-out accuracy), sample
+Writes ``DIR/results.csv`` (``dataset,model,frames,augmentation,seed,fid,is,psnr,out_of_range,train_s,classifier_accuracy,train_timesteps``,
+``classifier_accuracy`` the metric classifier's held-out accuracy), sample
 grids and generated videos (``DIR/samples_*.png``) and the training pseudo videos
 (``DIR/pseudo_videos_*.png``), and prints the table. Metrics use the last frame of each sample, in
 ``[0, 1]`` (clipped for display and metrics only: the frames fed back as context are the sampler's
@@ -54,7 +54,20 @@ from pseudovideo.training import train as accelerated_train
 from . import add_ema_argument, add_seed_arguments, announce_processes, seed_range
 from .data import DATASETS, SUBSTITUTES, classifier_data, load_images
 
-COLUMNS = ["dataset", "model", "frames", "augmentation", "seed", "fid", "is", "psnr", "out_of_range", "train_s", "classifier_accuracy"]
+COLUMNS = [
+    "dataset",
+    "model",
+    "frames",
+    "augmentation",
+    "seed",
+    "fid",
+    "is",
+    "psnr",
+    "out_of_range",
+    "train_s",
+    "classifier_accuracy",
+    "train_timesteps",
+]
 QUICK = {"train_images": 64, "steps": 2, "samples": 16, "sampling_steps": 2, "batch_size": 8, "channels": "8,16"}
 
 
@@ -83,6 +96,12 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--samples", type=int, default=300, help="generated (and held-out) images per model")
     parser.add_argument("--sampling-steps", type=int, default=20, help="DDIM steps per generated frame")
+    parser.add_argument(
+        "--train-timesteps",
+        type=int,
+        default=1000,
+        help="diffusion timesteps of training (the thesis's Table 5.4 gives its 1-frame model 4,000)",
+    )
     parser.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 28x28 -> 14x14)")
     parser.add_argument("--channels", default="16,32,32", help="UNet block widths (one per resolution)")
     parser.add_argument(
@@ -214,6 +233,7 @@ def run_model(args, train, held_out, size, frames, augmentation, seed, classifie
         block_out_channels=args.channels,
         clip_sample=clip,
         prediction_type=args.prediction_type,
+        num_train_timesteps=args.train_timesteps,
     )
     name = f"{frames}frame_{augmentation}_seed{seed}"
 
@@ -288,6 +308,7 @@ def evaluate(args, model, held_out, size, frames, augmentation, seed, classifier
         "seed": seed,
         "train_s": round(train_s, 1),
         "classifier_accuracy": classifier.test_accuracy,
+        "train_timesteps": args.train_timesteps,
         **row,
     }
 

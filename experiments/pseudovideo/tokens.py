@@ -1,11 +1,14 @@
-"""VQ tokenizers and token priors on blur pseudo videos (thesis §5.3, Table 5.2), CPU-sized.
+"""VQ tokenizers and token priors on pseudo videos (thesis §5.3, Table 5.2), CPU-sized.
 
 ``python -m experiments.pseudovideo.tokens --dataset fashion_mnist --model tokenizer,ar,masked
---frames 1,8,18 --seeds S --out DIR [--quick]``
+--frames 1,8,18 [--augmentation blur] --seeds S --out DIR [--quick]``
 
 For each frame count ``T`` a tokenizer is trained (``T = 1``: the image VQ-VAE with 4x4 patches;
-``T > 1``: C-ViViT with 2x4x4 tubelets on blur pseudo videos, blur rate 0.05 for ``T <= 8`` and
-0.01 above, as in §5.3), then the two priors are fit to its tokens of the training images. All
+``T > 1``: C-ViViT with 2x4x4 tubelets on pseudo videos from ``--augmentation``: blur, the default, with
+rate 0.05 for ``T <= 8`` and 0.01 above, as in §5.3; any other builder of
+:data:`pseudovideo.augment.METHODS` with its default parameters, e.g. the Gaussian-noise ``markov_high``
+that §5.3.2 reports failing with VQ tokenizers; each seed draws one fixed set of noisy videos), then
+the two priors are fit to its tokens of the training images. All
 tokenizers share width, total depth (image: ``--layers`` spatial layers; video: half spatial, half
 causal temporal), codebook, optimiser and number of steps; all priors share one architecture and
 budget. Images are average-pooled by ``--downsample`` (28 -> 14 pixels) and padded to a multiple of 4.
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 
 from probseq._optional import require
-from pseudovideo.augment import make_pseudo_video
+from pseudovideo.augment import METHODS, make_pseudo_video
 from pseudovideo.metrics import PenultimateFeatures, frechet_distance, inception_score, psnr
 from pseudovideo.models.prior import AutoregressiveTokenPrior, MaskedTokenPrior
 from pseudovideo.models.quantizer import codebook_perplexity
@@ -90,6 +93,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--model", default="tokenizer,ar,masked", help=f"comma-separated, from {MODELS}")
     parser.add_argument("--frames", default="1,8,18", help="comma-separated frame counts; 1 = image models")
+    parser.add_argument("--augmentation", choices=METHODS, default="blur", help="the pseudo-video builder of the video models")
     add_seed_arguments(parser)
     add_ema_argument(parser)
     parser.add_argument("--out", required=True)
@@ -150,15 +154,18 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     return args
 
 
-def pseudo_videos(images: torch.Tensor, frames: int) -> torch.Tensor:
-    """``(N, C, H, W)`` -> blur pseudo videos ``(N, T, C, H, W)`` (rate 0.05 up to 8 frames, else 0.01).
+def pseudo_videos(images: torch.Tensor, frames: int, augmentation: str = "blur", generator=None) -> torch.Tensor:
+    """``(N, C, H, W)`` -> pseudo videos ``(N, T, C, H, W)`` (blur: rate 0.05 up to 8 frames, else 0.01).
 
     :param images: the images in model space, ``(N, C, H, W)``.
     :param frames: the frames per video :math:`T` (1: the images themselves).
+    :param augmentation: the builder, one of :data:`~pseudovideo.augment.METHODS` (default ``"blur"``).
+    :param generator: the random generator of the noisy builders' noise.
     """
     if frames == 1:
         return images
-    return make_pseudo_video(images, frames, "blur", rate=0.05 if frames <= 8 else 0.01)
+    params = {"rate": 0.05 if frames <= 8 else 0.01} if augmentation == "blur" else {}
+    return make_pseudo_video(images, frames, augmentation, generator=generator, **params)
 
 
 def build_tokenizer(args, frames: int, image_size: int):
@@ -254,8 +261,9 @@ def run_frames(args, train, held_out, size, frames, seed, classifier, out):
     """
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    augmentation = "none" if frames == 1 else "blur"
-    train_videos, held_out_videos = pseudo_videos(train, frames), pseudo_videos(held_out, frames)
+    augmentation = "none" if frames == 1 else args.augmentation
+    noise = torch.Generator().manual_seed(seed)  # the noisy builders' own stream: blur leaves `generator` as it was
+    train_videos, held_out_videos = (pseudo_videos(images, frames, augmentation, noise) for images in (train, held_out))
     tokenizer = build_tokenizer(args, frames, train.shape[-1])
 
     def tokenizer_batch(rng):
@@ -359,7 +367,8 @@ def main(argv=None) -> list[dict]:
     main_process = processes.is_main_process
     for frames in (f for f in args.frames if f > 1 and main_process):
         save_video_rows(
-            {f"{frames}-frame blur": to_image_space(pseudo_videos(train[:1], frames)[0], size)}, out / f"pseudo_videos_{frames}frames.png"
+            {f"{frames}-frame {args.augmentation}": to_image_space(pseudo_videos(train[:1], frames, args.augmentation)[0], size)},
+            out / f"pseudo_videos_{frames}frames.png",
         )
     rows = []
     with open(out / "results.csv", "w", newline="") if main_process else nullcontext() as handle:

@@ -10,6 +10,9 @@ Methods (thesis section "Experiments" and App. B.3.1):
 * ``mle-sdp`` / ``mle-kernel``: maximum likelihood with scaled dot-product / kernel attention;
 * ``mcd``: the ``mle-kernel`` network predicting with dropout on (10 masks);
 * ``ts``: the ``mle-kernel`` network with a temperature fitted on the validation set;
+* ``kfllla``: the Kronecker-factored last-layer Laplace approximation of the ``mle-kernel`` network, post hoc
+  (:class:`~gpytorch_sgpa.baselines.LastLayerLaplace` on the training set, its prior precision chosen by the marginal
+  likelihood, the probit-approximated linearised predictive; image datasets; needs ``laplace-torch``);
 * ``de``: deep ensemble of ``--ensemble-size`` ``mle-kernel`` networks (member 0 is ``mle-kernel``);
 * ``sgpa`` (decoupled, orthogonal = ODSVGP), ``sgpa-dsvgp``, ``sgpa-standard``: SGPA trained by the
   ELBO, predicting with ``--num-samples`` Monte-Carlo samples;
@@ -60,7 +63,8 @@ import torch
 
 from experiments.fashion_mnist import load_fashion_mnist
 from gpytorch_sgpa import metrics
-from gpytorch_sgpa.baselines import EnsembleClassifier, TemperatureScaling, mc_dropout_predict_proba, predict_proba
+from gpytorch_sgpa.baselines import EnsembleClassifier, LastLayerLaplace, TemperatureScaling, mc_dropout_predict_proba, predict_proba
+from gpytorch_sgpa.baselines.laplace import require_laplace
 from gpytorch_sgpa.baselines.prediction import logits_of
 from gpytorch_sgpa.data import (
     CORRUPTIONS,
@@ -81,7 +85,7 @@ from probseq._optional import require
 from . import distributed
 from .training import Split, predict_in_batches, train_classifier
 
-METHODS = ("mle-sdp", "mle-kernel", "mcd", "ts", "de", "sgpa", "sgpa-dsvgp", "sgpa-standard", "sgpae")
+METHODS = ("mle-sdp", "mle-kernel", "mcd", "ts", "kfllla", "de", "sgpa", "sgpa-dsvgp", "sgpa-standard", "sgpae")
 DATASETS = ("fashion_mnist", "vader", "digits")
 #: The columns of the in-distribution CSV the runner writes.
 #: ``ece``/``mce`` are top-label (:func:`~gpytorch_sgpa.metrics.calibration_errors`), ``ece_all``/``mce_all``
@@ -115,6 +119,7 @@ _NETWORK_OF_METHOD = {
     "mle-kernel": ("mle-kernel", False),
     "mcd": ("mle-kernel", False),
     "ts": ("mle-kernel", False),
+    "kfllla": ("mle-kernel", False),
     "de": ("mle-kernel", True),
     "sgpa": ("sgpa", False),
     "sgpa-dsvgp": ("sgpa-dsvgp", False),
@@ -582,6 +587,13 @@ class _Runner:
             def predict(x, **kw):
                 with torch.no_grad():
                     return scaler.predict_proba(logits_of(models[0].eval()(x, **kw)).double())
+        elif method == "kfllla":
+            train = self.task.train
+            laplace = LastLayerLaplace(models[0], last_layer_name="head")
+            laplace.fit(train.features, train.labels, batch_size=self.config.batch_size)
+
+            def predict(x, **kw):
+                return laplace.predict_proba(x, batch_size=self.config.batch_size)
         elif is_ensemble:
             ensemble = EnsembleClassifier(models)
 
@@ -680,6 +692,10 @@ def run(dataset: str, methods, seeds, config: ExperimentConfig, progress: bool =
         raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
     if config.shift and dataset == "vader":
         raise ValueError("shift needs an image dataset (its corruptions act on images), got dataset='vader'")
+    if "kfllla" in methods:
+        if dataset == "vader":
+            raise ValueError("kfllla needs an image dataset (its Laplace calls the network without a padding mask), got dataset='vader'")
+        require_laplace()  # before hours of training, not after
     if not 0 <= config.kl_anneal_fraction <= 1 or (config.kl_anneal_fraction > 0 and config.kl_anneal_epochs > 0):
         raise ValueError(
             f"kl_anneal_fraction must lie in [0, 1] and be 0 when kl_anneal_epochs > 0, got "

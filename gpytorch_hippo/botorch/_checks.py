@@ -43,16 +43,17 @@ def check_first_batch(train_X, train_Y, train_Yvar) -> int:
     return num_outputs
 
 
-def check_settings(likelihood, fit_maxiter, refit_every, ordering, inducing_variables=None, num_inducing=None) -> None:
+def check_settings(likelihood, fit_maxiter, refit_every, ordering, inducing_variables=None, num_inducing=None, exact_fit_size=None) -> None:
     """The constructor's options: a ``GaussianLikelihood`` (known noise comes as ``train_Yvar``), ``fit_maxiter >= 0``,
     ``refit_every`` ``None`` or ``>= 1``, an ordering criterion of :func:`~gpytorch_hippo.ordering.order_inputs`, and
-    ``num_inducing`` only for the default inducing points."""
+    ``num_inducing`` only for the default inducing points, ``exact_fit_size`` ``None`` or ``>= 1``."""
     if isinstance(likelihood, gpytorch.likelihoods.FixedNoiseGaussianLikelihood):
         raise TypeError(
             "likelihood: for known observation noise pass train_Yvar (and Yvar to observe, noise= to "
             "condition_on_observations) with a GaussianLikelihood, instead of a FixedNoiseGaussianLikelihood"
         )
-    for name, value, allow_none in (("fit_maxiter", fit_maxiter, False), ("refit_every", refit_every, True)):
+    settings = (("fit_maxiter", fit_maxiter, False), ("refit_every", refit_every, True), ("exact_fit_size", exact_fit_size, True))
+    for name, value, allow_none in settings:
         if value is None and allow_none:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "fit_maxiter" else 1):

@@ -25,6 +25,10 @@ class HyperparameterRecord:
         self.posterior: list[Tensor] | None = None
         self.sparse_fit: list[Tensor] | None = None
         self.own_update = False
+        #: the kept points (indices) of the last exact fit, ``None``: all (:func:`~gpytorch_hippo.botorch.fit.exact_fit_indices`)
+        self.exact_fit_indices: Tensor | None = None
+        #: the data ``train_inputs``/``train_targets`` hold during an exact fit of a subsample (``None``: all kept data)
+        self.fit_data: tuple[Tensor, Tensor] | None = None
 
     @staticmethod
     def tensors(online: OnlineSGPR) -> list[Tensor]:
@@ -63,6 +67,8 @@ class OutputModel(Protocol):
     ordering: str
     fit_maxiter: int
     refit_every: int | None
+    num_inducing: int | None
+    exact_fit_size: int | None
 
     @property
     def batch_shape(self) -> torch.Size: ...

@@ -9,25 +9,28 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from typing import Any, cast
 
 import gpytorch
 import torch
+from botorch.exceptions.errors import ModelFittingError
 from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior, get_gaussian_likelihood_with_lognormal_prior
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.mlls import ExactMarginalLogLikelihood
 from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
-from probseq._compat import IncompatibleKeys, child_modules
+from probseq._compat import IncompatibleKeys, child_modules, fit_mll_generic
 
 from ..inducing.base import InducingVariables
 from ..inducing.points import InducingPoints
 from ..online import OnlineSGPR
 from ._checks import validate_like_single_task_gp
 from ._output import HyperparameterRecord, OutputModel, own_update
-from .exceptions import warn_posterior_not_restored
-from .fit import fit_hyperparameters
-from .inducing import move_inducing, warn_if_approximate
+from .exceptions import OnlineGPModelWarning, warn_posterior_not_restored
+from .fit import exact_fit_indices, fit_hyperparameters
+from .inducing import move_inducing, reselect_inducing, warn_if_approximate
 
 __all__ = [
     "NoStoredData",
@@ -134,24 +137,35 @@ def build_output(
 
 
 def absorb_first_batch(
-    model: OutputModel, x: Tensor, y: Tensor, noise: Tensor | None, inducing_variables: InducingVariables, modules: Modules
+    model: OutputModel, x: Tensor, y: Tensor, noise: Tensor | None, inducing_variables: InducingVariables | None, modules: Modules
 ) -> None:
     """A single-output model's first batch ``(x, y)`` (model space, ``(n, d)`` and ``(n,)``; known ``noise`` variances
     or ``None``), as ``SingleTaskGP`` takes its data: BoTorch's input checks, the modules (:func:`build_output`;
     ``modules``: kernel, likelihood and mean, ``None`` for the defaults), HiPPO variables moved to the batch, the
     likelihood's noise fixed at the batch's mean known noise, ``fit_maxiter`` iterations of the fit on the collapsed
-    bound, then the mean fixed (HiPPO variables project :math:`f - m`) and the batch absorbed."""
+    bound, then the mean fixed (HiPPO variables project :math:`f - m`) and the batch absorbed. ``inducing_variables``
+    ``None``: the default points, at most ``model.num_inducing`` of the batch's inputs chosen by pivoted Cholesky
+    (all of them, the exact GP, up to ``num_inducing``); past ``exact_fit_size`` points the fit is
+    :func:`~gpytorch_hippo.botorch.fit.fit_kept_data`'s, on the points of :func:`~gpytorch_hippo.botorch.fit.exact_fit_indices`."""
     validate_like_single_task_gp(x, y, noise)
-    build_output(model, x, inducing_variables, *modules, known_noise=noise is not None)
+    build_output(model, x, inducing_variables or InducingPoints(x[:1], learn=False), *modules, known_noise=noise is not None)
     move_inducing(model.online, x, model.ordering)
     if noise is not None:
         fix_noise_level(model.online, noise)
-    if model.fit_maxiter > 0:
+    subset = exact_fit_indices(y, model.exact_fit_size) if inducing_variables is None else None
+    num_inducing = cast(int, model.num_inducing)  # set whenever inducing_variables is None
+    if inducing_variables is None:
+        reselect_inducing(model.online, x if subset is None else x[subset], num_inducing)
+    if model.fit_maxiter > 0 and subset is None:
         fit_hyperparameters(model, x, y, maxiter=model.fit_maxiter, noise=noise)
+    elif model.fit_maxiter > 0:  # many points: the fit of a subsample, as fit_gpytorch_mll's
+        fit_kept_data(model, x[subset], y[subset], model.fit_maxiter)
+    if inducing_variables is None and x.shape[0] > num_inducing:
+        reselect_inducing(model.online, x, num_inducing)
     model.online.mean_module.requires_grad_(False)
     absorb(model, x, y, noise)
     model.eval()
-    if model.fit_maxiter > 0:  # an exact fit_gpytorch_mll that starts here says so (custom_fit)
+    if model.fit_maxiter > 0 and subset is None:  # an exact fit_gpytorch_mll that starts here says so (custom_fit)
         model.hyperparameter_record.sparse_fit = model.hyperparameter_record.posterior
 
 
@@ -212,16 +226,33 @@ def predictive(model: OutputModel, x: Tensor, observation_noise: bool | Tensor) 
 def conditioned(model: Any, x: Tensor, y: Tensor, noise: Tensor | None, refit: bool = False) -> Any:
     """A copy of ``model`` with ``(x, y[..., j])`` (model space; known noise variances ``noise[..., j]`` or the
     likelihood's) absorbed into output ``j`` by one online update, after moving its HiPPO variables forward
-    (:func:`~gpytorch_hippo.botorch.inducing.move_inducing`); ``refit``: every ``refit_every``-th batch first refits the
-    output's hyperparameters on the batch's online bound (:func:`~gpytorch_hippo.botorch.fit.fit_hyperparameters`)."""
+    (:func:`~gpytorch_hippo.botorch.inducing.move_inducing`) and, for the default points and a streaming (not fantasy)
+    batch, re-selecting them from the old points and the batch; ``refit``: every ``refit_every``-th batch first refits the
+    output's hyperparameters on the batch's online bound (:func:`~gpytorch_hippo.botorch.fit.fit_hyperparameters`), or
+    with the default points and kept data, after absorbing it, on the exact marginal likelihood of the kept-data
+    subsample (:func:`fit_kept_data`)."""
     model = copy_model(model)
+    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):  # a fantasy: nothing differentiates its copied hyperparameters
+        model.requires_grad_(False)
+    streaming = x.dim() == 2 and y.dim() == 2 and not (x.requires_grad or y.requires_grad)  # not a fantasy
     for j, output in enumerate(per_output(model)):
         noise_j = None if noise is None else noise[..., j]
         move_inducing(output.online, x, output.ordering)
-        if refit and output.refit_every is not None and (output.num_updates + 1) % output.refit_every == 0:
+        due = refit and output.refit_every is not None and (output.num_updates + 1) % output.refit_every == 0
+        on_kept_data = reselects(output) and output.stored_inputs is not None
+        if due and not on_kept_data:
             fit_hyperparameters(output, x, y[..., j], maxiter=output.fit_maxiter, noise=noise_j)
+        if streaming and reselects(output):
+            reselect_inducing(output.online, torch.cat([output.online.inducing_variables.points, x.detach()]), output.num_inducing)
         absorb(output, x, y[..., j], noise_j)
+        if due and on_kept_data:  # the exact fit of a kept-data subsample, the batch included; then all kept data's posterior
+            fit_kept_data(output, *kept_subsample(output), output.fit_maxiter)
     return model
+
+
+def reselects(model: OutputModel) -> bool:
+    """Whether a single-output model re-selects its inducing points (the default points: ``num_inducing`` set)."""
+    return model.num_inducing is not None and isinstance(model.online.inducing_variables, InducingPoints)
 
 
 def copy_model(model: Any) -> Any:
@@ -298,6 +329,64 @@ def stored_data(model: OutputModel, name: str) -> tuple[Tensor, Tensor]:
     return inputs, targets
 
 
+def training_data(model: OutputModel, name: str = "train_inputs") -> tuple[Tensor, Tensor]:
+    """What ``train_inputs``/``train_targets`` hold: the kept data (:func:`stored_data`), or during an exact fit of a
+    subsample (:func:`exact_fit_data`, :func:`fit_kept_data`) that subsample."""
+    fit_data = model.hyperparameter_record.fit_data
+    return stored_data(model, name) if fit_data is None else fit_data
+
+
+def kept_subsample(model: OutputModel) -> tuple[Tensor, Tensor]:
+    """The kept points of :func:`~gpytorch_hippo.botorch.fit.exact_fit_indices` (recorded in the model's
+    ``hyperparameter_record.exact_fit_indices``): inputs and targets."""
+    inputs, targets = stored_data(model, "train_inputs")
+    indices = exact_fit_indices(targets, model.exact_fit_size) if targets.dim() == 1 else None
+    model.hyperparameter_record.exact_fit_indices = indices
+    return (inputs, targets) if indices is None else (inputs[indices], targets[indices])
+
+
+@contextlib.contextmanager
+def exact_fit_data(model: Any, active: bool = True):
+    """Inside the block (``active``), each output's ``train_inputs``/``train_targets`` hold the kept points of
+    :func:`~gpytorch_hippo.botorch.fit.exact_fit_indices` (recorded in ``hyperparameter_record.exact_fit_indices``), so
+    that ``fit_gpytorch_mll(ExactMarginalLogLikelihood(...))`` maximises the exact marginal likelihood of at most
+    ``exact_fit_size`` points; on leaving, the posterior is recomputed from all kept data (``eval()``)."""
+    outputs = [o for o in per_output(model) if active and o.stored_targets is not None and o.hyperparameter_record.fit_data is None]
+    for output in outputs:
+        output.hyperparameter_record.fit_data = kept_subsample(output)
+    try:
+        yield
+    finally:
+        for output in outputs:
+            output.hyperparameter_record.fit_data = None
+
+
+def fit_kept_data(model: OutputModel, x: Tensor, y: Tensor, maxiter: int) -> None:
+    """Maximise the exact marginal likelihood of ``(x, y)`` (model space; the likelihood's noise) over a single-output
+    model's hyperparameters with BoTorch's fit of ``fit_gpytorch_mll(ExactMarginalLogLikelihood(...))`` (L-BFGS-B, at most
+    ``maxiter`` iterations); the posterior is then recomputed from all kept data. A fit that fails (``ModelFittingError``
+    after all its attempts) is rolled back with an :class:`~gpytorch_hippo.botorch.OnlineGPModelWarning`."""
+    online = model.online
+    before = [copy.deepcopy(m.state_dict()) for m in (online.covar_module, online.likelihood, online.mean_module)]
+    model.hyperparameter_record.fit_data = (x, y)
+    mll = ExactMarginalLogLikelihood(model.likelihood, cast(Any, model))
+    try:
+        with tensor_state_only(mll), warnings.catch_warnings():
+            warnings.simplefilter("ignore", OnlineGPModelWarning)  # the start of a refit is the model's own
+            fit_mll_generic(mll, optimizer_kwargs={"options": {"maxiter": maxiter}})
+    except ModelFittingError as error:
+        for module, state in zip((online.covar_module, online.likelihood, online.mean_module), before):
+            module.load_state_dict(state)
+        warnings.warn(
+            f"the hyperparameter fit on the kept data failed ({error}); the model keeps the hyperparameters it had before the fit",
+            OnlineGPModelWarning,
+            stacklevel=3,
+        )
+    finally:
+        model.hyperparameter_record.fit_data = None
+    model.eval()
+
+
 def fix_noise_level(online: OnlineSGPR, noise: Tensor) -> None:
     """With known noise the likelihood's noise is not learned: it is the first batch's mean noise, used
     only by ``posterior(X, observation_noise=True)`` (as BoTorch's fixed-noise models use theirs)."""
@@ -340,6 +429,8 @@ def refresh_posterior(model: OutputModel) -> None:
     """Recompute the stored posterior from all kept data (``keep_data=True``) with the current hyperparameters, as one
     batch: the posterior of a fresh model built on that data (points of unknown noise take the likelihood's)."""
     inputs, targets = stored_data(model, "refresh_posterior")
+    if reselects(model) and inputs.dim() == 2:  # the default points: chosen anew from all kept data
+        reselect_inducing(model.online, inputs, cast(int, model.num_inducing))
     noise = model.stored_noise
     if noise is not None:
         noise = torch.where(torch.isnan(noise), model.online.likelihood.noise.detach().squeeze(-1).expand_as(noise), noise)
@@ -437,8 +528,8 @@ def restore_arguments(state_dict: dict, inducing_variables: InducingVariables | 
     if covar_module is None and lengthscale is None:
         raise ValueError("from_state_dict: pass covar_module= (the checkpoint's kernel has no length scale to read d from)")
     reference = state_dict["online.posterior_shift"].new_zeros(1, 1 if lengthscale is None else lengthscale.shape[-1])
-    if inducing_variables is None:  # the default points: their values come with the checkpoint
-        inducing_variables = InducingPoints(torch.zeros_like(state_dict["online.inducing_variables.points"]), learn=False)
+    if inducing_variables is None:  # the default points, as many as the checkpoint's: their values come with it
+        options = {"num_inducing": state_dict["online.inducing_variables.points"].shape[-2], **options}
     return reference, inducing_variables, {"keep_data": "stored_inputs" in state_dict, **options}
 
 

@@ -17,7 +17,10 @@ from ..online import OnlineSGPR
 from . import _output
 from .exceptions import OnlineGPModelWarning
 
-__all__ = ["OnlineCollapsedMLL", "fit_hyperparameters"]
+__all__ = ["DEFAULT_EXACT_FIT_SIZE", "OnlineCollapsedMLL", "exact_fit_indices", "fit_hyperparameters"]
+
+#: the most kept points whose exact marginal likelihood an exact fit maximises (:func:`exact_fit_indices`)
+DEFAULT_EXACT_FIT_SIZE = 1000
 
 
 class OnlineCollapsedMLL(MarginalLogLikelihood):
@@ -110,3 +113,23 @@ def fit_hyperparameters(model: _output.OutputModel, x: Tensor, y: Tensor, maxite
                 mll.load_state_dict(before)
     if model.online.has_posterior:
         model.hyperparameter_record.record(model.online)
+
+
+def exact_fit_indices(targets: Tensor, size: int | None) -> Tensor | None:
+    """The kept points whose exact marginal likelihood an exact fit of an :class:`~gpytorch_hippo.botorch.OnlineGPModel`
+    maximises, as GPyTorch approximates past ``max_cholesky_size``: ``None`` (all of them) for at most ``size`` points
+    (or ``size`` ``None``); otherwise, in the order kept, the ``size // 4`` with the highest targets and the most recent
+    others, the same on every machine (ties go to the earlier point). Its cost is then :math:`O(size^3)` per iteration.
+
+    :param targets: the kept targets ``(n,)``, in the order observed.
+    :param size: the most points, a positive int, or ``None``.
+    """
+    n = targets.shape[-1]
+    if size is None or n <= size:
+        return None
+    best = torch.sort(torch.argsort(-targets.detach(), stable=True)[: size // 4]).values
+    chosen = torch.zeros(n, dtype=torch.bool, device=targets.device)
+    chosen[best] = True
+    recent = torch.nonzero(~chosen).squeeze(-1)[-(size - best.shape[0]) :]
+    chosen[recent] = True
+    return torch.nonzero(chosen).squeeze(-1)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import warnings
 
+import gpytorch
 import torch
+from linear_operator.functions import pivoted_cholesky
 from torch import Tensor
 
 from ..inducing.base import InducingVariables
@@ -15,7 +17,15 @@ from ..online import OnlineSGPR
 from ..ordering import order_inputs
 from .exceptions import InducingApproximationWarning
 
-__all__ = ["DEFAULT_NUM_INDUCING", "default_inducing_points", "farthest_points", "move_inducing", "warn_if_approximate"]
+__all__ = [
+    "DEFAULT_NUM_INDUCING",
+    "default_inducing_points",
+    "farthest_points",
+    "move_inducing",
+    "reselect_inducing",
+    "select_inducing_points",
+    "warn_if_approximate",
+]
 
 #: number of default inducing points (:func:`default_inducing_points`)
 DEFAULT_NUM_INDUCING = 128
@@ -51,6 +61,36 @@ def default_inducing_points(train_x: Tensor, num_inducing: int | None = None) ->
     engine = torch.quasirandom.SobolEngine(x.shape[-1], scramble=True, seed=0)
     unit = engine.draw(num - data.shape[0], dtype=torch.float64).to(device=x.device, dtype=x.dtype)
     return InducingPoints(torch.cat([data, low + (high - low) * unit]), learn=False)
+
+
+def select_inducing_points(kernel: gpytorch.kernels.Kernel, candidates: Tensor, num: int) -> Tensor:
+    r"""The ``num`` rows of ``candidates`` that linear_operator's pivoted Cholesky of the kernel matrix
+    :math:`K = k(X, X)` picks first (Harbrecht et al., 2012): each the candidate of largest residual variance
+    :math:`k(x, x) - Q(x, x)` given those before, so the Nyström error :math:`\operatorname{tr}(K - Q)` of the chosen
+    set falls greedily; fewer where the remaining candidates add no variance (:math:`\operatorname{tr}(K - Q) \le
+    10^{-10} \max_i K_{ii}`). The kernel matrix is evaluated lazily, a row per pick: :math:`O(n \cdot num^2)`.
+
+    :param kernel: the GPyTorch kernel, at its current hyperparameters.
+    :param candidates: candidate points ``(n, d)`` (model space).
+    :param num: the most points to choose, a positive int.
+    """
+    x = candidates.detach().reshape(-1, candidates.shape[-1])
+    with torch.no_grad(), gpytorch.settings.lazily_evaluate_kernels(True):
+        factor, pivots = pivoted_cholesky(kernel(x), rank=min(num, x.shape[0]), error_tol=1e-10, return_pivots=True)
+    return x[pivots[: factor.shape[-1]]]
+
+
+def reselect_inducing(online: OnlineSGPR, candidates: Tensor, num: int) -> None:
+    """Replace the inducing points of ``online`` by :func:`select_inducing_points` of ``candidates`` ``(n, d)`` (model
+    space; the old points and a new batch before a streaming update, whose update then moves ``q(u)`` from the old
+    points to the new ones, Bui et al. (2017), at :math:`O(M^2 (M + n))`; the kept data before a recomputation).
+
+    :param online: the model's :class:`~gpytorch_hippo.online.OnlineSGPR` with :class:`~gpytorch_hippo.inducing.InducingPoints`.
+    :param candidates: the points to choose from.
+    :param num: the most inducing points.
+    """
+    jitter = online.inducing_variables.jitter
+    online.inducing_variables = InducingPoints(select_inducing_points(online.covar_module, candidates, num), learn=False, jitter=jitter)
 
 
 def farthest_points(x: Tensor, num: int) -> Tensor:

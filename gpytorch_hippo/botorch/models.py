@@ -52,7 +52,7 @@ from ._checks import (
 )
 from ._output import HyperparameterRecord
 from .exceptions import InducingApproximationWarning, OnlineGPModelWarning
-from .fit import OnlineCollapsedMLL
+from .fit import DEFAULT_EXACT_FIT_SIZE, OnlineCollapsedMLL
 from .inducing import DEFAULT_NUM_INDUCING, default_inducing_points
 from .multioutput import IndependentOutputsLikelihood
 
@@ -133,7 +133,7 @@ class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):  # type: ignor
                 OnlineGPModelWarning,
                 stacklevel=3,
             )
-        with state.tensor_state_only(mll):
+        with state.tensor_state_only(mll), state.exact_fit_data(self, isinstance(mll, ExactMarginalLogLikelihood)):
             return fit_mll_generic(mll, closure=closure, closure_kwargs=closure_kwargs, optimizer_kwargs=optimizer_kwargs, **kwargs)
 
     def starts_from_sparse_fit(self) -> bool:
@@ -160,7 +160,7 @@ class OnlineGPModel(OnlineModelBase):
     :param train_Yvar: known noise variances like ``train_Y`` (``None``: learned); later batches then bring theirs, and the likelihood's
         noise is fixed at the first batch's mean for ``posterior(X, observation_noise=True)``.
     :param inducing_variables: :class:`~gpytorch_hippo.inducing.InducingVariables` in the input-transformed space, one set (copied per
-        output) or one per output; default ``num_inducing`` points, :func:`~gpytorch_hippo.botorch.inducing.default_inducing_points`.
+        output) or one per output; default: points of the data, :func:`~gpytorch_hippo.botorch.inducing.select_inducing_points`.
     :param covar_module: the kernel, copied per output; default ``SingleTaskGP``'s.
     :param likelihood: a ``GaussianLikelihood``, copied per output; default ``SingleTaskGP``'s.
     :param mean_module: copied per output, fixed after the first batch (HiPPO variables project :math:`f - m`); default ``ConstantMean``.
@@ -169,10 +169,10 @@ class OnlineGPModel(OnlineModelBase):
     :param fit_maxiter: iterations of the first fit (``0``: keep the hyperparameters as given).
     :param refit_every: refresh the hyperparameters in every ``k``-th :meth:`observe` (``None``: never). Path HiPPO variables keep their
         memory in features of the first length scale: freeze it before refreshing.
-    :param keep_data: keep all data in ``train_inputs``/``train_targets`` as ``SingleTaskGP`` (default), for BoTorch's exact fit, training
-        loops and warm starts; ``False``: only the online summary ``q(u)``.
+    :param keep_data: keep all data in ``train_inputs``/``train_targets`` as ``SingleTaskGP`` (default); ``False``: only ``q(u)``.
     :param ordering: criterion of :func:`~gpytorch_hippo.ordering.order_inputs` for path variables.
-    :param num_inducing: the number of default points, without ``inducing_variables`` (``None``: ``DEFAULT_NUM_INDUCING``).
+    :param num_inducing: the most default points, re-selected from the data as it comes (``None``: ``DEFAULT_NUM_INDUCING``).
+    :param exact_fit_size: exact fits (``fit_gpytorch_mll``, the constructor's past it) use at most this many kept points; ``None``: all.
     """
 
     online: OnlineSGPR
@@ -201,14 +201,16 @@ class OnlineGPModel(OnlineModelBase):
         keep_data: bool = True,
         ordering: str = "kernel_max",
         num_inducing: int | None = None,
+        exact_fit_size: int | None = DEFAULT_EXACT_FIT_SIZE,
     ):
         super().__init__()
         train_Yvar, inducing_variables = split_third_argument(train_Yvar, inducing_variables)
         num_outputs = check_first_batch(train_X, train_Y, train_Yvar)
-        check_settings(likelihood, fit_maxiter, refit_every, ordering, inducing_variables, num_inducing)
+        check_settings(likelihood, fit_maxiter, refit_every, ordering, inducing_variables, num_inducing, exact_fit_size)
         per_output, modules = inducing_per_output(inducing_variables, num_outputs), (covar_module, likelihood, mean_module)
         self.num_inputs = train_X.shape[-1]  # d (a 1-D X of a model with d = 1 is read as n points)
         self.fit_maxiter, self.refit_every, self.keep_data, self.ordering = fit_maxiter, refit_every, keep_data, ordering
+        self.num_inducing, self.exact_fit_size = None if per_output[0] is not None else num_inducing or DEFAULT_NUM_INDUCING, exact_fit_size
         if input_transform is not None:
             self.input_transform = input_transform.to(train_X)
         if isinstance(outcome_transform, DefaultType):
@@ -216,17 +218,17 @@ class OnlineGPModel(OnlineModelBase):
         if outcome_transform is not None:
             self.outcome_transform = outcome_transform.to(train_X)
         if train_Y is None:
-            state.build_output(self, train_X, per_output[0] or default_inducing_points(train_X), *modules, known_noise=False)
+            state.build_output(self, train_X, per_output[0] or default_inducing_points(train_X, num_inducing), *modules, known_noise=False)
             self.online.mean_module.requires_grad_(False)  # as after a first batch
             return
         x, Y, noise = state.to_model_space(self, train_X, train_Y, train_Yvar, fit_transforms=True)
         for variables in [v for v in per_output if v is not None] if input_transform is not None else []:
             check_points_near(variables, x)
         if num_outputs == 1:
-            inducing = per_output[0] or default_inducing_points(x, num_inducing)
-            state.absorb_first_batch(self, x, Y[..., 0], None if noise is None else noise[..., 0], inducing, modules)
+            state.absorb_first_batch(self, x, Y[..., 0], None if noise is None else noise[..., 0], per_output[0], modules)
             return
-        options = dict(fit_maxiter=fit_maxiter, refit_every=refit_every, keep_data=keep_data, ordering=ordering, num_inducing=num_inducing)
+        options = {name: getattr(self, name) for name in ("fit_maxiter", "refit_every", "keep_data", "ordering", "exact_fit_size")}
+        options["num_inducing"] = num_inducing
         outputs = state.build_outputs(OnlineGPModel, x, Y, noise, per_output, modules, options)
         self.outputs = cast(Sequence[OnlineGPModel], nn.ModuleList(outputs))
         self.eval()
@@ -275,13 +277,13 @@ class OnlineGPModel(OnlineModelBase):
     @property
     def train_inputs(self) -> tuple[Tensor]:
         """All inputs seen so far (model space), if ``keep_data=True``; ``(m, n, d)`` with ``m > 1`` outputs."""
-        inputs = [state.stored_data(output, "train_inputs")[0] for output in state.per_output(self)]
+        inputs = [state.training_data(output, "train_inputs")[0] for output in state.per_output(self)]
         return (inputs[0] if len(inputs) == 1 else torch.stack(inputs, dim=-3),)
 
     @property
     def train_targets(self) -> Tensor:
         """All targets seen so far (outcome-transformed), ``(n,)`` or ``(m, n)``, if ``keep_data=True``."""
-        targets = [state.stored_data(output, "train_targets")[1] for output in state.per_output(self)]
+        targets = [state.training_data(output, "train_targets")[1] for output in state.per_output(self)]
         return targets[0] if len(targets) == 1 else torch.stack(targets, dim=-2)
 
     def __getattr__(self, name: str):
@@ -434,8 +436,7 @@ class OnlineGPModel(OnlineModelBase):
         return state.conditioned(self, *state.to_model_space(self, X, Y, Yvar), refit=True)
 
     def fit_hyperparameters(self, x: Tensor, y: Tensor, maxiter: int = 100, noise: Tensor | None = None) -> None:
-        """The online refit of each output on a batch (:func:`~gpytorch_hippo.botorch.fit.fit_hyperparameters`; a fit that fails or
-        lowers the bound is rolled back).
+        """Each output's online refit on a batch (:func:`~gpytorch_hippo.botorch.fit.fit_hyperparameters`; rolled back if it fails).
 
         :param x: the batch's inputs ``(n, d)`` in the model (input-transformed) space.
         :param y: its targets in the model (outcome-transformed) space, ``(n,)`` for one output, else ``(n, m)``.

@@ -17,6 +17,11 @@ Gauss-Legendre rule exact to round-off and banded:
   integrates it; ``Kuu`` costs :math:`O((t/\ell) p^2 M + Q M^2)`, linear in :math:`t/\ell`.
 * ``Kuu_cross`` between two sets: the same outer integral over the first set's support, with extra
   panel breaks where the second set's support (and so its ``Kuf``) ends.
+
+A Matérn or RBF kernel times a periodic one (:func:`~.covariances.quasi_periodic_spec`) keeps both properties (at most
+the kink at 0, the Matérn factor's reach); its panels are measured in the rule length scale that resolves the
+highest harmonic, and the far panels of ``Kuu`` are dense ``p x p`` blocks (one per panel offset: uniform panels and
+a stationary kernel) instead of the Matérn closed form's rank :math:`\nu + 1/2`.
 """
 
 from __future__ import annotations
@@ -129,7 +134,7 @@ class Panels:
 
 def matern_values(kernel, r: Tensor) -> Tensor:
     r""":math:`k(r) = \sigma^2 q(\lambda|r|)\, e^{-\lambda|r|}` from the kernel's own hyperparameters (differentiable): the
-    ``values`` of its registration (:mod:`.covariances`).
+    ``values`` of its registration (:mod:`.covariances`; also of a Matérn or RBF kernel times a periodic one).
 
     Closed form on the differences themselves: GPyTorch's pairwise distances lose digits for close
     points, which the exact rules here would otherwise inherit.
@@ -195,12 +200,14 @@ def _interpolated_sum(values: Tensor, y: Tensor, z: Tensor, w: Tensor) -> Tensor
 
 
 class BandedBackend:
-    r"""Exact ``Kuu``/``Kuf``/``Kuu_cross`` for 1-D Matérn kernels, linear in :math:`t/\ell` (module docstring)."""
+    r"""Exact ``Kuu``/``Kuf``/``Kuu_cross`` for 1-D Matérn kernels and Matérn or RBF times periodic, linear in
+    :math:`t/\ell` (module docstring)."""
 
     name = "banded"
 
     def supports(self, ivars, kernel) -> bool:
-        """Whether ``ivars`` are 1-D with a finite support and ``kernel`` a registered Matérn kernel with one length scale.
+        """Whether ``ivars`` are 1-D with a finite support and ``kernel`` a registered Matérn kernel with one length scale,
+        or a Matérn or RBF kernel times a periodic one.
 
         :param ivars: the HiPPO inducing variables.
         :param kernel: the GP's kernel :math:`k`.
@@ -211,7 +218,8 @@ class BandedBackend:
             spec, _, lengthscale, _ = kernel_parts(kernel)
         except (TypeError, ValueError):  # not registered, or a batched kernel
             return False
-        return spec.matern and lengthscale.numel() == 1 and math.isfinite(support_span(ivars)[0])
+        takes = spec.matern or spec.envelope is not None
+        return takes and lengthscale.numel() == 1 and math.isfinite(support_span(ivars)[0])
 
     @staticmethod
     def _scales(kernel) -> tuple[float, float]:
@@ -245,12 +253,19 @@ class BandedBackend:
 
         Uniform panels and a stationary kernel: the own panel contributes through one ``p x p``
         matrix ``C`` (:meth:`_own_panel`), the panel at offset ``d`` through the separable form of
-        :func:`separable_far_panels` (cost ``O(P r M)`` per offset instead of ``O(P p² M)``).
+        :func:`separable_far_panels` (Matérn: cost ``O(P r M)`` per offset instead of ``O(P p² M)``), or through one
+        ``p x p`` block :math:`k(a - b - d w)` (any other kernel).
         """
         P, p, width = panels.count, panels.num_nodes, panels.width
         weighted = panels.weighted.to(dtype)
         offsets = width * (panels.z + 1) / 2  # node positions inside a panel
         out = self._own_panel(panels, kernel, offsets, dtype) @ panels.phi_nodes.to(dtype)
+        if not kernel_parts(kernel).spec.matern:
+            for d in range(1, min(self._band(panels, kernel), P - 1) + 1):
+                later = matern_values(kernel, offsets[:, None] - offsets - d * width).to(dtype)  # x in panel i, s in i + d
+                out[: P - d] += later @ weighted[d:]
+                out[d:] += later.mT @ weighted[: P - d]  # k is even: x in panel i + d, s in panel i
+            return out.reshape(P * p, -1)
         A, B, mixing = separable_far_panels(kernel, offsets - width / 2, width)
         A, B = A.to(dtype), B.to(dtype)
         towards_later, towards_earlier = B.mT @ weighted, A.mT @ weighted  # (P, r, M)

@@ -33,8 +33,9 @@ def lengthscale_of(kernel) -> float | None:
     """The shortest length scale of ``kernel`` (``None`` if it has none); ``ValueError`` if it is
     NaN, infinite or not positive (diverged hyperparameters).
 
-    :param kernel: a GPyTorch kernel; the first of its modules (itself, then submodules) with a ``lengthscale`` is read.
+    :param kernel: a GPyTorch kernel; every one of its modules (itself, then submodules) with a ``lengthscale`` is read.
     """
+    shortest = None
     for module in kernel.modules():
         lengthscale = getattr(module, "lengthscale", None)
         if isinstance(lengthscale, torch.Tensor):
@@ -43,8 +44,8 @@ def lengthscale_of(kernel) -> float | None:
                 raise ValueError(
                     f"kernel lengthscale must be finite and positive, got {values.reshape(-1).tolist()} (diverged hyperparameters?)"
                 )
-            return float(values.min())
-    return None
+            shortest = float(values.min()) if shortest is None else min(shortest, float(values.min()))
+    return shortest
 
 
 def kernel_reach(kernel) -> float | None:
@@ -59,15 +60,14 @@ def kernel_reach(kernel) -> float | None:
         return None
     if lengthscale.numel() != 1 or spec.reach is None:
         return None
-    ell = lengthscale_of(kernel)
-    return None if ell is None else spec.reach * ell
+    return spec.reach * float(lengthscale.detach())  # in the registration's length scale (a product's rule length scale)
 
 
 def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float | None = None, lengthscale: float | None = None) -> None:
     """Raise :class:`CovarianceCostError` if ``entries`` exceeds ``limit`` (default :data:`MAX_ENTRIES`).
 
     The message gives the span of the bases in length scales and what to change: for a kernel that only the quadrature
-    backend takes (an unregistered one, or a product such as Matérn x periodic), a window or a sum of registered kernels;
+    backend takes (an unregistered one, or a product such as RBF x Matérn), a window or a sum of registered kernels;
     else the times' offset and unit and the length scale.
 
     :param entries: the number of values (float64 entries or kernel evaluations) the evaluation would form.
@@ -107,6 +107,7 @@ def check_work(entries: float, what: str, ivars=None, kernel=None, limit: float 
         "Unix timestamps with start=0 span decades) or rescale them (e.g. hours instead of seconds); for "
         "LegT/FouT/LagT pass start= the stream's first time; keep the length scale from collapsing with a "
         "constraint (e.g. gpytorch.constraints.GreaterThan on the kernel's lengthscale); on a long LegS stream use "
-        "method='lyapunov', whose cost per task does not grow with t (RBF, Matérn and periodic kernels and their sums); "
+        "method='lyapunov', whose cost per task does not grow with t (RBF, Matérn and periodic kernels, their sums, and "
+        "Matérn or RBF times periodic); "
         "or, if the work is intended, raise gpytorch_hippo.inducing.cost.MAX_ENTRIES."
     )

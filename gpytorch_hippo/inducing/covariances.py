@@ -15,6 +15,9 @@ fields of its :class:`StationaryKernelSpec`:
   :math:`\mathtt{spectral\_cutoff} / \ell`);
 * ``spectral_lines``: the spectral backend for a spectral measure of point masses (periodic kernels), a sum over
   the lines at a cost that does not depend on :math:`t` (:func:`periodic_lines`);
+* ``envelope`` and ``rule_lengthscale``: a Matérn or RBF kernel times a periodic one (``ProductKernel``, the
+  quasi-periodic kernel :math:`k_e(r) \sum_k q_k \cos(\omega_k r)`, :func:`quasi_periodic_spec`): its ``values`` go to the
+  banded and Lyapunov backends' rules in time, on panels that resolve the highest harmonic;
 * ``nu``: ``0.5``, ``1.5``, ``2.5``: the banded backend, variational Fourier features and Student-t
   Fourier features (Matérn); ``math.inf``: Gaussian Fourier features (RBF, any input dimension).
 
@@ -26,6 +29,7 @@ registered kernel multiplies it by its ``outputscale``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,11 +37,12 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import gpytorch
 import torch
-from gpytorch.kernels import MaternKernel, PeriodicKernel, RBFKernel, ScaleKernel
+from gpytorch.kernels import MaternKernel, PeriodicKernel, ProductKernel, RBFKernel, ScaleKernel
 from torch import Tensor
 
 __all__ = [
     "DECAY_RANGE",
+    "HARMONIC_RADIANS",
     "MAX_LINES",
     "CovarianceCostError",
     "LINE_TOLERANCE",
@@ -50,6 +55,7 @@ __all__ = [
     "describe_kernel",
     "kernel_parts",
     "periodic_lines",
+    "quasi_periodic_spec",
     "register_scale_wrapper",
     "register_stationary_kernel",
     "registered_spec",
@@ -69,6 +75,9 @@ DECAY_RANGE = 48.0
 LINE_TOLERANCE = 1e-17
 #: most harmonics :func:`periodic_lines` forms (about ``9 / sqrt(ℓ) + 1/ℓ`` are needed: ``ℓ`` below about 3e-4)
 MAX_LINES = 4096
+#: radians of a quasi-periodic kernel's highest harmonic per rule length scale (:func:`quasi_periodic_spec`): a banded
+#: panel of 8 rule length scales holds 24 of them, which its 24 + Gauss-Legendre nodes integrate to round-off
+HARMONIC_RADIANS = 3.0
 
 
 class CovarianceCostError(ValueError):
@@ -135,6 +144,10 @@ class StationaryKernelSpec:
     :param spectral_lines: ``(outputscale, lengthscale) -> (ω, q)``, each ``(K,)`` float64 and differentiable, with
         :math:`k(r) = \sum_k q_k \cos(\omega_k r)` up to a stated truncation (a spectral measure of point masses,
         e.g. :func:`periodic_lines`), or ``None``.
+    :param envelope: for a product of a decaying kernel and a periodic one (:func:`quasi_periodic_spec`), the decaying
+        factor's registration (Matérn or RBF), else ``None``.
+    :param rule_lengthscale: ``() -> ℓ`` for a kernel without a ``lengthscale`` of its own (a product): the length scale
+        the rules in time resolve, which :func:`kernel_parts` returns and ``reach`` is measured in; ``None``: the kernel's.
     """
 
     name: str
@@ -144,6 +157,8 @@ class StationaryKernelSpec:
     spectral_cutoff: float | None = None
     nu: float | None = None
     spectral_lines: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+    envelope: StationaryKernelSpec | None = None
+    rule_lengthscale: Callable[[], Tensor] | None = None
 
     @property
     def matern(self) -> bool:
@@ -154,6 +169,17 @@ class StationaryKernelSpec:
     def gaussian(self) -> bool:
         r"""Whether the spectral density is Gaussian (:math:`\nu = \infty`: RBF; product Fourier features in any dimension)."""
         return self.nu == math.inf
+
+    @property
+    def kinked(self) -> bool:
+        r"""Whether the kernel is analytic in :math:`r` but for a kink at 0: Matérn, or Matérn times periodic (the banded
+        rules, split at the input)."""
+        return self.matern or (self.envelope is not None and self.envelope.matern)
+
+    @property
+    def analytic(self) -> bool:
+        r"""Whether the kernel is analytic with a Gaussian envelope: RBF, or RBF times periodic (plain panel rules)."""
+        return self.gaussian or (self.envelope is not None and self.envelope.gaussian)
 
     def matern_nu(self) -> float:
         r""":math:`\nu` of a Matérn kernel; ``TypeError`` for another kernel."""
@@ -330,7 +356,9 @@ def unsupported_kernel(what: str, kernel: gpytorch.kernels.Kernel, takes: str) -
         "method='quadrature' (or 'auto', which chooses it) takes any kernel with 1-D inputs, exactly, at a cost that grows "
         "with the bases' span in length scales; a sum of kernels is taken part by part (a trend plus a season, "
         "ScaleKernel(MaternKernel()) + ScaleKernel(PeriodicKernel()), by method='lyapunov' at a cost per task that does not "
-        "grow with t); a stationary kernel class can be registered with register_stationary_kernel."
+        "grow with t), and so is a product of one Matérn or RBF kernel and one PeriodicKernel, each with one length scale "
+        "and no batch shape (quasi-periodic, ScaleKernel(PeriodicKernel() * MaternKernel())); a stationary kernel class "
+        "can be registered with register_stationary_kernel."
     )
 
 
@@ -370,7 +398,7 @@ def kernel_parts(kernel: gpytorch.kernels.Kernel) -> KernelParts:
             f"a registered kernel with a spectral density, {supported_kernels()}",
         )
     outputscale = None if scale is None else scale(kernel)
-    lengthscale = base.lengthscale
+    lengthscale = base.lengthscale if spec.rule_lengthscale is None else spec.rule_lengthscale()
     if lengthscale.shape[:-2].numel() != 1:
         raise ValueError("batched kernels are not supported by HiPPOInducingVariables (lengthscale has batch dims)")
     lengthscale = lengthscale.reshape(-1)
@@ -492,7 +520,61 @@ def _periodic_spec(kernel: PeriodicKernel) -> StationaryKernelSpec | None:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _harmonics(lengthscale: float) -> int:
+    """The number of harmonics :func:`periodic_lines` keeps at a periodic length scale (it depends on nothing else)."""
+    one = torch.ones((), dtype=torch.float64)
+    return periodic_lines(one, torch.tensor([lengthscale], dtype=torch.float64), one)[0].numel() - 1
+
+
+def quasi_periodic_spec(kernel: ProductKernel) -> StationaryKernelSpec | None:
+    r"""The registration of a product of a Matérn or RBF kernel :math:`k_e` and a periodic kernel (either order, each
+    optionally scaled, one length scale each, no batch shape), else ``None``.
+
+    :math:`k(r) = k_e(r) \sum_k q_k \cos(\omega_k r)` (:func:`periodic_lines`; the quasi-periodic kernel of Solin and
+    Särkkä, 2014): the spectral measure is :math:`\sum_k q_k/2\, [S_e(\omega - \omega_k) + S_e(\omega + \omega_k)]`, and in time
+    the kernel keeps what the exact rules need from :math:`k_e`: its reach (:math:`|k| \le k_e`) and its smoothness (a
+    Matérn kink at 0 only, or analytic).  The rules resolve both factors with the rule length scale
+    :math:`1 / \ell_r = 1/\ell_e + \omega_K /` :data:`HARMONIC_RADIANS` (:math:`\omega_K` the highest harmonic kept), so
+    the banded backend takes the product at a cost linear in :math:`t / \ell_r` and the Lyapunov backend at a cost per
+    task that stops growing once :math:`t` exceeds the reach (about :math:`(\text{task} + \text{reach}) / \ell_r` nodes
+    per input).
+
+    :param kernel: a ``ProductKernel``.
+    """
+    factors = list(kernel.kernels)
+    if len(factors) != 2:
+        return None
+    specs = [resolve_kernel(factor).spec for factor in factors]
+    if specs[0] is not None and specs[0].spectral_lines is not None:
+        factors, specs = factors[::-1], specs[::-1]
+    (envelope, periodic), (envelope_spec, periodic_spec) = factors, specs
+    if envelope_spec is None or periodic_spec is None or periodic_spec.spectral_lines is None:
+        return None
+    if envelope_spec.reach is None or not (envelope_spec.matern or envelope_spec.gaussian):
+        return None
+    if any(resolve_kernel(factor).base.raw_lengthscale.numel() != 1 or factor.batch_shape != torch.Size() for factor in factors):
+        return None
+    envelope_parts, periodic_parts = kernel_parts(envelope), kernel_parts(periodic)
+    envelope_lengthscale = float(envelope_parts.lengthscale.detach())
+    highest = 2 * math.pi * _harmonics(float(periodic_parts.lengthscale.detach())) / float(periodic_parts.base.period_length.detach())
+    rule = torch.tensor([[1 / (1 / envelope_lengthscale + highest / HARMONIC_RADIANS)]], dtype=envelope_parts.lengthscale.dtype)
+
+    def values(r: Tensor, outputscale: Tensor, lengthscale: Tensor) -> Tensor:
+        (e_spec, e_scale, e_ell, _), (p_spec, p_scale, p_ell, _) = kernel_parts(envelope), kernel_parts(periodic)
+        return outputscale * e_spec.values(r, e_scale, e_ell) * p_spec.values(r, p_scale, p_ell)
+
+    return StationaryKernelSpec(
+        f"{envelope_spec.name} x periodic",
+        values,
+        reach=envelope_spec.reach * envelope_lengthscale / float(rule),
+        envelope=envelope_spec,
+        rule_lengthscale=lambda: rule.to(envelope_parts.lengthscale.device),
+    )
+
+
 register_stationary_kernel(RBFKernel, RBF_SPEC)
 register_stationary_kernel(MaternKernel, lambda kernel: MATERN_SPECS.get(kernel.nu), "MaternKernel (nu = 0.5, 1.5, 2.5)")
 register_stationary_kernel(PeriodicKernel, _periodic_spec, "PeriodicKernel (one period)")
+register_stationary_kernel(ProductKernel, quasi_periodic_spec, "a ProductKernel of one Matérn or RBF kernel and one PeriodicKernel")
 register_scale_wrapper(ScaleKernel, lambda kernel: kernel.base_kernel, lambda kernel: kernel.outputscale)

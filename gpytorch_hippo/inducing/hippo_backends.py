@@ -26,7 +26,8 @@ supported by every backend whose needs its registration meets.
   ``Kuf`` from the same features (default) or from the ODE driven by the exact kernel.
 * :class:`PathBackend` (thesis §4.4, multidimensional inputs): the random-feature memory along the
   ordered input path.
-* :class:`~.lyapunov.LyapunovBackend` (beyond the thesis; exact, LegS, RBF and Matérn): the LegS
+* :class:`~.lyapunov.LyapunovBackend` (beyond the thesis; exact, LegS, RBF and Matérn, and either times a periodic
+  kernel, :func:`.covariances.quasi_periodic_spec`): the LegS
   ODE :math:`\mathrm{d}c/\mathrm{d}t = (A c + B f(t)) / t` (thesis eqs. (2.10), (2.14), (2.15)) is
   time-invariant in :math:`\tau = \log t`, so :math:`K_{uu} = \operatorname{cov}(c)` obeys the Lyapunov ODE
   :math:`\mathrm{d}K/\mathrm{d}\tau = A K + K A^\top + B k^\top + k B^\top` with :math:`k(t) = K_{uf}(t, x = t)`, and
@@ -57,6 +58,10 @@ QUADRATURE_CHUNK_ENTRIES = 2**24
 
 
 def _shortest_lengthscale(kernel) -> float:
+    try:  # a registered kernel: the length scale its rules resolve (a quasi-periodic product's, set by its harmonics)
+        return float(kernel_parts(kernel).lengthscale.detach().min())
+    except (TypeError, ValueError):
+        pass
     for module in kernel.modules():
         lengthscale = getattr(module, "lengthscale", None)
         if isinstance(lengthscale, Tensor):

@@ -28,7 +28,8 @@ argument, ``method``:
 A periodic kernel (a spectral measure of point masses) goes to the spectral backend's sum over its lines, exact at a
 cost that does not depend on ``t``, under ``"auto"``, ``"spectral"`` and ``"lyapunov"``.  A sum of kernels is taken
 part by part (:class:`~.hippo_backends.AdditiveBackend`), each part by the backend ``method`` selects for it: with
-``"lyapunov"``, a Matérn or RBF trend plus a periodic season streams at a flat cost per task.
+``"lyapunov"``, a Matérn or RBF trend plus a periodic season streams at a flat cost per task, and so does a Matérn or
+RBF kernel times a periodic one (quasi-periodic) once the stream is longer than the Matérn or RBF factor's reach.
 
 Multidimensional inputs (thesis §4.4): the ordered inputs of each task are placed at times
 ``i dt`` continuing across tasks (:meth:`HiPPOInducingVariables.append_path`), and :math:`u` projects

@@ -36,6 +36,9 @@ cut into pieces of at most :data:`MAX_STEP` length scales.  By stationarity :mat
 of a LegS set over :math:`[0, L]` (:math:`L = t_b - t_a`) seen through the re-expansion :math:`T` of the bases at
 :math:`t_b` in the segment's own bases, :math:`D = (L/t_b)^2 T K_{uu}(L) T^\top`: a stream of equal-length tasks keeps
 :math:`K_{uu}(L)`.  :math:`\|\Phi\|_2 \le \sqrt{t_a / t_b}`, so errors of earlier steps are damped, not amplified.
+
+A Matérn or RBF kernel times a periodic one (:func:`.covariances.quasi_periodic_spec`) has the Matérn (RBF) factor's
+reach and smoothness, so the same rules take it with its rule length scale, which resolves the highest harmonic.
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ def local_kuf(at, kernel, times: Tensor, dtype) -> Tensor:
     for rows in torch.tensor_split(order, (cuts.nonzero().squeeze(-1) + 1).tolist()):
         if rows.numel() == 0:
             continue
-        if spec.matern:
+        if spec.kinked:
             out[rows] = BandedBackend().local_kuf(at, kernel, times[rows], dtype)
         else:
             out[rows] = _analytic_window_kuf(at, kernel, ell, reach, times[rows], dtype)
@@ -261,7 +264,7 @@ def segment_covariance(ivars, kernel, t_a: float, t_b: float, lower: float | Non
     :return: :math:`D`, ``(M, M)`` float64.
     """
     ell, reach, spec = kernel_scales(kernel)
-    if spec.matern:
+    if spec.kinked:
         segment = _At(ivars, t_b, t_a)
         return ivars.backends["banded"].cross(segment, segment, kernel).double()
     nodes, weighted = segment_rule(ivars, t_a, t_b, 4 * ell, lower)
@@ -389,14 +392,14 @@ class LyapunovBackend:
         spec, base, scale = resolve_kernel(kernel)  # without running the constraints' transforms on every call
         if spec is None:
             raise unsupported_kernel("method='lyapunov'", kernel, supported_kernels())
-        if spec.reach is None or not (spec.matern or spec.gaussian):
+        if spec.reach is None or not (spec.kinked or spec.analytic):
             raise unsupported_kernel(
                 "method='lyapunov'",
                 kernel,
-                f"a Matérn kernel or one with a Gaussian spectral density (RBF), with a reach "
+                f"a Matérn kernel or one with a Gaussian spectral density (RBF), with a reach, or either times a periodic kernel "
                 f"({type(base).__name__} is registered as {spec.name!r})",
             )
-        if base.raw_lengthscale.numel() != 1:
+        if spec.envelope is None and base.raw_lengthscale.numel() != 1:  # a product's factors: checked by its registration
             raise ValueError(f"method='lyapunov': kernel must have one length scale (1-D), got {base.raw_lengthscale.numel()}")
         raw_outputscale = getattr(kernel, "raw_outputscale", None) if scale is not None else None
         if raw_outputscale is not None and raw_outputscale.numel() != 1:

@@ -33,13 +33,13 @@ def same_hyperparameters(gp, model):
 
 
 def test_two_arguments_build_the_single_task_gp_model():
-    """Default points (a Sobol design of 128 in the unit cube) and the default ``Standardize``: with the
+    """Default points (the data's, up to DEFAULT_NUM_INDUCING) and the default ``Standardize``: with the
     same hyperparameters the posterior is SingleTaskGP's to sparse-approximation accuracy, in the raw
     outcome space (an unstandardised model would be off by the shift of 5)."""
     x, y = data()
     model = OnlineGPModel(x, y, fit_maxiter=50)
     assert isinstance(model.outcome_transform, Standardize)
-    assert model.inducing_variables.num_inducing == DEFAULT_NUM_INDUCING
+    assert model.inducing_variables.num_inducing == min(x.shape[0], DEFAULT_NUM_INDUCING)
     gp = same_hyperparameters(SingleTaskGP(x, y), model)
     test = torch.rand(30, 2, generator=torch.Generator().manual_seed(1), dtype=DT)
     ours, theirs = model.posterior(test), gp.posterior(test)

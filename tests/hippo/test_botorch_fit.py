@@ -104,3 +104,90 @@ def test_a_refit_that_fails_in_observe_is_rolled_back_with_a_warning(monkeypatch
     assert torch.equal(updated.covar_module.lengthscale, lengthscale) and updated.num_updates == 2
     reference = model.condition_on_observations(x[15:], y[15:])  # the same batch without a refit
     torch.testing.assert_close(updated.posterior(x).mean, reference.posterior(x).mean, rtol=0, atol=1e-12)
+
+
+def subsample_fit_reference(x, y, indices, start=None, maxiter=None, mean=None):
+    """SingleTaskGP fitted on the kept points ``indices`` from ``start``'s hyperparameters (``None``: its own start), its
+    mean fixed at ``mean`` (``None``: learned), as BoTorch's tutorials fit it."""
+    from test_botorch_dropin import same_hyperparameters
+
+    gp = SingleTaskGP(x[indices], y[indices], outcome_transform=None)
+    if start is not None:
+        same_hyperparameters(gp, start).train()
+    if mean is not None:
+        gp.mean_module.constant = mean
+        gp.mean_module.raw_constant.requires_grad_(False)
+    options = {} if maxiter is None else {"optimizer_kwargs": {"options": {"maxiter": maxiter}}}
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp), **options)
+    return gp
+
+
+def assert_same_hyperparameters(model, gp, atol=1e-6):
+    torch.testing.assert_close(model.covar_module.lengthscale, gp.covar_module.lengthscale, rtol=0, atol=atol)
+    torch.testing.assert_close(model.likelihood.noise, gp.likelihood.noise, rtol=0, atol=atol)
+    torch.testing.assert_close(model.mean_module.constant, gp.mean_module.constant, rtol=0, atol=atol)
+
+
+def test_an_exact_fit_past_exact_fit_size_is_single_task_gps_fit_of_the_subsample_and_the_posterior_all_datas():
+    """BoTorch's loop fits a streamed model with fit_gpytorch_mll(ExactMarginalLogLikelihood): past exact_fit_size kept
+    points it maximises the exact marginal likelihood of a deterministic subsample (the exact_fit_size // 4 best targets
+    and the most recent others, recorded), as SingleTaskGP fitted on that subsample does, at O(exact_fit_size^3); the
+    posterior is then the one of all kept data (with as many inducing points as data: the exact GP of all of it)."""
+    from test_botorch_dropin import same_hyperparameters
+
+    from gpytorch_hippo.botorch.fit import exact_fit_indices
+
+    x, y = data(60, 12)
+    model = OnlineGPModel(x[:20], y[:20], num_inducing=64, exact_fit_size=24, fit_maxiter=0, outcome_transform=None)
+    for start in range(20, 60, 8):
+        model = model.condition_on_observations(x[start : start + 8], y[start : start + 8])
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    indices = model.hyperparameter_record.exact_fit_indices
+    best = torch.argsort(y[:, 0], descending=True)[:6]
+    recent = [i for i in range(60) if i not in best.tolist()][-18:]
+    assert set(indices.tolist()) == set(best.tolist()) | set(recent) and indices.shape == (24,)
+    assert torch.equal(indices, exact_fit_indices(y[:, 0], 24)) and model.train_inputs[0].shape == (60, 2)
+    assert_same_hyperparameters(model, subsample_fit_reference(x, y, indices, mean=model.mean_module.constant.detach()))
+    gp = same_hyperparameters(SingleTaskGP(x, y, outcome_transform=None), model)
+    test = torch.rand(9, 2, generator=torch.Generator().manual_seed(3), dtype=DOUBLE)
+    torch.testing.assert_close(model.posterior(test).mean, gp.posterior(test).mean, rtol=0, atol=1e-4)
+    torch.testing.assert_close(model.posterior(test).variance, gp.posterior(test).variance, rtol=0, atol=1e-4)
+
+
+def test_observe_with_refit_every_refits_on_the_kept_data_subsample():
+    """A stream with refit_every=k and the default points refits every k-th batch on the exact marginal likelihood of the
+    kept-data subsample, that batch included (it refitted on the batch's online bound alone), as SingleTaskGP fitted
+    on the same points from the same start; the posterior is then all kept data's."""
+    x, y = data(44, 13)
+    model = OnlineGPModel(x[:20], y[:20], num_inducing=64, exact_fit_size=32, fit_maxiter=15, refit_every=2, outcome_transform=None)
+    before = copy.deepcopy(model)
+    updated = model.observe(x[20:28], y[20:28])  # the second batch: refitted
+    assert updated.hyperparameter_record.exact_fit_indices is None  # 28 kept points, within exact_fit_size: all of them
+    mean = model.mean_module.constant.detach()
+    assert_same_hyperparameters(updated, subsample_fit_reference(x[:28], y[:28], torch.arange(28), before, 15, mean))
+    later = updated.observe(x[28:36], y[28:36]).observe(x[36:44], y[36:44])  # the fourth: 44 points, a subsample of 32
+    indices = later.hyperparameter_record.exact_fit_indices
+    assert indices.shape == (32,)
+    start = updated.observe(x[28:36], y[28:36])
+    assert_same_hyperparameters(later, subsample_fit_reference(x, y, indices, start, 15, mean))
+
+
+def test_the_constructor_on_more_than_exact_fit_size_points_fits_their_subsample():
+    """The class swap of BoTorch's tutorials builds the model on all n points every iteration: past exact_fit_size its
+    fit is the subsample's exact one (it fitted the sparse bound on all n points), SingleTaskGP's on those points, and an
+    exact fit_gpytorch_mll after it does not warn."""
+    import warnings
+
+    from botorch.exceptions.warnings import OptimizationWarning
+
+    from gpytorch_hippo.botorch import OnlineGPModelWarning
+    from gpytorch_hippo.botorch.fit import exact_fit_indices
+
+    x, y = data(60, 14)
+    model = OnlineGPModel(x, y, num_inducing=16, exact_fit_size=24, outcome_transform=None)
+    indices = exact_fit_indices(y[:, 0], 24)
+    assert_same_hyperparameters(model, subsample_fit_reference(x, y, indices, maxiter=100))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OnlineGPModelWarning)
+        warnings.simplefilter("ignore", OptimizationWarning)  # L-BFGS-B starts at its optimum: BoTorch may say "ABNORMAL"
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))

@@ -324,3 +324,67 @@ def test_knowledge_gradient_and_integrated_variance_on_a_time_axis():
     expected = -by_hand.condition_on_observations(candidate[0], torch.zeros(1, 1, dtype=DOUBLE)).posterior(mc_points).variance.mean()
     torch.testing.assert_close(nipv(candidate)[0], expected, rtol=1e-8, atol=1e-12)
     assert nipv(candidate)[0] > -model.posterior(mc_points).variance.mean()  # observing at 2.5 shrinks the variance
+
+
+def largest_saved_storage(acquisition, X):
+    """The largest storage (in elements) that one value + gradient of ``acquisition`` at ``X`` keeps for its backward
+    pass (views such as ``expand`` count as the storage they share)."""
+    sizes = []
+
+    def pack(tensor):
+        sizes.append(tensor.untyped_storage().nbytes() // tensor.element_size())
+        return tensor
+
+    X = X.clone().requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        value = acquisition(X).sum()
+    value.backward()
+    return max(sizes)
+
+
+def test_knowledge_gradient_memory_does_not_grow_with_the_fantasies():
+    """Fantasies of the same candidates share the posterior precision B = I + W Wᵀ/σ² + ...: one value + gradient of
+    one-shot qKG keeps at most batch x M x M elements per tensor for 2 or 16 fantasies (it kept a B per fantasy,
+    fantasies x batch x M x M, 16 times as much at 16 fantasies)."""
+    _, ours = twin_models()
+    num_inducing, batch = ours.inducing_variables.num_inducing, 2
+    largest = {}
+    for num_fantasies in (2, 16):
+        kg = qKnowledgeGradient(ours, num_fantasies=num_fantasies, sampler=SobolQMCNormalSampler(torch.Size([num_fantasies]), seed=2))
+        X = torch.rand(batch, 1 + num_fantasies, 1, generator=torch.Generator().manual_seed(1), dtype=DOUBLE)
+        largest[num_fantasies] = largest_saved_storage(kg, X)
+    assert largest[16] == largest[2] <= batch * num_inducing**2
+
+
+def test_fantasies_share_one_precision_and_equal_conditioning_on_each_fantasy():
+    """``fantasize`` stores one precision per candidate batch, ``(1, b, M, M)``, and its posterior equals the model
+    conditioned on each fantasy's observations alone, to 1e-10."""
+    _, ours = twin_models()
+    X = torch.rand(3, 2, 1, generator=torch.Generator().manual_seed(7), dtype=DOUBLE).requires_grad_(True)
+    sampler = SobolQMCNormalSampler(torch.Size([5]), seed=3)
+    fantasy = ours.fantasize(X, sampler)
+    M = ours.inducing_variables.num_inducing
+    assert fantasy.online.posterior_precision.shape == (1, 3, M, M) and fantasy.batch_shape == (5, 3)
+    Y = sampler(ours.posterior(X, observation_noise=True)).detach()  # the same fantasies: (5, 3, 2, 1)
+    test = torch.linspace(0, 1, 7, dtype=DOUBLE).unsqueeze(-1)
+    with torch.no_grad():
+        posterior = fantasy.posterior(test)
+        for i in range(5):
+            for b in range(3):
+                expected = ours.condition_on_observations(X[b].detach(), Y[i, b]).posterior(test)
+                torch.testing.assert_close(posterior.mean[i, b], expected.mean, rtol=0, atol=1e-10)
+                torch.testing.assert_close(posterior.variance[i, b], expected.variance, rtol=0, atol=1e-10)
+
+
+def test_the_acquisition_cost_benchmark_runs_its_smoke_setting(capsys):
+    """benchmarks/bo_acquisition_cost.py --smoke: qKG, PES and JES on both models, times and peak memory measured."""
+    import runpy
+    from pathlib import Path
+
+    benchmark = runpy.run_path(str(Path(__file__).parents[2] / "benchmarks" / "bo_acquisition_cost.py"))
+    rows = benchmark["main"](["--smoke"])
+    assert [row["case"] for row in rows] == list(benchmark["CASES"])
+    for row in rows:
+        for name in benchmark["MODELS"]:
+            assert "error" not in row[name] and row[name]["value_grad_s"] > 0 and row[name]["peak_mb"] >= 0
+    assert capsys.readouterr().out.count("value+grad") == len(rows)

@@ -207,7 +207,7 @@ def test_acquisition_functions_and_fantasies():
         assert ((candidate >= 0) & (candidate <= 1)).all()
     # fantasies: a batch model whose posterior at the fantasy point is the update with each sample
     sampler = SobolQMCNormalSampler(torch.Size([3]), seed=0)
-    x_f = torch.rand(2, 1, 2, dtype=DOUBLE)
+    x_f = torch.rand(2, 1, 2, generator=torch.Generator().manual_seed(5), dtype=DOUBLE)  # the same whatever ran before
     fantasy = model.fantasize(x_f, sampler)
     assert fantasy.batch_shape == (3, 2)
     samples = sampler(model.posterior(x_f, observation_noise=True))  # same base samples: same fantasies
@@ -297,3 +297,32 @@ def test_online_gp_model_is_a_small_class_of_botorch_hooks_with_no_class_chosen_
     following = body[index + 1].lineno if index + 1 < len(body) else len((package / "models.py").read_text().splitlines()) + 1
     assert following - body[index].lineno <= 350
     assert [path.name for path in sorted(package.glob("*.py")) if "__new__" in path.read_text(encoding="utf-8")] == []
+
+
+@pytest.mark.filterwarnings("ignore::botorch.exceptions.warnings.OptimizationWarning")
+def test_the_default_stream_ranks_points_near_the_incumbent_better_than_fixed_sobol_points():
+    """A TuRBO-like stream (Ackley-4: 40 Sobol points, then 15 batches of 8 in a box around an incumbent) through
+    observe(refit_every=5): with the default points (re-selected by pivoted Cholesky, refits on the kept data) the
+    posterior mean ranks 200 candidates in the box better (Spearman's rho against the function, mean over 4 seeds) than
+    with fixed points (the first batch and a Sobol design, refits on the online bound), as before: 0.87 against 0.82."""
+    from botorch.test_functions import Ackley
+    from scipy.stats import spearmanr
+
+    from gpytorch_hippo.botorch import default_inducing_points
+
+    ackley = Ackley(dim=4, negate=True).to(DOUBLE)
+    f = lambda x: ackley(-5 + 15 * x).unsqueeze(-1)  # noqa: E731
+    rho = {"default": [], "fixed": []}
+    for seed in range(4):
+        generator = torch.Generator().manual_seed(seed)
+        x0 = torch.quasirandom.SobolEngine(4, scramble=True, seed=seed).draw(40, dtype=DOUBLE)
+        incumbent = 1 / 3 + 0.05 * torch.rand(4, generator=generator, dtype=DOUBLE)
+        box = lambda n: (incumbent - 0.1 + 0.2 * torch.rand(n, 4, generator=generator, dtype=DOUBLE)).clamp(0, 1)  # noqa: E731
+        batches, candidates = [box(8) for _ in range(15)], box(200)
+        for arm, kwargs in (("fixed", dict(inducing_variables=default_inducing_points(x0, 48))), ("default", dict(num_inducing=48))):
+            model = OnlineGPModel(x0, f(x0), refit_every=5, **kwargs)
+            for x in batches:
+                model = model.observe(x, f(x))
+            with torch.no_grad():
+                rho[arm].append(spearmanr(model.posterior(candidates).mean.squeeze(-1), f(candidates).squeeze(-1))[0])
+    assert sum(rho["default"]) / 4 > sum(rho["fixed"]) / 4 + 0.03, rho

@@ -289,7 +289,7 @@ def test_a_kernel_the_lyapunov_backend_does_not_take_raises_its_named_error_thro
     def periodic_factory(num_streams: int) -> OnlineSGPR:
         batch = torch.Size([num_streams])
         product = gpytorch.kernels.ProductKernel(
-            gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch), gpytorch.kernels.PeriodicKernel(batch_shape=batch)
+            gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch), gpytorch.kernels.RBFKernel(batch_shape=batch)
         )
         kernel = gpytorch.kernels.ScaleKernel(product, batch_shape=batch).double()
         variables = HiPPOInducingVariables(8, "legs", t=0.1, method="lyapunov", batch_shape=batch)

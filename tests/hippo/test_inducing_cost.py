@@ -57,7 +57,7 @@ def test_work_over_the_limit_raises_with_the_span_in_length_scales_and_what_to_c
     message = str(caught.value)
     assert "[0, 100], 200 kernel length scales (lengthscale = 0.5)" in message  # 100 / 0.5, by hand
     assert "method='lyapunov'" in message and "GreaterThan" in message
-    product = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5) * gpytorch.kernels.PeriodicKernel()).double()
+    product = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5) * gpytorch.kernels.RBFKernel()).double()
     with pytest.raises(CovarianceCostError, match="Only method='quadrature' takes") as caught:
         check_work(2.0, "a rule", ivars, product, limit=1.0)
     assert "measure='legt' or 'fout'" in str(caught.value) and "a sum of registered kernels" in str(caught.value)

@@ -194,12 +194,17 @@ def test_the_path_kernel_is_a_declared_reference_not_state():
         copy.deepcopy(ivars).append_path(torch.randn(3, 2, dtype=DT))
 
 
-def seasonal_kernel(periodic_only=False, batch=torch.Size([])):
-    """Hourly data with a daily season: PeriodicKernel, or Matérn-3/2 x periodic (the forecaster's kernel)."""
+def seasonal_kernel(periodic_only=False, batch=torch.Size([]), weekly=False):
+    """Hourly data with a daily season: PeriodicKernel, or Matérn-3/2 x periodic (the forecaster's kernel), or daily x
+    weekly periodic (a product no flat-cost backend takes)."""
     periodic = gpytorch.kernels.PeriodicKernel(batch_shape=batch)
     periodic.period_length = 24.0
     if periodic_only:
         return gpytorch.kernels.ScaleKernel(periodic, batch_shape=batch).to(DT)
+    if weekly:
+        week = gpytorch.kernels.PeriodicKernel()
+        periodic.lengthscale, week.period_length, week.lengthscale = 2.0, 168.0, 2.0
+        return gpytorch.kernels.ScaleKernel(periodic * week).to(DT)
     matern = gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=batch)
     matern.lengthscale = 2.0
     return gpytorch.kernels.ScaleKernel(matern * periodic, batch_shape=batch).to(DT)
@@ -212,11 +217,10 @@ def hourly_task(day, streams=None):
 
 
 @pytest.mark.parametrize("streams", [None, 3])
-def test_matern_times_periodic_under_lyapunov_is_a_named_error_naming_the_backends_that_take_it(streams):
-    """The product has no flat-cost backend: the error names the quadrature backend (which takes it) and the sum of a
-    trend and a season (which method='lyapunov' takes); the periodic kernel alone is taken by its spectral lines."""
+def test_matern_times_periodic_under_lyapunov_is_taken_also_per_stream(streams):
+    """Matérn x periodic (the forecaster's quasi-periodic kernel) is taken by method='lyapunov', with a batch shape too
+    (each stream's slice is one quasi-periodic kernel); the periodic kernel alone is taken by its spectral lines."""
     from gpytorch_hippo import OnlineSGPR
-    from gpytorch_hippo.inducing import UnsupportedKernelError
 
     batch = torch.Size([]) if streams is None else torch.Size([streams])
 
@@ -225,28 +229,24 @@ def test_matern_times_periodic_under_lyapunov_is_a_named_error_naming_the_backen
         likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).to(DT)
         return OnlineSGPR(ivars, seasonal_kernel(periodic_only, batch), likelihood, captured_variance_warning=None)
 
-    x, y = hourly_task(0, streams)
-    with pytest.raises(UnsupportedKernelError, match="method='lyapunov' does not take") as error:
-        model("lyapunov").update(x, y)
-    assert isinstance(error.value, TypeError)
-    message = str(error.value)
-    assert "ProductKernel(MaternKernel, PeriodicKernel)" in message and "method='quadrature'" in message
-    assert "ScaleKernel(MaternKernel()) + ScaleKernel(PeriodicKernel())" in message
-    with pytest.raises(UnsupportedKernelError, match="method='quadrature'"):
-        model("spectral").update(x, y)
-    advised = model("quadrature")  # the backend the message names takes the kernel
-    advised.update(x, y)
-    advised.eval()
+    x, _ = hourly_task(0, streams)
+    if streams:
+        x = x + 0.1 * torch.arange(streams, dtype=DT)[:, None, None]  # each stream its own hours
+    y = torch.sin(2 * torch.pi * x[..., 0] / 24)
+    taken = model("lyapunov")
+    taken.update(x, y)
+    taken.eval()
     with torch.no_grad():
-        assert bool(torch.isfinite(advised(x).mean).all())
+        assert bool(torch.isfinite(taken(x).mean).all())
     if streams is None:
+        assert taken.inducing_variables.backend_for(taken.covar_module).name == "lyapunov"
         periodic = model("lyapunov", periodic_only=True)
         assert periodic.inducing_variables.backend_for(periodic.covar_module).name == "spectral"
         periodic.update(x, y)
 
 
-def test_the_cost_error_of_matern_times_periodic_gives_advice_for_that_kernel(monkeypatch):
-    """Only the quadrature backend takes Matérn x periodic, and on LegS bases over [0, t] its work grows with the
+def test_the_cost_error_of_a_product_only_quadrature_takes_gives_advice_for_that_kernel(monkeypatch):
+    """Only the quadrature backend takes daily x weekly periodic, and on LegS bases over [0, t] its work grows with the
     stream; the error names the periodic factor and a fix that applies (not the times' offset or unit, nor a length
     scale collapsing: here neither is the cause). Following it (a window, theta) runs the same stream."""
     from gpytorch_hippo import OnlineSGPR
@@ -257,7 +257,7 @@ def test_the_cost_error_of_matern_times_periodic_gives_advice_for_that_kernel(mo
     def stream(measure, **window):
         model = OnlineSGPR(
             HiPPOInducingVariables(16, measure, t=24.0, **window),
-            seasonal_kernel(),
+            seasonal_kernel(weekly=True),
             gpytorch.likelihoods.GaussianLikelihood().to(DT),
             captured_variance_warning=None,
         )

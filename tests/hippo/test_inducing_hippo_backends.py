@@ -6,6 +6,7 @@ test_inducing_hippo_variables.py); SciPy's Bessel functions; dense closed-form S
 """
 
 import copy
+import dataclasses
 
 import gpytorch
 import numpy as np
@@ -55,13 +56,14 @@ def test_backend_choice_and_fallbacks():
     assert auto.backend_for(matern).name == "banded"
     assert HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").backend_for(matern).name == "banded"
     assert auto.backend_for(gpytorch.kernels.PeriodicKernel().to(DT)).name == "spectral"  # its lines
-    assert auto.backend_for(gpytorch.kernels.PeriodicKernel().to(DT) * matern).name == "quadrature"
+    assert auto.backend_for(gpytorch.kernels.PeriodicKernel().to(DT) * matern).name == "banded"  # quasi-periodic
+    assert auto.backend_for(gpytorch.kernels.RBFKernel().to(DT) * matern).name == "quadrature"
     batched = gpytorch.kernels.RBFKernel(batch_shape=torch.Size([3])).to(DT)  # e.g. inside LMC: exact quadrature
     assert auto.backend_for(batched).name == "quadrature"
     with pytest.raises(ValueError, match="batched"):
         HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(batched)
     with pytest.raises(TypeError, match="ProductKernel.*method='quadrature'"):
-        HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(gpytorch.kernels.PeriodicKernel().to(DT) * matern)
+        HiPPOInducingVariables(8, "legs", t=4.0, method="spectral").Kuu(gpytorch.kernels.RBFKernel().to(DT) * matern)
     # LegT window clipped by the stream start: no closed form, exact quadrature instead
     clipped, quadrature = pair("legt", 2.0, theta=3.0)
     assert clipped.backend_for(rbf).name == "quadrature"
@@ -391,3 +393,120 @@ def test_a_collapsing_periodic_length_scale_is_a_named_cost_error():
     kernel = seasonal(ell=1e-6)
     with pytest.raises(CovarianceCostError, match="GreaterThan"):
         HiPPOInducingVariables(8, "legs", t=4.0).Kuu(kernel)
+
+
+def quasi_periodic(envelope="matern", period=24.0, ell=6.0):
+    """``ScaleKernel(PeriodicKernel() * MaternKernel())`` (or RBF): a season whose shape drifts over ``ell``."""
+    decay = gpytorch.kernels.MaternKernel(nu=2.5) if envelope == "matern" else gpytorch.kernels.RBFKernel()
+    periodic = gpytorch.kernels.PeriodicKernel()
+    kernel = gpytorch.kernels.ScaleKernel(periodic * decay).to(DT)
+    periodic.period_length, periodic.lengthscale, decay.lengthscale, kernel.outputscale = period, 0.8, ell, 1.3
+    return kernel
+
+
+@pytest.mark.parametrize("envelope", ["matern", "rbf"])
+def test_quasi_periodic_product_streams_at_a_flat_cost_and_equals_the_reference(envelope, monkeypatch):
+    """Matérn/RBF x periodic under method='lyapunov', streamed in daily tasks: the kernel values each task evaluates
+    stop growing once the stream is longer than the kernel's reach (no quadrature in time over [0, t]), and the
+    predictions equal those of the same stream whose covariances come from quadrature in time with the same kernel."""
+    from gpytorch.kernels import ProductKernel
+
+    from gpytorch_hippo.inducing import covariances
+    from gpytorch_hippo.inducing.hippo_backends import QuadratureBackend
+
+    evaluated = [0]
+
+    def counting(spec):
+        def values(r, outputscale, lengthscale):
+            evaluated[-1] += r.numel()
+            return spec.values(r, outputscale, lengthscale)
+
+        return None if spec is None else dataclasses.replace(spec, values=values)
+
+    days = 6
+    x = torch.arange(24 * days, dtype=DT)[:, None] + 0.5
+    noise = 0.1 * torch.randn(x.shape[0], generator=torch.Generator().manual_seed(0), dtype=DT)
+    y = torch.sin(2 * torch.pi * x[:, 0] / 24) * torch.cos(x[:, 0] / 40) + noise
+    test_x = torch.linspace(0, 24 * days + 10, 61, dtype=DT)[:, None]
+
+    def stream(method):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DT)
+        likelihood.noise = 0.01
+        model = OnlineSGPR(HiPPOInducingVariables(32, "legs", t=24.0, method=method), quasi_periodic(envelope, ell=3.0), likelihood)
+        for day in range(days):
+            if day:
+                model.inducing_variables.advance(24.0 * (day + 1))
+            evaluated.append(0)
+            model.update(x[24 * day : 24 * day + 24], y[24 * day : 24 * day + 24])
+        model.eval()
+        with torch.no_grad():
+            posterior = model(test_x)
+        return model, posterior.mean, posterior.variance
+
+    reference = stream("quadrature")
+    with monkeypatch.context() as patched:
+        registered = covariances._REGISTRY.get(ProductKernel, lambda kernel: None)
+        patched.setitem(covariances._REGISTRY, ProductKernel, lambda kernel: counting(registered(kernel)))
+        patched.setattr(QuadratureBackend, "cross", lambda *args: pytest.fail("quadrature in time on the flat-cost path"))
+        evaluated = [0]
+        ours = stream("lyapunov")
+    assert ours[0].inducing_variables.backend_for(ours[0].covar_module).name == "lyapunov"
+    per_task = evaluated[1:]
+    # Matérn-5/2 with l = 3 h reaches 65 h (RBF: 28 h): from the fourth day on a task's work does not depend on t
+    assert max(per_task[-3:]) <= 1.15 * min(per_task[-3:]), per_task  # panel edges move with t: +-6 %
+    assert (ours[1] - reference[1]).abs().max() < 1e-6 and (ours[2] - reference[2]).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("envelope", ["matern", "rbf"])
+def test_quasi_periodic_product_on_small_data_equals_the_exact_gp(envelope):
+    """On half a day of data, 64 LegS variables with a small jitter capture the quasi-periodic GP: the predictions of
+    OnlineSGPR (method='lyapunov') equal GPyTorch's ExactGP with the same kernel."""
+
+    class ExactGP(gpytorch.models.ExactGP):
+        def __init__(self, x, y, likelihood, kernel):
+            super().__init__(x, y, likelihood)
+            self.mean_module, self.covar_module = gpytorch.means.ZeroMean(), kernel
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    x = torch.linspace(0.25, 11.75, 24, dtype=DT)[:, None]
+    y = torch.sin(2 * torch.pi * x[:, 0] / 24) + 0.1 * torch.randn(24, generator=torch.Generator().manual_seed(0), dtype=DT)
+    likelihoods = [gpytorch.likelihoods.GaussianLikelihood().to(DT) for _ in range(2)]
+    for likelihood in likelihoods:
+        likelihood.noise = 0.01
+    ivars = HiPPOInducingVariables(64, "legs", t=12.0, method="lyapunov", jitter=1e-11)
+    model = OnlineSGPR(ivars, quasi_periodic(envelope), likelihoods[0], captured_variance_warning=None)
+    model.update(x, y)
+    exact = ExactGP(x[:, 0], y, likelihoods[1], quasi_periodic(envelope))
+    model.eval()
+    exact.eval()
+    test_x = torch.linspace(0, 12, 41, dtype=DT)
+    with torch.no_grad(), gpytorch.settings.fast_computations(False, False, False):
+        ours, dense = model(test_x[:, None]), exact(test_x)
+    assert (ours.mean - dense.mean).abs().max() < 1e-6 and (ours.variance - dense.variance).abs().max() < 1e-6
+
+
+def test_quasi_periodic_gradients_equal_quadrature_gradients():
+    """Gradients of Kuu and Kuf in every hyperparameter (both length scales, the period, the output scale): the flat-cost
+    backend (its exact restart, banded in time) against quadrature in time."""
+    x = torch.linspace(0, 45, 20, dtype=DT)[:, None]
+    grads = []
+    for method in ("lyapunov", "quadrature"):
+        ivars = HiPPOInducingVariables(16, "legs", t=40.0, method=method, jitter=0.0)
+        kernel = quasi_periodic(period=7.0)
+        (ivars.Kuu(kernel).to_dense().sum() + ivars.Kuf(kernel, x).sum()).backward()
+        grads.append(torch.stack([p.grad.reshape(()) for p in kernel.parameters()]))
+    assert grads[0].abs().min() > 0 and rel(grads[0], grads[1]) < 1e-8
+
+
+def test_a_product_the_backends_cannot_take_is_a_named_error_naming_the_backend_that_can():
+    """RBF x Matérn (no periodic factor) under method='lyapunov': the named error says which kernels it takes (a Matérn
+    or RBF kernel times a periodic one) and that method='quadrature' takes any kernel."""
+    from gpytorch_hippo.inducing import UnsupportedKernelError
+
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel() * gpytorch.kernels.MaternKernel()).to(DT)
+    with pytest.raises(UnsupportedKernelError, match="method='lyapunov' does not take") as error:
+        HiPPOInducingVariables(8, "legs", t=4.0, method="lyapunov").Kuu(kernel)
+    assert "method='quadrature'" in str(error.value) and "PeriodicKernel() * MaternKernel()" in str(error.value)
+    assert HiPPOInducingVariables(8, "legs", t=4.0).backend_for(kernel).name == "quadrature"

@@ -259,8 +259,8 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="input_dim=1"):
         HiPPOInducingVariables(8, input_dim=2, method="lyapunov")
     ivars = HiPPOInducingVariables(8, t=2.0, method="lyapunov")
-    with pytest.raises(TypeError, match="does not take ProductKernel"):  # a periodic kernel alone: its spectral lines
-        ivars.Kuu((gpytorch.kernels.MaternKernel() * gpytorch.kernels.PeriodicKernel()).double())
+    with pytest.raises(TypeError, match="does not take ProductKernel"):  # Matérn or RBF x periodic: taken (quasi-periodic)
+        ivars.Kuu((gpytorch.kernels.MaternKernel() * gpytorch.kernels.RBFKernel()).double())
     with pytest.raises(TypeError, match="does not take LinearKernel"):
         ivars.Kuf(gpytorch.kernels.LinearKernel().double(), torch.ones(3, 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="one length scale"):

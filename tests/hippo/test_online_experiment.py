@@ -2,6 +2,7 @@
 
 import csv
 import math
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 from experiments.hippo import online
 from gpytorch_hippo.baselines import learn_task
 from gpytorch_hippo.data import Dataset, load_dataset, split_tasks
+from gpytorch_hippo.inducing import HiPPOInducingVariables, InconsistentCovarianceWarning
 from gpytorch_hippo.online import OnlineSGPR
 
 
@@ -118,6 +120,29 @@ def test_ohsgpr_backends_agree_and_the_default_is_the_fastest_exact_one(tmp_path
         online.make_schedule("ohsgpr", 8, torch.arange(10.0), 2, 0, hippo_backend="banded")
     with pytest.raises(SystemExit):
         online.main(["--methods", "ohsgpr", "--measure", "legt", "--hippo-backend", "lyapunov", "--out", str(tmp_path)])
+
+
+def test_the_thesis_pairing_takes_kfu_from_the_ode_and_kuu_from_the_features():
+    """``ohsgpr-ode-rff`` is the thesis's construction (§4.3.2): ``Kfu`` from the HiPPO ODE driven by the exact
+    kernel (second order in the step, so the exact spectral ``Kfu`` to ~1e-6 here), ``Kuu`` from the 1000
+    random features, the very ``Kuu`` of ``ohsgpr-rff``, whose ``Kfu`` comes from those features instead.
+    The two disagree: already here the Nyström residual goes negative, and the evaluation says so."""
+    models = {}
+    for method, warns in (("ohsgpr-ode-rff", pytest.warns(InconsistentCovarianceWarning)), ("ohsgpr-rff", nullcontext())):
+        with warns:
+            rows, models[method], data = online.run_method("irradiance", method, 8, seed=0, num_tasks=2, first_iters=2)
+        assert len(rows) == 3 and all(np.isfinite(r["nlpd"]) and np.isfinite(r["rmse"]) for r in rows)
+    thesis, rff = models["ohsgpr-ode-rff"], models["ohsgpr-rff"]
+    kernel, ivars = thesis.covar_module, thesis.inducing_variables
+    assert (ivars.method, ivars.kuf, ivars.num_rff) == ("recurrence", "ode", 1000)
+    x = data.x[data.x[:, 0] <= ivars.t][::7]
+    with torch.no_grad():
+        exact = HiPPOInducingVariables(8, "legs", t=ivars.t, start=float(data.x.min()), method="spectral").Kuf(kernel, x)
+        ode, features = ivars.Kuf(kernel, x), rff.inducing_variables.Kuf(kernel, x)
+        scale = exact.abs().max()
+        assert (ode - exact).abs().max() < 1e-4 * scale
+        assert (features - exact).abs().max() > 100 * (ode - exact).abs().max()  # the Monte-Carlo Kfu is not the ODE's
+        torch.testing.assert_close(ivars.Kuu(kernel).to_dense(), rff.inducing_variables.Kuu(kernel).to_dense(), rtol=1e-12, atol=0)
 
 
 def test_an_interrupted_run_keeps_the_rows_of_the_methods_it_finished(tmp_path, monkeypatch):

@@ -149,3 +149,13 @@ def test_first_seed_reproduces_that_seed_of_a_longer_run(tmp_path):
     assert [r["seed"] for r in both] == [0, 1] and [r["seed"] for r in second] == [1]
     assert {k: both[1][k] for k in ("fid", "is", "psnr")} == {k: second[0][k] for k in ("fid", "is", "psnr")}
     assert both[0]["fid"] != both[1]["fid"]
+
+
+@pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images
+def test_train_timesteps_reach_the_saved_model_and_the_csv(tmp_path):
+    """Table 5.4's 1-frame model trains with 4,000 diffusion timesteps: the option must reach the model's scheduler."""
+    args = ["--dataset", "digits", "--downsample", "1", "--frames", "1", "--seeds", "1", "--quick", "--quiet"]
+    args += ["--train-timesteps", "4000", "--save-models", "--out", str(tmp_path), "--classifier-cache", str(tmp_path / "cache")]
+    (row,) = main(args)
+    reloaded = AutoregressiveVideoDiffusion.from_pretrained(tmp_path / "model_1frame_none_seed0")
+    assert reloaded.scheduler.config.num_train_timesteps == 4000 and row["train_timesteps"] == 4000

@@ -3,6 +3,7 @@
 import csv
 
 import pytest
+import torch
 
 from experiments.pseudovideo.tokens import COLUMNS, main, parse_arguments
 
@@ -65,6 +66,7 @@ def test_quick_run_writes_the_csv_contract(tmp_path):
         (["--layers", "3"], "--layers"),
         (["--seeds", "0"], "--seeds"),
         (["--first-seed", "-1"], "--first-seed"),
+        (["--augmentation", "noise"], "--augmentation"),
     ],
 )
 def test_bad_arguments_are_named(argv, message, capsys):
@@ -76,3 +78,28 @@ def test_bad_arguments_are_named(argv, message, capsys):
 def test_first_seed_selects_the_seed_range():
     assert list(parse_arguments(["--out", "unused"]).seed_range) == [0]
     assert list(parse_arguments(["--seeds", "2", "--first-seed", "3", "--out", "unused"]).seed_range) == [3, 4]
+
+
+@pytest.mark.filterwarnings("ignore::pseudovideo.metrics.MetricReliabilityWarning")  # quick runs score 16 images
+def test_augmentation_chooses_the_tokenizers_pseudo_videos(tmp_path, monkeypatch):
+    """``--augmentation markov_high``: the C-ViViT trains on noisy pseudo videos, z_1 = sqrt(1 - beta) z_2 + sqrt(beta) eps."""
+    from pseudovideo.models.tokenizer import VideoTokenizer
+
+    seen = []
+    forward = VideoTokenizer.forward
+
+    def spy(self, videos, *rest, **keywords):
+        seen.append(videos.detach().clone())
+        return forward(self, videos, *rest, **keywords)
+
+    monkeypatch.setattr(VideoTokenizer, "forward", spy)
+    argv = ["--dataset", "digits", "--downsample", "1", "--model", "tokenizer", "--frames", "1,2", "--quick", "--quiet"]
+    rows = main(argv + ["--augmentation", "markov_high", "--out", str(tmp_path), "--classifier-cache", str(tmp_path / "cache")])
+    with open(tmp_path / "results.csv") as handle:
+        assert [(r["frames"], r["augmentation"]) for r in csv.DictReader(handle)] == [("1", "none"), ("2", "markov_high")]
+    assert [r["augmentation"] for r in rows] == ["none", "markov_high"]
+    beta = 1e-4  # the linear schedule's only value for two frames
+    videos = torch.cat([batch for batch in seen if batch.dim() == 5])  # the image VQ-VAE's batches are 4-D
+    noise = (videos[:, 0] - (1 - beta) ** 0.5 * videos[:, 1]) / beta**0.5  # blur would give |noise| ~ 10
+    assert noise.numel() >= 256 and abs(noise.mean().item()) < 0.2 and abs(noise.std().item() - 1) < 0.15
+    assert parse_arguments(["--out", "unused"]).augmentation == "blur"

@@ -2,6 +2,7 @@
 
 import csv
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -164,3 +165,14 @@ def test_demo_runs_the_calibration_runner_with_valid_flags(tmp_path, monkeypatch
     args = calibration.build_parser().parse_args(commands[0])
     assert (args.dataset, args.methods, args.out, args.quick, args.no_progress) == ("digits", "mle-kernel,ts,sgpa", tmp_path, True, True)
     assert (args.train_size, args.epochs, args.threads) == (1000, 10, 1)
+
+
+def test_kfllla_without_laplace_torch_refuses_before_training(monkeypatch):
+    from experiments.sgpa import calibration
+
+    monkeypatch.setitem(sys.modules, "laplace", None)
+    monkeypatch.setattr(calibration, "train_classifier", lambda *a, **k: pytest.fail("trained before refusing"))
+    with pytest.raises(ModuleNotFoundError, match=r"'laplace-torch'.*pip install laplace-torch"):
+        calibration.run("digits", ["mle-kernel", "kfllla"], [0], QUICK_CONFIG)
+    with pytest.raises(ValueError, match="kfllla needs an image dataset"):
+        calibration.run("vader", ["kfllla"], [0], QUICK_CONFIG)

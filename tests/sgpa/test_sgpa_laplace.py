@@ -5,6 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -131,6 +132,43 @@ def test_last_layer_laplace_of_a_hugging_face_classifier_equals_that_of_its_logi
     assert fitted.prior_precision == pytest.approx(reference.prior_precision)
     torch.testing.assert_close(fitted.predict_proba(ids), reference.predict_proba(ids))
     assert LastLayerLaplace(bert).fit(ids, labels).predict_proba(ids).shape == (5, 3)  # the head found by laplace-torch
+
+
+@needs_laplace
+@pytest.mark.filterwarnings("ignore:By default `link_approx` is `probit`:UserWarning")  # laplace-torch's reminder
+def test_the_calibration_runners_kfllla_is_the_last_layer_laplace_of_its_mle_network():
+    """``--methods kfllla`` at the runner's ``--quick`` setting: laplace-torch's own KFLLLA of the ``mle-kernel`` network
+    (fitted on the training set, prior precision by the marginal likelihood, probit GLM predictive) gives the row."""
+    import laplace
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    from experiments.sgpa.calibration import QUICK_CONFIG, _Runner, load_task
+
+    runner = _Runner(load_task("digits", QUICK_CONFIG, seed=0), QUICK_CONFIG, progress=False)
+    row, mle = runner.evaluate("kfllla", 0), runner.evaluate("mle-kernel", 0)
+    model, seconds = runner.networks[("mle-kernel", 0)]
+    task = runner.task
+
+    class Logits(torch.nn.Module):
+        def __init__(self, vit):
+            super().__init__()
+            self.vit = vit
+
+        def forward(self, images):
+            return self.vit(images)[0]
+
+    reference = laplace.Laplace(Logits(model), "classification", subset_of_weights="last_layer", hessian_structure="kron")
+    train = torch.utils.data.TensorDataset(task.train.features, task.train.labels)
+    reference.fit(torch.utils.data.DataLoader(train, batch_size=QUICK_CONFIG.batch_size))
+    reference.optimize_prior_precision(method="marglik", pred_type="glm", link_approx="probit")
+    probs, ood = (reference(x, pred_type="glm", link_approx="probit").double().numpy() for x in (task.test.features, task.ood.features))
+    probs, ood = probs / probs.sum(-1, keepdims=True), ood / ood.sum(-1, keepdims=True)
+    labels = task.test.labels.numpy()
+    assert row["accuracy"] == pytest.approx((probs.argmax(-1) == labels).mean())
+    assert row["nll"] == pytest.approx(log_loss(labels, probs, labels=list(range(10))), rel=1e-4)
+    entropy = np.r_[-(probs * np.log(probs)).sum(-1), -(ood * np.log(ood)).sum(-1)]
+    assert row["auroc"] == pytest.approx(roc_auc_score(np.r_[np.zeros(len(probs)), np.ones(len(ood))], entropy), abs=1e-4)
+    assert row["nll"] != mle["nll"] and row["train_s_per_epoch"] == mle["train_s_per_epoch"] == seconds  # post hoc
 
 
 def test_the_documented_laplace_install_is_the_one_ci_runs():
