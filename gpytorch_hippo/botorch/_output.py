@@ -29,6 +29,9 @@ class HyperparameterRecord:
         self.exact_fit_indices: Tensor | None = None
         #: the data ``train_inputs``/``train_targets`` hold during an exact fit of a subsample (``None``: all kept data)
         self.fit_data: tuple[Tensor, Tensor] | None = None
+        #: the kernel's and likelihood's states before the first fit, where each scheduled refit on the kept data starts
+        #: (as each ``SingleTaskGP`` that BoTorch's loops rebuild starts from its initial values); ``None`` after a reload
+        self.initial: list[dict] | None = None
 
     @staticmethod
     def tensors(online: OnlineSGPR) -> list[Tensor]:

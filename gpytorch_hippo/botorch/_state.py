@@ -152,6 +152,7 @@ def absorb_first_batch(
     move_inducing(model.online, x, model.ordering)
     if noise is not None:
         fix_noise_level(model.online, noise)
+    model.hyperparameter_record.initial = [copy.deepcopy(m.state_dict()) for m in (model.online.covar_module, model.online.likelihood)]
     subset = exact_fit_indices(y, model.exact_fit_size) if inducing_variables is None else None
     num_inducing = cast(int, model.num_inducing)  # set whenever inducing_variables is None
     if inducing_variables is None:
@@ -246,7 +247,7 @@ def conditioned(model: Any, x: Tensor, y: Tensor, noise: Tensor | None, refit: b
             reselect_inducing(output.online, torch.cat([output.online.inducing_variables.points, x.detach()]), output.num_inducing)
         absorb(output, x, y[..., j], noise_j)
         if due and on_kept_data:  # the exact fit of a kept-data subsample, the batch included; then all kept data's posterior
-            fit_kept_data(output, *kept_subsample(output), output.fit_maxiter)
+            fit_kept_data(output, *kept_subsample(output), output.fit_maxiter, start=output.hyperparameter_record.initial)
     return model
 
 
@@ -361,13 +362,16 @@ def exact_fit_data(model: Any, active: bool = True):
             output.hyperparameter_record.fit_data = None
 
 
-def fit_kept_data(model: OutputModel, x: Tensor, y: Tensor, maxiter: int) -> None:
+def fit_kept_data(model: OutputModel, x: Tensor, y: Tensor, maxiter: int, start: list[dict] | None = None) -> None:
     """Maximise the exact marginal likelihood of ``(x, y)`` (model space; the likelihood's noise) over a single-output
     model's hyperparameters with BoTorch's fit of ``fit_gpytorch_mll(ExactMarginalLogLikelihood(...))`` (L-BFGS-B, at most
-    ``maxiter`` iterations); the posterior is then recomputed from all kept data. A fit that fails (``ModelFittingError``
-    after all its attempts) is rolled back with an :class:`~gpytorch_hippo.botorch.OnlineGPModelWarning`."""
+    ``maxiter`` iterations), from the kernel and likelihood states ``start`` (``None``: the current ones); the posterior
+    is then recomputed from all kept data. A fit that fails (``ModelFittingError`` after all its attempts) is rolled
+    back to the hyperparameters before it, with an :class:`~gpytorch_hippo.botorch.OnlineGPModelWarning`."""
     online = model.online
     before = [copy.deepcopy(m.state_dict()) for m in (online.covar_module, online.likelihood, online.mean_module)]
+    for module, state in zip((online.covar_module, online.likelihood), start or []):
+        module.load_state_dict(state)
     model.hyperparameter_record.fit_data = (x, y)
     mll = ExactMarginalLogLikelihood(model.likelihood, cast(Any, model))
     try:
