@@ -23,9 +23,11 @@ Models (``--model``):
   longer than ``--stgp-max-seconds``: the arm stops there. This time budget is the only thing wall time decides.
 * ``swap``: the same code with ``OnlineGPModel`` in place of ``SingleTaskGP`` (rebuilt and refitted every iteration,
   under the same time budget).
-* ``stream``: ``OnlineGPModel`` built on the initial design, then one streaming step per batch
-  (``model.observe(X, Y)``, the online update with the class's refit schedule; ``--refit-every`` and
-  ``--num-inducing`` pass the constructor's ``refit_every`` and ``num_inducing``, the latter also to ``swap``'s).
+* ``stream``: the same code with ``Model = OnlineGPStream()`` in place of the class: the first call builds
+  ``OnlineGPModel`` on the initial design, each later one is one streaming step by the new batch (``observe``, the
+  online update with the stream's refit schedule, which ``fit_gpytorch_mll`` then keeps); ``--refit-every`` and
+  ``--num-inducing`` pass the stream's ``refit_every`` and ``num_inducing`` (0: its defaults, 10 and 512), the
+  latter also the swap's.
 
 Batch ``q = 8``, the initial design ``2 d`` scrambled Sobol points (the same per seed for every model), float64, one
 torch thread, seeded. One run is one function, loop, model and seed (``--out`` writes its rows, one per iteration:
@@ -43,6 +45,7 @@ and acquisition), the ratio ``SingleTaskGP`` / online per iteration, and peak me
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import math
 import resource
@@ -67,7 +70,7 @@ from gpytorch.constraints import Interval
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch.quasirandom import SobolEngine
 
-from gpytorch_hippo.botorch import OnlineGPModel
+from gpytorch_hippo.botorch import OnlineGPModel, OnlineGPStream
 
 DOUBLE = torch.float64
 MODELS = ("stgp", "swap", "stream")
@@ -96,6 +99,7 @@ class Settings:
     mc_samples: int = 128
     num_inducing: int = 0  # OnlineGPModel's num_inducing; 0: the class default
     refit_every: int = 0  # the stream arm's OnlineGPModel(refit_every=...); 0: the class default
+    stgp_probe_at: str = ""  # the stream arm: n (comma-separated) at which one SingleTaskGP iteration is timed on its data
 
 
 def objective(name: str):
@@ -124,35 +128,31 @@ def turbo_modules(d: int):
 
 
 class Surrogate:
-    """The model of one arm: rebuilt and fitted on all data (``stgp``, ``swap``) or updated by the new batch (``stream``)."""
+    """The model of one arm, rebuilt by the loop on all data and fitted every iteration as in BoTorch's tutorials: the
+    model class is ``SingleTaskGP`` (``stgp``), ``OnlineGPModel`` (``swap``) or an ``OnlineGPStream`` (``stream``: the
+    rebuild is one streaming step, the fit the stream's refit schedule)."""
 
     def __init__(self, settings: Settings, d: int):
         self.kind, self.loop, self.d = settings.model, settings.loop, d
-        self.num_inducing, self.refit_every = settings.num_inducing, settings.refit_every
-        self.model, self.fit_failures = None, 0
+        self.num_inducing, self.fit_failures = settings.num_inducing, 0
+        stream_options = {"num_inducing": settings.num_inducing, "refit_every": settings.refit_every}
+        self.stream = OnlineGPStream(**{name: value for name, value in stream_options.items() if value})
 
     def options(self) -> dict:
-        """The tutorial's modules (TuRBO) and the online model's settings given on the command line."""
+        """The tutorial's modules (TuRBO) and the swap's ``num_inducing`` given on the command line."""
         options = turbo_modules(self.d) if self.loop == "turbo" else {}
-        if self.kind != "stgp" and self.num_inducing:
+        if self.kind == "swap" and self.num_inducing:
             options["num_inducing"] = self.num_inducing
-        if self.kind == "stream" and self.refit_every:
-            options["refit_every"] = self.refit_every
         return options
 
-    def update(self, X, Y, X_new, Y_new):
-        if self.kind == "stream" and self.model is not None:
-            self.model = self.model.observe(X_new, Y_new)
-            return self.model
-        Model = SingleTaskGP if self.kind == "stgp" else OnlineGPModel
+    def update(self, X, Y):
+        Model = {"stgp": SingleTaskGP, "swap": OnlineGPModel}.get(self.kind, self.stream)
         model = Model(X, Y, **self.options())
-        if self.kind != "stream":
-            try:
-                with gpytorch.settings.max_cholesky_size(float("inf")):
-                    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-            except ModelFittingError:  # every attempt failed: BoTorch rolled the model back to its initial values
-                self.fit_failures += 1
-        self.model = model
+        try:
+            with gpytorch.settings.max_cholesky_size(float("inf")):
+                fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+        except ModelFittingError:  # every attempt failed: BoTorch rolled the model back to its initial values
+            self.fit_failures += 1
         return model
 
 
@@ -251,11 +251,12 @@ def run_loop(settings: Settings, emit=None) -> list[dict]:
     region = TrustRegion(d, settings.batch, Y.max().item())
     surrogate = Surrogate(settings, d)
     start = time.perf_counter()
-    model = surrogate.update(X, Y, X, Y)
-    fit_s, rows, iteration = time.perf_counter() - start, [], 0
+    model = surrogate.update(X, Y)
+    fit_s, rows, iteration, probed_s = time.perf_counter() - start, [], 0, 0.0
     base = asdict(settings)
 
     def row(**values):
+        values = dict(NO_PROBE, **values)
         return dict(
             base, **values, tr_length=region.length, tr_resets=region.resets, fit_failures=surrogate.fit_failures, peak_mb=peak_memory_mb()
         )
@@ -274,18 +275,52 @@ def run_loop(settings: Settings, emit=None) -> list[dict]:
         Y_new = f(X_new)
         region.update(Y_new)
         X, Y = torch.cat([X, X_new]), torch.cat([Y, Y_new])
+        probe = stgp_probe(settings, X, Y, region, sobol) if crossed(settings, len(X)) else {}
+        probed_s += sum(probe.values())
         tick = time.perf_counter()
-        model = surrogate.update(X, Y, X_new, Y_new)
+        model = surrogate.update(X, Y)
         fit_s = time.perf_counter() - tick
         over = settings.model != "stream" and fit_s + acq_s > settings.stgp_max_seconds
         stopped = f"iteration took {fit_s + acq_s:.1f} s > {settings.stgp_max_seconds:g} s" if over else ""
-        wall_s = time.perf_counter() - start
-        rows.append(row(iteration=iteration, n=len(X), best=Y.max().item(), fit_s=fit_s, acq_s=acq_s, wall_s=wall_s, stopped=stopped))
+        wall_s = time.perf_counter() - start - probed_s  # the stream's own time: probes left out
+        rows.append(
+            row(iteration=iteration, n=len(X), best=Y.max().item(), fit_s=fit_s, acq_s=acq_s, wall_s=wall_s, stopped=stopped, **probe)
+        )
         if emit:
             emit(rows[-1])
         if over:
             break
     return rows
+
+
+#: the probe's columns in the rows of the iterations without one
+NO_PROBE = {"stgp_probe_fit_s": math.nan, "stgp_probe_acq_s": math.nan}
+
+
+def crossed(settings: Settings, n: int) -> bool:
+    """Whether the stream arm's last batch took its data to ``n`` points past one of ``--stgp-probe-at``."""
+    at = [int(v) for v in settings.stgp_probe_at.split(",") if v.strip()]
+    return settings.model == "stream" and any(n - settings.batch < limit <= n for limit in at)
+
+
+def stgp_probe(settings: Settings, X, Y, region: TrustRegion, sobol: SobolEngine) -> dict:
+    """One ``SingleTaskGP`` iteration of the loop on the stream's data ``(X, Y)``, timed as the ``stgp`` arm's (build and
+    ``fit_gpytorch_mll``, then the acquisition), side by side with the stream in the same run where ``SingleTaskGP``'s own
+    arm stopped at its time budget; the random state and the Sobol engine are restored, so the stream's run is the
+    same with or without probes."""
+    rng, engine = torch.get_rng_state(), copy.deepcopy(sobol)
+    surrogate = Surrogate(replace(settings, model="stgp"), X.shape[-1])
+    tick = time.perf_counter()
+    model = surrogate.update(X, Y)
+    fit_s = time.perf_counter() - tick
+    tick = time.perf_counter()
+    if settings.loop == "turbo":
+        thompson_batch(model, X, Y, copy.deepcopy(region), settings, engine)
+    else:
+        qlognei_batch(model, X, settings)
+    acq_s = time.perf_counter() - tick
+    torch.set_rng_state(rng)
+    return {"stgp_probe_fit_s": fit_s, "stgp_probe_acq_s": acq_s}
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -296,7 +331,7 @@ def read_rows(paths) -> list[dict]:
         with open(path, newline="") as handle:
             for row in csv.DictReader(handle):
                 for key, value in row.items():
-                    if key in ("function", "loop", "model", "stopped"):
+                    if key in ("function", "loop", "model", "stopped", "stgp_probe_at"):
                         continue
                     row[key] = (
                         int(value) if numeric.get(key) == "int" or key in ("iteration", "n", "tr_resets", "fit_failures") else float(value)
@@ -425,18 +460,28 @@ def target(by_model, model, checkpoints, batch) -> str:
             )
     last = [r[-1] for r in by_model["stgp"]]
     reference_s = statistics.fmean(row["fit_s"] + row["acq_s"] for row in last)
-    seconds = {}
-    for limit in (2000, 4000):
-        values = [v for v in (per_iteration(r, limit, "fit_s", batch) for r in by_model[model]) if v is not None]
-        acquisition = [v for v in (per_iteration(r, limit, "acq_s", batch) for r in by_model[model]) if v is not None]
-        if values and acquisition:
-            seconds[limit] = statistics.fmean(values) + statistics.fmean(acquisition)
+
+    def mean_seconds(limit):
+        runs = by_model[model]
+        parts = [[v for v in (per_iteration(r, limit, part, batch) for r in runs) if v is not None] for part in ("fit_s", "acq_s")]
+        return statistics.fmean(parts[0]) + statistics.fmean(parts[1]) if parts[0] and parts[1] else None
+
+    seconds = {limit: mean_seconds(limit) for limit in (2000, 4000) if mean_seconds(limit) is not None}
     cost = ", ".join(f"n = {limit:,}: {s:.3g} s ({reference_s / s:.2g}× below)" for limit, s in seconds.items())
     flat = f"; 4,000 / 2,000: {seconds[4000] / seconds[2000]:.2f}" if len(seconds) == 2 else ""
+    probes = []
+    for limit in sorted({int(v) for r in by_model[model] for v in str(r[0].get("stgp_probe_at", "")).split(",") if v.strip()}):
+        rows = [row for r in by_model[model] for row in r if row["n"] - batch < limit <= row["n"]]
+        probed = [row for row in rows if not math.isnan(row.get("stgp_probe_fit_s", math.nan))]
+        stream_s = mean_seconds(limit)
+        if probed and stream_s:
+            probe_s = statistics.fmean(row["stgp_probe_fit_s"] + row["stgp_probe_acq_s"] for row in probed)
+            probes.append(f"n = {limit:,}: {probe_s:.3g} s against {stream_s:.3g} s ({probe_s / stream_s:.2g}× below, {len(probed)} runs)")
+    probed_text = f" One SingleTaskGP iteration timed on the stream's data (--stgp-probe-at): {'; '.join(probes)}." if probes else ""
     return (
         f"Target, {LABELS[model]}: best value at least SingleTaskGP's worst seed — {'; '.join(quality) or 'no common n'}. "
         f"Time per iteration against SingleTaskGP's last iteration, the one over its budget ({reference_s:.3g} s at "
-        f"n = {statistics.fmean(row['n'] for row in last):.0f}): {cost or 'n < 2,000'}{flat}."
+        f"n = {statistics.fmean(row['n'] for row in last):.0f}): {cost or 'n < 2,000'}{flat}.{probed_text}"
     )
 
 

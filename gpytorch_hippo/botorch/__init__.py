@@ -13,7 +13,9 @@ the stored summary ``q(u)``; a target of shape ``(n, m)`` gives ``m`` independen
 * :mod:`~gpytorch_hippo.botorch.multioutput`: the likelihood of ``m`` independent outputs;
 * :mod:`~gpytorch_hippo.botorch.paths`: pathwise posterior samples (registered with BoTorch's
   dispatchers when this package is imported);
-* :mod:`~gpytorch_hippo.botorch.variational`: OHSVGP / OSVGP for non-Gaussian observations.
+* :mod:`~gpytorch_hippo.botorch.variational`: OHSVGP / OSVGP for non-Gaussian observations;
+* :mod:`~gpytorch_hippo.botorch.streaming`: :class:`~gpytorch_hippo.botorch.streaming.OnlineGPStream`, the class swap
+  that streams inside loops that rebuild their model every iteration.
 
 Every name is importable from here: ``from gpytorch_hippo.botorch import OnlineGPModel``.
 """
@@ -26,10 +28,12 @@ from .fit import OnlineCollapsedMLL
 from .inducing import DEFAULT_NUM_INDUCING, default_inducing_points
 from .models import OnlineGPModel
 from .multioutput import IndependentOutputsLikelihood
+from .streaming import OnlineGPStream
 from .variational import OnlineVariationalGPModel
 
 __all__ = [
     "OnlineGPModel",
+    "OnlineGPStream",
     "OnlineGPModelWarning",
     "InducingApproximationWarning",
     "OnlineCollapsedMLL",

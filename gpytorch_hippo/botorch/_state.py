@@ -228,7 +228,7 @@ def conditioned(model: Any, x: Tensor, y: Tensor, noise: Tensor | None, refit: b
     """A copy of ``model`` with ``(x, y[..., j])`` (model space; known noise variances ``noise[..., j]`` or the
     likelihood's) absorbed into output ``j`` by one online update, after moving its HiPPO variables forward
     (:func:`~gpytorch_hippo.botorch.inducing.move_inducing`) and, for the default points and a streaming (not fantasy)
-    batch, re-selecting them from the old points and the batch; ``refit``: every ``refit_every``-th batch first refits the
+    batch, re-selecting them from the old points and the batch; ``refit``: a batch :func:`refit_due` first refits the
     output's hyperparameters on the batch's online bound (:func:`~gpytorch_hippo.botorch.fit.fit_hyperparameters`), or
     with the default points and kept data, after absorbing it, on the exact marginal likelihood of the kept-data
     subsample (:func:`fit_kept_data`)."""
@@ -239,8 +239,8 @@ def conditioned(model: Any, x: Tensor, y: Tensor, noise: Tensor | None, refit: b
     for j, output in enumerate(per_output(model)):
         noise_j = None if noise is None else noise[..., j]
         move_inducing(output.online, x, output.ordering)
-        due = refit and output.refit_every is not None and (output.num_updates + 1) % output.refit_every == 0
         on_kept_data = reselects(output) and output.stored_inputs is not None
+        due = refit and refit_due(output, on_kept_data)
         if due and not on_kept_data:
             fit_hyperparameters(output, x, y[..., j], maxiter=output.fit_maxiter, noise=noise_j)
         if streaming and reselects(output):
@@ -249,6 +249,15 @@ def conditioned(model: Any, x: Tensor, y: Tensor, noise: Tensor | None, refit: b
         if due and on_kept_data:  # the exact fit of a kept-data subsample, the batch included; then all kept data's posterior
             fit_kept_data(output, *kept_subsample(output), output.fit_maxiter, start=output.hyperparameter_record.initial)
     return model
+
+
+def refit_due(model: OutputModel, on_kept_data: bool) -> bool:
+    """Whether the next streaming batch of a single-output model is refitted: every ``refit_every``-th batch, and with
+    the default points and kept data also each of the first ``refit_every`` (the exact fits of a few points are cheap,
+    and the hyperparameters move most while the data are few, as ``SingleTaskGP``'s refit in every iteration);
+    decided by the batch counter of the ``state_dict`` alone."""
+    every, count = model.refit_every, int(model.num_updates)
+    return every is not None and ((count + 1) % every == 0 or (on_kept_data and count < every))
 
 
 def reselects(model: OutputModel) -> bool:

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: number of default inducing points (:func:`default_inducing_points`)
-DEFAULT_NUM_INDUCING = 128
+DEFAULT_NUM_INDUCING = 512
 
 
 def default_inducing_points(train_x: Tensor, num_inducing: int | None = None) -> InducingPoints:

@@ -109,7 +109,9 @@ class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):  # type: ignor
         closure of its own is maximised output by output (each output's exact marginal likelihood and priors, as
         ``SingleTaskGP`` fits its outputs). An exact fit that starts from the hyperparameters the constructor fitted on
         the sparse bound warns (:class:`~gpytorch_hippo.botorch.exceptions.OnlineGPModelWarning`): ``SingleTaskGP``
-        starts from its priors, and the exact fit can end in a worse local optimum from here.
+        starts from its priors, and the exact fit can end in a worse local optimum from here. A model that
+        :class:`~gpytorch_hippo.botorch.streaming.OnlineGPStream` returned keeps its hyperparameters (the stream's
+        refit schedule is its fit).
 
         :param mll: the marginal likelihood of this model to maximise.
         :param closure: ``fit_gpytorch_mll``'s closure (``None``: BoTorch's default).
@@ -117,6 +119,8 @@ class OnlineModelBase(Model, FantasizeMixin, gpytorch.models.GP):  # type: ignor
         :param optimizer_kwargs: ``fit_gpytorch_mll``'s keyword arguments of the optimiser.
         :param kwargs: ``fit_gpytorch_mll``'s other keyword arguments (``optimizer``, ``max_attempts``, ...).
         """
+        if getattr(self, "fitted_by_stream", False):
+            return mll.eval()
         outputs = state.per_output(cast(OnlineGPModel, self))
         if len(outputs) > 1 and isinstance(mll, ExactMarginalLogLikelihood) and closure is None:
             for output in outputs:

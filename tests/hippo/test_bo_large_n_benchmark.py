@@ -43,3 +43,18 @@ def test_the_initial_design_is_the_same_for_every_model_of_a_seed(bo_large_n):
 def test_an_unknown_function_names_the_known_ones(bo_large_n):
     with pytest.raises(ValueError, match="ackley<d>"):
         bo_large_n.objective("branin")
+
+
+def test_a_single_task_gp_probe_times_one_iteration_on_the_streams_data_and_leaves_the_stream_unchanged(bo_large_n):
+    """--stgp-probe-at times one SingleTaskGP iteration (fit and acquisition) on the stream's data where its own arm
+    stopped at the time budget: in the row whose batch crossed the n asked for, and without changing what the stream
+    does (its random state and Sobol engine are restored), so its times stand side by side in one run."""
+    settings = bo_large_n.replace(bo_large_n.Settings(**bo_large_n.SMOKE), model="stream")
+    plain = bo_large_n.run(settings)
+    probed = bo_large_n.run(bo_large_n.replace(settings, stgp_probe_at="14,20"))
+    assert [row["best"] for row in probed] == [row["best"] for row in plain]
+    assert [row["tr_length"] for row in probed] == [row["tr_length"] for row in plain]
+    with_probe = [row["n"] for row in probed if row["stgp_probe_fit_s"] == row["stgp_probe_fit_s"]]  # not NaN
+    assert with_probe == [16, 20]
+    text = bo_large_n.summarise(probed + bo_large_n.run(bo_large_n.replace(settings, model="stgp")), checkpoints=(16, 24))
+    assert "One SingleTaskGP iteration timed on the stream's data" in text and "n = 20:" in text

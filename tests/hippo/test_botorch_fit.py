@@ -172,6 +172,28 @@ def test_observe_with_refit_every_refits_on_the_kept_data_subsample():
     assert_same_hyperparameters(later, subsample_fit_reference(x, y, indices, None, 15, mean))
 
 
+def test_observe_refits_each_of_the_first_refit_every_batches_then_every_kth_and_a_reload_keeps_the_schedule():
+    """With the default points and kept data, refit_every=k refits each of the first k streaming batches (SingleTaskGP
+    refits in every iteration, and a schedule that waited k batches left the stream k batches behind it while the data
+    are few), then every k-th: batches 1, 2, 3 and 7 of k = 4 here, and no other; the schedule comes from the batch
+    counter, so a model reloaded from its state_dict refits on the same batches."""
+    x, y = data(76, 21)
+    model = OnlineGPModel(x[:12], y[:12], num_inducing=64, fit_maxiter=15, refit_every=4, outcome_transform=None)
+    mean = model.mean_module.constant.detach()
+    refitted = []
+    for batch in range(1, 9):
+        before = model.covar_module.lengthscale.detach().clone()
+        model = model.observe(x[4 + 8 * batch : 12 + 8 * batch], y[4 + 8 * batch : 12 + 8 * batch])
+        if not torch.equal(before, model.covar_module.lengthscale):
+            refitted.append(batch)
+            n = 12 + 8 * batch
+            assert_same_hyperparameters(model, subsample_fit_reference(x[:n], y[:n], torch.arange(n), None, 15, mean))
+        if batch == 4:
+            reloaded = OnlineGPModel.from_state_dict(model.state_dict(), fit_maxiter=15, refit_every=4, outcome_transform=None)
+            assert int(reloaded.num_updates) == int(model.num_updates)
+    assert refitted == [1, 2, 3, 7], refitted
+
+
 def test_the_constructor_on_more_than_exact_fit_size_points_fits_their_subsample():
     """The class swap of BoTorch's tutorials builds the model on all n points every iteration: past exact_fit_size its
     fit is the subsample's exact one (it fitted the sparse bound on all n points), SingleTaskGP's on those points, and an

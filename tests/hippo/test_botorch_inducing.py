@@ -63,7 +63,7 @@ def test_conditioning_where_the_inducing_points_do_not_reach_warns_a_botorch_loo
     kernel, likelihood = get_covar_module_with_dim_scaled_prior(ard_num_dims=2), get_gaussian_likelihood_with_lognormal_prior()
     kernel.lengthscale = 0.1
     likelihood.noise = 1e-5
-    fixed = default_inducing_points(x[:20])
+    fixed = default_inducing_points(x[:20], 128)  # 20 inputs and 108 Sobol points: too few for length scale 0.1
     model = OnlineGPModel(x[:20], y[:20], fixed, covar_module=kernel, likelihood=likelihood, fit_maxiter=0)  # exact on its 20 points
     assert issubclass(InducingApproximationWarning, BotorchWarning) and not issubclass(InducingApproximationWarning, RuntimeWarning)
     with warnings.catch_warnings():

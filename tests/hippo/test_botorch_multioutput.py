@@ -268,7 +268,7 @@ def test_the_exact_fit_of_two_outputs_is_single_task_gps_and_subset_output_keeps
     gp = SingleTaskGP(x, y)
     gp.mean_module.raw_constant.requires_grad_(False)  # the online model's mean is fixed after its first batch
     fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
-    model = OnlineGPModel(x, y, fit_maxiter=0)  # 128 default points per output: the exact GP of its 20 points
+    model = OnlineGPModel(x, y, fit_maxiter=0)  # default points per output (up to 512): the exact GP of its 20 points
     fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
     for j in range(2):
         torch.testing.assert_close(model.outputs[j].covar_module.lengthscale[0], gp.covar_module.lengthscale[j, 0], rtol=1e-3, atol=0)

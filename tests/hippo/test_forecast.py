@@ -121,6 +121,31 @@ def test_the_forecasting_benchmark_runs_its_quick_setting(capsys):
     assert printed.count("OHSGPR RMSE / best classical") == 2 and "coverage" in printed
 
 
+def test_the_forecasting_benchmarks_quasi_periodic_kernel_runs_on_a_short_stretch_of_co2():
+    """benchmarks/forecasting.py --kernel quasi-periodic --refit-every 0, smallest setting: two years of weekly CO2, then
+    half-years, forecast 13 weeks ahead at three origins; the season Matérn x periodic is taken by method='lyapunov', the
+    hyperparameters fitted on the first task only; unknown choices are usage errors naming the choices."""
+    pytest.importorskip("statsmodels")
+    import runpy
+    from pathlib import Path
+
+    benchmark = runpy.run_path(str(Path(__file__).parents[2] / "benchmarks" / "forecasting.py"))
+    setting = benchmark["Setting"]("co2 (weekly, ppm)", "W", 365.25 / 7, 52, 104, 26, 13, 182)
+    series = benchmark["load_co2"]()
+    season = benchmark["seasonal_kernel"](setting, "quasi-periodic").kernels[1]
+    assert isinstance(season.base_kernel, gpytorch.kernels.ProductKernel)
+    assert HiPPOInducingVariables(8, "legs", t=104.0, method="lyapunov").backend_for(season).name == "lyapunov"
+    rows = benchmark["run_series"](setting, series, kernel="quasi-periodic", refit_every=0)
+    assert [row["method"] for row in rows] == list(benchmark["METHODS"]) and {row["kernel"] for row in rows} == {"quasi-periodic"}
+    for row in rows:
+        assert row["origins"] == 3 and np.isfinite([row["rmse"], row["nlpd"]]).all() and 0 <= row["coverage"] <= 1
+    assert rows[0]["seconds"].endswith(")") and "refits" in rows[0]["seconds"]  # the first task's fit, timed apart
+    with pytest.raises(ValueError, match="additive"):
+        benchmark["seasonal_kernel"](setting, "periodic")
+    with pytest.raises(SystemExit):
+        benchmark["main"](["--refit-every", "-1"])
+
+
 @pytest.mark.slow
 def test_the_guides_seasonal_recipe_runs_and_covers_the_next_half_year():
     """The code of the user guide's "Forecasting a seasonal series", run as written: 26 weeks of CO2 ahead."""
