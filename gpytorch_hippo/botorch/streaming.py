@@ -47,6 +47,9 @@ class OnlineGPStream:
         :param train_Yvar: their known noise variances like ``train_Y`` (``None``: learned).
         :param kwargs: :class:`~gpytorch_hippo.botorch.OnlineGPModel`'s keyword arguments (``covar_module``, ...).
         """
+        twice = sorted(set(kwargs) & set(self.options))
+        if twice:
+            raise TypeError(f"{', '.join(twice)}: a setting of every model the stream builds; pass it to OnlineGPStream(...)")
         keywords = {name: type(value) if isinstance(value, nn.Module) else value for name, value in kwargs.items()}
         start, previous = self.extends(train_X, train_Y, train_Yvar, keywords), self.model
         if start is None or previous is None:

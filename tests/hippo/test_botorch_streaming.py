@@ -91,3 +91,13 @@ def test_known_noise_streams_with_the_new_rows_variances():
     test = torch.rand(5, 2, dtype=DOUBLE)
     torch.testing.assert_close(streamed.posterior(test).variance, by_hand.posterior(test).variance, rtol=0, atol=0)
     assert int(Model(x, y).num_updates) == 1
+
+
+def test_a_setting_of_the_stream_passed_to_a_call_names_where_it_belongs():
+    """num_inducing given to each call (as to OnlineGPModel) would clash with the stream's own: the error says to pass it
+    to OnlineGPStream(...) and nothing is built."""
+    x, y = data(12, 9)
+    Model = OnlineGPStream(**OPTIONS)
+    with pytest.raises(TypeError, match=r"num_inducing.*OnlineGPStream\(\.\.\.\)"):
+        Model(x, y, num_inducing=64)
+    assert Model.model is None
